@@ -1,0 +1,159 @@
+"""`zoplan` command line: thin typer commands that parse, call one function, render.
+
+Every user-facing problem is a ZoError: one red line on stderr, exit code 2, and no
+half-written output file.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from zoplan.errors import EXIT_USER_ERROR, ZoError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Plan zeroth-order fine-tuning of models streamed from host memory.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str) -> None:
+    """Print one red line and exit with the user-error code."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_USER_ERROR)
+
+
+def command(name: str):
+    """Register a typer command whose ZoErrors become one red line and exit code 2."""
+    def register(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            try:
+                return func(*args, **kwargs)
+            except ZoError as exc:
+                fail(str(exc))
+        return app.command(name)(wrapper)
+    return register
+
+
+@command("models")
+def models_cmd() -> None:
+    """List the model catalogue: blocks, parameters, bytes per block."""
+    from zoplan.view import render_models
+    render_models(console)
+
+
+@command("profiles")
+def profiles_cmd() -> None:
+    """List the shipped hardware profiles."""
+    from zoplan.view import render_profiles
+    render_profiles(console)
+
+
+@command("optimize")
+def optimize_cmd(
+    model: Annotated[str, typer.Option(help="Catalogue name (see `zoplan models`) or path to an HF config.json")],
+    gpus: Annotated[int, typer.Option(help="Number of GPUs (ranks) to plan for")],
+    profile: Annotated[Optional[str], typer.Option(help="Shipped profile name or profile JSON path")] = None,
+    batch: Annotated[int, typer.Option(help="Global batch (sequences per step)")] = 16,
+    seq: Annotated[int, typer.Option(help="Tokens per sequence")] = 512,
+    param_dtype: Annotated[Optional[str], typer.Option("--precision", help="Stored precision of the blocks: fp16, bf16 or fp32 (default: searched)")] = None,
+    pertp: Annotated[Optional[int], typer.Option(help="Fix Perturbation-Parallel degree (1 or 2)")] = None,
+    ddp: Annotated[Optional[int], typer.Option(help="Fix Data-Parallel degree")] = None,
+    slices: Annotated[Optional[int], typer.Option(help="Fix slice group size (1 = every GPU pulls the whole block)")] = None,
+    prefetch: Annotated[Optional[int], typer.Option(help="Fix prefetch depth (block buffers per GPU)")] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the plan")] = Path("plan.json"),
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan JSON to stdout instead of the tables")] = False,
+    top: Annotated[int, typer.Option(help="Candidates shown in the table")] = 8,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No tables, no timeline: just write the plan")] = False,
+) -> None:
+    """Search PertP x DDP layouts, slice size and prefetch depth; write the best as a plan."""
+    from zoplan.search import optimize_command
+    optimize_command(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
+                     param_dtype=param_dtype, pertp=pertp, ddp=ddp, slices=slices,
+                     prefetch=prefetch, output=output, json_out=json_out, top=top,
+                     quiet=quiet, console=console)
+
+
+@command("profile")
+def profile_cmd(
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Where to write the profile (default hwprofiles/<name>.json)")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Profile name (default: derived from the host)")] = None,
+    ranks: Annotated[Optional[int], typer.Option(help="CPU only: gloo ranks to measure with (default: cores)")] = None,
+    repeats: Annotated[int, typer.Option(help="Repetitions of each measurement")] = 5,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer sizes and repetitions (for tests)")] = False,
+    cpu: Annotated[bool, typer.Option("--cpu", help="Profile the CPU/gloo path even where CUDA exists")] = False,
+) -> None:
+    """Measure this machine (CUDA GPUs, or gloo ranks on the CPU) into a hardware profile."""
+    from zoplan.profile import profile_command
+    profile_command(output=output, name=name, ranks=ranks, repeats=repeats, quick=quick,
+                    force_cpu=cpu, console=console)
+
+
+@command("calibrate")
+def calibrate_cmd(
+    plan: Annotated[Path, typer.Argument(help="plan.json that was run")],
+    trace: Annotated[Path, typer.Argument(help="Trace directory written by `zoexec run --trace`")],
+    fit: Annotated[bool, typer.Option("--fit", help="Refit the profile's constants to the measurement")] = False,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="With --fit: where to write the refitted profile")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Profile the plan was made with (default: the plan's profile name)")] = None,
+    skip: Annotated[int, typer.Option(help="First steps excluded from the medians")] = 1,
+) -> None:
+    """Predicted vs measured time per task kind and for the whole step."""
+    from zoplan.calibrate import calibrate_command
+    calibrate_command(plan=plan, trace=trace, fit=fit, output=output, profile=profile,
+                      skip=skip, console=console)
+
+
+@command("show")
+def show_cmd(
+    plan: Annotated[Path, typer.Argument(help="plan.json")],
+    trace: Annotated[Optional[Path], typer.Option(help="Trace directory to draw under the prediction")] = None,
+    ranks: Annotated[Optional[str], typer.Option(help="Rank range, e.g. 0-3 or 0,2,5")] = None,
+    blocks: Annotated[Optional[str], typer.Option(help="Block range to zoom into, e.g. 0-7")] = None,
+    width: Annotated[Optional[int], typer.Option(help="Width of the chart in columns (default: terminal)")] = None,
+    chrome: Annotated[Optional[Path], typer.Option(help="Write Chrome/Perfetto trace events here")] = None,
+    svg: Annotated[Optional[Path], typer.Option(help="Save the rendered timeline as SVG here")] = None,
+) -> None:
+    """Draw the step as a Gantt chart: one row per rank and lane."""
+    from zoplan.view import show_command
+    show_command(plan=plan, trace=trace, ranks=ranks, blocks=blocks, width=width,
+                 chrome=chrome, svg=svg, console=console)
+
+
+@command("compare")
+def compare_cmd(
+    plans: Annotated[list[Path], typer.Argument(help="Two or more plan.json files, or one plan to compare its candidates")],
+) -> None:
+    """Side-by-side table of plans (or of one plan's ranked candidates)."""
+    from zoplan.view import compare_command
+    compare_command(plans=plans, console=console)
+
+
+def main() -> None:
+    """Entry point: run the app; user errors become one red line and exit code 2."""
+    try:
+        app(standalone_mode=False)
+    except ZoError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_USER_ERROR)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err_console.print("[bold red]aborted[/]")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        import click
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(EXIT_USER_ERROR)
+        raise
+
+
+if __name__ == "__main__":
+    main()

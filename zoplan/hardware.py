@@ -1,0 +1,304 @@
+"""HardwareProfile: the machine the planner simulates, loaded from JSON and validated.
+
+A profile describes ONE node type (a cluster is `nodes` copies of it joined by a
+network). Every figure is data with its unit in the name and a source note in
+`sources` (dotted path -> note, "[S]" spec, "[M]" measured, "[D]" derived); shipped
+profiles live in hwprofiles/, `zoplan profile` writes measured ones.
+
+Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
+- device.kind "cuda": each rank owns one GPU with concurrent engines (compute, H2D,
+  D2H, collective). device.kind "cpu": each rank is a gloo process on a shared host;
+  `device.concurrent_engines` false means a rank's tasks run one at a time.
+- pcie.h2d_gbps / d2h_gbps: one rank's host link alone, per direction.
+  pcie.duplex_gbps: both directions of one rank's link together (A100: H2D drops to
+  11-13 GB/s while D2H runs). pcie.switch_groups: ranks that share one switch uplink of
+  pcie.switch_uplink_gbps per direction. host.mem_bw_gbps: ceiling of all host<->device
+  traffic of a node together.
+- fabric.kind: "nvswitch" (every GPU in fabric.groups reaches every other at
+  p2p_gbps per direction per GPU), "bridge" (groups are bridged pairs), "host" (peer
+  traffic crosses PCIe and host memory; no fast fabric), "shm" (CPU ranks: gloo over
+  shared memory / loopback, the collective table applies).
+- collective.allgather_busbw: [[message_bytes, bus_GBps], ...] (log-interpolated);
+  collective.latency_us: fixed cost of one collective inside a node;
+  collective.allreduce_small_us: a scalar all-reduce inside a node.
+- network: inter-node figures (latency_us, gbps per node); unused on one node.
+- compute: forward time of a block = overhead_us + max(flops / (peak_tflops *
+  m / (m + m_half_tokens)), weight bytes / mem_gbps), where m is the tokens of the
+  GEMM; zo_ns_per_param: deferred update + perturbation cost per block parameter.
+  On device.kind "cpu", peak_tflops is for one rank using all host cores; with k local
+  ranks each gets peak / k * compute.rank_scaling (how well k ranks share the cores).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zoplan.errors import ZoError
+from zoplan.io import dumps_canonical, load_json, sha256_json
+
+PROFILE_SCHEMA_VERSION = 1
+DEVICE_KINDS = ("cuda", "cpu")
+FABRIC_KINDS = ("nvswitch", "bridge", "host", "shm")
+GIB = 2**30
+
+# Section -> the numeric fields it must have (all > 0 unless listed in NONNEG).
+_REQUIRED = {
+    "device": ("memory_gib", "reserved_gib"),
+    "host": ("memory_gib", "mem_bw_gbps", "cores"),
+    "pcie": ("h2d_gbps", "d2h_gbps", "duplex_gbps", "switch_uplink_gbps"),
+    "fabric": ("p2p_gbps",),
+    "collective": ("latency_us", "allreduce_small_us"),
+    "network": ("gbps", "latency_us"),
+    "compute": ("peak_tflops", "mem_gbps", "m_half_tokens", "overhead_us",
+                "zo_ns_per_param", "rank_scaling"),
+}
+_NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens"}
+_OPTIONAL_TOP = {"description", "provenance", "measurements", "notes"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwareProfile:
+    """A validated profile. Sections are kept as plain dicts of figures."""
+
+    name: str
+    gpus_per_node: int
+    max_nodes: int
+    device: dict
+    host: dict
+    pcie: dict
+    fabric: dict
+    collective: dict
+    network: dict
+    compute: dict
+    sources: dict
+    extra: dict = field(default_factory=dict, compare=False)
+
+    # ---- derived figures (properties, never stored twice) ------------------------
+    @property
+    def is_cpu(self) -> bool:
+        return self.device["kind"] == "cpu"
+
+    @property
+    def device_memory_bytes(self) -> float:
+        return (self.device["memory_gib"] - self.device["reserved_gib"]) * GIB
+
+    @property
+    def host_memory_bytes(self) -> float:
+        return self.host["memory_gib"] * GIB
+
+    @property
+    def fabric_groups(self) -> list[list[int]]:
+        return self.fabric.get("groups") or [[r] for r in range(self.gpus_per_node)]
+
+    def fabric_group_of(self, local_rank: int) -> list[int]:
+        for group in self.fabric_groups:
+            if local_rank in group:
+                return group
+        return [local_rank]
+
+    def max_slices(self, local_ranks: int) -> int:
+        """Largest slice group the fast fabric allows among the first local ranks."""
+        if self.fabric["kind"] in ("host", "shm"):
+            return local_ranks
+        sizes = [len([r for r in g if r < local_ranks]) for g in self.fabric_groups]
+        return max([s for s in sizes if s] or [1])
+
+    def switch_group_of(self, local_rank: int) -> tuple[int, ...]:
+        for group in self.pcie.get("switch_groups") or []:
+            if local_rank in group:
+                return tuple(group)
+        return (local_rank,)
+
+    def allgather_busbw_gbps(self, message_bytes: float) -> float:
+        """Bus bandwidth for an all-gather whose total output is message_bytes."""
+        return interpolate_log(self.collective["allgather_busbw"], message_bytes)
+
+    def forward_time_s(self, *, flops: float, weight_bytes: float, tokens: int,
+                       local_ranks: int = 1) -> float:
+        c = self.compute
+        eff = tokens / (tokens + c["m_half_tokens"]) if tokens > 0 else 1.0
+        rate = c["peak_tflops"] * 1e12 * eff * self.compute_share(local_ranks)
+        mem = weight_bytes / (c["mem_gbps"] * 1e9)
+        return c["overhead_us"] * 1e-6 + max(flops / rate, mem)
+
+    def zo_time_s(self, num_params: int, local_ranks: int = 1) -> float:
+        share = self.compute_share(local_ranks)
+        return num_params * self.compute["zo_ns_per_param"] * 1e-9 / share
+
+    def compute_share(self, local_ranks: int) -> float:
+        """Fraction of the device's compute one rank gets (1 on GPUs)."""
+        if not self.is_cpu or local_ranks <= 1:
+            return 1.0
+        return self.compute["rank_scaling"] / local_ranks
+
+    @property
+    def sha256(self) -> str:
+        return sha256_json(self.to_dict())
+
+    def to_dict(self) -> dict:
+        data = {"schema_version": PROFILE_SCHEMA_VERSION, "name": self.name,
+                "gpus_per_node": self.gpus_per_node, "max_nodes": self.max_nodes,
+                "device": self.device, "host": self.host, "pcie": self.pcie,
+                "fabric": self.fabric, "collective": self.collective,
+                "network": self.network, "compute": self.compute, "sources": self.sources}
+        data.update(self.extra)
+        return data
+
+    def to_json(self) -> str:
+        return dumps_canonical(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Any, *, origin: str = "profile") -> "HardwareProfile":
+        return _validate(data, origin)
+
+
+def interpolate_log(table: list, x: float) -> float:
+    """Piecewise-linear interpolation of y over log(x); clamped at the ends."""
+    xs = [float(p[0]) for p in table]
+    ys = [float(p[1]) for p in table]
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect.bisect_right(xs, x)
+    lx0, lx1 = math.log(xs[i - 1]), math.log(xs[i])
+    t = (math.log(x) - lx0) / (lx1 - lx0)
+    return ys[i - 1] + t * (ys[i] - ys[i - 1])
+
+
+# ---- validation ---------------------------------------------------------------------
+def _fail(origin: str, message: str) -> ZoError:
+    return ZoError(f"{origin}: {message}")
+
+
+def _number(origin: str, path: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(origin, f"{path} must be a number, got {value!r}")
+    if path in _NONNEG:
+        if value < 0:
+            raise _fail(origin, f"{path} must be >= 0, got {value}")
+    elif value <= 0:
+        raise _fail(origin, f"{path} must be > 0, got {value}")
+    return float(value)
+
+
+def _validate(data: Any, origin: str) -> HardwareProfile:
+    if not isinstance(data, dict):
+        raise _fail(origin, "profile must be a JSON object")
+    version = data.get("schema_version")
+    if version != PROFILE_SCHEMA_VERSION:
+        raise _fail(origin, f"schema_version {version!r} is not supported "
+                            f"(expected {PROFILE_SCHEMA_VERSION})")
+    known = set(_REQUIRED) | {"schema_version", "name", "gpus_per_node", "max_nodes",
+                              "sources"} | _OPTIONAL_TOP
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise _fail(origin, f"unknown key(s) {', '.join(unknown)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise _fail(origin, "name must be a non-empty string")
+    gpn = data.get("gpus_per_node")
+    if not isinstance(gpn, int) or isinstance(gpn, bool) or gpn < 1:
+        raise _fail(origin, f"gpus_per_node must be an integer >= 1, got {gpn!r}")
+    max_nodes = data.get("max_nodes", 1)
+    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1:
+        raise _fail(origin, f"max_nodes must be an integer >= 1, got {max_nodes!r}")
+    sections = {}
+    for section, fields in _REQUIRED.items():
+        block = data.get(section)
+        if not isinstance(block, dict):
+            raise _fail(origin, f"missing section {section!r}")
+        for key in fields:
+            if key not in block:
+                raise _fail(origin, f"{section}.{key} is missing")
+            _number(origin, f"{section}.{key}", block[key])
+        sections[section] = dict(block)
+    _check_kinds(origin, sections)
+    _check_groups(origin, sections, gpn)
+    _check_table(origin, sections["collective"].get("allgather_busbw"))
+    sources = data.get("sources")
+    if not isinstance(sources, dict):
+        raise _fail(origin, "sources must map each figure to a note")
+    _check_sources(origin, sections, sources)
+    extra = {k: data[k] for k in _OPTIONAL_TOP if k in data}
+    return HardwareProfile(name=name, gpus_per_node=gpn, max_nodes=max_nodes,
+                           sources=dict(sources), extra=extra, **sections)
+
+
+def _check_kinds(origin: str, sections: dict) -> None:
+    kind = sections["device"].get("kind")
+    if kind not in DEVICE_KINDS:
+        raise _fail(origin, f"device.kind must be one of {', '.join(DEVICE_KINDS)}, got {kind!r}")
+    fabric = sections["fabric"].get("kind")
+    if fabric not in FABRIC_KINDS:
+        raise _fail(origin, f"fabric.kind must be one of {', '.join(FABRIC_KINDS)}, got {fabric!r}")
+    if not isinstance(sections["device"].get("concurrent_engines", True), bool):
+        raise _fail(origin, "device.concurrent_engines must be true or false")
+    if not isinstance(sections["device"].get("model", ""), str):
+        raise _fail(origin, "device.model must be a string")
+
+
+def _check_groups(origin: str, sections: dict, gpn: int) -> None:
+    for path, groups in (("pcie.switch_groups", sections["pcie"].get("switch_groups")),
+                         ("fabric.groups", sections["fabric"].get("groups"))):
+        if groups is None:
+            continue
+        if not isinstance(groups, list) or not all(isinstance(g, list) and g for g in groups):
+            raise _fail(origin, f"{path} must be a list of non-empty lists of local ranks")
+        seen: set[int] = set()
+        for group in groups:
+            for rank in group:
+                if not isinstance(rank, int) or not 0 <= rank < gpn:
+                    raise _fail(origin, f"{path} names rank {rank!r}, outside 0..{gpn - 1}")
+                if rank in seen:
+                    raise _fail(origin, f"{path} names rank {rank} twice")
+                seen.add(rank)
+
+
+def _check_table(origin: str, table: Any) -> None:
+    path = "collective.allgather_busbw"
+    if not isinstance(table, list) or not table:
+        raise _fail(origin, f"{path} must be a non-empty list of [bytes, GB/s] pairs")
+    last = 0.0
+    for point in table:
+        if not isinstance(point, list) or len(point) != 2:
+            raise _fail(origin, f"{path} entries must be [bytes, GB/s], got {point!r}")
+        size = _number(origin, f"{path} size", point[0])
+        _number(origin, f"{path} bandwidth", point[1])
+        if size <= last:
+            raise _fail(origin, f"{path} sizes must increase, got {size:g} after {last:g}")
+        last = size
+
+
+def _check_sources(origin: str, sections: dict, sources: dict) -> None:
+    for section, fields in _REQUIRED.items():
+        for key in fields:
+            path = f"{section}.{key}"
+            if not (isinstance(sources.get(path), str) or isinstance(sources.get(section), str)):
+                raise _fail(origin, f"{path} has no source note in `sources`")
+
+
+# ---- loading ------------------------------------------------------------------------
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "hwprofiles"
+DEFAULT_PROFILE = "dgx-a100-80gb"
+
+
+def shipped_profiles() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(PROFILES_DIR.glob("*.json"))}
+
+
+def load_profile(name_or_path: str | Path) -> HardwareProfile:
+    """A shipped profile name (see `zoplan profiles`) or a path to a profile JSON."""
+    path = Path(name_or_path)
+    shipped = shipped_profiles()
+    if str(name_or_path) in shipped:
+        path = shipped[str(name_or_path)]
+    elif not path.exists():
+        names = ", ".join(shipped) or "none"
+        raise ZoError(f"unknown profile {str(name_or_path)!r}: no such file and not a "
+                      f"shipped profile ({names})")
+    return HardwareProfile.from_dict(load_json(path, what="profile"), origin=f"profile {path}")

@@ -1,0 +1,56 @@
+"""Small file helpers shared by every artifact: atomic writes and JSON loading with
+one-line errors. An output file is either whole or absent, never half-written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from zoplan.errors import ZoError
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder + rename."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise ZoError(f"cannot write {path}: folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def dumps_canonical(data: Any) -> str:
+    """Deterministic JSON text (sorted keys, fixed indent): same input, same bytes."""
+    return json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def sha256_json(data: Any) -> str:
+    return sha256_text(json.dumps(data, sort_keys=True, separators=(",", ":")))
+
+
+def load_json(path: Path | str, *, what: str = "file") -> Any:
+    """Load a JSON file or raise ZoError naming the file and the problem."""
+    path = Path(path)
+    if not path.exists():
+        raise ZoError(f"{what} {path} does not exist")
+    if not path.is_file():
+        raise ZoError(f"{what} {path} is not a file")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ZoError(f"{what} {path} is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise ZoError(f"{what} {path} is not a text file") from None

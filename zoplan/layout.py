@@ -1,0 +1,124 @@
+"""Layout: how the ranks of a job split the work of one step.
+
+world = nodes x local_ranks. Rank r sits on node r // local_ranks.
+- PertP (axis "pertp", 1 or 2): with 2, rank r computes the "+" perturbation when r is
+  even and the "-" one when odd; the pair shares a data shard and exchanges losses.
+  With 1, every rank runs both ("+-", the ZO2 dual forward).
+- DDP (axis "ddp"): data shard of rank r is r // pertp; the global batch is cut into
+  `ddp` equal shards; only scalars are all-reduced.
+- Slicing (`slices` = slice group size s): local ranks [k*s, (k+1)*s) form slice group
+  k of their node; each uploads 1/s of every block, the group all-gathers it.
+- Write-back: after the forward every local rank holds the whole updated block, so the
+  write-back of a block is shared by ALL local ranks of the node (1/local_ranks each);
+  a node's host copy of a block is written exactly once.
+- prefetch: number of block buffers per rank (blocks in flight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+
+from zoplan.errors import ZoError
+
+
+class Axis(str, Enum):
+    PERTP = "pertp"
+    DDP = "ddp"
+    SLICES = "slices"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    pertp: int = 1
+    ddp: int = 1
+    nodes: int = 1
+    slices: int = 1
+    prefetch: int = 2
+
+    def __post_init__(self) -> None:
+        if self.pertp not in (1, 2):
+            raise ValueError(f"pertp must be 1 or 2, got {self.pertp}")
+        for name in ("ddp", "nodes", "slices", "prefetch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.world_size % self.nodes:
+            raise ValueError(f"pertp ({self.pertp}) x ddp ({self.ddp}) = {self.world_size} "
+                             f"is not divisible by nodes ({self.nodes})")
+        if self.local_ranks % self.slices:
+            raise ValueError(f"slices ({self.slices}) does not divide the "
+                             f"{self.local_ranks} ranks of a node")
+
+    @property
+    def world_size(self) -> int:
+        return self.pertp * self.ddp
+
+    @property
+    def local_ranks(self) -> int:
+        return self.world_size // self.nodes
+
+    @property
+    def slice_groups_per_node(self) -> int:
+        return self.local_ranks // self.slices
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.local_ranks
+
+    def local_rank_of(self, rank: int) -> int:
+        return rank % self.local_ranks
+
+    def role_of(self, rank: int) -> str:
+        if self.pertp == 1:
+            return "+-"
+        return "+" if rank % 2 == 0 else "-"
+
+    def data_shard_of(self, rank: int) -> int:
+        return rank // self.pertp
+
+    def slice_group_of(self, rank: int) -> int:
+        """Global index of the rank's slice group."""
+        return rank // self.slices
+
+    def slice_index_of(self, rank: int) -> int:
+        return rank % self.slices
+
+    def slice_group_ranks(self, rank: int) -> list[int]:
+        first = self.slice_group_of(rank) * self.slices
+        return list(range(first, first + self.slices))
+
+    def rank_table(self) -> list[dict]:
+        return [{"rank": r, "node": self.node_of(r), "local_rank": self.local_rank_of(r),
+                 "role": self.role_of(r), "data_shard": self.data_shard_of(r),
+                 "slice_group": self.slice_group_of(r), "slice_index": self.slice_index_of(r)}
+                for r in range(self.world_size)]
+
+    def label(self) -> str:
+        return (f"pertp{self.pertp}xddp{self.ddp}" + (f"x{self.nodes}n" if self.nodes > 1 else "")
+                + f" s{self.slices} p{self.prefetch}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Layout":
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as exc:
+            raise ZoError(f"malformed layout {data!r}: {exc}") from None
+
+
+def layout_for_gpus(*, gpus: int, gpus_per_node: int, pertp: int, slices: int,
+                    prefetch: int) -> Layout:
+    """The layout that uses `gpus` GPUs, filling nodes of `gpus_per_node` first."""
+    if gpus < 1:
+        raise ZoError(f"gpus must be >= 1, got {gpus}")
+    if gpus % pertp:
+        raise ZoError(f"gpus ({gpus}) is not divisible by pertp ({pertp})")
+    nodes = 1 if gpus <= gpus_per_node else gpus // gpus_per_node
+    if nodes * min(gpus, gpus_per_node) != gpus:
+        raise ZoError(f"gpus ({gpus}) is not a multiple of the {gpus_per_node} GPUs of a node")
+    try:
+        return Layout(pertp=pertp, ddp=gpus // pertp, nodes=nodes, slices=slices,
+                      prefetch=prefetch)
+    except ValueError as exc:
+        raise ZoError(str(exc)) from None

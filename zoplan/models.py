@@ -1,0 +1,253 @@
+"""Model catalogue: parameter bytes, FLOPs and activation sizes of each block.
+
+Covers OPT, Llama (2 and 3) and Qwen3 by name, and any Hugging Face `config.json` of
+those families by path. Figures come from the architecture formulas below; a test checks
+the parameter counts against transformers' own classes built on the meta device.
+Sources: the models' published HF config.json files (../shared/reference/models.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from zoplan.errors import ZoError
+from zoplan.io import load_json
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+FAMILIES = ("opt", "llama", "qwen3")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer; derived sizes are properties."""
+
+    name: str
+    family: str
+    num_layers: int
+    hidden: int
+    ffn: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab: int
+    max_positions: int
+    tied_head: bool
+    word_embed_proj_dim: int = 0   # OPT-350m projects embeddings 512 <-> hidden
+    final_norm: bool = True        # OPT-350m (post-LN) has no final layer norm
+    hf_config: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family {self.family!r} is not one of {', '.join(FAMILIES)}")
+        for name in ("num_layers", "hidden", "ffn", "num_heads", "num_kv_heads",
+                     "head_dim", "vocab", "max_positions"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) is not a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+
+    # ---- parameters -------------------------------------------------------------
+    @property
+    def attn_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of one decoder block (HF module layout)."""
+        h, f = self.hidden, self.ffn
+        if self.family == "opt":
+            # q,k,v,out with biases; fc1, fc2 with biases; two LayerNorms (w + b)
+            return 4 * (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
+        attn = h * self.attn_dim + 2 * h * self.kv_dim + self.attn_dim * h
+        mlp = 3 * h * f
+        norms = 2 * h + (2 * self.head_dim if self.family == "qwen3" else 0)
+        return attn + mlp + norms
+
+    @property
+    def matmul_params_per_block(self) -> int:
+        """Weights that take part in a GEMM (drives FLOPs)."""
+        h, f = self.hidden, self.ffn
+        if self.family == "opt":
+            return 4 * h * h + 2 * h * f
+        return h * self.attn_dim + 2 * h * self.kv_dim + self.attn_dim * h + 3 * h * f
+
+    @property
+    def embed_params(self) -> int:
+        h = self.hidden
+        if self.family == "opt":
+            wdim = self.word_embed_proj_dim or h
+            proj = 2 * wdim * h if wdim != h else 0
+            return self.vocab * wdim + (self.max_positions + 2) * h + proj
+        return self.vocab * h
+
+    @property
+    def head_params(self) -> int:
+        """Final norm + LM head (zero extra for a head tied to the embeddings)."""
+        h = self.hidden
+        norm = (2 * h if self.family == "opt" else h) if self.final_norm else 0
+        head = 0 if self.tied_head else self.vocab * h
+        return norm + head
+
+    @property
+    def resident_params(self) -> int:
+        return self.embed_params + self.head_params
+
+    @property
+    def total_params(self) -> int:
+        return self.num_layers * self.block_params + self.resident_params
+
+    def block_bytes(self, dtype: str) -> int:
+        return self.block_params * dtype_bytes(dtype)
+
+    def resident_bytes(self, dtype: str) -> int:
+        return self.resident_params * dtype_bytes(dtype)
+
+    # ---- compute ----------------------------------------------------------------
+    def block_flops_per_token(self, seq: int) -> float:
+        """Forward FLOPs per token of one block: 2 per GEMM weight plus attention
+        scores and weighted sum (2 * 2 * seq * attn_dim, no causal skipping)."""
+        return 2.0 * self.matmul_params_per_block + 4.0 * seq * self.attn_dim
+
+    def head_flops_per_token(self) -> float:
+        return 2.0 * self.vocab * self.hidden
+
+    # ---- activations ------------------------------------------------------------
+    def block_activation_bytes(self, tokens: int, seq: int, dtype: str) -> int:
+        """Peak transient memory of one block's forward over `tokens` tokens: the
+        residual stream in and out, the MLP intermediate, and the attention scores of
+        one sequence batch (eager attention, the worst case)."""
+        b = dtype_bytes(dtype)
+        sequences = max(1, tokens // seq)
+        stream = 4 * tokens * self.hidden * b
+        mlp = 2 * tokens * self.ffn * b
+        scores = sequences * self.num_heads * seq * seq * b
+        return stream + mlp + scores
+
+    def head_activation_bytes(self, tokens: int) -> int:
+        """Logits and their fp32 log-softmax for the loss."""
+        return 2 * tokens * self.vocab * 4
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelSpec":
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as exc:
+            raise ZoError(f"malformed model spec: {exc}") from None
+
+
+def dtype_bytes(dtype: str) -> int:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ZoError(f"unknown precision {dtype!r}; use one of {', '.join(DTYPE_BYTES)}") from None
+
+
+# ---- the catalogue (figures from the published HF config.json files) -------------------
+def _opt(name, layers, hidden, heads, *, proj=0, pre_ln=True) -> dict:
+    cfg = {"model_type": "opt", "num_hidden_layers": layers, "hidden_size": hidden,
+           "ffn_dim": 4 * hidden, "num_attention_heads": heads, "vocab_size": 50272,
+           "max_position_embeddings": 2048, "word_embed_proj_dim": proj or hidden,
+           "do_layer_norm_before": pre_ln, "tie_word_embeddings": True}
+    return {name: cfg}
+
+
+def _llama(name, layers, hidden, ffn, heads, kv, vocab, *, rope=10000.0, max_pos=4096):
+    cfg = {"model_type": "llama", "num_hidden_layers": layers, "hidden_size": hidden,
+           "intermediate_size": ffn, "num_attention_heads": heads,
+           "num_key_value_heads": kv, "vocab_size": vocab, "head_dim": 128,
+           "max_position_embeddings": max_pos, "rope_theta": rope,
+           "tie_word_embeddings": False, "rms_norm_eps": 1e-5}
+    return {name: cfg}
+
+
+def _qwen3(name, layers, hidden, ffn, heads, kv, *, tied):
+    cfg = {"model_type": "qwen3", "num_hidden_layers": layers, "hidden_size": hidden,
+           "intermediate_size": ffn, "num_attention_heads": heads,
+           "num_key_value_heads": kv, "vocab_size": 151936, "head_dim": 128,
+           "max_position_embeddings": 40960, "rope_theta": 1000000.0,
+           "tie_word_embeddings": tied, "rms_norm_eps": 1e-6}
+    return {name: cfg}
+
+
+CATALOGUE_CONFIGS: dict[str, dict] = {
+    **_opt("opt-125m", 12, 768, 12), **_opt("opt-350m", 24, 1024, 16, proj=512, pre_ln=False),
+    **_opt("opt-1.3b", 24, 2048, 32), **_opt("opt-2.7b", 32, 2560, 32),
+    **_opt("opt-6.7b", 32, 4096, 32), **_opt("opt-13b", 40, 5120, 40),
+    **_opt("opt-30b", 48, 7168, 56), **_opt("opt-66b", 64, 9216, 72),
+    **_opt("opt-175b", 96, 12288, 96),
+    **_llama("llama-2-7b", 32, 4096, 11008, 32, 32, 32000),
+    **_llama("llama-2-13b", 40, 5120, 13824, 40, 40, 32000),
+    **_llama("llama-2-70b", 80, 8192, 28672, 64, 8, 32000),
+    **_llama("llama-3-8b", 32, 4096, 14336, 32, 8, 128256, rope=500000.0, max_pos=8192),
+    **_llama("llama-3-70b", 80, 8192, 28672, 64, 8, 128256, rope=500000.0, max_pos=8192),
+    **_qwen3("qwen3-0.6b", 28, 1024, 3072, 16, 8, tied=True),
+    **_qwen3("qwen3-1.7b", 28, 2048, 6144, 16, 8, tied=True),
+    **_qwen3("qwen3-4b", 36, 2560, 9728, 32, 8, tied=True),
+    **_qwen3("qwen3-8b", 36, 4096, 12288, 32, 8, tied=False),
+    **_qwen3("qwen3-14b", 40, 5120, 17408, 40, 8, tied=False),
+    **_qwen3("qwen3-32b", 64, 5120, 25600, 64, 8, tied=False),
+}
+
+
+def spec_from_hf_config(config: dict, *, name: str) -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face config dict (OPT, Llama, Qwen3)."""
+    family = config.get("model_type")
+    if family not in FAMILIES:
+        raise ZoError(f"model {name}: model_type {family!r} is not supported "
+                      f"(supported: {', '.join(FAMILIES)})")
+    try:
+        hidden = int(config["hidden_size"])
+        heads = int(config["num_attention_heads"])
+        common = dict(name=name, family=family, num_layers=int(config["num_hidden_layers"]),
+                      hidden=hidden, num_heads=heads, vocab=int(config["vocab_size"]),
+                      max_positions=int(config["max_position_embeddings"]),
+                      hf_config=dict(config))
+        if family == "opt":
+            wdim = int(config.get("word_embed_proj_dim") or hidden)
+            pre_ln = bool(config.get("do_layer_norm_before", True))
+            remove_final = bool(config.get("_remove_final_layer_norm", False))
+            return ModelSpec(**common, ffn=int(config["ffn_dim"]), num_kv_heads=heads,
+                             head_dim=hidden // heads,
+                             tied_head=bool(config.get("tie_word_embeddings", True)),
+                             word_embed_proj_dim=wdim if wdim != hidden else 0,
+                             final_norm=pre_ln and not remove_final)
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        return ModelSpec(**common, ffn=int(config["intermediate_size"]),
+                         num_kv_heads=int(config.get("num_key_value_heads") or heads),
+                         head_dim=head_dim,
+                         tied_head=bool(config.get("tie_word_embeddings", False)))
+    except KeyError as exc:
+        raise ZoError(f"model {name}: config has no {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ZoError(f"model {name}: bad config value: {exc}") from None
+
+
+def catalogue() -> dict[str, ModelSpec]:
+    return {name: spec_from_hf_config(cfg, name=name) for name, cfg in CATALOGUE_CONFIGS.items()}
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A catalogue name (case-insensitive), a config.json path, or a model directory."""
+    key = name_or_path.lower()
+    if key in CATALOGUE_CONFIGS:
+        return spec_from_hf_config(CATALOGUE_CONFIGS[key], name=key)
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.exists():
+        config = load_json(path, what="model config")
+        if not isinstance(config, dict):
+            raise ZoError(f"model config {path} is not a JSON object")
+        label = path.parent.name if path.name == "config.json" else path.stem
+        return spec_from_hf_config(config, name=label or str(path))
+    raise ZoError(f"unknown model {name_or_path!r}: not in the catalogue "
+                  f"(see `zoplan models`) and no such config.json")
