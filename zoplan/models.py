@@ -178,7 +178,21 @@ def _qwen3(name, layers, hidden, ffn, heads, kv, *, tied):
     return {name: cfg}
 
 
+def _tiny(name: str, family: str) -> dict:
+    """Small random-weight models for tests, demos and CPU runs (not published models)."""
+    cfg = {"model_type": family, "num_hidden_layers": 4, "hidden_size": 128,
+           "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 512,
+           "tie_word_embeddings": family != "llama"}
+    if family == "opt":
+        cfg.update(ffn_dim=512, word_embed_proj_dim=128, do_layer_norm_before=True)
+    else:
+        cfg.update(intermediate_size=384, num_key_value_heads=2, head_dim=32,
+                   rope_theta=10000.0, rms_norm_eps=1e-6)
+    return {name: cfg}
+
+
 CATALOGUE_CONFIGS: dict[str, dict] = {
+    **_tiny("tiny-opt", "opt"), **_tiny("tiny-llama", "llama"), **_tiny("tiny-qwen3", "qwen3"),
     **_opt("opt-125m", 12, 768, 12), **_opt("opt-350m", 24, 1024, 16, proj=512, pre_ln=False),
     **_opt("opt-1.3b", 24, 2048, 32), **_opt("opt-2.7b", 32, 2560, 32),
     **_opt("opt-6.7b", 32, 4096, 32), **_opt("opt-13b", 40, 5120, 40),
