@@ -7,7 +7,6 @@ half-written output file.
 from __future__ import annotations
 
 import functools
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -136,23 +135,9 @@ def compare_cmd(
 
 
 def main() -> None:
-    """Entry point: run the app; user errors become one red line and exit code 2."""
-    try:
-        app(standalone_mode=False)
-    except ZoError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(EXIT_USER_ERROR)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err_console.print("[bold red]aborted[/]")
-        sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(EXIT_USER_ERROR)
-        raise
+    """Entry point. Commands turn ZoError into one red line and exit code 2 themselves
+    (see `command`); typer's standalone mode gives usage errors exit code 2 too."""
+    app()
 
 
 if __name__ == "__main__":

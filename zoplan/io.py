@@ -13,6 +13,15 @@ from typing import Any
 from zoplan.errors import ZoError
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 def atomic_write_text(path: Path | str, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder + rename."""
     path = Path(path)
@@ -20,6 +29,7 @@ def atomic_write_text(path: Path | str, text: str) -> None:
         raise ZoError(f"cannot write {path}: folder {path.parent} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual mode
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.replace(tmp, path)
