@@ -1,0 +1,378 @@
+"""HF model adapters: the resident parts plus ONE working decoder block bound to flat buffers.
+
+A model is split into
+- `resident`: the HF *ForCausalLM module with its decoder layers removed; it keeps the
+  token (and OPT position) embeddings, OPT's project_in/out, the final norm, the LM head
+  (tied to the embeddings where the config says so) and the rotary embedding. It lives
+  on the compute device in the compute dtype and is trained too (z block id -1).
+- the decoder blocks: one flat 1-D tensor per block (param dtype) holding its tensors in
+  `block_specs` order, and ONE decoder-layer module, `block`, whose parameters are made
+  views into whichever flat buffer is bound (`bind_block`), so a rank needs a single
+  module however many blocks it streams.
+
+The forward runs the transformers 5.x modules themselves (OPTDecoderLayer,
+LlamaDecoderLayer, Qwen3DecoderLayer) with the inputs their *Model.forward builds:
+a causal mask from transformers' `create_causal_mask`, position ids, and for
+Llama/Qwen3 the rotary (cos, sin). Attention is "sdpa" by default, for the HF
+reference model as well: with no padding the causal mask is then None (sdpa's
+is_causal), so the block context does not depend on the batch size ("eager" also
+works; its mask is [batch, 1, seq, seq]). Dropout is off (eval mode); no KV cache.
+The loss is transformers' ForCausalLMLoss (fp32 logits, shift by one, mean).
+Qwen3 configs with sliding-window layers are refused (the mask would depend on the
+layer index).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from zoplan.errors import ZoError
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    """torch dtype of a precision name ("fp32", "fp16", "bf16"); dtypes pass through."""
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return TORCH_DTYPES[name]
+    except KeyError:
+        raise ZoError(f"unknown precision {name!r}; use one of {', '.join(TORCH_DTYPES)}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorSpec:
+    """One tensor inside a flat buffer; `decay` is False for biases and norm weights."""
+
+    name: str
+    shape: tuple[int, ...]
+    numel: int
+    offset: int
+    decay: bool
+
+    @property
+    def stop(self) -> int:
+        return self.offset + self.numel
+
+
+def make_specs(named: list[tuple[str, torch.Tensor]]) -> list[TensorSpec]:
+    """Consecutive specs for named tensors; decay applies to matrices (ndim >= 2) only,
+    i.e. not to biases nor to LayerNorm/RMSNorm weights (MeZO's rule)."""
+    specs, offset = [], 0
+    for name, tensor in named:
+        specs.append(TensorSpec(name=name, shape=tuple(tensor.shape), numel=tensor.numel(),
+                                offset=offset, decay=tensor.dim() >= 2))
+        offset += tensor.numel()
+    return specs
+
+
+@dataclass(kw_only=True, eq=False)
+class ModelParts:
+    """Resident modules + one working block; see the module docstring."""
+
+    family: str
+    config: Any
+    dtype: torch.dtype
+    resident: nn.Module
+    block: nn.Module
+    block_specs: list[TensorSpec]
+    block_numel: int
+    num_blocks: int = 0
+    param_dtype: torch.dtype = torch.float32
+    resident_specs: list[TensorSpec] = field(default_factory=list)
+    resident_numel: int = 0
+    layer_prefix: str = "model.layers."
+
+    # ---- the forward, piece by piece ---------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Hidden states entering block 0 and the ctx every block needs (a kwargs dict)."""
+        if self.family == "opt":
+            return _embed_opt(self, input_ids)
+        return _embed_rope(self, input_ids)
+
+    def block_forward(self, hidden: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """Run the working block (whatever flat buffer is bound) on `hidden`."""
+        return self.block(hidden, **ctx)
+
+    def head_loss(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """Final norm (+ OPT project_out) + LM head + mean next-token CE (fp32 scalar)."""
+        return causal_lm_loss(self.logits(hidden), input_ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        body = self.resident.model
+        if self.family == "opt":
+            dec = body.decoder
+            if dec.final_layer_norm is not None:
+                hidden = dec.final_layer_norm(hidden)
+            if dec.project_out is not None:
+                hidden = dec.project_out(hidden)
+        else:
+            hidden = body.norm(hidden)
+        return self.resident.lm_head(hidden)
+
+    def to(self, device: torch.device | str) -> "ModelParts":
+        """Move resident and block modules (rebind flat buffers afterwards)."""
+        self.resident.to(device)
+        self.block.to(device)
+        return self
+
+
+def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """transformers' ForCausalLMLoss with labels = input_ids (same ops, same order)."""
+    logits = logits.float()
+    labels = nn.functional.pad(input_ids, (0, 1), value=-100)[..., 1:].contiguous()
+    return nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1),
+                                       ignore_index=-100, reduction="mean")
+
+
+def _causal_mask(parts: ModelParts, inputs_embeds: torch.Tensor, position_ids=None):
+    from transformers.masking_utils import create_causal_mask
+
+    return create_causal_mask(config=parts.config, inputs_embeds=inputs_embeds,
+                              attention_mask=None, past_key_values=None,
+                              position_ids=position_ids)
+
+
+def _embed_opt(parts: ModelParts, input_ids: torch.Tensor):
+    dec = parts.resident.model.decoder
+    inputs_embeds = dec.embed_tokens(input_ids)
+    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+    mask = _causal_mask(parts, inputs_embeds)
+    pos_embeds = dec.embed_positions(None, 0, position_ids=position_ids)
+    if dec.project_in is not None:
+        inputs_embeds = dec.project_in(inputs_embeds)
+    hidden = inputs_embeds + pos_embeds
+    return hidden, {"attention_mask": mask, "position_ids": position_ids}
+
+
+def _embed_rope(parts: ModelParts, input_ids: torch.Tensor):
+    body = parts.resident.model
+    inputs_embeds = body.embed_tokens(input_ids)
+    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+    mask = _causal_mask(parts, inputs_embeds, position_ids)
+    position_embeddings = body.rotary_emb(inputs_embeds, position_ids)
+    return inputs_embeds, {"attention_mask": mask, "position_ids": position_ids,
+                           "position_embeddings": position_embeddings}
+
+
+# ---- binding flat buffers -------------------------------------------------------------
+def _bind(params: list[nn.Parameter], specs: list[TensorSpec], flat: torch.Tensor,
+          numel: int, what: str) -> None:
+    assert flat.dim() == 1 and flat.numel() == numel, (what, tuple(flat.shape), numel)
+    for param, spec in zip(params, specs):
+        param.data = flat[spec.offset:spec.stop].view(spec.shape)
+
+
+def bind_block(parts: ModelParts, flat: torch.Tensor) -> None:
+    """Make the working block's parameters views into `flat` (no copy): writing `flat`
+    changes the block's weights. `flat` is 1-D, block_numel long, compute dtype."""
+    assert flat.dtype == parts.dtype, (flat.dtype, parts.dtype)
+    _bind(list(parts.block.parameters()), parts.block_specs, flat, parts.block_numel, "block")
+
+
+def bind_resident(parts: ModelParts, flat: torch.Tensor) -> None:
+    """Make the resident parameters views into `flat` (resident_specs order; a tied
+    head shares the embedding's view)."""
+    assert flat.dtype == parts.dtype, (flat.dtype, parts.dtype)
+    _bind(list(parts.resident.parameters()), parts.resident_specs, flat,
+          parts.resident_numel, "resident")
+
+
+def resident_flat(parts: ModelParts) -> torch.Tensor:
+    """A new flat copy of the resident weights (resident_specs order, compute dtype)."""
+    params = list(parts.resident.parameters())
+    if not params:
+        return torch.empty(0, dtype=parts.dtype)
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def resident_param_specs(parts: ModelParts) -> list[tuple[str, torch.Tensor, bool]]:
+    """(name, tensor, decay) of each resident parameter (a tied head counted once);
+    names are the HF state-dict keys, order = resident_specs = z tensor index."""
+    return [(spec.name, param, spec.decay) for spec, param in
+            zip(parts.resident_specs, parts.resident.parameters())]
+
+
+def block_flat_from_module(parts: ModelParts, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new flat copy of the working block's current weights."""
+    return torch.cat([p.detach().reshape(-1).to(dtype or parts.dtype)
+                      for p in parts.block.parameters()])
+
+
+# ---- building --------------------------------------------------------------------------
+def _config_from(spec_or_config, init: str):
+    """The HF config: the model directory's when `init` is one, else from the spec."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if init != "random":
+        path = Path(init)
+        if not (path / "config.json").is_file():
+            raise ZoError(f"init {init!r} is neither 'random' nor a model directory "
+                          f"with a config.json")
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    if isinstance(spec_or_config, PretrainedConfig):
+        return spec_or_config
+    if isinstance(spec_or_config, str):
+        from zoplan.models import get_model
+
+        spec_or_config = get_model(spec_or_config)
+    data = dict(getattr(spec_or_config, "hf_config", spec_or_config))
+    model_type = data.pop("model_type", None)
+    if model_type is None:
+        raise ZoError("model config has no 'model_type'")
+    return AutoConfig.for_model(model_type, **data)
+
+
+def _check_config(config) -> str:
+    family = config.model_type
+    if family not in ("opt", "llama", "qwen3"):
+        raise ZoError(f"model_type {family!r} is not supported (opt, llama, qwen3)")
+    layer_types = getattr(config, "layer_types", None) or []
+    sliding = sum(t != "full_attention" for t in layer_types)
+    if sliding:
+        raise ZoError(f"{sliding} of {len(layer_types)} layers use sliding-window "
+                      f"attention; only full-attention models are supported")
+    return family
+
+
+def build_hf_model(spec_or_config, *, init: str = "random", seed: int = 0,
+                   dtype: str | torch.dtype = "fp32", attn_implementation: str = "sdpa"):
+    """The full HF *ForCausalLM in eval mode without grads: seeded random init made in fp32
+    and then cast (same seed, same weights, whatever the precision), or the local
+    directory's weights (from_pretrained(local_files_only=True)); never downloads."""
+    from transformers import AutoModelForCausalLM
+
+    config = _config_from(spec_or_config, str(init))
+    _check_config(config)
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ZoError(f"attn_implementation {attn_implementation!r}: use one of "
+                      f"{', '.join(ATTN_IMPLEMENTATIONS)}")
+    if str(init) == "random":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(
+                config, attn_implementation=attn_implementation, dtype=torch.float32)
+        model = model.to(torch_dtype(dtype))
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(init), local_files_only=True, attn_implementation=attn_implementation,
+                dtype=torch_dtype(dtype))
+        except OSError as exc:
+            raise ZoError(f"cannot load the model in {init}: {exc}") from None
+    return model.eval().requires_grad_(False)
+
+
+def layer_container(model: nn.Module, family: str) -> tuple[nn.Module, str]:
+    """(module holding `.layers`, state-dict prefix of the layers) of a *ForCausalLM."""
+    if family == "opt":
+        return model.model.decoder, "model.decoder.layers."
+    return model.model, "model.layers."
+
+
+def _extract_blocks(layers: nn.ModuleList, dtype: torch.dtype) -> tuple[list[TensorSpec], list[torch.Tensor]]:
+    """One flat buffer per layer (freeing each layer's tensors as it goes, except layer 0)."""
+    specs = make_specs(list(layers[0].named_parameters()))
+    flats = []
+    for index in range(len(layers)):
+        named = list(layers[index].named_parameters())
+        assert [(n, tuple(p.shape)) for n, p in named] == [(s.name, s.shape) for s in specs]
+        flats.append(torch.cat([p.detach().reshape(-1).to(dtype) for _, p in named]))
+        if index:
+            layers[index] = nn.Module()
+    return specs, flats
+
+
+def _check_matches(spec, config, init) -> None:
+    """A model directory must hold the model the plan was made for (a ModelSpec)."""
+    if str(init) == "random" or not hasattr(spec, "num_layers"):
+        return
+    mine = (spec.family, spec.num_layers, spec.hidden, spec.vocab)
+    theirs = (config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size)
+    if mine != theirs:
+        raise ZoError(f"model directory {init} holds (family, layers, hidden, vocab) = "
+                      f"{theirs}, the plan's model {spec.name} is {mine}")
+
+
+def build_parts(spec_or_config, *, init: str = "random", param_dtype: str = "fp32",
+                compute_dtype: str = "fp32", seed: int = 0,
+                attn_implementation: str = "sdpa") -> tuple[ModelParts, list[torch.Tensor]]:
+    """Build the HF model (seeded random init, or a local directory via
+    from_pretrained(local_files_only=True)), cut it into resident parts + one flat CPU
+    buffer per block (param dtype), and free the rest. The working block is bound to a
+    compute-dtype copy of block 0."""
+    p_dtype, c_dtype = torch_dtype(param_dtype), torch_dtype(compute_dtype)
+    model = build_hf_model(spec_or_config, init=init, seed=seed, dtype=torch.float32
+                           if str(init) == "random" else p_dtype,
+                           attn_implementation=attn_implementation)
+    family = model.config.model_type
+    _check_matches(spec_or_config, model.config, init)
+    holder, prefix = layer_container(model, family)
+    specs, flats = _extract_blocks(holder.layers, p_dtype)
+    block = holder.layers[0].to(c_dtype)
+    holder.layers = nn.ModuleList()
+    resident = model.to(c_dtype)
+    named = list(resident.named_parameters())
+    parts = ModelParts(family=family, config=model.config, dtype=c_dtype, resident=resident,
+                       block=block, block_specs=specs, block_numel=specs[-1].stop,
+                       num_blocks=len(flats), param_dtype=p_dtype,
+                       resident_specs=make_specs(named),
+                       resident_numel=sum(p.numel() for _, p in named), layer_prefix=prefix)
+    bind_block(parts, flats[0].to(c_dtype, copy=True))
+    return parts, flats
+
+
+# ---- export ----------------------------------------------------------------------------
+def hf_state_dict(parts: ModelParts, block_flats: list[torch.Tensor], *,
+                  dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The HF model's state dict rebuilt from resident + flat buffers (tied head once,
+    as save_pretrained writes it); standalone contiguous tensors."""
+    assert len(block_flats) == parts.num_blocks, (len(block_flats), parts.num_blocks)
+    dtype = dtype or block_flats[0].dtype
+    out = {name: tensor.detach().to(dtype).contiguous().clone()
+           for name, tensor, _ in resident_param_specs(parts)}
+    for index, flat in enumerate(block_flats):
+        for spec in parts.block_specs:
+            view = flat[spec.offset:spec.stop].view(spec.shape)
+            out[f"{parts.layer_prefix}{index}.{spec.name}"] = view.to(dtype).contiguous().clone()
+    return out
+
+
+def export_hf_model(parts: ModelParts, block_flats: list[torch.Tensor], out_dir) -> Path:
+    """Write config.json + model.safetensors (dtype of the flat buffers) into `out_dir`,
+    loadable by AutoModelForCausalLM.from_pretrained(out_dir)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = hf_state_dict(parts, block_flats)
+    config = parts.config.__class__.from_dict(parts.config.to_dict())
+    config.dtype = block_flats[0].dtype
+    config.save_pretrained(out)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def param_addresses(model: nn.Module) -> list[tuple[str, nn.Parameter, int, int]]:
+    """(name, parameter, block, tensor index) of every trainable parameter of a full HF
+    *ForCausalLM, in the z addressing of zo.py: layer i -> block i with its tensors in
+    module order; everything else -> block -1 in named_parameters order (tied once)."""
+    family = _check_config(model.config)
+    _, prefix = layer_container(model, family)
+    counters: dict[int, int] = {}
+    out = []
+    for name, param in model.named_parameters():
+        block = -1
+        if name.startswith(prefix):
+            block = int(name[len(prefix):].split(".", 1)[0])
+        index = counters.get(block, 0)
+        counters[block] = index + 1
+        out.append((name, param, block, index))
+    return out
