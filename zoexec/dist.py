@@ -1,0 +1,343 @@
+"""Device, backend, process groups, lanes and clocks of one zoexec rank.
+
+`select_device` is the ONE place that picks the device and the backend: NCCL + CUDA
+streams where the plan is for CUDA GPUs, gloo on the CPU. Nothing else in zoexec calls
+`.cuda()`, names a backend or creates a stream; the rest of the code moves tensors with
+`.to(env.device)` and runs its tasks through the `Lanes` made here.
+
+Groups (built identically on every rank, `new_group` being collective):
+- world: the default group (loss all-reduce, PertP exchange + DDP mean).
+- slice: the rank's slice group (all-gather of a block), None when slices == 1.
+- node: the node's local ranks (write-back fence), None with one local rank.
+- host_world / host_node: gloo twins used for host-side coordination (store name,
+  store attach barriers, clock epoch, trace gather); the same groups on a CPU run.
+
+Lanes: a rank's engines (compute, h2d, collective, d2h; zoplan.trace.LANES). On CUDA
+each lane is a stream; a task waits on the events of the tasks it depends on and is
+timed with CUDA events, converted to host time at the end of the step. On the CPU a
+task runs at once, in program order, timed with the host clock (CLOCK_MONOTONIC, which
+all processes of one host share).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from zoplan.errors import ZoError
+from zoplan.layout import Layout
+from zoplan.trace import KIND_LANE, LANE_COMPUTE, LANES, NO_BLOCK, Span
+
+TIMEOUT_S = float(os.environ.get("ZOEXEC_TIMEOUT_S", "600"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankPlace:
+    """Where a rank sits: from the launcher's arguments or torchrun's environment."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.local_world_size
+
+
+@dataclass(kw_only=True, eq=False)
+class DistEnv:
+    place: RankPlace
+    layout: Layout
+    device: torch.device
+    backend: str
+    world: Any = None
+    slice: Any = None
+    node: Any = None
+    host_world: Any = None
+    host_node: Any = None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def rank(self) -> int:
+        return self.place.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.place.local_rank
+
+
+# ---- device and backend: the one function -------------------------------------------------
+def select_device(device_kind: str, local_rank: int) -> tuple[torch.device, str]:
+    """(device, backend) of a rank: CUDA GPU `local_rank` + NCCL, or the CPU + gloo."""
+    if device_kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if local_rank >= count:
+            raise ZoError(f"the plan is for CUDA GPUs but this machine has {count} "
+                          f"(local rank {local_rank} needs GPU {local_rank})")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "nccl"
+    if device_kind != "cpu":
+        raise ZoError(f"profile.device_kind {device_kind!r} is neither 'cuda' nor 'cpu'")
+    return torch.device("cpu"), "gloo"
+
+
+def device_count(device_kind: str) -> int:
+    """How many devices of the plan's kind this machine offers (CPU: unlimited)."""
+    if device_kind == "cuda":
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return 1 << 30
+
+
+def device_memory_bytes(device_kind: str, index: int) -> int | None:
+    """Total memory of GPU `index` (None on the CPU)."""
+    if device_kind != "cuda":
+        return None
+    return int(torch.cuda.get_device_properties(index).total_memory)
+
+
+def device_memory_peak(env: "DistEnv") -> dict:
+    """Peak memory the rank's GPU allocator held (empty on the CPU)."""
+    if not env.is_cuda:
+        return {}
+    return {"gpu_peak_allocated": int(torch.cuda.max_memory_allocated(env.device)),
+            "gpu_peak_reserved": int(torch.cuda.max_memory_reserved(env.device))}
+
+
+def pin_host_memory(env: DistEnv, tensor: torch.Tensor) -> bool:
+    """Page-lock a host tensor that this process mapped (cudaHostRegister, portable)
+    when the rank runs on CUDA, so H2D/D2H copies are asynchronous DMA. False on the
+    CPU, and where registering fails (then copies are staged through pageable memory:
+    correct, slower, and said once on stderr)."""
+    if not env.is_cuda or tensor.numel() == 0:
+        return False
+    nbytes = tensor.numel() * tensor.element_size()
+    err = int(torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 1))
+    if err != 0:
+        if env.local_rank == 0:
+            print(f"zoexec: warning: cudaHostRegister of the {nbytes} byte block store failed "
+                  f"(cudaError {err}); transfers use pageable memory", file=sys.stderr)
+        return False
+    return True
+
+
+def unpin_host_memory(tensor: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(tensor.data_ptr())
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (for the spawned ranks' rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def place_from_env() -> RankPlace | None:
+    """The place torchrun gives a rank (RANK, LOCAL_RANK, WORLD_SIZE, ...), or None."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    world = int(os.environ["WORLD_SIZE"])
+    return RankPlace(rank=int(os.environ["RANK"]), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+                     world_size=world,
+                     local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+                     master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                     master_port=int(os.environ.get("MASTER_PORT", 29500)))
+
+
+# ---- process groups --------------------------------------------------------------------
+def init_distributed(*, place: RankPlace, layout: Layout, device_kind: str) -> DistEnv:
+    """Join the job: pick device/backend, init the default group, build the groups."""
+    device, backend = select_device(device_kind, place.local_rank)
+    dist.init_process_group(
+        backend, init_method=f"tcp://{place.master_addr}:{place.master_port}",
+        rank=place.rank, world_size=place.world_size, timeout=timedelta(seconds=TIMEOUT_S),
+        device_id=device if device.type == "cuda" else None)
+    env = DistEnv(place=place, layout=layout, device=device, backend=backend,
+                  world=dist.group.WORLD)
+    _build_groups(env)
+    return env
+
+
+def _build_groups(env: DistEnv) -> None:
+    """Slice, node and host groups; every rank creates every group in the same order."""
+    lay, rank = env.layout, env.rank
+    host_backend = None if env.backend == "gloo" else "gloo"
+    env.host_world = dist.new_group(backend=host_backend) if host_backend else env.world
+    if lay.slices > 1:
+        for first in range(0, lay.world_size, lay.slices):
+            group = dist.new_group(list(range(first, first + lay.slices)))
+            if first <= rank < first + lay.slices:
+                env.slice = group
+    for node in range(lay.nodes):
+        members = list(range(node * lay.local_ranks, (node + 1) * lay.local_ranks))
+        group = dist.new_group(members) if lay.local_ranks > 1 else None
+        host = dist.new_group(members, backend=host_backend) if host_backend else group
+        if node == env.place.node:
+            env.node, env.host_node = group, host
+
+
+def shutdown(env: DistEnv | None) -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def host_barrier(env: DistEnv, *, node_only: bool = False) -> None:
+    group = env.host_node if node_only else env.host_world
+    if node_only and env.layout.local_ranks == 1:
+        return
+    dist.barrier(group=group)
+
+
+def broadcast_object(env: DistEnv, value: Any) -> Any:
+    """Rank 0's `value` on every rank (host group)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=env.host_world)
+    return box[0]
+
+
+def gather_objects(env: DistEnv, value: Any) -> list[Any] | None:
+    """Every rank's `value` on rank 0 (None elsewhere)."""
+    out = [None] * env.place.world_size if env.rank == 0 else None
+    dist.gather_object(value, out, dst=0, group=env.host_world)
+    return out
+
+
+def clock_epoch(env: DistEnv) -> tuple[float, str]:
+    """The run's time origin on this rank's CLOCK_MONOTONIC, and how it was found.
+
+    One host: every process reads the same CLOCK_MONOTONIC, so rank 0's reading is the
+    epoch of all. Several hosts: each rank takes its own reading as it leaves a barrier
+    (three rounds, the last kept); the offset error is one barrier's exit skew."""
+    hosts = gather_objects(env, socket.gethostname())
+    one_host = broadcast_object(env, hosts is not None and len(set(hosts)) == 1)
+    if one_host:
+        host_barrier(env)
+        return float(broadcast_object(env, time.monotonic())), "common CLOCK_MONOTONIC"
+    for _ in range(3):
+        host_barrier(env)
+        local = time.monotonic()
+    return local, "barrier exit (per-host offset estimate)"
+
+
+# ---- lanes ------------------------------------------------------------------------------------
+@dataclass(kw_only=True, eq=False)
+class Task:
+    """A task handle: `done` is what later tasks wait on (a CUDA event, or None)."""
+
+    kind: str
+    block: int
+    done: Any = None
+    start: Any = None
+
+
+@dataclass(kw_only=True, eq=False)
+class CpuLanes:
+    """Tasks run at once in program order; timed with the host clock."""
+
+    rank: int
+    epoch_s: float = 0.0
+    spans: list[Span] = field(default_factory=list)
+    _step: int = 0
+    _record: bool = True
+
+    def begin_step(self, step: int, *, record: bool = True) -> None:
+        self._step, self._record = step, record
+
+    @contextmanager
+    def task(self, kind: str, block: int = NO_BLOCK, *, after: tuple = (),
+             record: bool = True) -> Iterator[Task]:
+        handle = Task(kind=kind, block=block)
+        start = time.monotonic()
+        yield handle
+        end = time.monotonic()
+        if record and self._record:
+            self.spans.append(Span(kind=kind, rank=self.rank, start_s=start - self.epoch_s,
+                                   dur_s=end - start, block=block, step=self._step))
+
+    def end_step(self) -> None:
+        """Nothing is in flight on the CPU."""
+
+
+@dataclass(kw_only=True, eq=False)
+class CudaLanes:
+    """One CUDA stream per lane; tasks ordered by events, timed by events."""
+
+    rank: int
+    device: torch.device
+    epoch_s: float = 0.0
+    spans: list[Span] = field(default_factory=list)
+    streams: dict = field(default_factory=dict)
+    _pending: list = field(default_factory=list)
+    _step: int = 0
+    _record: bool = True
+    _ref: Any = None
+    _ref_host_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.streams = {lane: torch.cuda.Stream(device=self.device) for lane in LANES}
+        torch.cuda.set_stream(self.streams[LANE_COMPUTE])
+
+    def begin_step(self, step: int, *, record: bool = True) -> None:
+        """Anchor CUDA event time to host time: the device is idle here."""
+        self._step, self._record = step, record
+        torch.cuda.synchronize(self.device)
+        self._ref = torch.cuda.Event(enable_timing=True)
+        self._ref.record(self.streams[LANE_COMPUTE])
+        self._ref.synchronize()
+        self._ref_host_s = time.monotonic()
+
+    @contextmanager
+    def task(self, kind: str, block: int = NO_BLOCK, *, after: tuple = (),
+             record: bool = True) -> Iterator[Task]:
+        stream = self.streams[KIND_LANE[kind]]
+        for event in after:
+            if event is not None:
+                stream.wait_event(event)
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        handle = Task(kind=kind, block=block, done=end, start=start)
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            yield handle
+            end.record(stream)
+        if record and self._record:
+            self._pending.append(handle)
+
+    def end_step(self) -> None:
+        """Wait for the step's work and turn its events into spans (host time)."""
+        torch.cuda.synchronize(self.device)
+        base = self._ref_host_s - self.epoch_s
+        for handle in self._pending:
+            start_s = base + self._ref.elapsed_time(handle.start) / 1e3
+            dur_s = max(0.0, handle.start.elapsed_time(handle.done) / 1e3)
+            self.spans.append(Span(kind=handle.kind, rank=self.rank, start_s=start_s,
+                                   dur_s=dur_s, block=handle.block, step=self._step))
+        self._pending.clear()
+
+
+def make_lanes(env: DistEnv, *, epoch_s: float):
+    """The lanes of this rank's device."""
+    if env.is_cuda:
+        return CudaLanes(rank=env.rank, device=env.device, epoch_s=epoch_s)
+    return CpuLanes(rank=env.rank, epoch_s=epoch_s)
+
+
+def set_threads(threads: int | None, local_ranks: int) -> int:
+    """torch threads of a rank: `threads`, else the host's cores shared by its ranks."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    count = threads or max(1, (cores or 1) // local_ranks)
+    torch.set_num_threads(count)
+    return count

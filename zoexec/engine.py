@@ -1,0 +1,548 @@
+"""One rank of `zoexec run`: the plan's step schedule, block by block, step by step.
+
+Per step t with seed s_t (zo.step_seed) on every rank, in program order:
+  embed      apply step t-1's deferred update to the resident parts (embeddings, final
+             norm, LM head: z block -1), draw their z for s_t, build the perturbed
+             resident weights and embed the rank's shard once per perturbation.
+  per block b (prefetch buffers, slot b % prefetch):
+    h2d        copy this rank's slice (1/slices) of block b from the node's shared store
+               into the rank's block buffer (on CUDA: async DMA from pinned memory)
+    allgather  the slice group gathers the whole block (skipped when slices == 1)
+    [fence]    node-local all-reduce of a token: every local rank has read block b
+               (only when slices < local ranks; the all-gather orders it otherwise)
+    update     apply step t-1's deferred update (regenerating its z), then draw z for
+               s_t and build theta + sign*eps*z of the first perturbation in the
+               working buffer the block module is bound to
+    forward    the block on each perturbation's activations ("+-": both, the second
+               perturbation built from the clean theta first; PertP: one)
+    d2h        write this rank's 1/local_ranks share of the updated block back
+  head       final norm + LM head + loss per perturbation (resident weights rebuilt)
+  allreduce  the loss pair over the world: PertP exchange and DDP mean in one sum
+Then g = (l+ - l-) / (2 eps) is known on every rank and becomes the pending update.
+After the last step a flush pass (h2d, allgather, update, d2h) applies it.
+
+z is therefore drawn TWICE per block per step (update of t-1, perturbation of t),
+never stored, and addressed by (seed, block, tensor, chunk) only (zoexec.zo), so every
+layout computes the same maths. Each step's StepRecord (seed, g, losses) is known on
+every rank; seed replay = running the update half of the schedule over a log.
+
+On CUDA the lanes are streams and the host only enqueues: h2d of block b+1 runs
+while block b computes, limited by the buffers; on the CPU every task runs at once in
+exactly the order above.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zoexec import dist as zdist
+from zoexec.checkpoint import LossLog, StepRecord, export_final
+from zoexec.models import bind_block, bind_resident, build_parts, resident_flat
+from zoexec.store import (BlockStore, attach_store, create_store, fill_store,
+                          mapping_pss_bytes, store_path, stride_for)
+from zoexec.zo import RESIDENT_BLOCK, apply_update, perturb_into, projected_grad, step_seed, z_block
+from zoplan.errors import ZoError
+from zoplan.io import sha256_json
+from zoplan.layout import Layout
+from zoplan.models import ModelSpec
+from zoplan.trace import Span, write_trace
+from zoplan.workload import Workload
+
+SIGNS = {"+-": (1.0, -1.0), "+": (1.0,), "-": (-1.0,)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything a rank needs; picklable (the launcher sends it to the ranks)."""
+
+    plan: dict
+    plan_path: str = "plan.json"
+    init: str = "random"
+    data: str = "synthetic"
+    steps: int = 10
+    seed: int = 0
+    lr: float = 1e-6
+    eps: float = 1e-3
+    weight_decay: float = 0.0
+    out_dir: str | None = None
+    trace_dir: str | None = None
+    threads: int | None = None
+    run_id: str = "run"
+    progress: bool = True
+    fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be > 0, got {self.eps}")
+        for name in ("lr", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+    @property
+    def layout(self) -> Layout:
+        return Layout.from_dict(self.plan["layout"])
+
+    @property
+    def workload(self) -> Workload:
+        return Workload.from_dict(self.plan["workload"])
+
+    @property
+    def device_kind(self) -> str:
+        return self.plan["profile"]["device_kind"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pending:
+    """The deferred update: step seed and projected gradient of the previous step."""
+
+    seed: int
+    g: float
+
+
+# ---- entry point of a rank ------------------------------------------------------------------
+def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> list[StepRecord]:
+    """Run one rank from join to exit; the process group is destroyed on the way out.
+    `on_failure(exc)` runs before that, so the first rank to fail reports first (its
+    peers fail only once its connections close)."""
+    env = None
+    try:
+        env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind)
+        threads = zdist.set_threads(cfg.threads, cfg.layout.local_ranks)
+        with torch.no_grad():   # not inference_mode: zo's z threads would not inherit it
+            return _run(cfg, env, threads)
+    except BaseException as exc:
+        if on_failure is not None:
+            on_failure(exc)
+        raise
+    finally:
+        zdist.shutdown(env)
+
+
+def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
+    from zoexec.launch import check_gpu_memory
+
+    check_gpu_memory(cfg, env.local_rank)
+    source = _data_source(cfg)
+    run_id = zdist.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
+                                    else uuid.uuid4().hex[:12])
+    parts, store = load_node_model(cfg, env, run_id)
+    try:
+        epoch_s, clock = zdist.clock_epoch(env)
+        trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
+                          lanes=zdist.make_lanes(env, epoch_s=epoch_s))
+        records = trainer.train()
+        memory = host_memory_probe(store, env)
+        trainer.flush()
+        _finish(cfg, env, trainer, store, memory=memory,
+                meta_extra={"clock": clock, "threads": threads,
+                            "records": [r.to_dict() for r in records]})
+        return records
+    finally:
+        close_store(store)
+
+
+def _build_model(cfg: RunConfig, spec: ModelSpec, *, skeleton: bool = False):
+    """build_parts for the plan's model; `skeleton`: a one-block random model of the
+    same shape (resident structure + block template) whose weights come from the node."""
+    wl = cfg.workload
+    kw = dict(param_dtype=wl.param_dtype, compute_dtype=wl.compute_dtype, seed=cfg.seed)
+    if not skeleton:
+        return build_parts(spec, init=cfg.init, **kw)
+    if cfg.init == "random":
+        config = dict(spec.hf_config)
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(cfg.init, local_files_only=True).to_dict()
+    config.update(num_hidden_layers=1)
+    if config.get("layer_types"):
+        config["layer_types"] = config["layer_types"][:1]
+    return build_parts(config, init="random", **kw)
+
+
+def _data_source(cfg: RunConfig):
+    """The data (read before the model is built, so a bad file fails fast)."""
+    from zoexec.data import make_source
+
+    tokenizer = cfg.init if cfg.init != "random" else None
+    vocab = ModelSpec.from_dict(cfg.plan["model"]["spec"]).vocab
+    return make_source(cfg.data, vocab=vocab, seed=cfg.seed, tokenizer_dir=tokenizer)
+
+
+# ---- the node's model: built once, shared ---------------------------------------------------
+def load_node_model(cfg: RunConfig, env: zdist.DistEnv, run_id: str):
+    """(parts, store). Local rank 0 builds the model and fills the node's block store
+    and a resident handover file; the other local ranks build a one-block skeleton and
+    take the weights from shared memory, so a node builds (and holds) the model once."""
+    spec = ModelSpec.from_dict(cfg.plan["model"]["spec"])
+    builder = env.local_rank == 0
+    parts, flats = _build_model(cfg, spec, skeleton=not builder)
+    lay = env.layout
+    stride = stride_for(parts.block_numel, slices=lay.slices, local_ranks=lay.local_ranks)
+
+    def fill_blocks(store: BlockStore) -> None:
+        fill_store(store, flats)
+
+    store = share_on_node(env, store_path(run_id, env.place.node), fill_blocks if builder else None,
+                          num_blocks=spec.num_layers, block_numel=parts.block_numel,
+                          stride=stride, dtype=parts.param_dtype)
+    del flats
+    if lay.local_ranks > 1:
+        _share_resident(env, run_id, parts, builder)
+    store.pinned = zdist.pin_host_memory(env, store.flat)
+    return parts, store
+
+
+def _share_resident(env: zdist.DistEnv, run_id: str, parts, builder: bool) -> None:
+    """Hand local rank 0's resident weights to the other local ranks."""
+    blocks = store_path(run_id, env.place.node)
+    path = blocks.with_name(f"{blocks.name}-resident")
+    numel = parts.resident_numel
+
+    def fill(handover: BlockStore) -> None:
+        handover.flat.copy_(resident_flat(parts))
+
+    handover = share_on_node(env, path, fill if builder else None, num_blocks=1,
+                             block_numel=numel, stride=numel, dtype=parts.dtype)
+    if not builder:
+        bind_resident(parts, handover.flat.clone())
+
+
+def share_on_node(env: zdist.DistEnv, path: Path, fill, **shape) -> BlockStore:
+    """The builder (fill not None, local rank 0) creates and fills a shared file, the
+    other local ranks map it, then the name is unlinked (mappings live on)."""
+    store = None
+    try:
+        if fill is not None:
+            store = create_store(path, **shape)
+            fill(store)
+        zdist.host_barrier(env, node_only=True)
+        if store is None:
+            store = attach_store(path, **shape)
+        store.inode = path.stat().st_ino
+        zdist.host_barrier(env, node_only=True)
+    finally:
+        if fill is not None:
+            path.unlink(missing_ok=True)
+    return store
+
+
+def close_store(store: BlockStore | None) -> None:
+    if store is not None and store.pinned:
+        zdist.unpin_host_memory(store.flat)
+        store.pinned = False
+
+
+def host_memory_probe(store: BlockStore, env: zdist.DistEnv) -> dict:
+    """This process's memory, its share of the store and its GPU peak (bytes)."""
+    import psutil
+
+    info = psutil.Process().memory_full_info()
+    store_pss, store_rss = mapping_pss_bytes(store.path)
+    return {"rank": env.rank, "pid": os.getpid(), "rss": info.rss, "pss": info.pss,
+            "uss": info.uss, "store_pss": store_pss, "store_rss": store_rss,
+            "store_bytes": store.nbytes, "store_inode": store.inode,
+            "store_path": str(store.path), "store_pinned": store.pinned,
+            **zdist.device_memory_peak(env)}
+
+
+# ---- the training loop ---------------------------------------------------------------------
+@dataclass(kw_only=True, eq=False)
+class Trainer:
+    """The step loop of one rank over its device buffers (see the module docstring).
+    `pending` is the deferred update; `history` the StepRecords, the same on all ranks."""
+
+    cfg: RunConfig
+    env: zdist.DistEnv
+    parts: object
+    store: BlockStore
+    source: object
+    lanes: object
+    pending: Pending | None = None
+    history: list[StepRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        lay, rank = self.env.layout, self.env.rank
+        self.signs = SIGNS[lay.role_of(rank)]
+        self.data_shard, self.slice_index = lay.data_shard_of(rank), lay.slice_index_of(rank)
+        self.fence_needed = 1 < lay.local_ranks and lay.slices < lay.local_ranks
+        self._allocate()
+
+    def _allocate(self) -> None:
+        """Block buffers (param dtype, padded), the working block and z (compute dtype),
+        and the resident parts: clean theta, working copy, z."""
+        parts, dev, lay = self.parts, self.env.device, self.env.layout
+        count = max(1, min(lay.prefetch, self.store.num_blocks))
+        self.bufs = [torch.zeros(self.store.stride, dtype=parts.param_dtype, device=dev)
+                     for _ in range(count)]
+        self.work = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
+        self.z = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
+        theta_r = resident_flat(parts)
+        parts.to(dev)
+        bind_block(parts, self.work)
+        self.theta_r = theta_r.to(dev)
+        self.work_r = self.theta_r.clone()
+        self.z_r = torch.empty_like(self.theta_r)
+        bind_resident(parts, self.work_r)
+        self.token = torch.zeros(1, device=dev)
+
+    # ---- steps -----------------------------------------------------------------------
+    def train(self) -> list[StepRecord]:
+        progress = _Progress.make(self.cfg, self.env)
+        log = LossLog(Path(self.cfg.out_dir)) if self.cfg.out_dir and self.env.rank == 0 else None
+        try:
+            for step in range(self.cfg.steps):
+                record = self.step(step)
+                self.history.append(record)
+                if log:
+                    log.append(record)
+                progress.update(record)
+        except BaseException:
+            if log:
+                log.abandon()
+            raise
+        finally:
+            progress.close()
+        if log:
+            log.close()
+        return self.history
+
+    def step(self, step: int) -> StepRecord:
+        if self.cfg.fail_at == (self.env.rank, step):
+            raise RuntimeError(f"injected fault at step {step}")
+        seed = step_seed(self.cfg.seed, step)
+        self.lanes.begin_step(step)
+        start = time.monotonic()
+        ids = self._batch(step)
+        with self.lanes.task("embed"):
+            acts = self._embed(seed, ids)
+        last_d2h = self._blocks(seed, acts)
+        with self.lanes.task("head") as head:
+            vec = self._head(acts, ids)
+        with self.lanes.task("allreduce", after=(head.done, last_d2h)):
+            _wait(dist.all_reduce(vec, group=self.env.world, async_op=True))
+        self.lanes.end_step()
+        loss_plus, loss_minus = (v / self.env.layout.ddp for v in vec.tolist())
+        g = projected_grad(loss_plus, loss_minus, self.cfg.eps)
+        self.pending = Pending(seed=seed, g=g)
+        elapsed = time.monotonic() - start
+        return StepRecord(step=step, seed=seed, loss_plus=loss_plus, loss_minus=loss_minus,
+                          g=g, step_time_s=elapsed,
+                          tokens_per_s=self.cfg.workload.tokens_per_step / elapsed)
+
+    def flush(self) -> None:
+        """Apply the last step's pending update to every block and the resident parts."""
+        if self.pending is None:
+            return
+        self.lanes.begin_step(self.cfg.steps, record=False)
+        with self.lanes.task("embed"):
+            self._apply_pending(self.theta_r, RESIDENT_BLOCK, self.parts.resident_specs, self.z_r)
+        self._blocks(None, None)
+        self.lanes.end_step()
+        self.pending = None
+        zdist.host_barrier(self.env)
+
+    def _batch(self, step: int) -> torch.Tensor:
+        from zoexec.data import shard
+
+        wl = self.cfg.workload
+        rows = self.source.batch(step, wl.batch, wl.seq)
+        mine = shard(rows, data_shard=self.data_shard, num_shards=self.env.layout.ddp)
+        return mine.to(self.env.device)
+
+    # ---- resident parts ----------------------------------------------------------------
+    def _apply_pending(self, theta, block: int, specs, z) -> None:
+        """theta -= lr * (g z_{t-1} + wd theta): the deferred update of the last step."""
+        pend, cfg = self.pending, self.cfg
+        if pend is None or not cfg.lr or not (pend.g or cfg.weight_decay):
+            return
+        if pend.g:
+            z_block(pend.seed, block, specs, out=z)
+        apply_update(theta, z, lr=cfg.lr, g=pend.g, weight_decay=cfg.weight_decay,
+                     decay_mask_or_specs=specs)
+
+    def _embed(self, seed: int, ids: torch.Tensor) -> list:
+        specs = self.parts.resident_specs
+        self._apply_pending(self.theta_r, RESIDENT_BLOCK, specs, self.z_r)
+        z_block(seed, RESIDENT_BLOCK, specs, out=self.z_r)
+        acts = []
+        for sign in self.signs:
+            perturb_into(self.work_r, self.theta_r, self.z_r, sign * self.cfg.eps)
+            acts.append(self.parts.embed(ids))
+        return acts
+
+    def _head(self, acts: list, ids: torch.Tensor) -> torch.Tensor:
+        """Loss of each perturbation, last-built first (saves one rebuild), placed in
+        the all-reduce vector [l+, l-] (float64)."""
+        vec = torch.zeros(2, dtype=torch.float64, device=self.env.device)
+        for turn, index in enumerate(reversed(range(len(self.signs)))):
+            sign = self.signs[index]
+            if turn:
+                perturb_into(self.work_r, self.theta_r, self.z_r, sign * self.cfg.eps)
+            loss = self.parts.head_loss(acts[index][0], ids)
+            vec[0 if sign > 0 else 1] = loss.double()
+        return vec
+
+    # ---- blocks ------------------------------------------------------------------------
+    def _blocks(self, seed: int | None, acts: list | None):
+        """The block pipeline of one step (seed None: the flush, no forward). Returns
+        the done-event of the last write-back (None on the CPU)."""
+        free = [None] * len(self.bufs)
+        last = None
+        for block in range(self.store.num_blocks):
+            slot = block % len(self.bufs)
+            buf = self.bufs[slot]
+            ready, h2d = self._upload(block, buf, after=free[slot])
+            fence = self._fence(block, after=ready)
+            with self.lanes.task("update", block, after=(ready,)) as update:
+                self._update_block(block, buf, seed)
+            done = update.done
+            if seed is not None:
+                with self.lanes.task("forward", block) as forward:
+                    self._forward_block(buf, acts)
+                done = forward.done
+            with self.lanes.task("d2h", block, after=(done, fence)) as d2h:
+                self._write_back(block, buf)
+            free[slot] = last = d2h.done
+        return last
+
+    def _upload(self, block: int, buf: torch.Tensor, *, after):
+        """h2d of this rank's slice, then the slice group's all-gather."""
+        slices = self.env.layout.slices
+        with self.lanes.task("h2d", block, after=(after,)) as h2d:
+            mine = _piece(buf, self.slice_index, slices)
+            mine.copy_(self.store.piece(block, self.slice_index, slices), non_blocking=True)
+        if slices == 1:
+            return h2d.done, h2d.done
+        with self.lanes.task("allgather", block, after=(h2d.done,)) as gather:
+            _wait(dist.all_gather_single(buf, mine, group=self.env.slice, async_op=True))
+        return gather.done, h2d.done
+
+    def _fence(self, block: int, *, after):
+        """Write-back fence: all local ranks have read `block` (node all-reduce)."""
+        if not self.fence_needed:
+            return None
+        with self.lanes.task("allgather", block, after=(after,), record=False) as fence:
+            _wait(dist.all_reduce(self.token, group=self.env.node, async_op=True))
+        return fence.done
+
+    def _update_block(self, block: int, buf: torch.Tensor, seed: int | None) -> None:
+        theta = buf[:self.parts.block_numel]
+        specs = self.parts.block_specs
+        self._apply_pending(theta, block, specs, self.z)
+        if seed is not None:
+            z_block(seed, block, specs, out=self.z)
+            perturb_into(self.work, theta, self.z, self.signs[0] * self.cfg.eps)
+
+    def _forward_block(self, buf: torch.Tensor, acts: list) -> None:
+        theta = buf[:self.parts.block_numel]
+        for index, sign in enumerate(self.signs):
+            if index:
+                perturb_into(self.work, theta, self.z, sign * self.cfg.eps)
+            hidden, ctx = acts[index]
+            acts[index] = (self.parts.block_forward(hidden, ctx), ctx)
+
+    def _write_back(self, block: int, buf: torch.Tensor) -> None:
+        lay = self.env.layout
+        share = self.env.local_rank
+        self.store.piece(block, share, lay.local_ranks).copy_(
+            _piece(buf, share, lay.local_ranks), non_blocking=True)
+
+    # ---- results -----------------------------------------------------------------------
+    def clean_resident_cpu(self) -> torch.Tensor:
+        return self.theta_r.to("cpu")
+
+
+def _piece(flat: torch.Tensor, part: int, parts: int) -> torch.Tensor:
+    size = flat.numel() // parts
+    return flat[part * size:(part + 1) * size]
+
+
+def _wait(work) -> None:
+    """Wait for an async collective (CUDA: the current stream waits; gloo: blocks)."""
+    if work is not None:
+        work.wait()
+
+
+# ---- end of the run ----------------------------------------------------------------------------
+def _finish(cfg: RunConfig, env: zdist.DistEnv, trainer: Trainer, store: BlockStore, *,
+            meta_extra: dict, memory: dict) -> None:
+    """Trace (gathered to rank 0) and final weights (rank 0, node 0's store)."""
+    spans = zdist.gather_objects(env, [s.to_dict() for s in trainer.lanes.spans])
+    memories = zdist.gather_objects(env, memory)
+    if env.rank == 0 and cfg.trace_dir:
+        _write_trace(cfg, env, spans, memories, meta_extra)
+    if env.rank == 0 and cfg.out_dir:
+        parts = trainer.parts
+        parts.resident.to("cpu")
+        bind_resident(parts, trainer.clean_resident_cpu())
+        export_final(parts, [store.weights(b) for b in range(store.num_blocks)],
+                     Path(cfg.out_dir))
+
+
+def _write_trace(cfg, env, spans, memories, meta_extra) -> None:
+    flat = [Span.from_dict(s) for rank_spans in spans for s in rank_spans]
+    meta = {"plan_sha256": sha256_json(cfg.plan), "plan_path": str(cfg.plan_path),
+            "world_size": env.layout.world_size, "steps": cfg.steps,
+            "layout": env.layout.to_dict(), "device_kind": cfg.device_kind,
+            "model": cfg.plan["model"]["name"], "workload": cfg.plan["workload"],
+            "source": "zoexec", "host_memory": memories, **meta_extra}
+    write_trace(Path(cfg.trace_dir), flat, meta)
+
+
+class _Progress:
+    """Rank 0's rich progress line on stderr (loss, tokens/s); silent elsewhere."""
+
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.bar = Progress(TextColumn("[bold]zoexec"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.description}"),
+                            console=Console(stderr=True), transient=False)
+        self.task = self.bar.add_task("", total=total)
+        self.bar.start()
+
+    @classmethod
+    def make(cls, cfg: RunConfig, env: zdist.DistEnv):
+        if env.rank == 0 and cfg.progress:
+            return cls(cfg.steps)
+        return _NoProgress()
+
+    def update(self, record: StepRecord) -> None:
+        self.bar.update(self.task, advance=1, description=(
+            f"loss {record.loss:.4f}  g {record.g:+.3e}  {record.tokens_per_s:,.0f} tok/s"))
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+class _NoProgress:
+    def update(self, record: StepRecord) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line saying why a rank stopped."""
+    if isinstance(exc, ZoError):
+        return str(exc).splitlines()[0] if str(exc) else "ZoError"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}{where}"
+

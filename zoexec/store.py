@@ -1,0 +1,161 @@
+"""The node's block store: every offloaded block ONCE per node, in shared host memory.
+
+Layout: one file in /dev/shm holding `num_blocks` flat buffers of `stride` elements
+(param dtype) back to back; a block's tensors sit at their TensorSpec offsets and the
+tail up to `stride` is padding, so that the block divides evenly into `slices` upload
+slices and into `local_ranks` write-back shares (a slice or a share is one contiguous
+copy).
+
+Lifetime: local rank 0 creates the file (O_EXCL), sizes it, maps it and fills it; the
+other local ranks map the same file after a node barrier (torch.from_file(shared=True):
+MAP_SHARED, so the pages exist once whatever the number of ranks); after a second
+barrier local rank 0 unlinks the name. From then on nothing is left in /dev/shm: the
+memory lives as long as some rank maps it and the kernel frees it when the last one
+exits, even on a crash. Local rank 0 also unlinks on any failure before that point, and
+the launcher removes `/dev/shm/zoexec-<run id>-*` after its ranks exit.
+On CUDA each rank page-locks its own mapping (cudaHostRegister, dist.pin_host_memory).
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from zoplan.errors import ZoError
+
+SHM_DIR = Path(os.environ.get("ZOEXEC_SHM_DIR", "/dev/shm"))
+PREFIX = "zoexec-"
+ALIGN_ELEMENTS = 64          # every slice / share starts on a 64-element boundary
+
+
+def store_path(run_id: str, node: int) -> Path:
+    return SHM_DIR / f"{PREFIX}{run_id}-n{node}"
+
+
+def stride_for(block_numel: int, *, slices: int, local_ranks: int) -> int:
+    """Elements per block in the store: block_numel rounded up so that it splits into
+    `slices` and into `local_ranks` equal, aligned pieces."""
+    unit = math.lcm(slices, local_ranks) * ALIGN_ELEMENTS
+    return -(-block_numel // unit) * unit
+
+
+@dataclass(kw_only=True, eq=False)
+class BlockStore:
+    path: Path
+    flat: torch.Tensor         # num_blocks * stride elements, shared mapping
+    num_blocks: int
+    block_numel: int
+    stride: int
+    pinned: bool = False
+    inode: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+    def block(self, index: int) -> torch.Tensor:
+        """Block `index` with its padding (stride elements)."""
+        return self.flat[index * self.stride:(index + 1) * self.stride]
+
+    def weights(self, index: int) -> torch.Tensor:
+        """Block `index` without padding (block_numel elements)."""
+        return self.flat[index * self.stride:index * self.stride + self.block_numel]
+
+    def piece(self, index: int, part: int, parts: int) -> torch.Tensor:
+        """Piece `part` of `parts` equal pieces of block `index` (a slice or a share)."""
+        size = self.stride // parts
+        start = index * self.stride + part * size
+        return self.flat[start:start + size]
+
+
+def _map(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
+
+
+def create_store(path: Path, *, num_blocks: int, block_numel: int, stride: int,
+                 dtype: torch.dtype) -> BlockStore:
+    """Create and map a zero-filled store file (fails if the name exists)."""
+    numel = num_blocks * stride
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    _check_room(path, nbytes)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except OSError as exc:
+        raise ZoError(f"cannot create the block store {path}: {exc.strerror}") from None
+    try:
+        _reserve(fd, nbytes)
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        raise ZoError(f"cannot size the block store {path} to {nbytes} bytes: "
+                      f"{exc.strerror}; set ZOEXEC_SHM_DIR to a folder with room") from None
+    finally:
+        os.close(fd)
+    return BlockStore(path=path, flat=_map(path, numel, dtype), num_blocks=num_blocks,
+                      block_numel=block_numel, stride=stride)
+
+
+def _check_room(path: Path, nbytes: int) -> None:
+    """A tmpfs smaller than the store would kill the filling rank with SIGBUS later."""
+    stat = os.statvfs(path.parent)
+    free = stat.f_bavail * stat.f_frsize
+    if free < nbytes:
+        raise ZoError(f"{path.parent} has {free / 2**30:.2f} GiB free but the block store "
+                      f"needs {nbytes / 2**30:.2f} GiB; enlarge it or set ZOEXEC_SHM_DIR")
+
+
+def _reserve(fd: int, nbytes: int) -> None:
+    """Allocate the file's pages now (ENOSPC here, not SIGBUS later) where the file
+    system can; otherwise just set its size."""
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, nbytes)
+
+
+def attach_store(path: Path, *, num_blocks: int, block_numel: int, stride: int,
+                 dtype: torch.dtype) -> BlockStore:
+    """Map a store another rank of this node created."""
+    numel = num_blocks * stride
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    if not path.exists() or path.stat().st_size != nbytes:
+        raise ZoError(f"block store {path} is missing or not {nbytes} bytes")
+    return BlockStore(path=path, flat=_map(path, numel, dtype), num_blocks=num_blocks,
+                      block_numel=block_numel, stride=stride)
+
+
+def fill_store(store: BlockStore, flats: list[torch.Tensor]) -> None:
+    """Copy the model's block buffers into the store (padding stays zero)."""
+    if len(flats) != store.num_blocks:
+        raise ZoError(f"{len(flats)} blocks for a store of {store.num_blocks}")
+    for index, flat in enumerate(flats):
+        store.weights(index).copy_(flat)
+
+
+def remove_run_files(run_id: str) -> list[str]:
+    """Remove every store file of a run still named in /dev/shm; returns what it removed."""
+    removed = []
+    for name in glob.glob(str(SHM_DIR / f"{PREFIX}{run_id}-*")):
+        Path(name).unlink(missing_ok=True)
+        removed.append(name)
+    return removed
+
+
+def mapping_pss_bytes(path: Path) -> tuple[int, int]:
+    """(PSS, RSS) in bytes of this process's mapping of `path` (psutil smaps)."""
+    import psutil
+
+    pss = rss = 0
+    names = (str(path), f"{path} (deleted)")
+    for region in psutil.Process().memory_maps(grouped=True):
+        if region.path in names:
+            pss += region.pss
+            rss += region.rss
+    return pss, rss
