@@ -130,7 +130,7 @@ def test_models_and_profiles_tables(monkeypatch, tmp_path):
     con = console(140)
     render_models(con)
     text = con.export_text()
-    assert "opt-175b" in text and "tiny-qwen3" in text and "block MiB fp16" in text
+    assert "opt-175b" in text and "tiny-qwen3" in text and "block MiB" in text and "sizes in fp16" in text
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     import zoplan.hardware
