@@ -27,6 +27,8 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
   GEMM; zo_ns_per_param: deferred update + perturbation cost per block parameter.
   On device.kind "cpu", peak_tflops is for one rank using all host cores; with k local
   ranks each gets peak / k * compute.rank_scaling (how well k ranks share the cores).
+  compute.zo_rank_scaling (optional, CPU): the same for the zo maths (z generation
+  scales with threads unlike GEMMs); defaults to compute.rank_scaling.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ _REQUIRED = {
 }
 _NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens"}
 _OPTIONAL_TOP = {"description", "provenance", "measurements", "notes"}
+_OPTIONAL_NUMBERS = ("compute.zo_rank_scaling",)   # checked (> 0) when present
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,14 +129,15 @@ class HardwareProfile:
         return c["overhead_us"] * 1e-6 + max(flops / rate, mem)
 
     def zo_time_s(self, num_params: int, local_ranks: int = 1) -> float:
-        share = self.compute_share(local_ranks)
+        share = self.compute_share(local_ranks, key="zo_rank_scaling")
         return num_params * self.compute["zo_ns_per_param"] * 1e-9 / share
 
-    def compute_share(self, local_ranks: int) -> float:
-        """Fraction of the device's compute one rank gets (1 on GPUs)."""
+    def compute_share(self, local_ranks: int, key: str = "rank_scaling") -> float:
+        """Fraction of the device's compute one rank gets (1 on GPUs); `key` names the
+        scaling figure (compute.zo_rank_scaling falls back to compute.rank_scaling)."""
         if not self.is_cpu or local_ranks <= 1:
             return 1.0
-        return self.compute["rank_scaling"] / local_ranks
+        return self.compute.get(key, self.compute["rank_scaling"]) / local_ranks
 
     @property
     def sha256(self) -> str:
@@ -217,6 +221,10 @@ def _validate(data: Any, origin: str) -> HardwareProfile:
                 raise _fail(origin, f"{section}.{key} is missing")
             _number(origin, f"{section}.{key}", block[key])
         sections[section] = dict(block)
+    for path in _OPTIONAL_NUMBERS:
+        section, key = path.split(".")
+        if key in sections[section]:
+            _number(origin, path, sections[section][key])
     _check_kinds(origin, sections)
     _check_groups(origin, sections, gpn)
     _check_table(origin, sections["collective"].get("allgather_busbw"))

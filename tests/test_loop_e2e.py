@@ -1,0 +1,57 @@
+"""The loop of issue 4 end to end on this machine's CPUs: measure it (`zoplan profile
+--cpu --quick`), plan the smallest model for 2 gloo ranks on that profile, run the plan
+with `zoexec run --trace`, and compare with `zoplan calibrate --fit`. No timing is
+asserted (the machine may be busy); benchmarks/bench_calibration.py reports the errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from zoplan.cli import app
+from zoplan.hardware import load_profile
+from zoplan.plan import Plan
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+
+
+def zoplan(*args: str) -> str:
+    result = CliRunner().invoke(app, list(args), terminal_width=160)
+    assert result.exit_code == 0, f"zoplan {' '.join(args)}:\n{result.output}"
+    return result.output
+
+
+def test_profile_plan_run_calibrate(tmp_path):
+    profile_path, plan_path = tmp_path / "this-cpu.json", tmp_path / "plan.json"
+    zoplan("profile", "--cpu", "--quick", "--ranks", "2", "--name", "this-cpu",
+           "-o", str(profile_path))
+    profile = load_profile(profile_path)
+    assert profile.is_cpu and profile.gpus_per_node == 2
+    assert profile.sources["compute.peak_tflops"].startswith("[M] zoplan profile")
+    prov, meas = profile.extra["provenance"], profile.extra["measurements"]
+    assert {"torch", "transformers", "zoplan"} <= set(prov["versions"])
+    assert meas["forward_alone"] and meas["fit"]["rel_rms_pct"] >= 0
+    assert all("median_s" in p and "iqr_s" in p for p in meas["forward_alone"])
+
+    zoplan("optimize", "--model", "tiny-opt", "--gpus", "2", "--pertp", "2", "--slices", "1",
+           "--batch", "4", "--seq", "64", "--profile", str(profile_path), "-q",
+           "-o", str(plan_path))
+    trace = tmp_path / "trace"
+    run = subprocess.run([str(BIN / "zoexec"), "run", str(plan_path), "--init", "random",
+                          "--steps", "3", "--trace", str(trace), "-q"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+    fitted = tmp_path / "fit.json"
+    out = zoplan("calibrate", str(plan_path), str(trace), "--profile", str(profile_path),
+                 "--fit", "-o", str(fitted))
+    print(out)
+    assert "step time: predicted" in out and "error" in out
+    assert "warning" not in out
+    assert load_profile(fitted).extra["provenance"]["calibrated"]["plan"] == \
+        Plan.load(plan_path).layout.label()
