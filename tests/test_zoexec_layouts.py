@@ -150,6 +150,42 @@ def test_trace_has_the_plans_task_structure(runs, name):
         assert [s.kind for s in mine[:3]] == ["embed", "h2d", "allgather" if lay.slices > 1 else "update"]
 
 
+def _fence_violations(spans, lay) -> list:
+    """(step, block, rank) where a rank's d2h started before some rank of its node
+    had finished its h2d of that block (one host: the spans share CLOCK_MONOTONIC)."""
+    h2d_end = {(s.step, s.block, s.rank): s.end_s for s in spans if s.kind == "h2d"}
+    bad = []
+    for s in (s for s in spans if s.kind == "d2h"):
+        first = s.rank - s.rank % lay.local_ranks
+        peers = range(first, first + lay.local_ranks)
+        if any(h2d_end[(s.step, s.block, r)] > s.start_s for r in peers):
+            bad.append((s.step, s.block, s.rank))
+    return bad
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_write_back_waits_for_every_local_read(runs, name):
+    assert _fence_violations(runs[name]["trace"][1], LAYOUTS[name]) == []
+
+
+def test_a_delayed_read_holds_back_the_other_ranks_write_back(runs, tmp_path):
+    """pertp2 (2 local ranks, slices 1: the CPU read-stamp fence) with rank 1 sleeping
+    before each h2d of block 1: rank 0 must not write block 1 back before rank 1 read
+    it, and the run computes exactly what the undelayed one did."""
+    cfg = _config(tmp_path, "delay", LAYOUTS["pertp2"], delay_h2d=(1, 1, 0.2))
+    spawn_local(cfg)
+    meta, spans = read_trace(tmp_path / "delay" / "trace")
+    assert _fence_violations(spans, LAYOUTS["pertp2"]) == []
+    losses = [json.loads(line) for line in open(tmp_path / "delay" / "out" / "losses.jsonl")]
+    keys = ("step", "seed", "loss_plus", "loss_minus", "g")
+    assert [[r[k] for k in keys] for r in losses] == [[r[k] for k in keys]
+                                                      for r in runs["pertp2"]["losses"]]
+    weights = load_file(str(tmp_path / "delay" / "out" / "final" / "model.safetensors"))
+    for key, tensor in runs["pertp2"]["weights"].items():
+        assert torch.equal(weights[key], tensor), key
+    assert _leftovers(cfg.run_id) == []
+
+
 def test_store_is_shared_once_per_node_and_removed(runs):
     for name, run in runs.items():
         assert run["leftovers"] == [], name

@@ -8,7 +8,8 @@ streams where the plan is for CUDA GPUs, gloo on the CPU. Nothing else in zoexec
 Groups (built identically on every rank, `new_group` being collective):
 - world: the default group (loss all-reduce, PertP exchange + DDP mean).
 - slice: the rank's slice group (all-gather of a block), None when slices == 1.
-- node: the node's local ranks (write-back fence), None with one local rank.
+- node: the node's local ranks (CUDA write-back fence; the CPU uses zoexec.fence), None
+  with one local rank.
 - host_world / host_node: gloo twins used for host-side coordination (store name,
   store attach barriers, clock epoch, trace gather); the same groups on a CPU run.
 

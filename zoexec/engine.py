@@ -8,8 +8,10 @@ Per step t with seed s_t (zo.step_seed) on every rank, in program order:
     h2d        copy this rank's slice (1/slices) of block b from the node's shared store
                into the rank's block buffer (on CUDA: async DMA from pinned memory)
     allgather  the slice group gathers the whole block (skipped when slices == 1)
-    [fence]    node-local all-reduce of a token: every local rank has read block b
-               (only when slices < local ranks; the all-gather orders it otherwise)
+    [fence]    every local rank has read block b (only when slices < local ranks; the
+               all-gather orders it otherwise). CUDA: a node-local all-reduce of a token
+               after the h2d; CPU: no collective, a wait on the node's shared read
+               stamps right before d2h (zoexec.fence), not recorded as a task
     update     apply step t-1's deferred update (regenerating its z), then draw z for
                s_t and build theta + sign*eps*z of the first perturbation in the
                working buffer the block module is bound to
@@ -45,6 +47,7 @@ import torch.distributed as dist
 
 from zoexec import dist as zdist
 from zoexec.checkpoint import LossLog, StepRecord, export_final
+from zoexec.fence import ReadFlags
 from zoexec.models import bind_block, bind_resident, build_parts, resident_flat
 from zoexec.store import (BlockStore, attach_store, create_store, fill_store,
                           mapping_pss_bytes, store_path, stride_for)
@@ -78,6 +81,7 @@ class RunConfig:
     run_id: str = "run"
     progress: bool = True
     fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`
+    delay_h2d: tuple[int, int, float] | None = None   # for tests: (rank, block, seconds) slept before each h2d of it
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -139,9 +143,10 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
                                     else uuid.uuid4().hex[:12])
     parts, store = load_node_model(cfg, env, run_id)
     try:
+        flags = share_read_flags(env, run_id, num_blocks=store.num_blocks)
         epoch_s, clock = zdist.clock_epoch(env)
         trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
-                          lanes=zdist.make_lanes(env, epoch_s=epoch_s))
+                          lanes=zdist.make_lanes(env, epoch_s=epoch_s), flags=flags)
         records = trainer.train()
         memory = host_memory_probe(store, env)
         trainer.flush()
@@ -220,6 +225,28 @@ def _share_resident(env: zdist.DistEnv, run_id: str, parts, builder: bool) -> No
         bind_resident(parts, handover.flat.clone())
 
 
+def fence_needed(layout: Layout) -> bool:
+    """Whether d2h needs the write-back fence (the all-gather orders it otherwise)."""
+    return 1 < layout.local_ranks and layout.slices < layout.local_ranks
+
+
+def share_read_flags(env: zdist.DistEnv, run_id: str, *, num_blocks: int) -> ReadFlags | None:
+    """The node's read stamps of the CPU write-back fence (None on CUDA, or when no
+    fence is needed): a zeroed [local_ranks, num_blocks] int64 shm file, shared and
+    unlinked like the block store."""
+    lay = env.layout
+    if env.is_cuda or not fence_needed(lay):
+        return None
+    blocks = store_path(run_id, env.place.node)
+    shared = share_on_node(env, blocks.with_name(f"{blocks.name}-fence"),
+                           (lambda _: None) if env.local_rank == 0 else None,
+                           num_blocks=lay.local_ranks, block_numel=num_blocks,
+                           stride=num_blocks, dtype=torch.int64)
+    return ReadFlags(stamps=shared.flat.view(lay.local_ranks, num_blocks),
+                     local_rank=env.local_rank, first_rank=env.rank - env.local_rank,
+                     timeout_s=zdist.TIMEOUT_S)
+
+
 def share_on_node(env: zdist.DistEnv, path: Path, fill, **shape) -> BlockStore:
     """The builder (fill not None, local rank 0) creates and fills a shared file, the
     other local ranks map it, then the name is unlinked (mappings live on)."""
@@ -272,12 +299,17 @@ class Trainer:
     lanes: object
     pending: Pending | None = None
     history: list[StepRecord] = field(default_factory=list)
+    flags: ReadFlags | None = None      # CPU write-back fence (share_read_flags)
+    passes: int = 0                     # block passes so far: the fence's stamp
 
     def __post_init__(self) -> None:
         lay, rank = self.env.layout, self.env.rank
         self.signs = SIGNS[lay.role_of(rank)]
         self.data_shard, self.slice_index = lay.data_shard_of(rank), lay.slice_index_of(rank)
-        self.fence_needed = 1 < lay.local_ranks and lay.slices < lay.local_ranks
+        self.fence_needed = fence_needed(lay)
+        if self.fence_needed and not self.env.is_cuda and self.flags is None:
+            raise ZoError(f"{lay.local_ranks} local ranks with {lay.slices} slices on the "
+                          f"CPU need the node's read stamps (share_read_flags)")
         self._allocate()
 
     def _allocate(self) -> None:
@@ -398,13 +430,16 @@ class Trainer:
     # ---- blocks ------------------------------------------------------------------------
     def _blocks(self, seed: int | None, acts: list | None):
         """The block pipeline of one step (seed None: the flush, no forward). Returns
-        the done-event of the last write-back (None on the CPU)."""
+        the done-event of the last write-back (None on the CPU). Every rank makes the
+        same passes, so `stamp` (step t: t + 1, the flush: steps + 1) agrees on the node."""
+        self.passes += 1
+        stamp = self.passes
         free = [None] * len(self.bufs)
         last = None
         for block in range(self.store.num_blocks):
             slot = block % len(self.bufs)
             buf = self.bufs[slot]
-            ready, h2d = self._upload(block, buf, after=free[slot])
+            ready, h2d = self._upload(block, buf, stamp, after=free[slot])
             fence = self._fence(block, after=ready)
             with self.lanes.task("update", block, after=(ready,)) as update:
                 self._update_block(block, buf, seed)
@@ -413,17 +448,24 @@ class Trainer:
                 with self.lanes.task("forward", block) as forward:
                     self._forward_block(buf, acts)
                 done = forward.done
+            if self.flags is not None:
+                self.flags.wait(block, stamp)
             with self.lanes.task("d2h", block, after=(done, fence)) as d2h:
                 self._write_back(block, buf)
             free[slot] = last = d2h.done
         return last
 
-    def _upload(self, block: int, buf: torch.Tensor, *, after):
-        """h2d of this rank's slice, then the slice group's all-gather."""
+    def _upload(self, block: int, buf: torch.Tensor, stamp: int, *, after):
+        """h2d of this rank's slice (CPU fence: then its read stamp), then the slice
+        group's all-gather."""
         slices = self.env.layout.slices
+        if self.cfg.delay_h2d and self.cfg.delay_h2d[:2] == (self.env.rank, block):
+            time.sleep(self.cfg.delay_h2d[2])
         with self.lanes.task("h2d", block, after=(after,)) as h2d:
             mine = _piece(buf, self.slice_index, slices)
             mine.copy_(self.store.piece(block, self.slice_index, slices), non_blocking=True)
+        if self.flags is not None:
+            self.flags.mark(block, stamp)
         if slices == 1:
             return h2d.done, h2d.done
         with self.lanes.task("allgather", block, after=(h2d.done,)) as gather:
@@ -431,8 +473,9 @@ class Trainer:
         return gather.done, h2d.done
 
     def _fence(self, block: int, *, after):
-        """Write-back fence: all local ranks have read `block` (node all-reduce)."""
-        if not self.fence_needed:
+        """CUDA write-back fence: all local ranks have read `block` (node all-reduce).
+        The CPU waits on the read stamps before d2h instead (_blocks)."""
+        if not self.fence_needed or self.flags is not None:
             return None
         with self.lanes.task("allgather", block, after=(after,), record=False) as fence:
             _wait(dist.all_reduce(self.token, group=self.env.node, async_op=True))
