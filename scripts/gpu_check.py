@@ -1,22 +1,24 @@
 """GPU check: plan, run and measure zoexec on this machine's first CUDA GPU.
 
-1. plan   `zoplan optimize --model M --gpus 1 --profile P` (default P: the shipped
-          hgx-h200) when the planner's search is importable (it needs simpy); otherwise,
-          or with --profile '', a hand-built one-GPU plan (zoexec.handplan: ZO2 layout,
-          prefetch 2).
+0. profile `zoplan profile --quick -o RESULTS/profile.json` measures this GPU (default
+          --profile measure); if that fails the shipped hgx-h200 profile is used.
+1. plan   `zoplan optimize --model M --gpus 1 --profile P` when the planner's search is
+          importable (it needs simpy); otherwise, or with --profile '', a hand-built
+          one-GPU plan (zoexec.handplan: ZO2 layout, prefetch 2).
 2. run    `python -m zoexec.cli run plan.json --steps N --trace DIR` (random init).
-3. report tokens/s (median over the steps after the first), peak GPU memory, and the
+3. calibrate `zoplan calibrate plan.json trace`: predicted vs measured per task kind.
+4. report tokens/s (median over the steps after the first), peak GPU memory, and the
           overlap achieved: the fraction of the h2d + d2h time that ran while the
           compute lane was busy (1.0 = all transfers hidden under compute).
 Everything lands in the results folder: plan.json, trace/, run.log, summary.json.
-Stages are functions so later checks (zoplan profile, calibrate) can be added as
-further stages reading the same folder.
+Stages are functions reading and writing the same folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -25,6 +27,34 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 COMPUTE_KINDS = ("embed", "update", "forward", "head")
 TRANSFER_KINDS = ("h2d", "d2h")
+
+
+def measure_profile(args, folder: Path) -> str:
+    """--profile measure: profile this GPU; fall back to a shipped profile on failure."""
+    if args.profile != "measure":
+        return args.profile
+    out = folder / "profile.json"
+    cmd = [sys.executable, "-m", "zoplan.cli", "profile", "--quick", "--name", "gpu-check",
+           "-o", str(out)]
+    print("$", " ".join(cmd), flush=True)
+    with (folder / "profile.log").open("w") as handle:
+        done = subprocess.run(cmd, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT)
+    print((folder / "profile.log").read_text()[-4000:], flush=True)
+    if done.returncode or not out.exists():
+        print("zoplan profile failed: planning with the shipped hgx-h200 profile instead")
+        return "hgx-h200"
+    return str(out)
+
+
+def calibrate(plan: Path, trace: Path, profile: str, folder: Path) -> None:
+    cmd = [sys.executable, "-m", "zoplan.cli", "calibrate", str(plan), str(trace)]
+    if profile:
+        cmd += ["--profile", profile]
+    print("$", " ".join(cmd), flush=True)
+    with (folder / "calibrate.log").open("w") as handle:
+        subprocess.run(cmd, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
+                       env={**os.environ, "COLUMNS": "120"})
+    print((folder / "calibrate.log").read_text()[-6000:], flush=True)
 
 
 def make_plan(args, folder: Path) -> Path:
@@ -116,8 +146,9 @@ def summarise(args, plan: Path, trace: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="opt-1.3b")
-    parser.add_argument("--profile", default="hgx-h200",
-                        help="hardware profile for zoplan optimize ('' = hand-built plan)")
+    parser.add_argument("--profile", default="measure",
+                        help="'measure' (zoplan profile this GPU), a profile name/path, "
+                             "or '' for a hand-built plan")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--precision", default="fp16")
@@ -128,8 +159,11 @@ def main() -> None:
     parser.add_argument("--device-kind", default="cuda", help="cpu: dry run of this script")
     args = parser.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
+    args.profile = measure_profile(args, args.results)
     plan = make_plan(args, args.results)
     trace = run_plan(args, plan, args.results)
+    if args.profile:
+        calibrate(plan, trace, args.profile, args.results)
     summary = summarise(args, plan, trace)
     (args.results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"{summary['model']} {summary['workload']}: {summary['tokens_per_s']:,.0f} tokens/s "

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# GPU check on a machine with one CUDA GPU: plan OPT-1.3B (random weights) for one GPU,
-# run a few steps with `zoexec run --trace`, print tokens/s, peak GPU memory and the
-# transfer/compute overlap. Output: benchmarks/results/gpu_check-<UTC time>/.
-#   bash scripts/gpu_check.sh [--profile hwprofiles/X.json] [--steps 4] [--batch 8] ...
+# GPU check on a machine with one CUDA GPU: profile the GPU (`zoplan profile --quick`),
+# plan OPT-1.3B (random weights) for one GPU on that profile, run a few steps with
+# `zoexec run --trace`, print predicted vs measured (`zoplan calibrate`), tokens/s, peak
+# GPU memory and the transfer/compute overlap. Output: benchmarks/results/gpu_check-<UTC>/.
+#   bash scripts/gpu_check.sh [--profile measure|NAME|''] [--steps 4] [--batch 8] ...
 # Uses .venv/bin/python when it exists, else python3 with the repo on PYTHONPATH
 # (machines with torch preinstalled and no network).
 set -euo pipefail

@@ -193,6 +193,11 @@ def _tiny(name: str, family: str) -> dict:
 
 CATALOGUE_CONFIGS: dict[str, dict] = {
     **_tiny("tiny-opt", "opt"), **_tiny("tiny-llama", "llama"), **_tiny("tiny-qwen3", "qwen3"),
+    # a CPU demo model: big enough that a step is compute, not overhead (~20M params)
+    "small-opt": {"model_type": "opt", "num_hidden_layers": 6, "hidden_size": 512,
+                  "ffn_dim": 2048, "num_attention_heads": 8, "vocab_size": 2048,
+                  "max_position_embeddings": 512, "word_embed_proj_dim": 512,
+                  "do_layer_norm_before": True, "tie_word_embeddings": True},
     **_opt("opt-125m", 12, 768, 12), **_opt("opt-350m", 24, 1024, 16, proj=512, pre_ln=False),
     **_opt("opt-1.3b", 24, 2048, 32), **_opt("opt-2.7b", 32, 2560, 32),
     **_opt("opt-6.7b", 32, 4096, 32), **_opt("opt-13b", 40, 5120, 40),
