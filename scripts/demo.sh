@@ -19,12 +19,12 @@ $BIN/zoplan profile --cpu --name this-cpu -o "$OUT/this-cpu.json"
 
 echo "== 2b. plan small-opt (6 blocks, 20M params) for 2 CPU ranks on that profile"
 $BIN/zoplan optimize --model small-opt --gpus 2 --batch 8 --seq 128 --profile "$OUT/this-cpu.json" \
-  -o "$OUT/plan-tiny.json"
+  -o "$OUT/plan-small.json"
 
 echo "== 2c. run it (20 steps, random weights, built-in task)"
-$BIN/zoexec run "$OUT/plan-tiny.json" --init random --steps 20 --out "$OUT/run" --trace "$OUT/trace"
+$BIN/zoexec run "$OUT/plan-small.json" --init random --steps 20 --out "$OUT/run" --trace "$OUT/trace"
 
 echo "== 2d. predicted vs measured"
-$BIN/zoplan calibrate "$OUT/plan-tiny.json" "$OUT/trace"
-$BIN/zoplan show "$OUT/plan-tiny.json" --trace "$OUT/trace" --width 120
+$BIN/zoplan calibrate "$OUT/plan-small.json" "$OUT/trace"
+$BIN/zoplan show "$OUT/plan-small.json" --trace "$OUT/trace" --width 120
 echo "done: plans, trace, loss log and final weights are in $OUT/"
