@@ -34,6 +34,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from zoexec.threads import threads_per_rank, usable_cores
 from zoplan.errors import ZoError
 from zoplan.layout import Layout
 from zoplan.trace import KIND_LANE, LANE_COMPUTE, LANES, NO_BLOCK, Span
@@ -338,7 +339,6 @@ def make_lanes(env: DistEnv, *, epoch_s: float):
 
 def set_threads(threads: int | None, local_ranks: int) -> int:
     """torch threads of a rank: `threads`, else the host's cores shared by its ranks."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    count = threads or max(1, (cores or 1) // local_ranks)
+    count = threads or threads_per_rank(usable_cores(), local_ranks)
     torch.set_num_threads(count)
     return count

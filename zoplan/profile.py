@@ -9,7 +9,7 @@ Two paths, one output (a profile that validates with HardwareProfile.from_dict):
   perturb per parameter; memory; NVLink topology from `nvidia-smi topo -m`.
 - CPU (gloo ranks sharing this host, exactly as zoexec runs them): copies between a
   /dev/shm block store and a rank's buffer (one rank with all cores; all ranks at once
-  with cores // ranks threads each: zoexec.dist.set_threads' rule), gloo
+  with cores // ranks threads each: zoexec.threads' rule), gloo
   all_gather_single vs size and the loss all-reduce (spawned ranks), block forwards
   in fp32 (zoexec.models' real OPT block) with all cores and k ranks at once
   (-> compute.rank_scaling), and the update task's z + update + perturb (zoexec.zo).
@@ -43,6 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from zoexec.threads import threads_per_rank, usable_cores
 from zoplan import __version__
 from zoplan.errors import ZoError
 from zoplan.hardware import PROFILES_DIR, HardwareProfile
@@ -134,18 +135,6 @@ class Settings:
         if self.device == "cpu":
             return 256 if self.quick else 512
         return 2048 if self.quick else 4096
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (zoexec.dist.set_threads counts the same way)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def rank_threads(cores: int, local_ranks: int) -> int:
-    """zoexec's rule: max(1, cores // local_ranks) torch threads per rank."""
-    return max(1, cores // local_ranks)
 
 
 # ---- statistics and timing -----------------------------------------------------------------
@@ -489,7 +478,7 @@ def measure_cpu(settings: Settings, tick: Callable[[str], None]) -> dict:
     """Everything the CPU profile needs (one rank here, then `ranks` spawned ranks)."""
     import torch
 
-    torch.set_num_threads(rank_threads(settings.cores, 1))
+    torch.set_num_threads(threads_per_rank(settings.cores, 1))
     m: dict = {"threads_alone": torch.get_num_threads()}
     m["copy_alone"] = [cpu_copy(size, repeats=settings.repeats, store_bytes=settings.store_bytes)
                        for size in settings.copy_sweep]
@@ -523,7 +512,7 @@ def _cpu_rank(rank: int, settings: Settings, tmp: str) -> None:
     import torch
     import torch.distributed as dist
 
-    threads = rank_threads(settings.cores, settings.ranks)
+    threads = threads_per_rank(settings.cores, settings.ranks)
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
                             world_size=settings.ranks)
@@ -839,7 +828,7 @@ def _cpu_sources(settings: Settings, *, threads: int, fit: dict, date: str,
         "device.concurrent_engines": f"{c}a gloo rank runs its tasks one at a time (zoexec's CPU schedule)",
         "host.memory_gib": f"{c}psutil total memory",
         "host.mem_bw_gbps": f"{c}{k} ranks copying {settings.copy_bytes // MIB} MiB at once "
-                            f"({rank_threads(settings.cores, k)} threads each), sum of their rates",
+                            f"({threads_per_rank(settings.cores, k)} threads each), sum of their rates",
         "host.cores": f"{c}cores this process may use (os.sched_getaffinity)",
         "pcie.h2d_gbps": f"{c}one rank ({threads} threads) copying {settings.copy_bytes // MIB} MiB "
                          f"pieces of a {settings.store_bytes // MIB} MiB /dev/shm store into its "
