@@ -56,6 +56,7 @@ from zoplan.errors import ZoError
 from zoplan.io import sha256_json
 from zoplan.layout import Layout
 from zoplan.models import ModelSpec
+from zoplan.plan import Plan
 from zoplan.trace import Span, write_trace
 from zoplan.workload import Workload
 
@@ -94,17 +95,18 @@ class RunConfig:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
+    # typed views of the plan: zoplan.plan.Plan reads them (the plan is validated on load)
     @property
     def layout(self) -> Layout:
-        return Layout.from_dict(self.plan["layout"])
+        return Plan(self.plan).layout
 
     @property
     def workload(self) -> Workload:
-        return Workload.from_dict(self.plan["workload"])
+        return Plan(self.plan).workload
 
     @property
     def device_kind(self) -> str:
-        return self.plan["profile"]["device_kind"]
+        return Plan(self.plan).device_kind
 
 
 @dataclass(frozen=True, kw_only=True)
