@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterable
 
 from zoplan.errors import ZoError
-from zoplan.io import atomic_write_text
+from zoplan.io import atomic_write_text, load_json
 
 TRACE_SCHEMA_VERSION = 1
 
@@ -125,10 +125,7 @@ def read_trace(directory: Path) -> tuple[dict, list[Span]]:
     meta_path = directory / "meta.json"
     if not meta_path.is_file():
         raise ZoError(f"trace directory {directory} has no meta.json")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ZoError(f"{meta_path} is not valid JSON: {exc}") from None
+    meta = load_json(meta_path, what="trace meta")
     spans: list[Span] = []
     files = sorted(directory.glob("rank*.jsonl"))
     if not files:
