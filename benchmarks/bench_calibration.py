@@ -8,12 +8,15 @@ predicted and measured step time, the error, and the task kind that explains mos
 the gap. Goal: |error| <= 5% everywhere (issue 4 asks <= 15%).
 
     .venv/bin/python benchmarks/bench_calibration.py [--quick] [--profile P] [--steps N]
-        [--rounds 3] [--out DIR] [--hidden 512] [--layers 6] [--batch 8] [--seq 128]
-        [--nice -10]
+        [--rounds 3] [--out DIR] [--model NAME | --hidden 512 --layers 6] [--batch 8]
+        [--seq 128] [--nice -10]
 
 Each layout runs --rounds times, interleaved with the others; the last table gives each
 layout's median measured step and its error (single runs on a shared 2-core VM vary
-by +-10-20% from minute to minute).
+by +-10-20% from minute to minute). Each traced run takes zoexec's speed check before
+and after its steps; the "drift" columns compare it with the profile's (a shared VM's
+memory-bound work drifts by up to 2x within minutes), and "adj. error" is the error of
+the plan simulated again on the profile scaled by that drift: the model's own error.
 
 The measurement is only as good as the machine is quiet: other processes on the cores
 slow the run and the profile differently (one torch rank with 2 threads loses 20-400%
@@ -77,33 +80,6 @@ def wait_quiet(max_s: float, *, idle_s: float = 2.0) -> float:
     return time.perf_counter() - start
 
 
-class Probe:
-    """A fixed piece of work (one OPT block forward, hidden 512, 4 x 128 tokens, all
-    cores) timed before the profile and before each run: if the machine itself got
-    slower or faster in between (other virtual machines on the host, clocks), the
-    ratio shows it, and the prediction error should be read against it."""
-
-    def __init__(self) -> None:
-        import torch
-
-        from zoplan.profile import build_block
-
-        torch.set_num_threads(os.cpu_count() or 1)
-        self.torch, self.parts = torch, build_block(512, 128, dtype="fp32", device="cpu")
-        self.reference_s: float | None = None
-
-    def __call__(self) -> float:
-        from zoplan.profile import time_forward
-
-        stats = time_forward(self.parts, batch=4, seq=128, repeats=9, device="cpu")
-        if self.reference_s is None:
-            self.reference_s = stats["median_s"]
-        return stats["median_s"]
-
-    def ratio(self, seconds: float) -> float:
-        return seconds / self.reference_s if self.reference_s else 1.0
-
-
 class Others:
     """CPU seconds used by processes outside this benchmark's process tree while a
     command runs (polled; the runs here share the machine with whatever else runs)."""
@@ -162,7 +138,7 @@ class Others:
 
 
 def run_layout(label: str, gpus: int, axes: list[str], *, args, out: Path, profile: Path,
-               model: Path, probe: "Probe"):
+               model: Path):
     from rich.console import Console
 
     from zoplan.calibrate import calibrate_command
@@ -175,7 +151,6 @@ def run_layout(label: str, gpus: int, axes: list[str], *, args, out: Path, profi
     runs = []
     for attempt in range(args.retries + 1):
         wait_quiet(args.wait)
-        speed = probe()
         with Others() as others:
             run_s = sh(str(BIN / "zoexec"), "run", str(plan), "--init", "random", "--steps",
                        str(args.steps), "--trace", str(trace), "-q")
@@ -188,9 +163,7 @@ def run_layout(label: str, gpus: int, axes: list[str], *, args, out: Path, profi
     console.rule(f"{label}: zoplan calibrate {plan.name} {trace.name}")
     cal = calibrate_command(plan=plan, trace=trace, fit=False, output=None,
                             profile=str(profile), skip=args.skip, console=console)
-    print(f"{label}: speed probe {speed * 1e3:.1f} ms = x{probe.ratio(speed):.2f} of the "
-          f"probe at profile time")
-    return cal, run_s, runs[-1], probe.ratio(speed)
+    return cal, run_s, runs[-1]
 
 
 def main() -> None:
@@ -200,6 +173,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="quick profile")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--skip", type=int, default=1)
+    ap.add_argument("--model", help="plan this catalogue model (or HF config.json) instead "
+                                    "of the small OPT of --hidden/--layers")
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--batch", type=int, default=8)
@@ -224,28 +199,30 @@ def main() -> None:
     load = other_load()
     if load > 20:
         print(f"warning: the CPUs are {load:.0f}% busy before we start: expect noise")
-    probe = Probe()
     profile = args.profile
     if profile is None:
         profile = args.out / "profile.json"
         wait_quiet(args.wait)
-        probe()
         with Others() as others:
             secs = sh(str(BIN / "zoplan"), "profile", "--cpu", "-o", str(profile),
                       *(["--quick"] if args.quick else []))
         print(f"profile: {secs:.1f} s -> {profile} (other processes: {others.cores:.2f} cores)")
-    model = args.out / "model" / "config.json"
-    model.parent.mkdir(exist_ok=True)
-    model.write_text(json.dumps(model_config(hidden=args.hidden, layers=args.layers), indent=1))
+    if args.model:
+        model = args.model
+    else:
+        model = args.out / "model" / "config.json"
+        model.parent.mkdir(exist_ok=True)
+        model.write_text(json.dumps(model_config(hidden=args.hidden, layers=args.layers),
+                                    indent=1))
     chosen = [x for x in LAYOUTS if not args.only or x[0] in args.only.split(",")]
     rows = []
     for round_ in range(args.rounds):   # layouts interleaved: a slow minute hits all
         for label, gpus, axes in chosen:
             out = args.out / f"round{round_}"
             out.mkdir(exist_ok=True)
-            cal, run_s, others, speed = run_layout(label, gpus, axes, args=args, out=out,
-                                                   profile=profile, model=model, probe=probe)
-            rows.append((label, cal, run_s, others, speed))
+            cal, run_s, others = run_layout(label, gpus, axes, args=args, out=out,
+                                            profile=profile, model=model)
+            rows.append((label, cal, run_s, others))
     summary(rows, args)
     if args.rounds > 1:
         per_layout(rows, [x[0] for x in chosen])
@@ -255,24 +232,39 @@ def summary(rows, args) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"predicted vs measured step time (hidden {args.hidden}, "
-                        f"{args.layers} blocks, batch {args.batch}, seq {args.seq}, "
-                        f"{os.cpu_count()} cores)")
-    for col in ("layout", "predicted", "measured", "error", "period", "largest gap", "run",
-                "others", "speed"):
+    what = args.model or f"hidden {args.hidden}, {args.layers} blocks"
+    table = Table(title=f"predicted vs measured step time ({what}, batch {args.batch}, "
+                        f"seq {args.seq}, {os.cpu_count()} cores)")
+    for col in ("layout", "predicted", "measured", "error", "drift", "adj. error",
+                "largest gap", "run", "others"):
         table.add_column(col, justify="left" if col in ("layout", "largest gap") else "right")
-    for label, cal, run_s, others, speed in rows:
+    for label, cal, run_s, others in rows:
         top = cal.contributors()[0]
         table.add_row(label, f"{cal.pred_step_s:.3f} s", f"{cal.meas_step_s:.3f} s",
-                      f"{cal.error_pct:+.1f}%",
-                      f"{cal.meas_period_s:.3f} s" if cal.meas_period_s else "-",
+                      f"{cal.error_pct:+.1f}%", drift_cell(cal), adjusted_cell(cal),
                       f"{top.kind} {top.gap_s * 1e3:+.1f} ms", f"{run_s:.0f} s",
-                      f"{others:.2f} cores", f"x{speed:.2f}")
-    Console(width=120).print(table)
-    print("others: cores other processes kept busy during the run; speed: the probe's time "
-          "before the run / at profile time (> 1: the machine was slower than when profiled)")
+                      f"{others:.2f} cores")
+    Console(width=130).print(table)
+    print("drift: the machine's speed during the run over its speed when profiled (zoexec's "
+          "speed checks: GEMM-bound forward / memory-bound forward / z draw; > 1: slower); "
+          "adj. error: the plan "
+          "simulated again on the profile scaled by that drift; others: cores other "
+          "processes kept busy during the run")
     worst = max(abs(row[1].error_pct) for row in rows)
     print(f"worst |error| {worst:.1f}% (goal 5%, limit 15%)")
+
+
+def drift_cell(cal) -> str:
+    d = cal.drift
+    return f"x{d.gemm:.2f} / x{d.memory:.2f} / x{d.z:.2f}" if d else "-"
+
+
+def adjusted_cell(cal) -> str:
+    from zoplan.calibrate import error_pct
+
+    if not cal.drift or not cal.drift.adjusted_pred_s:
+        return "-"
+    return f"{error_pct(cal.drift.adjusted_pred_s, cal.meas_step_s):+.1f}%"
 
 
 def per_layout(rows, labels) -> None:
@@ -283,7 +275,8 @@ def per_layout(rows, labels) -> None:
     from rich.table import Table
 
     table = Table(title="per layout, median over the rounds")
-    for col in ("layout", "predicted", "measured (median)", "error", "errors of the rounds"):
+    for col in ("layout", "predicted", "measured (median)", "error", "errors of the rounds",
+                "adj. errors"):
         table.add_column(col, justify="left" if col == "layout" else "right")
     worst = 0.0
     for label in labels:
@@ -292,8 +285,9 @@ def per_layout(rows, labels) -> None:
         err = 100 * (cals[0].pred_step_s - meas) / meas
         worst = max(worst, abs(err))
         table.add_row(label, f"{cals[0].pred_step_s:.3f} s", f"{meas:.3f} s", f"{err:+.1f}%",
-                      ", ".join(f"{c.error_pct:+.1f}%" for c in cals))
-    Console(width=120).print(table)
+                      ", ".join(f"{c.error_pct:+.1f}%" for c in cals),
+                      ", ".join(adjusted_cell(c) for c in cals))
+    Console(width=130).print(table)
     print(f"worst |error| of the medians {worst:.1f}% (goal 5%, limit 15%)")
 
 

@@ -161,3 +161,38 @@ def test_one_rank_fit_scales_the_compute_constants(tmp_path):
     assert new["overhead_us"] == pytest.approx(old["overhead_us"] * 1.3, rel=1e-3)
     assert new["zo_ns_per_param"] == pytest.approx(old["zo_ns_per_param"] * 0.8, rel=1e-3)
     assert new["rank_scaling"] == old["rank_scaling"]
+
+
+def test_machine_drift_from_speed_checks(plans):
+    """A machine 20% slower during the run than when profiled: calibrate says so
+    (ratios, warning) and prices the plan on the machine as it ran."""
+    plan = Plan.load(plans["pertp2"])
+    cal = compare(plan, dilate(plan, factor=1.2), skip=1)
+    data = json.loads(load_profile("cpu").to_json())
+    then = {"threads": 2, "gemm": {"hidden": 512, "batch": 4, "seq": 128, "median_s": 0.010},
+            "memory": {"hidden": 128, "batch": 8, "seq": 512, "median_s": 0.020},
+            "z": {"hidden": 256, "median_s": 0.004}}
+    data["speed_check"] = then
+    profile = load_profile_from(data)
+
+    def slower(factor, **change):
+        out = json.loads(json.dumps(then))
+        for name in ("gemm", "memory", "z"):
+            out[name]["median_s"] *= factor
+        out.update(change)
+        return out
+    meta = {"speed_check": [slower(1.18), slower(1.22)]}
+    drift = cal_mod.machine_drift(profile, meta, plan)
+    assert (drift.gemm, drift.memory, drift.z) == pytest.approx((1.2, 1.2, 1.2))
+    assert cal.error_pct == pytest.approx(100 * (1 / 1.2 - 1), abs=0.5)
+    assert abs(error_pct(drift.adjusted_pred_s, cal.meas_step_s)) < 3   # copies do not drift
+    assert "20% slower" in cal_mod.drift_warning(drift)
+    # another thread count (or no check at all): no comparison
+    assert cal_mod.machine_drift(profile, {"speed_check": [slower(1.2, threads=1)]}, plan) is None
+    assert cal_mod.machine_drift(profile, {}, plan) is None
+
+
+def load_profile_from(data: dict):
+    from zoplan.hardware import HardwareProfile
+
+    return HardwareProfile.from_dict(data)

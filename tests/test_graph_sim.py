@@ -193,3 +193,49 @@ def test_slicing_gains_on_nvswitch():
     times = {s: simulate(build_step_graph(costs_for(
         profile, Layout(pertp=1, ddp=8, slices=s, prefetch=3)))).step_time_s for s in (1, 8)}
     assert times[8] < times[1] / 2, times
+
+
+# ---- the CPU cost model of a measured profile (attention, element-wise, z) --------------
+def _measured_cpu(**extra):
+    from zoplan.hardware import HardwareProfile
+
+    data = fixture("cpu4").to_dict()
+    data["compute"].update({"attn_tflops": 0.05, "elem_ns": 0.5, "z_ns_per_elem": 5.0,
+                            "z_call_us": 400.0, "zo_pass_ns": 0.3, "z_rank_scaling": 1.25,
+                            **extra})
+    return HardwareProfile.from_dict(data)
+
+
+def test_measured_cpu_task_times_follow_the_schedule():
+    from zoexec.threads import z_makespan
+    from zoplan.graph import task_times
+
+    hw, model = _measured_cpu(), get_model("tiny-opt")
+    wl = Workload(batch=8, seq=64, param_dtype="fp32", compute_dtype="fp32")
+    t = task_times(model=model, profile=hw, workload=wl, tokens=512, streams=2, local_ranks=1)
+    busiest, _ = z_makespan(model.block_tensor_numels(), 4)   # 4 cores, one rank
+    z = 400e-6 + busiest * 5e-9
+    passes = model.block_params * 0.3e-9
+    assert t["update_s"] == pytest.approx(2 * (z + passes))
+    one = hw.forward_time_s(flops=512 * model.block_gemm_flops_per_token(),
+                            attn_flops=512 * model.block_attn_flops_per_token(64),
+                            elems=512 * model.block_elems_per_token(),
+                            weight_bytes=model.block_params * 4, tokens=512)
+    assert t["forward_s"] == pytest.approx(2 * one + passes)
+    # attention and element-wise work are priced on their own
+    assert one > hw.forward_time_s(flops=512 * model.block_gemm_flops_per_token(),
+                                   weight_bytes=model.block_params * 4, tokens=512)
+    # 4 ranks of one thread: no thread pool, the whole block on one thread, 1.25x faster
+    t4 = task_times(model=model, profile=hw, workload=wl, tokens=512, streams=1, local_ranks=4)
+    z4 = model.block_params * 5e-9 / 1.25
+    assert t4["update_s"] == pytest.approx(2 * (z4 + hw.pass_time_s(model.block_params, 4)))
+
+
+def test_z_model_needs_all_its_figures():
+    from zoplan.errors import ZoError
+    from zoplan.hardware import HardwareProfile
+
+    data = _measured_cpu().to_dict()
+    del data["compute"]["zo_pass_ns"]
+    with pytest.raises(ZoError, match="zo_pass_ns missing"):
+        HardwareProfile.from_dict(data)

@@ -125,6 +125,45 @@ def test_compute_fit_recovers_the_model():
     assert fit["rel_rms_pct"] < 2
 
 
+def test_compute_fit_tells_gemm_attention_and_elementwise_apart():
+    """CPU points carry attention FLOPs and element-wise outputs; the fit recovers the
+    four figures of a synthetic machine from the same grid shapes a profile times."""
+    settings = prof.Settings(repeats=1, quick=False, ranks=1, cores=2)
+    truth = {"peak": 0.25e12, "attn": 0.08e12, "elem_ns": 0.6, "over": 300e-6, "m_half": 48.0}
+    points = []
+    for family, hidden, batch, seq in settings.forward_grid:
+        p = prof.forward_point(hidden, batch, seq, {}, dtype_bytes=4, family=family)
+        p["median_s"] = (truth["over"] + p["flops"] * (p["tokens"] + truth["m_half"])
+                         / p["tokens"] / truth["peak"] + p["attn_flops"] / truth["attn"]
+                         + p["elems"] * truth["elem_ns"] * 1e-9)
+        points.append(p)
+    fit = prof.fit_compute(points, mem_gbps=1e6)
+    assert fit["peak_tflops"] == pytest.approx(0.25, rel=0.05)
+    assert fit["attn_tflops"] == pytest.approx(0.08, rel=0.05)
+    assert fit["elem_ns"] == pytest.approx(0.6, rel=0.1)
+    assert fit["overhead_us"] == pytest.approx(300, rel=0.1)
+    assert fit["rel_rms_pct"] < 1
+
+
+def test_z_fit_and_paired_scalings():
+    draws = [{"busiest_elems": n, "median_s": 400e-6 + n * 5e-9} for n in (99_000, 1_600_000)]
+    z = prof.fit_z(draws)
+    assert z["z_call_us"] == pytest.approx(400, rel=0.01)
+    assert z["z_ns_per_elem"] == pytest.approx(5, rel=0.01)
+    # rank 0 alone (2 threads, pool) vs 2 ranks at once (1 thread each, no pool):
+    # per-element speed together = 1.25 x alone
+    alone = [400e-6 + 1_600_000 * 5e-9] * 3
+    together = [3_200_000 * 4e-9] * 3
+    measured = {"per_rank": [{"z": {"alone": {"samples_s": alone}, "threads_alone": 2,
+                                    "together": {"samples_s": together}, "threads_together": 1,
+                                    "busiest_alone": 1_600_000, "busiest_together": 3_200_000},
+                              "forward": {"alone": {"samples_s": [0.110] * 3},
+                                          "together": {"samples_s": [0.010 + 0.1 * 2 / 1.6] * 3}}},
+                             {}]}
+    assert prof.paired_z_scaling(measured, call_s=400e-6) == pytest.approx(1.25)
+    assert prof.paired_rank_scaling(measured, overhead_s=0.010) == pytest.approx(1.6)
+
+
 def test_compute_fit_needs_two_points():
     with pytest.raises(ZoError, match=">= 2"):
         prof.fit_compute(_points(1, 1, 1)[:1], mem_gbps=1)

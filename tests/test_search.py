@@ -134,7 +134,7 @@ def test_fixed_axes_plan_exactly_one_layout():
 # ---- extrapolation -------------------------------------------------------------------
 @pytest.mark.parametrize("profile,gpus,pertp,slices,prefetch", [
     ("dgx-a100-80gb", 8, 1, 8, 2), ("dgx-a100-80gb", 8, 2, 4, 3),
-    ("dgx-a100-80gb", 8, 1, 1, 1), (NODE4, 4, 2, 4, 4),
+    ("dgx-a100-80gb", 8, 1, 1, 1), (NODE4, 4, 2, 4, 3),
     (str(FIXTURES / "pcie-host4.json"), 4, 1, 2, 2)])
 def test_reduced_block_extrapolation_is_within_one_percent(profile, gpus, pertp, slices, prefetch):
     req = request(model="opt-66b", profile=profile, gpus=gpus)

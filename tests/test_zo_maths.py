@@ -109,3 +109,20 @@ def test_deferred_update_schedule_equals_plain_mezo(name):
     assert moved > 1e-3
     for key, tensor in mine.items():
         torch.testing.assert_close(tensor, ref[key], rtol=0, atol=1e-4, msg=key)
+
+
+def test_planner_z_makespan_is_z_blocks_busiest_thread(monkeypatch):
+    """zoexec.threads.z_makespan (what the planner prices) = the largest share
+    zo.z_block hands one thread."""
+    from zoexec.threads import z_makespan
+
+    monkeypatch.setattr(zo, "Z_CHUNK", 8)
+    import zoexec.threads as threads
+    monkeypatch.setattr(threads, "Z_CHUNK", 8)
+    sizes = [s.numel for s in SPECS]
+    jobs = zo._chunk_jobs(3, 0, SPECS)
+    for count in (1, 2, 3, 5):
+        groups = zo._balance(jobs, count)
+        loads = [sum(stop - start for _, start, stop in g) for g in groups]
+        assert z_makespan(sizes, count) == (max(loads), len(groups[loads.index(max(loads))]))
+    assert z_makespan(sizes, 1)[0] == sum(sizes)

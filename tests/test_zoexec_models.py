@@ -141,3 +141,13 @@ def test_model_directory_must_match_the_plans_model(tmp_path):
     with pytest.raises(ZoError, match=r"holds \(family, layers, hidden, vocab\) = \('llama', 4, 128, 512\)"):
         build_parts(get_model("tiny-qwen3"), init=str(tmp_path / "m"))
     build_parts(get_model("tiny-llama"), init=str(tmp_path / "m"))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_planner_tensor_numels_match_zoexec_specs(name):
+    """The planner prices z per tensor chunk (zoplan.models *_tensor_numels): the
+    tensors must be zoexec's, in zoexec's order."""
+    spec = _spec(name)
+    parts, _ = build_parts(spec, seed=0)
+    assert spec.block_tensor_numels() == [s.numel for s in parts.block_specs]
+    assert spec.resident_tensor_numels() == [s.numel for s in parts.resident_specs]

@@ -51,6 +51,7 @@ from zoexec.fence import ReadFlags
 from zoexec.models import bind_block, bind_resident, build_parts, resident_flat
 from zoexec.store import (BlockStore, attach_store, create_store, fill_store,
                           mapping_pss_bytes, store_path, stride_for)
+from zoexec.threads import keep_freed_memory
 from zoexec.zo import RESIDENT_BLOCK, apply_update, perturb_into, projected_grad, step_seed, z_block
 from zoplan.errors import ZoError
 from zoplan.io import sha256_json
@@ -124,6 +125,8 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
     peers fail only once its connections close)."""
     env = None
     try:
+        if cfg.device_kind == "cpu":
+            keep_freed_memory()   # activations are reused, not page-faulted in every block
         env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind)
         threads = zdist.set_threads(cfg.threads, cfg.layout.local_ranks)
         with torch.no_grad():   # not inference_mode: zo's z threads would not inherit it
@@ -146,18 +149,42 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
     parts, store = load_node_model(cfg, env, run_id)
     try:
         flags = share_read_flags(env, run_id, num_blocks=store.num_blocks)
+        checks = [speed_check_on_node(cfg, env, threads)]
         epoch_s, clock = zdist.clock_epoch(env)
         trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
                           lanes=zdist.make_lanes(env, epoch_s=epoch_s), flags=flags)
         records = trainer.train()
+        checks.append(speed_check_on_node(cfg, env, threads))
         memory = host_memory_probe(store, env)
         trainer.flush()
         _finish(cfg, env, trainer, store, memory=memory,
                 meta_extra={"clock": clock, "threads": threads,
-                            "records": [r.to_dict() for r in records]})
+                            "records": [r.to_dict() for r in records],
+                            "speed_check": [c for c in checks if c]})
         return records
     finally:
         close_store(store)
+
+
+def speed_check_on_node(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> dict | None:
+    """zoplan.profile.speed_check on rank 0 with all cores while the other ranks wait
+    (traced CPU runs only: calibrate compares it with the profile's, to tell a machine
+    that got slower from a wrong prediction). None elsewhere."""
+    if not cfg.trace_dir or env.is_cuda:
+        return None
+    from zoexec.threads import usable_cores
+    from zoplan.profile import speed_check
+
+    zdist.host_barrier(env)
+    result = None
+    if env.rank == 0:
+        torch.set_num_threads(usable_cores())
+        try:
+            result = speed_check(repeats=5)
+        finally:
+            torch.set_num_threads(threads)
+    zdist.host_barrier(env)
+    return result
 
 
 def _build_model(cfg: RunConfig, spec: ModelSpec, *, skeleton: bool = False):

@@ -10,22 +10,18 @@ from __future__ import annotations
 
 from zoplan.io import sha256_json
 from zoplan.layout import Layout
-from zoplan.models import ModelSpec, dtype_bytes, get_model
+from zoplan.memory import gpu_parts
+from zoplan.models import ModelSpec, get_model
 from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, tool_info
 from zoplan.workload import Workload
 
 
 def memory_estimate(spec: ModelSpec, layout: Layout, workload: Workload) -> tuple[int, int]:
-    """(per-rank device bytes, per-node host bytes) of zoexec's buffers for this layout."""
-    pbytes, cbytes = dtype_bytes(workload.param_dtype), dtype_bytes(workload.compute_dtype)
-    streams = 2 if layout.pertp == 1 else 1
-    tokens = workload.tokens_per_step // layout.ddp
-    device = (min(layout.prefetch, spec.num_layers) * spec.block_params * pbytes
-              + 2 * spec.block_params * cbytes + 3 * spec.resident_params * cbytes
-              + streams * spec.block_activation_bytes(tokens, workload.seq, workload.compute_dtype)
-              + spec.head_activation_bytes(tokens))
+    """(per-rank device bytes, per-node host bytes of the block store) of zoexec's
+    buffers for this layout: the planner's memory model (zoplan.memory.gpu_parts)."""
+    parts, _ = gpu_parts(model=spec, workload=workload, layout=layout)
     host = spec.num_layers * spec.block_bytes(workload.param_dtype)
-    return int(device), int(host)
+    return int(sum(parts.values())), int(host)
 
 
 def hand_plan(*, model: str | ModelSpec, layout: Layout, workload: Workload,

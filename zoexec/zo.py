@@ -38,8 +38,9 @@ from typing import Iterable, Sequence
 
 import torch
 
+from zoexec.threads import Z_CHUNK, balance, chunk_bounds
+
 RESIDENT_BLOCK = -1
-Z_CHUNK = 1 << 20          # elements per independently seeded chunk (part of the z definition)
 _MASK64 = (1 << 64) - 1
 _POOL: ThreadPoolExecutor | None = None
 _POOL_KEY: tuple[int, int] | None = None
@@ -75,9 +76,8 @@ def _spec_fields(spec) -> tuple[int, int]:
 def _tensor_jobs(seed: int, block: int, index: int, offset: int,
                  numel: int) -> list[tuple[int, int, int]]:
     """(chunk seed, start, stop) of each chunk of tensor `index`, placed at `offset`."""
-    return [(mix_seed(seed, block, index, chunk), offset + start,
-             offset + min(start + Z_CHUNK, numel))
-            for chunk, start in enumerate(range(0, numel, Z_CHUNK))]
+    return [(mix_seed(seed, block, index, chunk), offset + start, offset + stop)
+            for chunk, (start, stop) in enumerate(chunk_bounds(numel, Z_CHUNK))]
 
 
 def _chunk_jobs(seed: int, block: int, specs: Sequence) -> list[tuple[int, int, int]]:
@@ -133,13 +133,10 @@ def z_block(seed: int, block: int, specs: Sequence, *, out: torch.Tensor | None 
 
 
 def _balance(jobs: list[tuple[int, int, int]], parts: int) -> list[list[tuple[int, int, int]]]:
-    """Largest chunk first onto the least loaded thread (the result never depends on it)."""
-    loads, groups = [0] * parts, [[] for _ in range(parts)]
-    for job in sorted(jobs, key=lambda j: j[1] - j[2]):
-        k = loads.index(min(loads))
-        groups[k].append(job)
-        loads[k] += job[2] - job[1]
-    return groups
+    """Largest chunk first onto the least loaded thread (zoexec.threads.balance; the
+    result never depends on it)."""
+    return [[jobs[i] for i in group]
+            for group in balance([stop - start for _, start, stop in jobs], parts)]
 
 
 def z_tensor(seed: int, block: int, index: int, shape: Iterable[int], *,

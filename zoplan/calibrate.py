@@ -27,6 +27,7 @@ than this machine's (Vidur's lesson: a newer engine drifts the figures).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -38,7 +39,6 @@ from zoplan import __version__
 from zoplan.errors import ZoError
 from zoplan.hardware import HardwareProfile, load_profile
 from zoplan.io import atomic_write_text, sha256_json
-from zoplan.models import dtype_bytes
 from zoplan.plan import Plan
 from zoplan.trace import KINDS, Span, read_trace
 
@@ -80,6 +80,7 @@ class Calibration:
     steps_used: list[int]
     rows: list[KindRow]
     warnings: list[str] = field(default_factory=list)
+    drift: "Drift | None" = None
 
     @property
     def error_pct(self) -> float:
@@ -97,7 +98,11 @@ class Calibration:
         return sorted(self.rows, key=lambda r: abs(r.gap_s), reverse=True)
 
     def to_dict(self) -> dict:
-        return {"plan": self.plan_label, "pred_step_s": self.pred_step_s,
+        drift = None if self.drift is None else {
+            **dataclasses.asdict(self.drift),
+            "adjusted_error_pct": error_pct(self.drift.adjusted_pred_s, self.meas_step_s)
+            if self.drift.adjusted_pred_s else None}
+        return {"plan": self.plan_label, "pred_step_s": self.pred_step_s, "drift": drift,
                 "meas_step_s": self.meas_step_s, "error_pct": self.error_pct,
                 "meas_period_s": self.meas_period_s, "steps_used": self.steps_used,
                 "rows": [{**r.__dict__, "task_error_pct": r.task_error_pct} for r in self.rows],
@@ -210,6 +215,82 @@ def _period(spans: list[Span], kept: list[int]) -> float | None:
     return statistics.median(gaps) if gaps else None
 
 
+# ---- machine drift -------------------------------------------------------------------------
+DRIFT_WARN = 0.10          # warn when the machine's speed moved more than this
+
+
+@dataclass(frozen=True, kw_only=True)
+class Drift:
+    """The machine's speed during the run over its speed when profiled (speed checks:
+    zoplan.profile.speed_check; > 1: slower now) for GEMM-bound and memory-bound block
+    forwards and z draws, and the plan's layout simulated again on the profile with its
+    compute figures scaled by those ratios."""
+
+    gemm: float
+    memory: float
+    z: float
+    adjusted_pred_s: float | None
+
+
+def drifted_profile(profile: HardwareProfile, *, gemm: float, memory: float,
+                    z: float) -> HardwareProfile:
+    """`profile` on a machine `gemm` x slower at GEMMs, `memory` x at memory-bound work
+    (attention, element-wise operators, dispatch, the zo passes) and `z` x at z draws."""
+    data = copy.deepcopy(profile.to_dict())
+    c = data["compute"]
+    has_terms = "elem_ns" in c
+    for key, ratio in (("peak_tflops", gemm), ("attn_tflops", memory),
+                       ("mem_gbps", memory if has_terms else gemm)):
+        if key in c:
+            c[key] /= ratio
+    for key, ratio in (("overhead_us", memory if has_terms else gemm), ("elem_ns", memory),
+                       ("zo_ns_per_param", z), ("z_ns_per_elem", z), ("z_call_us", z),
+                       ("zo_pass_ns", memory)):
+        if key in c:
+            c[key] *= ratio
+    return HardwareProfile.from_dict(data, origin="drifted profile")
+
+
+def machine_drift(profile: HardwareProfile | None, meta: dict,
+                  plan: Plan | None = None) -> Drift | None:
+    """None unless both the profile and the trace carry comparable speed checks."""
+    then = (profile.extra.get("speed_check") if profile is not None else None) or {}
+    checks = [c for c in meta.get("speed_check") or [] if isinstance(c, dict)]
+    names = ("gemm", "memory", "z")
+    if not then or not checks:
+        return None
+    for c in checks:   # another reference shape or thread count: not comparable
+        if c.get("threads") != then.get("threads") or any(
+                {k: v for k, v in (c.get(n) or {}).items() if k != "median_s"}
+                != {k: v for k, v in then[n].items() if k != "median_s"} for n in names):
+            return None
+    now = {n: statistics.median(c[n]["median_s"] for c in checks) / then[n]["median_s"]
+           for n in names}
+    adjusted = resimulate(plan, drifted_profile(profile, **now)) if plan is not None else None
+    return Drift(**now, adjusted_pred_s=adjusted)
+
+
+def drift_text(cal: Calibration) -> str:
+    d = cal.drift
+    text = (f"machine speed during the run (speed checks before and after it) vs when "
+            f"profiled: GEMM-bound forward x{d.gemm:.2f}, memory-bound forward x{d.memory:.2f}, "
+            f"z draw x{d.z:.2f} (> 1: slower now)")
+    if d.adjusted_pred_s:
+        text += (f"; the plan on the machine as it ran: {d.adjusted_pred_s:.3f} s, error "
+                 f"{error_pct(d.adjusted_pred_s, cal.meas_step_s):+.1f}%")
+    return text
+
+
+def drift_warning(drift: Drift) -> str | None:
+    worst = max((drift.gemm, drift.memory, drift.z), key=lambda r: abs(r - 1.0))
+    if abs(worst - 1.0) <= DRIFT_WARN:
+        return None
+    how = "slower" if worst > 1 else "faster"
+    return (f"this machine ran {abs(worst - 1.0):.0%} {how} during the run than when it was "
+            f"profiled (speed checks): that part of the error is the machine, not the plan; "
+            f"profile right before running, or refit with --fit")
+
+
 # ---- warnings ------------------------------------------------------------------------------
 def this_machine_versions() -> dict:
     """Installed versions (read from package metadata: torch is not imported)."""
@@ -292,48 +373,53 @@ class Refit:
         return HardwareProfile.from_dict(self.data, origin="refitted profile")
 
 
-def _forward_call(plan: Plan) -> dict:
-    """Arguments of HardwareProfile.forward_time_s for one forward call of a block."""
-    spec, wl, lay = plan.model, plan.workload, plan.layout
-    tokens = wl.batch // lay.ddp * wl.seq
-    return {"flops": tokens * spec.block_flops_per_token(wl.seq),
-            "weight_bytes": spec.block_params * dtype_bytes(wl.compute_dtype),
-            "tokens": tokens, "local_ranks": lay.local_ranks}
+def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
+    """The plan's per-task times on `profile` (zoplan.graph.task_times)."""
+    from zoplan.graph import task_times
+
+    lay, wl = plan.layout, plan.workload
+    return task_times(model=plan.model, profile=profile, workload=wl,
+                      tokens=wl.batch // lay.ddp * wl.seq, streams=2 if lay.pertp == 1 else 1,
+                      local_ranks=lay.local_ranks)
 
 
 def refit_forward(fit: Refit, plan: Plan, measured_task_s: float) -> None:
-    """Scale the compute model so one forward call takes the measured time (the
-    forward task runs one call per perturbation stream)."""
+    """Scale the compute model so the forward task takes its measured time:
+    compute.rank_scaling with several CPU ranks, else every term of the forward model."""
     hw, lay = fit.profile, plan.layout
-    streams = 2 if lay.pertp == 1 else 1
-    call = _forward_call(plan)
-    t_pred, t_meas = hw.forward_time_s(**call), measured_task_s / streams
-    ratio = t_meas / t_pred
+    t_pred = _task_times(plan, hw)["forward_s"]
+    ratio = measured_task_s / t_pred
     c = hw.compute
-    over = c["overhead_us"] * 1e-6
-    why = f"forward per call {t_meas * 1e3:.3f} ms measured vs {t_pred * 1e3:.3f} ms"
-    if hw.is_cpu and lay.local_ranks > 1 and t_meas > over and t_pred > over:
-        scale = c["rank_scaling"] * (t_pred - over) / (t_meas - over)
-        fit.set("compute.rank_scaling", scale, f"{why} with {lay.local_ranks} ranks")
+    why = f"forward task {measured_task_s * 1e3:.3f} ms measured vs {t_pred * 1e3:.3f} ms"
+    if hw.is_cpu and lay.local_ranks > 1:
+        fit.set("compute.rank_scaling", c["rank_scaling"] / ratio,
+                f"{why} with {lay.local_ranks} ranks")
         return
-    fit.set("compute.peak_tflops", c["peak_tflops"] / ratio, why)
-    fit.set("compute.mem_gbps", c["mem_gbps"] / ratio, why)
-    fit.set("compute.overhead_us", c["overhead_us"] * ratio, why)
+    for key in ("peak_tflops", "mem_gbps", "attn_tflops"):
+        if key in c:
+            fit.set(f"compute.{key}", c[key] / ratio, why)
+    for key in ("overhead_us", "elem_ns"):
+        if key in c:
+            fit.set(f"compute.{key}", c[key] * ratio, why)
 
 
 def refit_update(fit: Refit, plan: Plan, measured_task_s: float) -> None:
-    """Scale the zo cost so the update task takes its measured time: zo_ns_per_param
-    for one rank per device, compute.zo_rank_scaling for several CPU ranks."""
+    """Scale the zo cost so the update task takes its measured time: the z model's
+    figures (or zo_ns_per_param) for one rank per device, the z (zo) rank scaling for
+    several CPU ranks."""
     hw, lr = fit.profile, plan.layout.local_ranks
-    t_pred = hw.zo_time_s(plan.model.block_params, lr)
+    t_pred = _task_times(plan, hw)["update_s"]
+    ratio = measured_task_s / t_pred
     why = f"update task {measured_task_s * 1e3:.3f} ms measured vs {t_pred * 1e3:.3f} ms"
+    c = hw.compute
     if hw.is_cpu and lr > 1:
-        share = hw.compute_share(lr, key="zo_rank_scaling")
-        fit.set("compute.zo_rank_scaling", share * lr * t_pred / measured_task_s,
-                f"{why} with {lr} ranks")
+        key = "z_rank_scaling" if hw.has_z_model else "zo_rank_scaling"
+        now = c.get(key, 1.0 if hw.has_z_model else c["rank_scaling"])
+        fit.set(f"compute.{key}", now / ratio, f"{why} with {lr} ranks")
         return
-    fit.set("compute.zo_ns_per_param", hw.compute["zo_ns_per_param"] * measured_task_s / t_pred,
-            why)
+    keys = ("z_ns_per_elem", "z_call_us", "zo_pass_ns") if hw.has_z_model else ("zo_ns_per_param",)
+    for key in keys:
+        fit.set(f"compute.{key}", c[key] * ratio, why)
 
 
 def refit_copies(fit: Refit, cal: Calibration, plan: Plan) -> None:
@@ -451,6 +537,8 @@ def render(cal: Calibration, console) -> None:
                       _ms(r.gap_s, sign=True))
     console.print(table)
     console.print(step_line(cal), highlight=False)
+    if cal.drift is not None:
+        console.print(drift_text(cal), highlight=False)
     if cal.meas_period_s:
         outside = cal.meas_period_s - cal.meas_step_s
         extra = (f"; {outside * 1e3:.1f} ms per step lie between steps (not predicted)"
@@ -479,6 +567,12 @@ def calibrate_command(*, plan: Path, trace: Path, fit: bool, output: Path | None
     hw = resolve_profile(the_plan, profile, required=fit)
     cal = compare(the_plan, spans, skip=skip)
     cal.warnings.extend(check_inputs(the_plan, meta, hw))
+    drift = machine_drift(hw, meta, the_plan)
+    if drift is not None:
+        cal = dataclasses.replace(cal, drift=drift)
+        warning = drift_warning(drift)
+        if warning:
+            cal.warnings.append(warning)
     for warning in cal.warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     render(cal, console)

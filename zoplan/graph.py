@@ -39,6 +39,9 @@ from zoplan.workload import Workload
 INF = math.inf
 SERIAL_LANE = "serial"   # engine name of a rank whose tasks run one at a time (CPU)
 GBPS = 1e9               # profile bandwidths are GB/s = 1e9 bytes/s
+# Operators of an embedding lookup and of the head + loss, as a share of a block
+# forward's (~40 for an OPT block, ~4 and ~10): their share of its dispatch cost.
+EMBED_OPS, HEAD_OPS = 0.1, 0.25
 
 # Link classes: the profile figure that sets their capacity.
 HOST_MEM = "host.mem_bw"
@@ -128,28 +131,61 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     lr = layout.local_ranks
     tokens = workload.batch // layout.ddp * workload.seq
     streams = 2 if layout.pertp == 1 else 1
-    cbytes = dtype_bytes(workload.compute_dtype)
     block = float(model.block_bytes(workload.param_dtype))
-    fwd = profile.forward_time_s(flops=tokens * model.block_flops_per_token(workload.seq),
-                                 weight_bytes=model.block_params * cbytes, tokens=tokens,
-                                 local_ranks=lr)
-    embed = profile.zo_time_s(model.embed_params, lr) + profile.forward_time_s(
-        flops=0.0, weight_bytes=streams * tokens * model.hidden * cbytes, tokens=tokens,
-        local_ranks=lr)
-    head_fwd = profile.forward_time_s(flops=tokens * model.head_flops_per_token(),
-                                      weight_bytes=model.vocab * model.hidden * cbytes,
-                                      tokens=tokens, local_ranks=lr)
+    work = task_times(model=model, profile=profile, workload=workload, tokens=tokens,
+                      streams=streams, local_ranks=lr)
     links = node_links(profile, lr)
     internode = internode_allreduce_s(profile, layout.nodes)
     return StepCosts(
         layout=layout, concurrent=bool(profile.device.get("concurrent_engines", True)),
         num_blocks=model.num_layers, block_bytes=block, tokens_per_rank=tokens,
-        streams=streams, embed_s=embed, update_s=profile.zo_time_s(model.block_params, lr),
-        forward_s=streams * fwd, head_s=profile.zo_time_s(model.head_params, lr)
-        + streams * head_fwd,
+        streams=streams, **work,
         allreduce_s=profile.collective["allreduce_small_us"] * 1e-6 + internode,
         internode_s=internode, allgather_latency_s=profile.collective["latency_us"] * 1e-6,
         links=links, **_transfer_flows(profile, layout, block))
+
+
+def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+               tokens: int, streams: int, local_ranks: int) -> dict:
+    """embed_s, update_s, forward_s and head_s of one rank (the schedule of
+    docs/execution.md): `tokens` per perturbation stream, `streams` forwards per block.
+
+    update: the deferred update (a z draw + a pass) and the next perturbation (a z draw
+    + a pass); forward: one block forward per stream, and the second stream's
+    perturbation pass; embed: the resident parts' update, z and one perturbation pass
+    per stream, and one embedding lookup per stream; head: one final norm + LM head +
+    loss per stream and the resident perturbation pass between them. Profiles without
+    the z model price the zo maths by compute.zo_ns_per_param per parameter."""
+    lr, seq, hw = local_ranks, workload.seq, profile
+    cbytes = dtype_bytes(workload.compute_dtype)
+    fwd = hw.forward_time_s(flops=tokens * model.block_gemm_flops_per_token(),
+                            attn_flops=tokens * model.block_attn_flops_per_token(seq),
+                            elems=tokens * model.block_elems_per_token(),
+                            weight_bytes=model.block_params * cbytes, tokens=tokens,
+                            local_ranks=lr)
+    lookup = hw.forward_time_s(flops=0.0, elems=tokens * model.embed_elems_per_token(),
+                               weight_bytes=0.0 if hw.has_z_model
+                               else streams * tokens * model.hidden * cbytes,
+                               tokens=tokens, local_ranks=lr,
+                               overhead_share=EMBED_OPS if hw.has_z_model else 1.0)
+    head_fwd = hw.forward_time_s(flops=tokens * model.head_flops_per_token(),
+                                 elems=tokens * model.head_elems_per_token(),
+                                 weight_bytes=model.vocab * model.hidden * cbytes,
+                                 tokens=tokens, local_ranks=lr,
+                                 overhead_share=HEAD_OPS if hw.has_z_model else 1.0)
+    if not hw.has_z_model:
+        return {"embed_s": hw.zo_time_s(model.embed_params, lr) + lookup,
+                "update_s": hw.zo_time_s(model.block_params, lr),
+                "forward_s": streams * fwd,
+                "head_s": hw.zo_time_s(model.head_params, lr) + streams * head_fwd}
+    block, resident = model.block_tensor_numels(), model.resident_tensor_numels()
+    z_block, z_res = hw.z_time_s(block, lr), hw.z_time_s(resident, lr)
+    pass_block = hw.pass_time_s(model.block_params, lr)
+    pass_res = hw.pass_time_s(model.resident_params, lr)
+    return {"embed_s": 2 * z_res + (1 + streams) * pass_res + streams * lookup,
+            "update_s": 2 * (z_block + pass_block),
+            "forward_s": streams * fwd + (streams - 1) * pass_block,
+            "head_s": streams * head_fwd + (streams - 1) * pass_res}
 
 
 def node_links(profile: HardwareProfile, local_ranks: int) -> dict[str, float]:

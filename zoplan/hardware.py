@@ -29,6 +29,14 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
   ranks each gets peak / k * compute.rank_scaling (how well k ranks share the cores).
   compute.zo_rank_scaling (optional, CPU): the same for the zo maths (z generation
   scales with threads unlike GEMMs); defaults to compute.rank_scaling.
+- compute, optional terms of measured CPU profiles (`zoplan profile`):
+  attn_tflops prices attention FLOPs apart from the GEMMs (flash attention on the CPU
+  runs well below the GEMM rate), and elem_ns the element-wise operators (norms, bias
+  broadcasts, activations, the loss) per output element (zoplan.models *_elems_*).
+  The z model replaces zo_ns_per_param: one z draw costs z_call_us + the busiest
+  thread's elements x z_ns_per_elem (z chunks are spread over a rank's
+  cores // local_ranks threads, zoexec.threads), times 1 / z_rank_scaling with several
+  ranks; each perturb or update pass costs zo_pass_ns per element.
 """
 
 from __future__ import annotations
@@ -58,9 +66,13 @@ _REQUIRED = {
     "compute": ("peak_tflops", "mem_gbps", "m_half_tokens", "overhead_us",
                 "zo_ns_per_param", "rank_scaling"),
 }
-_NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens"}
-_OPTIONAL_TOP = {"description", "provenance", "measurements", "notes"}
-_OPTIONAL_NUMBERS = ("compute.zo_rank_scaling",)   # checked (> 0) when present
+_NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens",
+           "compute.elem_ns", "compute.z_call_us"}
+_OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check"}
+_OPTIONAL_NUMBERS = ("compute.zo_rank_scaling", "compute.attn_tflops", "compute.elem_ns",
+                     "compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns",
+                     "compute.z_rank_scaling")   # checked (> 0) when present
+_Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,16 +133,52 @@ class HardwareProfile:
         return interpolate_log(self.collective["allgather_busbw"], message_bytes)
 
     def forward_time_s(self, *, flops: float, weight_bytes: float, tokens: int,
-                       local_ranks: int = 1) -> float:
+                       local_ranks: int = 1, attn_flops: float = 0.0,
+                       elems: float = 0.0, overhead_share: float = 1.0) -> float:
+        """One forward call: `flops` of GEMMs over `tokens` tokens, `attn_flops` of
+        attention and `elems` element-wise outputs (both priced on their own where the
+        profile has compute.attn_tflops / compute.elem_ns, CPU profiles; else attention
+        counts as GEMM FLOPs and element-wise work as free). `overhead_share`: the
+        call's operators as a share of a block forward's (compute.overhead_us is the
+        dispatch cost of one block forward)."""
         c = self.compute
+        share = self.compute_share(local_ranks)
         eff = tokens / (tokens + c["m_half_tokens"]) if tokens > 0 else 1.0
-        rate = c["peak_tflops"] * 1e12 * eff * self.compute_share(local_ranks)
-        mem = weight_bytes / (c["mem_gbps"] * 1e9)
-        return c["overhead_us"] * 1e-6 + max(flops / rate, mem)
+        attn_rate = c.get("attn_tflops")
+        gemm = flops if attn_rate else flops + attn_flops
+        t = max(gemm / (c["peak_tflops"] * 1e12 * eff * share), weight_bytes / (c["mem_gbps"] * 1e9))
+        if attn_rate:
+            t += attn_flops / (attn_rate * 1e12 * share)
+        t += elems * c.get("elem_ns", 0.0) * 1e-9 / share
+        return overhead_share * c["overhead_us"] * 1e-6 + t
+
+    @property
+    def has_z_model(self) -> bool:
+        """Whether the zo maths is priced per z draw and pass (CPU profiles measured by
+        `zoplan profile`) rather than by the one figure compute.zo_ns_per_param."""
+        return "z_ns_per_elem" in self.compute
 
     def zo_time_s(self, num_params: int, local_ranks: int = 1) -> float:
+        """The update task's zo maths (2 z draws + 2 passes) by compute.zo_ns_per_param."""
         share = self.compute_share(local_ranks, key="zo_rank_scaling")
         return num_params * self.compute["zo_ns_per_param"] * 1e-9 / share
+
+    def z_time_s(self, tensor_numels: list[int], local_ranks: int = 1) -> float:
+        """One z draw over these tensors (has_z_model): the rank's threads split the
+        chunks (zoexec.threads.balance), so the busiest thread sets the time; handing
+        the chunks to a thread pool costs z_call_us (one thread draws them itself)."""
+        from zoexec.threads import threads_per_rank, z_makespan
+
+        c = self.compute
+        threads = threads_per_rank(self.host["cores"], local_ranks)
+        elems, _ = z_makespan(tensor_numels, threads)
+        scale = c.get("z_rank_scaling", 1.0) if self.is_cpu and local_ranks > 1 else 1.0
+        call = c["z_call_us"] * 1e-6 if min(threads, len(tensor_numels)) > 1 else 0.0
+        return call + elems * c["z_ns_per_elem"] * 1e-9 / scale
+
+    def pass_time_s(self, num_elems: float, local_ranks: int = 1) -> float:
+        """One element-wise pass of the zo maths (perturb or update) over `num_elems`."""
+        return num_elems * self.compute["zo_pass_ns"] * 1e-9 / self.compute_share(local_ranks)
 
     def compute_share(self, local_ranks: int, key: str = "rank_scaling") -> float:
         """Fraction of the device's compute one rank gets (1 on GPUs); `key` names the
@@ -225,6 +273,11 @@ def _validate(data: Any, origin: str) -> HardwareProfile:
         section, key = path.split(".")
         if key in sections[section]:
             _number(origin, path, sections[section][key])
+    present = [p for p in _Z_MODEL if p.split(".")[1] in sections["compute"]]
+    if present and len(present) != len(_Z_MODEL):
+        missing = sorted(set(_Z_MODEL) - set(present))
+        raise _fail(origin, f"{', '.join(missing)} missing: the z model needs all of "
+                            f"{', '.join(_Z_MODEL)}")
     _check_kinds(origin, sections)
     _check_groups(origin, sections, gpn)
     _check_table(origin, sections["collective"].get("allgather_busbw"))
@@ -232,6 +285,12 @@ def _validate(data: Any, origin: str) -> HardwareProfile:
     if not isinstance(sources, dict):
         raise _fail(origin, "sources must map each figure to a note")
     _check_sources(origin, sections, sources)
+    check = data.get("speed_check")
+    if check is not None and not (isinstance(check, dict) and all(
+            isinstance(check.get(k), dict) and isinstance(check[k].get("median_s"), (int, float))
+            and check[k]["median_s"] > 0 for k in ("gemm", "memory", "z"))):
+        raise _fail(origin, "speed_check must have gemm, memory and z entries with "
+                            "median_s > 0 (zoplan.profile.speed_check)")
     extra = {k: data[k] for k in _OPTIONAL_TOP if k in data}
     return HardwareProfile(name=name, gpus_per_node=gpn, max_nodes=max_nodes,
                            sources=dict(sources), extra=extra, **sections)

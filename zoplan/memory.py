@@ -1,8 +1,10 @@
 """Memory model of a layout: bytes per GPU and per node's host, and why it does not fit.
 
-Per GPU (rank): resident parts (embeddings + final norm + head, stored precision)
-+ prefetch x block buffer (stored precision) + one perturbed-weights scratch block
-(compute precision) + the activations of one block's forward over the rank's tokens
+Per GPU (rank), what zoexec's Trainer allocates: min(prefetch, blocks) block buffers
+(stored precision) + the perturbed-weights working block and the z block (compute
+precision) + the resident parts (embeddings + final norm + head) three times in compute
+precision (clean, perturbed working copy, z) + the activations of one block's forward
+over the rank's tokens
 (ModelSpec.block_activation_bytes; x2 for role "+-", whose two streams travel side by
 side) + the head's activations; it must fit device.memory_gib - device.reserved_gib.
 Per node (host): ONE copy of every block (shared by the node's ranks) + a copy of the
@@ -99,17 +101,19 @@ def gpu_parts(*, model: ModelSpec, workload: Workload, layout: Layout
     tokens = workload.batch // layout.ddp * workload.seq
     streams = 2 if layout.pertp == 1 else 1
     block = model.block_bytes(workload.param_dtype)
+    cbytes = dtype_bytes(workload.compute_dtype)
+    buffers = max(1, min(layout.prefetch, model.num_layers))
     act = model.block_activation_bytes(tokens, workload.seq, workload.compute_dtype)
     parts = {
-        "block_buffers": float(layout.prefetch * block),
-        "perturbed_scratch": float(model.block_params * dtype_bytes(workload.compute_dtype)),
-        "resident": float(model.resident_bytes(workload.param_dtype)),
+        "block_buffers": float(buffers * block),
+        "perturbed_scratch": float(2 * model.block_params * cbytes),
+        "resident": float(3 * model.resident_params * cbytes),
         "activations": float(streams * act),
         "head_activations": float(model.head_activation_bytes(tokens)),
     }
-    labels = {"block_buffers": f"{layout.prefetch} x {fmt_bytes(block)} block buffers",
-              "perturbed_scratch": "perturbed scratch block",
-              "resident": "resident embeddings + head",
+    labels = {"block_buffers": f"{buffers} x {fmt_bytes(block)} block buffers",
+              "perturbed_scratch": "perturbed working block + z block",
+              "resident": "resident embeddings + head (clean, perturbed, z)",
               "activations": f"activations ({streams} x {tokens} tokens)",
               "head_activations": "head activations"}
     return parts, labels

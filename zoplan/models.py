@@ -114,8 +114,67 @@ class ModelSpec:
         scores and weighted sum (2 * 2 * seq * attn_dim, no causal skipping)."""
         return 2.0 * self.matmul_params_per_block + 4.0 * seq * self.attn_dim
 
+    def block_gemm_flops_per_token(self) -> float:
+        """The GEMM part of block_flops_per_token (2 per weight)."""
+        return 2.0 * self.matmul_params_per_block
+
+    def block_attn_flops_per_token(self, seq: int) -> float:
+        """The attention part: scores and weighted sum over `seq` keys."""
+        return 4.0 * seq * self.attn_dim
+
     def head_flops_per_token(self) -> float:
         return 2.0 * self.vocab * self.hidden
+
+    # Element-wise work (outputs written by the non-GEMM operators per token, as HF's
+    # modules run them on the CPU). The counts are the operators' output sizes; what
+    # one element costs (compute.elem_ns) is fitted by `zoplan profile` over OPT and
+    # Llama blocks, so only the relative sizes matter here.
+    def block_elems_per_token(self) -> float:
+        h, f = self.hidden, self.ffn
+        if self.family == "opt":
+            # 2 LayerNorms, 6 bias broadcasts (q,k,v,out,fc1,fc2), 2 residual adds,
+            # ReLU, the query scaling and the attention output's transpose
+            return 2 * h + (5 * h + f) + 2 * h + f + h + h
+        qk = self.attn_dim + self.kv_dim
+        # 2 RMSNorms (~4 ops each), rotary on q and k (~4 ops), 2 residual adds,
+        # SiLU and the gate product, the attention output's transpose (+ qk norms)
+        extra = 4 * qk if self.family == "qwen3" else 0
+        return 8 * h + 4 * qk + 2 * h + 2 * f + h + extra
+
+    def embed_elems_per_token(self) -> float:
+        """Token (and OPT position) embedding lookups and their sum."""
+        return 3.0 * self.hidden if self.family == "opt" else float(self.hidden)
+
+    def head_elems_per_token(self) -> float:
+        """Final norm, and the loss over the vocabulary (log-softmax and gather)."""
+        return 4.0 * self.hidden + 3.0 * self.vocab
+
+    # ---- tensors (the z chunks of zoexec.zo follow them) ---------------------------
+    def block_tensor_numels(self) -> list[int]:
+        """Element counts of one block's parameter tensors (HF module order)."""
+        h, f, a, kv = self.hidden, self.ffn, self.attn_dim, self.kv_dim
+        if self.family == "opt":
+            return [h * h, h] * 4 + [h, h] + [f * h, f, h * f, h] + [h, h]
+        out = [a * h, kv * h, kv * h, h * a]
+        if self.family == "qwen3":
+            out += [self.head_dim, self.head_dim]
+        return out + [f * h, f * h, h * f, h, h]
+
+    def resident_tensor_numels(self) -> list[int]:
+        """Element counts of the resident tensors (embeddings, final norm, untied head)."""
+        h = self.hidden
+        if self.family == "opt":
+            wdim = self.word_embed_proj_dim or h
+            out = [self.vocab * wdim, (self.max_positions + 2) * h]
+            if self.final_norm:
+                out += [h, h]
+            if wdim != h:
+                out += [wdim * h, h * wdim]
+            if not self.tied_head:
+                out.append(self.vocab * wdim)
+            return out
+        out = [self.vocab * h, h]
+        return out if self.tied_head else out + [self.vocab * h]
 
     # ---- activations ------------------------------------------------------------
     def block_activation_bytes(self, tokens: int, seq: int, dtype: str) -> int:

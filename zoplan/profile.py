@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from zoexec.threads import threads_per_rank, usable_cores
+from zoexec.threads import keep_freed_memory, threads_per_rank, usable_cores
 from zoplan import __version__
 from zoplan.errors import ZoError
 from zoplan.hardware import PROFILES_DIR, HardwareProfile
@@ -112,22 +112,35 @@ class Settings:
         return sizes
 
     @property
-    def forward_grid(self) -> list[tuple[int, int, int]]:
-        """(hidden, batch, seq) of the timed block forwards."""
+    def forward_grid(self) -> list[tuple[str, int, int, int]]:
+        """(family, hidden, batch, seq) of the timed block forwards. On the CPU the grid
+        spans small and wide blocks, short and long sequences and both block families,
+        so the fit can tell GEMMs, attention and element-wise work apart."""
         if self.device == "cpu":
-            hiddens = [256, 512] if self.quick else [256, 512, 1024]
-            shapes = [(1, 32), (1, 128), (4, 128)] if self.quick else \
-                [(1, 16), (1, 64), (1, 128), (4, 128), (8, 256)]
-        else:
-            hiddens = [1024, 2048] if self.quick else [1024, 2048, 4096]
-            shapes = [(1, 128), (4, 512)] if self.quick else \
-                [(1, 64), (1, 256), (2, 512), (4, 1024), (8, 2048)]
-        return [(h, b, s) for h in hiddens for b, s in shapes]
+            if self.quick:
+                return [("opt", h, b, s) for h in (128, 512)
+                        for b, s in ((1, 32), (4, 128), (2, 512), (8, 512))] + \
+                    [("llama", 256, b, s) for b, s in ((4, 64), (1, 512))]
+            shapes = [(1, 32), (4, 64), (1, 256), (8, 128), (2, 512), (4, 512)]
+            wide = {128: [(16, 512), (32, 256)], 256: [(16, 512)], 512: [(8, 512)], 1024: []}
+            return [("opt", h, b, s) for h in (128, 256, 512, 1024) for b, s in shapes + wide[h]] \
+                + [("llama", h, b, s) for h in (128, 512) for b, s in shapes + wide[h]]
+        hiddens = [1024, 2048] if self.quick else [1024, 2048, 4096]
+        shapes = [(1, 128), (4, 512)] if self.quick else \
+            [(1, 64), (1, 256), (2, 512), (4, 1024), (8, 2048)]
+        return [("opt", h, b, s) for h in hiddens for b, s in shapes]
 
     @property
-    def reference_shape(self) -> tuple[int, int, int]:
+    def reference_shape(self) -> tuple[str, int, int, int]:
         """The shape timed with all ranks at once (-> compute.rank_scaling)."""
+        if self.device == "cpu":
+            return ("opt", 256 if self.quick else 512, 4, 128)
         return self.forward_grid[-1]
+
+    @property
+    def z_hiddens(self) -> tuple[int, ...]:
+        """Hidden sizes of the OPT blocks whose z draws fit the CPU z model."""
+        return (128, self.zo_hidden)
 
     @property
     def zo_hidden(self) -> int:
@@ -260,27 +273,62 @@ def gbps(num_bytes: float, seconds: float) -> float:
 
 
 # ---- the compute fit ---------------------------------------------------------------------
-def _wls_line(xs: list[float], ts: list[float]) -> tuple[float, float]:
-    """(o, a) minimising sum(((o + a x - t) / t)^2) with o >= 0."""
+def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(rhs)
+    a = [row[:] + [rhs[i]] for i, row in enumerate(matrix)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-300:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+def _wls_nonneg(columns: list[list[float]], ts: list[float], *,
+                required: int = 1) -> list[float] | None:
+    """Coefficients c >= 0 minimising sum(((sum_j c_j x_j - t) / t)^2): every subset
+    of the columns is solved unconstrained and the best one with all coefficients > 0
+    kept (a handful of columns: an exact non-negative least squares). Column
+    `required` must take part (the GEMM term: a forward always does GEMMs)."""
+    import itertools
+
+    k = len(columns)
     w = [1.0 / (t * t) for t in ts]
-    sw, sx, st = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * t for wi, t in zip(w, ts))
-    sxx = sum(wi * x * x for wi, x in zip(w, xs))
-    sxt = sum(wi * x * t for wi, x, t in zip(w, xs, ts))
-    det = sw * sxx - sx * sx
-    if det > 0:
-        a = (sw * sxt - sx * st) / det
-        o = (st - a * sx) / sw
-        if o >= 0 and a > 0:
-            return o, a
-    return 0.0, sxt / sxx if sxx > 0 else 0.0
+    best, best_err = None, math.inf
+    for size in range(1, k + 1):
+        for subset in itertools.combinations(range(k), size):
+            if required not in subset:
+                continue
+            gram = [[sum(wi * columns[a][i] * columns[b][i] for i, wi in enumerate(w))
+                     for b in subset] for a in subset]
+            rhs = [sum(wi * columns[a][i] * ts[i] for i, wi in enumerate(w)) for a in subset]
+            sol = _solve(gram, rhs)
+            if sol is None or any(c <= 0 for c in sol):
+                continue
+            coef = [0.0] * k
+            for a, c in zip(subset, sol):
+                coef[a] = c
+            err = sum(wi * (sum(coef[j] * columns[j][i] for j in range(k)) - t) ** 2
+                      for i, (wi, t) in enumerate(zip(w, ts)))
+            if err < best_err:
+                best, best_err = coef, err
+    return best
 
 
 def fit_compute(points: list[dict], *, mem_gbps: float) -> dict:
     """Least-squares fit (relative error) of the profile's forward-time model
     t = overhead + max(flops / (peak * m / (m + m_half)), weight_bytes / mem_gbps)
-    to timed forwards ({"flops", "weight_bytes", "tokens", "median_s"}).
-    m_half is searched on a log grid; for each, overhead and 1/peak are a weighted
-    linear least-squares problem (points the memory term dominates are left out)."""
+        + attn_flops / attn_rate + elems * elem_ns
+    to timed forwards ({"flops", "weight_bytes", "tokens", "median_s"}, and on the CPU
+    "attn_flops" and "elems"). m_half is searched on a log grid; for each, overhead,
+    1/peak, 1/attn_rate and elem_ns are a non-negative weighted least-squares problem
+    (points the memory term dominates are left out). The attention and element-wise
+    terms are fitted only when the points carry that work."""
     if len(points) < 2:
         raise ZoError(f"the compute fit needs >= 2 timed shapes, got {len(points)}")
     best = None
@@ -294,23 +342,39 @@ def fit_compute(points: list[dict], *, mem_gbps: float) -> dict:
 
 
 def _fit_at(points: list[dict], m_half: float, mem_gbps: float) -> dict | None:
-    xs = [p["flops"] * (p["tokens"] + m_half) / p["tokens"] for p in points]
     ts = [p["median_s"] for p in points]
-    o, a = _wls_line(xs, ts)
-    for _ in range(3):  # leave out the points whose memory term wins, refit
-        keep = [i for i, x in enumerate(xs)
-                if a * x >= points[i]["weight_bytes"] / (mem_gbps * 1e9)]
-        if len(keep) < 2:
+    gemm = [p["flops"] * (p["tokens"] + m_half) / p["tokens"] for p in points]
+    attn = [p.get("attn_flops", 0.0) for p in points]
+    elems = [p.get("elems", 0.0) for p in points]
+    extra = [col for col in (attn, elems) if any(col)]
+    mem = [p["weight_bytes"] / (mem_gbps * 1e9) for p in points]
+    keep = list(range(len(points)))
+    coef = None
+    for _ in range(4):  # leave out the points whose memory term wins, refit
+        cols = [[1.0] * len(keep), [gemm[i] for i in keep]] + [[c[i] for i in keep] for c in extra]
+        coef = _wls_nonneg(cols, [ts[i] for i in keep])
+        if coef is None:
+            return None
+        nxt = [i for i in range(len(points)) if coef[1] * gemm[i] >= mem[i]]
+        if nxt == keep or len(nxt) < 2 + len(extra):
             break
-        o, a = _wls_line([xs[i] for i in keep], [ts[i] for i in keep])
+        keep = nxt
+    o, a, *rest = coef
     if a <= 0:
         return None
-    model = [o + max(a * x, p["weight_bytes"] / (mem_gbps * 1e9)) for x, p in zip(xs, points)]
+    terms = dict(zip([n for n, col in (("attn", attn), ("elems", elems)) if any(col)], rest))
+    model = [o + max(a * g, mb) + terms.get("attn", 0.0) * at + terms.get("elems", 0.0) * e
+             for g, mb, at, e in zip(gemm, mem, attn, elems)]
     resid = [100.0 * (m - t) / t for m, t in zip(model, ts)]
-    return {"peak_tflops": 1.0 / a / 1e12, "overhead_us": o * 1e6, "m_half_tokens": m_half,
-            "mem_gbps": mem_gbps,
-            "rel_rms_pct": math.sqrt(sum(r * r for r in resid) / len(resid)),
-            "residuals_pct": [round(r, 2) for r in resid]}
+    out = {"peak_tflops": 1.0 / a / 1e12, "overhead_us": o * 1e6, "m_half_tokens": m_half,
+           "mem_gbps": mem_gbps,
+           "rel_rms_pct": math.sqrt(sum(r * r for r in resid) / len(resid)),
+           "residuals_pct": [round(r, 2) for r in resid]}
+    if "attn" in terms:   # a zero coefficient (the fit found no cost): 1e6 TFLOP/s
+        out["attn_tflops"] = 1.0 / terms["attn"] / 1e12 if terms["attn"] > 1e-24 else 1e6
+    if "elems" in terms:
+        out["elem_ns"] = terms["elems"] * 1e9
+    return out
 
 
 def rank_scaling(*, alone_s: float, together_s: float, ranks: int, overhead_s: float) -> float:
@@ -325,30 +389,79 @@ def rank_scaling(*, alone_s: float, together_s: float, ranks: int, overhead_s: f
     return max(0.05, min(float(ranks), ranks * work_alone / work_together))
 
 
+def paired_rank_scaling(measured: dict, *, overhead_s: float) -> float:
+    """compute.rank_scaling from rank 0's paired forward samples (_paired): the median
+    over pairs of rank_scaling(alone, together)."""
+    k = len(measured["per_rank"])
+    fwd = measured["per_rank"][0]["forward"]
+    pairs = zip(fwd["alone"]["samples_s"], fwd["together"]["samples_s"])
+    return statistics.median(rank_scaling(alone_s=a, together_s=t, ranks=k, overhead_s=overhead_s)
+                             for a, t in pairs)
+
+
+def paired_z_scaling(measured: dict, *, call_s: float) -> float:
+    """compute.z_rank_scaling from rank 0's paired z draws: per-element speed of the
+    busiest thread with all ranks at once over that of one rank alone (median over
+    pairs; 1 = threads of several ranks draw as fast as one rank's threads)."""
+    z = measured["per_rank"][0]["z"]
+    call_alone = call_s if z["threads_alone"] > 1 else 0.0       # the pool's hand-over
+    call_together = call_s if z["threads_together"] > 1 else 0.0
+    out = []
+    for alone, together in zip(z["alone"]["samples_s"], z["together"]["samples_s"]):
+        per_alone = max(alone - call_alone, 1e-9) / z["busiest_alone"]
+        per_together = max(together - call_together, 1e-9) / z["busiest_together"]
+        out.append(per_alone / per_together)
+    return max(0.05, min(4.0, statistics.median(out)))
+
+
+def fit_figures(fit: dict) -> dict:
+    """The compute section's figures of a forward fit."""
+    out = {"peak_tflops": _r(fit["peak_tflops"]), "m_half_tokens": round(fit["m_half_tokens"], 2),
+           "overhead_us": round(fit["overhead_us"], 2)}
+    if "attn_tflops" in fit:
+        out["attn_tflops"] = _r(fit["attn_tflops"])
+    if "elem_ns" in fit:
+        out["elem_ns"] = _r(fit["elem_ns"])
+    return out
+
+
 # ---- block forwards and zo maths (shared by both paths) ----------------------------------
+def block_config(hidden: int, seq: int, family: str = "opt") -> dict:
+    """A generic one-block model of `family` (the FLOP and element formulas of
+    zoplan.models): OPT with a 4h MLP, or Llama with a gated 8h/3 MLP."""
+    if family == "opt":
+        return {"model_type": "opt", "num_hidden_layers": 1, "hidden_size": hidden,
+                "ffn_dim": 4 * hidden, "num_attention_heads": max(1, hidden // 64),
+                "vocab_size": 64, "max_position_embeddings": max(seq, 64),
+                "word_embed_proj_dim": hidden, "do_layer_norm_before": True,
+                "tie_word_embeddings": True}
+    heads = max(1, hidden // 64)
+    return {"model_type": family, "num_hidden_layers": 1, "hidden_size": hidden,
+            "intermediate_size": 8 * hidden // 3 // 32 * 32 or hidden,
+            "num_attention_heads": heads, "num_key_value_heads": heads,
+            "head_dim": hidden // heads, "vocab_size": 64,
+            "max_position_embeddings": max(seq, 64), "rope_theta": 10000.0,
+            "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+
+
 def opt_block_config(hidden: int, seq: int) -> dict:
-    """A generic OPT-style block (the FLOP and byte formulas of zoplan.models)."""
-    return {"model_type": "opt", "num_hidden_layers": 1, "hidden_size": hidden,
-            "ffn_dim": 4 * hidden, "num_attention_heads": max(1, hidden // 64),
-            "vocab_size": 64, "max_position_embeddings": max(seq, 64),
-            "word_embed_proj_dim": hidden, "do_layer_norm_before": True,
-            "tie_word_embeddings": True}
+    return block_config(hidden, seq, "opt")
 
 
-def block_spec(hidden: int, seq: int):
+def block_spec(hidden: int, seq: int, family: str = "opt"):
     from zoplan.models import spec_from_hf_config
 
-    return spec_from_hf_config(opt_block_config(hidden, seq), name=f"opt-block-{hidden}")
+    return spec_from_hf_config(block_config(hidden, seq, family),
+                               name=f"{family}-block-{hidden}")
 
 
-def build_block(hidden: int, seq: int, *, dtype: str, device):
-    """zoexec's ModelParts of one OPT block, on `device` in `dtype` (zoexec's own code)."""
-    from zoexec.models import build_parts
+def build_block(hidden: int, seq: int, *, dtype: str, device, family: str = "opt"):
+    """zoexec's ModelParts of one block, on `device` in `dtype` (zoexec's own code)."""
+    from zoexec.models import bind_block, build_parts
 
-    parts, flats = build_parts(opt_block_config(hidden, seq), param_dtype=dtype,
+    parts, flats = build_parts(block_config(hidden, seq, family), param_dtype=dtype,
                                compute_dtype=dtype)
     parts.to(device)
-    from zoexec.models import bind_block
     bind_block(parts, flats[0].to(device=device, dtype=parts.dtype))
     return parts
 
@@ -365,28 +478,52 @@ def time_forward(parts, *, batch: int, seq: int, repeats: int, device, sync=None
     return summarize(samples)
 
 
-def forward_point(hidden: int, batch: int, seq: int, stats: dict, *, dtype_bytes: int) -> dict:
-    spec = block_spec(hidden, seq)
+def forward_point(hidden: int, batch: int, seq: int, stats: dict, *, dtype_bytes: int,
+                  family: str = "opt", split: bool = True) -> dict:
+    """A timed forward with its work: `flops` (GEMMs; with attention when not `split`),
+    `attn_flops` and `elems` (see HardwareProfile.forward_time_s)."""
+    spec = block_spec(hidden, seq, family)
     tokens = batch * seq
-    return {"hidden": hidden, "batch": batch, "seq": seq, "tokens": tokens,
-            "flops": tokens * spec.block_flops_per_token(seq),
+    gemm = tokens * spec.block_gemm_flops_per_token()
+    attn = tokens * spec.block_attn_flops_per_token(seq)
+    return {"family": family, "hidden": hidden, "batch": batch, "seq": seq, "tokens": tokens,
+            "flops": gemm if split else gemm + attn, "attn_flops": attn if split else 0.0,
+            "elems": tokens * spec.block_elems_per_token() if split else 0.0,
             "weight_bytes": spec.block_params * dtype_bytes, **stats}
 
 
 def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None) -> list[dict]:
-    """Timed forwards over settings.forward_grid (one block built per hidden size)."""
+    """Timed forwards over settings.forward_grid (one block built per family and hidden
+    size). The shapes are timed in turn, one sample each per pass, so a machine whose
+    speed drifts for some seconds slows every shape alike instead of a few (which would
+    bend the fit). CPU points carry attention and element-wise work apart (the CPU fit
+    prices them on their own); GPU points count attention as GEMM FLOPs."""
+    import torch
     from zoplan.models import dtype_bytes
 
-    points, built = [], {}
-    for hidden, batch, seq in settings.forward_grid:
-        if hidden not in built:
-            built = {hidden: build_block(hidden, max(s for _, _, s in settings.forward_grid),
-                                         dtype=dtype, device=device)}
-        stats = time_forward(built[hidden], batch=batch, seq=seq, repeats=settings.repeats,
-                             device=device, sync=sync)
-        points.append(forward_point(hidden, batch, seq, stats, dtype_bytes=dtype_bytes(dtype)))
-        if tick:
-            tick(f"forward h={hidden} b={batch} s={seq}: {stats['median_s'] * 1e3:.1f} ms")
+    blocks, jobs = {}, []
+    longest = max(s for *_, s in settings.forward_grid)
+    with torch.inference_mode():
+        for family, hidden, batch, seq in settings.forward_grid:
+            if (family, hidden) not in blocks:
+                blocks[(family, hidden)] = build_block(hidden, longest, dtype=dtype,
+                                                       device=device, family=family)
+            parts = blocks[(family, hidden)]
+            ids = torch.randint(0, 64, (batch, seq), device=device)
+            hid, ctx = parts.embed(ids)
+            jobs.append(partial(parts.block_forward, hid, ctx))
+        samples: list[list[float]] = [[] for _ in jobs]
+        for rep in range(settings.repeats + 1):   # the first pass warms up
+            for job, out in zip(jobs, samples):
+                out += time_samples(job, repeats=1, warmup=0 if rep else 1, sync=sync)
+            if tick:
+                tick(f"block forwards: pass {rep + 1}/{settings.repeats + 1} over "
+                     f"{len(jobs)} shapes")
+    points = []
+    for (family, hidden, batch, seq), times in zip(settings.forward_grid, samples):
+        stats = summarize(times[1:] if len(times) > 1 else times)
+        points.append(forward_point(hidden, batch, seq, stats, dtype_bytes=dtype_bytes(dtype),
+                                    family=family, split=settings.device == "cpu"))
     return points
 
 
@@ -408,17 +545,76 @@ def zo_steps(hidden: int, *, device, dtype=None) -> tuple[dict, int]:
         "perturb": lambda: perturb_into(work, theta, z, 1e-3),
     }
     steps["task"] = lambda: [steps[k]() for k in ("z", "update", "z", "perturb")]
+    steps["numels"] = [s.numel for s in specs]
     return steps, n
 
 
 def zo_costs(settings: Settings, *, device, sync=None, dtype=None) -> dict:
     """The update task of zoexec's engine (z for the deferred update, apply_update, z
-    for the new perturbation, perturb_into) and each part alone; ns per block parameter."""
+    for the new perturbation, perturb_into) and each part alone; ns per block parameter.
+    On the CPU also z draws of smaller blocks (-> the z model: a fixed cost per draw
+    and a cost per element of the busiest thread)."""
+    import torch
+    from zoexec.threads import z_makespan
+
     steps, n = zo_steps(settings.zo_hidden, device=device, dtype=dtype)
+    numels = steps.pop("numels")
     out = {"block_params": n, "hidden": settings.zo_hidden}
     for name, fn in steps.items():
         out[name] = summarize(time_samples(fn, repeats=settings.repeats, sync=sync))
     out["ns_per_param"] = out["task"]["median_s"] / n * 1e9
+    if settings.device == "cpu":
+        threads = torch.get_num_threads()
+        draws = []
+        for hidden in settings.z_hiddens:
+            if hidden == settings.zo_hidden:
+                fn, sizes, stats = steps["z"], numels, out["z"]
+            else:
+                small, _ = zo_steps(hidden, device=device, dtype=dtype)
+                fn, sizes = small["z"], small["numels"]
+                stats = summarize(time_samples(fn, repeats=settings.repeats))
+            draws.append({"hidden": hidden, "threads": threads,
+                          "busiest_elems": z_makespan(sizes, threads)[0], **stats})
+        out["z_draws"] = draws
+        out["pass_ns"] = (out["update"]["median_s"] + out["perturb"]["median_s"]) / 2 / n * 1e9
+    return out
+
+
+def fit_z(draws: list[dict]) -> dict:
+    """z_call_us and z_ns_per_elem from z draws of several blocks: time = call +
+    busiest thread's elements x ns (non-negative least squares, relative error)."""
+    ts = [d["median_s"] for d in draws]
+    coef = _wls_nonneg([[1.0] * len(draws), [float(d["busiest_elems"]) for d in draws]], ts)
+    if coef is None:
+        raise ZoError("the z fit failed: z draws do not grow with the block size")
+    return {"z_call_us": coef[0] * 1e6, "z_ns_per_elem": coef[1] * 1e9}
+
+
+# ---- speed check: is this machine as fast now as when it was profiled? -----------------------
+# Reference work of the speed check: a GEMM-bound and a memory-bound block forward (a
+# shared machine's memory-bound work drifts far more than its GEMMs) and a z draw.
+SPEED_CHECKS = {"gemm": {"hidden": 512, "batch": 4, "seq": 128},
+                "memory": {"hidden": 128, "batch": 8, "seq": 512},
+                "z": {"hidden": 256}}
+
+
+def speed_check(*, repeats: int = 5) -> dict:
+    """Under a second of reference work (SPEED_CHECKS) with this process's threads,
+    medians. `zoplan profile` stores one in the profile; `zoexec run --trace` takes one
+    before and after its steps (rank 0 alone, all cores); `zoplan calibrate` compares
+    them, so a machine that got slower is told apart from a wrong prediction."""
+    import torch
+
+    out = {"threads": torch.get_num_threads()}
+    for name, shape in SPEED_CHECKS.items():
+        if name == "z":
+            steps, _ = zo_steps(shape["hidden"], device="cpu")
+            stats = summarize(time_samples(steps["z"], repeats=repeats, warmup=2))
+        else:
+            parts = build_block(shape["hidden"], shape["seq"], dtype="fp32", device="cpu")
+            stats = time_forward(parts, batch=shape["batch"], seq=shape["seq"],
+                                 repeats=repeats, device="cpu")
+        out[name] = {**shape, "median_s": stats["median_s"]}
     return out
 
 
@@ -478,6 +674,7 @@ def measure_cpu(settings: Settings, tick: Callable[[str], None]) -> dict:
     """Everything the CPU profile needs (one rank here, then `ranks` spawned ranks)."""
     import torch
 
+    keep_freed_memory()   # as zoexec's CPU ranks do
     torch.set_num_threads(threads_per_rank(settings.cores, 1))
     m: dict = {"threads_alone": torch.get_num_threads()}
     m["copy_alone"] = [cpu_copy(size, repeats=settings.repeats, store_bytes=settings.store_bytes)
@@ -486,6 +683,7 @@ def measure_cpu(settings: Settings, tick: Callable[[str], None]) -> dict:
     m["forward_alone"] = forward_grid(settings, dtype="fp32", device="cpu", tick=tick)
     m["zo_alone"] = zo_costs(settings, device="cpu")
     tick(f"zo update task: {m['zo_alone']['ns_per_param']:.2f} ns/param")
+    m["speed_check"] = speed_check()
     m["ranks"] = spawn_cpu_ranks(settings) if settings.ranks > 1 else None
     tick(f"{settings.ranks} gloo ranks at once")
     return m
@@ -512,6 +710,7 @@ def _cpu_rank(rank: int, settings: Settings, tmp: str) -> None:
     import torch
     import torch.distributed as dist
 
+    keep_freed_memory()   # as zoexec's CPU ranks do
     threads = threads_per_rank(settings.cores, settings.ranks)
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank,
@@ -519,7 +718,7 @@ def _cpu_rank(rank: int, settings: Settings, tmp: str) -> None:
     guard = Guard(os.getppid(), retries=settings.retries)
     sample = partial(rank_samples, dist=dist, guard=guard)
     try:
-        with torch.inference_mode():
+        with torch.no_grad():   # not inference_mode: the z threads would not inherit it
             out = {"rank": rank, "threads": threads}
             out.update(_rank_copies(settings, sample))
             out["allgather"] = allgather_sweep(settings, dist, device="cpu", sample=sample)
@@ -539,18 +738,64 @@ def _rank_copies(settings: Settings, sample) -> dict:
 
 
 def _rank_compute(settings: Settings, dist, sample) -> dict:
+    """The update task with all ranks at once, and paired samples of a block forward
+    and a z draw: all ranks at once (cores // ranks threads each), then rank 0 alone
+    with all cores while the others wait, in turn, so a machine whose speed drifts
+    between minutes slows both sides of each pair alike (-> the rank scalings)."""
     import torch
+    from zoexec.threads import z_makespan
 
-    hidden, batch, seq = settings.reference_shape
+    family, hidden, batch, seq = settings.reference_shape
     dist.barrier()
-    parts = build_block(hidden, seq, dtype="fp32", device="cpu")
+    parts = build_block(hidden, seq, dtype="fp32", device="cpu", family=family)
     ids = torch.randint(0, 64, (batch, seq))
     hid, ctx = parts.embed(ids)
-    fwd = sample(lambda: parts.block_forward(hid, ctx), repeats=settings.repeats)
     steps, n = zo_steps(settings.zo_hidden, device="cpu")
+    numels = steps.pop("numels")
     task = summarize(sample(steps["task"], repeats=settings.repeats))
-    return {"forward": {"hidden": hidden, "batch": batch, "seq": seq, **summarize(fwd)},
-            "zo": {"ns_per_param": task["median_s"] / n * 1e9, "task": task}}
+    threads = torch.get_num_threads()
+    fwd = _paired(lambda: parts.block_forward(hid, ctx), dist, settings, threads)
+    z = _paired(steps["z"], dist, settings, threads)
+    return {"forward": {"family": family, "hidden": hidden, "batch": batch, "seq": seq,
+                        **fwd},
+            "zo": {"ns_per_param": task["median_s"] / n * 1e9, "task": task},
+            "z": {"hidden": settings.zo_hidden, **z, "threads_together": threads,
+                  "threads_alone": settings.cores,
+                  "busiest_together": z_makespan(numels, threads)[0],
+                  "busiest_alone": z_makespan(numels, settings.cores)[0]}}
+
+
+def _paired(fn: Callable[[], Any], dist, settings: Settings, threads: int) -> dict:
+    """Samples of `fn` on all ranks at once and on rank 0 alone with all cores, in
+    turn (one warm-up pair); rank 0's samples count (every rank runs the same work)."""
+    import torch
+
+    together, alone = [], []
+    rank = dist.get_rank()
+    for index in range(settings.repeats + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        wall = time.perf_counter() - start
+        dist.barrier()
+        if rank == 0:
+            torch.set_num_threads(settings.cores)
+            fn()   # untimed: the z thread pool is rebuilt for the new thread count
+            start = time.perf_counter()
+            fn()
+            alone_s = time.perf_counter() - start
+            torch.set_num_threads(threads)
+            fn()
+        dist.barrier()
+        if index:
+            together.append(wall)
+            if rank == 0:
+                alone.append(alone_s)
+    out = {"together": summarize(together)}
+    if alone:
+        out["alone"] = summarize(alone)
+        out["ratios"] = [t / a for t, a in zip(together, alone)]
+    return out
 
 
 def _barrier_sampler(dist, sync=None):
@@ -778,9 +1023,10 @@ def cpu_profile(m: dict, settings: Settings, *, name: str, date: str, memory: di
     mem_bw = max(h2d, d2h, together["copy_gbps"] if together else 0.0)
     fit = fit_compute(m["forward_alone"], mem_gbps=2 * h2d)
     k, threads = settings.ranks, m["threads_alone"]
-    scaling = rank_scaling(alone_s=_reference_alone(m, settings), ranks=k,
-                           together_s=together["forward_s"], overhead_s=fit["overhead_us"] * 1e-6) \
-        if together else 1.0
+    zfit = fit_z(m["zo_alone"]["z_draws"])
+    scaling = paired_rank_scaling(ranks, overhead_s=fit["overhead_us"] * 1e-6) \
+        if ranks else 1.0
+    z_scaling = paired_z_scaling(ranks, call_s=zfit["z_call_us"] * 1e-6) if ranks else 1.0
     zo_scaling = k * m["zo_alone"]["ns_per_param"] / together["zo_ns_per_param"] \
         if together else 1.0
     coll = together["collective"] if together else _single_rank_collective()
@@ -789,7 +1035,7 @@ def cpu_profile(m: dict, settings: Settings, *, name: str, date: str, memory: di
     if not together:
         for key in ("collective.latency_us", "collective.allreduce_small_us",
                     "collective.allgather_busbw", "fabric.p2p_gbps", "host.mem_bw_gbps",
-                    "compute.rank_scaling", "compute.zo_rank_scaling"):
+                    "compute.rank_scaling", "compute.zo_rank_scaling", "compute.z_rank_scaling"):
             sources[key] = "[D] one rank: nothing shared, no collectives measured"
     coll_net = coll["allgather_busbw"][-1][1]
     return {
@@ -807,13 +1053,16 @@ def cpu_profile(m: dict, settings: Settings, *, name: str, date: str, memory: di
         "fabric": {"kind": "shm", "p2p_gbps": coll_net},
         "collective": coll,
         "network": {"gbps": coll_net, "latency_us": coll["latency_us"]},
-        "compute": {"peak_tflops": _r(fit["peak_tflops"]), "mem_gbps": _r(fit["mem_gbps"]),
-                    "m_half_tokens": round(fit["m_half_tokens"], 2),
-                    "overhead_us": round(fit["overhead_us"], 2),
+        "compute": {**fit_figures(fit), "mem_gbps": _r(fit["mem_gbps"]),
                     "zo_ns_per_param": _r(m["zo_alone"]["ns_per_param"]),
-                    "rank_scaling": _r(scaling), "zo_rank_scaling": _r(zo_scaling)},
+                    "rank_scaling": _r(scaling), "zo_rank_scaling": _r(zo_scaling),
+                    **fit_figures(fit), "z_call_us": round(zfit["z_call_us"], 2),
+                    "z_ns_per_elem": _r(zfit["z_ns_per_elem"]),
+                    "zo_pass_ns": _r(m["zo_alone"]["pass_ns"]),
+                    "z_rank_scaling": _r(z_scaling)},
         "sources": sources,
-        "measurements": {**m, "fit": fit, "together": together},
+        "measurements": {**m, "fit": fit, "z_fit": zfit, "together": together},
+        "speed_check": m["speed_check"],
     }
 
 
@@ -853,8 +1102,18 @@ def _cpu_sources(settings: Settings, *, threads: int, fit: dict, date: str,
         "compute.mem_gbps": f"{c}2 x the one-rank copy rate (read + write)",
         "compute.zo_ns_per_param": f"{c}zoexec update task (z, apply_update, z, perturb_into) on an "
                                    f"OPT block of hidden {settings.zo_hidden}, {threads} threads",
-        "compute.rank_scaling": f"{c}forward h={settings.reference_shape[0]} on 1 rank vs {k} ranks "
-                                "at once (cores // ranks threads each)",
+        "compute.rank_scaling": f"{c}forward of an {settings.reference_shape[0]} block "
+                                f"h={settings.reference_shape[1]}: {k} ranks at once (cores // ranks "
+                                "threads each) and rank 0 alone (all cores) in turn, median of the pairs",
+        "compute.attn_tflops": f"{c}same fit (attention FLOPs apart from the GEMMs)",
+        "compute.elem_ns": f"{c}same fit (element-wise operator outputs, zoplan.models)",
+        "compute.z_ns_per_elem": f"{c}z draws (zoexec.zo.z_block) of OPT blocks h={'/'.join(map(str, settings.z_hiddens))}, "
+                                 f"{threads} threads: per element of the busiest thread",
+        "compute.z_call_us": f"{c}same fit (fixed cost of a z draw)",
+        "compute.zo_pass_ns": f"{c}apply_update and perturb_into over an OPT block of hidden "
+                              f"{settings.zo_hidden}, {threads} threads: per element and pass",
+        "compute.z_rank_scaling": f"{c}z draws, {k} ranks at once and rank 0 alone in turn: "
+                                  "per-element speed of the busiest thread, together / alone",
         "compute.zo_rank_scaling": f"{c}update task on 1 rank vs {k} ranks at once",
     }
 
@@ -864,19 +1123,13 @@ def _r(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def _reference_alone(m: dict, settings: Settings) -> float:
-    h, b, s = settings.reference_shape
-    return next(p["median_s"] for p in m["forward_alone"]
-                if (p["hidden"], p["batch"], p["seq"]) == (h, b, s))
-
-
 def _cpu_together(ranks: dict, settings: Settings) -> dict:
     """Figures of the k ranks that ran at once: copy sum, forward and zo medians,
     collectives (rank 0's view)."""
     per = ranks["per_rank"]
     copy = sum(gbps(r["copy_bytes"], r["h2d"]["median_s"]) for r in per)
     return {"copy_gbps": copy,
-            "forward_s": statistics.median(r["forward"]["median_s"] for r in per),
+            "forward_s": statistics.median(r["forward"]["together"]["median_s"] for r in per),
             "zo_ns_per_param": statistics.median(r["zo"]["ns_per_param"] for r in per),
             "collective": collective_figures(per[0]["allgather"], per[0]["allreduce"],
                                              settings.ranks)}
@@ -949,9 +1202,7 @@ def cuda_profile(m: dict, settings: Settings, *, name: str, date: str, memory: d
         "fabric": fabric,
         "collective": coll,
         "network": {"gbps": 50.0, "latency_us": 20.0},
-        "compute": {"peak_tflops": _r(fit["peak_tflops"]), "mem_gbps": _r(fit["mem_gbps"]),
-                    "m_half_tokens": round(fit["m_half_tokens"], 2),
-                    "overhead_us": round(fit["overhead_us"], 2),
+        "compute": {**fit_figures(fit), "mem_gbps": _r(fit["mem_gbps"]),
                     "zo_ns_per_param": _r(m["zo_alone"]["ns_per_param"]), "rank_scaling": 1.0},
         "sources": sources,
         "measurements": {**m, "fit": fit},
@@ -1071,7 +1322,11 @@ def combine_rounds(datas: list[dict]) -> dict:
     table = data["collective"]["allgather_busbw"]
     for i, entry in enumerate(table):
         entry[1] = _r(statistics.median(d["collective"]["allgather_busbw"][i][1] for d in datas))
-    _refit_rounds(data, [d["measurements"]["forward_alone"] for d in datas])
+    _refit_rounds(data, datas)
+    if all("speed_check" in d for d in datas):
+        for name in SPEED_CHECKS:
+            data["speed_check"][name]["median_s"] = statistics.median(
+                d["speed_check"][name]["median_s"] for d in datas)
     for key, note in data["sources"].items():
         if note.startswith("[M]"):
             data["sources"][key] = f"{note} (median of {len(datas)} rounds)"
@@ -1082,16 +1337,21 @@ def combine_rounds(datas: list[dict]) -> dict:
     return data
 
 
-def _refit_rounds(data: dict, grids: list[list[dict]]) -> None:
+def _refit_rounds(data: dict, datas: list[dict]) -> None:
     """The compute fit's figures belong together: fit once on each shape's median
-    time over the rounds (not a median of each fitted figure)."""
+    time over the rounds (not a median of each fitted figure); the same for z."""
+    grids = [d["measurements"]["forward_alone"] for d in datas]
     points = [dict(p, median_s=statistics.median(g[i]["median_s"] for g in grids))
               for i, p in enumerate(grids[0])]
     fit = fit_compute(points, mem_gbps=data["compute"]["mem_gbps"])
-    data["compute"].update(peak_tflops=_r(fit["peak_tflops"]),
-                           m_half_tokens=round(fit["m_half_tokens"], 2),
-                           overhead_us=round(fit["overhead_us"], 2))
+    data["compute"].update(fit_figures(fit))
     data["measurements_fit"] = fit
+    draws = [d["measurements"].get("zo_alone", {}).get("z_draws") for d in datas]
+    if all(draws):   # the z model's two figures belong together too
+        zfit = fit_z([dict(p, median_s=statistics.median(g[i]["median_s"] for g in draws))
+                      for i, p in enumerate(draws[0])])
+        data["compute"].update(z_call_us=round(zfit["z_call_us"], 2),
+                               z_ns_per_elem=_r(zfit["z_ns_per_elem"]))
 
 
 def build_profile(rounds: list[dict], settings: Settings, *, name: str | None, date: str,
@@ -1150,7 +1410,8 @@ def render_summary(profile: HardwareProfile, path: Path, console) -> None:
             ("collective.allreduce_small_us", profile.collective["allreduce_small_us"])]
     rows += [(f"compute.{k}", profile.compute[k]) for k in
              ("peak_tflops", "m_half_tokens", "overhead_us", "mem_gbps", "zo_ns_per_param",
-              "rank_scaling", "zo_rank_scaling") if k in profile.compute]
+              "rank_scaling", "zo_rank_scaling", "attn_tflops", "elem_ns", "z_ns_per_elem",
+              "z_call_us", "zo_pass_ns", "z_rank_scaling") if k in profile.compute]
     for key, value in rows:
         how = re.sub(r"^\[M\] zoplan profile \S+ ", "", profile.sources.get(key, ""))
         table.add_row(key, f"{value:g}", how)
