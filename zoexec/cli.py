@@ -13,7 +13,10 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from zoexec.threads import quiet_openmp
 from zoplan.errors import EXIT_USER_ERROR, ZoError
+
+quiet_openmp()   # before torch is imported: the ranks inherit it
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Execute a zoplan plan: MeZO fine-tuning with blocks streamed from host memory.")

@@ -76,3 +76,13 @@ def keep_freed_memory() -> bool:
         return False
     return all(mallopt(param, value) == 1 for param, value in
                ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_TOP_PAD, 64 << 20)))
+
+
+def quiet_openmp() -> None:
+    """OMP_WAIT_POLICY=PASSIVE for this process and the ranks it starts, unless the user
+    chose a policy: torch's OpenMP workers then sleep when a parallel region ends
+    instead of spinning on the cores that zoexec's z threads need next (a z draw of an
+    OPT h=512 block right after a torch op took 16-20 ms spinning, 10 ms passive, on a
+    2-core VM; block forwards were no slower). Takes effect only if torch (libgomp) is
+    not loaded yet: call it before importing torch."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

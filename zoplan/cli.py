@@ -89,6 +89,9 @@ def profile_cmd(
     cpu: Annotated[bool, typer.Option("--cpu", help="Profile the CPU/gloo path even where CUDA exists")] = False,
 ) -> None:
     """Measure this machine (CUDA GPUs, or gloo ranks on the CPU) into a hardware profile."""
+    from zoexec.threads import quiet_openmp
+
+    quiet_openmp()   # as zoexec runs its ranks (before torch is imported)
     from zoplan.profile import profile_command
     profile_command(output=output, name=name, ranks=ranks, repeats=repeats, quick=quick,
                     force_cpu=cpu, console=console)

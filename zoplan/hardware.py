@@ -36,7 +36,9 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
   The z model replaces zo_ns_per_param: one z draw costs z_call_us + the busiest
   thread's elements x z_ns_per_elem (z chunks are spread over a rank's
   cores // local_ranks threads, zoexec.threads), times 1 / z_rank_scaling with several
-  ranks; each perturb or update pass costs zo_pass_ns per element.
+  ranks; each perturb or update pass costs zo_pass_ns per element. With several ranks
+  the attention and element-wise terms share the host by compute.mem_rank_scaling
+  (memory-bound work shares cores worse than GEMMs), the GEMMs by rank_scaling.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ _NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens"
 _OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check"}
 _OPTIONAL_NUMBERS = ("compute.zo_rank_scaling", "compute.attn_tflops", "compute.elem_ns",
                      "compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns",
-                     "compute.z_rank_scaling")   # checked (> 0) when present
+                     "compute.z_rank_scaling", "compute.mem_rank_scaling")   # > 0 when present
 _Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")
 
 
@@ -143,13 +145,14 @@ class HardwareProfile:
         dispatch cost of one block forward)."""
         c = self.compute
         share = self.compute_share(local_ranks)
+        mem_share = self.compute_share(local_ranks, key="mem_rank_scaling")
         eff = tokens / (tokens + c["m_half_tokens"]) if tokens > 0 else 1.0
         attn_rate = c.get("attn_tflops")
         gemm = flops if attn_rate else flops + attn_flops
         t = max(gemm / (c["peak_tflops"] * 1e12 * eff * share), weight_bytes / (c["mem_gbps"] * 1e9))
         if attn_rate:
-            t += attn_flops / (attn_rate * 1e12 * share)
-        t += elems * c.get("elem_ns", 0.0) * 1e-9 / share
+            t += attn_flops / (attn_rate * 1e12 * mem_share)
+        t += elems * c.get("elem_ns", 0.0) * 1e-9 / mem_share
         return overhead_share * c["overhead_us"] * 1e-6 + t
 
     @property
@@ -178,7 +181,8 @@ class HardwareProfile:
 
     def pass_time_s(self, num_elems: float, local_ranks: int = 1) -> float:
         """One element-wise pass of the zo maths (perturb or update) over `num_elems`."""
-        return num_elems * self.compute["zo_pass_ns"] * 1e-9 / self.compute_share(local_ranks)
+        share = self.compute_share(local_ranks, key="mem_rank_scaling")
+        return num_elems * self.compute["zo_pass_ns"] * 1e-9 / share
 
     def compute_share(self, local_ranks: int, key: str = "rank_scaling") -> float:
         """Fraction of the device's compute one rank gets (1 on GPUs); `key` names the

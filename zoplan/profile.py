@@ -399,6 +399,27 @@ def paired_rank_scaling(measured: dict, *, overhead_s: float) -> float:
                              for a, t in pairs)
 
 
+def paired_mem_scaling(measured: dict, *, fit: dict, gemm_scaling: float) -> float:
+    """compute.mem_rank_scaling from rank 0's paired memory-bound forwards: the fit
+    splits the shape's time alone into dispatch, GEMM and attention + element-wise
+    parts; with the GEMMs shared by `gemm_scaling`, the scaling of the rest that
+    explains the time with all ranks at once (median over pairs)."""
+    k = len(measured["per_rank"])
+    fwd = measured["per_rank"][0]["forward_memory"]
+    point = forward_point(fwd["hidden"], fwd["batch"], fwd["seq"], {}, dtype_bytes=4)
+    over = fit["overhead_us"] * 1e-6
+    gemm = point["flops"] * (point["tokens"] + fit["m_half_tokens"]) / point["tokens"] \
+        / (fit["peak_tflops"] * 1e12)
+    rest = point["attn_flops"] / (fit.get("attn_tflops", 1e6) * 1e12) \
+        + point["elems"] * fit.get("elem_ns", 0.0) * 1e-9
+    out = []
+    for alone, together in zip(fwd["alone"]["samples_s"], fwd["together"]["samples_s"]):
+        scale = (alone - over) / (gemm + rest) if gemm + rest > 0 else 1.0  # the pair's speed
+        left = together - over - gemm * scale * k / gemm_scaling
+        out.append(k * rest * scale / left if left > 0 and rest > 0 else float(k))
+    return max(0.05, min(float(k), statistics.median(out)))
+
+
 def paired_z_scaling(measured: dict, *, call_s: float) -> float:
     """compute.z_rank_scaling from rank 0's paired z draws: per-element speed of the
     busiest thread with all ranks at once over that of one rank alone (median over
@@ -565,14 +586,17 @@ def zo_costs(settings: Settings, *, device, sync=None, dtype=None) -> dict:
     out["ns_per_param"] = out["task"]["median_s"] / n * 1e9
     if settings.device == "cpu":
         threads = torch.get_num_threads()
+        kick = torch.ones(1 << 20)
         draws = []
         for hidden in settings.z_hiddens:
-            if hidden == settings.zo_hidden:
-                fn, sizes, stats = steps["z"], numels, out["z"]
-            else:
+            # in a run a z draw follows a copy or a pass (torch's OpenMP threads still
+            # spinning on the cores the z threads need): time it so, not cold
+            fn, sizes = steps["z"], numels
+            if hidden != settings.zo_hidden:
                 small, _ = zo_steps(hidden, device=device, dtype=dtype)
                 fn, sizes = small["z"], small["numels"]
-                stats = summarize(time_samples(fn, repeats=settings.repeats))
+            stats = summarize(time_samples(fn, repeats=settings.repeats,
+                                           before=lambda: kick.mul_(1.0)))
             draws.append({"hidden": hidden, "threads": threads,
                           "busiest_elems": z_makespan(sizes, threads)[0], **stats})
         out["z_draws"] = draws
@@ -755,9 +779,14 @@ def _rank_compute(settings: Settings, dist, sample) -> dict:
     task = summarize(sample(steps["task"], repeats=settings.repeats))
     threads = torch.get_num_threads()
     fwd = _paired(lambda: parts.block_forward(hid, ctx), dist, settings, threads)
+    mem = SPEED_CHECKS["memory"]   # a memory-bound forward: attention, element-wise work
+    small = build_block(mem["hidden"], mem["seq"], dtype="fp32", device="cpu")
+    m_hid, m_ctx = small.embed(torch.randint(0, 64, (mem["batch"], mem["seq"])))
+    fwd_mem = _paired(lambda: small.block_forward(m_hid, m_ctx), dist, settings, threads)
     z = _paired(steps["z"], dist, settings, threads)
     return {"forward": {"family": family, "hidden": hidden, "batch": batch, "seq": seq,
                         **fwd},
+            "forward_memory": {"family": "opt", **mem, **fwd_mem},
             "zo": {"ns_per_param": task["median_s"] / n * 1e9, "task": task},
             "z": {"hidden": settings.zo_hidden, **z, "threads_together": threads,
                   "threads_alone": settings.cores,
@@ -1026,6 +1055,7 @@ def cpu_profile(m: dict, settings: Settings, *, name: str, date: str, memory: di
     zfit = fit_z(m["zo_alone"]["z_draws"])
     scaling = paired_rank_scaling(ranks, overhead_s=fit["overhead_us"] * 1e-6) \
         if ranks else 1.0
+    mem_scaling = paired_mem_scaling(ranks, fit=fit, gemm_scaling=scaling) if ranks else 1.0
     z_scaling = paired_z_scaling(ranks, call_s=zfit["z_call_us"] * 1e-6) if ranks else 1.0
     zo_scaling = k * m["zo_alone"]["ns_per_param"] / together["zo_ns_per_param"] \
         if together else 1.0
@@ -1035,7 +1065,8 @@ def cpu_profile(m: dict, settings: Settings, *, name: str, date: str, memory: di
     if not together:
         for key in ("collective.latency_us", "collective.allreduce_small_us",
                     "collective.allgather_busbw", "fabric.p2p_gbps", "host.mem_bw_gbps",
-                    "compute.rank_scaling", "compute.zo_rank_scaling", "compute.z_rank_scaling"):
+                    "compute.rank_scaling", "compute.zo_rank_scaling", "compute.z_rank_scaling",
+                    "compute.mem_rank_scaling"):
             sources[key] = "[D] one rank: nothing shared, no collectives measured"
     coll_net = coll["allgather_busbw"][-1][1]
     return {
@@ -1059,7 +1090,7 @@ def cpu_profile(m: dict, settings: Settings, *, name: str, date: str, memory: di
                     **fit_figures(fit), "z_call_us": round(zfit["z_call_us"], 2),
                     "z_ns_per_elem": _r(zfit["z_ns_per_elem"]),
                     "zo_pass_ns": _r(m["zo_alone"]["pass_ns"]),
-                    "z_rank_scaling": _r(z_scaling)},
+                    "z_rank_scaling": _r(z_scaling), "mem_rank_scaling": _r(mem_scaling)},
         "sources": sources,
         "measurements": {**m, "fit": fit, "z_fit": zfit, "together": together},
         "speed_check": m["speed_check"],
@@ -1114,6 +1145,10 @@ def _cpu_sources(settings: Settings, *, threads: int, fit: dict, date: str,
                               f"{settings.zo_hidden}, {threads} threads: per element and pass",
         "compute.z_rank_scaling": f"{c}z draws, {k} ranks at once and rank 0 alone in turn: "
                                   "per-element speed of the busiest thread, together / alone",
+        "compute.mem_rank_scaling": f"{c}a memory-bound OPT block forward (h={SPEED_CHECKS['memory']['hidden']}, "
+                                    f"{SPEED_CHECKS['memory']['batch']}x{SPEED_CHECKS['memory']['seq']} tokens), "
+                                    f"{k} ranks at once and rank 0 alone in turn: the rank scaling "
+                                    "of its attention and element-wise parts",
         "compute.zo_rank_scaling": f"{c}update task on 1 rank vs {k} ranks at once",
     }
 
@@ -1411,7 +1446,8 @@ def render_summary(profile: HardwareProfile, path: Path, console) -> None:
     rows += [(f"compute.{k}", profile.compute[k]) for k in
              ("peak_tflops", "m_half_tokens", "overhead_us", "mem_gbps", "zo_ns_per_param",
               "rank_scaling", "zo_rank_scaling", "attn_tflops", "elem_ns", "z_ns_per_elem",
-              "z_call_us", "zo_pass_ns", "z_rank_scaling") if k in profile.compute]
+              "z_call_us", "zo_pass_ns", "z_rank_scaling", "mem_rank_scaling")
+             if k in profile.compute]
     for key, value in rows:
         how = re.sub(r"^\[M\] zoplan profile \S+ ", "", profile.sources.get(key, ""))
         table.add_row(key, f"{value:g}", how)
