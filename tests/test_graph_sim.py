@@ -201,7 +201,8 @@ def _measured_cpu(**extra):
 
     data = fixture("cpu4").to_dict()
     data["compute"].update({"attn_tflops": 0.05, "elem_ns": 0.5, "z_ns_per_elem": 5.0,
-                            "z_call_us": 400.0, "zo_pass_ns": 0.3, "z_rank_scaling": 1.25,
+                            "z_call_us": 400.0, "z_chunk_us": 20.0, "zo_pass_ns": 0.3,
+                            "z_rank_scaling": 1.25,
                             **extra})
     return HardwareProfile.from_dict(data)
 
@@ -213,8 +214,8 @@ def test_measured_cpu_task_times_follow_the_schedule():
     hw, model = _measured_cpu(), get_model("tiny-opt")
     wl = Workload(batch=8, seq=64, param_dtype="fp32", compute_dtype="fp32")
     t = task_times(model=model, profile=hw, workload=wl, tokens=512, streams=2, local_ranks=1)
-    busiest, _ = z_makespan(model.block_tensor_numels(), 4)   # 4 cores, one rank
-    z = 400e-6 + busiest * 5e-9
+    busiest, chunks = z_makespan(model.block_tensor_numels(), 4)   # 4 cores, one rank
+    z = 400e-6 + chunks * 20e-6 + busiest * 5e-9
     passes = model.block_params * 0.3e-9
     assert t["update_s"] == pytest.approx(2 * (z + passes))
     one = hw.forward_time_s(flops=512 * model.block_gemm_flops_per_token(),
@@ -227,7 +228,7 @@ def test_measured_cpu_task_times_follow_the_schedule():
                                    weight_bytes=model.block_params * 4, tokens=512)
     # 4 ranks of one thread: no thread pool, the whole block on one thread, 1.25x faster
     t4 = task_times(model=model, profile=hw, workload=wl, tokens=512, streams=1, local_ranks=4)
-    z4 = model.block_params * 5e-9 / 1.25
+    z4 = len(model.block_tensor_numels()) * 20e-6 + model.block_params * 5e-9 / 1.25
     assert t4["update_s"] == pytest.approx(2 * (z4 + hw.pass_time_s(model.block_params, 4)))
 
 

@@ -245,6 +245,7 @@ def drifted_profile(profile: HardwareProfile, *, gemm: float, memory: float,
             c[key] /= ratio
     for key, ratio in (("overhead_us", memory if has_terms else gemm), ("elem_ns", memory),
                        ("zo_ns_per_param", z), ("z_ns_per_elem", z), ("z_call_us", z),
+                       ("z_chunk_us", z),
                        ("zo_pass_ns", memory)):
         if key in c:
             c[key] *= ratio

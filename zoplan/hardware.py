@@ -33,8 +33,9 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
   attn_tflops prices attention FLOPs apart from the GEMMs (flash attention on the CPU
   runs well below the GEMM rate), and elem_ns the element-wise operators (norms, bias
   broadcasts, activations, the loss) per output element (zoplan.models *_elems_*).
-  The z model replaces zo_ns_per_param: one z draw costs z_call_us + the busiest
-  thread's elements x z_ns_per_elem (z chunks are spread over a rank's
+  The z model replaces zo_ns_per_param: one z draw costs z_call_us (with a thread
+  pool) + the busiest thread's chunks x z_chunk_us + its elements x z_ns_per_elem
+  (z chunks are spread over a rank's
   cores // local_ranks threads, zoexec.threads), times 1 / z_rank_scaling with several
   ranks; each perturb or update pass costs zo_pass_ns per element. With several ranks
   the attention and element-wise terms share the host by compute.mem_rank_scaling
@@ -69,11 +70,12 @@ _REQUIRED = {
                 "zo_ns_per_param", "rank_scaling"),
 }
 _NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens",
-           "compute.elem_ns", "compute.z_call_us"}
+           "compute.elem_ns", "compute.z_call_us", "compute.z_chunk_us"}
 _OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check"}
 _OPTIONAL_NUMBERS = ("compute.zo_rank_scaling", "compute.attn_tflops", "compute.elem_ns",
                      "compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns",
-                     "compute.z_rank_scaling", "compute.mem_rank_scaling")   # > 0 when present
+                     "compute.z_rank_scaling", "compute.mem_rank_scaling",
+                     "compute.z_chunk_us")   # > 0 when present
 _Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")
 
 
@@ -174,10 +176,11 @@ class HardwareProfile:
 
         c = self.compute
         threads = threads_per_rank(self.host["cores"], local_ranks)
-        elems, _ = z_makespan(tensor_numels, threads)
+        elems, chunks = z_makespan(tensor_numels, threads)
         scale = c.get("z_rank_scaling", 1.0) if self.is_cpu and local_ranks > 1 else 1.0
         call = c["z_call_us"] * 1e-6 if min(threads, len(tensor_numels)) > 1 else 0.0
-        return call + elems * c["z_ns_per_elem"] * 1e-9 / scale
+        return (call + chunks * c.get("z_chunk_us", 0.0) * 1e-6
+                + elems * c["z_ns_per_elem"] * 1e-9 / scale)
 
     def pass_time_s(self, num_elems: float, local_ranks: int = 1) -> float:
         """One element-wise pass of the zo maths (perturb or update) over `num_elems`."""

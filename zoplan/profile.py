@@ -597,21 +597,40 @@ def zo_costs(settings: Settings, *, device, sync=None, dtype=None) -> dict:
                 fn, sizes = small["z"], small["numels"]
             stats = summarize(time_samples(fn, repeats=settings.repeats,
                                            before=lambda: kick.mul_(1.0)))
-            draws.append({"hidden": hidden, "threads": threads,
-                          "busiest_elems": z_makespan(sizes, threads)[0], **stats})
+            busiest, chunks = z_makespan(sizes, threads)
+            draws.append({"hidden": hidden, "threads": threads, "busiest_elems": busiest,
+                          "busiest_chunks": chunks, **stats})
         out["z_draws"] = draws
+        out["z_chunk"] = z_chunk_cost(repeats=settings.repeats)
         out["pass_ns"] = (out["update"]["median_s"] + out["perturb"]["median_s"]) / 2 / n * 1e9
     return out
 
 
-def fit_z(draws: list[dict]) -> dict:
-    """z_call_us and z_ns_per_elem from z draws of several blocks: time = call +
-    busiest thread's elements x ns (non-negative least squares, relative error)."""
-    ts = [d["median_s"] for d in draws]
+def z_chunk_cost(*, repeats: int, tensors: int = 256) -> dict:
+    """The fixed cost of one z chunk (seeding a generator, slicing, the call): a z draw
+    over `tensors` tiny tensors on one thread, per tensor."""
+    import torch
+    from zoexec.zo import z_block
+
+    specs = [(16 * i, 16) for i in range(tensors)]
+    out = torch.empty(16 * tensors)
+    stats = summarize(time_samples(lambda: z_block(3, 0, specs, out=out, num_threads=1),
+                                   repeats=repeats, warmup=2))
+    return {"tensors": tensors, **stats, "us_per_chunk": stats["median_s"] / tensors * 1e6}
+
+
+def fit_z(draws: list[dict], *, chunk_us: float = 0.0) -> dict:
+    """z_call_us and z_ns_per_elem from z draws of several blocks, less the busiest
+    thread's chunks x chunk_us: time = call + elements x ns (non-negative least
+    squares, relative error)."""
+    ts = [d["median_s"] - d.get("busiest_chunks", 0) * chunk_us * 1e-6 for d in draws]
+    if min(ts) <= 0:
+        ts = [d["median_s"] for d in draws]
+        chunk_us = 0.0
     coef = _wls_nonneg([[1.0] * len(draws), [float(d["busiest_elems"]) for d in draws]], ts)
     if coef is None:
         raise ZoError("the z fit failed: z draws do not grow with the block size")
-    return {"z_call_us": coef[0] * 1e6, "z_ns_per_elem": coef[1] * 1e9}
+    return {"z_call_us": coef[0] * 1e6, "z_ns_per_elem": coef[1] * 1e9, "z_chunk_us": chunk_us}
 
 
 # ---- speed check: is this machine as fast now as when it was profiled? -----------------------
@@ -1052,7 +1071,7 @@ def cpu_profile(m: dict, settings: Settings, *, name: str, date: str, memory: di
     mem_bw = max(h2d, d2h, together["copy_gbps"] if together else 0.0)
     fit = fit_compute(m["forward_alone"], mem_gbps=2 * h2d)
     k, threads = settings.ranks, m["threads_alone"]
-    zfit = fit_z(m["zo_alone"]["z_draws"])
+    zfit = fit_z(m["zo_alone"]["z_draws"], chunk_us=m["zo_alone"]["z_chunk"]["us_per_chunk"])
     scaling = paired_rank_scaling(ranks, overhead_s=fit["overhead_us"] * 1e-6) \
         if ranks else 1.0
     mem_scaling = paired_mem_scaling(ranks, fit=fit, gemm_scaling=scaling) if ranks else 1.0
@@ -1088,6 +1107,7 @@ def cpu_profile(m: dict, settings: Settings, *, name: str, date: str, memory: di
                     "zo_ns_per_param": _r(m["zo_alone"]["ns_per_param"]),
                     "rank_scaling": _r(scaling), "zo_rank_scaling": _r(zo_scaling),
                     **fit_figures(fit), "z_call_us": round(zfit["z_call_us"], 2),
+                    "z_chunk_us": round(zfit["z_chunk_us"], 3),
                     "z_ns_per_elem": _r(zfit["z_ns_per_elem"]),
                     "zo_pass_ns": _r(m["zo_alone"]["pass_ns"]),
                     "z_rank_scaling": _r(z_scaling), "mem_rank_scaling": _r(mem_scaling)},
@@ -1140,7 +1160,8 @@ def _cpu_sources(settings: Settings, *, threads: int, fit: dict, date: str,
         "compute.elem_ns": f"{c}same fit (element-wise operator outputs, zoplan.models)",
         "compute.z_ns_per_elem": f"{c}z draws (zoexec.zo.z_block) of OPT blocks h={'/'.join(map(str, settings.z_hiddens))}, "
                                  f"{threads} threads: per element of the busiest thread",
-        "compute.z_call_us": f"{c}same fit (fixed cost of a z draw)",
+        "compute.z_call_us": f"{c}same fit (handing the chunks to the thread pool)",
+        "compute.z_chunk_us": f"{c}z draw over 256 tiny tensors on one thread, per chunk",
         "compute.zo_pass_ns": f"{c}apply_update and perturb_into over an OPT block of hidden "
                               f"{settings.zo_hidden}, {threads} threads: per element and pass",
         "compute.z_rank_scaling": f"{c}z draws, {k} ranks at once and rank 0 alone in turn: "
@@ -1382,11 +1403,14 @@ def _refit_rounds(data: dict, datas: list[dict]) -> None:
     data["compute"].update(fit_figures(fit))
     data["measurements_fit"] = fit
     draws = [d["measurements"].get("zo_alone", {}).get("z_draws") for d in datas]
-    if all(draws):   # the z model's two figures belong together too
+    if all(draws):   # the z model's figures belong together too
+        chunk = statistics.median(d["measurements"]["zo_alone"]["z_chunk"]["us_per_chunk"]
+                                  for d in datas)
         zfit = fit_z([dict(p, median_s=statistics.median(g[i]["median_s"] for g in draws))
-                      for i, p in enumerate(draws[0])])
+                      for i, p in enumerate(draws[0])], chunk_us=chunk)
         data["compute"].update(z_call_us=round(zfit["z_call_us"], 2),
-                               z_ns_per_elem=_r(zfit["z_ns_per_elem"]))
+                               z_ns_per_elem=_r(zfit["z_ns_per_elem"]),
+                               z_chunk_us=round(zfit["z_chunk_us"], 3))
 
 
 def build_profile(rounds: list[dict], settings: Settings, *, name: str | None, date: str,
@@ -1446,7 +1470,7 @@ def render_summary(profile: HardwareProfile, path: Path, console) -> None:
     rows += [(f"compute.{k}", profile.compute[k]) for k in
              ("peak_tflops", "m_half_tokens", "overhead_us", "mem_gbps", "zo_ns_per_param",
               "rank_scaling", "zo_rank_scaling", "attn_tflops", "elem_ns", "z_ns_per_elem",
-              "z_call_us", "zo_pass_ns", "z_rank_scaling", "mem_rank_scaling")
+              "z_call_us", "z_chunk_us", "zo_pass_ns", "z_rank_scaling", "mem_rank_scaling")
              if k in profile.compute]
     for key, value in rows:
         how = re.sub(r"^\[M\] zoplan profile \S+ ", "", profile.sources.get(key, ""))
