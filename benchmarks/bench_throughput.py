@@ -23,7 +23,10 @@ import argparse
 import statistics
 import time
 
-import torch
+from zoexec.threads import quiet_openmp
+
+quiet_openmp()   # as `zoexec run` starts its ranks (both loops run in this process)
+import torch  # noqa: E402
 
 from zoexec.data import SyntheticTask
 from zoexec.engine import RunConfig

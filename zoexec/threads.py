@@ -53,16 +53,18 @@ def z_makespan(tensor_numels: list[int], threads: int) -> tuple[int, int]:
 
 
 # ---- the host allocator of a CPU rank -------------------------------------------------------
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4   # glibc mallopt parameters
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3   # glibc mallopt parameters
 
 
 def keep_freed_memory() -> bool:
-    """glibc only: serve every allocation from the heap (no mmap) and keep freed memory
-    (no trimming), so the activations a CPU rank allocates and frees on every block
-    (tens of MB) are reused instead of page-faulted in again: a tiny-opt block forward
-    over 8192 tokens took 8,160 page faults and 58-62 ms without, 0 and 44-49 ms with
-    (2-core VM). The rank's memory stays at its peak instead. False where there is no
-    glibc (the setting is simply not applied)."""
+    """glibc only: serve allocations up to 32 MiB from the heap (a fixed mmap threshold)
+    and return freed heap memory to the OS only beyond 128 MiB, so the activations a
+    CPU rank allocates and frees on every block (tens of MB) are reused instead of
+    page-faulted in again: a tiny-opt block forward over 8192 tokens took 8,160 page
+    faults and 58-62 ms without, 0 and 44-50 ms with (2-core VM). It costs a rank up to
+    that much retained memory (opt-125m, 2 ranks: 590-632 MiB private per rank against
+    556 MiB of buffers; keeping everything, no trimming at all, cost 790-851 MiB).
+    False where there is no glibc (the setting is simply not applied)."""
     import ctypes
     import ctypes.util
 
@@ -75,7 +77,8 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return all(mallopt(param, value) == 1 for param, value in
-               ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_TOP_PAD, 64 << 20)))
+               ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 128 << 20),
+                (_M_TOP_PAD, 16 << 20)))
 
 
 def quiet_openmp() -> None:
