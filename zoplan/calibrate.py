@@ -523,10 +523,14 @@ def step_line(cal: Calibration) -> str:
 def render(cal: Calibration, console) -> None:
     from rich.table import Table
 
+    from rich import box
+
     table = Table(title=f"predicted vs measured, ms: {cal.plan_label} ({cal.device_kind}, "
                         f"steps {cal.steps_used[0]}-{cal.steps_used[-1]})",
-                  caption="task: median per task; busy: per rank per step; gap: pred - meas")
-    for col in ("kind", "n/step", "task pred", "task meas", "error", "busy pred",
+                  caption="n: tasks per rank per step; task: median per task; busy: per rank "
+                          "per step; gap: pred - meas",
+                  box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False)  # fits 80 cols
+    for col in ("kind", "n", "task pred", "task meas", "error", "busy pred",
                 "busy meas", "gap"):
         table.add_column(col, justify="left" if col == "kind" else "right", no_wrap=True)
     for r in cal.rows:
@@ -553,7 +557,9 @@ def contributors_text(cal: Calibration, top: int = 3) -> str:
     gap = cal.gap_s
     parts = []
     for r in cal.contributors()[:top]:
-        share = f" ({100 * r.gap_s / gap:.0f}% of the gap)" if abs(gap) > 1e-12 else ""
+        # a share of a gap that is itself within 2% of the step says nothing
+        share = (f" ({100 * r.gap_s / gap:.0f}% of the gap)"
+                 if abs(gap) > 0.02 * cal.meas_step_s else "")
         parts.append(f"{r.kind} {r.gap_s * 1e3:+.2f} ms/step{share}")
     return ", ".join(parts)
 
