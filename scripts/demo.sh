@@ -25,6 +25,6 @@ echo "== 2c. run it (20 steps, random weights, built-in task)"
 $BIN/zoexec run "$OUT/plan-small.json" --init random --steps 20 --out "$OUT/run" --trace "$OUT/trace"
 
 echo "== 2d. predicted vs measured"
-$BIN/zoplan calibrate "$OUT/plan-small.json" "$OUT/trace"
+$BIN/zoplan calibrate "$OUT/plan-small.json" "$OUT/trace" --profile "$OUT/this-cpu.json"
 $BIN/zoplan show "$OUT/plan-small.json" --trace "$OUT/trace" --width 120
 echo "done: plans, trace, loss log and final weights are in $OUT/"

@@ -240,3 +240,21 @@ def test_z_model_needs_all_its_figures():
     del data["compute"]["zo_pass_ns"]
     with pytest.raises(ZoError, match="zo_pass_ns missing"):
         HardwareProfile.from_dict(data)
+
+
+def test_rank_jitter_makes_ranks_wait_and_keeps_the_bounds():
+    model = get_model("tiny-opt")
+    wl = Workload(batch=8, seq=64, param_dtype="fp32", compute_dtype="fp32")
+    lay = Layout(pertp=1, ddp=2, slices=1, prefetch=2)
+    steps = {}
+    for jitter in (0.0, 0.05):
+        hw = _measured_cpu(**({"rank_jitter": jitter} if jitter else {}))
+        costs = step_costs(model=model, profile=hw, workload=wl, layout=lay)
+        sim = simulate(build_step_graph(costs))
+        bounds = step_bounds(costs)
+        assert bounds.lower_bound_s <= sim.step_time_s * (1 + 1e-9) <= bounds.serial_s
+        steps[jitter] = sim
+    assert steps[0.05].step_time_s > steps[0.0].step_time_s
+    assert steps[0.05].step_time_s <= steps[0.0].step_time_s * 1.05 + 1e-9
+    busy = {r: sum(s.dur_s for s in steps[0.05].spans if s.rank == r) for r in (0, 1)}
+    assert busy[1] > busy[0]   # rank 1 is the slow one, rank 0 waits for it

@@ -86,7 +86,8 @@ def _task_alone(costs: StepCosts, lr: int) -> dict[str, float]:
 
 def _engine_busy(costs: StepCosts, lr: int, blocks: int) -> dict[str, float]:
     alone = _task_alone(costs, lr)
-    compute = costs.embed_s + blocks * (costs.update_s + costs.forward_s) + costs.head_s
+    compute = (costs.embed_s + blocks * (costs.update_s + costs.forward_s)
+               + costs.head_s) * costs.factor(lr)
     if not costs.concurrent:
         per_block = alone["h2d"] + alone["allgather"] + alone["d2h"]
         return {SERIAL: compute + blocks * per_block + costs.allreduce_s}
@@ -96,10 +97,11 @@ def _engine_busy(costs: StepCosts, lr: int, blocks: int) -> dict[str, float]:
 def _chain_s(costs: StepCosts, lr: int, blocks: int) -> float:
     """Longest dependency path of the rank through its `prefetch` block buffers."""
     alone = _task_alone(costs, lr)
-    compute = costs.update_s + costs.forward_s
-    tail = costs.head_s + costs.allreduce_s
+    f = costs.factor(lr)
+    compute = (costs.update_s + costs.forward_s) * f
+    tail = costs.head_s * f + costs.allreduce_s
     if blocks == 0:
-        return costs.embed_s + tail
+        return costs.embed_s * f + tail
     lead = alone["h2d"] + alone["allgather"] + compute
     num_chains = math.ceil(blocks / costs.layout.prefetch)
     last_chain_block = (num_chains - 1) * costs.layout.prefetch
@@ -113,7 +115,8 @@ def _serial_s(costs: StepCosts, blocks: int) -> float:
     num_groups = costs.local_ranks // costs.layout.slices if costs.layout.slices > 1 else 0
     total += blocks * num_groups * costs.allgather_latency_s
     for lr in range(costs.local_ranks):
-        total += costs.embed_s + costs.head_s + blocks * (costs.update_s + costs.forward_s)
+        total += (costs.embed_s + costs.head_s
+                  + blocks * (costs.update_s + costs.forward_s)) * costs.factor(lr)
         flows = costs.h2d[lr] + costs.d2h[lr] + costs.allgather[lr]
         total += blocks * sum(costs.alone_s((f,)) for f in flows)
     return total

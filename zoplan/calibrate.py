@@ -575,6 +575,10 @@ def calibrate_command(*, plan: Path, trace: Path, fit: bool, output: Path | None
     cal = compare(the_plan, spans, skip=skip)
     cal.warnings.extend(check_inputs(the_plan, meta, hw))
     drift = machine_drift(hw, meta, the_plan)
+    if hw is None and meta.get("speed_check"):
+        cal.warnings.append(f"profile {the_plan.data['profile']['name']!r} not found: pass "
+                            "--profile with the profile file to compare the run's speed "
+                            "checks with it")
     if drift is not None:
         cal = dataclasses.replace(cal, drift=drift)
         warning = drift_warning(drift)

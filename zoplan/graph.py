@@ -88,6 +88,10 @@ class StepCosts:
     h2d: tuple[tuple[Flow, ...], ...]        # per local rank: flows of one block's h2d
     d2h: tuple[tuple[Flow, ...], ...]
     allgather: tuple[tuple[Flow, ...], ...]  # per local rank (empty when slices == 1)
+    rank_factors: tuple[float, ...] = ()     # per local rank: its compute tasks' time factor
+
+    def factor(self, local_rank: int) -> float:
+        return self.rank_factors[local_rank] if self.rank_factors else 1.0
 
     @property
     def local_ranks(self) -> int:
@@ -142,7 +146,20 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
         streams=streams, **work,
         allreduce_s=profile.collective["allreduce_small_us"] * 1e-6 + internode,
         internode_s=internode, allgather_latency_s=profile.collective["latency_us"] * 1e-6,
-        links=links, **_transfer_flows(profile, layout, block))
+        links=links, rank_factors=rank_factors(profile, lr), **_transfer_flows(profile, layout, block))
+
+
+def rank_factors(profile: HardwareProfile, local_ranks: int) -> tuple[float, ...]:
+    """Ranks that run at once do not run alike: on a CPU profile with
+    compute.rank_jitter (j: how far the slowest of the node's ranks runs above their
+    mean, measured by `zoplan profile`), local rank r's compute tasks take
+    1 + j * (2r / (k - 1) - 1) of their time (the slowest +j, the mean 1), so the
+    simulator's ranks wait for each other at the write-back fence and the collectives
+    as measured ranks do. 1 for every rank elsewhere."""
+    jitter = profile.compute.get("rank_jitter", 0.0) if profile.is_cpu else 0.0
+    if local_ranks < 2 or not jitter:
+        return ()
+    return tuple(1.0 + jitter * (2 * r / (local_ranks - 1) - 1) for r in range(local_ranks))
 
 
 def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
@@ -312,7 +329,7 @@ def _work(costs: StepCosts, lr: int, kind: str) -> dict:
     """The work of a task of this kind on this rank (the same for every block)."""
     work = {"dur_s": 0.0, "flows": (), "group": None}
     if kind in ("embed", "update", "forward", "head"):
-        work["dur_s"] = getattr(costs, f"{kind}_s")
+        work["dur_s"] = getattr(costs, f"{kind}_s") * costs.factor(lr)
     elif kind in ("h2d", "d2h"):
         work["flows"] = getattr(costs, kind)[lr]
     elif kind == "allgather":

@@ -40,6 +40,8 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
   ranks; each perturb or update pass costs zo_pass_ns per element. With several ranks
   the attention and element-wise terms share the host by compute.mem_rank_scaling
   (memory-bound work shares cores worse than GEMMs), the GEMMs by rank_scaling.
+  compute.rank_jitter: how far the slowest of several ranks running at once is above
+  their mean (zoplan.graph.rank_factors spreads the ranks' compute speeds by it).
 """
 
 from __future__ import annotations
@@ -70,12 +72,13 @@ _REQUIRED = {
                 "zo_ns_per_param", "rank_scaling"),
 }
 _NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens",
-           "compute.elem_ns", "compute.z_call_us", "compute.z_chunk_us"}
+           "compute.elem_ns", "compute.z_call_us", "compute.z_chunk_us",
+           "compute.rank_jitter"}
 _OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check"}
 _OPTIONAL_NUMBERS = ("compute.zo_rank_scaling", "compute.attn_tflops", "compute.elem_ns",
                      "compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns",
                      "compute.z_rank_scaling", "compute.mem_rank_scaling",
-                     "compute.z_chunk_us")   # > 0 when present
+                     "compute.z_chunk_us", "compute.rank_jitter")   # > 0 (or >= 0) when present
 _Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")
 
 

@@ -420,6 +420,22 @@ def paired_mem_scaling(measured: dict, *, fit: dict, gemm_scaling: float) -> flo
     return max(0.05, min(float(k), statistics.median(out)))
 
 
+def rank_jitter(measured: dict) -> float:
+    """compute.rank_jitter: how far the slowest rank runs above the ranks' mean when all
+    run the same work at once: (max - mean) / mean of each together sample of the
+    paired forwards and z draws, median over samples."""
+    per = measured["per_rank"]
+    out = []
+    for key in ("forward", "forward_memory", "z"):
+        if not all(key in r for r in per):
+            continue
+        for times in zip(*(r[key]["together"]["samples_s"] for r in per)):
+            mean = statistics.fmean(times)
+            if mean > 0:
+                out.append((max(times) - mean) / mean)
+    return statistics.median(out) if out else 0.0
+
+
 def paired_z_scaling(measured: dict, *, call_s: float) -> float:
     """compute.z_rank_scaling from rank 0's paired z draws: per-element speed of the
     busiest thread with all ranks at once over that of one rank alone (median over
@@ -1110,7 +1126,8 @@ def cpu_profile(m: dict, settings: Settings, *, name: str, date: str, memory: di
                     "z_chunk_us": round(zfit["z_chunk_us"], 3),
                     "z_ns_per_elem": _r(zfit["z_ns_per_elem"]),
                     "zo_pass_ns": _r(m["zo_alone"]["pass_ns"]),
-                    "z_rank_scaling": _r(z_scaling), "mem_rank_scaling": _r(mem_scaling)},
+                    "z_rank_scaling": _r(z_scaling), "mem_rank_scaling": _r(mem_scaling),
+                    **({"rank_jitter": round(rank_jitter(ranks), 4)} if ranks else {})},
         "sources": sources,
         "measurements": {**m, "fit": fit, "z_fit": zfit, "together": together},
         "speed_check": m["speed_check"],
@@ -1166,6 +1183,8 @@ def _cpu_sources(settings: Settings, *, threads: int, fit: dict, date: str,
                               f"{settings.zo_hidden}, {threads} threads: per element and pass",
         "compute.z_rank_scaling": f"{c}z draws, {k} ranks at once and rank 0 alone in turn: "
                                   "per-element speed of the busiest thread, together / alone",
+        "compute.rank_jitter": f"{c}{k} ranks running the same forward or z draw at once: "
+                               "(slowest - mean) / mean per sample, median",
         "compute.mem_rank_scaling": f"{c}a memory-bound OPT block forward (h={SPEED_CHECKS['memory']['hidden']}, "
                                     f"{SPEED_CHECKS['memory']['batch']}x{SPEED_CHECKS['memory']['seq']} tokens), "
                                     f"{k} ranks at once and rank 0 alone in turn: the rank scaling "
@@ -1470,7 +1489,8 @@ def render_summary(profile: HardwareProfile, path: Path, console) -> None:
     rows += [(f"compute.{k}", profile.compute[k]) for k in
              ("peak_tflops", "m_half_tokens", "overhead_us", "mem_gbps", "zo_ns_per_param",
               "rank_scaling", "zo_rank_scaling", "attn_tflops", "elem_ns", "z_ns_per_elem",
-              "z_call_us", "z_chunk_us", "zo_pass_ns", "z_rank_scaling", "mem_rank_scaling")
+              "z_call_us", "z_chunk_us", "zo_pass_ns", "z_rank_scaling", "mem_rank_scaling",
+              "rank_jitter")
              if k in profile.compute]
     for key, value in rows:
         how = re.sub(r"^\[M\] zoplan profile \S+ ", "", profile.sources.get(key, ""))
