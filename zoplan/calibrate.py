@@ -520,10 +520,21 @@ def step_line(cal: Calibration) -> str:
             f"error {cal.error_pct:+.1f}%")
 
 
-def render(cal: Calibration, console) -> None:
-    from rich.table import Table
+def spread_line(cal: Calibration) -> str | None:
+    """The measured steps' spread, when it is wide enough to matter (> 10% of the
+    median between the fastest and the slowest kept step): the machine changed speed
+    during the run, and a longer run (more --steps) gives a steadier median."""
+    samples = sorted(cal.meas_step_samples)
+    if len(samples) < 2 or samples[-1] - samples[0] <= 0.1 * cal.meas_step_s:
+        return None
+    return (f"measured steps ranged from {samples[0]:.3f} s to {samples[-1]:.3f} s "
+            f"({len(samples)} steps): the run's speed changed while it ran; more "
+            f"--steps give a steadier median")
 
+
+def render(cal: Calibration, console) -> None:
     from rich import box
+    from rich.table import Table
 
     table = Table(title=f"predicted vs measured, ms: {cal.plan_label} ({cal.device_kind}, "
                         f"steps {cal.steps_used[0]}-{cal.steps_used[-1]})",
@@ -542,6 +553,9 @@ def render(cal: Calibration, console) -> None:
                       _ms(r.gap_s, sign=True))
     console.print(table)
     console.print(step_line(cal), highlight=False)
+    spread = spread_line(cal)
+    if spread:
+        console.print(spread, highlight=False)
     if cal.drift is not None:
         console.print(drift_text(cal), highlight=False)
     if cal.meas_period_s:
