@@ -196,3 +196,15 @@ def load_profile_from(data: dict):
     from zoplan.hardware import HardwareProfile
 
     return HardwareProfile.from_dict(data)
+
+
+def test_wide_step_spread_is_reported(plans):
+    plan = Plan.load(plans["pertp2"])
+    steady = compare(plan, dilate(plan, steps=5), skip=1)
+    assert cal_mod.spread_line(steady) is None
+    spans = dilate(plan, steps=4)
+    end = max(s.end_s for s in spans)
+    spans += [Span(kind=s.kind, rank=s.rank, start_s=end + s.start_s, dur_s=s.dur_s,
+                   block=s.block, step=4) for s in dilate(plan, steps=1, factor=1.5)]
+    line = cal_mod.spread_line(compare(plan, spans, skip=1))
+    assert line and "ranged from" in line and "4 steps" in line
