@@ -16,8 +16,14 @@ Step time: from the first span's start to the last span's end of a step (median 
 kept steps); the step period (start to start) is shown too: what lies between steps
 (batch, loss bookkeeping) is not part of the prediction.
 
+Machine drift: when the profile and the trace both carry speed checks (CPU: the profile
+stores one, `zoexec run --trace` takes one before and after its steps) the machine's
+speed during the run over its speed when profiled is printed, with the plan simulated
+again on the profile scaled by it; a wide spread of the measured steps is reported too.
+
 --fit scales the profile's constants so that the plan's tasks would take their measured
-times: compute (forward per call), zo_ns_per_param (update), copy bandwidths (h2d, d2h),
+times: the forward model's terms (or the rank scaling with several CPU ranks), the z
+model's figures or zo_ns_per_param (update), copy bandwidths (h2d, d2h),
 the all-gather table and latency, and the small all-reduce; each changed figure gets a
 "[M] zoplan calibrate ..." note. Warnings: a trace recorded for another plan (sha256),
 a profile other than the plan's, and a profile measured with other software versions

@@ -10,9 +10,15 @@ Two paths, one output (a profile that validates with HardwareProfile.from_dict):
 - CPU (gloo ranks sharing this host, exactly as zoexec runs them): copies between a
   /dev/shm block store and a rank's buffer (one rank with all cores; all ranks at once
   with cores // ranks threads each: zoexec.threads' rule), gloo
-  all_gather_single vs size and the loss all-reduce (spawned ranks), block forwards
-  in fp32 (zoexec.models' real OPT block) with all cores and k ranks at once
-  (-> compute.rank_scaling), and the update task's z + update + perturb (zoexec.zo).
+  all_gather_single vs size and the loss all-reduce (spawned ranks); block forwards
+  in fp32 of zoexec's real OPT and Llama blocks over a grid of shapes, timed in turn
+  (-> the compute fit: GEMM, attention and element-wise terms); z draws after torch
+  work and a per-chunk probe (-> the z model), the update/perturb passes; paired
+  samples of all ranks at once and rank 0 alone (-> compute.rank_scaling,
+  mem_rank_scaling, z_rank_scaling, rank_jitter); and a speed check (speed_check)
+  that `zoexec run --trace` repeats, so `zoplan calibrate` can tell machine drift
+  from model error. Like zoexec's ranks, the CPU path runs with OpenMP workers passive
+  and glibc keeping freed memory (zoexec.threads).
 
 Every figure gets a "[M] zoplan profile <date> <what>" note; raw samples, medians and
 IQRs go into profile["measurements"], host, versions and devices into
