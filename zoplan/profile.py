@@ -558,13 +558,18 @@ def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None
         samples: list[list[float]] = [[] for _ in jobs]
         for rep in range(settings.repeats + 1):   # the first pass warms up
             for job, out in zip(jobs, samples):
-                out += time_samples(job, repeats=1, warmup=0 if rep else 1, sync=sync)
+                if rep:
+                    out += time_samples(job, repeats=1, warmup=0, sync=sync)
+                else:
+                    job()
+                    if sync:
+                        sync()
             if tick:
                 tick(f"block forwards: pass {rep + 1}/{settings.repeats + 1} over "
                      f"{len(jobs)} shapes")
     points = []
     for (family, hidden, batch, seq), times in zip(settings.forward_grid, samples):
-        stats = summarize(times[1:] if len(times) > 1 else times)
+        stats = summarize(times)
         points.append(forward_point(hidden, batch, seq, stats, dtype_bytes=dtype_bytes(dtype),
                                     family=family, split=settings.device == "cpu"))
     return points
