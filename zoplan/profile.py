@@ -1133,7 +1133,7 @@ def cpu_profile(m: dict, settings: Settings, *, name: str, date: str, memory: di
         "compute": {**fit_figures(fit), "mem_gbps": _r(fit["mem_gbps"]),
                     "zo_ns_per_param": _r(m["zo_alone"]["ns_per_param"]),
                     "rank_scaling": _r(scaling), "zo_rank_scaling": _r(zo_scaling),
-                    **fit_figures(fit), "z_call_us": round(zfit["z_call_us"], 2),
+                    "z_call_us": round(zfit["z_call_us"], 2),
                     "z_chunk_us": round(zfit["z_chunk_us"], 3),
                     "z_ns_per_elem": _r(zfit["z_ns_per_elem"]),
                     "zo_pass_ns": _r(m["zo_alone"]["pass_ns"]),
