@@ -341,6 +341,9 @@ def check_inputs(plan: Plan, meta: dict, profile: HardwareProfile | None) -> lis
             warnings.append(f"profile {profile.name} was measured with other software "
                             f"({'; '.join(drift)}): its figures may have drifted, "
                             f"re-run `zoplan profile`")
+    elif meta.get("speed_check"):
+        warnings.append(f"profile {plan.data['profile']['name']!r} not found: pass --profile "
+                        "with the profile file to compare the run's speed checks with it")
     return warnings
 
 
@@ -595,10 +598,6 @@ def calibrate_command(*, plan: Path, trace: Path, fit: bool, output: Path | None
     cal = compare(the_plan, spans, skip=skip)
     cal.warnings.extend(check_inputs(the_plan, meta, hw))
     drift = machine_drift(hw, meta, the_plan)
-    if hw is None and meta.get("speed_check"):
-        cal.warnings.append(f"profile {the_plan.data['profile']['name']!r} not found: pass "
-                            "--profile with the profile file to compare the run's speed "
-                            "checks with it")
     if drift is not None:
         cal = dataclasses.replace(cal, drift=drift)
         warning = drift_warning(drift)
