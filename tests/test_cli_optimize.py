@@ -111,3 +111,16 @@ def test_console_entry_point_exits_2_with_one_line(tmp_path):
     assert run.returncode == 2, run
     assert run.stderr.strip().count("\n") == 0 and "unknown model 'opt-9000'" in run.stderr
     assert run.stdout == "" and not out.exists()
+
+
+@pytest.mark.parametrize("gpus", ["1", "2", "3"])
+def test_every_gpu_count_of_a_node_plans_and_reports(tmp_path, gpus):
+    # 1 and 3 GPUs admit no PertP pairs: the search leaves pertp 2 out instead of
+    # naming a layout of "ddp 0" among the pruned ones
+    out = tmp_path / "plan.json"
+    result = invoke("--model", "tiny-opt", "--gpus", gpus, "--batch", "6", "--seq", "64",
+                    "--profile", NODE4, "-o", str(out))
+    assert result.exit_code == 0, result.output
+    plan = Plan.load(out)
+    assert plan.layout.world_size == int(gpus)
+    assert all(p["layout"]["ddp"] >= 1 for p in plan.data["pruned"])

@@ -22,6 +22,14 @@ from enum import Enum
 from zoplan.errors import ZoError
 
 
+def axes_label(axes: dict) -> str:
+    """Short name of a layout, e.g. "pertp2xddp4 s8 p3"; also for axes that are not a
+    valid Layout (the planner names what it rejected)."""
+    nodes = axes.get("nodes", 1)
+    return (f"pertp{axes['pertp']}xddp{axes['ddp']}" + (f"x{nodes}n" if nodes > 1 else "")
+            + f" s{axes['slices']} p{axes['prefetch']}")
+
+
 class Axis(str, Enum):
     PERTP = "pertp"
     DDP = "ddp"
@@ -93,8 +101,7 @@ class Layout:
                 for r in range(self.world_size)]
 
     def label(self) -> str:
-        return (f"pertp{self.pertp}xddp{self.ddp}" + (f"x{self.nodes}n" if self.nodes > 1 else "")
-                + f" s{self.slices} p{self.prefetch}")
+        return axes_label(self.to_dict())
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -13,7 +13,7 @@ from pathlib import Path
 from zoplan.bounds import StepBounds
 from zoplan.hardware import GIB
 from zoplan.io import sha256_json
-from zoplan.layout import Layout
+from zoplan.layout import axes_label
 from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, tool_info
 from zoplan.search import UNSLICED_TOLERANCE, Candidate, SearchResult
 from zoplan.trace import Span
@@ -241,5 +241,5 @@ def _pruned_lines(pruned: list[dict], *, examples: int = 3) -> list[str]:
         if p["reason"].startswith("bound") or p["reason"] in shown or len(shown) == examples:
             continue
         shown.add(p["reason"])
-        lines.append(f"  {Layout(**p['layout']).label()}: {p['reason']}")
+        lines.append(f"  {axes_label(p['layout'])}: {p['reason']}")
     return lines

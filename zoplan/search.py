@@ -211,7 +211,8 @@ def axis_values(req: Request, fixed: dict) -> tuple[list[int], list[int], list[i
     node allows (slice group sizes that divide its ranks and stay on the fast fabric)."""
     local = req.local_ranks
     slices = [s for s in range(1, local + 1) if slices_reason(req.profile, local, s) is None]
-    return ([fixed["pertp"]] if "pertp" in fixed else [1, 2],
+    pertps = [1, 2] if req.gpus % 2 == 0 and local % 2 == 0 else [1]  # PertP pairs ranks
+    return ([fixed["pertp"]] if "pertp" in fixed else pertps,
             [fixed["slices"]] if "slices" in fixed else slices,
             [fixed["prefetch"]] if "prefetch" in fixed else list(SEARCH_PREFETCH))
 
