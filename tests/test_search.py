@@ -37,10 +37,13 @@ def test_batch_not_divisible_by_ddp_is_pruned():
     assert {c.layout.pertp for c in candidates} == {2}
 
 
-def test_pertp2_with_an_odd_number_of_gpus_is_pruned():
+def test_pertp2_with_an_odd_number_of_gpus_is_left_out_or_pruned():
     candidates, pruned = enumerate_space(request(gpus=3, batch=6), {})
-    assert any(r.startswith("invalid: pertp 2 needs an even number") for r in reasons(pruned))
     assert {c.layout.pertp for c in candidates} == {1}
+    assert all(p.layout["pertp"] == 1 for p in pruned)   # not searched at all
+    candidates, pruned = enumerate_space(request(gpus=3, batch=6), {"pertp": 2})
+    assert not candidates      # asked for: pruned with the reason
+    assert all(r.startswith("invalid: pertp 2 needs an even number") for r in reasons(pruned))
 
 
 def test_layout_that_does_not_fit_gpu_memory_is_pruned_with_numbers():

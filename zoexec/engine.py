@@ -393,7 +393,8 @@ class Trainer:
         with self.lanes.task("head") as head:
             vec = self._head(acts, ids)
         with self.lanes.task("allreduce", after=(head.done, last_d2h)):
-            _wait(dist.all_reduce(vec, group=self.env.world, async_op=True))
+            if self.env.place.world_size > 1:   # a world of one already holds the sum
+                _wait(dist.all_reduce(vec, group=self.env.world, async_op=True))
         self.lanes.end_step()
         loss_plus, loss_minus = (v / self.env.layout.ddp for v in vec.tolist())
         g = projected_grad(loss_plus, loss_minus, self.cfg.eps)

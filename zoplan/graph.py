@@ -144,7 +144,8 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
         layout=layout, concurrent=bool(profile.device.get("concurrent_engines", True)),
         num_blocks=model.num_layers, block_bytes=block, tokens_per_rank=tokens,
         streams=streams, **work,
-        allreduce_s=profile.collective["allreduce_small_us"] * 1e-6 + internode,
+        allreduce_s=(profile.collective["allreduce_small_us"] * 1e-6 + internode
+                     if layout.world_size > 1 else 0.0),   # zoexec skips a world of one
         internode_s=internode, allgather_latency_s=profile.collective["latency_us"] * 1e-6,
         links=links, rank_factors=rank_factors(profile, lr), **_transfer_flows(profile, layout, block))
 
