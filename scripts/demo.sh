@@ -21,8 +21,8 @@ echo "== 2b. plan small-opt (6 blocks, 20M params) for 2 CPU ranks on that profi
 $BIN/zoplan optimize --model small-opt --gpus 2 --batch 8 --seq 128 --profile "$OUT/this-cpu.json" \
   -o "$OUT/plan-small.json"
 
-echo "== 2c. run it (20 steps, random weights, built-in task)"
-$BIN/zoexec run "$OUT/plan-small.json" --init random --steps 20 --out "$OUT/run" --trace "$OUT/trace"
+echo "== 2c. run it (40 steps, random weights, built-in task)"
+$BIN/zoexec run "$OUT/plan-small.json" --init random --steps 40 --out "$OUT/run" --trace "$OUT/trace"
 
 echo "== 2d. predicted vs measured"
 $BIN/zoplan calibrate "$OUT/plan-small.json" "$OUT/trace" --profile "$OUT/this-cpu.json"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -187,6 +189,8 @@ def test_machine_drift_from_speed_checks(plans):
     assert cal.error_pct == pytest.approx(100 * (1 / 1.2 - 1), abs=0.5)
     assert abs(error_pct(drift.adjusted_pred_s, cal.meas_step_s)) < 3   # copies do not drift
     assert "20% slower" in cal_mod.drift_warning(drift)
+    # snapshots around a long run do not tell its average speed: no warning then
+    assert cal_mod.drift_warning(drift, run_s=cal_mod.STEADY_RUN_S) is None
     # another thread count (or no check at all): no comparison
     assert cal_mod.machine_drift(profile, {"speed_check": [slower(1.2, threads=1)]}, plan) is None
     assert cal_mod.machine_drift(profile, {}, plan) is None
@@ -206,5 +210,12 @@ def test_wide_step_spread_is_reported(plans):
     end = max(s.end_s for s in spans)
     spans += [Span(kind=s.kind, rank=s.rank, start_s=end + s.start_s, dur_s=s.dur_s,
                    block=s.block, step=4) for s in dilate(plan, steps=1, factor=1.5)]
-    line = cal_mod.spread_line(compare(plan, spans, skip=1))
+    cal = compare(plan, spans, skip=1)
+    line = cal_mod.spread_line(cal)
     assert line and "ranged from" in line and "4 steps" in line
+    # a short run is told how many steps average the machine's speeds
+    steps = cal_mod.steps_for(cal)
+    assert f"--steps {steps}" in line
+    assert steps * (cal.meas_period_s or cal.meas_step_s) >= cal_mod.STEADY_RUN_S
+    long = dataclasses.replace(cal, meas_step_samples=cal.meas_step_samples * (steps // 3))
+    assert "averages over them" in cal_mod.spread_line(long)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -223,6 +224,7 @@ def _period(spans: list[Span], kept: list[int]) -> float | None:
 
 # ---- machine drift -------------------------------------------------------------------------
 DRIFT_WARN = 0.10          # warn when the machine's speed moved more than this
+STEADY_RUN_S = 20.0        # a run this long averages a drifting machine's speeds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,8 +281,8 @@ def machine_drift(profile: HardwareProfile | None, meta: dict,
 
 def drift_text(cal: Calibration) -> str:
     d = cal.drift
-    text = (f"machine speed during the run (speed checks before and after it) vs when "
-            f"profiled: GEMM-bound forward x{d.gemm:.2f}, memory-bound forward x{d.memory:.2f}, "
+    text = (f"machine speed around the run (speed checks just before and after it) vs "
+            f"when profiled: GEMM-bound forward x{d.gemm:.2f}, memory-bound forward x{d.memory:.2f}, "
             f"z draw x{d.z:.2f} (> 1: slower now)")
     if d.adjusted_pred_s:
         text += (f"; the plan on the machine as it ran: {d.adjusted_pred_s:.3f} s, error "
@@ -288,9 +290,12 @@ def drift_text(cal: Calibration) -> str:
     return text
 
 
-def drift_warning(drift: Drift) -> str | None:
+def drift_warning(drift: Drift, run_s: float = 0.0) -> str | None:
+    """A warning when the speed checks moved by more than DRIFT_WARN, for runs shorter
+    than STEADY_RUN_S: the checks are snapshots of a second before and after the run,
+    which tell the speed of a short run but not the average of a long one."""
     worst = max((drift.gemm, drift.memory, drift.z), key=lambda r: abs(r - 1.0))
-    if abs(worst - 1.0) <= DRIFT_WARN:
+    if abs(worst - 1.0) <= DRIFT_WARN or run_s >= STEADY_RUN_S:
         return None
     how = "slower" if worst > 1 else "faster"
     return (f"this machine ran {abs(worst - 1.0):.0%} {how} during the run than when it was "
@@ -529,16 +534,34 @@ def step_line(cal: Calibration) -> str:
             f"error {cal.error_pct:+.1f}%")
 
 
+def run_seconds(cal: Calibration) -> float:
+    """How long the kept steps ran (start to start where known)."""
+    period = cal.meas_period_s or cal.meas_step_s
+    return period * len(cal.meas_step_samples)
+
+
+def steps_for(cal: Calibration, seconds: float = STEADY_RUN_S) -> int:
+    """--steps for a run whose kept steps last `seconds` (plus the skipped ones)."""
+    period = cal.meas_period_s or cal.meas_step_s
+    return math.ceil(seconds / period) + cal.steps_used[0] if period > 0 else 0
+
+
 def spread_line(cal: Calibration) -> str | None:
     """The measured steps' spread, when it is wide enough to matter (> 10% of the
     median between the fastest and the slowest kept step): the machine changed speed
-    during the run, and a longer run (more --steps) gives a steadier median."""
+    during the run. On a shared or virtual machine whose speed moves every few
+    seconds, a run of STEADY_RUN_S or more gives a median that averages the speeds
+    (on a 2-core VM: 4 layouts within 3% with 25 s runs, -26% to +26% with 3 s runs)."""
     samples = sorted(cal.meas_step_samples)
     if len(samples) < 2 or samples[-1] - samples[0] <= 0.1 * cal.meas_step_s:
         return None
+    seconds = run_seconds(cal)
+    advice = (f"for a median that averages the machine's speeds, run {STEADY_RUN_S:.0f} s "
+              f"or more (--steps {steps_for(cal)})" if seconds < STEADY_RUN_S
+              else "the median averages over them")
     return (f"measured steps ranged from {samples[0]:.3f} s to {samples[-1]:.3f} s "
-            f"({len(samples)} steps): the run's speed changed while it ran; more "
-            f"--steps give a steadier median")
+            f"({len(samples)} steps, {seconds:.1f} s): the machine's speed changed while "
+            f"it ran; {advice}")
 
 
 def render(cal: Calibration, console) -> None:
@@ -600,7 +623,7 @@ def calibrate_command(*, plan: Path, trace: Path, fit: bool, output: Path | None
     drift = machine_drift(hw, meta, the_plan)
     if drift is not None:
         cal = dataclasses.replace(cal, drift=drift)
-        warning = drift_warning(drift)
+        warning = drift_warning(drift, run_seconds(cal))
         if warning:
             cal.warnings.append(warning)
     for warning in cal.warnings:
