@@ -53,7 +53,7 @@ def test_profile_plan_run_calibrate(tmp_path):
     print(out)
     assert "step time: predicted" in out and "error" in out
     # the run's speed checks are compared with the profile's (the machine may drift)
-    assert "machine speed during the run" in out and "the plan on the machine as it ran" in out
+    assert "machine speed around the run" in out and "the plan on the machine as it ran" in out
     warnings = [line for line in out.splitlines() if line.startswith("warning")]
     assert all("during the run than when it was profiled" in w for w in warnings), warnings
     assert load_profile(fitted).extra["provenance"]["calibrated"]["plan"] == \
