@@ -8,6 +8,7 @@ predicted and measured step time, the error, and the task kind that explains mos
 the gap. Goal: |error| <= 5% everywhere (issue 4 asks <= 15%).
 
     .venv/bin/python benchmarks/bench_calibration.py [--quick] [--profile P] [--steps N]
+        [--seconds 20]
         [--rounds 3] [--out DIR] [--model NAME | --hidden 512 --layers 6] [--batch 8]
         [--seq 128] [--nice -10]
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -148,12 +150,14 @@ def run_layout(label: str, gpus: int, axes: list[str], *, args, out: Path, profi
     sh(str(BIN / "zoplan"), "optimize", "--model", str(model), "--gpus", str(gpus),
        "--profile", str(profile), "--batch", str(args.batch), "--seq", str(args.seq),
        "--prefetch", "2", *axes, "-q", "-o", str(plan))
+    predicted = json.loads(plan.read_text())["predicted"]["step_time_s"]
+    steps = max(args.steps, math.ceil(args.seconds / predicted) + args.skip)
     runs = []
     for attempt in range(args.retries + 1):
         wait_quiet(args.wait)
         with Others() as others:
             run_s = sh(str(BIN / "zoexec"), "run", str(plan), "--init", "random", "--steps",
-                       str(args.steps), "--trace", str(trace), "-q")
+                       str(steps), "--trace", str(trace), "-q")
         runs.append(others.cores)
         if others.cores <= args.max_others:
             break
@@ -171,7 +175,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench-calibration")
     ap.add_argument("--profile", type=Path, help="reuse this profile instead of measuring")
     ap.add_argument("--quick", action="store_true", help="quick profile")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=6, help="at least this many steps per run")
+    ap.add_argument("--seconds", type=float, default=20.0,
+                    help="and enough steps for this many seconds of predicted steps (a "
+                         "drifting machine's speeds average out over 20 s; 0: --steps only)")
     ap.add_argument("--skip", type=int, default=1)
     ap.add_argument("--model", help="plan this catalogue model (or HF config.json) instead "
                                     "of the small OPT of --hidden/--layers")

@@ -535,11 +535,20 @@ def forward_point(hidden: int, batch: int, seq: int, stats: dict, *, dtype_bytes
             "weight_bytes": spec.block_params * dtype_bytes, **stats}
 
 
+# A forward shorter than this is timed after one untimed call of the same shape: right
+# after a different, larger shape it runs cold (caches, allocator, sleeping threads). A
+# tiny-opt block over 256 tokens took 1.48x as long right after an h512 forward over 4096
+# tokens as right after itself (2-core VM, interleaved, 2 x 150 samples), while in a
+# run a forward follows the same block's other stream or a block of the same shape.
+WARM_VISIT_BELOW_S = 0.05
+
+
 def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None) -> list[dict]:
     """Timed forwards over settings.forward_grid (one block built per family and hidden
     size). The shapes are timed in turn, one sample each per pass, so a machine whose
     speed drifts for some seconds slows every shape alike instead of a few (which would
-    bend the fit). CPU points carry attention and element-wise work apart (the CPU fit
+    bend the fit); short shapes are warmed by an untimed call of their own first
+    (WARM_VISIT_BELOW_S). CPU points carry attention and element-wise work apart (the CPU fit
     prices them on their own); GPU points count attention as GEMM FLOPs."""
     import torch
     from zoplan.models import dtype_bytes
@@ -556,14 +565,14 @@ def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None
             hid, ctx = parts.embed(ids)
             jobs.append(partial(parts.block_forward, hid, ctx))
         samples: list[list[float]] = [[] for _ in jobs]
+        warm = [0] * len(jobs)   # untimed calls ahead of each sample (set by the first pass)
         for rep in range(settings.repeats + 1):   # the first pass warms up
-            for job, out in zip(jobs, samples):
+            for index, (job, out) in enumerate(zip(jobs, samples)):
                 if rep:
-                    out += time_samples(job, repeats=1, warmup=0, sync=sync)
+                    out += time_samples(job, repeats=1, warmup=warm[index], sync=sync)
                 else:
-                    job()
-                    if sync:
-                        sync()
+                    first = time_samples(job, repeats=1, warmup=0, sync=sync)[0]
+                    warm[index] = int(first < WARM_VISIT_BELOW_S)
             if tick:
                 tick(f"block forwards: pass {rep + 1}/{settings.repeats + 1} over "
                      f"{len(jobs)} shapes")
