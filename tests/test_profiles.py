@@ -285,3 +285,31 @@ def test_rounds_combine_to_the_median_of_each_figure():
     assert combined.collective["allgather_busbw"] == [[4096, 2.0], [2**20, 4.0]]
     assert combined.sources["compute.peak_tflops"].endswith("(median of 3 rounds)")
     assert [m["peak"] for m in combined.extra["measurements"]["rounds"]] == [0.1, 0.3, 0.2]
+
+
+def test_forward_grid_warms_short_shapes_before_each_sample(monkeypatch):
+    """A shape under WARM_VISIT_BELOW_S is called once untimed before each timed call
+    (right after a larger shape it would run cold); a longer one is timed directly."""
+    import time
+
+    calls = {"short": 0, "long": 0}
+
+    class Block:
+        def __init__(self, name, seconds):
+            self.name, self.seconds = name, seconds
+
+        def embed(self, ids):
+            return None, None
+
+        def block_forward(self, hidden, ctx):
+            calls[self.name] += 1
+            time.sleep(self.seconds)
+
+    blocks = {128: Block("short", 0.001), 256: Block("long", prof.WARM_VISIT_BELOW_S * 1.2)}
+    monkeypatch.setattr(prof, "build_block", lambda hidden, seq, **kw: blocks[hidden])
+    monkeypatch.setattr(prof.Settings, "forward_grid",
+                        property(lambda self: [("opt", 128, 1, 32), ("opt", 256, 1, 32)]))
+    settings = prof.Settings(repeats=3, quick=True, ranks=1, cores=2)
+    points = prof.forward_grid(settings, dtype="fp32", device="cpu")
+    assert [len(p["samples_s"]) for p in points] == [3, 3]
+    assert calls == {"short": 1 + 2 * 3, "long": 1 + 3}

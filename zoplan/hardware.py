@@ -175,13 +175,14 @@ class HardwareProfile:
         """One z draw over these tensors (has_z_model): the rank's threads split the
         chunks (zoexec.threads.balance), so the busiest thread sets the time; handing
         the chunks to a thread pool costs z_call_us (one thread draws them itself)."""
-        from zoexec.threads import threads_per_rank, z_makespan
+        from zoexec.threads import chunk_bounds, threads_per_rank, z_makespan
 
         c = self.compute
         threads = threads_per_rank(self.host["cores"], local_ranks)
         elems, chunks = z_makespan(tensor_numels, threads)
         scale = c.get("z_rank_scaling", 1.0) if self.is_cpu and local_ranks > 1 else 1.0
-        call = c["z_call_us"] * 1e-6 if min(threads, len(tensor_numels)) > 1 else 0.0
+        all_chunks = sum(len(chunk_bounds(n)) for n in tensor_numels)
+        call = c["z_call_us"] * 1e-6 if min(threads, all_chunks) > 1 else 0.0   # z_block's rule
         return (call + chunks * c.get("z_chunk_us", 0.0) * 1e-6
                 + elems * c["z_ns_per_elem"] * 1e-9 / scale)
 
