@@ -142,6 +142,18 @@ def test_cli_warns_on_other_plan_and_version_drift(plans, tmp_path):
     assert "torch 1.0.0 ->" in text and "re-run `zoplan profile`" in text
 
 
+def test_cli_refuses_a_trace_of_another_layout(plans, tmp_path):
+    plan = Plan.load(plans["sliced"])
+    trace = _trace(tmp_path, plans["sliced"], dilate(plan))
+    result = runner.invoke(app, ["calibrate", str(plans["pertp2"]), str(trace)],
+                           terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: trace {trace} ran layout pertp1xddp2 s2 p{plan.layout.prefetch}, the plan is "
+        f"{Plan.load(plans['pertp2']).layout.label()}: calibrate a plan against a trace of "
+        f"a run of that plan"]
+
+
 def test_cli_fit_without_a_findable_profile_fails_cleanly(plans, tmp_path):
     data = json.loads(plans["pertp2"].read_text())
     data["profile"]["name"] = "not-a-shipped-profile"

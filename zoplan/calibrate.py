@@ -46,6 +46,7 @@ from zoplan import __version__
 from zoplan.errors import ZoError
 from zoplan.hardware import HardwareProfile, load_profile
 from zoplan.io import atomic_write_text, sha256_json
+from zoplan.layout import axes_label
 from zoplan.plan import Plan
 from zoplan.trace import KINDS, Span, read_trace
 
@@ -170,8 +171,10 @@ def compare(plan: Plan, spans: list[Span], *, skip: int = 1) -> Calibration:
     steps = sorted({s.step for s in spans})
     kept = [t for t in steps if t >= skip]
     if not kept:
-        raise ZoError(f"the trace has {len(steps)} step(s) ({', '.join(map(str, steps)) or 'none'}); "
-                      f"--skip {skip} leaves none to compare")
+        which = (f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1
+                 else f"step {steps[0]}" if steps else "no steps")
+        raise ZoError(f"the trace has {len(steps)} step(s) ({which}); --skip {skip} leaves "
+                      f"none to compare")
     layout, serial = plan.layout, plan.device_kind == "cpu"
     predicted = plan.spans()
     if not predicted:
@@ -334,9 +337,6 @@ def check_inputs(plan: Plan, meta: dict, profile: HardwareProfile | None) -> lis
     if traced and traced != actual:
         warnings.append(f"the trace was recorded for another plan (plan sha256 {traced[:12]} "
                         f"in the trace, {actual[:12]} for this plan)")
-    if meta.get("layout") and meta["layout"] != plan.data["layout"]:
-        warnings.append(f"the trace's layout {meta['layout']} is not the plan's "
-                        f"{plan.data['layout']}")
     if profile is not None:
         if profile.sha256 != plan.data["profile"]["sha256"]:
             warnings.append(f"profile {profile.name} is not the one the plan was made with "
@@ -617,6 +617,10 @@ def calibrate_command(*, plan: Path, trace: Path, fit: bool, output: Path | None
         raise ZoError(f"--skip must be >= 0, got {skip}")
     the_plan = Plan.load(plan)
     meta, spans = read_trace(Path(trace))
+    if meta.get("layout") and meta["layout"] != the_plan.data["layout"]:
+        raise ZoError(f"trace {trace} ran layout {axes_label(meta['layout'])}, the plan is "
+                      f"{axes_label(the_plan.data['layout'])}: calibrate a plan against a "
+                      f"trace of a run of that plan")
     hw = resolve_profile(the_plan, profile, required=fit)
     cal = compare(the_plan, spans, skip=skip)
     cal.warnings.extend(check_inputs(the_plan, meta, hw))
