@@ -313,3 +313,17 @@ def test_forward_grid_warms_short_shapes_before_each_sample(monkeypatch):
     points = prof.forward_grid(settings, dtype="fp32", device="cpu")
     assert [len(p["samples_s"]) for p in points] == [3, 3]
     assert calls == {"short": 1 + 2 * 3, "long": 1 + 3}
+
+
+@pytest.mark.parametrize("args,message", [(["--ranks", "0"], "--ranks must be >= 1, got 0"),
+                                          (["--repeats", "0"], "repeats must be >= 1, got 0")])
+def test_profile_refuses_bad_settings_in_one_line(tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    from zoplan.cli import app
+
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(app, ["profile", "--cpu", "--quick", *args, "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [f"error: {message}"]
+    assert not out.exists()

@@ -1364,6 +1364,8 @@ def default_name(settings: Settings, devices: list[str]) -> str:
 def make_settings(*, ranks: int | None, repeats: int, quick: bool, force_cpu: bool) -> Settings:
     import torch
 
+    if ranks is not None and ranks < 1:
+        raise ZoError(f"--ranks must be >= 1, got {ranks}")
     cores = usable_cores()
     cuda = not force_cpu and torch.cuda.is_available() and torch.cuda.device_count() > 0
     if cuda:
