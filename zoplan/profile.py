@@ -800,8 +800,9 @@ def _cpu_rank(rank: int, settings: Settings, tmp: str) -> None:
         with torch.no_grad():   # not inference_mode: the z threads would not inherit it
             out = {"rank": rank, "threads": threads}
             out.update(_rank_copies(settings, sample))
-            out["allgather"] = allgather_sweep(settings, dist, device="cpu", sample=sample)
-            out["allreduce"] = allreduce_small(dist, device="cpu", sample=sample)
+            after_last = partial(collective_samples, dist=dist)
+            out["allgather"] = allgather_sweep(settings, dist, device="cpu", sample=after_last)
+            out["allreduce"] = allreduce_small(dist, device="cpu", sample=after_last)
             out.update(_rank_compute(settings, dist, sample))
             out["rejected"] = guard.rejected
         (Path(tmp) / f"rank{rank}.json").write_text(json.dumps(out))
@@ -885,6 +886,37 @@ def _paired(fn: Callable[[], Any], dist, settings: Settings, threads: int) -> di
 def _barrier_sampler(dist, sync=None):
     """Samples after a barrier (NCCL ranks: GPU timings, no CPU guard)."""
     return partial(time_samples, before=dist.barrier, sync=sync)
+
+
+STAGGER_S = 0.002   # how late the last rank enters a timed collective (collective_samples)
+
+
+def collective_samples(fn: Callable[[], Any], *, dist, repeats: int,
+                       warmup: int = 1) -> list[float]:
+    """Durations of a collective `fn` of ranks on one host, each from the moment the last
+    rank entered it to this rank's return: what `zoplan calibrate` counts as a run's
+    collective (the time a rank spends there before the last one arrives is waiting).
+    As in a run, the ranks do not arrive together: after a barrier, one rank (each in
+    turn) enters STAGGER_S after the others, which are then blocked in the collective.
+    Ranks on one host share the monotonic clock of time.perf_counter (Linux:
+    CLOCK_MONOTONIC)."""
+    import torch
+
+    latest = torch.zeros(1, dtype=torch.float64)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: list[float] = []
+    for index in range(warmup + repeats):
+        dist.barrier()
+        if index % world == rank:
+            time.sleep(STAGGER_S)
+        start = time.perf_counter()
+        fn()
+        end = time.perf_counter()
+        latest.fill_(start)
+        dist.all_reduce(latest, op=dist.ReduceOp.MAX)
+        if index >= warmup:
+            out.append(max(end - latest.item(), 1e-7))
+    return out
 
 
 def allgather_sweep(settings: Settings, dist, *, device, sample=None) -> list[dict]:
@@ -1177,8 +1209,9 @@ def _cpu_sources(settings: Settings, *, threads: int, fit: dict, date: str,
         "pcie.switch_uplink_gbps": f"{c}no switches: the host memory figure",
         "fabric.p2p_gbps": f"{c}gloo all-gather bus bandwidth at the largest size",
         "collective.latency_us": f"{c}gloo all_gather_single of {settings.gather_sizes[0] // KIB} KiB "
-                                 f"over {k} ranks (median)",
-        "collective.allreduce_small_us": f"{c}gloo all-reduce of two float64 over {k} ranks (median)",
+                                 f"over {k} ranks (median, from the last rank's arrival)",
+        "collective.allreduce_small_us": f"{c}gloo all-reduce of two float64 over {k} ranks "
+                                         "(median, from the last rank's arrival)",
         "collective.allgather_busbw": f"{c}gloo all_gather_single over {k} ranks: "
                                       "(s-1)/s x bytes / (time - latency)",
         "network.gbps": "[D] unused (one host): the gloo bus bandwidth",
