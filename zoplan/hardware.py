@@ -82,6 +82,21 @@ _OPTIONAL_NUMBERS = ("compute.zo_rank_scaling", "compute.attn_tflops", "compute.
 _Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")
 
 
+def forward_terms(figures: dict, *, flops: float, attn_flops: float, elems: float,
+                  tokens: int) -> tuple[float, float, float]:
+    """(dispatch, GEMMs, attention + element-wise work) in seconds of one block forward
+    on one rank alone, from a profile's compute figures (or a fit's): overhead_us; the
+    GEMM FLOPs at peak_tflops x m / (m + m_half_tokens); attention at attn_tflops and
+    elem_ns per element-wise output where the figures have them (CPU profiles), else
+    attention counts as GEMM FLOPs and element-wise work as free."""
+    eff = tokens / (tokens + figures["m_half_tokens"]) if tokens > 0 else 1.0
+    attn_rate = figures.get("attn_tflops")
+    gemm = (flops if attn_rate else flops + attn_flops) / (figures["peak_tflops"] * 1e12 * eff)
+    rest = attn_flops / (attn_rate * 1e12) if attn_rate else 0.0
+    rest += elems * figures.get("elem_ns", 0.0) * 1e-9
+    return figures["overhead_us"] * 1e-6, gemm, rest
+
+
 @dataclass(frozen=True, kw_only=True)
 class HardwareProfile:
     """A validated profile. Sections are kept as plain dicts of figures."""
@@ -151,14 +166,10 @@ class HardwareProfile:
         c = self.compute
         share = self.compute_share(local_ranks)
         mem_share = self.compute_share(local_ranks, key="mem_rank_scaling")
-        eff = tokens / (tokens + c["m_half_tokens"]) if tokens > 0 else 1.0
-        attn_rate = c.get("attn_tflops")
-        gemm = flops if attn_rate else flops + attn_flops
-        t = max(gemm / (c["peak_tflops"] * 1e12 * eff * share), weight_bytes / (c["mem_gbps"] * 1e9))
-        if attn_rate:
-            t += attn_flops / (attn_rate * 1e12 * mem_share)
-        t += elems * c.get("elem_ns", 0.0) * 1e-9 / mem_share
-        return overhead_share * c["overhead_us"] * 1e-6 + t
+        dispatch, gemm, rest = forward_terms(c, flops=flops, attn_flops=attn_flops,
+                                             elems=elems, tokens=tokens)
+        t = max(gemm / share, weight_bytes / (c["mem_gbps"] * 1e9)) + rest / mem_share
+        return overhead_share * dispatch + t
 
     @property
     def has_z_model(self) -> bool:

@@ -410,14 +410,14 @@ def paired_mem_scaling(measured: dict, *, fit: dict, gemm_scaling: float) -> flo
     splits the shape's time alone into dispatch, GEMM and attention + element-wise
     parts; with the GEMMs shared by `gemm_scaling`, the scaling of the rest that
     explains the time with all ranks at once (median over pairs)."""
+    from zoplan.hardware import forward_terms
+
     k = len(measured["per_rank"])
     fwd = measured["per_rank"][0]["forward_memory"]
     point = forward_point(fwd["hidden"], fwd["batch"], fwd["seq"], {}, dtype_bytes=4)
-    over = fit["overhead_us"] * 1e-6
-    gemm = point["flops"] * (point["tokens"] + fit["m_half_tokens"]) / point["tokens"] \
-        / (fit["peak_tflops"] * 1e12)
-    rest = point["attn_flops"] / (fit.get("attn_tflops", 1e6) * 1e12) \
-        + point["elems"] * fit.get("elem_ns", 0.0) * 1e-9
+    over, gemm, rest = forward_terms({"attn_tflops": 1e6, **fit}, flops=point["flops"],
+                                     attn_flops=point["attn_flops"], elems=point["elems"],
+                                     tokens=point["tokens"])
     out = []
     for alone, together in zip(fwd["alone"]["samples_s"], fwd["together"]["samples_s"]):
         scale = (alone - over) / (gemm + rest) if gemm + rest > 0 else 1.0  # the pair's speed
