@@ -850,14 +850,22 @@ def _rank_compute(settings: Settings, dist, sample) -> dict:
                   "busiest_alone": z_makespan(numels, settings.cores)[0]}}
 
 
+# Pairs of _paired, at least: the rank scalings are medians of per-pair ratios, and the
+# machine's speed can change between the two halves of a pair. With the 3 pairs of a
+# --quick profile, one such change set mem_rank_scaling to 1.68 where full profiles of
+# the same hour measured 0.97-1.0 (2 ranks on 2 cores).
+PAIRS_MIN = 7
+
+
 def _paired(fn: Callable[[], Any], dist, settings: Settings, threads: int) -> dict:
     """Samples of `fn` on all ranks at once and on rank 0 alone with all cores, in
-    turn (one warm-up pair); rank 0's samples count (every rank runs the same work)."""
+    turn (one warm-up pair, then max(repeats, PAIRS_MIN) pairs); rank 0's samples count
+    (every rank runs the same work)."""
     import torch
 
     together, alone = [], []
     rank = dist.get_rank()
-    for index in range(settings.repeats + 1):
+    for index in range(max(settings.repeats, PAIRS_MIN) + 1):
         dist.barrier()
         start = time.perf_counter()
         fn()
