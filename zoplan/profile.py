@@ -853,7 +853,7 @@ def _rank_compute(settings: Settings, dist, sample) -> dict:
 # Pairs of _paired, at least: the rank scalings are medians of per-pair ratios, and the
 # machine's speed can change between the two halves of a pair. With the 3 pairs of a
 # --quick profile, one such change set mem_rank_scaling to 1.68 where full profiles of
-# the same hour measured 0.97-1.0 (2 ranks on 2 cores).
+# the same hour measured 0.97-1.06 (2 ranks on 2 cores).
 PAIRS_MIN = 7
 
 
