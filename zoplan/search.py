@@ -211,15 +211,19 @@ def axis_values(req: Request, fixed: dict) -> tuple[list[int], list[int], list[i
     node allows (slice group sizes that divide its ranks and stay on the fast fabric)."""
     local = req.local_ranks
     slices = [s for s in range(1, local + 1) if slices_reason(req.profile, local, s) is None]
-    pertps = [1, 2] if req.gpus % 2 == 0 and local % 2 == 0 else [1]  # PertP pairs ranks
-    return ([fixed["pertp"]] if "pertp" in fixed else pertps,
+    return ([fixed["pertp"]] if "pertp" in fixed else [1, 2] if pertp_pairs(req) else [1],
             [fixed["slices"]] if "slices" in fixed else slices,
             [fixed["prefetch"]] if "prefetch" in fixed else list(SEARCH_PREFETCH))
 
 
+def pertp_pairs(req: Request) -> bool:
+    """Whether PertP 2 can pair the ranks: an even number of GPUs on every node."""
+    return req.gpus % 2 == 0 and req.local_ranks % 2 == 0
+
+
 def invalid_reason(req: Request, axes: dict) -> str | None:
     """Why these axes are not a runnable layout (None when they are)."""
-    if axes["pertp"] == 2 and (req.gpus % 2 or req.local_ranks % 2):
+    if axes["pertp"] == 2 and not pertp_pairs(req):
         return f"invalid: pertp 2 needs an even number of GPUs per node, got {req.local_ranks}"
     if req.workload.batch % axes["ddp"]:
         return f"invalid: batch ({req.workload.batch}) is not divisible by ddp ({axes['ddp']})"
