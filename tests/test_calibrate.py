@@ -206,6 +206,17 @@ def test_machine_drift_from_speed_checks(plans):
     # another thread count (or no check at all): no comparison
     assert cal_mod.machine_drift(profile, {"speed_check": [slower(1.2, threads=1)]}, plan) is None
     assert cal_mod.machine_drift(profile, {}, plan) is None
+    # probes between the steps count as well: the speed of the whole run, not of its ends
+    probes = [{"after_step": i, **{n: then[n]["median_s"] * 1.5 for n in ("gemm", "memory", "z")}}
+              for i in range(5)]
+    probed = cal_mod.machine_drift(profile, {**meta, "speed_probes": probes}, plan)
+    assert probed.probes == 5 and probed.gemm == pytest.approx(1.5)
+    assert probed.adjusted_pred_s > drift.adjusted_pred_s
+    # ... so a long run with probes is warned about as well
+    assert "50% slower" in cal_mod.drift_warning(probed, run_s=cal_mod.STEADY_RUN_S)
+    # a probe missing a kind is left out
+    bad = cal_mod.machine_drift(profile, {**meta, "speed_probes": [{"gemm": 1.0}]}, plan)
+    assert bad.probes == 0
 
 
 def load_profile_from(data: dict):

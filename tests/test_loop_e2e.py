@@ -5,6 +5,7 @@ asserted (the machine may be busy); benchmarks/bench_calibration.py reports the 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ def test_profile_plan_run_calibrate(tmp_path):
     assert {"torch", "transformers", "zoplan"} <= set(prov["versions"])
     assert meas["forward_alone"] and meas["fit"]["rel_rms_pct"] >= 0
     assert all("median_s" in p and "iqr_s" in p for p in meas["forward_alone"])
+    assert profile.extra["speed_check"]["probes"] >= 1   # probed between the grid's passes
 
     zoplan("optimize", "--model", "tiny-opt", "--gpus", "2", "--pertp", "2", "--slices", "1",
            "--batch", "4", "--seq", "64", "--profile", str(profile_path), "-q",
@@ -46,6 +48,8 @@ def test_profile_plan_run_calibrate(tmp_path):
                           "--steps", "3", "--trace", str(trace), "-q"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
+    meta = json.loads((trace / "meta.json").read_text())
+    assert len(meta["speed_check"]) == 2 and isinstance(meta["speed_probes"], list)
 
     fitted = tmp_path / "fit.json"
     out = zoplan("calibrate", str(plan_path), str(trace), "--profile", str(profile_path),

@@ -149,42 +149,97 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
     parts, store = load_node_model(cfg, env, run_id)
     try:
         flags = share_read_flags(env, run_id, num_blocks=store.num_blocks)
-        checks = [speed_check_on_node(cfg, env, threads)]
+        speed = SpeedMonitor.make(cfg, env, threads)
+        speed.check()
         epoch_s, clock = zdist.clock_epoch(env)
         trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
-                          lanes=zdist.make_lanes(env, epoch_s=epoch_s), flags=flags)
+                          lanes=zdist.make_lanes(env, epoch_s=epoch_s), flags=flags,
+                          speed=speed)
         records = trainer.train()
-        checks.append(speed_check_on_node(cfg, env, threads))
+        speed.check()
         memory = host_memory_probe(store, env)
         trainer.flush()
         _finish(cfg, env, trainer, store, memory=memory,
                 meta_extra={"clock": clock, "threads": threads,
-                            "records": [r.to_dict() for r in records],
-                            "speed_check": [c for c in checks if c]})
+                            "records": [r.to_dict() for r in records], **speed.meta()})
         return records
     finally:
         close_store(store)
 
 
-def speed_check_on_node(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> dict | None:
-    """zoplan.profile.speed_check on rank 0 with all cores while the other ranks wait
-    (traced CPU runs only: calibrate compares it with the profile's, to tell a machine
-    that got slower from a wrong prediction). None elsewhere."""
-    if not cfg.trace_dir or env.is_cuda:
-        return None
-    from zoexec.threads import usable_cores
-    from zoplan.profile import speed_check
+# A traced CPU run probes the machine's speed between steps about this often (one
+# GEMM-bound and one memory-bound block forward and a z draw: about 0.1 s): the speed
+# checks before and after a run are snapshots of a second, and this machine's speed can
+# change by 2x within a minute.
+PROBE_EVERY_S = 3.0
 
-    zdist.host_barrier(env)
-    result = None
-    if env.rank == 0:
-        torch.set_num_threads(usable_cores())
-        try:
-            result = speed_check(repeats=5)
-        finally:
-            torch.set_num_threads(threads)
-    zdist.host_barrier(env)
-    return result
+
+@dataclass(kw_only=True, eq=False)
+class SpeedMonitor:
+    """The machine's speed through a traced CPU run, on rank 0 with all cores while the
+    other ranks wait at a barrier: zoplan.profile's speed check before and after the
+    steps, and a probe (SpeedProbe.sample) after every `every` steps, between steps (not
+    inside a step's time). `zoplan calibrate` compares them with the profile's speed
+    check, to tell a machine that got slower from a wrong prediction. Does nothing on
+    CUDA or without --trace."""
+
+    env: zdist.DistEnv
+    threads: int
+    every: int = 0                    # steps between probes (0: no probes, no checks)
+    probe: object = None              # rank 0's zoplan.profile.SpeedProbe
+    checks: list = field(default_factory=list)
+    probes: list = field(default_factory=list)
+
+    @classmethod
+    def make(cls, cfg: RunConfig, env: zdist.DistEnv, threads: int) -> "SpeedMonitor":
+        if not cfg.trace_dir or env.is_cuda:
+            return cls(env=env, threads=threads)
+        every = probe_every(Plan(cfg.plan).step_time_s)
+        probe = None
+        if env.rank == 0:
+            from zoplan.profile import SpeedProbe
+
+            probe = SpeedProbe()
+        return cls(env=env, threads=threads, every=every, probe=probe)
+
+    def check(self) -> None:
+        """The full speed check (5 samples of each kind)."""
+        if self.every:
+            result = self._on_rank0(lambda: self.probe.check(repeats=5))   # rank 0 only
+            if result is not None:
+                self.checks.append(result)
+
+    def after_step(self, done: int, steps: int) -> None:
+        """A probe once `done` steps are done, every `every` steps, never after the last."""
+        if self.every and done % self.every == 0 and done < steps:
+            result = self._on_rank0(lambda: self.probe.sample())
+            if result is not None:
+                self.probes.append({"after_step": done - 1, **result})
+
+    def _on_rank0(self, job):
+        from zoexec.threads import usable_cores
+
+        zdist.host_barrier(self.env)
+        result = None
+        if self.env.rank == 0:
+            torch.set_num_threads(usable_cores())
+            try:
+                result = job()
+            finally:
+                torch.set_num_threads(self.threads)
+        zdist.host_barrier(self.env)
+        return result
+
+    def meta(self) -> dict:
+        """The trace's meta entries: speed_check (before, after) and speed_probes."""
+        if not self.every:
+            return {}
+        return {"speed_check": self.checks, "speed_probes": self.probes}
+
+
+def probe_every(step_s: float) -> int:
+    """Steps between speed probes: about PROBE_EVERY_S of the plan's predicted steps."""
+    return max(1, round(PROBE_EVERY_S / step_s)) if step_s > 0 else 1
 
 
 def _build_model(cfg: RunConfig, spec: ModelSpec, *, skeleton: bool = False):
@@ -330,6 +385,7 @@ class Trainer:
     history: list[StepRecord] = field(default_factory=list)
     flags: ReadFlags | None = None      # CPU write-back fence (share_read_flags)
     passes: int = 0                     # block passes so far: the fence's stamp
+    speed: SpeedMonitor | None = None   # traced CPU runs: speed probes between steps
 
     def __post_init__(self) -> None:
         lay, rank = self.env.layout, self.env.rank
@@ -370,6 +426,8 @@ class Trainer:
                 if log:
                     log.append(record)
                 progress.update(record)
+                if self.speed:
+                    self.speed.after_step(step + 1, self.cfg.steps)
         except BaseException:
             if log:
                 log.abandon()

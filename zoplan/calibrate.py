@@ -235,12 +235,20 @@ class Drift:
     """The machine's speed during the run over its speed when profiled (speed checks:
     zoplan.profile.speed_check; > 1: slower now) for GEMM-bound and memory-bound block
     forwards and z draws, and the plan's layout simulated again on the profile with its
-    compute figures scaled by those ratios."""
+    compute figures scaled by those ratios. `probes`: how many speed probes were taken
+    between the run's steps (zoexec.engine.SpeedMonitor; 0 in older traces, whose
+    checks are only snapshots before and after the run)."""
 
     gemm: float
     memory: float
     z: float
     adjusted_pred_s: float | None
+    probes: int = 0
+
+
+# A run with this many speed probes between its steps has its speed known over its whole
+# length, not only at the snapshots before and after it.
+PROBES_STEADY = 3
 
 
 def drifted_profile(profile: HardwareProfile, *, gemm: float, memory: float,
@@ -276,17 +284,20 @@ def machine_drift(profile: HardwareProfile | None, meta: dict,
                 {k: v for k, v in (c.get(n) or {}).items() if k != "median_s"}
                 != {k: v for k, v in then[n].items() if k != "median_s"} for n in names):
             return None
-    now = {n: statistics.median(c[n]["median_s"] for c in checks) / then[n]["median_s"]
-           for n in names}
+    probes = [p for p in meta.get("speed_probes") or []
+              if isinstance(p, dict) and all(isinstance(p.get(n), (int, float)) for n in names)]
+    now = {n: statistics.median([c[n]["median_s"] for c in checks] + [p[n] for p in probes])
+           / then[n]["median_s"] for n in names}
     adjusted = resimulate(plan, drifted_profile(profile, **now)) if plan is not None else None
-    return Drift(**now, adjusted_pred_s=adjusted)
+    return Drift(**now, adjusted_pred_s=adjusted, probes=len(probes))
 
 
 def drift_text(cal: Calibration) -> str:
     d = cal.drift
-    text = (f"machine speed around the run (speed checks just before and after it) vs "
-            f"when profiled: GEMM-bound forward x{d.gemm:.2f}, memory-bound forward x{d.memory:.2f}, "
-            f"z draw x{d.z:.2f} (> 1: slower now)")
+    where = (f"during the run ({d.probes} probes between its steps, checks before and after)"
+             if d.probes else "around the run (speed checks just before and after it)")
+    text = (f"machine speed {where} vs when profiled: GEMM-bound forward x{d.gemm:.2f}, "
+            f"memory-bound forward x{d.memory:.2f}, z draw x{d.z:.2f} (> 1: slower now)")
     if d.adjusted_pred_s:
         text += (f"; the plan on the machine as it ran: {d.adjusted_pred_s:.3f} s, error "
                  f"{error_pct(d.adjusted_pred_s, cal.meas_step_s):+.1f}%")
@@ -294,15 +305,18 @@ def drift_text(cal: Calibration) -> str:
 
 
 def drift_warning(drift: Drift, run_s: float = 0.0) -> str | None:
-    """A warning when the speed checks moved by more than DRIFT_WARN, for runs shorter
-    than STEADY_RUN_S: the checks are snapshots of a second before and after the run,
-    which tell the speed of a short run but not the average of a long one."""
+    """A warning when the machine's speed moved by more than DRIFT_WARN. Without probes
+    through the run (older traces), only for runs shorter than STEADY_RUN_S: the checks
+    are then snapshots of a second before and after the run, which tell the speed of a
+    short run but not the average of a long one."""
     worst = max((drift.gemm, drift.memory, drift.z), key=lambda r: abs(r - 1.0))
-    if abs(worst - 1.0) <= DRIFT_WARN or run_s >= STEADY_RUN_S:
+    steady = drift.probes >= PROBES_STEADY
+    if abs(worst - 1.0) <= DRIFT_WARN or (run_s >= STEADY_RUN_S and not steady):
         return None
     how = "slower" if worst > 1 else "faster"
+    seen = "speed probes through the run" if steady else "speed checks"
     return (f"this machine ran {abs(worst - 1.0):.0%} {how} during the run than when it was "
-            f"profiled (speed checks): that part of the error is the machine, not the plan; "
+            f"profiled ({seen}): that part of the error is the machine, not the plan; "
             f"profile right before running, or refit with --fit")
 
 

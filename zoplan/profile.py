@@ -543,13 +543,15 @@ def forward_point(hidden: int, batch: int, seq: int, stats: dict, *, dtype_bytes
 WARM_VISIT_BELOW_S = 0.05
 
 
-def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None) -> list[dict]:
+def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None,
+                 between: Callable[[], Any] | None = None) -> list[dict]:
     """Timed forwards over settings.forward_grid (one block built per family and hidden
     size). The shapes are timed in turn, one sample each per pass, so a machine whose
     speed drifts for some seconds slows every shape alike instead of a few (which would
     bend the fit); short shapes are warmed by an untimed call of their own first
-    (WARM_VISIT_BELOW_S). CPU points carry attention and element-wise work apart (the CPU fit
-    prices them on their own); GPU points count attention as GEMM FLOPs."""
+    (WARM_VISIT_BELOW_S). `between` runs after each timed pass (the CPU's speed probes).
+    CPU points carry attention and element-wise work apart (the CPU fit prices them on
+    their own); GPU points count attention as GEMM FLOPs."""
     import torch
     from zoplan.models import dtype_bytes
 
@@ -573,6 +575,8 @@ def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None
                 else:
                     first = time_samples(job, repeats=1, warmup=0, sync=sync)[0]
                     warm[index] = int(first < WARM_VISIT_BELOW_S)
+            if rep and between:
+                between()
             if tick:
                 tick(f"block forwards: pass {rep + 1}/{settings.repeats + 1} over "
                      f"{len(jobs)} shapes")
@@ -677,23 +681,66 @@ SPEED_CHECKS = {"gemm": {"hidden": 512, "batch": 4, "seq": 128},
                 "z": {"hidden": 256}}
 
 
+class SpeedProbe:
+    """The speed check's work (SPEED_CHECKS), built once and timed on demand: a
+    GEMM-bound and a memory-bound block forward and a z draw, with this process's
+    threads. `check` is the speed check (medians of `repeats` samples); `sample` one
+    sample of each, cheap enough (about 0.1 s) to take every few seconds through a
+    profile or a run, so that the machine's speed is known over their whole length
+    and not only at one moment."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.jobs: dict[str, Callable[[], Any]] = {}
+        for name, shape in SPEED_CHECKS.items():
+            if name == "z":
+                steps, _ = zo_steps(shape["hidden"], device="cpu")
+                self.jobs[name] = steps["z"]
+                continue
+            parts = build_block(shape["hidden"], shape["seq"], dtype="fp32", device="cpu")
+            with torch.inference_mode():
+                hidden, ctx = parts.embed(torch.randint(0, 64, (shape["batch"], shape["seq"])))
+            self.jobs[name] = partial(self._forward, parts, hidden, ctx)
+
+    @staticmethod
+    def _forward(parts, hidden, ctx) -> None:
+        import torch
+
+        with torch.inference_mode():
+            parts.block_forward(hidden, ctx)
+
+    def check(self, *, repeats: int = 5) -> dict:
+        import torch
+
+        out: dict = {"threads": torch.get_num_threads()}
+        for name, job in self.jobs.items():
+            stats = summarize(time_samples(job, repeats=repeats, warmup=2 if name == "z" else 1))
+            out[name] = {**SPEED_CHECKS[name], "median_s": stats["median_s"]}
+        return out
+
+    def sample(self) -> dict:
+        """{"gemm": s, "memory": s, "z": s}: one timed call of each after an untimed one."""
+        return {name: time_samples(job, repeats=1, warmup=1)[0] for name, job in self.jobs.items()}
+
+
 def speed_check(*, repeats: int = 5) -> dict:
     """Under a second of reference work (SPEED_CHECKS) with this process's threads,
     medians. `zoplan profile` stores one in the profile; `zoexec run --trace` takes one
-    before and after its steps (rank 0 alone, all cores); `zoplan calibrate` compares
-    them, so a machine that got slower is told apart from a wrong prediction."""
-    import torch
+    before and after its steps (rank 0 alone, all cores) and probes (SpeedProbe.sample)
+    between them; `zoplan calibrate` compares them, so a machine that got slower is
+    told apart from a wrong prediction."""
+    return SpeedProbe().check(repeats=repeats)
 
-    out = {"threads": torch.get_num_threads()}
-    for name, shape in SPEED_CHECKS.items():
-        if name == "z":
-            steps, _ = zo_steps(shape["hidden"], device="cpu")
-            stats = summarize(time_samples(steps["z"], repeats=repeats, warmup=2))
-        else:
-            parts = build_block(shape["hidden"], shape["seq"], dtype="fp32", device="cpu")
-            stats = time_forward(parts, batch=shape["batch"], seq=shape["seq"],
-                                 repeats=repeats, device="cpu")
-        out[name] = {**shape, "median_s": stats["median_s"]}
+
+def merge_probes(check: dict, probes: list[dict]) -> dict:
+    """A speed check whose medians also count one-sample probes taken around it (each
+    probe one value per kind, the check's median one more)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in check.items()}
+    for name in SPEED_CHECKS:
+        values = [check[name]["median_s"]] + [p[name] for p in probes if name in p]
+        out[name]["median_s"] = statistics.median(values)
+    out["probes"] = len(probes)
     return out
 
 
@@ -759,10 +806,12 @@ def measure_cpu(settings: Settings, tick: Callable[[str], None]) -> dict:
     m["copy_alone"] = [cpu_copy(size, repeats=settings.repeats, store_bytes=settings.store_bytes)
                        for size in settings.copy_sweep]
     tick(f"copy, one rank: {m['copy_alone'][-1]['h2d_gbps']:.1f} GB/s")
-    m["forward_alone"] = forward_grid(settings, dtype="fp32", device="cpu", tick=tick)
+    probe, probes = SpeedProbe(), []
+    m["forward_alone"] = forward_grid(settings, dtype="fp32", device="cpu", tick=tick,
+                                      between=lambda: probes.append(probe.sample()))
     m["zo_alone"] = zo_costs(settings, device="cpu")
     tick(f"zo update task: {m['zo_alone']['ns_per_param']:.2f} ns/param")
-    m["speed_check"] = speed_check()
+    m["speed_check"] = merge_probes(probe.check(), probes)
     m["ranks"] = spawn_cpu_ranks(settings) if settings.ranks > 1 else None
     tick(f"{settings.ranks} gloo ranks at once")
     return m
@@ -1465,6 +1514,7 @@ def combine_rounds(datas: list[dict]) -> dict:
         for name in SPEED_CHECKS:
             data["speed_check"][name]["median_s"] = statistics.median(
                 d["speed_check"][name]["median_s"] for d in datas)
+        data["speed_check"]["probes"] = sum(d["speed_check"].get("probes", 0) for d in datas)
     for key, note in data["sources"].items():
         if note.startswith("[M]"):
             data["sources"][key] = f"{note} (median of {len(datas)} rounds)"
