@@ -212,8 +212,12 @@ def test_machine_drift_from_speed_checks(plans):
     probed = cal_mod.machine_drift(profile, {**meta, "speed_probes": probes}, plan)
     assert probed.probes == 5 and probed.gemm == pytest.approx(1.5)
     assert probed.adjusted_pred_s > drift.adjusted_pred_s
-    # ... so a long run with probes is warned about as well
+    # ... so a long run with probes is warned about as well, past a wider limit
     assert "50% slower" in cal_mod.drift_warning(probed, run_s=cal_mod.STEADY_RUN_S)
+    assert "50% slower" in cal_mod.drift_warning(probed)
+    mild = cal_mod.Drift(gemm=1.2, memory=1.0, z=1.0, adjusted_pred_s=None, probes=5)
+    assert cal_mod.drift_warning(mild, run_s=cal_mod.STEADY_RUN_S) is None
+    assert "20% slower" in cal_mod.drift_warning(mild, run_s=5.0)
     # a probe missing a kind is left out
     bad = cal_mod.machine_drift(profile, {**meta, "speed_probes": [{"gemm": 1.0}]}, plan)
     assert bad.probes == 0

@@ -99,3 +99,21 @@ def test_run_writes_losses_weights_and_trace(tmp_path):
     assert model.config.num_hidden_layers == 4
     meta, spans = read_trace(trace)
     assert meta["world_size"] == 2 and {s.rank for s in spans} == {0, 1}
+
+
+def test_a_trace_without_steps_runs_20_seconds_of_predicted_steps(tmp_path):
+    from pathlib import Path
+
+    from zoexec.launch import DEFAULT_STEPS, TRACE_RUN_S, build_config
+
+    def steps(trace, step_s):
+        path = Path(_plan(tmp_path, step_time_s=step_s))
+        return build_config(plan=path, model_path=None, init=None, data=None, steps=None,
+                            seed=0, lr=1e-6, eps=1e-3, weight_decay=0.0, out=None,
+                            trace=tmp_path / "t" if trace else None, threads=None,
+                            quiet=True).steps
+    assert steps(False, 0.1) == DEFAULT_STEPS
+    assert steps(True, 0.1) == round(TRACE_RUN_S / 0.1) + 1     # + the step calibrate skips
+    assert steps(True, 5.0) == DEFAULT_STEPS                    # never fewer than untraced
+    from zoplan.calibrate import STEADY_RUN_S
+    assert TRACE_RUN_S == STEADY_RUN_S

@@ -34,7 +34,7 @@ def run_cmd(
     model_path: Annotated[Optional[Path], typer.Option(help="Local HF model directory (config.json + weights); default: random init")] = None,
     init: Annotated[Optional[str], typer.Option(help="'random': seeded random weights (the default without --model-path)")] = None,
     data: Annotated[Optional[Path], typer.Option(help="JSONL file ({'text'} or {'input_ids'} per line); default: the built-in synthetic task")] = None,
-    steps: Annotated[int, typer.Option(help="Training steps")] = 10,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: 10; with --trace, enough of the plan's predicted steps for 20 s)")] = None,
     seed: Annotated[int, typer.Option(help="Base seed: z, data order and random init")] = 0,
     lr: Annotated[float, typer.Option(help="Learning rate")] = 1e-6,
     eps: Annotated[float, typer.Option(help="Perturbation scale")] = 1e-3,
@@ -48,9 +48,17 @@ def run_cmd(
     from zoexec.launch import RankFailure, build_config, run
 
     try:
-        run(build_config(plan=plan, model_path=model_path, init=init, data=data, steps=steps,
-                         seed=seed, lr=lr, eps=eps, weight_decay=weight_decay, out=out,
-                         trace=trace, threads=threads, quiet=quiet))
+        cfg = build_config(plan=plan, model_path=model_path, init=init, data=data, steps=steps,
+                           seed=seed, lr=lr, eps=eps, weight_decay=weight_decay, out=out,
+                           trace=trace, threads=threads, quiet=quiet)
+        if steps is None and trace is not None and not quiet:
+            step_s = cfg.plan["predicted"]["step_time_s"]
+            err_console.print(f"--trace without --steps: {cfg.steps} steps, about "
+                              f"{(cfg.steps - 1) * step_s:.0f} s of the plan's predicted "
+                              f"{step_s:.3f} s steps (a trace for `zoplan calibrate` "
+                              f"should average 20 s or more of the machine's speeds)",
+                              style="dim", highlight=False)
+        run(cfg)
     except ZoError as exc:
         _fail(str(exc), EXIT_USER_ERROR)
     except RankFailure as exc:

@@ -17,6 +17,8 @@ RankFailure naming the first rank that failed.
 
 from __future__ import annotations
 
+import math
+
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -253,14 +255,32 @@ def _debug_traceback() -> None:
 
 
 # ---- the command line's configuration ------------------------------------------------------
+DEFAULT_STEPS = 10
+TRACE_RUN_S = 20.0   # zoplan.calibrate.STEADY_RUN_S: a traced run this long averages a
+                     # drifting machine's speeds
+
+
+def default_steps(plan, *, traced: bool) -> int:
+    """--steps when not given: DEFAULT_STEPS, or with --trace enough of the plan's
+    predicted steps for TRACE_RUN_S (and the first, which calibrate skips), at least
+    DEFAULT_STEPS: a trace is for `zoplan calibrate`, and a short run's median is the
+    speed of one moment of a machine whose speed wanders."""
+    if not traced:
+        return DEFAULT_STEPS
+    return max(DEFAULT_STEPS, math.ceil(TRACE_RUN_S / plan.step_time_s) + 1)
+
+
 def build_config(*, plan: Path, model_path: Path | None, init: str | None, data: Path | None,
-                 steps: int, seed: int, lr: float, eps: float, weight_decay: float,
+                 steps: int | None, seed: int, lr: float, eps: float, weight_decay: float,
                  out: Path | None, trace: Path | None, threads: int | None, quiet: bool):
-    """A checked RunConfig from the command line's values (ZoError on bad input)."""
+    """A checked RunConfig from the command line's values (ZoError on bad input);
+    `steps` None: default_steps."""
     from zoexec.engine import RunConfig
     from zoplan.plan import Plan
 
     loaded = Plan.load(plan)
+    if steps is None:
+        steps = default_steps(loaded, traced=trace is not None)
     if model_path is not None and init is not None:
         raise ZoError("give either --model-path DIR or --init random, not both")
     if init not in (None, "random"):
