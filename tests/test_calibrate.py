@@ -178,10 +178,9 @@ def test_one_rank_fit_scales_the_compute_constants(tmp_path):
 
 
 def test_machine_drift_from_speed_checks(plans):
-    """A machine 20% slower during the run than when profiled: calibrate says so
+    """A machine 30% slower during the run than when profiled: calibrate says so
     (ratios, warning) and prices the plan on the machine as it ran."""
     plan = Plan.load(plans["pertp2"])
-    cal = compare(plan, dilate(plan, factor=1.2), skip=1)
     data = json.loads(load_profile("cpu").to_json())
     then = {"threads": 2, "gemm": {"hidden": 512, "batch": 4, "seq": 128, "median_s": 0.010},
             "memory": {"hidden": 128, "batch": 8, "seq": 512, "median_s": 0.020},
@@ -195,14 +194,18 @@ def test_machine_drift_from_speed_checks(plans):
             out[name]["median_s"] *= factor
         out.update(change)
         return out
-    meta = {"speed_check": [slower(1.18), slower(1.22)]}
+    meta = {"speed_check": [slower(1.28), slower(1.32)]}
     drift = cal_mod.machine_drift(profile, meta, plan)
-    assert (drift.gemm, drift.memory, drift.z) == pytest.approx((1.2, 1.2, 1.2))
-    assert cal.error_pct == pytest.approx(100 * (1 / 1.2 - 1), abs=0.5)
+    assert (drift.gemm, drift.memory, drift.z) == pytest.approx((1.3, 1.3, 1.3))
+    cal = compare(plan, dilate(plan, factor=1.3), skip=1)
+    assert cal.error_pct == pytest.approx(100 * (1 / 1.3 - 1), abs=0.5)
     assert abs(error_pct(drift.adjusted_pred_s, cal.meas_step_s)) < 3   # copies do not drift
-    assert "20% slower" in cal_mod.drift_warning(drift)
+    assert "30% slower" in cal_mod.drift_warning(drift)
     # snapshots around a long run do not tell its average speed: no warning then
     assert cal_mod.drift_warning(drift, run_s=cal_mod.STEADY_RUN_S) is None
+    # a drift within what the checks tell apart from noise: no warning
+    mild = cal_mod.Drift(gemm=1.2, memory=1.0, z=1.0, adjusted_pred_s=None)
+    assert cal_mod.drift_warning(mild) is None
     # another thread count (or no check at all): no comparison
     assert cal_mod.machine_drift(profile, {"speed_check": [slower(1.2, threads=1)]}, plan) is None
     assert cal_mod.machine_drift(profile, {}, plan) is None
@@ -212,12 +215,8 @@ def test_machine_drift_from_speed_checks(plans):
     probed = cal_mod.machine_drift(profile, {**meta, "speed_probes": probes}, plan)
     assert probed.probes == 5 and probed.gemm == pytest.approx(1.5)
     assert probed.adjusted_pred_s > drift.adjusted_pred_s
-    # ... so a long run with probes is warned about as well, past a wider limit
+    # ... so a long run with probes is warned about as well
     assert "50% slower" in cal_mod.drift_warning(probed, run_s=cal_mod.STEADY_RUN_S)
-    assert "50% slower" in cal_mod.drift_warning(probed)
-    mild = cal_mod.Drift(gemm=1.2, memory=1.0, z=1.0, adjusted_pred_s=None, probes=5)
-    assert cal_mod.drift_warning(mild, run_s=cal_mod.STEADY_RUN_S) is None
-    assert "20% slower" in cal_mod.drift_warning(mild, run_s=5.0)
     # a probe missing a kind is left out
     bad = cal_mod.machine_drift(profile, {**meta, "speed_probes": [{"gemm": 1.0}]}, plan)
     assert bad.probes == 0

@@ -34,7 +34,7 @@ def run_cmd(
     model_path: Annotated[Optional[Path], typer.Option(help="Local HF model directory (config.json + weights); default: random init")] = None,
     init: Annotated[Optional[str], typer.Option(help="'random': seeded random weights (the default without --model-path)")] = None,
     data: Annotated[Optional[Path], typer.Option(help="JSONL file ({'text'} or {'input_ids'} per line); default: the built-in synthetic task")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: 10; with --trace, enough of the plan's predicted steps for 20 s)")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: 10; with --trace, enough of the plan's predicted steps for 25 s)")] = None,
     seed: Annotated[int, typer.Option(help="Base seed: z, data order and random init")] = 0,
     lr: Annotated[float, typer.Option(help="Learning rate")] = 1e-6,
     eps: Annotated[float, typer.Option(help="Perturbation scale")] = 1e-3,
