@@ -15,9 +15,10 @@ Two paths, one output (a profile that validates with HardwareProfile.from_dict):
   (-> the compute fit: GEMM, attention and element-wise terms); z draws after torch
   work and a per-chunk probe (-> the z model), the update/perturb passes; paired
   samples of all ranks at once and rank 0 alone (-> compute.rank_scaling,
-  mem_rank_scaling, z_rank_scaling, rank_jitter); and a speed check (speed_check)
-  that `zoexec run --trace` repeats, so `zoplan calibrate` can tell machine drift
-  from model error. Like zoexec's ranks, the CPU path runs with OpenMP workers passive
+  mem_rank_scaling, z_rank_scaling, rank_jitter); and a speed check (SpeedProbe,
+  with one-sample probes between the forward grid's passes) that `zoexec run --trace`
+  repeats before, between and after its steps, so `zoplan calibrate` can tell gross
+  machine drift from model error. Like zoexec's ranks, the CPU path runs with OpenMP workers passive
   and glibc keeping freed memory (zoexec.threads).
 
 Every figure gets a "[M] zoplan profile <date> <what>" note; raw samples, medians and
