@@ -82,6 +82,7 @@ class RunConfig:
     threads: int | None = None
     run_id: str = "run"
     progress: bool = True
+    speed_checks: bool = True   # traced CPU runs: speed checks and probes (SpeedMonitor)
     fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`
     delay_h2d: tuple[int, int, float] | None = None   # for tests: (rank, block, seconds) slept before each h2d of it
 
@@ -181,7 +182,9 @@ class SpeedMonitor:
     steps, and a probe (SpeedProbe.sample) after every `every` steps, between steps (not
     inside a step's time). `zoplan calibrate` compares them with the profile's speed
     check, to tell a machine that got slower from a wrong prediction. Does nothing on
-    CUDA or without --trace."""
+    CUDA, without --trace, or with RunConfig.speed_checks off (rank 0 holds the probe's
+    blocks and the allocator keeps their activations: about 90 MiB of host memory on
+    an opt-125m run, which benchmarks/bench_host_memory.py leaves out)."""
 
     env: zdist.DistEnv
     threads: int
@@ -192,7 +195,7 @@ class SpeedMonitor:
 
     @classmethod
     def make(cls, cfg: RunConfig, env: zdist.DistEnv, threads: int) -> "SpeedMonitor":
-        if not cfg.trace_dir or env.is_cuda:
+        if not cfg.trace_dir or env.is_cuda or not cfg.speed_checks:
             return cls(env=env, threads=threads)
         every = probe_every(Plan(cfg.plan).step_time_s)
         probe = None

@@ -62,8 +62,9 @@ def keep_freed_memory() -> bool:
     CPU rank allocates and frees on every block (tens of MB) are reused instead of
     page-faulted in again: a tiny-opt block forward over 8192 tokens took 8,160 page
     faults and 58-62 ms without, 0 and 44-50 ms with (2-core VM). It costs a rank up to
-    that much retained memory (opt-125m, 2 ranks: 590-632 MiB private per rank against
-    556 MiB of buffers; keeping everything, no trimming at all, cost 790-851 MiB).
+    that much retained memory (opt-125m, 2 ranks: 554-611 MiB private on the rank that
+    did not build the model against 556 MiB of buffers; keeping everything, no
+    trimming at all, cost 790-851 MiB; the rank that built the model keeps up to 855).
     False where there is no glibc (the setting is simply not applied)."""
     import ctypes
     import ctypes.util
