@@ -18,7 +18,6 @@ RankFailure naming the first rank that failed.
 from __future__ import annotations
 
 import math
-
 import multiprocessing as mp
 import multiprocessing.connection
 import os

@@ -240,7 +240,7 @@ STEADY_RUN_S = 20.0        # a run this long averages a drifting machine's speed
 @dataclass(frozen=True, kw_only=True)
 class Drift:
     """The machine's speed during the run over its speed when profiled (speed checks:
-    zoplan.profile.speed_check; > 1: slower now) for GEMM-bound and memory-bound block
+    zoplan.profile.SpeedProbe; > 1: slower now) for GEMM-bound and memory-bound block
     forwards and z draws, and the plan's layout simulated again on the profile with its
     compute figures scaled by those ratios. `probes`: how many speed probes were taken
     between the run's steps (zoexec.engine.SpeedMonitor; 0 in older traces, whose

@@ -312,7 +312,7 @@ def _validate(data: Any, origin: str) -> HardwareProfile:
             isinstance(check.get(k), dict) and isinstance(check[k].get("median_s"), (int, float))
             and check[k]["median_s"] > 0 for k in ("gemm", "memory", "z"))):
         raise _fail(origin, "speed_check must have gemm, memory and z entries with "
-                            "median_s > 0 (zoplan.profile.speed_check)")
+                            "median_s > 0 (zoplan.profile.SpeedProbe.check)")
     extra = {k: data[k] for k in _OPTIONAL_TOP if k in data}
     return HardwareProfile(name=name, gpus_per_node=gpn, max_nodes=max_nodes,
                            sources=dict(sources), extra=extra, **sections)

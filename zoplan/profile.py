@@ -18,8 +18,8 @@ Two paths, one output (a profile that validates with HardwareProfile.from_dict):
   mem_rank_scaling, z_rank_scaling, rank_jitter); and a speed check (SpeedProbe,
   with one-sample probes between the forward grid's passes) that `zoexec run --trace`
   repeats before, between and after its steps, so `zoplan calibrate` can tell gross
-  machine drift from model error. Like zoexec's ranks, the CPU path runs with OpenMP workers passive
-  and glibc keeping freed memory (zoexec.threads).
+  machine drift from model error. Like zoexec's ranks, the CPU path runs with OpenMP
+  workers passive and glibc keeping freed memory (zoexec.threads).
 
 Every figure gets a "[M] zoplan profile <date> <what>" note; raw samples, medians and
 IQRs go into profile["measurements"], host, versions and devices into
@@ -510,18 +510,6 @@ def build_block(hidden: int, seq: int, *, dtype: str, device, family: str = "opt
     return parts
 
 
-def time_forward(parts, *, batch: int, seq: int, repeats: int, device, sync=None) -> dict:
-    """Median time of one block forward over batch x seq tokens (zoexec's call)."""
-    import torch
-
-    ids = torch.randint(0, 64, (batch, seq), device=device)
-    with torch.inference_mode():
-        hidden, ctx = parts.embed(ids)
-        samples = time_samples(lambda: parts.block_forward(hidden, ctx), repeats=repeats,
-                               warmup=1, sync=sync)
-    return summarize(samples)
-
-
 def forward_point(hidden: int, batch: int, seq: int, stats: dict, *, dtype_bytes: int,
                   family: str = "opt", split: bool = True) -> dict:
     """A timed forward with its work: `flops` (GEMMs; with attention when not `split`),
@@ -685,10 +673,13 @@ SPEED_CHECKS = {"gemm": {"hidden": 512, "batch": 4, "seq": 128},
 class SpeedProbe:
     """The speed check's work (SPEED_CHECKS), built once and timed on demand: a
     GEMM-bound and a memory-bound block forward and a z draw, with this process's
-    threads. `check` is the speed check (medians of `repeats` samples); `sample` one
-    sample of each, cheap enough (about 0.1 s) to take every few seconds through a
-    profile or a run, so that the machine's speed is known over their whole length
-    and not only at one moment."""
+    threads. `check` is the speed check (medians of `repeats` samples, under a second):
+    `zoplan profile` stores one in the profile, `zoexec run --trace` takes one before
+    and after its steps (rank 0 alone, all cores). `sample` is one sample of each,
+    cheap enough (about 0.1 s) to take every few seconds through a profile or a run,
+    so that the machine's speed is known over their whole length and not only at one
+    moment. `zoplan calibrate` compares them, to tell a machine that got slower from a
+    wrong prediction."""
 
     def __init__(self) -> None:
         import torch
@@ -723,15 +714,6 @@ class SpeedProbe:
     def sample(self) -> dict:
         """{"gemm": s, "memory": s, "z": s}: one timed call of each after an untimed one."""
         return {name: time_samples(job, repeats=1, warmup=1)[0] for name, job in self.jobs.items()}
-
-
-def speed_check(*, repeats: int = 5) -> dict:
-    """Under a second of reference work (SPEED_CHECKS) with this process's threads,
-    medians. `zoplan profile` stores one in the profile; `zoexec run --trace` takes one
-    before and after its steps (rank 0 alone, all cores) and probes (SpeedProbe.sample)
-    between them; `zoplan calibrate` compares them, so a machine that got slower is
-    told apart from a wrong prediction."""
-    return SpeedProbe().check(repeats=repeats)
 
 
 def merge_probes(check: dict, probes: list[dict]) -> dict:
