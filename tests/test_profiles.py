@@ -143,6 +143,34 @@ def test_compute_fit_tells_gemm_attention_and_elementwise_apart():
     assert fit["elem_ns"] == pytest.approx(0.6, rel=0.1)
     assert fit["overhead_us"] == pytest.approx(300, rel=0.1)
     assert fit["rel_rms_pct"] < 1
+    assert fit["rope_overhead_us"] == pytest.approx(0, abs=15)   # both families alike
+
+
+def test_compute_fit_prices_a_llama_blocks_extra_dispatch():
+    """A Llama block runs more operators than an OPT block (RMS norms, gated MLP,
+    rotary embedding): the fit gives them their own dispatch cost, and the planner
+    adds it to blocks of the Llama family only."""
+    from zoplan.hardware import forward_terms
+
+    settings = prof.Settings(repeats=1, quick=False, ranks=1, cores=2)
+    over, rope = 800e-6, 300e-6
+    points = []
+    for family, hidden, batch, seq in settings.forward_grid:
+        p = prof.forward_point(hidden, batch, seq, {}, dtype_bytes=4, family=family)
+        p["median_s"] = (over + (rope if family != "opt" else 0.0)
+                         + p["flops"] * (p["tokens"] + 48.0) / p["tokens"] / 0.25e12
+                         + p["attn_flops"] / 0.08e12 + p["elems"] * 0.6e-9)
+        points.append(p)
+    fit = prof.fit_compute(points, mem_gbps=1e6)
+    assert fit["overhead_us"] == pytest.approx(800, rel=0.05)
+    assert fit["rope_overhead_us"] == pytest.approx(300, rel=0.1)
+    assert prof.fit_figures(fit)["rope_overhead_us"] == pytest.approx(300, rel=0.1)
+    work = dict(flops=1e9, attn_flops=0.0, elems=0.0, tokens=256)
+    opt, llama = (forward_terms(fit, **work, family=f)[0] for f in ("opt", "llama"))
+    assert llama - opt == pytest.approx(fit["rope_overhead_us"] * 1e-6)
+    # one family alone: no such term (its dispatch is the overhead)
+    only_opt = prof.fit_compute([p for p in points if p["family"] == "opt"], mem_gbps=1e6)
+    assert "rope_overhead_us" not in only_opt
 
 
 def test_z_fit_and_paired_scalings():

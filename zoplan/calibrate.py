@@ -269,7 +269,8 @@ def drifted_profile(profile: HardwareProfile, *, gemm: float, memory: float,
                        ("mem_gbps", memory if has_terms else gemm)):
         if key in c:
             c[key] /= ratio
-    for key, ratio in (("overhead_us", memory if has_terms else gemm), ("elem_ns", memory),
+    for key, ratio in (("overhead_us", memory if has_terms else gemm),
+                       ("rope_overhead_us", memory), ("elem_ns", memory),
                        ("zo_ns_per_param", z), ("z_ns_per_elem", z), ("z_call_us", z),
                        ("z_chunk_us", z),
                        ("zo_pass_ns", memory)):
@@ -436,7 +437,7 @@ def refit_forward(fit: Refit, plan: Plan, measured_task_s: float) -> None:
     for key in ("peak_tflops", "mem_gbps", "attn_tflops"):
         if key in c:
             fit.set(f"compute.{key}", c[key] / ratio, why)
-    for key in ("overhead_us", "elem_ns"):
+    for key in ("overhead_us", "rope_overhead_us", "elem_ns"):
         if key in c:
             fit.set(f"compute.{key}", c[key] * ratio, why)
 

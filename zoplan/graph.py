@@ -180,7 +180,7 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
                             attn_flops=tokens * model.block_attn_flops_per_token(seq),
                             elems=tokens * model.block_elems_per_token(),
                             weight_bytes=model.block_params * cbytes, tokens=tokens,
-                            local_ranks=lr)
+                            local_ranks=lr, family=model.family)
     lookup = hw.forward_time_s(flops=0.0, elems=tokens * model.embed_elems_per_token(),
                                weight_bytes=0.0 if hw.has_z_model
                                else streams * tokens * model.hidden * cbytes,

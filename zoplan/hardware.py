@@ -32,7 +32,9 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
 - compute, optional terms of measured CPU profiles (`zoplan profile`):
   attn_tflops prices attention FLOPs apart from the GEMMs (flash attention on the CPU
   runs well below the GEMM rate), and elem_ns the element-wise operators (norms, bias
-  broadcasts, activations, the loss) per output element (zoplan.models *_elems_*).
+  broadcasts, activations, the loss) per output element (zoplan.models *_elems_*);
+  rope_overhead_us is what a Llama-family block forward (Llama, Qwen3) dispatches
+  beyond an OPT block (more operators: RMS norms, gated MLP, rotary embedding).
   The z model replaces zo_ns_per_param: one z draw costs z_call_us (with a thread
   pool) + the busiest thread's chunks x z_chunk_us + its elements x z_ns_per_elem
   (z chunks are spread over a rank's
@@ -72,20 +74,22 @@ _REQUIRED = {
                 "zo_ns_per_param", "rank_scaling"),
 }
 _NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens",
-           "compute.elem_ns", "compute.z_call_us", "compute.z_chunk_us",
+           "compute.elem_ns", "compute.rope_overhead_us", "compute.z_call_us", "compute.z_chunk_us",
            "compute.rank_jitter"}
 _OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check"}
 _OPTIONAL_NUMBERS = ("compute.zo_rank_scaling", "compute.attn_tflops", "compute.elem_ns",
                      "compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns",
                      "compute.z_rank_scaling", "compute.mem_rank_scaling",
-                     "compute.z_chunk_us", "compute.rank_jitter")   # > 0 (or >= 0) when present
+                     "compute.z_chunk_us", "compute.rank_jitter",
+                     "compute.rope_overhead_us")   # > 0 (or >= 0) when present
 _Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")
 
 
 def forward_terms(figures: dict, *, flops: float, attn_flops: float, elems: float,
-                  tokens: int) -> tuple[float, float, float]:
+                  tokens: int, family: str = "opt") -> tuple[float, float, float]:
     """(dispatch, GEMMs, attention + element-wise work) in seconds of one block forward
-    on one rank alone, from a profile's compute figures (or a fit's): overhead_us; the
+    on one rank alone, from a profile's compute figures (or a fit's): overhead_us (and
+    rope_overhead_us for a block of another family than OPT, where measured); the
     GEMM FLOPs at peak_tflops x m / (m + m_half_tokens); attention at attn_tflops and
     elem_ns per element-wise output where the figures have them (CPU profiles), else
     attention counts as GEMM FLOPs and element-wise work as free."""
@@ -94,7 +98,9 @@ def forward_terms(figures: dict, *, flops: float, attn_flops: float, elems: floa
     gemm = (flops if attn_rate else flops + attn_flops) / (figures["peak_tflops"] * 1e12 * eff)
     rest = attn_flops / (attn_rate * 1e12) if attn_rate else 0.0
     rest += elems * figures.get("elem_ns", 0.0) * 1e-9
-    return figures["overhead_us"] * 1e-6, gemm, rest
+    dispatch = figures["overhead_us"] + (figures.get("rope_overhead_us", 0.0)
+                                         if family != "opt" else 0.0)
+    return dispatch * 1e-6, gemm, rest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +162,8 @@ class HardwareProfile:
 
     def forward_time_s(self, *, flops: float, weight_bytes: float, tokens: int,
                        local_ranks: int = 1, attn_flops: float = 0.0,
-                       elems: float = 0.0, overhead_share: float = 1.0) -> float:
+                       elems: float = 0.0, overhead_share: float = 1.0,
+                       family: str = "opt") -> float:
         """One forward call: `flops` of GEMMs over `tokens` tokens, `attn_flops` of
         attention and `elems` element-wise outputs (both priced on their own where the
         profile has compute.attn_tflops / compute.elem_ns, CPU profiles; else attention
@@ -167,7 +174,7 @@ class HardwareProfile:
         share = self.compute_share(local_ranks)
         mem_share = self.compute_share(local_ranks, key="mem_rank_scaling")
         dispatch, gemm, rest = forward_terms(c, flops=flops, attn_flops=attn_flops,
-                                             elems=elems, tokens=tokens)
+                                             elems=elems, tokens=tokens, family=family)
         t = max(gemm / share, weight_bytes / (c["mem_gbps"] * 1e9)) + rest / mem_share
         return overhead_share * dispatch + t
 

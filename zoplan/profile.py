@@ -329,13 +329,15 @@ def _wls_nonneg(columns: list[list[float]], ts: list[float], *,
 
 def fit_compute(points: list[dict], *, mem_gbps: float) -> dict:
     """Least-squares fit (relative error) of the profile's forward-time model
-    t = overhead + max(flops / (peak * m / (m + m_half)), weight_bytes / mem_gbps)
+    t = overhead [+ rope_overhead for Llama-family blocks]
+        + max(flops / (peak * m / (m + m_half)), weight_bytes / mem_gbps)
         + attn_flops / attn_rate + elems * elem_ns
     to timed forwards ({"flops", "weight_bytes", "tokens", "median_s"}, and on the CPU
     "attn_flops" and "elems"). m_half is searched on a log grid; for each, overhead,
     1/peak, 1/attn_rate and elem_ns are a non-negative weighted least-squares problem
     (points the memory term dominates are left out). The attention and element-wise
-    terms are fitted only when the points carry that work."""
+    terms are fitted only when the points carry that work, the Llama-family dispatch
+    only when the points hold both families."""
     if len(points) < 2:
         raise ZoError(f"the compute fit needs >= 2 timed shapes, got {len(points)}")
     best = None
@@ -353,7 +355,11 @@ def _fit_at(points: list[dict], m_half: float, mem_gbps: float) -> dict | None:
     gemm = [p["flops"] * (p["tokens"] + m_half) / p["tokens"] for p in points]
     attn = [p.get("attn_flops", 0.0) for p in points]
     elems = [p.get("elems", 0.0) for p in points]
-    extra = [col for col in (attn, elems) if any(col)]
+    rope = [float(p.get("family", "opt") != "opt") for p in points]
+    if all(rope):   # one family only: its dispatch is overhead_us
+        rope = [0.0] * len(points)
+    named = [(n, col) for n, col in (("attn", attn), ("elems", elems), ("rope", rope)) if any(col)]
+    extra = [col for _, col in named]
     mem = [p["weight_bytes"] / (mem_gbps * 1e9) for p in points]
     keep = list(range(len(points)))
     coef = None
@@ -369,9 +375,9 @@ def _fit_at(points: list[dict], m_half: float, mem_gbps: float) -> dict | None:
     o, a, *rest = coef
     if a <= 0:
         return None
-    terms = dict(zip([n for n, col in (("attn", attn), ("elems", elems)) if any(col)], rest))
+    terms = dict(zip([n for n, _ in named], rest))
     model = [o + max(a * g, mb) + terms.get("attn", 0.0) * at + terms.get("elems", 0.0) * e
-             for g, mb, at, e in zip(gemm, mem, attn, elems)]
+             + terms.get("rope", 0.0) * r for g, mb, at, e, r in zip(gemm, mem, attn, elems, rope)]
     resid = [100.0 * (m - t) / t for m, t in zip(model, ts)]
     out = {"peak_tflops": 1.0 / a / 1e12, "overhead_us": o * 1e6, "m_half_tokens": m_half,
            "mem_gbps": mem_gbps,
@@ -381,6 +387,8 @@ def _fit_at(points: list[dict], m_half: float, mem_gbps: float) -> dict | None:
         out["attn_tflops"] = 1.0 / terms["attn"] / 1e12 if terms["attn"] > 1e-24 else 1e6
     if "elems" in terms:
         out["elem_ns"] = terms["elems"] * 1e9
+    if "rope" in terms:
+        out["rope_overhead_us"] = terms["rope"] * 1e6
     return out
 
 
@@ -466,6 +474,8 @@ def fit_figures(fit: dict) -> dict:
         out["attn_tflops"] = _r(fit["attn_tflops"])
     if "elem_ns" in fit:
         out["elem_ns"] = _r(fit["elem_ns"])
+    if "rope_overhead_us" in fit:
+        out["rope_overhead_us"] = round(fit["rope_overhead_us"], 2)
     return out
 
 
@@ -1268,6 +1278,9 @@ def _cpu_sources(settings: Settings, *, threads: int, fit: dict, date: str,
                                 "threads each) and rank 0 alone (all cores) in turn, median of the pairs",
         "compute.attn_tflops": f"{c}same fit (attention FLOPs apart from the GEMMs)",
         "compute.elem_ns": f"{c}same fit (element-wise operator outputs, zoplan.models)",
+        "compute.rope_overhead_us": f"{c}same fit (a Llama-family block's dispatch beyond an "
+                                    f"OPT block's: its norms, gated MLP and rotary embedding "
+                                    f"are more operators)",
         "compute.z_ns_per_elem": f"{c}z draws (zoexec.zo.z_block) of OPT blocks h={'/'.join(map(str, settings.z_hiddens))}, "
                                  f"{threads} threads: per element of the busiest thread",
         "compute.z_call_us": f"{c}same fit (handing the chunks to the thread pool)",
@@ -1584,7 +1597,8 @@ def render_summary(profile: HardwareProfile, path: Path, console) -> None:
             ("collective.allreduce_small_us", profile.collective["allreduce_small_us"])]
     rows += [(f"compute.{k}", profile.compute[k]) for k in
              ("peak_tflops", "m_half_tokens", "overhead_us", "mem_gbps", "zo_ns_per_param",
-              "rank_scaling", "zo_rank_scaling", "attn_tflops", "elem_ns", "z_ns_per_elem",
+              "rank_scaling", "zo_rank_scaling", "attn_tflops", "elem_ns", "rope_overhead_us",
+              "z_ns_per_elem",
               "z_call_us", "z_chunk_us", "zo_pass_ns", "z_rank_scaling", "mem_rank_scaling",
               "rank_jitter")
              if k in profile.compute]
