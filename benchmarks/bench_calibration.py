@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -143,7 +142,7 @@ def run_layout(label: str, gpus: int, axes: list[str], *, args, out: Path, profi
                model: Path):
     from rich.console import Console
 
-    from zoplan.calibrate import calibrate_command
+    from zoplan.calibrate import calibrate_command, steps_for_seconds
 
     tag = label.lower().replace(" ", "-")
     plan, trace = out / f"plan-{tag}.json", out / f"trace-{tag}"
@@ -151,7 +150,7 @@ def run_layout(label: str, gpus: int, axes: list[str], *, args, out: Path, profi
        "--profile", str(profile), "--batch", str(args.batch), "--seq", str(args.seq),
        "--prefetch", "2", *axes, "-q", "-o", str(plan))
     predicted = json.loads(plan.read_text())["predicted"]["step_time_s"]
-    steps = max(args.steps, math.ceil(args.seconds / predicted) + args.skip)
+    steps = max(args.steps, steps_for_seconds(predicted, args.seconds, skip=args.skip))
     runs = []
     for attempt in range(args.retries + 1):
         wait_quiet(args.wait)

@@ -17,7 +17,6 @@ RankFailure naming the first rank that failed.
 
 from __future__ import annotations
 
-import math
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -265,9 +264,11 @@ def default_steps(plan, *, traced: bool) -> int:
     predicted steps for TRACE_RUN_S (and the first, which calibrate skips), at least
     DEFAULT_STEPS: a trace is for `zoplan calibrate`, and a short run's median is the
     speed of one moment of a machine whose speed wanders."""
+    from zoplan.calibrate import steps_for_seconds
+
     if not traced:
         return DEFAULT_STEPS
-    return max(DEFAULT_STEPS, math.ceil(TRACE_RUN_S / plan.step_time_s) + 1)
+    return max(DEFAULT_STEPS, steps_for_seconds(plan.step_time_s, TRACE_RUN_S))
 
 
 def build_config(*, plan: Path, model_path: Path | None, init: str | None, data: Path | None,

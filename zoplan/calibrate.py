@@ -98,6 +98,11 @@ class Calibration:
     def gap_s(self) -> float:
         return self.pred_step_s - self.meas_step_s
 
+    @property
+    def period_s(self) -> float:
+        """Measured step period: start to start where known, else the step time."""
+        return self.meas_period_s or self.meas_step_s
+
     def row(self, kind: str) -> KindRow | None:
         return next((r for r in self.rows if r.kind == kind), None)
 
@@ -560,14 +565,19 @@ def step_line(cal: Calibration) -> str:
 
 def run_seconds(cal: Calibration) -> float:
     """How long the kept steps ran (start to start where known)."""
-    period = cal.meas_period_s or cal.meas_step_s
-    return period * len(cal.meas_step_samples)
+    return cal.period_s * len(cal.meas_step_samples)
+
+
+def steps_for_seconds(step_s: float, seconds: float = STEADY_RUN_S, *, skip: int = 1) -> int:
+    """--steps for a run whose steps after the first `skip` (which calibrate leaves
+    out) last `seconds` at `step_s` each (0 for a step of no time). zoexec's default
+    for traced runs and benchmarks/bench_calibration.py size their runs with it."""
+    return math.ceil(seconds / step_s) + skip if step_s > 0 else 0
 
 
 def steps_for(cal: Calibration, seconds: float = STEADY_RUN_S) -> int:
-    """--steps for a run whose kept steps last `seconds` (plus the skipped ones)."""
-    period = cal.meas_period_s or cal.meas_step_s
-    return math.ceil(seconds / period) + cal.steps_used[0] if period > 0 else 0
+    """--steps for a run like this one whose kept steps last `seconds`."""
+    return steps_for_seconds(cal.period_s, seconds, skip=cal.steps_used[0])
 
 
 def spread_line(cal: Calibration) -> str | None:
