@@ -120,7 +120,7 @@ class Others:
         while not self.stop.wait(self.period_s):
             self._poll(count=True)
 
-    def __enter__(self) -> "Others":
+    def __enter__(self) -> Others:
         self._poll(count=False)
         self.start = time.perf_counter()
         self.thread.start()
@@ -142,7 +142,9 @@ def run_layout(label: str, gpus: int, axes: list[str], *, args, out: Path, profi
                model: Path):
     from rich.console import Console
 
-    from zoplan.calibrate import calibrate_command, steps_for_seconds
+    from zoplan.calibrate import calibrate
+    from zoplan.execrules import steps_for_seconds
+    from zoplan.views.calibrate import render
 
     tag = label.lower().replace(" ", "-")
     plan, trace = out / f"plan-{tag}.json", out / f"trace-{tag}"
@@ -164,8 +166,9 @@ def run_layout(label: str, gpus: int, axes: list[str], *, args, out: Path, profi
               f"{'running it again' if attempt < args.retries else 'keeping it'}")
     console = Console(width=110)
     console.rule(f"{label}: zoplan calibrate {plan.name} {trace.name}")
-    cal = calibrate_command(plan=plan, trace=trace, fit=False, output=None,
-                            profile=str(profile), skip=args.skip, console=console)
+    cal = calibrate(plan=plan, trace=trace, fit=False, output=None, profile=str(profile),
+                    skip=args.skip).calibration
+    render(cal, console)
     return cal, run_s, runs[-1]
 
 
@@ -280,6 +283,8 @@ def per_layout(rows, labels) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from zoplan.calibrate import error_pct
+
     table = Table(title="per layout, median over the rounds")
     for col in ("layout", "predicted", "measured (median)", "error", "errors of the rounds",
                 "adj. errors"):
@@ -288,7 +293,7 @@ def per_layout(rows, labels) -> None:
     for label in labels:
         cals = [row[1] for row in rows if row[0] == label]
         meas = statistics.median(c.meas_step_s for c in cals)
-        err = 100 * (cals[0].pred_step_s - meas) / meas
+        err = error_pct(cals[0].pred_step_s, meas)
         worst = max(worst, abs(err))
         table.add_row(label, f"{cals[0].pred_step_s:.3f} s", f"{meas:.3f} s", f"{err:+.1f}%",
                       ", ".join(f"{c.error_pct:+.1f}%" for c in cals),

@@ -15,7 +15,7 @@ Prints
   and the private part of each rank next to what zoexec keeps per rank on purpose (on
   the CPU the rank's "device" memory is host memory too: block buffers, the working
   block and its z, the resident parts x3 (clean, perturbed, z), activations; estimated
-  by zoexec.handplan.memory_estimate).
+  by zoplan.handplan.memory_estimate).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from zoexec.engine import RunConfig
-from zoexec.handplan import hand_plan, memory_estimate
+from zoexec.config import RunConfig
 from zoexec.launch import _context, spawn_local
+from zoplan.handplan import hand_plan, memory_estimate
 from zoplan.layout import Layout
 from zoplan.models import get_model
 from zoplan.trace import read_trace

@@ -58,21 +58,20 @@ def bench_phases() -> None:
     """Where the time of one OPT-175B search goes (in-process, CPU seconds)."""
     clock = time.process_time
     t0 = clock()
-    from zoplan import search as S
-    import networkx  # noqa: F401  (imported lazily by the graph builder)
+    from zoplan.search import build_plan, space
+    from zoplan.search import evaluate as E
     t1 = clock()
-    req = S.resolve_request(model="opt-175b", gpus=8, profile=None, batch=16, seq=512)
-    candidates, pruned = S.enumerate_space(req, req.fixed)
+    req = space.resolve_request(model="opt-175b", gpus=8, profile=None, batch=16, seq=512)
+    candidates, pruned = space.enumerate_space(req, req.fixed)
     cache: dict = {}
-    ranked, by_bound = S.branch_and_bound(candidates, cache)
+    ranked, by_bound = E.branch_and_bound(candidates, cache)
     t2 = clock()
-    ranked = S.pick_winner(ranked)
+    ranked = E.pick_winner(ranked)
     t3 = clock()
-    unsliced, _ = S._unsliced_baseline(req, ranked, cache)
-    zo2 = S.zo2_baseline(req)
+    unsliced, _ = E._unsliced_baseline(req, ranked, cache)
+    zo2 = E.zo2_baseline(req)
     t4 = clock()
-    from zoplan.report import build_plan
-    result = S.SearchResult(request=req, ranked=ranked, pruned=pruned + by_bound, zo2=zo2,
+    result = E.SearchResult(request=req, ranked=ranked, pruned=pruned + by_bound, zo2=zo2,
                             unsliced=unsliced, unsliced_reason="")
     text = build_plan(result).to_json()
     t5 = clock()

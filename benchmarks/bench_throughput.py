@@ -23,17 +23,17 @@ import argparse
 import statistics
 import time
 
-from zoexec.threads import quiet_openmp
+from zoexec.hostenv import quiet_openmp
 
 quiet_openmp()   # as `zoexec run` starts its ranks (both loops run in this process)
 import torch  # noqa: E402
 
+from zoexec.config import RunConfig
 from zoexec.data import SyntheticTask
-from zoexec.engine import RunConfig
-from zoexec.handplan import hand_plan
 from zoexec.launch import run_in_process
 from zoexec.models import build_hf_model
 from zoexec.reference import mezo_reference_train
+from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.models import get_model
 from zoplan.workload import Workload

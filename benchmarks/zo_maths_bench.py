@@ -23,8 +23,9 @@ from zoexec.models import TensorSpec
 
 def block_specs(model: str) -> list[TensorSpec]:
     """Specs of one block from the HF module built on the meta device (no memory)."""
-    from zoexec.models import _config_from, layer_container, make_specs
     from transformers import AutoModelForCausalLM
+
+    from zoexec.models import _config_from, layer_container, make_specs
 
     config = _config_from(model, "random")
     config.num_hidden_layers = 1

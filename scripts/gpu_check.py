@@ -4,7 +4,7 @@
           --profile measure); if that fails the shipped hgx-h200 profile is used.
 1. plan   `zoplan optimize --model M --gpus 1 --profile P` when the planner's search is
           importable (it needs simpy); otherwise, or with --profile '', a hand-built
-          one-GPU plan (zoexec.handplan: ZO2 layout, prefetch 2).
+          one-GPU plan (zoplan.handplan: ZO2 layout, prefetch 2).
 2. run    `python -m zoexec.cli run plan.json --steps N --trace DIR` (random init).
 3. calibrate `zoplan calibrate plan.json trace`: predicted vs measured per task kind.
 4. report tokens/s (median over the steps after the first), peak GPU memory, and the
@@ -68,7 +68,7 @@ def make_plan(args, folder: Path) -> Path:
               "--seq", str(args.seq), "--precision", args.precision, "-o", str(plan), "-q"],
              folder / "plan.log")
         return plan
-    from zoexec.handplan import hand_plan
+    from zoplan.handplan import hand_plan
     from zoplan.layout import Layout
     from zoplan.workload import Workload
 

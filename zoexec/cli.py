@@ -13,8 +13,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from zoexec.threads import quiet_openmp
-from zoplan.errors import EXIT_USER_ERROR, ZoError
+from zoexec.hostenv import quiet_openmp
+from zoplan.errors import EXIT_USER_ERROR, ZoError, exit_with_error, need_exec_extra
 
 quiet_openmp()   # before torch is imported: the ranks inherit it
 
@@ -45,8 +45,10 @@ def run_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display")] = False,
 ) -> None:
     """Run the plan's ranks (here, or one rank per process under torchrun)."""
-    from zoexec.launch import RankFailure, build_config, run
-
+    try:
+        from zoexec.launch import RankFailure, build_config, run  # torch: after quiet_openmp
+    except ModuleNotFoundError as exc:
+        exit_with_error(str(need_exec_extra(exc, "zoexec run")))
     try:
         cfg = build_config(plan=plan, model_path=model_path, init=init, data=data, steps=steps,
                            seed=seed, lr=lr, eps=eps, weight_decay=weight_decay, out=out,
@@ -60,15 +62,9 @@ def run_cmd(
                               style="dim", highlight=False)
         run(cfg)
     except ZoError as exc:
-        _fail(str(exc), EXIT_USER_ERROR)
+        exit_with_error(str(exc), EXIT_USER_ERROR)
     except RankFailure as exc:
-        _fail(str(exc), exc.exit_code)
-
-
-def _fail(message: str, code: int) -> None:
-    """One red line on stderr, then exit with `code`."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
+        exit_with_error(str(exc), exc.exit_code)
 
 
 def main() -> None:

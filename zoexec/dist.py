@@ -26,16 +26,17 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from zoexec.threads import threads_per_rank, usable_cores
 from zoplan.errors import ZoError
+from zoplan.execrules import threads_per_rank, usable_cores
 from zoplan.layout import Layout
 from zoplan.trace import KIND_LANE, LANE_COMPUTE, LANES, NO_BLOCK, Span
 
@@ -112,7 +113,7 @@ def device_memory_bytes(device_kind: str, index: int) -> int | None:
     return int(torch.cuda.get_device_properties(index).total_memory)
 
 
-def device_memory_peak(env: "DistEnv") -> dict:
+def device_memory_peak(env: DistEnv) -> dict:
     """Peak memory the rank's GPU allocator held (empty on the CPU)."""
     if not env.is_cuda:
         return {}

@@ -35,7 +35,6 @@ exactly the order above.
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 import uuid
@@ -47,68 +46,22 @@ import torch.distributed as dist
 
 from zoexec import dist as zdist
 from zoexec.checkpoint import LossLog, StepRecord, export_final
+from zoexec.config import RunConfig
+from zoexec.data import make_source, shard
 from zoexec.fence import ReadFlags
-from zoexec.models import bind_block, bind_resident, build_parts, resident_flat
-from zoexec.store import (BlockStore, attach_store, create_store, fill_store,
-                          mapping_pss_bytes, store_path, stride_for)
-from zoexec.threads import keep_freed_memory
+from zoexec.hostenv import keep_freed_memory
+from zoexec.models import bind_block, bind_resident, resident_flat
+from zoexec.node import close_store, fence_needed, host_memory_probe, load_node_model, share_read_flags
+from zoexec.preflight import check_gpu_memory
+from zoexec.speed import SpeedMonitor
+from zoexec.store import BlockStore
 from zoexec.zo import RESIDENT_BLOCK, apply_update, perturb_into, projected_grad, step_seed, z_block
 from zoplan.errors import ZoError
 from zoplan.io import sha256_json
-from zoplan.layout import Layout
 from zoplan.models import ModelSpec
-from zoplan.plan import Plan
 from zoplan.trace import Span, write_trace
-from zoplan.workload import Workload
 
 SIGNS = {"+-": (1.0, -1.0), "+": (1.0,), "-": (-1.0,)}
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunConfig:
-    """Everything a rank needs; picklable (the launcher sends it to the ranks)."""
-
-    plan: dict
-    plan_path: str = "plan.json"
-    init: str = "random"
-    data: str = "synthetic"
-    steps: int = 10
-    seed: int = 0
-    lr: float = 1e-6
-    eps: float = 1e-3
-    weight_decay: float = 0.0
-    out_dir: str | None = None
-    trace_dir: str | None = None
-    threads: int | None = None
-    run_id: str = "run"
-    progress: bool = True
-    speed_checks: bool = True   # traced CPU runs: speed checks and probes (SpeedMonitor)
-    fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`
-    delay_h2d: tuple[int, int, float] | None = None   # for tests: (rank, block, seconds) slept before each h2d of it
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be > 0, got {self.eps}")
-        for name in ("lr", "weight_decay"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
-
-    # typed views of the plan: zoplan.plan.Plan reads them (the plan is validated on load)
-    @property
-    def layout(self) -> Layout:
-        return Plan(self.plan).layout
-
-    @property
-    def workload(self) -> Workload:
-        return Plan(self.plan).workload
-
-    @property
-    def device_kind(self) -> str:
-        return Plan(self.plan).device_kind
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,8 +94,6 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
 
 
 def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
-    from zoexec.launch import check_gpu_memory
-
     check_gpu_memory(cfg, env.local_rank)
     source = _data_source(cfg)
     run_id = zdist.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
@@ -168,208 +119,14 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
         close_store(store)
 
 
-# A traced CPU run probes the machine's speed between steps about this often (one
-# GEMM-bound and one memory-bound block forward and a z draw: about 0.1 s): the speed
-# checks before and after a run are snapshots of a second, and this machine's speed can
-# change by 2x within a minute.
-PROBE_EVERY_S = 3.0
-
-
-@dataclass(kw_only=True, eq=False)
-class SpeedMonitor:
-    """The machine's speed through a traced CPU run, on rank 0 with all cores while the
-    other ranks wait at a barrier: zoplan.profile's speed check before and after the
-    steps, and a probe (SpeedProbe.sample) after every `every` steps, between steps (not
-    inside a step's time). `zoplan calibrate` compares them with the profile's speed
-    check, to tell a machine that got slower from a wrong prediction. Does nothing on
-    CUDA, without --trace, or with RunConfig.speed_checks off (rank 0 holds the probe's
-    blocks and the allocator keeps their activations: about 90 MiB of host memory on
-    an opt-125m run, which benchmarks/bench_host_memory.py leaves out)."""
-
-    env: zdist.DistEnv
-    threads: int
-    every: int = 0                    # steps between probes (0: no probes, no checks)
-    probe: object = None              # rank 0's zoplan.profile.SpeedProbe
-    checks: list = field(default_factory=list)
-    probes: list = field(default_factory=list)
-
-    @classmethod
-    def make(cls, cfg: RunConfig, env: zdist.DistEnv, threads: int) -> "SpeedMonitor":
-        if not cfg.trace_dir or env.is_cuda or not cfg.speed_checks:
-            return cls(env=env, threads=threads)
-        every = probe_every(Plan(cfg.plan).step_time_s)
-        probe = None
-        if env.rank == 0:
-            from zoplan.profile import SpeedProbe
-
-            probe = SpeedProbe()
-        return cls(env=env, threads=threads, every=every, probe=probe)
-
-    def check(self) -> None:
-        """The full speed check (5 samples of each kind)."""
-        if self.every:
-            result = self._on_rank0(lambda: self.probe.check(repeats=5))   # rank 0 only
-            if result is not None:
-                self.checks.append(result)
-
-    def after_step(self, done: int, steps: int) -> None:
-        """A probe once `done` steps are done, every `every` steps, never after the last."""
-        if self.every and done % self.every == 0 and done < steps:
-            result = self._on_rank0(lambda: self.probe.sample())
-            if result is not None:
-                self.probes.append({"after_step": done - 1, **result})
-
-    def _on_rank0(self, job):
-        from zoexec.threads import usable_cores
-
-        zdist.host_barrier(self.env)
-        result = None
-        if self.env.rank == 0:
-            torch.set_num_threads(usable_cores())
-            try:
-                result = job()
-            finally:
-                torch.set_num_threads(self.threads)
-        zdist.host_barrier(self.env)
-        return result
-
-    def meta(self) -> dict:
-        """The trace's meta entries: speed_check (before, after) and speed_probes."""
-        if not self.every:
-            return {}
-        return {"speed_check": self.checks, "speed_probes": self.probes}
-
-
-def probe_every(step_s: float) -> int:
-    """Steps between speed probes: about PROBE_EVERY_S of the plan's predicted steps."""
-    return max(1, round(PROBE_EVERY_S / step_s)) if step_s > 0 else 1
-
-
-def _build_model(cfg: RunConfig, spec: ModelSpec, *, skeleton: bool = False):
-    """build_parts for the plan's model; `skeleton`: a one-block random model of the
-    same shape (resident structure + block template) whose weights come from the node."""
-    wl = cfg.workload
-    kw = dict(param_dtype=wl.param_dtype, compute_dtype=wl.compute_dtype, seed=cfg.seed)
-    if not skeleton:
-        return build_parts(spec, init=cfg.init, **kw)
-    if cfg.init == "random":
-        config = dict(spec.hf_config)
-    else:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(cfg.init, local_files_only=True).to_dict()
-    config.update(num_hidden_layers=1)
-    if config.get("layer_types"):
-        config["layer_types"] = config["layer_types"][:1]
-    return build_parts(config, init="random", **kw)
-
-
 def _data_source(cfg: RunConfig):
     """The data (read before the model is built, so a bad file fails fast)."""
-    from zoexec.data import make_source
-
     tokenizer = cfg.init if cfg.init != "random" else None
     vocab = ModelSpec.from_dict(cfg.plan["model"]["spec"]).vocab
     return make_source(cfg.data, vocab=vocab, seed=cfg.seed, tokenizer_dir=tokenizer)
 
 
 # ---- the node's model: built once, shared ---------------------------------------------------
-def load_node_model(cfg: RunConfig, env: zdist.DistEnv, run_id: str):
-    """(parts, store). Local rank 0 builds the model and fills the node's block store
-    and a resident handover file; the other local ranks build a one-block skeleton and
-    take the weights from shared memory, so a node builds (and holds) the model once."""
-    spec = ModelSpec.from_dict(cfg.plan["model"]["spec"])
-    builder = env.local_rank == 0
-    parts, flats = _build_model(cfg, spec, skeleton=not builder)
-    lay = env.layout
-    stride = stride_for(parts.block_numel, slices=lay.slices, local_ranks=lay.local_ranks)
-
-    def fill_blocks(store: BlockStore) -> None:
-        fill_store(store, flats)
-
-    store = share_on_node(env, store_path(run_id, env.place.node), fill_blocks if builder else None,
-                          num_blocks=spec.num_layers, block_numel=parts.block_numel,
-                          stride=stride, dtype=parts.param_dtype)
-    del flats
-    if lay.local_ranks > 1:
-        _share_resident(env, run_id, parts, builder)
-    store.pinned = zdist.pin_host_memory(env, store.flat)
-    return parts, store
-
-
-def _share_resident(env: zdist.DistEnv, run_id: str, parts, builder: bool) -> None:
-    """Hand local rank 0's resident weights to the other local ranks."""
-    blocks = store_path(run_id, env.place.node)
-    path = blocks.with_name(f"{blocks.name}-resident")
-    numel = parts.resident_numel
-
-    def fill(handover: BlockStore) -> None:
-        handover.flat.copy_(resident_flat(parts))
-
-    handover = share_on_node(env, path, fill if builder else None, num_blocks=1,
-                             block_numel=numel, stride=numel, dtype=parts.dtype)
-    if not builder:
-        bind_resident(parts, handover.flat.clone())
-
-
-def fence_needed(layout: Layout) -> bool:
-    """Whether d2h needs the write-back fence (the all-gather orders it otherwise)."""
-    return 1 < layout.local_ranks and layout.slices < layout.local_ranks
-
-
-def share_read_flags(env: zdist.DistEnv, run_id: str, *, num_blocks: int) -> ReadFlags | None:
-    """The node's read stamps of the CPU write-back fence (None on CUDA, or when no
-    fence is needed): a zeroed [local_ranks, num_blocks] int64 shm file, shared and
-    unlinked like the block store."""
-    lay = env.layout
-    if env.is_cuda or not fence_needed(lay):
-        return None
-    blocks = store_path(run_id, env.place.node)
-    shared = share_on_node(env, blocks.with_name(f"{blocks.name}-fence"),
-                           (lambda _: None) if env.local_rank == 0 else None,
-                           num_blocks=lay.local_ranks, block_numel=num_blocks,
-                           stride=num_blocks, dtype=torch.int64)
-    return ReadFlags(stamps=shared.flat.view(lay.local_ranks, num_blocks),
-                     local_rank=env.local_rank, first_rank=env.rank - env.local_rank,
-                     timeout_s=zdist.TIMEOUT_S)
-
-
-def share_on_node(env: zdist.DistEnv, path: Path, fill, **shape) -> BlockStore:
-    """The builder (fill not None, local rank 0) creates and fills a shared file, the
-    other local ranks map it, then the name is unlinked (mappings live on)."""
-    store = None
-    try:
-        if fill is not None:
-            store = create_store(path, **shape)
-            fill(store)
-        zdist.host_barrier(env, node_only=True)
-        if store is None:
-            store = attach_store(path, **shape)
-        store.inode = path.stat().st_ino
-        zdist.host_barrier(env, node_only=True)
-    finally:
-        if fill is not None:
-            path.unlink(missing_ok=True)
-    return store
-
-
-def close_store(store: BlockStore | None) -> None:
-    if store is not None and store.pinned:
-        zdist.unpin_host_memory(store.flat)
-        store.pinned = False
-
-
-def host_memory_probe(store: BlockStore, env: zdist.DistEnv) -> dict:
-    """This process's memory, its share of the store and its GPU peak (bytes)."""
-    import psutil
-
-    info = psutil.Process().memory_full_info()
-    store_pss, store_rss = mapping_pss_bytes(store.path)
-    return {"rank": env.rank, "pid": os.getpid(), "rss": info.rss, "pss": info.pss,
-            "uss": info.uss, "store_pss": store_pss, "store_rss": store_rss,
-            "store_bytes": store.nbytes, "store_inode": store.inode,
-            "store_path": str(store.path), "store_pinned": store.pinned,
-            **zdist.device_memory_peak(env)}
 
 
 # ---- the training loop ---------------------------------------------------------------------
@@ -478,8 +235,6 @@ class Trainer:
         zdist.host_barrier(self.env)
 
     def _batch(self, step: int) -> torch.Tensor:
-        from zoexec.data import shard
-
         wl = self.cfg.workload
         rows = self.source.batch(step, wl.batch, wl.seq)
         mine = shard(rows, data_shard=self.data_shard, num_shards=self.env.layout.ddp)

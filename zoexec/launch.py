@@ -26,11 +26,17 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+from zoexec.config import RunConfig
+from zoexec.dist import RankPlace, free_port, place_from_env
+from zoexec.preflight import preflight
+from zoexec.store import remove_run_files
 from zoplan.errors import EXIT_USER_ERROR, ZoError
+from zoplan.execrules import default_steps
+from zoplan.plan import Plan
 
 EXIT_RANK_FAILED = 1
 KILL_GRACE_S = 3.0
-PRELOAD = ["torch", "transformers", "zoexec.engine"]
+PRELOAD = ["torch", "transformers", "zoexec.engine"]   # what the forkserver imports once
 
 
 class RankFailure(Exception):
@@ -39,88 +45,9 @@ class RankFailure(Exception):
     exit_code = EXIT_RANK_FAILED
 
 
-# ---- preflight ------------------------------------------------------------------------------
-def preflight(cfg, *, world_size: int | None = None, local_world_size: int | None = None) -> None:
-    """Raise ZoError if the plan cannot run here as asked."""
-    lay = cfg.layout
-    if world_size is None and lay.nodes > 1:
-        raise ZoError(f"the plan spans {lay.nodes} nodes of {lay.local_ranks} ranks; start it "
-                      f"on every node with torchrun --nnodes {lay.nodes} --nproc-per-node "
-                      f"{lay.local_ranks} -m zoexec.cli run ...")
-    if world_size is not None and world_size != lay.world_size:
-        raise ZoError(f"torchrun started {world_size} ranks but the plan's layout "
-                      f"{lay.label()} has {lay.world_size}")
-    if local_world_size is not None and local_world_size != lay.local_ranks:
-        raise ZoError(f"torchrun started {local_world_size} ranks on this node but the plan "
-                      f"puts {lay.local_ranks} on each node")
-    _check_devices(cfg)
-    _check_memory(cfg)
-    _check_model(cfg)
-    if cfg.data != "synthetic" and not Path(cfg.data).is_file():
-        raise ZoError(f"data file {cfg.data} does not exist")
-    for what, where in (("--out", cfg.out_dir), ("--trace", cfg.trace_dir)):
-        if where and Path(where).exists() and not Path(where).is_dir():
-            raise ZoError(f"{what} {where} exists and is not a directory")
-
-
-def _check_devices(cfg) -> None:
-    from zoexec.dist import device_count
-
-    need, have = cfg.layout.local_ranks, device_count(cfg.device_kind)
-    if have < need:
-        raise ZoError(f"the plan needs {need} CUDA GPU(s) per node but this machine has "
-                      f"{have}" + ("" if have else " (plan profile device_kind is 'cuda')"))
-
-
-def _check_memory(cfg) -> None:
-    """Host memory here; GPU memory is checked by each rank on its own GPU
-    (check_gpu_memory), so that the launcher never creates a CUDA context."""
-    import psutil
-
-    pred, lay = cfg.plan["predicted"], cfg.layout
-    host = float(pred.get("host_mem_bytes") or 0)
-    if cfg.device_kind == "cpu":
-        host += lay.local_ranks * float(pred.get("gpu_mem_bytes") or 0)
-    available = psutil.virtual_memory().available
-    if host > available:
-        raise ZoError(f"the plan needs {host / 2**30:.2f} GiB of host memory per node, "
-                      f"{available / 2**30:.2f} GiB is available")
-
-
-def check_gpu_memory(cfg, local_rank: int) -> None:
-    """The plan's predicted memory per GPU fits this rank's GPU (no-op on the CPU)."""
-    from zoexec.dist import device_memory_bytes
-
-    need = float(cfg.plan["predicted"].get("gpu_mem_bytes") or 0)
-    total = device_memory_bytes(cfg.device_kind, local_rank)
-    if total is not None and need > total:
-        raise ZoError(f"the plan needs {need / 2**30:.2f} GiB per GPU, GPU {local_rank} has "
-                      f"{total / 2**30:.2f} GiB")
-
-
-def _check_model(cfg) -> None:
-    """--model-path: a directory with a config.json whose shape matches the plan's."""
-    if cfg.init == "random":
-        return
-    from zoplan.models import ModelSpec, get_model
-
-    path = Path(cfg.init)
-    if not path.is_dir():
-        raise ZoError(f"model path {path} is not a directory")
-    if not (path / "config.json").is_file():
-        raise ZoError(f"model path {path} has no config.json")
-    have, want = get_model(str(path)), ModelSpec.from_dict(cfg.plan["model"]["spec"])
-    for key in ("family", "num_layers", "hidden", "vocab"):
-        if getattr(have, key) != getattr(want, key):
-            raise ZoError(f"model in {path} has {key} {getattr(have, key)} but the plan was "
-                          f"made for {getattr(want, key)} ({want.name})")
-
-
 # ---- running ---------------------------------------------------------------------------------
 def run(cfg) -> None:
     """Run a plan: under torchrun one rank here, otherwise all local ranks spawned."""
-    from zoexec.dist import place_from_env
-
     place = place_from_env()
     if place is not None:
         run_torchrun_rank(cfg, place)
@@ -152,9 +79,6 @@ def run_torchrun_rank(cfg, place) -> None:
 
 def spawn_local(cfg) -> None:
     """Start the plan's ranks on this machine and wait; the first failure stops all."""
-    from zoexec.dist import RankPlace, free_port
-    from zoexec.store import remove_run_files
-
     cfg = replace(cfg, run_id=cfg.run_id if cfg.run_id not in ("", "run") else uuid.uuid4().hex[:12])
     ctx = _context(cfg.plan["model"]["spec"]["family"])
     reasons = ctx.SimpleQueue()
@@ -253,35 +177,16 @@ def _debug_traceback() -> None:
 
 
 # ---- the command line's configuration ------------------------------------------------------
-DEFAULT_STEPS = 10
-# zoplan.calibrate.STEADY_RUN_S (20 s: a traced run this long averages a drifting
-# machine's speeds) with a margin, for plans that predict a little slower than they run
-TRACE_RUN_S = 25.0
-
-
-def default_steps(plan, *, traced: bool) -> int:
-    """--steps when not given: DEFAULT_STEPS, or with --trace enough of the plan's
-    predicted steps for TRACE_RUN_S (and the first, which calibrate skips), at least
-    DEFAULT_STEPS: a trace is for `zoplan calibrate`, and a short run's median is the
-    speed of one moment of a machine whose speed wanders."""
-    from zoplan.calibrate import steps_for_seconds
-
-    if not traced:
-        return DEFAULT_STEPS
-    return max(DEFAULT_STEPS, steps_for_seconds(plan.step_time_s, TRACE_RUN_S))
 
 
 def build_config(*, plan: Path, model_path: Path | None, init: str | None, data: Path | None,
                  steps: int | None, seed: int, lr: float, eps: float, weight_decay: float,
                  out: Path | None, trace: Path | None, threads: int | None, quiet: bool):
     """A checked RunConfig from the command line's values (ZoError on bad input);
-    `steps` None: default_steps."""
-    from zoexec.engine import RunConfig
-    from zoplan.plan import Plan
-
+    `steps` None: zoplan.execrules.default_steps."""
     loaded = Plan.load(plan)
     if steps is None:
-        steps = default_steps(loaded, traced=trace is not None)
+        steps = default_steps(loaded.step_time_s, traced=trace is not None)
     if model_path is not None and init is not None:
         raise ZoError("give either --model-path DIR or --init random, not both")
     if init not in (None, "random"):
@@ -301,9 +206,7 @@ def build_config(*, plan: Path, model_path: Path | None, init: str | None, data:
 
 def run_in_process(cfg) -> list:
     """Run a one-rank plan in this process (tests, benchmarks); returns the StepRecords."""
-    from zoexec.dist import RankPlace, free_port
     from zoexec.engine import rank_main
-    from zoexec.store import remove_run_files
 
     if cfg.layout.world_size != 1:
         raise ZoError(f"run_in_process needs a one-rank plan, not {cfg.layout.label()}")

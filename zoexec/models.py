@@ -117,7 +117,7 @@ class ModelParts:
             hidden = body.norm(hidden)
         return self.resident.lm_head(hidden)
 
-    def to(self, device: torch.device | str) -> "ModelParts":
+    def to(self, device: torch.device | str) -> ModelParts:
         """Move resident and block modules (rebind flat buffers afterwards)."""
         self.resident.to(device)
         self.block.to(device)

@@ -17,7 +17,7 @@ offloading, no torch.distributed).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -17,11 +17,8 @@ z addressing (the contract every rank relies on):
 Cost: z dominates a CPU step. torch's CPU normal_ (mt19937) is serial per generator,
 so the per-chunk seeding is what lets several threads draw one block (torch releases
 the GIL; chunks are spread largest-first over torch.get_num_threads() threads).
-Measured on a shared 2-core box (benchmarks/zo_maths_bench.py, best of 10, opt-125m
-block): ~4.5 ms per million fp32 values on one thread (the same as one torch.randn
-call over the whole block; numpy's generators were 12-20 ms), 4.5-11 ms under load;
-two threads on two idle cores drew 2 x 4M values in 0.155 s against 0.29 s serially.
-perturb_into and apply_update are one pass each (~1 ms per million).
+perturb_into and apply_update are one pass each (figures: docs/measurements.md,
+benchmarks/zo_maths_bench.py).
 
 z generations per step: the schedule of ZO2/DistZO2 as run here generates z TWICE per
 block per step (once for the deferred update of step t-1, once to build the perturbed
@@ -33,12 +30,12 @@ code generate it FOUR times (+eps, -2eps, +eps restore, update); reference.py do
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Sequence
 
 import torch
 
-from zoexec.threads import Z_CHUNK, balance, chunk_bounds
+from zoplan.execrules import Z_CHUNK, balance, chunk_bounds
 
 RESIDENT_BLOCK = -1
 _MASK64 = (1 << 64) - 1
@@ -133,7 +130,7 @@ def z_block(seed: int, block: int, specs: Sequence, *, out: torch.Tensor | None 
 
 
 def _balance(jobs: list[tuple[int, int, int]], parts: int) -> list[list[tuple[int, int, int]]]:
-    """Largest chunk first onto the least loaded thread (zoexec.threads.balance; the
+    """Largest chunk first onto the least loaded thread (zoplan.execrules.balance; the
     result never depends on it)."""
     return [[jobs[i] for i in group]
             for group in balance([stop - start for _, start, stop in jobs], parts)]

@@ -2,6 +2,9 @@
 
 Every user-facing problem is a ZoError: one red line on stderr, exit code 2, and no
 half-written output file.
+
+The planner never imports torch or zoexec, with one exception: `zoplan profile` calls
+the executor package's profiler (zoexec.profiler), which measures with torch.
 """
 
 from __future__ import annotations
@@ -13,18 +16,19 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from zoplan.errors import EXIT_USER_ERROR, ZoError
+from zoplan import calibrate as calibration
+from zoplan import profiling, search
+from zoplan.errors import ZoError, exit_with_error, need_exec_extra
+from zoplan.views import calibrate as calibrate_view
+from zoplan.views import optimize as optimize_view
+from zoplan.views.compare import compare_command
+from zoplan.views.listings import render_models, render_profiles
+from zoplan.views.profile import profile_progress, render_summary
+from zoplan.views.show import render_short_timeline, show_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan zeroth-order fine-tuning of models streamed from host memory.")
 console = Console()
-err_console = Console(stderr=True)
-
-
-def fail(message: str) -> None:
-    """Print one red line and exit with the user-error code."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(EXIT_USER_ERROR)
 
 
 def command(name: str):
@@ -35,7 +39,7 @@ def command(name: str):
             try:
                 return func(*args, **kwargs)
             except ZoError as exc:
-                fail(str(exc))
+                exit_with_error(str(exc))
         return app.command(name)(wrapper)
     return register
 
@@ -43,14 +47,12 @@ def command(name: str):
 @command("models")
 def models_cmd() -> None:
     """List the model catalogue: blocks, parameters, bytes per block."""
-    from zoplan.view import render_models
     render_models(console)
 
 
 @command("profiles")
 def profiles_cmd() -> None:
     """List the shipped hardware profiles."""
-    from zoplan.view import render_profiles
     render_profiles(console)
 
 
@@ -72,11 +74,16 @@ def optimize_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No tables, no timeline: just write the plan")] = False,
 ) -> None:
     """Search PertP x DDP layouts, slice size and prefetch depth; write the best as a plan."""
-    from zoplan.search import optimize_command
-    optimize_command(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
-                     param_dtype=param_dtype, pertp=pertp, ddp=ddp, slices=slices,
-                     prefetch=prefetch, output=output, json_out=json_out, top=top,
-                     quiet=quiet, console=console)
+    with optimize_view.search_progress(enabled=not (quiet or json_out)) as progress:
+        plan = search.optimize(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
+                               param_dtype=param_dtype, pertp=pertp, ddp=ddp, slices=slices,
+                               prefetch=prefetch, output=output, progress=progress)
+    if json_out:
+        console.file.write(plan.to_json())
+    elif not quiet:
+        optimize_view.render_optimize(plan, console, top=top, output=Path(output),
+                                      profile_arg=profile)
+        render_short_timeline(plan, console)
 
 
 @command("profile")
@@ -89,12 +96,15 @@ def profile_cmd(
     cpu: Annotated[bool, typer.Option("--cpu", help="Profile the CPU/gloo path even where CUDA exists")] = False,
 ) -> None:
     """Measure this machine (CUDA GPUs, or gloo ranks on the CPU) into a hardware profile."""
-    from zoexec.threads import quiet_openmp
+    try:
+        from zoexec import profiler  # the one import of the executor in the planner (the rule)
+    except ModuleNotFoundError as exc:
+        raise need_exec_extra(exc, "zoplan profile") from None
 
-    quiet_openmp()   # as zoexec runs its ranks (before torch is imported)
-    from zoplan.profile import profile_command
-    profile_command(output=output, name=name, ranks=ranks, repeats=repeats, quick=quick,
-                    force_cpu=cpu, console=console)
+    profile, path = profiling.profile_machine(
+        profiler=profiler, output=output, name=name, ranks=ranks, repeats=repeats,
+        quick=quick, force_cpu=cpu, progress=lambda: profile_progress(console))
+    render_summary(profile, path, console)
 
 
 @command("calibrate")
@@ -107,9 +117,11 @@ def calibrate_cmd(
     skip: Annotated[int, typer.Option(help="First steps excluded from the medians")] = 1,
 ) -> None:
     """Predicted vs measured time per task kind and for the whole step."""
-    from zoplan.calibrate import calibrate_command
-    calibrate_command(plan=plan, trace=trace, fit=fit, output=output, profile=profile,
-                      skip=skip, console=console)
+    result = calibration.calibrate(plan=plan, trace=trace, profile=profile, skip=skip, fit=fit,
+                                   output=output)
+    calibrate_view.render(result.calibration, console)
+    if result.refit is not None:
+        calibrate_view.render_refit(result.refit, result.calibration, console)
 
 
 @command("show")
@@ -123,7 +135,6 @@ def show_cmd(
     svg: Annotated[Optional[Path], typer.Option(help="Save the rendered timeline as SVG here")] = None,
 ) -> None:
     """Draw the step as a Gantt chart: one row per rank and lane."""
-    from zoplan.view import show_command
     show_command(plan=plan, trace=trace, ranks=ranks, blocks=blocks, width=width,
                  chrome=chrome, svg=svg, console=console)
 
@@ -133,7 +144,6 @@ def compare_cmd(
     plans: Annotated[list[Path], typer.Argument(help="Two or more plan.json files, or one plan to compare its candidates")],
 ) -> None:
     """Side-by-side table of plans (or of one plan's ranked candidates)."""
-    from zoplan.view import compare_command
     compare_command(plans=plans, console=console)
 
 

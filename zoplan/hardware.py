@@ -38,12 +38,12 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
   The z model replaces zo_ns_per_param: one z draw costs z_call_us (with a thread
   pool) + the busiest thread's chunks x z_chunk_us + its elements x z_ns_per_elem
   (z chunks are spread over a rank's
-  cores // local_ranks threads, zoexec.threads), times 1 / z_rank_scaling with several
+  cores // local_ranks threads, zoplan.execrules), times 1 / z_rank_scaling with several
   ranks; each perturb or update pass costs zo_pass_ns per element. With several ranks
   the attention and element-wise terms share the host by compute.mem_rank_scaling
   (memory-bound work shares cores worse than GEMMs), the GEMMs by rank_scaling.
   compute.rank_jitter: how far the slowest of several ranks running at once is above
-  their mean (zoplan.graph.rank_factors spreads the ranks' compute speeds by it).
+  their mean (zoplan.sim.graph.rank_factors spreads the ranks' compute speeds by it).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from zoplan.errors import ZoError
+from zoplan.execrules import SPEED_CHECK_KINDS, threads_per_rank, z_makespan, z_uses_pool
 from zoplan.io import dumps_canonical, load_json, sha256_json
 
 PROFILE_SCHEMA_VERSION = 1
@@ -191,16 +192,13 @@ class HardwareProfile:
 
     def z_time_s(self, tensor_numels: list[int], local_ranks: int = 1) -> float:
         """One z draw over these tensors (has_z_model): the rank's threads split the
-        chunks (zoexec.threads.balance), so the busiest thread sets the time; handing
+        chunks (zoplan.execrules.balance), so the busiest thread sets the time; handing
         the chunks to a thread pool costs z_call_us (one thread draws them itself)."""
-        from zoexec.threads import chunk_bounds, threads_per_rank, z_makespan
-
         c = self.compute
         threads = threads_per_rank(self.host["cores"], local_ranks)
         elems, chunks = z_makespan(tensor_numels, threads)
         scale = c.get("z_rank_scaling", 1.0) if self.is_cpu and local_ranks > 1 else 1.0
-        all_chunks = sum(len(chunk_bounds(n)) for n in tensor_numels)
-        call = c["z_call_us"] * 1e-6 if min(threads, all_chunks) > 1 else 0.0   # z_block's rule
+        call = c["z_call_us"] * 1e-6 if z_uses_pool(tensor_numels, threads) else 0.0
         return (call + chunks * c.get("z_chunk_us", 0.0) * 1e-6
                 + elems * c["z_ns_per_elem"] * 1e-9 / scale)
 
@@ -233,7 +231,7 @@ class HardwareProfile:
         return dumps_canonical(self.to_dict())
 
     @classmethod
-    def from_dict(cls, data: Any, *, origin: str = "profile") -> "HardwareProfile":
+    def from_dict(cls, data: Any, *, origin: str = "profile") -> HardwareProfile:
         return _validate(data, origin)
 
 
@@ -317,9 +315,9 @@ def _validate(data: Any, origin: str) -> HardwareProfile:
     check = data.get("speed_check")
     if check is not None and not (isinstance(check, dict) and all(
             isinstance(check.get(k), dict) and isinstance(check[k].get("median_s"), (int, float))
-            and check[k]["median_s"] > 0 for k in ("gemm", "memory", "z"))):
+            and check[k]["median_s"] > 0 for k in SPEED_CHECK_KINDS)):
         raise _fail(origin, "speed_check must have gemm, memory and z entries with "
-                            "median_s > 0 (zoplan.profile.SpeedProbe.check)")
+                            "median_s > 0 (zoexec.profiler.probe.SpeedProbe.check)")
     extra = {k: data[k] for k in _OPTIONAL_TOP if k in data}
     return HardwareProfile(name=name, gpus_per_node=gpn, max_nodes=max_nodes,
                            sources=dict(sources), extra=extra, **sections)
@@ -379,7 +377,7 @@ def _check_sources(origin: str, sections: dict, sources: dict) -> None:
 
 
 # ---- loading ------------------------------------------------------------------------
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "hwprofiles"
+PROFILES_DIR = Path(__file__).resolve().parent / "hwprofiles"   # hwprofiles/ in the repository
 DEFAULT_PROFILE = "dgx-a100-80gb"
 
 

@@ -107,7 +107,7 @@ class Layout:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Layout":
+    def from_dict(cls, data: dict) -> Layout:
         try:
             return cls(**data)
         except (TypeError, ValueError) as exc:

@@ -196,7 +196,7 @@ class ModelSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelSpec":
+    def from_dict(cls, data: dict) -> ModelSpec:
         try:
             return cls(**data)
         except (TypeError, ValueError) as exc:
@@ -329,3 +329,39 @@ def get_model(name_or_path: str) -> ModelSpec:
         return spec_from_hf_config(config, name=label or str(path))
     raise ZoError(f"unknown model {name_or_path!r}: not in the catalogue "
                   f"(see `zoplan models`) and no such config.json")
+
+
+# ---- one generic block (what `zoplan profile` times) -----------------------------------------
+def one_block_config(hidden: int, seq: int, family: str = "opt") -> dict:
+    """An HF config of a generic one-block model of `family`: OPT with a 4h MLP, or
+    Llama (Qwen3) with a gated 8h/3 MLP; 64-dim heads, a 64-token vocabulary."""
+    heads = max(1, hidden // 64)
+    if family == "opt":
+        return {"model_type": "opt", "num_hidden_layers": 1, "hidden_size": hidden,
+                "ffn_dim": 4 * hidden, "num_attention_heads": heads,
+                "vocab_size": 64, "max_position_embeddings": max(seq, 64),
+                "word_embed_proj_dim": hidden, "do_layer_norm_before": True,
+                "tie_word_embeddings": True}
+    return {"model_type": family, "num_hidden_layers": 1, "hidden_size": hidden,
+            "intermediate_size": 8 * hidden // 3 // 32 * 32 or hidden,
+            "num_attention_heads": heads, "num_key_value_heads": heads,
+            "head_dim": hidden // heads, "vocab_size": 64,
+            "max_position_embeddings": max(seq, 64), "rope_theta": 10000.0,
+            "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+
+
+def block_forward_work(hidden: int, batch: int, seq: int, *, dtype_bytes: int,
+                       family: str = "opt", split: bool = True) -> dict:
+    """The work of one forward of one_block_config's block over batch x seq tokens:
+    `flops` (GEMMs; with attention when not `split`), `attn_flops` and `elems`
+    (element-wise outputs), and the block's `weight_bytes` (see
+    HardwareProfile.forward_time_s)."""
+    spec = spec_from_hf_config(one_block_config(hidden, seq, family),
+                               name=f"{family}-block-{hidden}")
+    tokens = batch * seq
+    gemm = tokens * spec.block_gemm_flops_per_token()
+    attn = tokens * spec.block_attn_flops_per_token(seq)
+    return {"family": family, "hidden": hidden, "batch": batch, "seq": seq, "tokens": tokens,
+            "flops": gemm if split else gemm + attn, "attn_flops": attn if split else 0.0,
+            "elems": tokens * spec.block_elems_per_token() if split else 0.0,
+            "weight_bytes": spec.block_params * dtype_bytes}

@@ -85,12 +85,12 @@ class Plan:
         atomic_write_text(path, self.to_json())
 
     @classmethod
-    def from_dict(cls, data: Any, *, origin: str = "plan") -> "Plan":
+    def from_dict(cls, data: Any, *, origin: str = "plan") -> Plan:
         validate_plan(data, origin)
         return cls(data)
 
     @classmethod
-    def load(cls, path: Path | str) -> "Plan":
+    def load(cls, path: Path | str) -> Plan:
         return cls.from_dict(load_json(path, what="plan"), origin=f"plan {path}")
 
 

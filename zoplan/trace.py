@@ -14,9 +14,9 @@ Trace directory written by `zoexec run --trace DIR`:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from zoplan.errors import ZoError
 from zoplan.io import atomic_write_text, load_json
@@ -85,7 +85,7 @@ class Span:
                 "lane": self.lane}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Span":
+    def from_dict(cls, data: dict) -> Span:
         try:
             return cls(
                 kind=str(data["kind"]), rank=int(data["rank"]),

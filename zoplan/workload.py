@@ -32,5 +32,5 @@ class Workload:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Workload":
+    def from_dict(cls, data: dict) -> Workload:
         return cls(**data)

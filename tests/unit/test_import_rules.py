@@ -1,0 +1,124 @@
+"""The architecture's rule, checked on every module's imports (those inside functions
+included):
+- zoplan, the planner, never imports torch (or anything that needs it) or zoexec; the
+  one exception is the `zoplan profile` command, which calls zoexec.profiler;
+- its imports are at the top of each module (torch-free by construction, not by
+  function-local imports);
+- zoexec, the executor, imports of zoplan only the contracts both halves share, and
+  those contracts import only each other.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NEEDS_TORCH = ("torch", "transformers", "safetensors", "numpy", "psutil", "zoexec")
+CONTRACTS = {"zoplan", "zoplan.errors", "zoplan.io", "zoplan.models", "zoplan.workload",
+             "zoplan.layout", "zoplan.plan", "zoplan.trace", "zoplan.execrules"}
+EXCEPTIONS = {("zoplan.cli", "zoexec.profiler")}   # `zoplan profile` measures with torch
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules(package: str) -> dict[str, Path]:
+    return {module_name(p): p for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(module imported, line, inside a function) of every import statement; `from a
+    import b` counts as a.b where a.b is a module of the project."""
+    tree = ast.parse(path.read_text())
+    local = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for n in ast.walk(f)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno, id(node) in local) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                name = full if is_module(full) else node.module
+                out.append((name, node.lineno, id(node) in local))
+    return out
+
+
+def under(name: str, roots) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in roots)
+
+
+def planner_violations() -> list[str]:
+    bad = []
+    for mod, path in modules("zoplan").items():
+        for name, line, inside in imports(path):
+            where = f"{path.relative_to(ROOT)}:{line} imports {name}"
+            if (mod, name) in EXCEPTIONS:
+                continue
+            if under(name, NEEDS_TORCH):
+                bad.append(where)
+            elif inside:
+                bad.append(where + " inside a function")
+    return bad
+
+
+def executor_violations() -> list[str]:
+    bad = []
+    contracts = [p for m, p in modules("zoplan").items() if m in CONTRACTS]
+    for path in list(modules("zoexec").values()) + contracts:
+        for name, line, _ in imports(path):
+            if under(name, ("zoplan",)) and name not in CONTRACTS:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}, not a contract")
+    return bad
+
+
+def test_the_planner_needs_no_torch_and_no_executor():
+    assert planner_violations() == []
+
+
+def test_the_executor_uses_only_the_contracts_of_the_planner():
+    assert executor_violations() == []
+
+
+@pytest.mark.parametrize("source,finds", [
+    ("import torch\n", "imports torch"),
+    ("from zoexec.engine import RunConfig\n", "imports zoexec.engine"),
+    ("def f():\n    import json\n", "imports json inside a function"),
+])
+def test_the_rule_finds_what_breaks_it(tmp_path, monkeypatch, source, finds):
+    """A planner module written to break the rule is found (the guard can fail)."""
+    fake = ROOT / "zoplan" / "_rule_probe.py"
+    fake.write_text(source)
+    try:
+        assert any(finds in v for v in planner_violations())
+    finally:
+        fake.unlink()
+
+
+def test_a_contract_that_reaches_into_the_planner_is_found():
+    fake = ROOT / "zoexec" / "_rule_probe.py"
+    fake.write_text("from zoplan.sim.graph import step_costs\n")
+    try:
+        assert any("imports zoplan.sim.graph" in v for v in executor_violations())
+    finally:
+        fake.unlink()
+
+
+def test_importing_the_planner_loads_neither_torch_nor_the_executor():
+    code = ("import sys, zoplan.cli, zoplan.search, zoplan.calibrate, zoplan.profiling\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'transformers', 'zoexec')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,246 @@
+"""zoplan.profiling: the fits and the assembly of a profile, from synthetic samples
+(no torch: the measuring side is zoexec.profiler, tested in test_profiler.py and in the
+end-to-end loop)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from zoplan.errors import ZoError
+from zoplan.hardware import GIB, HardwareProfile, forward_terms, load_profile, shipped_profiles
+from zoplan.io import load_json
+from zoplan.models import block_forward_work
+from zoplan.profiling.build import build_profile, combine_rounds
+from zoplan.profiling.fits import (
+    collective_figures,
+    fabric_from_topology,
+    fit_compute,
+    fit_figures,
+    fit_z,
+    paired_rank_scaling,
+    paired_z_scaling,
+    rank_scaling,
+    share_groups,
+)
+
+# the block-forward grid of a full CPU profile (zoexec.profiler.settings.Settings)
+_SHAPES = [(1, 32), (4, 64), (1, 256), (8, 128), (2, 512), (4, 512)]
+_WIDE = {128: [(16, 512), (32, 256)], 256: [(16, 512)], 512: [(8, 512)], 1024: []}
+CPU_GRID = ([("opt", h, b, s) for h in (128, 256, 512, 1024) for b, s in _SHAPES + _WIDE[h]]
+            + [("llama", h, b, s) for h in (128, 512) for b, s in _SHAPES + _WIDE[h]])
+
+
+def _points(peak_tflops, overhead_us, m_half):
+    pts = []
+    for flops, tokens in [(1e9, 32), (4e9, 128), (1.6e10, 512), (6e10, 2048), (2e9, 64)]:
+        t = overhead_us * 1e-6 + flops * (tokens + m_half) / tokens / (peak_tflops * 1e12)
+        pts.append({"flops": flops, "tokens": tokens, "weight_bytes": 1.0, "median_s": t})
+    return pts
+
+
+def test_compute_fit_recovers_the_model():
+    fit = fit_compute(_points(0.2, 500, 64), mem_gbps=10)
+    assert fit["peak_tflops"] == pytest.approx(0.2, rel=0.05)
+    assert fit["overhead_us"] == pytest.approx(500, rel=0.1)
+    assert 40 <= fit["m_half_tokens"] <= 100
+    assert fit["rel_rms_pct"] < 2
+
+
+def test_compute_fit_tells_gemm_attention_and_elementwise_apart():
+    """CPU points carry attention FLOPs and element-wise outputs; the fit recovers the
+    four figures of a synthetic machine from the same grid shapes a profile times."""
+    truth = {"peak": 0.25e12, "attn": 0.08e12, "elem_ns": 0.6, "over": 300e-6, "m_half": 48.0}
+    points = []
+    for family, hidden, batch, seq in CPU_GRID:
+        p = block_forward_work(hidden, batch, seq, dtype_bytes=4, family=family)
+        p["median_s"] = (truth["over"] + p["flops"] * (p["tokens"] + truth["m_half"])
+                         / p["tokens"] / truth["peak"] + p["attn_flops"] / truth["attn"]
+                         + p["elems"] * truth["elem_ns"] * 1e-9)
+        points.append(p)
+    fit = fit_compute(points, mem_gbps=1e6)
+    assert fit["peak_tflops"] == pytest.approx(0.25, rel=0.05)
+    assert fit["attn_tflops"] == pytest.approx(0.08, rel=0.05)
+    assert fit["elem_ns"] == pytest.approx(0.6, rel=0.1)
+    assert fit["overhead_us"] == pytest.approx(300, rel=0.1)
+    assert fit["rel_rms_pct"] < 1
+    assert fit["rope_overhead_us"] == pytest.approx(0, abs=15)   # both families alike
+
+
+def test_compute_fit_prices_a_llama_blocks_extra_dispatch():
+    """A Llama block runs more operators than an OPT block (RMS norms, gated MLP,
+    rotary embedding): the fit gives them their own dispatch cost, and the planner
+    adds it to blocks of the Llama family only."""
+    over, rope = 800e-6, 300e-6
+    points = []
+    for family, hidden, batch, seq in CPU_GRID:
+        p = block_forward_work(hidden, batch, seq, dtype_bytes=4, family=family)
+        p["median_s"] = (over + (rope if family != "opt" else 0.0)
+                         + p["flops"] * (p["tokens"] + 48.0) / p["tokens"] / 0.25e12
+                         + p["attn_flops"] / 0.08e12 + p["elems"] * 0.6e-9)
+        points.append(p)
+    fit = fit_compute(points, mem_gbps=1e6)
+    assert fit["overhead_us"] == pytest.approx(800, rel=0.05)
+    assert fit["rope_overhead_us"] == pytest.approx(300, rel=0.1)
+    assert fit_figures(fit)["rope_overhead_us"] == pytest.approx(300, rel=0.1)
+    work = dict(flops=1e9, attn_flops=0.0, elems=0.0, tokens=256)
+    opt, llama = (forward_terms(fit, **work, family=f)[0] for f in ("opt", "llama"))
+    assert llama - opt == pytest.approx(fit["rope_overhead_us"] * 1e-6)
+    # one family alone: no such term (its dispatch is the overhead)
+    only_opt = fit_compute([p for p in points if p["family"] == "opt"], mem_gbps=1e6)
+    assert "rope_overhead_us" not in only_opt
+
+
+def test_z_fit_and_paired_scalings():
+    draws = [{"busiest_elems": n, "median_s": 400e-6 + n * 5e-9} for n in (99_000, 1_600_000)]
+    z = fit_z(draws)
+    assert z["z_call_us"] == pytest.approx(400, rel=0.01)
+    assert z["z_ns_per_elem"] == pytest.approx(5, rel=0.01)
+    # rank 0 alone (2 threads, pool) vs 2 ranks at once (1 thread each, no pool):
+    # per-element speed together = 1.25 x alone
+    alone = [400e-6 + 1_600_000 * 5e-9] * 3
+    together = [3_200_000 * 4e-9] * 3
+    measured = {"per_rank": [{"z": {"alone": {"samples_s": alone}, "threads_alone": 2,
+                                    "together": {"samples_s": together}, "threads_together": 1,
+                                    "busiest_alone": 1_600_000, "busiest_together": 3_200_000},
+                              "forward": {"alone": {"samples_s": [0.110] * 3},
+                                          "together": {"samples_s": [0.010 + 0.1 * 2 / 1.6] * 3}}},
+                             {}]}
+    assert paired_z_scaling(measured, call_s=400e-6) == pytest.approx(1.25)
+    assert paired_rank_scaling(measured, overhead_s=0.010) == pytest.approx(1.6)
+
+
+def test_compute_fit_needs_two_points():
+    with pytest.raises(ZoError, match=">= 2"):
+        fit_compute(_points(1, 1, 1)[:1], mem_gbps=1)
+
+
+def test_rank_scaling_inverts_the_profile_model():
+    # one rank: 100 ms = 10 ms overhead + 90 ms work; two ranks at once: 10 + 90 * 2 / 1.6
+    together = 0.010 + 0.090 * 2 / 1.6
+    assert rank_scaling(alone_s=0.1, together_s=together, ranks=2,
+                             overhead_s=0.01) == pytest.approx(1.6)
+    assert rank_scaling(alone_s=0.1, together_s=0.2, ranks=1, overhead_s=0) == 1.0
+
+
+def test_collective_figures_subtract_the_latency():
+    gathers = [{"bytes": 4096, "median_s": 100e-6},
+               {"bytes": 2**20, "median_s": 100e-6 + 2**19 / 1e9}]   # 2 ranks: half moves
+    figs = collective_figures(gathers, {"median_s": 50e-6}, world=2)
+    assert figs["latency_us"] == pytest.approx(100)
+    assert figs["allreduce_small_us"] == pytest.approx(50)
+    assert figs["allgather_busbw"] == [[2**20, pytest.approx(1.0, rel=1e-3)]]
+
+
+def test_share_groups_from_pairs():
+    alone = [25.0] * 4
+    pairs = {(0, 1): 12.5, (0, 2): 25, (0, 3): 25, (1, 2): 25, (1, 3): 25, (2, 3): 12}
+    assert share_groups(4, alone, pairs) == [[0, 1], [2, 3]]
+    assert share_groups(2, [25, 25], {(0, 1): 24}) == [[0], [1]]
+
+
+def test_fabric_from_topology():
+    nv = [["X", "NV12", "NV12"], ["NV12", "X", "NV12"], ["NV12", "NV12", "X"]]
+    assert fabric_from_topology(3, nv) == {"kind": "nvswitch", "groups": [[0, 1, 2]]}
+    pairs = [["X", "NV4", "SYS", "SYS"], ["NV4", "X", "SYS", "SYS"],
+             ["SYS", "SYS", "X", "NV4"], ["SYS", "SYS", "NV4", "X"]]
+    assert fabric_from_topology(4, pairs) == {"kind": "bridge", "groups": [[0, 1], [2, 3]]}
+    pcie = [["X", "PIX"], ["PIX", "X"]]
+    assert fabric_from_topology(2, pcie) == {"kind": "host"}
+    assert fabric_from_topology(2, None) == {"kind": "host"}
+
+
+def test_zo_rank_scaling_is_optional_and_checked():
+    data = copy.deepcopy(load_json(shipped_profiles()["cpu"]))
+    base_profile = HardwareProfile.from_dict(data)
+    data["compute"]["zo_rank_scaling"] = 1.7
+    data["sources"]["compute.zo_rank_scaling"] = "[M] test"
+    with_zo = HardwareProfile.from_dict(data)
+    assert with_zo.zo_time_s(10**6, 2) == pytest.approx(
+        10**6 * data["compute"]["zo_ns_per_param"] * 1e-9 / (1.7 / 2))
+    assert with_zo.forward_time_s(flops=1e9, weight_bytes=1, tokens=64, local_ranks=2) == \
+        base_profile.forward_time_s(flops=1e9, weight_bytes=1, tokens=64, local_ranks=2)
+    data["compute"]["zo_rank_scaling"] = -1
+    with pytest.raises(ZoError, match="compute.zo_rank_scaling"):
+        HardwareProfile.from_dict(data)
+
+
+def _cuda_round(n: int) -> dict:
+    """What zoexec.profiler.cuda.measure_cuda returns, made up (no GPU here)."""
+    def copy(rate, copies=1):
+        return {"per_copy_gbps": rate, "total_gbps": rate * copies, "median_s": 0.01}
+    stats = {"median_s": 0.001, "iqr_s": [0.001, 0.001], "samples_s": [0.001]}
+    grid = [{"hidden": 1024, "batch": 1, "seq": 128, "tokens": t, "flops": 1e9 * t,
+             "weight_bytes": 2e7, "median_s": 5e-5 + 1e9 * t * (t + 256) / t / 5e14}
+            for t in (128, 512, 2048, 8192)]
+    return {
+        "devices": ["NVIDIA H200"] * n, "memory": [[140 * GIB, 143 * GIB]] * n,
+        "h2d": [copy(54)] * n, "d2h": [copy(53)] * n, "duplex": [copy(30, 2)] * n,
+        "sweep": [copy(50)], "all": copy(45, n),
+        "pairs": {f"{i},{j}": copy(26 if (i // 2 == j // 2) else 54)
+                  for i in range(n) for j in range(i + 1, n)},
+        "d2d": {"gbps": 4000.0}, "p2p": {"gbps": 380.0},
+        "forward_alone": grid, "zo_alone": {"ns_per_param": 0.01},
+        "topology": [["X" if i == j else "NV18" for j in range(n)] for i in range(n)],
+        "nccl": {"allgather": [{"bytes": 8192, **stats, "median_s": 2e-5},
+                               {"bytes": 2**26, **stats, "median_s": 2e-5 + 2**25 / 3e11}],
+                 "allreduce": {**stats, "median_s": 1e-5}},
+    }
+
+
+def _cuda_samples(n: int) -> dict:
+    """zoexec.profiler.measure's samples of a quick CUDA profile of n GPUs."""
+    mib = 2**20
+    settings = {"repeats": 3, "quick": True, "ranks": n, "cores": 64, "device": "cuda",
+                "rounds": 1, "copy_bytes": 256 * mib, "store_bytes": 256 * mib,
+                "copy_sweep": [16 * mib, 256 * mib], "gather_sizes": [8192, mib, 64 * mib],
+                "forward_grid": [["opt", 1024, 1, 128]], "reference_shape": ["opt", 1024, 1, 128],
+                "z_hiddens": [128, 2048], "zo_hidden": 2048,
+                "speed_checks": {"gemm": {}, "memory": {"hidden": 128, "batch": 8, "seq": 512},
+                                 "z": {}}}
+    return {"settings": settings, "rounds": [_cuda_round(n)], "date": "2000-01-01",
+            "host": {"name": "box", "cpu_model": "Xeon", "os": "Linux", "total_gib": 2048.0,
+                     "used_gib": 10.0},
+            "versions": {"torch": "2.13.0", "transformers": "5.23.0", "python": "3.11"},
+            "devices": ["NVIDIA H200"] * n, "other_load_pct": 0.0, "rejected_samples": 3,
+            "command": "zoplan profile"}
+
+
+def test_cuda_samples_build_a_valid_profile():
+    """The samples of zoexec.profiler on a CUDA machine (made up: no GPU here) become a
+    validated profile with the planner's figures, notes and provenance."""
+    data = build_profile(_cuda_samples(4), name="fake-h200")
+    profile = HardwareProfile.from_dict(json.loads(json.dumps(data)))
+    assert profile.pcie["switch_groups"] == [[0, 1], [2, 3]]
+    assert profile.pcie["switch_uplink_gbps"] == pytest.approx(54)  # never below one GPU alone
+    assert profile.fabric["kind"] == "nvswitch" and profile.max_slices(4) == 4
+    assert profile.compute["peak_tflops"] == pytest.approx(500, rel=0.05)
+    assert profile.collective["allgather_busbw"][0][1] == pytest.approx(0.75 * 2 * 300, rel=0.01)
+    assert profile.sources["pcie.h2d_gbps"].startswith("[M] zoplan profile 2000-01-01")
+    assert profile.sources["collective.latency_us"].endswith("8 KiB over 4 GPUs")
+    prov = profile.extra["provenance"]
+    assert prov["host"] == "box" and prov["versions"]["torch"] == "2.13.0"
+    assert prov["versions"]["zoplan"] and prov["devices"] == ["NVIDIA H200"] * 4
+    assert profile.extra["measurements"]["rejected_samples"] == 3   # one round: its samples
+
+
+def test_profile_name_defaults_to_host_and_devices():
+    assert build_profile(_cuda_samples(2))["name"] == "box-2x-nvidia-h200"
+
+
+def test_rounds_combine_to_the_median_of_each_figure():
+    rounds = []
+    for peak, busbw in ((0.1, 1.0), (0.3, 3.0), (0.2, 2.0)):
+        data = json.loads(load_profile("cpu").to_json())
+        data["compute"]["peak_tflops"] = peak
+        data["collective"]["allgather_busbw"] = [[4096, busbw], [2**20, 2 * busbw]]
+        data["sources"]["compute.peak_tflops"] = "[M] zoplan profile 2000-01-01 fit"
+        data["measurements"] = {"peak": peak, "forward_alone": _points(peak, 500, 64)}
+        rounds.append(data)
+    combined = HardwareProfile.from_dict(combine_rounds(rounds))
+    assert combined.compute["peak_tflops"] == pytest.approx(0.2, rel=0.05)  # refit on medians
+    assert combined.collective["allgather_busbw"] == [[4096, 2.0], [2**20, 4.0]]
+    assert combined.sources["compute.peak_tflops"].endswith("(median of 3 rounds)")
+    assert [m["peak"] for m in combined.extra["measurements"]["rounds"]] == [0.1, 0.3, 0.2]

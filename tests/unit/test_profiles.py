@@ -1,0 +1,105 @@
+"""Shipped hardware profiles load and carry sources; validation errors are one clear line."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from zoplan.errors import ZoError
+from zoplan.hardware import HardwareProfile, load_profile, shipped_profiles
+from zoplan.io import load_json
+
+EXPECTED = {"dgx-a100-80gb", "dgx-h100", "hgx-h200", "8x-rtx4090", "8x-a100-pcie-nvlink-pairs",
+            "rtx4090-workstation", "gh200", "cpu"}
+MULTI_NODE = ("dgx-a100-80gb", "dgx-h100", "hgx-h200")
+
+
+def base() -> dict:
+    return load_json(shipped_profiles()["dgx-a100-80gb"])
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_shipped_profile_loads_with_sources(name):
+    profile = load_profile(name)
+    assert profile.name == name
+    for path, note in profile.sources.items():
+        assert note.startswith(("[S]", "[M]", "[D]")), f"{name}: {path} note {note!r}"
+    assert HardwareProfile.from_dict(profile.to_dict()) == profile
+    assert len(profile.fabric_groups) >= 1
+
+
+def test_all_expected_profiles_are_shipped():
+    assert EXPECTED <= set(shipped_profiles())
+
+
+@pytest.mark.parametrize("name", MULTI_NODE)
+def test_multi_node_profiles_reach_128_nodes(name):
+    assert load_profile(name).max_nodes >= 128
+
+
+def test_profile_specifics():
+    assert load_profile("8x-rtx4090").fabric["kind"] == "host"
+    assert load_profile("8x-rtx4090").pcie["switch_groups"]
+    pairs = load_profile("8x-a100-pcie-nvlink-pairs")
+    assert pairs.fabric["kind"] == "bridge" and pairs.max_slices(8) == 2
+    assert load_profile("rtx4090-workstation").gpus_per_node == 1
+    gh = load_profile("gh200")
+    assert gh.gpus_per_node == 1 and 345 <= gh.pcie["h2d_gbps"] <= 420
+    cpu = load_profile("cpu")
+    assert cpu.is_cpu and cpu.device["concurrent_engines"] is False
+    assert cpu.fabric["kind"] == "shm"
+
+
+def _mutate(fn) -> dict:
+    data = copy.deepcopy(base())
+    fn(data)
+    return data
+
+
+CASES = [
+    ("negative bandwidth", lambda d: d["pcie"].update(h2d_gbps=-3), "pcie.h2d_gbps"),
+    ("zero bandwidth", lambda d: d["fabric"].update(p2p_gbps=0), "fabric.p2p_gbps"),
+    ("not a number", lambda d: d["compute"].update(peak_tflops="fast"), "compute.peak_tflops"),
+    ("missing section", lambda d: d.pop("collective"), "collective"),
+    ("missing field", lambda d: d["host"].pop("cores"), "host.cores"),
+    ("unknown key", lambda d: d.update(gpu_count=8), "gpu_count"),
+    ("group rank out of range", lambda d: d["pcie"].update(switch_groups=[[0, 9]]), "pcie.switch_groups"),
+    ("group rank twice", lambda d: d["fabric"].update(groups=[[0, 1], [1, 2]]), "fabric.groups"),
+    ("group not a list", lambda d: d["fabric"].update(groups=[0, 1]), "fabric.groups"),
+    ("missing source note", lambda d: d["sources"].pop("pcie.h2d_gbps"), "pcie.h2d_gbps"),
+    ("schema version", lambda d: d.update(schema_version=2), "schema_version"),
+    ("table order", lambda d: d["collective"].update(allgather_busbw=[[2, 1], [1, 1]]),
+     "collective.allgather_busbw"),
+    ("device kind", lambda d: d["device"].update(kind="tpu"), "device.kind"),
+    ("fabric kind", lambda d: d["fabric"].update(kind="infiniband"), "fabric.kind"),
+]
+
+
+@pytest.mark.parametrize("label,mutate,field", CASES, ids=[c[0] for c in CASES])
+def test_validation_error_names_the_field(label, mutate, field):
+    with pytest.raises(ZoError) as info:
+        HardwareProfile.from_dict(_mutate(mutate), origin="profile x.json")
+    message = str(info.value)
+    assert field in message, message
+    assert "\n" not in message and message.startswith("profile x.json: ")
+
+
+def test_not_json_is_one_line(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text("{ not json")
+    with pytest.raises(ZoError) as info:
+        load_profile(path)
+    assert "not valid JSON" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_profile_name_lists_shipped():
+    with pytest.raises(ZoError, match="dgx-h100"):
+        load_profile("no-such-machine")
+
+
+def test_profile_path_round_trip(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(base()))
+    assert load_profile(path) == load_profile("dgx-a100-80gb")

@@ -1,0 +1,202 @@
+"""The CPU path of the profiler: gloo ranks sharing this host, exactly as zoexec runs
+them (its copy, collective, forward and z routines, its thread rule and host settings).
+
+- one rank alone with all cores: copies between a /dev/shm block store and a rank's
+  buffer, block forwards over the grid (with speed probes between passes), the update
+  task and z draws, the speed check;
+- `ranks` spawned gloo ranks at once (cores // ranks threads each): copies, gloo
+  all-gathers and the loss all-reduce, the update task, and paired samples of all
+  ranks at once and rank 0 alone for a GEMM-bound forward, a memory-bound forward and
+  a z draw (-> the rank scalings and the jitter the planner side fits).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from zoexec.hostenv import keep_freed_memory
+from zoexec.profiler.blocks import build_block, forward_grid, forward_point, zo_costs, zo_steps
+from zoexec.profiler.collectives import allgather_sweep, allreduce_small, collective_samples
+from zoexec.profiler.probe import SPEED_CHECKS, SpeedProbe, merge_probes
+from zoexec.profiler.ranks import rendezvous, spawn_ranks, write_rank_result
+from zoexec.profiler.settings import Settings
+from zoexec.profiler.timing import Guard, gbps, rank_samples, summarize, time_samples
+from zoexec.store import SHM_DIR, create_store
+from zoplan.execrules import threads_per_rank, z_makespan
+
+
+def shm_store(numel: int):
+    """A flat fp32 tensor mapped from a /dev/shm file, as zoexec.store maps the block store."""
+    path = Path(SHM_DIR) / f"zoplan-profile-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        store = create_store(path, num_blocks=1, block_numel=numel, stride=numel,
+                             dtype=torch.float32)
+    finally:
+        path.unlink(missing_ok=True)
+    store.flat.fill_(1.0)
+    return store.flat
+
+
+class RoundRobinStore:
+    """A /dev/shm store of several block-sized pieces and one rank buffer; each copy
+    takes the next piece, so the store is read cold as in a run whose store is larger
+    than the caches (a 16 MiB buffer copied again and again would stay in cache)."""
+
+    def __init__(self, piece_bytes: int, *, store_bytes: int) -> None:
+        self.numel = piece_bytes // 4
+        self.pieces = max(2, store_bytes // piece_bytes)
+        self.store = shm_store(self.numel * self.pieces)
+        self.buf = torch.zeros(self.numel)
+        self.next = 0
+
+    def _piece(self):
+        self.next = (self.next + 1) % self.pieces
+        return self.store[self.next * self.numel:(self.next + 1) * self.numel]
+
+    def h2d(self) -> None:
+        self.buf.copy_(self._piece(), non_blocking=True)
+
+    def d2h(self) -> None:
+        self._piece().copy_(self.buf, non_blocking=True)
+
+
+def cpu_copy(num_bytes: int, *, repeats: int, store_bytes: int) -> dict:
+    """h2d (store -> rank buffer) and d2h (rank buffer -> store) copies of one rank,
+    with zoexec's call (Tensor.copy_ on a /dev/shm mapping)."""
+    rr = RoundRobinStore(num_bytes, store_bytes=store_bytes)
+    h2d = summarize(time_samples(rr.h2d, repeats=repeats))
+    d2h = summarize(time_samples(rr.d2h, repeats=repeats))
+    return {"bytes": num_bytes, "store_bytes": rr.numel * 4 * rr.pieces, "h2d": h2d,
+            "d2h": d2h, "h2d_gbps": gbps(num_bytes, h2d["median_s"]),
+            "d2h_gbps": gbps(num_bytes, d2h["median_s"])}
+
+
+def measure_cpu(settings: Settings, tick: Callable[[str], None]) -> dict:
+    """Everything the CPU profile needs (one rank here, then `ranks` spawned ranks)."""
+    keep_freed_memory()   # as zoexec's CPU ranks do
+    torch.set_num_threads(threads_per_rank(settings.cores, 1))
+    m: dict = {"threads_alone": torch.get_num_threads()}
+    m["copy_alone"] = [cpu_copy(size, repeats=settings.repeats, store_bytes=settings.store_bytes)
+                       for size in settings.copy_sweep]
+    tick(f"copy, one rank: {m['copy_alone'][-1]['h2d_gbps']:.1f} GB/s")
+    probe, probes = SpeedProbe(), []
+    m["forward_alone"] = forward_grid(settings, dtype="fp32", device="cpu", tick=tick,
+                                      between=lambda: probes.append(probe.sample()))
+    m["zo_alone"] = zo_costs(settings, device="cpu")
+    tick(f"zo update task: {m['zo_alone']['ns_per_param']:.2f} ns/param")
+    m["speed_check"] = merge_probes(probe.check(), probes)
+    m["ranks"] = spawn_cpu_ranks(settings) if settings.ranks > 1 else None
+    tick(f"{settings.ranks} gloo ranks at once")
+    return m
+
+
+def spawn_cpu_ranks(settings: Settings) -> dict:
+    """Run `_cpu_rank` on settings.ranks gloo processes; returns the per-rank results."""
+    ranks = spawn_ranks(_cpu_rank, settings, what=f"with {settings.ranks} gloo ranks")
+    return {"threads_per_rank": ranks[0]["threads"], "per_rank": ranks}
+
+
+def _cpu_rank(rank: int, settings: Settings, tmp: str) -> None:
+    """One spawned rank: concurrent copies, gloo collectives, concurrent forward and zo."""
+    keep_freed_memory()   # as zoexec's CPU ranks do
+    threads = threads_per_rank(settings.cores, settings.ranks)
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=rendezvous(tmp), rank=rank,
+                            world_size=settings.ranks)
+    guard = Guard(os.getppid(), retries=settings.retries)
+    sample = partial(rank_samples, dist=dist, guard=guard)
+    try:
+        with torch.no_grad():   # not inference_mode: the z threads would not inherit it
+            out = {"rank": rank, "threads": threads}
+            out.update(_rank_copies(settings, sample))
+            after_last = partial(collective_samples, dist=dist)
+            out["allgather"] = allgather_sweep(settings, dist, device="cpu", sample=after_last)
+            out["allreduce"] = allreduce_small(dist, device="cpu", sample=after_last)
+            out.update(_rank_compute(settings, dist, sample))
+            out["rejected"] = guard.rejected
+        write_rank_result(tmp, rank, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_copies(settings: Settings, sample) -> dict:
+    rr = RoundRobinStore(settings.copy_bytes, store_bytes=settings.store_bytes // settings.ranks)
+    h2d = sample(rr.h2d, repeats=settings.repeats)
+    d2h = sample(rr.d2h, repeats=settings.repeats)
+    return {"copy_bytes": settings.copy_bytes, "h2d": summarize(h2d), "d2h": summarize(d2h)}
+
+
+def _rank_compute(settings: Settings, dist, sample) -> dict:
+    """The update task with all ranks at once, and paired samples of a block forward
+    and a z draw: all ranks at once (cores // ranks threads each), then rank 0 alone
+    with all cores while the others wait, in turn, so a machine whose speed drifts
+    between minutes slows both sides of each pair alike (-> the rank scalings)."""
+    family, hidden, batch, seq = settings.reference_shape
+    dist.barrier()
+    parts = build_block(hidden, seq, dtype="fp32", device="cpu", family=family)
+    ids = torch.randint(0, 64, (batch, seq))
+    hid, ctx = parts.embed(ids)
+    steps, n = zo_steps(settings.zo_hidden, device="cpu")
+    numels = steps.pop("numels")
+    task = summarize(sample(steps["task"], repeats=settings.repeats))
+    threads = torch.get_num_threads()
+    fwd = _paired(lambda: parts.block_forward(hid, ctx), dist, settings, threads)
+    mem = SPEED_CHECKS["memory"]   # a memory-bound forward: attention, element-wise work
+    small = build_block(mem["hidden"], mem["seq"], dtype="fp32", device="cpu")
+    m_hid, m_ctx = small.embed(torch.randint(0, 64, (mem["batch"], mem["seq"])))
+    fwd_mem = _paired(lambda: small.block_forward(m_hid, m_ctx), dist, settings, threads)
+    z = _paired(steps["z"], dist, settings, threads)
+    return {"forward": {"family": family, "hidden": hidden, "batch": batch, "seq": seq,
+                        **fwd},
+            "forward_memory": {**forward_point(mem["hidden"], mem["batch"], mem["seq"], {},
+                                               dtype_bytes=4), **fwd_mem},
+            "zo": {"ns_per_param": task["median_s"] / n * 1e9, "task": task},
+            "z": {"hidden": settings.zo_hidden, **z, "threads_together": threads,
+                  "threads_alone": settings.cores,
+                  "busiest_together": z_makespan(numels, threads)[0],
+                  "busiest_alone": z_makespan(numels, settings.cores)[0]}}
+
+
+# Pairs of _paired, at least: the rank scalings are medians of per-pair ratios, and the
+# machine's speed can change between the two halves of a pair (docs/measurements.md).
+PAIRS_MIN = 7
+
+
+def _paired(fn: Callable[[], Any], dist, settings: Settings, threads: int) -> dict:
+    """Samples of `fn` on all ranks at once and on rank 0 alone with all cores, in
+    turn (one warm-up pair, then max(repeats, PAIRS_MIN) pairs); rank 0's samples count
+    (every rank runs the same work)."""
+    together, alone = [], []
+    rank = dist.get_rank()
+    for index in range(max(settings.repeats, PAIRS_MIN) + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        wall = time.perf_counter() - start
+        dist.barrier()
+        if rank == 0:
+            torch.set_num_threads(settings.cores)
+            fn()   # untimed: the z thread pool is rebuilt for the new thread count
+            start = time.perf_counter()
+            fn()
+            alone_s = time.perf_counter() - start
+            torch.set_num_threads(threads)
+            fn()
+        dist.barrier()
+        if index:
+            together.append(wall)
+            if rank == 0:
+                alone.append(alone_s)
+    out = {"together": summarize(together)}
+    if alone:
+        out["alone"] = summarize(alone)
+        out["ratios"] = [t / a for t, a in zip(together, alone)]
+    return out

@@ -1,0 +1,101 @@
+"""The profiler's entry: settings for this machine, the measurement rounds, the
+machine's facts; returns the samples described in zoexec.profiler."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+import torch
+import transformers
+
+from zoexec.profiler import timing
+from zoexec.profiler.cpu import measure_cpu
+from zoexec.profiler.cuda import measure_cuda
+from zoexec.profiler.probe import SPEED_CHECKS
+from zoexec.profiler.settings import GIB, Settings
+from zoplan.errors import ZoError
+from zoplan.execrules import usable_cores
+
+
+def make_settings(*, ranks: int | None, repeats: int, quick: bool, force_cpu: bool) -> Settings:
+    """CUDA GPUs where there are any (unless force_cpu), else gloo ranks on the CPU
+    (default: one per core)."""
+    if ranks is not None and ranks < 1:
+        raise ZoError(f"--ranks must be >= 1, got {ranks}")
+    cores = usable_cores()
+    cuda = not force_cpu and torch.cuda.is_available() and torch.cuda.device_count() > 0
+    if cuda:
+        count = torch.cuda.device_count()
+        if ranks and ranks > count:
+            raise ZoError(f"--ranks {ranks} but this machine has {count} CUDA GPUs")
+        ranks = ranks or count
+    ranks = ranks or cores
+    try:
+        return Settings(repeats=min(repeats, 3) if quick else repeats, quick=quick, ranks=ranks,
+                        cores=cores, device="cuda" if cuda else "cpu")
+    except ValueError as exc:
+        raise ZoError(str(exc)) from None
+
+
+def measure(settings: Settings, *, tick: Callable[[str], None],
+            warn: Callable[[str], None]) -> dict:
+    """Measure this machine (settings.rounds rounds); `tick` gets a line of progress per
+    stage, `warn` a warning. Returns the samples (see zoexec.profiler)."""
+    load = other_load_pct()
+    if load > 25:
+        warn(f"other processes use {load:.0f}% of the CPUs: the figures will be slow and noisy")
+    date = datetime.now(UTC).strftime("%Y-%m-%d")
+    run = measure_cuda if settings.device == "cuda" else measure_cpu
+    timing.ACTIVE_GUARD[:] = [timing.Guard(retries=settings.retries)]
+    rounds = []
+    try:
+        for index in range(settings.rounds):
+            prefix = f"round {index + 1}/{settings.rounds}: " if settings.rounds > 1 else ""
+            rounds.append(run(settings, lambda message: tick(prefix + message)))
+    finally:
+        rejected = timing.ACTIVE_GUARD[0].rejected
+        timing.ACTIVE_GUARD.clear()
+    rejected += sum(r.get("rejected", 0) for m in rounds
+                    for r in (m.get("ranks") or {}).get("per_rank", []))
+    return {"settings": {**settings.to_dict(), "speed_checks": SPEED_CHECKS}, "rounds": rounds, "date": date,
+            "host": host_facts(), "versions": software_versions(),
+            "devices": rounds[0].get("devices") or [f"cpu rank {r}" for r in range(settings.ranks)],
+            "other_load_pct": load, "rejected_samples": rejected,
+            "command": " ".join(["zoplan"] + sys.argv[1:]) if sys.argv else "zoplan profile"}
+
+
+# ---- facts of the machine --------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_facts() -> dict:
+    vm = psutil.virtual_memory()
+    return {"name": socket.gethostname(), "cpu_model": cpu_model(), "os": platform.platform(),
+            "total_gib": vm.total / GIB, "used_gib": (vm.total - vm.available) / GIB}
+
+
+def software_versions() -> dict:
+    """Versions a profile's figures depend on (calibrate warns when they change)."""
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+def other_load_pct() -> float:
+    """CPU use of OTHER processes right now, percent of all cores (noisy measurements)."""
+    me = psutil.Process()
+    total = psutil.cpu_percent(interval=0.5)
+    mine = me.cpu_percent(interval=None) / (psutil.cpu_count() or 1)
+    return max(0.0, total - mine)

@@ -1,0 +1,171 @@
+"""A profile refitted to a measurement (`zoplan calibrate --fit`).
+
+The profile's constants are scaled so that the plan's tasks would take their measured
+times: the forward model's terms (or the rank scaling with several CPU ranks), the z
+model's figures or zo_ns_per_param (update), copy bandwidths (h2d, d2h), the all-gather
+table and latency, and the small all-reduce; each changed figure gets a
+"[M] zoplan calibrate ..." note.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from dataclasses import dataclass, field
+
+from zoplan.calibrate.compare import Calibration
+from zoplan.hardware import HardwareProfile
+from zoplan.plan import Plan
+from zoplan.sim import graph
+from zoplan.sim.simulate import simulate
+
+
+@dataclass(kw_only=True)
+class Refit:
+    """A profile being refitted: its JSON data and the changes made."""
+
+    data: dict
+    date: str
+    trace: str
+    changes: list[tuple[str, float, float, str]] = field(default_factory=list)
+
+    def set(self, path: str, value: float, why: str) -> None:
+        section, key = path.split(".", 1)
+        old = self.data[section].get(key, 0.0)
+        value = float(f"{value:.4g}")
+        if old == value:
+            return
+        self.data[section][key] = value
+        self.changes.append((path, old, value, why))
+        self.data["sources"][path] = f"[M] zoplan calibrate {self.date} {why} (trace {self.trace})"
+
+    @property
+    def profile(self) -> HardwareProfile:
+        return HardwareProfile.from_dict(self.data, origin="refitted profile")
+
+
+def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
+    """The plan's per-task times on `profile` (zoplan.sim.graph.task_times)."""
+    lay, wl = plan.layout, plan.workload
+    return graph.task_times(model=plan.model, profile=profile, workload=wl,
+                            tokens=wl.batch // lay.ddp * wl.seq,
+                            streams=2 if lay.pertp == 1 else 1, local_ranks=lay.local_ranks)
+
+
+def refit_forward(fit: Refit, plan: Plan, measured_task_s: float) -> None:
+    """Scale the compute model so the forward task takes its measured time:
+    compute.rank_scaling with several CPU ranks, else every term of the forward model."""
+    hw, lay = fit.profile, plan.layout
+    t_pred = _task_times(plan, hw)["forward_s"]
+    ratio = measured_task_s / t_pred
+    c = hw.compute
+    why = f"forward task {measured_task_s * 1e3:.3f} ms measured vs {t_pred * 1e3:.3f} ms"
+    if hw.is_cpu and lay.local_ranks > 1:
+        fit.set("compute.rank_scaling", c["rank_scaling"] / ratio,
+                f"{why} with {lay.local_ranks} ranks")
+        return
+    for key in ("peak_tflops", "mem_gbps", "attn_tflops"):
+        if key in c:
+            fit.set(f"compute.{key}", c[key] / ratio, why)
+    for key in ("overhead_us", "rope_overhead_us", "elem_ns"):
+        if key in c:
+            fit.set(f"compute.{key}", c[key] * ratio, why)
+
+
+def refit_update(fit: Refit, plan: Plan, measured_task_s: float) -> None:
+    """Scale the zo cost so the update task takes its measured time: the z model's
+    figures (or zo_ns_per_param) for one rank per device, the z (zo) rank scaling for
+    several CPU ranks."""
+    hw, lr = fit.profile, plan.layout.local_ranks
+    t_pred = _task_times(plan, hw)["update_s"]
+    ratio = measured_task_s / t_pred
+    why = f"update task {measured_task_s * 1e3:.3f} ms measured vs {t_pred * 1e3:.3f} ms"
+    c = hw.compute
+    if hw.is_cpu and lr > 1:
+        key = "z_rank_scaling" if hw.has_z_model else "zo_rank_scaling"
+        now = c.get(key, 1.0 if hw.has_z_model else c["rank_scaling"])
+        fit.set(f"compute.{key}", now / ratio, f"{why} with {lr} ranks")
+        return
+    keys = ("z_ns_per_elem", "z_call_us", "zo_pass_ns") if hw.has_z_model else ("zo_ns_per_param",)
+    for key in keys:
+        fit.set(f"compute.{key}", c[key] * ratio, why)
+
+
+def refit_copies(fit: Refit, cal: Calibration, plan: Plan) -> None:
+    """Scale h2d / d2h bandwidth (and the host ceiling when ranks share it) by
+    predicted / measured task time."""
+    ratios = []
+    for kind, key in (("h2d", "pcie.h2d_gbps"), ("d2h", "pcie.d2h_gbps")):
+        row = cal.row(kind)
+        if not row or row.meas_task_s <= 0 or row.pred_task_s <= 0:
+            continue
+        q = row.pred_task_s / row.meas_task_s
+        ratios.append(q)
+        section, name = key.split(".")
+        fit.set(key, fit.data[section][name] * q,
+                f"{kind} task {row.meas_task_s * 1e3:.3f} ms measured vs {row.pred_task_s * 1e3:.3f} ms")
+    if not ratios:
+        return
+    q = statistics.geometric_mean(ratios)
+    pcie = fit.data["pcie"]
+    if plan.layout.local_ranks > 1:
+        fit.set("host.mem_bw_gbps", fit.data["host"]["mem_bw_gbps"] * q,
+                f"copies of {plan.layout.local_ranks} ranks at once: x{q:.3g}")
+    if fit.profile.is_cpu:
+        fit.set("pcie.duplex_gbps", max(pcie["h2d_gbps"], pcie["d2h_gbps"]),
+                "a CPU rank copies one way at a time: max of the two directions")
+    else:
+        fit.set("pcie.duplex_gbps", pcie["duplex_gbps"] * q, f"copies x{q:.3g}")
+    fit.set("pcie.switch_uplink_gbps", max(pcie["switch_uplink_gbps"], pcie["h2d_gbps"]),
+            "not below one rank's link")
+    fit.set("host.mem_bw_gbps", max(fit.data["host"]["mem_bw_gbps"], pcie["h2d_gbps"],
+                                    pcie["d2h_gbps"]), "not below one rank's link")
+
+
+def refit_collectives(fit: Refit, cal: Calibration, plan: Plan) -> None:
+    coll = fit.data["collective"]
+    ar = cal.row("allreduce")
+    if ar and ar.meas_task_s > 0:
+        fit.set("collective.allreduce_small_us", ar.meas_task_s * 1e6,
+                "loss all-reduce (from the last member's arrival), median")
+    ag = cal.row("allgather")
+    if not ag or ag.meas_task_s <= 0:
+        return
+    latency = coll["latency_us"] * 1e-6
+    if ag.meas_task_s <= latency or ag.pred_task_s <= latency:
+        fit.set("collective.latency_us", ag.meas_task_s * 1e6, "all-gather shorter than the latency")
+        return
+    factor = (ag.pred_task_s - latency) / (ag.meas_task_s - latency)
+    table = [[size, float(f"{bw * factor:.4g}")] for size, bw in coll["allgather_busbw"]]
+    coll["allgather_busbw"] = table
+    fit.changes.append(("collective.allgather_busbw", 1.0, factor, "table scaled"))
+    fit.data["sources"]["collective.allgather_busbw"] = (
+        f"[M] zoplan calibrate {fit.date} all-gather {ag.meas_task_s * 1e3:.3f} ms measured vs "
+        f"{ag.pred_task_s * 1e3:.3f} ms: table x{factor:.3g} (trace {fit.trace})")
+
+
+def refit_profile(profile: HardwareProfile, plan: Plan, cal: Calibration, *,
+                  trace: str, date: str) -> Refit:
+    """A copy of `profile` whose constants make the plan's tasks take their measured times."""
+    data = copy.deepcopy(profile.to_dict())
+    fit = Refit(data=data, date=date, trace=trace)
+    fwd, upd = cal.row("forward"), cal.row("update")
+    if fwd and fwd.meas_task_s > 0:
+        refit_forward(fit, plan, fwd.meas_task_s)
+    if upd and upd.meas_task_s > 0:
+        refit_update(fit, plan, upd.meas_task_s)
+    refit_copies(fit, cal, plan)
+    refit_collectives(fit, cal, plan)
+    prov = dict(data.get("provenance") or {})
+    prov["calibrated"] = {"date": date, "trace": trace, "plan": cal.plan_label,
+                          "step_error_pct_before": round(cal.error_pct, 2),
+                          "changes": [list(c) for c in fit.changes]}
+    data["provenance"] = prov
+    return fit
+
+
+def resimulate(plan: Plan, profile: HardwareProfile) -> float:
+    """The plan's layout simulated again on `profile`."""
+    costs = graph.step_costs(model=plan.model, profile=profile, workload=plan.workload,
+                             layout=plan.layout)
+    return simulate(graph.build_step_graph(costs), record_spans=False).step_time_s

@@ -1,0 +1,101 @@
+"""Facts of the executor that the planner prices: the torch-free rules both halves import.
+
+- threads per rank: a host's cores shared by its local ranks (zoexec sets it, the
+  planner prices z and GEMMs with it, `zoplan profile` measures with it);
+- z chunking and balancing: z is drawn in independently seeded chunks of Z_CHUNK
+  elements, spread over a rank's threads largest first (zoexec.zo draws it so, the
+  planner computes the busiest thread the same way);
+- run lengths: how many steps a traced run takes by default, and how many make a run
+  of a given length (zoexec's default, `zoplan calibrate`'s advice, the benchmarks);
+- speed probes: how often a traced CPU run probes the machine between steps.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+
+# ---- threads ---------------------------------------------------------------------------------
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS reports it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def threads_per_rank(cores: int, local_ranks: int) -> int:
+    """The host's cores shared by its local ranks, at least one each."""
+    return max(1, cores // local_ranks)
+
+
+# ---- how z's chunks are spread over a rank's threads -----------------------------------------
+Z_CHUNK = 1 << 20   # elements per independently seeded chunk (part of the z definition)
+
+
+def chunk_bounds(numel: int, chunk: int | None = None) -> list[tuple[int, int]]:
+    """[start, stop) of each z chunk (Z_CHUNK elements) of a tensor of `numel` elements."""
+    chunk = chunk or Z_CHUNK
+    return [(start, min(start + chunk, numel)) for start in range(0, numel, chunk)]
+
+
+def balance(sizes: list[int], parts: int) -> list[list[int]]:
+    """Indices of `sizes` per thread: largest first onto the least loaded thread (ties:
+    the earlier item, then the lower thread), so a block's z work is spread the same way
+    on every rank and the planner can compute its longest thread."""
+    loads, groups = [0] * parts, [[] for _ in range(parts)]
+    for index in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        k = loads.index(min(loads))
+        groups[k].append(index)
+        loads[k] += sizes[index]
+    return groups
+
+
+def z_makespan(tensor_numels: list[int], threads: int) -> tuple[int, int]:
+    """(elements, chunks) of the busiest thread when a block's z is drawn with
+    `threads` threads (zoexec.zo.z_block's rule)."""
+    sizes = [stop - start for numel in tensor_numels for start, stop in chunk_bounds(numel)]
+    threads = max(1, min(threads, len(sizes)))
+    groups = balance(sizes, threads)
+    busiest = max(groups, key=lambda g: sum(sizes[i] for i in g))
+    return sum(sizes[i] for i in busiest), len(busiest)
+
+
+def z_uses_pool(tensor_numels: list[int], threads: int) -> bool:
+    """Whether z_block hands a draw's chunks to its thread pool (more than one thread
+    and more than one chunk); one thread draws them itself."""
+    return min(threads, sum(len(chunk_bounds(n)) for n in tensor_numels)) > 1
+
+
+# ---- run lengths -----------------------------------------------------------------------------
+STEADY_RUN_S = 20.0   # a run this long averages a drifting machine's speeds (docs/measurements.md)
+TRACE_RUN_S = 25.0    # a traced run's default length: STEADY_RUN_S with a margin for plans
+                      # that predict a little slower than they run
+DEFAULT_STEPS = 10    # --steps when not given and not traced
+
+
+def steps_for_seconds(step_s: float, seconds: float = STEADY_RUN_S, *, skip: int = 1) -> int:
+    """--steps for a run whose steps after the first `skip` (which calibrate leaves
+    out) last `seconds` at `step_s` each (0 for a step of no time)."""
+    return math.ceil(seconds / step_s) + skip if step_s > 0 else 0
+
+
+def default_steps(step_s: float, *, traced: bool) -> int:
+    """--steps when not given: DEFAULT_STEPS, or with --trace enough of the plan's
+    predicted steps (`step_s`) for TRACE_RUN_S (and the first, which calibrate skips),
+    at least DEFAULT_STEPS: a trace is for `zoplan calibrate`, and a short run's median
+    is the speed of one moment of a machine whose speed wanders."""
+    if not traced:
+        return DEFAULT_STEPS
+    return max(DEFAULT_STEPS, steps_for_seconds(step_s, TRACE_RUN_S))
+
+
+# ---- speed probes ----------------------------------------------------------------------------
+PROBE_EVERY_S = 3.0   # a traced CPU run probes the machine's speed about this often
+
+
+def probe_every(step_s: float) -> int:
+    """Steps between speed probes: about PROBE_EVERY_S of the plan's predicted steps."""
+    return max(1, round(PROBE_EVERY_S / step_s)) if step_s > 0 else 1
+SPEED_CHECK_KINDS = ("gemm", "memory", "z")   # what a speed check and a probe time
+                                              # (zoexec.profiler.probe.SPEED_CHECKS)

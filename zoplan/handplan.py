@@ -1,0 +1,51 @@
+"""Hand-built plans: a valid plan.json for a model and a fixed layout, without a search.
+
+For tests, benchmarks and the GPU check, where the layout is given and no prediction is
+needed. The `predicted` figures are a rough memory estimate (store, block buffers,
+working copies, activations) with a nominal step time and no spans; `zoplan optimize`
+writes the real thing.
+"""
+
+from __future__ import annotations
+
+from zoplan.io import sha256_json
+from zoplan.layout import Layout
+from zoplan.models import ModelSpec, get_model
+from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, tool_info
+from zoplan.sim.memory import gpu_parts
+from zoplan.workload import Workload
+
+
+def memory_estimate(spec: ModelSpec, layout: Layout, workload: Workload) -> tuple[int, int]:
+    """(per-rank device bytes, per-node host bytes of the block store) of zoexec's
+    buffers for this layout: the planner's memory model (zoplan.sim.memory.gpu_parts)."""
+    parts, _ = gpu_parts(model=spec, workload=workload, layout=layout)
+    host = spec.num_layers * spec.block_bytes(workload.param_dtype)
+    return int(sum(parts.values())), int(host)
+
+
+def hand_plan(*, model: str | ModelSpec, layout: Layout, workload: Workload,
+              device_kind: str = "cpu", profile_name: str = "hand-built",
+              step_time_s: float = 1.0) -> Plan:
+    """A validated Plan running `model` with `layout` and `workload` as given."""
+    spec = get_model(model) if isinstance(model, str) else model
+    device_mem, host_mem = memory_estimate(spec, layout, workload)
+    predicted = {"step_time_s": step_time_s,
+                 "tokens_per_s": workload.tokens_per_step / step_time_s,
+                 "gpu_mem_bytes": device_mem, "host_mem_bytes": host_mem,
+                 "bottleneck": "unknown (hand-built plan)", "lower_bound_s": 0.0,
+                 "utilisation": {}, "spans": []}
+    profile = {"name": profile_name, "sha256": sha256_json(profile_name),
+               "device_kind": device_kind, "gpus_per_node": layout.local_ranks}
+    data = {"schema_version": PLAN_SCHEMA_VERSION, "tool": tool_info(),
+            "model": {"name": spec.name, "spec": spec.to_dict(), "sha256": sha256_json(spec.to_dict())},
+            "profile": profile, "workload": workload.to_dict(), "layout": layout.to_dict(),
+            "ranks": layout.rank_table(),
+            "blocks": [{"block": b, "placement": "host", "bytes": spec.block_bytes(workload.param_dtype)}
+                       for b in range(spec.num_layers)],
+            "predicted": predicted,
+            "baselines": {"zo2": {"step_time_s": step_time_s}, "unsliced": {"step_time_s": step_time_s}},
+            "candidates": [{"layout": layout.to_dict(), "step_time_s": step_time_s,
+                            "tokens_per_s": predicted["tokens_per_s"], "gpu_mem_bytes": device_mem,
+                            "host_mem_bytes": host_mem, "bottleneck": predicted["bottleneck"]}]}
+    return Plan.from_dict(data, origin="hand-built plan")

@@ -1,0 +1,302 @@
+"""The fits of a profile: from measured samples (plain numbers, no torch) to figures.
+
+- the compute fit: block forward times over a grid of shapes -> dispatch overhead, GEMM
+  peak with a small-GEMM efficiency term, attention rate, element-wise cost, and a
+  Llama-family block's extra dispatch (zoplan.hardware.forward_terms is the model);
+- the z fit: z draws of several blocks -> a fixed cost per draw and per chunk and a
+  cost per element of the busiest thread;
+- rank scalings: how k ranks on one host share its cores, from paired samples of all
+  ranks at once and rank 0 alone;
+- collectives: latency, small all-reduce and the all-gather bus bandwidth table;
+- topology: GPUs that share a PCIe uplink, NVLink groups.
+Every function takes the samples `zoexec.profiler` returns (see its docstring for their
+shape), so each can be tested with synthetic samples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+
+from zoplan.errors import ZoError
+from zoplan.hardware import forward_terms
+
+SHARE_THRESHOLD = 0.75        # two GPUs share an uplink when each gets < 75% of alone
+
+
+def round4(x: float) -> float:
+    """Four significant digits (keeps profiles readable, never rounds to zero)."""
+    return float(f"{x:.4g}")
+
+
+def gbps(num_bytes: float, seconds: float) -> float:
+    return num_bytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+# ---- the compute fit ---------------------------------------------------------------------
+def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(rhs)
+    a = [row[:] + [rhs[i]] for i, row in enumerate(matrix)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-300:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(n):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+def _wls_nonneg(columns: list[list[float]], ts: list[float], *,
+                required: int = 1) -> list[float] | None:
+    """Coefficients c >= 0 minimising sum(((sum_j c_j x_j - t) / t)^2): every subset
+    of the columns is solved unconstrained and the best one with all coefficients > 0
+    kept (a handful of columns: an exact non-negative least squares). Column
+    `required` must take part (the GEMM term: a forward always does GEMMs)."""
+    k = len(columns)
+    w = [1.0 / (t * t) for t in ts]
+    best, best_err = None, math.inf
+    for size in range(1, k + 1):
+        for subset in itertools.combinations(range(k), size):
+            if required not in subset:
+                continue
+            gram = [[sum(wi * columns[a][i] * columns[b][i] for i, wi in enumerate(w))
+                     for b in subset] for a in subset]
+            rhs = [sum(wi * columns[a][i] * ts[i] for i, wi in enumerate(w)) for a in subset]
+            sol = _solve(gram, rhs)
+            if sol is None or any(c <= 0 for c in sol):
+                continue
+            coef = [0.0] * k
+            for a, c in zip(subset, sol):
+                coef[a] = c
+            err = sum(wi * (sum(coef[j] * columns[j][i] for j in range(k)) - t) ** 2
+                      for i, (wi, t) in enumerate(zip(w, ts)))
+            if err < best_err:
+                best, best_err = coef, err
+    return best
+
+
+def fit_compute(points: list[dict], *, mem_gbps: float) -> dict:
+    """Least-squares fit (relative error) of the profile's forward-time model
+    t = overhead [+ rope_overhead for Llama-family blocks]
+        + max(flops / (peak * m / (m + m_half)), weight_bytes / mem_gbps)
+        + attn_flops / attn_rate + elems * elem_ns
+    to timed forwards ({"flops", "weight_bytes", "tokens", "median_s"}, and on the CPU
+    "attn_flops" and "elems"). m_half is searched on a log grid; for each, overhead,
+    1/peak, 1/attn_rate and elem_ns are a non-negative weighted least-squares problem
+    (points the memory term dominates are left out). The attention and element-wise
+    terms are fitted only when the points carry that work, the Llama-family dispatch
+    only when the points hold both families."""
+    if len(points) < 2:
+        raise ZoError(f"the compute fit needs >= 2 timed shapes, got {len(points)}")
+    best = None
+    for m_half in [0.0] + [2 ** (k / 4) for k in range(0, 61)]:
+        fit = _fit_at(points, m_half, mem_gbps)
+        if fit and (best is None or fit["rel_rms_pct"] < best["rel_rms_pct"]):
+            best = fit
+    if best is None:
+        raise ZoError("the compute fit failed: forward times do not grow with FLOPs")
+    return best
+
+
+def _fit_at(points: list[dict], m_half: float, mem_gbps: float) -> dict | None:
+    ts = [p["median_s"] for p in points]
+    gemm = [p["flops"] * (p["tokens"] + m_half) / p["tokens"] for p in points]
+    attn = [p.get("attn_flops", 0.0) for p in points]
+    elems = [p.get("elems", 0.0) for p in points]
+    rope = [float(p.get("family", "opt") != "opt") for p in points]
+    if all(rope):   # one family only: its dispatch is overhead_us
+        rope = [0.0] * len(points)
+    named = [(n, col) for n, col in (("attn", attn), ("elems", elems), ("rope", rope)) if any(col)]
+    extra = [col for _, col in named]
+    mem = [p["weight_bytes"] / (mem_gbps * 1e9) for p in points]
+    keep = list(range(len(points)))
+    coef = None
+    for _ in range(4):  # leave out the points whose memory term wins, refit
+        cols = [[1.0] * len(keep), [gemm[i] for i in keep]] + [[c[i] for i in keep] for c in extra]
+        coef = _wls_nonneg(cols, [ts[i] for i in keep])
+        if coef is None:
+            return None
+        nxt = [i for i in range(len(points)) if coef[1] * gemm[i] >= mem[i]]
+        if nxt == keep or len(nxt) < 2 + len(extra):
+            break
+        keep = nxt
+    o, a, *rest = coef
+    if a <= 0:
+        return None
+    terms = dict(zip([n for n, _ in named], rest))
+    model = [o + max(a * g, mb) + terms.get("attn", 0.0) * at + terms.get("elems", 0.0) * e
+             + terms.get("rope", 0.0) * r for g, mb, at, e, r in zip(gemm, mem, attn, elems, rope)]
+    resid = [100.0 * (m - t) / t for m, t in zip(model, ts)]
+    out = {"peak_tflops": 1.0 / a / 1e12, "overhead_us": o * 1e6, "m_half_tokens": m_half,
+           "mem_gbps": mem_gbps,
+           "rel_rms_pct": math.sqrt(sum(r * r for r in resid) / len(resid)),
+           "residuals_pct": [round(r, 2) for r in resid]}
+    if "attn" in terms:   # a zero coefficient (the fit found no cost): 1e6 TFLOP/s
+        out["attn_tflops"] = 1.0 / terms["attn"] / 1e12 if terms["attn"] > 1e-24 else 1e6
+    if "elems" in terms:
+        out["elem_ns"] = terms["elems"] * 1e9
+    if "rope" in terms:
+        out["rope_overhead_us"] = terms["rope"] * 1e6
+    return out
+
+
+def fit_z(draws: list[dict], *, chunk_us: float = 0.0) -> dict:
+    """z_call_us and z_ns_per_elem from z draws of several blocks, less the busiest
+    thread's chunks x chunk_us: time = call + elements x ns (non-negative least
+    squares, relative error)."""
+    ts = [d["median_s"] - d.get("busiest_chunks", 0) * chunk_us * 1e-6 for d in draws]
+    if min(ts) <= 0:
+        ts = [d["median_s"] for d in draws]
+        chunk_us = 0.0
+    coef = _wls_nonneg([[1.0] * len(draws), [float(d["busiest_elems"]) for d in draws]], ts)
+    if coef is None:
+        raise ZoError("the z fit failed: z draws do not grow with the block size")
+    return {"z_call_us": coef[0] * 1e6, "z_ns_per_elem": coef[1] * 1e9, "z_chunk_us": chunk_us}
+
+
+def fit_figures(fit: dict) -> dict:
+    """The compute section's figures of a forward fit."""
+    out = {"peak_tflops": round4(fit["peak_tflops"]), "m_half_tokens": round(fit["m_half_tokens"], 2),
+           "overhead_us": round(fit["overhead_us"], 2)}
+    if "attn_tflops" in fit:
+        out["attn_tflops"] = round4(fit["attn_tflops"])
+    if "elem_ns" in fit:
+        out["elem_ns"] = round4(fit["elem_ns"])
+    if "rope_overhead_us" in fit:
+        out["rope_overhead_us"] = round(fit["rope_overhead_us"], 2)
+    return out
+
+
+# ---- rank scalings ------------------------------------------------------------------------
+def rank_scaling(*, alone_s: float, together_s: float, ranks: int, overhead_s: float) -> float:
+    """compute.rank_scaling from one shape timed on 1 rank with all cores (alone_s) and
+    on each of `ranks` ranks running at once (together_s): the profile predicts
+    together = overhead + (alone - overhead) * ranks / rank_scaling."""
+    if ranks <= 1:
+        return 1.0
+    work_alone, work_together = alone_s - overhead_s, together_s - overhead_s
+    if work_alone <= 0 or work_together <= 0:
+        return 1.0
+    return max(0.05, min(float(ranks), ranks * work_alone / work_together))
+
+
+def paired_rank_scaling(measured: dict, *, overhead_s: float) -> float:
+    """compute.rank_scaling from rank 0's paired forward samples (_paired): the median
+    over pairs of rank_scaling(alone, together)."""
+    k = len(measured["per_rank"])
+    fwd = measured["per_rank"][0]["forward"]
+    pairs = zip(fwd["alone"]["samples_s"], fwd["together"]["samples_s"])
+    return statistics.median(rank_scaling(alone_s=a, together_s=t, ranks=k, overhead_s=overhead_s)
+                             for a, t in pairs)
+
+
+def paired_mem_scaling(measured: dict, *, fit: dict, gemm_scaling: float) -> float:
+    """compute.mem_rank_scaling from rank 0's paired memory-bound forwards: the fit
+    splits the shape's time alone into dispatch, GEMM and attention + element-wise
+    parts; with the GEMMs shared by `gemm_scaling`, the scaling of the rest that
+    explains the time with all ranks at once (median over pairs). The samples carry
+    the shape's work (flops, attn_flops, elems, tokens)."""
+    k = len(measured["per_rank"])
+    fwd = measured["per_rank"][0]["forward_memory"]
+    over, gemm, rest = forward_terms({"attn_tflops": 1e6, **fit}, flops=fwd["flops"],
+                                     attn_flops=fwd["attn_flops"], elems=fwd["elems"],
+                                     tokens=fwd["tokens"])
+    out = []
+    for alone, together in zip(fwd["alone"]["samples_s"], fwd["together"]["samples_s"]):
+        scale = (alone - over) / (gemm + rest) if gemm + rest > 0 else 1.0  # the pair's speed
+        left = together - over - gemm * scale * k / gemm_scaling
+        out.append(k * rest * scale / left if left > 0 and rest > 0 else float(k))
+    return max(0.05, min(float(k), statistics.median(out)))
+
+
+def rank_jitter(measured: dict) -> float:
+    """compute.rank_jitter: how far the slowest rank runs above the ranks' mean when all
+    run the same work at once: (max - mean) / mean of each together sample of the
+    paired forwards and z draws, median over samples."""
+    per = measured["per_rank"]
+    out = []
+    for key in ("forward", "forward_memory", "z"):
+        if not all(key in r for r in per):
+            continue
+        for times in zip(*(r[key]["together"]["samples_s"] for r in per)):
+            mean = statistics.fmean(times)
+            if mean > 0:
+                out.append((max(times) - mean) / mean)
+    return statistics.median(out) if out else 0.0
+
+
+def paired_z_scaling(measured: dict, *, call_s: float) -> float:
+    """compute.z_rank_scaling from rank 0's paired z draws: per-element speed of the
+    busiest thread with all ranks at once over that of one rank alone (median over
+    pairs; 1 = threads of several ranks draw as fast as one rank's threads)."""
+    z = measured["per_rank"][0]["z"]
+    call_alone = call_s if z["threads_alone"] > 1 else 0.0       # the pool's hand-over
+    call_together = call_s if z["threads_together"] > 1 else 0.0
+    out = []
+    for alone, together in zip(z["alone"]["samples_s"], z["together"]["samples_s"]):
+        per_alone = max(alone - call_alone, 1e-9) / z["busiest_alone"]
+        per_together = max(together - call_together, 1e-9) / z["busiest_together"]
+        out.append(per_alone / per_together)
+    return max(0.05, min(4.0, statistics.median(out)))
+
+
+# ---- collectives and topology ------------------------------------------------------------
+def collective_figures(gathers: list[dict], allreduce: dict, world: int) -> dict:
+    """latency_us, allreduce_small_us and the allgather_busbw table of the profile:
+    the planner prices an all-gather as latency + bytes * (s-1)/s / busbw(bytes)."""
+    latency = gathers[0]["median_s"]
+    table = []
+    for g in gathers[1:]:
+        payload = g["bytes"] * (world - 1) / world
+        busbw = gbps(payload, max(g["median_s"] - latency, 0.1 * g["median_s"]))
+        table.append([g["bytes"], round(busbw, 4)])
+    if not table:
+        table = [[gathers[0]["bytes"], round(gbps(gathers[0]["bytes"], latency), 4)]]
+    return {"latency_us": round(latency * 1e6, 2),
+            "allreduce_small_us": round(allreduce["median_s"] * 1e6, 2),
+            "allgather_busbw": table}
+
+
+def share_groups(n: int, alone: list[float], pairs: dict) -> list[list[int]]:
+    """Union of GPU pairs that slow each other down when both pull from the host."""
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+    for (i, j), rate in pairs.items():
+        if rate < SHARE_THRESHOLD * min(alone[i], alone[j]):
+            parent[root(j)] = root(i)
+    groups: dict[int, list[int]] = {}
+    for i in range(n):
+        groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values())
+
+
+def fabric_from_topology(n: int, matrix: list[list[str]] | None) -> dict:
+    """fabric.kind and groups: all pairs NVLink -> nvswitch; disjoint NVLink cliques ->
+    bridge; else host."""
+    if n == 1 or matrix is None:
+        return {"kind": "host"}
+    linked = [[i != j and matrix[i][j].startswith("NV") for j in range(n)] for i in range(n)]
+    if all(linked[i][j] for i in range(n) for j in range(n) if i != j):
+        return {"kind": "nvswitch", "groups": [list(range(n))]}
+    groups, seen = [], set()
+    for i in range(n):
+        if i in seen:
+            continue
+        group = [i] + [j for j in range(n) if linked[i][j]]
+        if all(linked[a][b] for a in group for b in group if a != b):
+            groups.append(group)
+            seen.update(group)
+        else:
+            return {"kind": "host"}
+    if all(len(g) == 1 for g in groups):
+        return {"kind": "host"}
+    return {"kind": "bridge", "groups": groups}

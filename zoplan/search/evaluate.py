@@ -1,0 +1,200 @@
+"""Evaluating the candidates: branch and bound over the search space, the baselines,
+the winner.
+
+Candidates are simulated in order of increasing analytic lower bound
+(zoplan.sim.bounds); once a candidate's bound reaches the best simulated time, it and
+every later one are pruned. Blocks are identical, so a candidate's step time is
+extrapolated from reduced-block simulations (the step grows by the same time per block
+once the pipeline is full; two extrapolations must agree, else every block is
+simulated); the winner is then simulated in full for its timeline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zoplan.errors import ZoError
+from zoplan.layout import Layout
+from zoplan.search.space import Candidate, Pruned, Request, enumerate_space, make_candidate
+from zoplan.sim.bounds import step_bounds
+from zoplan.sim.graph import StepCosts, build_step_graph, step_costs
+from zoplan.sim.simulate import SimResult, simulate
+
+ZO2_PREFETCH = 2      # ZO2's three streams: upload i, compute i-1, offload i-2
+
+
+FULL_SIM_MARGIN = 2   # simulate in full when the model has at most K2 + this many blocks
+
+
+EXTRAPOLATION_CHECK = 0.005  # the two extrapolations must agree within 0.5%
+
+
+WINNER_MARGIN = 2e-3  # accepted extrapolations are within ~0.2% of full simulations
+
+
+UNSLICED_TOLERANCE = 0.01  # the unsliced baseline is the best slices-1 layout within 1%
+
+
+
+def fmt_seconds(seconds: float) -> str:
+    """4 significant digits in s, ms or us."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if seconds >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-6:.4g} us"
+
+
+def reduced_blocks(prefetch: int) -> tuple[int, int, int]:
+    """Block counts of the three reduced simulations: past the pipeline fill, and apart
+    by multiples of the buffer-reuse period (prefetch + 1 blocks, even spans so that
+    alternating patterns cancel)."""
+    return prefetch + 2, 2 * prefetch + 2, 4 * prefetch + 4
+
+
+def estimate_step_s(costs: StepCosts) -> tuple[float, str, SimResult | None]:
+    """Step time of the layout. Blocks are identical, so once the pipeline is full the
+    step grows by the same time per block: extrapolate linearly from reduced-block
+    simulations, (K1, K2) checked against (K0, K1). Where the two disagree by more than
+    EXTRAPOLATION_CHECK (a transient longer than the reduced runs, e.g. peer traffic
+    through host memory), or the model is short, simulate every block instead (and
+    return that simulation, spans included)."""
+    k0, k1, k2 = reduced_blocks(costs.layout.prefetch)
+    blocks = costs.num_blocks
+    if blocks > k2 + FULL_SIM_MARGIN:
+        t0, t1, t2 = (_reduced_s(costs, k) for k in (k0, k1, k2))
+        late = t2 + (blocks - k2) * (t2 - t1) / (k2 - k1)
+        early = t1 + (blocks - k1) * (t1 - t0) / (k1 - k0)
+        if abs(early - late) <= EXTRAPOLATION_CHECK * late:
+            return late, "extrapolated", None
+    sim = simulate(build_step_graph(costs), record_spans=True)
+    return sim.step_time_s, "simulated", sim
+
+
+def _reduced_s(costs: StepCosts, num_blocks: int) -> float:
+    graph = build_step_graph(costs, num_blocks=num_blocks)
+    return simulate(graph, record_spans=False).step_time_s
+
+
+def evaluate(cand: Candidate, cache: dict) -> None:
+    """Set the candidate's step time (never below its lower bound)."""
+    key = (cand.layout, cand.workload)
+    if key not in cache:
+        cache[key] = estimate_step_s(cand.costs)
+    seconds, method, cand.sim = cache[key]
+    cand.step_time_s, cand.method = max(seconds, cand.bounds.lower_bound_s), method
+
+
+def simulate_full(cand: Candidate, *, record_spans: bool = True) -> None:
+    cand.sim = simulate(build_step_graph(cand.costs), record_spans=record_spans)
+    cand.step_time_s, cand.method = cand.sim.step_time_s, "simulated"
+
+
+def rank_key(cand: Candidate) -> tuple:
+    """Faster first; on a tie less GPU memory, then less host memory, then the label."""
+    return (round(cand.step_time_s, 9), cand.memory.gpu_bytes, cand.memory.host_bytes,
+            cand.label)
+
+
+def branch_and_bound(candidates: list[Candidate], cache: dict, tick=None, *,
+                     tolerance: float = 0.0) -> tuple[list[Candidate], list[Pruned]]:
+    """Simulate in order of increasing lower bound (deeper prefetch first among equal
+    bounds: it usually overlaps more, so a good incumbent comes early); prune once the
+    bound reaches the best simulated step (less `tolerance`, a fraction).
+    Returns (ranked evaluated candidates, pruned by bound)."""
+    order = sorted(candidates, key=lambda c: (c.bounds.lower_bound_s, -c.layout.prefetch,
+                                              c.label))
+    best, done, pruned = math.inf, [], []
+    for cand in order:
+        bound = cand.bounds.lower_bound_s
+        if bound >= best * (1 - tolerance):
+            pruned.append(Pruned(layout=cand.layout.to_dict(), reason=(
+                f"bound: lower bound {fmt_seconds(bound)} ({cand.bounds.binding}) >= best "
+                f"simulated step {fmt_seconds(best)}")))
+        else:
+            evaluate(cand, cache)
+            best = min(best, cand.step_time_s)
+            done.append(cand)
+        if tick:
+            tick()
+    return sorted(done, key=rank_key), pruned
+
+
+def pick_winner(ranked: list[Candidate]) -> list[Candidate]:
+    """Simulate the leader in full; if the full run is slower than the next estimate by
+    more than the extrapolation error (WINNER_MARGIN), simulate that one too, until the
+    best full run beats every remaining estimate."""
+    for i, cand in enumerate(ranked):
+        if cand.sim is None:
+            simulate_full(cand)
+        best = min(ranked[: i + 1], key=rank_key)
+        if i + 1 == len(ranked) or (
+                best.step_time_s <= ranked[i + 1].step_time_s * (1 + WINNER_MARGIN)):
+            break
+    return sorted(ranked, key=rank_key)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    request: Request
+    ranked: list[Candidate]            # winner first
+    pruned: list[Pruned]
+    zo2: Candidate
+    unsliced: Candidate | None
+    unsliced_reason: str
+
+    @property
+    def winner(self) -> Candidate:
+        return self.ranked[0]
+
+
+def search(req: Request, *, progress=None) -> SearchResult:
+    """Run the whole search; `progress(total)` returns a tick function (or None)."""
+    candidates, pruned = enumerate_space(req, req.fixed)
+    if not candidates:
+        raise ZoError(_nothing_fits(req, pruned))
+    tick = progress(len(candidates) + 2) if progress else None
+    cache: dict = {}
+    ranked, by_bound = branch_and_bound(candidates, cache, tick)
+    ranked = pick_winner(ranked)
+    unsliced, reason = _unsliced_baseline(req, ranked, cache)
+    if tick:
+        tick()
+    zo2 = zo2_baseline(req)
+    if tick:
+        tick()
+    return SearchResult(request=req, ranked=ranked, pruned=pruned + by_bound, zo2=zo2,
+                        unsliced=unsliced, unsliced_reason=reason)
+
+
+def _nothing_fits(req: Request, pruned: list[Pruned]) -> str:
+    if not pruned:
+        return f"no layout of {req.gpus} GPUs to search"
+    chosen = min(pruned, key=lambda p: p.overshoot)  # the closest to fitting, else the first
+    return (f"no layout of {req.model.name} on {req.gpus} GPUs ({req.profile.name}) can run; "
+            f"the closest, {Layout(**chosen.layout).label()}: {chosen.reason}")
+
+
+def _unsliced_baseline(req: Request, ranked: list[Candidate], cache: dict
+                       ) -> tuple[Candidate | None, str]:
+    """Best layout with slices 1 on the same GPUs (other fixed axes held)."""
+    mine = [c for c in ranked if c.layout.slices == 1]
+    if req.fixed.get("slices") == 1 or (mine and mine[0] is ranked[0]):
+        return (mine[0] if mine else None), ""
+    candidates, pruned = enumerate_space(req, {**req.fixed, "slices": 1})
+    if not candidates:
+        return None, pruned[0].reason if pruned else "no layout with slices 1"
+    best, _ = branch_and_bound(candidates, cache, tolerance=UNSLICED_TOLERANCE)
+    return best[0], ""
+
+
+def zo2_baseline(req: Request) -> Candidate:
+    """ZO2 on one GPU: pertp 1, slices 1, prefetch 2, the whole global batch."""
+    layout = Layout(pertp=1, ddp=1, nodes=1, slices=1, prefetch=ZO2_PREFETCH)
+    cand = make_candidate(req, layout)
+    if cand.costs is None:  # does not fit: still time it, and say so
+        cand.costs = step_costs(model=req.model, profile=req.profile, workload=req.workload,
+                                layout=layout)
+        cand.bounds = step_bounds(cand.costs)
+    simulate_full(cand, record_spans=False)
+    return cand

@@ -1,0 +1,223 @@
+"""The search space of `zoplan optimize`: the validated request, the layouts it
+admits (enumerate -> is_valid, each rule with its reason) and the candidates built from
+them (memory checked, costs and bounds computed).
+
+Axes: PertP degree (1 or 2; DDP = gpus / pertp, across nodes when the job spans more
+than one node), slice group size (divisors of the node's ranks up to the GPUs that share
+a fast fabric), prefetch depth (1..4) and stored precision. fp16 and bf16 cost exactly
+the same in every formula (2 bytes, one tensor-core rate), so only one of them is
+searched - the model family's published dtype - and the plan says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from zoplan.errors import ZoError
+from zoplan.hardware import DEFAULT_PROFILE, HardwareProfile, load_profile
+from zoplan.layout import Layout
+from zoplan.models import DTYPE_BYTES, ModelSpec, get_model
+from zoplan.sim.bounds import StepBounds, step_bounds
+from zoplan.sim.graph import StepCosts, step_costs
+from zoplan.sim.memory import MemoryEstimate, estimate_memory
+from zoplan.sim.simulate import SimResult
+from zoplan.workload import Workload
+
+SEARCH_PREFETCH = (1, 2, 3, 4)
+# Published dtype of each family's checkpoints: the one of fp16/bf16 that is searched.
+FAMILY_PRECISION = {"opt": "fp16", "llama": "bf16", "qwen3": "bf16"}
+
+
+CPU_PRECISION = "fp32"
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """Validated inputs of one search."""
+
+    model: ModelSpec
+    profile: HardwareProfile
+    gpus: int
+    workload: Workload
+    nodes: int
+    fixed: dict                 # axis -> fixed value (pertp, slices, prefetch)
+    precision_note: str
+
+    @property
+    def local_ranks(self) -> int:
+        return self.gpus // self.nodes
+
+
+def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, seq: int,
+                    param_dtype: str | None = None, pertp: int | None = None,
+                    ddp: int | None = None, slices: int | None = None,
+                    prefetch: int | None = None) -> Request:
+    """Check the inputs; every problem is a ZoError with the numbers."""
+    spec = get_model(model)
+    hw = load_profile(profile or DEFAULT_PROFILE)
+    if batch < 1 or seq < 1:
+        raise ZoError(f"batch ({batch}) and seq ({seq}) must be >= 1")
+    if seq > spec.max_positions:
+        raise ZoError(f"seq ({seq}) exceeds the {spec.max_positions} positions of {spec.name}")
+    nodes = _nodes_for(hw, gpus)
+    pertp = _fixed_pertp(gpus, pertp, ddp)
+    _check_fixed(hw, gpus // nodes, pertp=pertp, slices=slices, prefetch=prefetch)
+    dtype, note = _precision(hw, spec, param_dtype)
+    workload = Workload(batch=batch, seq=seq, param_dtype=dtype,
+                        compute_dtype=CPU_PRECISION if hw.is_cpu else dtype)
+    fixed = {k: v for k, v in (("pertp", pertp), ("slices", slices), ("prefetch", prefetch))
+             if v is not None}
+    return Request(model=spec, profile=hw, gpus=gpus, workload=workload, nodes=nodes,
+                   fixed=fixed, precision_note=note)
+
+
+def _nodes_for(hw: HardwareProfile, gpus: int) -> int:
+    gpn, most = hw.gpus_per_node, hw.gpus_per_node * hw.max_nodes
+    if gpus < 1:
+        raise ZoError(f"gpus must be >= 1, got {gpus}")
+    if gpus > most:
+        raise ZoError(f"gpus ({gpus}) > {gpn} GPUs per node x {hw.max_nodes} nodes = {most} "
+                      f"(profile {hw.name})")
+    if gpus > gpn and gpus % gpn:
+        raise ZoError(f"gpus ({gpus}) is not a multiple of the {gpn} GPUs of a node "
+                      f"(profile {hw.name}): a job that spans nodes uses whole nodes")
+    return 1 if gpus <= gpn else gpus // gpn
+
+
+def _fixed_pertp(gpus: int, pertp: int | None, ddp: int | None) -> int | None:
+    if pertp is not None and pertp not in (1, 2):
+        raise ZoError(f"pertp must be 1 or 2, got {pertp}")
+    if pertp == 2 and gpus % 2:
+        raise ZoError(f"pertp 2 needs an even number of GPUs, got gpus ({gpus})")
+    if ddp is None:
+        return pertp
+    if ddp < 1 or gpus % ddp or gpus // ddp not in (1, 2):
+        raise ZoError(f"ddp ({ddp}) must be gpus ({gpus}) or gpus / 2: pertp = gpus / ddp "
+                      "is 1 or 2")
+    if pertp is not None and pertp * ddp != gpus:
+        raise ZoError(f"pertp ({pertp}) x ddp ({ddp}) = {pertp * ddp} != gpus ({gpus})")
+    return gpus // ddp
+
+
+def _check_fixed(hw: HardwareProfile, local: int, *, pertp, slices, prefetch) -> None:
+    if prefetch is not None and prefetch < 1:
+        raise ZoError(f"prefetch must be >= 1, got {prefetch}")
+    if pertp == 2 and local % 2:
+        raise ZoError(f"pertp 2 needs an even number of ranks per node, got {local}")
+    if slices is not None:
+        reason = slices_reason(hw, local, slices)
+        if reason:
+            raise ZoError(reason)
+
+
+def _precision(hw: HardwareProfile, spec: ModelSpec, param_dtype: str | None) -> tuple[str, str]:
+    if param_dtype is not None:
+        if param_dtype not in DTYPE_BYTES:
+            raise ZoError(f"unknown precision {param_dtype!r}; use one of "
+                          f"{', '.join(DTYPE_BYTES)}")
+        return param_dtype, f"{param_dtype}: fixed by --precision"
+    if hw.is_cpu:
+        return CPU_PRECISION, "fp32: the CPU default (gloo ranks compute in fp32)"
+    dtype = FAMILY_PRECISION[spec.family]
+    return dtype, (f"{dtype}: fp16 and bf16 cost the same (2 bytes, same tensor-core rate), so "
+                   f"only {dtype}, the {spec.family} family's published dtype, was searched")
+
+
+def slices_reason(hw: HardwareProfile, local: int, slices: int) -> str | None:
+    """Why a slice group size is impossible on this node (None when it is fine)."""
+    if slices < 1 or local % slices:
+        return f"slices ({slices}) does not divide the {local} ranks of a node"
+    most = hw.max_slices(local)
+    if slices > most:
+        return (f"slices ({slices}) > {most}: only {most} GPUs share a fast fabric "
+                f"({hw.fabric['kind']}, profile {hw.name})")
+    if hw.fabric["kind"] in ("nvswitch", "bridge"):
+        for first in range(0, local, slices):
+            if set(range(first, first + slices)) - set(hw.fabric_group_of(first)):
+                return (f"slice group of ranks {first}..{first + slices - 1} crosses fabric "
+                        f"groups {hw.fabric_groups}")
+    return None
+
+
+@dataclass(kw_only=True)
+class Candidate:
+    layout: Layout
+    workload: Workload
+    memory: MemoryEstimate
+    costs: StepCosts | None = None
+    bounds: StepBounds | None = None
+    step_time_s: float | None = None
+    method: str = ""                       # "simulated" or "extrapolated"
+    sim: SimResult | None = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        return self.layout.label()
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.workload.tokens_per_step / self.step_time_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pruned:
+    layout: dict
+    reason: str
+    overshoot: float = math.inf   # memory needed / memory there (for "does not fit")
+
+
+def enumerate_space(req: Request, fixed: dict) -> tuple[list[Candidate], list[Pruned]]:
+    """Every layout of the space (fixed axes held), split into fitting candidates
+    and pruned ones with their reasons."""
+    candidates, pruned = [], []
+    for pertp, slices, prefetch in itertools.product(*axis_values(req, fixed)):
+        axes = {"pertp": pertp, "ddp": req.gpus // pertp, "nodes": req.nodes,
+                "slices": slices, "prefetch": prefetch}
+        reason, overshoot = invalid_reason(req, axes), math.inf
+        if reason is None:
+            cand = make_candidate(req, Layout(**axes))
+            reason, overshoot = cand.memory.reason, cand.memory.overshoot
+        if reason is None:
+            candidates.append(cand)
+        else:
+            pruned.append(Pruned(layout=axes, reason=reason, overshoot=overshoot))
+    return candidates, pruned
+
+
+def axis_values(req: Request, fixed: dict) -> tuple[list[int], list[int], list[int]]:
+    """Values of (pertp, slices, prefetch) to search: the fixed one, or every value the
+    node allows (slice group sizes that divide its ranks and stay on the fast fabric)."""
+    local = req.local_ranks
+    slices = [s for s in range(1, local + 1) if slices_reason(req.profile, local, s) is None]
+    return ([fixed["pertp"]] if "pertp" in fixed else [1, 2] if pertp_pairs(req) else [1],
+            [fixed["slices"]] if "slices" in fixed else slices,
+            [fixed["prefetch"]] if "prefetch" in fixed else list(SEARCH_PREFETCH))
+
+
+def pertp_pairs(req: Request) -> bool:
+    """Whether PertP 2 can pair the ranks: an even number of GPUs on every node."""
+    return req.gpus % 2 == 0 and req.local_ranks % 2 == 0
+
+
+def invalid_reason(req: Request, axes: dict) -> str | None:
+    """Why these axes are not a runnable layout (None when they are)."""
+    if axes["pertp"] == 2 and not pertp_pairs(req):
+        return f"invalid: pertp 2 needs an even number of GPUs per node, got {req.local_ranks}"
+    if req.workload.batch % axes["ddp"]:
+        return f"invalid: batch ({req.workload.batch}) is not divisible by ddp ({axes['ddp']})"
+    return None
+
+
+def make_candidate(req: Request, layout: Layout, workload: Workload | None = None) -> Candidate:
+    workload = workload or req.workload
+    memory = estimate_memory(model=req.model, profile=req.profile, workload=workload,
+                             layout=layout)
+    cand = Candidate(layout=layout, workload=workload, memory=memory)
+    if memory.reason is None:
+        cand.costs = step_costs(model=req.model, profile=req.profile, workload=workload,
+                                layout=layout)
+        cand.bounds = step_bounds(cand.costs)
+    return cand

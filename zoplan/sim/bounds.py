@@ -1,0 +1,122 @@
+"""Analytic bounds on the step time of a layout, for pruning and for tests.
+
+Lower bounds (the simulated step can never beat any of them):
+- each link: bytes it must carry in one step / its capacity (every rank's PCIe H2D, D2H
+  and duplex, each switch uplink per direction, host memory, each NVLink port);
+- each rank's compute engine: embed + blocks x (update + forward) + head;
+- each rank's collective engine: blocks x all-gather alone + all-reduce;
+- on CPU profiles (one engine per rank): the sum of all the rank's tasks, each alone;
+- the dependency chain through the block buffers: with `prefetch` buffers, h2d(b + p)
+  waits for d2h(b), so ceil(blocks / p) block pipelines (h2d, all-gather, update,
+  forward, d2h, each alone) run back to back, then the remaining blocks' update +
+  forward, the head and the all-reduce.
+Upper bound: every task and every flow of the node one after the other, each alone
+(max-min fair sharing gives each of k concurrent flows at least 1/k of its rate alone,
+so the work done per second never falls below one task's worth).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zoplan.sim.graph import StepCosts, link_class
+
+COMPUTE = "compute"
+COLLECTIVE = "collective"
+SERIAL = "serial engine"
+CHAIN = "pipeline"   # the dependency chain through the prefetch buffers
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepBounds:
+    resources: dict[str, float]   # resource class -> seconds its busiest instance works
+    chain_s: float
+    serial_s: float
+
+    @property
+    def lower_bound_s(self) -> float:
+        return max(max(self.resources.values(), default=0.0), self.chain_s)
+
+    @property
+    def binding(self) -> str:
+        """The resource (or the buffer chain) that sets the lower bound."""
+        best = max(sorted(self.resources.items()), key=lambda kv: kv[1])
+        return CHAIN if self.chain_s > best[1] else best[0]
+
+    def utilisation(self, step_time_s: float) -> dict[str, float]:
+        """Busy fraction of each resource's busiest instance in a step of that length."""
+        return {name: busy / step_time_s for name, busy in sorted(self.resources.items())}
+
+
+def link_bytes(costs: StepCosts, num_blocks: int | None = None) -> dict[str, float]:
+    """Bytes every link of the node carries in one step."""
+    blocks = costs.num_blocks if num_blocks is None else num_blocks
+    out = {name: 0.0 for name in costs.links}
+    for lr in range(costs.local_ranks):
+        for flow in costs.h2d[lr] + costs.d2h[lr] + costs.allgather[lr]:
+            for name in flow.route:
+                out[name] += blocks * flow.num_bytes
+    return out
+
+
+def link_busy_s(costs: StepCosts, num_blocks: int | None = None) -> dict[str, float]:
+    return {name: nbytes / costs.links[name]
+            for name, nbytes in link_bytes(costs, num_blocks).items()}
+
+
+def step_bounds(costs: StepCosts, num_blocks: int | None = None) -> StepBounds:
+    blocks = costs.num_blocks if num_blocks is None else num_blocks
+    resources: dict[str, float] = {}
+    for name, busy in link_busy_s(costs, blocks).items():
+        cls = link_class(name)
+        resources[cls] = max(resources.get(cls, 0.0), busy)
+    engines = [_engine_busy(costs, lr, blocks) for lr in range(costs.local_ranks)]
+    for busy in engines:
+        for name, seconds in busy.items():
+            resources[name] = max(resources.get(name, 0.0), seconds)
+    chain = max(_chain_s(costs, lr, blocks) for lr in range(costs.local_ranks))
+    return StepBounds(resources=resources, chain_s=chain, serial_s=_serial_s(costs, blocks))
+
+
+def _task_alone(costs: StepCosts, lr: int) -> dict[str, float]:
+    return {"h2d": costs.alone_s(costs.h2d[lr]), "d2h": costs.alone_s(costs.d2h[lr]),
+            "allgather": costs.allgather_alone_s(lr)}
+
+
+def _engine_busy(costs: StepCosts, lr: int, blocks: int) -> dict[str, float]:
+    alone = _task_alone(costs, lr)
+    compute = (costs.embed_s + blocks * (costs.update_s + costs.forward_s)
+               + costs.head_s) * costs.factor(lr)
+    if not costs.concurrent:
+        per_block = alone["h2d"] + alone["allgather"] + alone["d2h"]
+        return {SERIAL: compute + blocks * per_block + costs.allreduce_s}
+    return {COMPUTE: compute, COLLECTIVE: blocks * alone["allgather"] + costs.allreduce_s}
+
+
+def _chain_s(costs: StepCosts, lr: int, blocks: int) -> float:
+    """Longest dependency path of the rank through its `prefetch` block buffers."""
+    alone = _task_alone(costs, lr)
+    f = costs.factor(lr)
+    compute = (costs.update_s + costs.forward_s) * f
+    tail = costs.head_s * f + costs.allreduce_s
+    if blocks == 0:
+        return costs.embed_s * f + tail
+    lead = alone["h2d"] + alone["allgather"] + compute
+    num_chains = math.ceil(blocks / costs.layout.prefetch)
+    last_chain_block = (num_chains - 1) * costs.layout.prefetch
+    path = (num_chains - 1) * (lead + alone["d2h"]) + lead
+    return path + (blocks - 1 - last_chain_block) * compute + tail
+
+
+def _serial_s(costs: StepCosts, blocks: int) -> float:
+    """Every task and every flow of the node one after the other, each alone."""
+    total = costs.allreduce_s
+    num_groups = costs.local_ranks // costs.layout.slices if costs.layout.slices > 1 else 0
+    total += blocks * num_groups * costs.allgather_latency_s
+    for lr in range(costs.local_ranks):
+        total += (costs.embed_s + costs.head_s
+                  + blocks * (costs.update_s + costs.forward_s)) * costs.factor(lr)
+        flows = costs.h2d[lr] + costs.d2h[lr] + costs.allgather[lr]
+        total += blocks * sum(costs.alone_s((f,)) for f in flows)
+    return total

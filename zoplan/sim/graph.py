@@ -1,0 +1,381 @@
+"""Task graph of one steady-state training step for one layout, on ONE node.
+
+All nodes of a job are identical (DDP across nodes, each node holds its own host copy),
+so the graph covers the local ranks of node 0; the inter-node part of the scalar
+all-reduce is added analytically to the all-reduce task (see `internode_allreduce_s`).
+
+Per rank r and block b (execution semantics of docs/HELPERS.md):
+    h2d(b)  upload r's slice (1/slices of the block) from the node's host store
+    allgather(b)  slice group exchanges slices (absent when slices == 1)
+    update(b)  deferred update of step t-1 + perturbation of step t
+    forward(b)  "+-": both perturbations; "+" / "-": one
+    d2h(b)  write back r's 1/local_ranks share of the updated block
+plus embed (before block 0), head (after the last block) and allreduce (ends the step).
+
+Edges carry `why`:
+    "data"    data flow (h2d -> allgather -> update -> forward -> d2h; last forward -> head)
+    "buffer"  h2d(b + prefetch) waits for d2h(b): `prefetch` block buffers per rank
+    "fence"   d2h(b) waits for EVERY local rank's h2d(b) (write-back fence)
+    "order"   program order on one engine (an engine does one thing at a time)
+Collectives (allgather, allreduce) are one node per member rank with a shared `group`;
+the simulator starts a group when all members have reached it.
+
+Each node carries the work of the task: `dur_s` (compute time, or the fixed latency of
+a collective) and `flows` ((bytes, route of link names, private cap in bytes/s), ...):
+transfers whose rate the simulator decides by max-min fair sharing of the links.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+
+from zoplan.hardware import HardwareProfile
+from zoplan.layout import Layout
+from zoplan.models import ModelSpec, dtype_bytes
+from zoplan.trace import KIND_LANE, NO_BLOCK, task_id
+from zoplan.workload import Workload
+
+INF = math.inf
+SERIAL_LANE = "serial"   # engine name of a rank whose tasks run one at a time (CPU)
+GBPS = 1e9               # profile bandwidths are GB/s = 1e9 bytes/s
+# Operators of an embedding lookup and of the head + loss, as a share of a block
+# forward's (~40 for an OPT block, ~4 and ~10): their share of its dispatch cost.
+EMBED_OPS, HEAD_OPS = 0.1, 0.25
+
+# Link classes: the profile figure that sets their capacity.
+HOST_MEM = "host.mem_bw"
+PCIE_H2D = "pcie.h2d"
+PCIE_D2H = "pcie.d2h"
+PCIE_DUPLEX = "pcie.duplex"
+UPLINK_H2D = "pcie.uplink_h2d"
+UPLINK_D2H = "pcie.uplink_d2h"
+NVLINK = "fabric.nvlink"
+
+
+def link_class(name: str) -> str:
+    """`pcie.h2d/3` -> `pcie.h2d`."""
+    return name.split("/", 1)[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flow:
+    """One transfer: bytes over a route of links, at most `cap_Bps` on its own."""
+
+    num_bytes: float
+    route: tuple[str, ...]
+    cap_Bps: float = INF
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCosts:
+    """Every figure the graph, the simulator and the bounds need for one layout."""
+
+    layout: Layout
+    concurrent: bool                 # device.concurrent_engines
+    num_blocks: int
+    block_bytes: float               # one block in the stored precision
+    tokens_per_rank: int
+    streams: int                     # forward passes per rank (2 for "+-", 1 for PertP)
+    embed_s: float
+    update_s: float
+    forward_s: float                 # all streams of one block on one rank
+    head_s: float
+    allreduce_s: float               # includes internode_s
+    internode_s: float
+    allgather_latency_s: float
+    links: dict[str, float]          # link name -> capacity in bytes/s
+    h2d: tuple[tuple[Flow, ...], ...]        # per local rank: flows of one block's h2d
+    d2h: tuple[tuple[Flow, ...], ...]
+    allgather: tuple[tuple[Flow, ...], ...]  # per local rank (empty when slices == 1)
+    rank_factors: tuple[float, ...] = ()     # per local rank: its compute tasks' time factor
+
+    def factor(self, local_rank: int) -> float:
+        return self.rank_factors[local_rank] if self.rank_factors else 1.0
+
+    @property
+    def local_ranks(self) -> int:
+        return self.layout.local_ranks
+
+    def alone_s(self, flows: tuple[Flow, ...]) -> float:
+        """Time of a set of flows that start together with the links to themselves
+        (a lower bound on their time in any schedule)."""
+        return max((f.num_bytes / self.flow_rate_alone(f) for f in flows), default=0.0)
+
+    def flow_rate_alone(self, flow: Flow) -> float:
+        return min([flow.cap_Bps] + [self.links[name] for name in flow.route])
+
+    def allgather_alone_s(self, local_rank: int) -> float:
+        """All-gather of the rank's group with the fabric to itself (latency + bytes)."""
+        flows = [f for lr in self.slice_group(local_rank) for f in self.allgather[lr]]
+        if not flows:
+            return 0.0
+        return self.allgather_latency_s + self.alone_s(tuple(flows))
+
+    def slice_group(self, local_rank: int) -> range:
+        """Local ranks of the rank's slice group."""
+        s = self.layout.slices
+        first = local_rank // s * s
+        return range(first, first + s)
+
+
+# ---- costs ------------------------------------------------------------------------
+def internode_allreduce_s(profile: HardwareProfile, nodes: int) -> float:
+    """Inter-node part of the scalar all-reduce: latency-bound recursive doubling,
+    ceil(log2(nodes)) rounds of one network latency each (Thakur, Rabenseifner and
+    Gropp, "Optimization of Collective Communication Operations in MPICH", 2005)."""
+    if nodes <= 1:
+        return 0.0
+    return profile.network["latency_us"] * 1e-6 * math.ceil(math.log2(nodes))
+
+
+def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+               layout: Layout) -> StepCosts:
+    """Per-task times and per-transfer flows of one step of `layout`."""
+    lr = layout.local_ranks
+    tokens = workload.batch // layout.ddp * workload.seq
+    streams = 2 if layout.pertp == 1 else 1
+    block = float(model.block_bytes(workload.param_dtype))
+    work = task_times(model=model, profile=profile, workload=workload, tokens=tokens,
+                      streams=streams, local_ranks=lr)
+    links = node_links(profile, lr)
+    internode = internode_allreduce_s(profile, layout.nodes)
+    return StepCosts(
+        layout=layout, concurrent=bool(profile.device.get("concurrent_engines", True)),
+        num_blocks=model.num_layers, block_bytes=block, tokens_per_rank=tokens,
+        streams=streams, **work,
+        allreduce_s=(profile.collective["allreduce_small_us"] * 1e-6 + internode
+                     if layout.world_size > 1 else 0.0),   # zoexec skips a world of one
+        internode_s=internode, allgather_latency_s=profile.collective["latency_us"] * 1e-6,
+        links=links, rank_factors=rank_factors(profile, lr), **_transfer_flows(profile, layout, block))
+
+
+def rank_factors(profile: HardwareProfile, local_ranks: int) -> tuple[float, ...]:
+    """Ranks that run at once do not run alike: on a CPU profile with
+    compute.rank_jitter (j: how far the slowest of the node's ranks runs above their
+    mean, measured by `zoplan profile`), local rank r's compute tasks take
+    1 + j * (2r / (k - 1) - 1) of their time (the slowest +j, the mean 1), so the
+    simulator's ranks wait for each other at the write-back fence and the collectives
+    as measured ranks do. 1 for every rank elsewhere."""
+    jitter = profile.compute.get("rank_jitter", 0.0) if profile.is_cpu else 0.0
+    if local_ranks < 2 or not jitter:
+        return ()
+    return tuple(1.0 + jitter * (2 * r / (local_ranks - 1) - 1) for r in range(local_ranks))
+
+
+def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+               tokens: int, streams: int, local_ranks: int) -> dict:
+    """embed_s, update_s, forward_s and head_s of one rank (the schedule of
+    docs/execution.md): `tokens` per perturbation stream, `streams` forwards per block.
+
+    update: the deferred update (a z draw + a pass) and the next perturbation (a z draw
+    + a pass); forward: one block forward per stream, and the second stream's
+    perturbation pass; embed: the resident parts' update, z and one perturbation pass
+    per stream, and one embedding lookup per stream; head: one final norm + LM head +
+    loss per stream and the resident perturbation pass between them. Profiles without
+    the z model price the zo maths by compute.zo_ns_per_param per parameter."""
+    lr, seq, hw = local_ranks, workload.seq, profile
+    cbytes = dtype_bytes(workload.compute_dtype)
+    fwd = hw.forward_time_s(flops=tokens * model.block_gemm_flops_per_token(),
+                            attn_flops=tokens * model.block_attn_flops_per_token(seq),
+                            elems=tokens * model.block_elems_per_token(),
+                            weight_bytes=model.block_params * cbytes, tokens=tokens,
+                            local_ranks=lr, family=model.family)
+    lookup = hw.forward_time_s(flops=0.0, elems=tokens * model.embed_elems_per_token(),
+                               weight_bytes=0.0 if hw.has_z_model
+                               else streams * tokens * model.hidden * cbytes,
+                               tokens=tokens, local_ranks=lr,
+                               overhead_share=EMBED_OPS if hw.has_z_model else 1.0)
+    head_fwd = hw.forward_time_s(flops=tokens * model.head_flops_per_token(),
+                                 elems=tokens * model.head_elems_per_token(),
+                                 weight_bytes=model.vocab * model.hidden * cbytes,
+                                 tokens=tokens, local_ranks=lr,
+                                 overhead_share=HEAD_OPS if hw.has_z_model else 1.0)
+    if not hw.has_z_model:
+        return {"embed_s": hw.zo_time_s(model.embed_params, lr) + lookup,
+                "update_s": hw.zo_time_s(model.block_params, lr),
+                "forward_s": streams * fwd,
+                "head_s": hw.zo_time_s(model.head_params, lr) + streams * head_fwd}
+    block, resident = model.block_tensor_numels(), model.resident_tensor_numels()
+    z_block, z_res = hw.z_time_s(block, lr), hw.z_time_s(resident, lr)
+    pass_block = hw.pass_time_s(model.block_params, lr)
+    pass_res = hw.pass_time_s(model.resident_params, lr)
+    return {"embed_s": 2 * z_res + (1 + streams) * pass_res + streams * lookup,
+            "update_s": 2 * (z_block + pass_block),
+            "forward_s": streams * fwd + (streams - 1) * pass_block,
+            "head_s": streams * head_fwd + (streams - 1) * pass_res}
+
+
+def node_links(profile: HardwareProfile, local_ranks: int) -> dict[str, float]:
+    """Every shared link of one node, name -> capacity in bytes/s."""
+    p = profile.pcie
+    links = {HOST_MEM: profile.host["mem_bw_gbps"] * GBPS}
+    for lr in range(local_ranks):
+        links[f"{PCIE_H2D}/{lr}"] = p["h2d_gbps"] * GBPS
+        links[f"{PCIE_D2H}/{lr}"] = p["d2h_gbps"] * GBPS
+        links[f"{PCIE_DUPLEX}/{lr}"] = p["duplex_gbps"] * GBPS
+        if profile.fabric["kind"] in ("nvswitch", "bridge"):
+            links[f"{NVLINK}/out{lr}"] = profile.fabric["p2p_gbps"] * GBPS
+            links[f"{NVLINK}/in{lr}"] = profile.fabric["p2p_gbps"] * GBPS
+    for g, group in enumerate(p.get("switch_groups") or []):
+        if any(r < local_ranks for r in group):
+            links[f"{UPLINK_H2D}/{g}"] = p["switch_uplink_gbps"] * GBPS
+            links[f"{UPLINK_D2H}/{g}"] = p["switch_uplink_gbps"] * GBPS
+    return links
+
+
+def _switch_index(profile: HardwareProfile, local_rank: int) -> int | None:
+    for g, group in enumerate(profile.pcie.get("switch_groups") or []):
+        if local_rank in group:
+            return g
+    return None
+
+
+def host_route(profile: HardwareProfile, local_rank: int, direction: str) -> tuple[str, ...]:
+    """Links a host<->device copy of `local_rank` crosses ("h2d" or "d2h")."""
+    own = PCIE_H2D if direction == "h2d" else PCIE_D2H
+    route = [HOST_MEM, f"{own}/{local_rank}", f"{PCIE_DUPLEX}/{local_rank}"]
+    g = _switch_index(profile, local_rank)
+    if g is not None:
+        route.append(f"{UPLINK_H2D if direction == 'h2d' else UPLINK_D2H}/{g}")
+    return tuple(route)
+
+
+def _transfer_flows(profile: HardwareProfile, layout: Layout, block: float) -> dict:
+    lr, s = layout.local_ranks, layout.slices
+    h2d = tuple((Flow(num_bytes=block / s, route=host_route(profile, r, "h2d")),)
+                for r in range(lr))
+    d2h = tuple((Flow(num_bytes=block / lr, route=host_route(profile, r, "d2h")),)
+                for r in range(lr))
+    return {"h2d": h2d, "d2h": d2h,
+            "allgather": tuple(_allgather_flows(profile, r, s, block) for r in range(lr))}
+
+
+def _allgather_flows(profile: HardwareProfile, local_rank: int, slices: int,
+                     block: float) -> tuple[Flow, ...]:
+    """One member's share of a ring all-gather of the block: it sends and receives
+    (s-1)/s of the block (NCCL's bus bandwidth convention: time = bytes*(s-1)/s / busbw).
+    The collective table caps each member's rate; the fabric decides the links."""
+    if slices == 1:
+        return ()
+    num_bytes = block * (slices - 1) / slices
+    cap = profile.allgather_busbw_gbps(block) * GBPS
+    kind = profile.fabric["kind"]
+    if kind in ("nvswitch", "bridge"):
+        route = (f"{NVLINK}/out{local_rank}", f"{NVLINK}/in{local_rank}")
+        return (Flow(num_bytes=num_bytes, route=route, cap_Bps=cap),)
+    if kind == "host":  # through host memory: the sender's D2H, then the receiver's H2D
+        return (Flow(num_bytes=num_bytes, route=host_route(profile, local_rank, "d2h"),
+                     cap_Bps=cap),
+                Flow(num_bytes=num_bytes, route=host_route(profile, local_rank, "h2d"),
+                     cap_Bps=cap))
+    return (Flow(num_bytes=num_bytes, route=(HOST_MEM,), cap_Bps=cap),)  # shm
+
+
+# ---- graph --------------------------------------------------------------------------
+_DATA, _BUFFER, _FENCE, _ORDER = ({"why": w} for w in ("data", "buffer", "fence", "order"))
+
+
+def rank_order(costs: StepCosts, num_blocks: int) -> list[tuple[str, int]]:
+    """(kind, block) of one rank's tasks in program order (the CPU's serial order)."""
+    order = [("embed", NO_BLOCK)]
+    order += [(kind, b) for b in range(num_blocks) for kind in _block_kinds(costs)]
+    return order + [("head", NO_BLOCK), ("allreduce", NO_BLOCK)]
+
+
+def _block_kinds(costs: StepCosts) -> list[str]:
+    middle = ["allgather"] if costs.layout.slices > 1 else []
+    return ["h2d", *middle, "update", "forward", "d2h"]
+
+
+def build_step_graph(costs: StepCosts, *, num_blocks: int | None = None):
+    """The networkx DiGraph of one step on node 0 (`num_blocks` < the model's blocks
+    gives the reduced graphs the search extrapolates from)."""
+    num_blocks = costs.num_blocks if num_blocks is None else num_blocks
+    graph = nx.DiGraph(links=dict(costs.links), concurrent=costs.concurrent,
+                       num_blocks=num_blocks, local_ranks=costs.local_ranks)
+    order = rank_order(costs, num_blocks)
+    nodes, edges = [], []
+    for lr in range(costs.local_ranks):
+        nodes += _rank_nodes(costs, lr, order)
+        edges += _order_edges(costs, lr, order)   # first: a data edge's label wins
+        edges += _rank_edges(costs, lr, num_blocks)
+    graph.add_nodes_from(nodes)
+    graph.add_edges_from(edges)
+    return graph
+
+
+def _engine_of(costs: StepCosts, rank: int, kind: str) -> str:
+    return f"r{rank}/{KIND_LANE[kind] if costs.concurrent else SERIAL_LANE}"
+
+
+def _rank_nodes(costs: StepCosts, lr: int, order: list[tuple[str, int]]) -> list:
+    engines = {kind: _engine_of(costs, lr, kind) for kind in KIND_LANE}
+    work = {kind: _work(costs, lr, kind) for kind in KIND_LANE}
+    nodes, seq = [], dict.fromkeys(engines.values(), -1)
+    for kind, block in order:
+        engine = engines[kind]
+        seq[engine] += 1
+        attrs = {"kind": kind, "rank": lr, "block": block, "lane": KIND_LANE[kind],
+                 "engine": engine, "seq": seq[engine], **work[kind]}
+        if kind == "allgather":
+            attrs["group"] = ("allgather", block, lr // costs.layout.slices)
+        nodes.append((task_id(kind, lr, block), attrs))
+    return nodes
+
+
+def _work(costs: StepCosts, lr: int, kind: str) -> dict:
+    """The work of a task of this kind on this rank (the same for every block)."""
+    work = {"dur_s": 0.0, "flows": (), "group": None}
+    if kind in ("embed", "update", "forward", "head"):
+        work["dur_s"] = getattr(costs, f"{kind}_s") * costs.factor(lr)
+    elif kind in ("h2d", "d2h"):
+        work["flows"] = getattr(costs, kind)[lr]
+    elif kind == "allgather":
+        work.update(dur_s=costs.allgather_latency_s, flows=costs.allgather[lr])
+    elif kind == "allreduce":
+        work.update(dur_s=costs.allreduce_s, group=("allreduce", NO_BLOCK, 0))
+    return work
+
+
+def _rank_edges(costs: StepCosts, lr: int, num_blocks: int) -> list:
+    """Data, buffer and fence edges into the rank's tasks."""
+    lay = costs.layout
+    group = list(costs.slice_group(lr))
+    outside = [m for m in range(lay.local_ranks) if m not in group]
+    edges = []
+    for b in range(num_blocks):
+        h2d, upd, fwd, d2h = (f"{k}/b{b}/r{lr}" for k in ("h2d", "update", "forward", "d2h"))
+        if lay.slices > 1:
+            ag = f"allgather/b{b}/r{lr}"
+            edges += [(f"h2d/b{b}/r{m}", ag, _DATA) for m in group]
+            edges.append((ag, upd, _DATA))
+        else:
+            edges.append((h2d, upd, _DATA))
+        edges += [(upd, fwd, _DATA), (fwd, d2h, _DATA)]
+        if b >= lay.prefetch:
+            edges.append((f"d2h/b{b - lay.prefetch}/r{lr}", h2d, _BUFFER))
+        # write-back fence: the slice group's h2d already precede d2h via the all-gather
+        edges += [(f"h2d/b{b}/r{m}", d2h, _FENCE) for m in outside]
+    first = f"forward/b0/r{lr}" if num_blocks else task_id("head", lr)
+    last = f"forward/b{num_blocks - 1}/r{lr}" if num_blocks else task_id("embed", lr)
+    edges += [(task_id("embed", lr), first, _DATA), (last, task_id("head", lr), _DATA)]
+    edges += [(task_id("head", m), task_id("allreduce", lr), _DATA)
+              for m in range(lay.local_ranks)]
+    return edges
+
+
+def _order_edges(costs: StepCosts, lr: int, order: list) -> list:
+    """Program order on each engine (where a data edge joins the same pair, it is added
+    after these and its label wins)."""
+    last_on: dict[str, tuple[str, str]] = {}
+    edges = []
+    for kind, block in order:
+        engine, node = _engine_of(costs, lr, kind), task_id(kind, lr, block)
+        prev = last_on.get(engine)
+        if prev is not None:
+            edges.append((prev[0], node, _ORDER))
+        last_on[engine] = (node, kind)
+    return edges

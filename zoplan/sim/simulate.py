@@ -1,0 +1,340 @@
+"""SimPy simulation of a step graph: engines that do one thing at a time, and shared
+links whose bandwidth concurrent transfers share max-min fairly.
+
+Engines: one SimPy process per engine of the graph (per rank: compute, h2d, collective,
+d2h on CUDA; one serial engine per rank on CPU profiles). A process walks its tasks in
+program order; a task starts when its dependencies are done. A collective starts when
+its last member reaches it and ends for all members at once.
+
+Links (`FairShareNetwork`): a transfer is a set of flows, each crossing a route of links
+and optionally capped on its own (the collective table). At every instant the rates are
+the max-min fair allocation (progressive filling): raise all rates together, freeze the
+flows of a link when it saturates (or a flow when it reaches its own cap), repeat. When a
+flow starts or ends, only the flows of its component (the links that routes join, e.g.
+one GPU's NVLink ports, or every PCIe link + host memory) are re-rated, once per instant
+however many flows changed (the recompute is an event of lower priority than everything
+else scheduled at that time). The next completion is
+one timer; a rate change re-arms it and the stale timer is ignored (SimPy cannot cancel).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import simpy
+from simpy.events import Event
+
+from zoplan.trace import Span
+
+_LATE = 2            # priority after simpy's NORMAL (1) and URGENT (0): end of the instant
+_REL_TOL = 1e-9      # a flow within 1e-9 of its size (+ 1e-3 bytes) of its end is done
+_ABS_TOL_BYTES = 1e-3
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimResult:
+    step_time_s: float
+    spans: tuple[Span, ...]
+    link_bytes: dict[str, float]
+
+
+class _Flow:
+    __slots__ = ("size", "remaining", "links", "cap", "rate", "batch", "done")
+
+    def __init__(self, size: float, links: tuple[int, ...], cap: float, batch: list):
+        self.size = self.remaining = size
+        self.links, self.cap, self.batch = links, cap, batch
+        self.rate = 0.0
+        self.done = False
+
+
+class FairShareNetwork:
+    """Links with capacities (bytes/s) shared max-min fairly by the active flows.
+
+    `component_of` maps each link to its static component: links that some route joins
+    (directly or through other links) share a component, and only the flows of a
+    component whose flows changed are re-rated. Flows of one component that happen not to
+    share a link at the moment get the same rates as if rated apart (max-min fairness
+    decomposes), so this is exact, and cheaper than finding the connected flows."""
+
+    def __init__(self, env: simpy.Environment, capacities: list[float],
+                 component_of: list[int] | None = None):
+        self.env = env
+        self.cap = list(capacities)
+        self.component_of = component_of or [0] * len(capacities)
+        self.active: list[_Flow] = []
+        self.by_component: dict[int, list[_Flow]] = {}
+        self.link_bytes = [0.0] * len(capacities)
+        self._t = 0.0           # progress of the active flows is known up to this time
+        self._dirty: set[int] = set()
+        self._pending = False
+        self._gen = 0
+
+    def transfer(self, flows) -> Event:
+        """Start `flows` ((bytes, link indices, cap_Bps), ...) now; the returned event
+        fires when the last of them is done."""
+        done = Event(self.env)
+        batch = [0, done]
+        self._advance()
+        for size, links, cap in flows:
+            if size <= 0:
+                continue
+            flow = _Flow(float(size), links, cap, batch)
+            batch[0] += 1
+            self.active.append(flow)
+            comp = self.component_of[links[0]] if links else -1 - id(flow)
+            self.by_component.setdefault(comp, []).append(flow)
+            self._dirty.add(comp)
+        if batch[0] == 0:
+            done.succeed()
+        else:
+            self._request_recompute()
+        return done
+
+    # ---- time keeping -----------------------------------------------------------
+    def _advance(self) -> None:
+        dt = self.env.now - self._t
+        if dt > 0:
+            for flow in self.active:
+                flow.remaining -= flow.rate * dt
+            self._t = self.env.now
+
+    def _request_recompute(self) -> None:
+        if not self._pending:
+            self._pending = True
+            event = Event(self.env)
+            event._ok, event._value = True, None
+            event.callbacks.append(self._recompute)
+            self.env.schedule(event, _LATE)
+
+    def _recompute(self, _event) -> None:
+        self._pending = False
+        self._advance()
+        for comp in sorted(self._dirty):
+            flows = self.by_component.get(comp)
+            if flows:
+                fill_rates(flows, self.cap)
+        self._dirty.clear()
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        self._gen += 1
+        soonest = math.inf
+        for flow in self.active:
+            if flow.rate > 0:
+                left = flow.remaining / flow.rate
+                if left < soonest:
+                    soonest = left
+        if soonest < math.inf:
+            timer = self.env.timeout(max(soonest, 0.0))
+            timer.callbacks.append(partial(self._on_timer, self._gen))
+
+    def _on_timer(self, gen: int, _event) -> None:
+        if gen != self._gen:
+            return  # rates changed since this timer was armed
+        self._advance()
+        finished = [f for f in self.active
+                    if f.rate > 0 and f.remaining <= _REL_TOL * f.size + _ABS_TOL_BYTES]
+        if not finished:  # rounding: the flow the timer was armed for ends now
+            finished = [min((f for f in self.active if f.rate > 0),
+                            key=lambda f: f.remaining / f.rate)]
+        for flow in finished:
+            self._finish(flow)
+        self.active = [f for f in self.active if not f.done]
+        self._request_recompute()
+
+    def _finish(self, flow: _Flow) -> None:
+        flow.done = True
+        comp = self.component_of[flow.links[0]] if flow.links else -1 - id(flow)
+        self.by_component[comp].remove(flow)
+        self._dirty.add(comp)
+        for link in flow.links:
+            self.link_bytes[link] += flow.size
+        flow.batch[0] -= 1
+        if flow.batch[0] == 0:
+            flow.batch[1].succeed()
+
+
+def link_components(num_links: int, routes) -> list[int]:
+    """Static component of each link: union of the links of every route."""
+    parent = list(range(num_links))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+    for route in routes:
+        for link in route[1:]:
+            a, b = root(route[0]), root(link)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return [root(i) for i in range(num_links)]
+
+
+def fill_rates(flows: list[_Flow], cap: list[float]) -> None:
+    """Max-min fair rates by progressive filling. `flows` must be closed under link
+    sharing (every flow on a link they use is in the list)."""
+    links: dict[int, list[float]] = {}
+    for flow in flows:
+        for link in flow.links:
+            entry = links.get(link)
+            if entry is None:
+                links[link] = [cap[link], 1]
+            else:
+                entry[1] += 1
+    unfrozen = flows
+    while unfrozen:
+        level = min(f.cap for f in unfrozen)
+        for left, count in links.values():
+            if count:
+                level = min(level, left / count)
+        level = max(level, 0.0)
+        limit = level * (1 + 1e-12)
+        saturated = {link for link, (left, count) in links.items()
+                     if count and left / count <= limit}
+        rest = []
+        for flow in unfrozen:
+            if flow.cap <= limit or any(link in saturated for link in flow.links):
+                flow.rate = level
+                for link in flow.links:
+                    entry = links[link]
+                    entry[0] -= level
+                    entry[1] -= 1
+            else:
+                rest.append(flow)
+        unfrozen = rest
+
+
+# ---- the simulation -----------------------------------------------------------------
+class _Group:
+    __slots__ = ("size", "arrived", "start", "done", "dur", "flows")
+
+    def __init__(self, env, dur: float):
+        self.size, self.arrived, self.start = 0, 0, 0.0
+        self.done = Event(env)
+        self.dur = dur
+        self.flows: list = []
+
+
+class _Sim:
+    """The graph flattened into lists (index = node position), run with SimPy."""
+
+    def __init__(self, graph):
+        self.env = simpy.Environment()
+        names = list(graph.nodes)
+        index = {n: i for i, n in enumerate(names)}
+        self.names = names
+        self.attrs = [graph.nodes[n] for n in names]
+        self.deps: list[list[int]] = [[] for _ in names]
+        for u, v, why in graph.edges(data="why"):
+            if why != "order":   # the engine's program order already holds it
+                self.deps[index[v]].append(index[u])
+        links = graph.graph["links"]
+        self.link_names = list(links)
+        link_index = {name: i for i, name in enumerate(self.link_names)}
+        routes: dict = {}
+        self.flows = [[(f.num_bytes, _route(routes, link_index, f.route), f.cap_Bps)
+                       for f in a["flows"]] for a in self.attrs]
+        self.net = FairShareNetwork(self.env, [links[n] for n in self.link_names],
+                                    link_components(len(links), list(routes.values())))
+        self.dur = [a["dur_s"] for a in self.attrs]
+        self.finished = [False] * len(names)
+        self.waiters: dict[int, Event] = {}   # task -> event, made only when waited for
+        self.start = [0.0] * len(names)
+        self.end = [0.0] * len(names)
+        self.group_of = self._groups()
+        self._engines = self._engine_lists()
+
+    def _groups(self) -> list:
+        groups: dict = {}
+        out = []
+        for i, a in enumerate(self.attrs):
+            key = a["group"]
+            if key is None:
+                out.append(None)
+                continue
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = _Group(self.env, a["dur_s"])
+            group.size += 1
+            group.flows.extend(self.flows[i])
+            out.append(group)
+        return out
+
+    def _engine_lists(self) -> list[list[int]]:
+        by_engine: dict[str, list] = {}
+        for i, a in enumerate(self.attrs):
+            by_engine.setdefault(a["engine"], []).append((a["seq"], i))
+        return [[i for _, i in sorted(v)] for _, v in sorted(by_engine.items())]
+
+    def run(self) -> None:
+        for tasks in self._engines:
+            self.env.process(self._engine(tasks))
+        self.env.run()
+
+    def _engine(self, tasks: list[int]):
+        env, finished, deps, dur, flows = (self.env, self.finished, self.deps, self.dur,
+                                           self.flows)
+        for i in tasks:
+            for j in deps[i]:
+                if not finished[j]:
+                    yield self._waiter(j)
+            group = self.group_of[i]
+            if group is None:
+                start = env.now
+                if dur[i] > 0:
+                    yield env.timeout(dur[i])
+                if flows[i]:
+                    yield self.net.transfer(flows[i])
+            else:
+                yield from self._collective(group)
+                start = group.start
+            self.start[i], self.end[i] = start, env.now
+            finished[i] = True
+            waiter = self.waiters.pop(i, None)
+            if waiter is not None:
+                waiter.succeed()
+
+    def _waiter(self, task: int) -> Event:
+        waiter = self.waiters.get(task)
+        if waiter is None:
+            waiter = self.waiters[task] = Event(self.env)
+        return waiter
+
+    def _collective(self, group: _Group):
+        """The last member to arrive runs the collective; the others wait for it."""
+        group.arrived += 1
+        if group.arrived < group.size:
+            yield group.done
+            return
+        group.start = self.env.now
+        if group.dur > 0:
+            yield self.env.timeout(group.dur)
+        if group.flows:
+            yield self.net.transfer(group.flows)
+        group.done.succeed()
+
+    def spans(self) -> tuple[Span, ...]:
+        return tuple(Span(kind=a["kind"], rank=a["rank"], block=a["block"], lane=a["lane"],
+                          start_s=self.start[i], dur_s=self.end[i] - self.start[i])
+                     for i, a in enumerate(self.attrs))
+
+
+def _route(cache: dict, link_index: dict, route: tuple[str, ...]) -> tuple[int, ...]:
+    if route not in cache:
+        cache[route] = tuple(link_index[name] for name in route)
+    return cache[route]
+
+
+def simulate(graph, *, record_spans: bool = True) -> SimResult:
+    """Run one step of `graph` (zoplan.sim.graph.build_step_graph); spans of every task."""
+    sim = _Sim(graph)
+    sim.run()
+    unfinished = [sim.names[i] for i, done in enumerate(sim.finished) if not done]
+    assert not unfinished, f"simulation deadlocked at {unfinished[:3]}"
+    return SimResult(step_time_s=max(sim.end, default=0.0),
+                     spans=sim.spans() if record_spans else (),
+                     link_bytes=dict(zip(sim.link_names, sim.net.link_bytes)))
