@@ -89,6 +89,7 @@ class ModelParts:
     resident_specs: list[TensorSpec] = field(default_factory=list)
     resident_numel: int = 0
     layer_prefix: str = "model.layers."
+    resident_master: torch.Tensor | None = None   # flat resident weights, param dtype
 
     # ---- the forward, piece by piece ---------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -259,7 +260,7 @@ def build_hf_model(spec_or_config, *, init: str = "random", seed: int = 0,
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(
                 config, attn_implementation=attn_implementation, dtype=torch.float32)
-        model = model.to(torch_dtype(dtype))
+        model = cast_keeping_fp32_buffers(model, torch_dtype(dtype))
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(
@@ -268,6 +269,23 @@ def build_hf_model(spec_or_config, *, init: str = "random", seed: int = 0,
         except OSError as exc:
             raise ZoError(f"cannot load the model in {init}: {exc}") from None
     return model.eval().requires_grad_(False)
+
+
+FP32_BUFFERS = ("inv_freq", "original_inv_freq")   # rotary frequencies: HF keeps them fp32
+
+
+def cast_keeping_fp32_buffers(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """module.to(dtype), but the rotary embedding's frequency buffers stay fp32, as
+    transformers keeps them (in bf16, cos(position x inv_freq) would be off by up to
+    ~1.8 at position 2047)."""
+    keep = {name: buf.detach().clone() for name, buf in module.named_buffers()
+            if name.rsplit(".", 1)[-1] in FP32_BUFFERS and buf.dtype == torch.float32}
+    module = module.to(dtype)
+    for name, value in keep.items():
+        owner_name, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        setattr(owner, attr, value.to(getattr(owner, attr).device))
+    return module
 
 
 def layer_container(model: nn.Module, family: str) -> tuple[nn.Module, str]:
@@ -318,13 +336,15 @@ def build_parts(spec_or_config, *, init: str = "random", param_dtype: str = "fp3
     specs, flats = _extract_blocks(holder.layers, p_dtype)
     block = holder.layers[0].to(c_dtype)
     holder.layers = nn.ModuleList()
-    resident = model.to(c_dtype)
+    master = torch.cat([p.detach().reshape(-1).to(p_dtype) for p in model.parameters()])
+    resident = cast_keeping_fp32_buffers(model, c_dtype)
     named = list(resident.named_parameters())
     parts = ModelParts(family=family, config=model.config, dtype=c_dtype, resident=resident,
                        block=block, block_specs=specs, block_numel=specs[-1].stop,
                        num_blocks=len(flats), param_dtype=p_dtype,
                        resident_specs=make_specs(named),
-                       resident_numel=sum(p.numel() for _, p in named), layer_prefix=prefix)
+                       resident_numel=sum(p.numel() for _, p in named), layer_prefix=prefix,
+                       resident_master=master)
     bind_block(parts, flats[0].to(c_dtype, copy=True))
     return parts, flats
 

@@ -63,7 +63,9 @@ def optimize_cmd(
     profile: Annotated[Optional[str], typer.Option(help="Shipped profile name or profile JSON path")] = None,
     batch: Annotated[int, typer.Option(help="Global batch (sequences per step)")] = 16,
     seq: Annotated[int, typer.Option(help="Tokens per sequence")] = 512,
-    param_dtype: Annotated[Optional[str], typer.Option("--precision", help="Stored precision of the blocks: fp16, bf16 or fp32 (default: searched)")] = None,
+    precision: Annotated[Optional[str], typer.Option(help="Compute precision: fp16, bf16 or fp32 (default: the model family's dtype on GPUs, fp32 on CPUs)")] = None,
+    update: Annotated[Optional[str], typer.Option(help="How updates reach the weights: master (fp32 masters), stochastic (16-bit, stochastic rounding) or plain (16-bit, round to nearest: loses most MeZO updates); default: master and stochastic searched")] = None,
+    tf32: Annotated[bool, typer.Option("--tf32/--no-tf32", help="fp32 GEMMs on CUDA may use TF32 tensor cores")] = True,
     pertp: Annotated[Optional[int], typer.Option(help="Fix Perturbation-Parallel degree (1 or 2)")] = None,
     ddp: Annotated[Optional[int], typer.Option(help="Fix Data-Parallel degree")] = None,
     slices: Annotated[Optional[int], typer.Option(help="Fix slice group size (1 = every GPU pulls the whole block)")] = None,
@@ -76,7 +78,8 @@ def optimize_cmd(
     """Search PertP x DDP layouts, slice size and prefetch depth; write the best as a plan."""
     with optimize_view.search_progress(enabled=not (quiet or json_out)) as progress:
         plan = search.optimize(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
-                               param_dtype=param_dtype, pertp=pertp, ddp=ddp, slices=slices,
+                               precision=precision, update=update, tf32=tf32, pertp=pertp,
+                               ddp=ddp, slices=slices,
                                prefetch=prefetch, output=output, progress=progress)
     if json_out:
         console.file.write(plan.to_json())

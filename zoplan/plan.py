@@ -5,7 +5,8 @@ Keys (all required unless marked optional):
   tool                      {"name": "zoplan", "version"}
   model                     {"name", "spec": ModelSpec.to_dict(), "sha256"}
   profile                   {"name", "sha256", "device_kind", "gpus_per_node"}
-  workload                  Workload.to_dict(): batch, seq, param_dtype, compute_dtype
+  workload                  Workload.to_dict(): batch, seq, param_dtype, compute_dtype,
+                            update (master, stochastic, plain), tf32
   layout                    Layout.to_dict(): pertp, ddp, nodes, slices, prefetch
   ranks                     Layout.rank_table(): rank, node, local_rank, role,
                             data_shard, slice_group, slice_index
@@ -111,7 +112,7 @@ def validate_plan(data: Any, origin: str) -> None:
         raise ZoError(f"{origin}: missing key(s) {', '.join(missing)}")
     try:
         layout = Layout(**data["layout"])
-        Workload(**data["workload"])
+        Workload.from_dict(data["workload"])
         spec = ModelSpec(**data["model"]["spec"])
     except (TypeError, ValueError, KeyError) as exc:
         raise ZoError(f"{origin}: {exc}") from None

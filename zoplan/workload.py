@@ -1,10 +1,35 @@
-"""Workload: global batch, sequence length and the precisions of one training job."""
+"""Workload: global batch, sequence length, and how one training job keeps and updates
+its weights.
+
+Precision is three choices (docs/precision.md):
+- `compute_dtype`: what the forward runs in (fp16, bf16 or fp32; fp32 GEMMs on CUDA use
+  TF32 tensor cores when `tf32` is allowed);
+- `param_dtype`: what the blocks are stored in (host store, uploads, write-back);
+- `update`: how the MeZO update reaches the stored weights:
+    master      fp32 master weights: the blocks are stored, moved and updated in fp32
+                and cast to the compute dtype on the device (param_dtype fp32);
+    stochastic  16-bit storage; the update (and weight decay) is computed in fp32 and
+                rounded stochastically when written back, seeded by (step seed, block,
+                tensor): unbiased in expectation, every rank rounds alike;
+    plain       16-bit storage, round to nearest: updates below half a unit in the last
+                place are lost (only when asked for).
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 from zoplan.models import DTYPE_BYTES
+
+UPDATE_MODES = ("master", "stochastic", "plain")
+HALF_DTYPES = ("fp16", "bf16")
+
+
+def default_update(param_dtype: str) -> str:
+    """The update mode a workload gets when none is named: fp32 blocks are their own
+    masters; 16-bit blocks are rounded stochastically (round to nearest loses most
+    MeZO updates)."""
+    return "master" if param_dtype == "fp32" else "stochastic"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -13,6 +38,9 @@ class Workload:
     seq: int = 2048          # tokens per sequence
     param_dtype: str = "fp16"    # precision the blocks are stored and moved in
     compute_dtype: str = "fp16"  # precision the forward runs in
+    update: str = ""             # how updates reach the stored weights (UPDATE_MODES);
+                                 # default: master for fp32 blocks, else stochastic
+    tf32: bool = True            # fp32 GEMMs on CUDA may use TF32 tensor cores
 
     def __post_init__(self) -> None:
         if self.batch < 1:
@@ -23,10 +51,25 @@ class Workload:
             if getattr(self, name) not in DTYPE_BYTES:
                 raise ValueError(f"{name} must be one of {', '.join(DTYPE_BYTES)}, "
                                  f"got {getattr(self, name)!r}")
+        if not self.update:
+            object.__setattr__(self, "update", default_update(self.param_dtype))
+        if self.update not in UPDATE_MODES:
+            raise ValueError(f"update must be one of {', '.join(UPDATE_MODES)}, "
+                             f"got {self.update!r}")
+        if (self.update == "master") != (self.param_dtype == "fp32"):
+            raise ValueError(f"update {self.update!r} with param_dtype {self.param_dtype!r}: "
+                             f"'master' keeps fp32 blocks, 'stochastic' and 'plain' 16-bit ones")
+        if not isinstance(self.tf32, bool):
+            raise ValueError(f"tf32 must be true or false, got {self.tf32!r}")
 
     @property
     def tokens_per_step(self) -> int:
         return self.batch * self.seq
+
+    @property
+    def rounds_updates(self) -> bool:
+        """Whether updates are rounded to a 16-bit store (stochastic or plain)."""
+        return self.update != "master"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -34,3 +77,15 @@ class Workload:
     @classmethod
     def from_dict(cls, data: dict) -> Workload:
         return cls(**data)
+
+    @classmethod
+    def for_update(cls, *, batch: int, seq: int, compute_dtype: str, update: str,
+                   tf32: bool = True) -> Workload:
+        """The workload of an update mode: 'master' stores fp32 blocks, the others store
+        the 16-bit compute dtype (fp32 compute admits only 'master')."""
+        if compute_dtype == "fp32" and update != "master":
+            raise ValueError(f"update {update!r} rounds to 16-bit storage, but the compute "
+                             f"precision is fp32: use 'master'")
+        param = "fp32" if update == "master" else compute_dtype
+        return cls(batch=batch, seq=seq, param_dtype=param, compute_dtype=compute_dtype,
+                   update=update, tf32=tf32)

@@ -50,7 +50,8 @@ def test_pertp2_with_an_odd_number_of_gpus_is_left_out_or_pruned():
 def test_layout_that_does_not_fit_gpu_memory_is_pruned_with_numbers():
     req = request(model="opt-30b", seq=2048)
     candidates, pruned = enumerate_space(req, {})
-    big = make_candidate(req, Layout(pertp=1, ddp=4, slices=4, prefetch=4))
+    big = make_candidate(req, Layout(pertp=1, ddp=4, slices=4, prefetch=4),
+                         req.workloads[-1])   # 16-bit blocks (stochastic rounding)
     need = big.memory.gpu_bytes / GIB
     expected = f"does not fit GPU memory: {need:.1f} GiB needed > 15.0 GiB usable"
     assert any(r.startswith(expected) for r in reasons(pruned)), reasons(pruned)
@@ -71,7 +72,8 @@ def test_layout_that_does_not_fit_host_memory_is_pruned(tmp_path):
 
 def test_nothing_fits_names_the_closest_layout():
     with pytest.raises(ZoError, match=r"no layout of opt-175b on 4 GPUs .* the closest, "
-                                      r"pertp\dxddp\d s\d p1: does not fit GPU memory: "
+                                      r"pertp\dxddp\d s\d p1 (master|stochastic): does not "
+                                      r"fit GPU memory: "
                                       r"\d+\.\d GiB needed > 15\.0 GiB usable"):
         search(request(model="opt-175b", seq=2048))
 
@@ -82,10 +84,10 @@ def test_bound_prunes_only_layouts_that_cannot_win():
     ranked, by_bound = branch_and_bound(candidates, {})
     assert by_bound, "expected some layouts pruned by bound"
     best = ranked[0].step_time_s
-    by_label = {c.layout.to_dict().__repr__(): c for c in candidates}
+    by_label = {(repr(c.layout.to_dict()), c.update): c for c in candidates}
     for pruned in by_bound:
         assert pruned.reason.startswith("bound: lower bound")
-        assert by_label[repr(pruned.layout)].bounds.lower_bound_s >= best
+        assert by_label[repr(pruned.layout), pruned.update].bounds.lower_bound_s >= best
     # exhaustive check: simulating everything finds the same winner
     for cand in candidates:
         evaluate(cand, {})
@@ -112,7 +114,7 @@ def test_slices_beyond_the_fast_fabric_are_not_searched():
     ({"seq": 4096}, r"seq \(4096\) exceeds the 2048 positions of opt-1.3b"),
     ({"slices": 3}, r"slices \(3\) does not divide the 4 ranks of a node"),
     ({"prefetch": 0}, r"prefetch must be >= 1, got 0"),
-    ({"param_dtype": "fp8"}, r"unknown precision 'fp8'"),
+    ({"precision": "fp8"}, r"unknown precision 'fp8'"),
 ])
 def test_bad_input_raises_zoerror_with_numbers(kw, message):
     with pytest.raises(ZoError, match=message):
@@ -120,13 +122,33 @@ def test_bad_input_raises_zoerror_with_numbers(kw, message):
 
 
 def test_precision_choice_is_reported():
-    assert request().workload.param_dtype == "fp16"
+    assert request().workload.compute_dtype == "fp16"
     assert "only fp16" in request().precision_note
-    assert request(model="tiny-llama", seq=128).workload.param_dtype == "bf16"
+    assert request(model="tiny-llama", seq=128).workload.compute_dtype == "bf16"
     cpu = request(model="tiny-opt", seq=128, profile=str(FIXTURES / "cpu4.json"))
-    assert (cpu.workload.param_dtype, cpu.workload.compute_dtype) == ("fp32", "fp32")
-    fixed = request(param_dtype="bf16")
-    assert fixed.workload.param_dtype == "bf16" and "fixed" in fixed.precision_note
+    assert [(w.param_dtype, w.compute_dtype, w.update) for w in cpu.workloads] == \
+        [("fp32", "fp32", "master")]
+    fixed = request(precision="bf16")
+    assert fixed.workload.compute_dtype == "bf16" and "fixed" in fixed.precision_note
+
+
+def test_the_update_modes_that_train_are_searched_unless_one_is_fixed():
+    """16-bit compute: fp32 masters (fp32 blocks) and stochastic rounding (16-bit
+    blocks) are searched; plain rounding only when asked for; fp32 compute: masters."""
+    both = request()
+    assert [(w.update, w.param_dtype) for w in both.workloads] == \
+        [("master", "fp32"), ("stochastic", "fp16")]
+    assert "update modes searched: master, stochastic" in both.precision_note
+    plain = request(update="plain")
+    assert [(w.update, w.param_dtype) for w in plain.workloads] == [("plain", "fp16")]
+    assert [w.update for w in request(precision="fp32").workloads] == ["master"]
+    with pytest.raises(ZoError, match="--update stochastic rounds to 16-bit storage"):
+        request(precision="fp32", update="stochastic")
+    with pytest.raises(ZoError, match="--update must be one of"):
+        request(update="fast")
+    result = search(request(model="opt-1.3b", gpus=1))
+    assert {c.update for c in result.ranked} | {p.update for p in result.pruned} == \
+        {"master", "stochastic"}
 
 
 def test_fixed_axes_plan_exactly_one_layout():
@@ -143,7 +165,7 @@ def test_fixed_axes_plan_exactly_one_layout():
 def test_reduced_block_extrapolation_is_within_one_percent(profile, gpus, pertp, slices, prefetch):
     req = request(model="opt-66b", profile=profile, gpus=gpus)
     cand = make_candidate(req, Layout(pertp=pertp, ddp=gpus // pertp, slices=slices,
-                                      prefetch=prefetch))
+                                      prefetch=prefetch), req.workloads[-1])
     estimate, method, _ = estimate_step_s(cand.costs)
     full = simulate(build_step_graph(cand.costs), record_spans=False).step_time_s
     assert estimate == pytest.approx(full, rel=0.01)

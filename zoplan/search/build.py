@@ -49,7 +49,8 @@ def build_plan(result: SearchResult) -> Plan:
         "baselines": {"zo2": baseline_entry(result.zo2),
                       "unsliced": baseline_entry(result.unsliced, result.unsliced_reason)},
         "candidates": [candidate_entry(c) for c in result.ranked],
-        "pruned": [{"layout": p.layout, "reason": p.reason} for p in result.pruned],
+        "pruned": [{"layout": p.layout, "update": p.update, "reason": p.reason}
+                   for p in result.pruned],
         "search": {"gpus": req.gpus, "nodes": req.nodes, "fixed": dict(sorted(req.fixed.items())),
                    "precision": req.precision_note, "evaluated": len(result.ranked),
                    "pruned": len(result.pruned), "method": SEARCH_METHOD},
@@ -98,7 +99,7 @@ def _span_dict(span: Span) -> dict:
 
 def candidate_entry(cand: Candidate) -> dict:
     name, util = bottleneck(cand.bounds, cand.step_time_s)
-    return {"layout": cand.layout.to_dict(), "label": cand.label,
+    return {"layout": cand.layout.to_dict(), "label": cand.label, "update": cand.update,
             "step_time_s": _t(cand.step_time_s), "tokens_per_s": round(cand.tokens_per_s, 6),
             "gpu_mem_bytes": int(cand.memory.gpu_bytes),
             "host_mem_bytes": int(cand.memory.host_bytes), "bottleneck": name,

@@ -20,6 +20,7 @@ from zoplan.search.space import Candidate, Pruned, Request, enumerate_space, mak
 from zoplan.sim.bounds import step_bounds
 from zoplan.sim.graph import StepCosts, build_step_graph, step_costs
 from zoplan.sim.simulate import SimResult, simulate
+from zoplan.workload import Workload
 
 ZO2_PREFETCH = 2      # ZO2's three streams: upload i, compute i-1, offload i-2
 
@@ -91,9 +92,10 @@ def simulate_full(cand: Candidate, *, record_spans: bool = True) -> None:
 
 
 def rank_key(cand: Candidate) -> tuple:
-    """Faster first; on a tie less GPU memory, then less host memory, then the label."""
+    """Faster first; on a tie less GPU memory, then less host memory, then the label
+    and the update mode."""
     return (round(cand.step_time_s, 9), cand.memory.gpu_bytes, cand.memory.host_bytes,
-            cand.label)
+            cand.label, cand.update)
 
 
 def branch_and_bound(candidates: list[Candidate], cache: dict, tick=None, *,
@@ -103,12 +105,12 @@ def branch_and_bound(candidates: list[Candidate], cache: dict, tick=None, *,
     bound reaches the best simulated step (less `tolerance`, a fraction).
     Returns (ranked evaluated candidates, pruned by bound)."""
     order = sorted(candidates, key=lambda c: (c.bounds.lower_bound_s, -c.layout.prefetch,
-                                              c.label))
+                                              c.label, c.update))
     best, done, pruned = math.inf, [], []
     for cand in order:
         bound = cand.bounds.lower_bound_s
         if bound >= best * (1 - tolerance):
-            pruned.append(Pruned(layout=cand.layout.to_dict(), reason=(
+            pruned.append(Pruned(layout=cand.layout.to_dict(), update=cand.update, reason=(
                 f"bound: lower bound {fmt_seconds(bound)} ({cand.bounds.binding}) >= best "
                 f"simulated step {fmt_seconds(best)}")))
         else:
@@ -160,7 +162,7 @@ def search(req: Request, *, progress=None) -> SearchResult:
     unsliced, reason = _unsliced_baseline(req, ranked, cache)
     if tick:
         tick()
-    zo2 = zo2_baseline(req)
+    zo2 = zo2_baseline(req, ranked[0].workload)
     if tick:
         tick()
     return SearchResult(request=req, ranked=ranked, pruned=pruned + by_bound, zo2=zo2,
@@ -172,7 +174,7 @@ def _nothing_fits(req: Request, pruned: list[Pruned]) -> str:
         return f"no layout of {req.gpus} GPUs to search"
     chosen = min(pruned, key=lambda p: p.overshoot)  # the closest to fitting, else the first
     return (f"no layout of {req.model.name} on {req.gpus} GPUs ({req.profile.name}) can run; "
-            f"the closest, {Layout(**chosen.layout).label()}: {chosen.reason}")
+            f"the closest, {Layout(**chosen.layout).label()} {chosen.update}: {chosen.reason}")
 
 
 def _unsliced_baseline(req: Request, ranked: list[Candidate], cache: dict
@@ -188,12 +190,13 @@ def _unsliced_baseline(req: Request, ranked: list[Candidate], cache: dict
     return best[0], ""
 
 
-def zo2_baseline(req: Request) -> Candidate:
-    """ZO2 on one GPU: pertp 1, slices 1, prefetch 2, the whole global batch."""
+def zo2_baseline(req: Request, workload: Workload) -> Candidate:
+    """ZO2 on one GPU: pertp 1, slices 1, prefetch 2, the whole global batch, in the
+    winner's precision and update mode."""
     layout = Layout(pertp=1, ddp=1, nodes=1, slices=1, prefetch=ZO2_PREFETCH)
-    cand = make_candidate(req, layout)
+    cand = make_candidate(req, layout, workload)
     if cand.costs is None:  # does not fit: still time it, and say so
-        cand.costs = step_costs(model=req.model, profile=req.profile, workload=req.workload,
+        cand.costs = step_costs(model=req.model, profile=req.profile, workload=workload,
                                 layout=layout)
         cand.bounds = step_bounds(cand.costs)
     simulate_full(cand, record_spans=False)

@@ -4,9 +4,11 @@ them (memory checked, costs and bounds computed).
 
 Axes: PertP degree (1 or 2; DDP = gpus / pertp, across nodes when the job spans more
 than one node), slice group size (divisors of the node's ranks up to the GPUs that share
-a fast fabric), prefetch depth (1..4) and stored precision. fp16 and bf16 cost exactly
-the same in every formula (2 bytes, one tensor-core rate), so only one of them is
-searched - the model family's published dtype - and the plan says so.
+a fast fabric), prefetch depth (1..4) and the update mode (docs/precision.md: fp32
+masters, or 16-bit storage with stochastic rounding; plain rounding only when fixed).
+The compute precision is not searched: the model family's published dtype on GPUs
+(fp16 and bf16 cost the same: 2 bytes, one tensor-core rate), fp32 on CPU profiles,
+or --precision.
 """
 
 from __future__ import annotations
@@ -23,15 +25,13 @@ from zoplan.sim.bounds import StepBounds, step_bounds
 from zoplan.sim.graph import StepCosts, step_costs
 from zoplan.sim.memory import MemoryEstimate, estimate_memory
 from zoplan.sim.simulate import SimResult
-from zoplan.workload import Workload
+from zoplan.workload import UPDATE_MODES, Workload
 
 SEARCH_PREFETCH = (1, 2, 3, 4)
 # Published dtype of each family's checkpoints: the one of fp16/bf16 that is searched.
 FAMILY_PRECISION = {"opt": "fp16", "llama": "bf16", "qwen3": "bf16"}
-
-
 CPU_PRECISION = "fp32"
-
+TRAINING_UPDATES = ("master", "stochastic")   # the update modes that train (searched)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,18 +41,24 @@ class Request:
     model: ModelSpec
     profile: HardwareProfile
     gpus: int
-    workload: Workload
+    workloads: tuple[Workload, ...]   # one per update mode searched
     nodes: int
-    fixed: dict                 # axis -> fixed value (pertp, slices, prefetch)
+    fixed: dict                 # axis -> fixed value (pertp, slices, prefetch, update)
     precision_note: str
 
     @property
     def local_ranks(self) -> int:
         return self.gpus // self.nodes
 
+    @property
+    def workload(self) -> Workload:
+        """The first workload searched (batch, seq and compute precision are common)."""
+        return self.workloads[0]
+
 
 def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, seq: int,
-                    param_dtype: str | None = None, pertp: int | None = None,
+                    precision: str | None = None, update: str | None = None,
+                    tf32: bool = True, pertp: int | None = None,
                     ddp: int | None = None, slices: int | None = None,
                     prefetch: int | None = None) -> Request:
     """Check the inputs; every problem is a ZoError with the numbers."""
@@ -65,13 +71,29 @@ def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, s
     nodes = _nodes_for(hw, gpus)
     pertp = _fixed_pertp(gpus, pertp, ddp)
     _check_fixed(hw, gpus // nodes, pertp=pertp, slices=slices, prefetch=prefetch)
-    dtype, note = _precision(hw, spec, param_dtype)
-    workload = Workload(batch=batch, seq=seq, param_dtype=dtype,
-                        compute_dtype=CPU_PRECISION if hw.is_cpu else dtype)
-    fixed = {k: v for k, v in (("pertp", pertp), ("slices", slices), ("prefetch", prefetch))
-             if v is not None}
-    return Request(model=spec, profile=hw, gpus=gpus, workload=workload, nodes=nodes,
+    dtype, note = _precision(hw, spec, precision)
+    modes = _update_modes(dtype, update)
+    note += (f"; update {modes[0]}: fixed by --update" if update else
+             f"; update modes searched: {', '.join(modes)} (docs/precision.md)")
+    workloads = tuple(Workload.for_update(batch=batch, seq=seq, compute_dtype=dtype,
+                                          update=mode, tf32=tf32) for mode in modes)
+    fixed = {k: v for k, v in (("pertp", pertp), ("slices", slices), ("prefetch", prefetch),
+                               ("update", update)) if v is not None}
+    return Request(model=spec, profile=hw, gpus=gpus, workloads=workloads, nodes=nodes,
                    fixed=fixed, precision_note=note)
+
+
+def _update_modes(compute_dtype: str, update: str | None) -> tuple[str, ...]:
+    """The update modes to search: the fixed one, else those that train (fp32
+    compute: only fp32 masters)."""
+    if update is not None:
+        if update not in UPDATE_MODES:
+            raise ZoError(f"--update must be one of {', '.join(UPDATE_MODES)}, got {update!r}")
+        if compute_dtype == "fp32" and update != "master":
+            raise ZoError(f"--update {update} rounds to 16-bit storage, but the compute "
+                          f"precision is fp32: use --update master or a 16-bit --precision")
+        return (update,)
+    return ("master",) if compute_dtype == "fp32" else TRAINING_UPDATES
 
 
 def _nodes_for(hw: HardwareProfile, gpus: int) -> int:
@@ -113,12 +135,13 @@ def _check_fixed(hw: HardwareProfile, local: int, *, pertp, slices, prefetch) ->
             raise ZoError(reason)
 
 
-def _precision(hw: HardwareProfile, spec: ModelSpec, param_dtype: str | None) -> tuple[str, str]:
-    if param_dtype is not None:
-        if param_dtype not in DTYPE_BYTES:
-            raise ZoError(f"unknown precision {param_dtype!r}; use one of "
+def _precision(hw: HardwareProfile, spec: ModelSpec, precision: str | None) -> tuple[str, str]:
+    """The compute precision and how it was chosen."""
+    if precision is not None:
+        if precision not in DTYPE_BYTES:
+            raise ZoError(f"unknown precision {precision!r}; use one of "
                           f"{', '.join(DTYPE_BYTES)}")
-        return param_dtype, f"{param_dtype}: fixed by --precision"
+        return precision, f"{precision}: fixed by --precision"
     if hw.is_cpu:
         return CPU_PRECISION, "fp32: the CPU default (gloo ranks compute in fp32)"
     dtype = FAMILY_PRECISION[spec.family]
@@ -158,6 +181,10 @@ class Candidate:
         return self.layout.label()
 
     @property
+    def update(self) -> str:
+        return self.workload.update
+
+    @property
     def tokens_per_s(self) -> float:
         return self.workload.tokens_per_step / self.step_time_s
 
@@ -165,6 +192,7 @@ class Candidate:
 @dataclass(frozen=True, kw_only=True)
 class Pruned:
     layout: dict
+    update: str
     reason: str
     overshoot: float = math.inf   # memory needed / memory there (for "does not fit")
 
@@ -173,17 +201,19 @@ def enumerate_space(req: Request, fixed: dict) -> tuple[list[Candidate], list[Pr
     """Every layout of the space (fixed axes held), split into fitting candidates
     and pruned ones with their reasons."""
     candidates, pruned = [], []
-    for pertp, slices, prefetch in itertools.product(*axis_values(req, fixed)):
-        axes = {"pertp": pertp, "ddp": req.gpus // pertp, "nodes": req.nodes,
-                "slices": slices, "prefetch": prefetch}
-        reason, overshoot = invalid_reason(req, axes), math.inf
-        if reason is None:
-            cand = make_candidate(req, Layout(**axes))
-            reason, overshoot = cand.memory.reason, cand.memory.overshoot
-        if reason is None:
-            candidates.append(cand)
-        else:
-            pruned.append(Pruned(layout=axes, reason=reason, overshoot=overshoot))
+    for workload in req.workloads:
+        for pertp, slices, prefetch in itertools.product(*axis_values(req, fixed)):
+            axes = {"pertp": pertp, "ddp": req.gpus // pertp, "nodes": req.nodes,
+                    "slices": slices, "prefetch": prefetch}
+            reason, overshoot = invalid_reason(req, axes), math.inf
+            if reason is None:
+                cand = make_candidate(req, Layout(**axes), workload)
+                reason, overshoot = cand.memory.reason, cand.memory.overshoot
+            if reason is None:
+                candidates.append(cand)
+            else:
+                pruned.append(Pruned(layout=axes, update=workload.update, reason=reason,
+                                     overshoot=overshoot))
     return candidates, pruned
 
 

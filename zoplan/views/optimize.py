@@ -56,9 +56,9 @@ def render_optimize(plan: Plan, console, *, top: int, output: Path,
                         "(memory in GiB: per GPU, per node's host)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
                   collapse_padding=True)
-    for col in ("#", "layout", "step s", "tok/s", "xZO2", "GPU", "host", "bottleneck"):
-        table.add_column(col, justify="left" if col in ("layout", "bottleneck") else "right",
-                         no_wrap=col != "bottleneck")
+    for col in ("#", "layout", "update", "step s", "tok/s", "xZO2", "GPU", "host", "bottleneck"):
+        table.add_column(col, justify="left" if col in ("layout", "update", "bottleneck")
+                         else "right", no_wrap=col != "bottleneck")
     zo2 = d["baselines"]["zo2"]["step_time_s"]
     for i, cand in enumerate(d["candidates"][:top], 1):
         table.add_row(*_row(str(i), cand, zo2), style="bold green" if i == 1 else None)
@@ -81,12 +81,17 @@ def _headline(d: dict, profile_arg: str | None) -> str:
             f"batch {w['batch']} x seq {w['seq']}; precision {s['precision']}")
 
 
+UPDATE_SHORT = {"stochastic": "stoch"}   # the table's update column
+
+
 def _row(first: str, cand: dict, zo2: float | None) -> list[str]:
     speed = _ratio(zo2 / cand["step_time_s"]) if zo2 else "-"
     util = cand.get("bottleneck_utilisation")
     neck = cand["bottleneck"] + (f" {util:.0%}" if util is not None else "")
     approx = "~" if cand.get("method") == "extrapolated" else ""
-    return [first, cand["label"], approx + _secs(cand["step_time_s"]),
+    update = cand.get("update") or (cand.get("workload") or {}).get("update", "")
+    return [first, cand["label"], UPDATE_SHORT.get(update, update),
+            approx + _secs(cand["step_time_s"]),
             f"{cand['tokens_per_s']:,.0f}", speed, _gib(cand["gpu_mem_bytes"]),
             f"{cand['host_mem_bytes'] / GIB:.0f}", neck]
 
@@ -101,7 +106,8 @@ def _faster(ratio: float) -> str:
 
 def _summary(d: dict, output: Path) -> list[str]:
     p, base = d["predicted"], d["baselines"]
-    lines = [f"[bold]winner[/] {d['candidates'][0]['label']}: {_secs(p['step_time_s'])} s/step "
+    lines = [f"[bold]winner[/] {d['candidates'][0]['label']}, update {d['workload']['update']}: "
+             f"{_secs(p['step_time_s'])} s/step "
              f"(lower bound {_secs(p['lower_bound_s'])} s, bottleneck {p['bottleneck']}), "
              f"GPU {_gib(p['gpu_mem_bytes'])} of {_gib(p['memory']['gpu_usable_bytes'])} GiB, "
              f"host {_gib(p['host_mem_bytes'])} of {_gib(p['memory']['host_bytes_limit'])} GiB"]
@@ -115,7 +121,9 @@ def _summary(d: dict, output: Path) -> list[str]:
         lines.append(f"{title}: {b['label']} {_secs(b['step_time_s'])} s/step, winner is "
                      f"{_faster(b['step_time_s'] / p['step_time_s'])}{note}")
     lines.append("~ extrapolated from reduced-block simulations (two extrapolations agree "
-                 "within 0.5%); ZO2 = one GPU, whole batch; s1 = best unsliced layout")
+                 "within 0.5%); ZO2 = one GPU, whole batch; s1 = best unsliced layout; "
+                 "update: master = fp32 master weights, stoch = 16-bit with stochastic "
+                 "rounding, plain = 16-bit rounded to nearest (docs/precision.md)")
     lines += _pruned_lines(d.get("pruned", []))
     lines.append(f"plan written to {output}")
     return lines
