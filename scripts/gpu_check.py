@@ -1,17 +1,19 @@
-"""GPU check: plan, run and measure zoexec on this machine's first CUDA GPU.
+"""GPU check: profile this machine's first CUDA GPU, then plan, run and measure an
+OPT-1.3B-sized model with random weights in each update mode (docs/precision.md).
 
-0. profile `zoplan profile --quick -o RESULTS/profile.json` measures this GPU (default
-          --profile measure); if that fails the shipped hgx-h200 profile is used.
-1. plan   `zoplan optimize --model M --gpus 1 --profile P` when the planner's search is
-          importable (it needs simpy); otherwise, or with --profile '', a hand-built
-          one-GPU plan (zoplan.handplan: ZO2 layout, prefetch 2).
-2. run    `python -m zoexec.cli run plan.json --steps N --trace DIR` (random init).
-3. calibrate `zoplan calibrate plan.json trace`: predicted vs measured per task kind.
-4. report tokens/s (median over the steps after the first), peak GPU memory, and the
-          overlap achieved: the fraction of the h2d + d2h time that ran while the
-          compute lane was busy (1.0 = all transfers hidden under compute).
-Everything lands in the results folder: plan.json, trace/, run.log, summary.json.
-Stages are functions reading and writing the same folder.
+0. profile   `zoplan profile --quick -o RESULTS/profile.json` (default --profile measure;
+             on failure the shipped hgx-h200 profile is used and the log says so).
+1. per update mode (master, stochastic, plain):
+   plan      `zoplan optimize --model M --gpus 1 --update MODE --precision P`
+   run       `zoexec run plan.json --steps N --trace DIR` (random init)
+   calibrate `zoplan calibrate plan.json trace`: predicted vs measured per task kind
+2. z         one block's z draw timed on the device (zoexec.zo.z_block, the run's rule)
+3. report    per mode: predicted vs measured step time, planned vs peak GPU memory,
+             tokens/s, the first update's changed and lost shares (rank 0, block 0),
+             and the overlap of transfers with compute; z time per block.
+Everything lands in the results folder (RESULTS/<mode>/plan.json, trace/, *.log,
+RESULTS/summary.json, RESULTS/summary.txt). `--device-kind cpu` is the dry run of this
+script that CI runs (tiny model, the shipped cpu profile).
 """
 
 from __future__ import annotations
@@ -22,11 +24,24 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 COMPUTE_KINDS = ("embed", "update", "forward", "head")
 TRANSFER_KINDS = ("h2d", "d2h")
+MODES = ("master", "stochastic", "plain")
+
+
+def _run(cmd: list[str], log: Path, *, check: bool = True) -> int:
+    print("$", " ".join(cmd), flush=True)
+    with log.open("w") as handle:
+        done = subprocess.run(cmd, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
+                              env={**os.environ, "COLUMNS": "120"})
+    print(log.read_text()[-3000:], flush=True)
+    if check and done.returncode:
+        sys.exit(f"command failed with exit code {done.returncode}: see {log}")
+    return done.returncode
 
 
 def measure_profile(args, folder: Path) -> str:
@@ -34,75 +49,27 @@ def measure_profile(args, folder: Path) -> str:
     if args.profile != "measure":
         return args.profile
     out = folder / "profile.json"
-    cmd = [sys.executable, "-m", "zoplan.cli", "profile", "--quick", "--name", "gpu-check",
-           "-o", str(out)]
-    print("$", " ".join(cmd), flush=True)
-    with (folder / "profile.log").open("w") as handle:
-        done = subprocess.run(cmd, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT)
-    print((folder / "profile.log").read_text()[-4000:], flush=True)
-    if done.returncode or not out.exists():
+    code = _run([sys.executable, "-m", "zoplan.cli", "profile", "--quick", "--name",
+                 "gpu-check", "-o", str(out)], folder / "profile.log", check=False)
+    if code or not out.exists():
         print("zoplan profile failed: planning with the shipped hgx-h200 profile instead")
         return "hgx-h200"
     return str(out)
 
 
-def calibrate(plan: Path, trace: Path, profile: str, folder: Path) -> None:
-    cmd = [sys.executable, "-m", "zoplan.cli", "calibrate", str(plan), str(trace)]
-    if profile:
-        cmd += ["--profile", profile]
-    print("$", " ".join(cmd), flush=True)
-    with (folder / "calibrate.log").open("w") as handle:
-        subprocess.run(cmd, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
-                       env={**os.environ, "COLUMNS": "120"})
-    print((folder / "calibrate.log").read_text()[-6000:], flush=True)
-
-
-def make_plan(args, folder: Path) -> Path:
-    """plan.json from the planner (with a profile) or built by hand."""
-    plan = folder / "plan.json"
-    if args.profile and not _has_search():
-        print("zoplan's search is not importable here (simpy?): using a hand-built plan")
-    if args.profile and _has_search():
-        _run([sys.executable, "-m", "zoplan.cli", "optimize", "--model", args.model,
-              "--gpus", "1", "--profile", args.profile, "--batch", str(args.batch),
-              "--seq", str(args.seq), "--precision", args.precision, "-o", str(plan), "-q"],
-             folder / "plan.log")
-        return plan
-    from zoplan.handplan import hand_plan
-    from zoplan.layout import Layout
-    from zoplan.workload import Workload
-
-    workload = Workload(batch=args.batch, seq=args.seq, param_dtype=args.precision,
-                        compute_dtype=args.precision)
-    hand_plan(model=args.model, layout=Layout(prefetch=args.prefetch), workload=workload,
-              device_kind=args.device_kind, profile_name="gpu-check-hand-built").save(plan)
-    return plan
-
-
-def _has_search() -> bool:
-    try:
-        import simpy  # noqa: F401
-
-        import zoplan.search  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def run_plan(args, plan: Path, folder: Path) -> Path:
-    trace = folder / "trace"
-    _run([sys.executable, "-m", "zoexec.cli", "run", str(plan), "--steps", str(args.steps),
-          "--lr", str(args.lr), "--trace", str(trace), "--quiet"], folder / "run.log")
-    return trace
-
-
-def _run(cmd: list[str], log: Path) -> None:
-    print("$", " ".join(cmd), flush=True)
-    with log.open("w") as handle:
-        done = subprocess.run(cmd, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT)
-    print(log.read_text()[-4000:], flush=True)
-    if done.returncode:
-        sys.exit(f"command failed with exit code {done.returncode}: see {log}")
+def check_mode(args, mode: str, profile: str, folder: Path) -> dict:
+    """Plan, run and calibrate one update mode; its summary."""
+    folder.mkdir(parents=True, exist_ok=True)
+    plan, trace = folder / "plan.json", folder / "trace"
+    _run([sys.executable, "-m", "zoplan.cli", "optimize", "--model", args.model, "--gpus", "1",
+          "--profile", profile, "--batch", str(args.batch), "--seq", str(args.seq),
+          "--precision", args.precision, "--update", mode, "-o", str(plan)], folder / "plan.log")
+    _run([sys.executable, "-m", "zoexec.cli", "run", str(plan), "--init", "random", "--steps",
+          str(args.steps), "--lr", str(args.lr), "--trace", str(trace), "--quiet"],
+         folder / "run.log")
+    _run([sys.executable, "-m", "zoplan.cli", "calibrate", str(plan), str(trace), "--profile",
+          profile], folder / "calibrate.log", check=False)
+    return summarise(mode, plan, trace)
 
 
 def overlap(spans) -> tuple[float, float]:
@@ -117,7 +84,7 @@ def overlap(spans) -> tuple[float, float]:
     return moved, hidden
 
 
-def summarise(args, plan: Path, trace: Path) -> dict:
+def summarise(mode: str, plan: Path, trace: Path) -> dict:
     from zoplan.trace import read_trace
 
     meta, spans = read_trace(trace)
@@ -129,49 +96,105 @@ def summarise(args, plan: Path, trace: Path) -> dict:
         moved, hidden = moved + a, hidden + b
     memory = meta["host_memory"][0]
     plan_data = json.loads(plan.read_text())
-    return {"model": args.model, "layout": meta["layout"], "workload": meta["workload"],
-            "steps": meta["steps"],
-            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in records),
-            "step_time_s": statistics.median(r["step_time_s"] for r in records),
+    measured = [max(s.end_s for s in spans if s.step == t) - min(s.start_s for s in spans
+                                                               if s.step == t) for t in steps]
+    first = meta.get("first_update") or {}
+    return {"update": mode, "workload": meta["workload"], "steps": meta["steps"],
             "predicted_step_time_s": plan_data["predicted"]["step_time_s"],
+            "step_time_s": statistics.median(measured),
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in records),
+            "predicted_gpu_mem_gib": plan_data["predicted"]["gpu_mem_bytes"] / 2**30,
             "gpu_peak_allocated_gib": memory.get("gpu_peak_allocated", 0) / 2**30,
             "gpu_peak_reserved_gib": memory.get("gpu_peak_reserved", 0) / 2**30,
-            "predicted_gpu_mem_gib": plan_data["predicted"]["gpu_mem_bytes"] / 2**30,
+            "first_update_changed_share": first.get("changed_share"),
+            "first_update_lost_share": first.get("lost_share"),
             "transfer_s_per_step": moved / len(steps),
             "overlap_fraction": hidden / moved if moved else 0.0,
             "store_pinned": memory.get("store_pinned"),
             "losses": [r["loss"] for r in meta["records"]]}
 
 
+def z_per_block(args) -> dict:
+    """One block's z draw on the device, as a run draws it (median of 10, after 2)."""
+    import torch
+
+    from zoexec.models import build_parts, torch_dtype
+    from zoexec.zo import z_block
+    from zoplan.execrules import z_draw_calls
+    from zoplan.models import get_model
+
+    spec = get_model(args.model)
+    config = {k: v for k, v in spec.hf_config.items() if k != "layer_types"}
+    parts, _ = build_parts({**config, "num_hidden_layers": 1}, param_dtype=args.precision, compute_dtype=args.precision)
+    device = torch.device("cuda" if args.device_kind == "cuda" else "cpu")
+    out = torch.empty(parts.block_numel, dtype=torch_dtype(args.precision), device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for index in range(12):
+        sync()
+        start = time.perf_counter()
+        z_block(index, 0, parts.block_specs, out=out)
+        sync()
+        if index >= 2:
+            times.append(time.perf_counter() - start)
+    numels = [s.numel for s in parts.block_specs]
+    return {"block_params": parts.block_numel, "draw_calls": z_draw_calls(numels, device.type),
+            "z_s_per_block": statistics.median(times)}
+
+
+def report(summary: dict) -> str:
+    lines = [f"{summary['model']} on {summary['device']}: batch {summary['batch']} x seq "
+             f"{summary['seq']}, {summary['steps']} steps, compute {summary['precision']}"]
+    z = summary["z"]
+    lines.append(f"z per block: {z['z_s_per_block'] * 1e3:.2f} ms ({z['block_params']:,} "
+                 f"values, {z['draw_calls']} draw calls)")
+    for m in summary["modes"]:
+        lines.append(
+            f"{m['update']:10s} step {m['step_time_s']:.3f} s (predicted "
+            f"{m['predicted_step_time_s']:.3f}, error "
+            f"{100 * (m['predicted_step_time_s'] - m['step_time_s']) / m['step_time_s']:+.1f}%), "
+            f"{m['tokens_per_s']:,.0f} tokens/s, GPU memory peak "
+            f"{m['gpu_peak_allocated_gib']:.2f} GiB allocated / {m['gpu_peak_reserved_gib']:.2f} "
+            f"reserved vs {m['predicted_gpu_mem_gib']:.2f} planned, first update: "
+            f"{_first_update(m)}, {100 * m['overlap_fraction']:.0f}% of transfers under compute")
+    return "\n".join(lines)
+
+
+def _first_update(mode: dict) -> str:
+    """What the first update did to the stored weights of block 0 (rank 0)."""
+    lost, changed = mode["first_update_lost_share"], mode["first_update_changed_share"]
+    if lost is None:
+        return "not measured"
+    if mode["update"] == "stochastic":
+        return f"{changed:.0%} of the weights moved (none lost in expectation)"
+    return f"{lost:.0%} of it lost"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="opt-1.3b")
     parser.add_argument("--profile", default="measure",
-                        help="'measure' (zoplan profile this GPU), a profile name/path, "
-                             "or '' for a hand-built plan")
+                        help="'measure' (zoplan profile this GPU), or a profile name/path")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--precision", default="fp16")
-    parser.add_argument("--prefetch", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=1e-7)
+    parser.add_argument("--precision", default="fp16", help="compute precision")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--results", type=Path, required=True, help="output folder")
     parser.add_argument("--device-kind", default="cuda", help="cpu: dry run of this script")
     args = parser.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
-    args.profile = measure_profile(args, args.results)
-    plan = make_plan(args, args.results)
-    trace = run_plan(args, plan, args.results)
-    if args.profile:
-        calibrate(plan, trace, args.profile, args.results)
-    summary = summarise(args, plan, trace)
+    profile = measure_profile(args, args.results)
+    modes = [check_mode(args, mode, profile, args.results / mode)
+             for mode in args.modes.split(",")]
+    summary = {"model": args.model, "device": args.device_kind, "profile": profile,
+               "batch": args.batch, "seq": args.seq, "steps": args.steps,
+               "precision": args.precision, "z": z_per_block(args), "modes": modes}
     (args.results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"{summary['model']} {summary['workload']}: {summary['tokens_per_s']:,.0f} tokens/s "
-          f"({summary['step_time_s']:.3f} s/step, predicted {summary['predicted_step_time_s']:.3f}); "
-          f"peak GPU memory {summary['gpu_peak_allocated_gib']:.2f} GiB allocated "
-          f"({summary['gpu_peak_reserved_gib']:.2f} reserved, predicted "
-          f"{summary['predicted_gpu_mem_gib']:.2f}); h2d+d2h {summary['transfer_s_per_step']:.3f} "
-          f"s/step, {100 * summary['overlap_fraction']:.0f}% hidden under compute")
+    text = report(summary)
+    (args.results / "summary.txt").write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

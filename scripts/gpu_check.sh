@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU check on a machine with one CUDA GPU: profile the GPU (`zoplan profile --quick`),
-# plan OPT-1.3B (random weights) for one GPU on that profile, run a few steps with
-# `zoexec run --trace`, print predicted vs measured (`zoplan calibrate`), tokens/s, peak
-# GPU memory and the transfer/compute overlap. Output: benchmarks/results/gpu_check-<UTC>/.
-#   bash scripts/gpu_check.sh [--profile measure|NAME|''] [--steps 4] [--batch 8] ...
+# then for each update mode (master, stochastic, plain) plan OPT-1.3B (random weights)
+# for one GPU on that profile, run 30 steps with `zoexec run --trace` and print predicted
+# vs measured step time, planned vs peak GPU memory, tokens/s, the share of the first
+# update lost, and z time per block (scripts/gpu_check.py). About 5-8 minutes on one
+# GPU. Output: benchmarks/results/gpu_check-<UTC>/ (commit summary.txt and summary.json).
+#   bash scripts/gpu_check.sh [--profile measure|NAME] [--steps 30] [--batch 8] ...
 # Uses .venv/bin/python when it exists, else python3 with the repo on PYTHONPATH
 # (machines with torch preinstalled and no network).
 set -euo pipefail

@@ -72,8 +72,10 @@ def read_losses(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def export_final(parts, block_flats, out_dir: Path) -> Path:
-    """Write out_dir/final/ (config.json + model.safetensors) atomically."""
+def export_final(parts, block_flats, out_dir: Path, *, resident=None) -> Path:
+    """Write out_dir/final/ (config.json + model.safetensors) atomically, in the stored
+    precision (fp32 masters with update "master"); `resident`: the resident weights'
+    clean flat copy (models.hf_state_dict)."""
     from zoexec.models import export_hf_model
 
     out_dir = Path(out_dir)
@@ -82,7 +84,7 @@ def export_final(parts, block_flats, out_dir: Path) -> Path:
     final = out_dir / "final"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        export_hf_model(parts, block_flats, tmp)
+        export_hf_model(parts, block_flats, tmp, resident=resident)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -5,6 +5,16 @@ streams where the plan is for CUDA GPUs, gloo on the CPU. Nothing else in zoexec
 `.cuda()`, names a backend or creates a stream; the rest of the code moves tensors with
 `.to(env.device)` and runs its tasks through the `Lanes` made here.
 
+What this module decides for a CUDA rank (a CPU rank keeps torch's defaults):
+- which GPU: devicemap.cuda_index (the local rank among the visible GPUs, or the one
+  GPU a per-task binding leaves the process);
+- TF32: whether fp32 matmuls and convolutions may use TF32 tensor cores (the plan's
+  workload.tf32; `init_distributed(tf32=...)`);
+- where its threads run: the CPUs of its GPU's socket (numa.bind_near_pci; recorded
+  as DistEnv.cpus);
+- page-locking of host buffers it maps (`pin_host_memory`): a failure clears CUDA's
+  last error, is said on every rank and leaves copies pageable.
+
 Groups (built identically on every rank, `new_group` being collective):
 - world: the default group (loss all-reduce, PertP exchange + DDP mean).
 - slice: the rank's slice group (all-gather of a block), None when slices == 1.
@@ -22,6 +32,7 @@ all processes of one host share).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import sys
@@ -30,11 +41,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from zoexec import numa
+from zoexec.devicemap import ENV_VISIBLE, cuda_index, visible_env
+from zoexec.store import filesystem_type, mapped_file
 from zoplan.errors import ZoError
 from zoplan.execrules import threads_per_rank, usable_cores
 from zoplan.layout import Layout
@@ -70,6 +85,7 @@ class DistEnv:
     node: Any = None
     host_world: Any = None
     host_node: Any = None
+    cpus: str = ""             # CPU list the rank's threads were bound to ('' unchanged)
 
     @property
     def is_cuda(self) -> bool:
@@ -85,29 +101,60 @@ class DistEnv:
 
 
 # ---- device and backend: the one function -------------------------------------------------
-def select_device(device_kind: str, local_rank: int) -> tuple[torch.device, str]:
-    """(device, backend) of a rank: CUDA GPU `local_rank` + NCCL, or the CPU + gloo."""
+def select_device(device_kind: str, local_rank: int, *,
+                  local_world_size: int) -> tuple[torch.device, str]:
+    """(device, backend) of a rank: a CUDA GPU (devicemap.cuda_index) + NCCL, made the
+    process's current device, or the CPU + gloo."""
     if device_kind == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if local_rank >= count:
-            raise ZoError(f"the plan is for CUDA GPUs but this machine has {count} "
-                          f"(local rank {local_rank} needs GPU {local_rank})")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank), "nccl"
+        if count == 0:
+            raise ZoError("the plan is for CUDA GPUs but this process sees none "
+                          f"({ENV_VISIBLE}={visible_env() or 'unset'})")
+        index = cuda_index(local_rank, local_world_size=local_world_size, num_visible=count,
+                           visible_env=visible_env())
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index), "nccl"
     if device_kind != "cpu":
         raise ZoError(f"profile.device_kind {device_kind!r} is neither 'cuda' nor 'cpu'")
     return torch.device("cpu"), "gloo"
 
 
+def set_tf32(device: torch.device, tf32: bool) -> None:
+    """CUDA: let fp32 matmuls (cuBLAS) and convolutions (cuDNN) use TF32 tensor cores,
+    or keep them in full fp32. The CPU is left as torch has it: float32 matmul
+    precision also steers CPU kernels there."""
+    if device.type != "cuda":
+        return
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+
+
+def bind_near_gpu(device: torch.device) -> str:
+    """CUDA: move the rank's threads to the CPUs of its GPU's socket (its PCI
+    device's local_cpulist), so that its host work and staging run beside the GPU.
+    Returns the CPU list ('' where nothing changed); the CPU path is left alone."""
+    if device.type != "cuda":
+        return ""
+    props = torch.cuda.get_device_properties(device.index)
+    address = numa.pci_address(*(getattr(props, f"pci_{part}_id", None)
+                                 for part in ("domain", "bus", "device")))
+    if address is None:
+        numa.say_once("bind", "this torch does not give the GPU's PCI address; the rank's "
+                      "threads are not bound near it")
+        return ""
+    return numa.bind_near_pci(address)
+
+
 def device_count(device_kind: str) -> int:
-    """How many devices of the plan's kind this machine offers (CPU: unlimited)."""
+    """How many devices of the plan's kind this process sees (CPU: unlimited)."""
     if device_kind == "cuda":
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     return 1 << 30
 
 
 def device_memory_bytes(device_kind: str, index: int) -> int | None:
-    """Total memory of GPU `index` (None on the CPU)."""
+    """Total memory of CUDA device `index` (None on the CPU)."""
     if device_kind != "cuda":
         return None
     return int(torch.cuda.get_device_properties(index).total_memory)
@@ -121,25 +168,95 @@ def device_memory_peak(env: DistEnv) -> dict:
             "gpu_peak_reserved": int(torch.cuda.max_memory_reserved(env.device))}
 
 
+# ---- page-locked host memory ------------------------------------------------------------------
+_pinned: dict[tuple[int, int], int] = {}   # (data_ptr, nbytes) -> registered page start
+CUDA_HOST_REGISTER_PORTABLE = 1
+
+
 def pin_host_memory(env: DistEnv, tensor: torch.Tensor) -> bool:
     """Page-lock a host tensor that this process mapped (cudaHostRegister, portable)
-    when the rank runs on CUDA, so H2D/D2H copies are asynchronous DMA. False on the
-    CPU, and where registering fails (then copies are staged through pageable memory:
-    correct, slower, and said once on stderr)."""
+    when the rank runs on CUDA, so H2D/D2H copies are asynchronous DMA. The whole pages
+    that hold it are registered (page-aligned start and length; the store is an mmap,
+    aligned already). False on the CPU and where registering fails: then CUDA's last
+    error is cleared (or the next kernel launch would raise it), the rank says so on
+    stderr, and copies are staged through pageable memory (correct, slower). A store
+    that is a regular file rather than tmpfs may be refused: Linux 6.5+ does not let
+    long-term pins hold shared file pages that need writeback."""
     if not env.is_cuda or tensor.numel() == 0:
         return False
     nbytes = tensor.numel() * tensor.element_size()
-    err = int(torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 1))
-    if err != 0:
-        if env.local_rank == 0:
-            print(f"zoexec: warning: cudaHostRegister of the {nbytes} byte block store failed "
-                  f"(cudaError {err}); transfers use pageable memory", file=sys.stderr)
+    start, length = numa.page_span(tensor.data_ptr(), nbytes)
+    cudart = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(start, length, CUDA_HOST_REGISTER_PORTABLE)
+    if int(err) != 0:
+        _clear_cuda_error(cudart)
+        print(f"zoexec: warning: rank {env.rank} (local {env.local_rank}): cudaHostRegister "
+              f"of {nbytes} bytes of host memory failed with {_cuda_error_text(cudart, err)}"
+              f"{_backing_note(start)}; transfers use pageable memory", file=sys.stderr)
+        return False
+    _pinned[(tensor.data_ptr(), nbytes)] = start
+    return True
+
+
+def unpin_host_memory(tensor: torch.Tensor) -> bool:
+    """Undo pin_host_memory for this tensor; nothing (False) if it was not pinned."""
+    start = _pinned.pop((tensor.data_ptr(), tensor.numel() * tensor.element_size()), None)
+    if start is None:
+        return False
+    cudart = torch.cuda.cudart()
+    err = cudart.cudaHostUnregister(start)
+    if int(err) != 0:
+        _clear_cuda_error(cudart)
+        print(f"zoexec: warning: cudaHostUnregister failed with "
+              f"{_cuda_error_text(cudart, err)}", file=sys.stderr)
         return False
     return True
 
 
-def unpin_host_memory(tensor: torch.Tensor) -> None:
-    torch.cuda.cudart().cudaHostUnregister(tensor.data_ptr())
+def _cuda_error_text(cudart, err) -> str:
+    try:
+        return f"cudaError {int(err)} ({cudart.cudaGetErrorString(err)})"
+    except (AttributeError, TypeError, RuntimeError):
+        return f"cudaError {int(err)}"
+
+
+def _backing_note(addr: int) -> str:
+    path = mapped_file(addr)
+    kind = filesystem_type(path) if path is not None else None
+    if kind in (None, "tmpfs"):
+        return ""
+    return (f" (it maps {path}, a file on {kind}, not tmpfs: put ZOEXEC_SHM_DIR on a "
+            f"tmpfs with room to page-lock it)")
+
+
+def _clear_cuda_error(cudart) -> int:
+    """Read (and so reset) the CUDA runtime's last error of this thread. torch's cudart
+    module binds no cudaGetLastError (up to 2.x); then the runtime library this process
+    loaded is asked through ctypes. Returns the error read, -1 if none could be."""
+    get = getattr(cudart, "cudaGetLastError", None) or _runtime_get_last_error()
+    if get is None:
+        print("zoexec: warning: cannot reach cudaGetLastError; the next CUDA launch may "
+              "report the failed registration", file=sys.stderr)
+        return -1
+    return int(get())
+
+
+def _runtime_get_last_error():
+    """cudaGetLastError of the libcudart already loaded in this process, or None."""
+    candidates: list[str | None] = [None]   # the global namespace first
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            name = line.split(maxsplit=5)[-1]
+            if "/libcudart" in name and name not in candidates:
+                candidates.append(name)
+    except OSError:
+        pass
+    for name in candidates:
+        try:
+            return ctypes.CDLL(name).cudaGetLastError
+        except (OSError, AttributeError):
+            continue
+    return None
 
 
 def free_port() -> int:
@@ -162,33 +279,50 @@ def place_from_env() -> RankPlace | None:
 
 
 # ---- process groups --------------------------------------------------------------------
-def init_distributed(*, place: RankPlace, layout: Layout, device_kind: str) -> DistEnv:
-    """Join the job: pick device/backend, init the default group, build the groups."""
-    device, backend = select_device(device_kind, place.local_rank)
+def init_distributed(*, place: RankPlace, layout: Layout, device_kind: str,
+                     tf32: bool = True) -> DistEnv:
+    """Join the job: pick device/backend, set TF32 (`tf32`: the plan's workload.tf32)
+    and bind the threads near the GPU (CUDA only), init the default group, build the
+    groups. Threads are bound before the backends start theirs, which inherit it."""
+    device, backend = select_device(device_kind, place.local_rank,
+                                    local_world_size=place.local_world_size)
+    set_tf32(device, tf32)
+    cpus = bind_near_gpu(device)
     dist.init_process_group(
         backend, init_method=f"tcp://{place.master_addr}:{place.master_port}",
         rank=place.rank, world_size=place.world_size, timeout=timedelta(seconds=TIMEOUT_S),
         device_id=device if device.type == "cuda" else None)
     env = DistEnv(place=place, layout=layout, device=device, backend=backend,
-                  world=dist.group.WORLD)
+                  world=dist.group.WORLD, cpus=cpus)
     _build_groups(env)
     return env
 
 
 def _build_groups(env: DistEnv) -> None:
-    """Slice, node and host groups; every rank creates every group in the same order."""
+    """Slice, node and host groups; every rank creates every group in the same order.
+    A group whose members are the whole world is the world group itself (on NCCL each
+    group is a communicator of its own, hundreds of MiB of device memory)."""
     lay, rank = env.layout, env.rank
     host_backend = None if env.backend == "gloo" else "gloo"
-    env.host_world = dist.new_group(backend=host_backend) if host_backend else env.world
-    if lay.slices > 1:
+    timeout = timedelta(seconds=TIMEOUT_S)   # new_group's default is 30 minutes
+    env.host_world = (dist.new_group(backend=host_backend, timeout=timeout) if host_backend
+                      else env.world)
+    if lay.slices == lay.world_size > 1:
+        env.slice = env.world
+    elif lay.slices > 1:
         for first in range(0, lay.world_size, lay.slices):
-            group = dist.new_group(list(range(first, first + lay.slices)))
+            group = dist.new_group(list(range(first, first + lay.slices)), timeout=timeout)
             if first <= rank < first + lay.slices:
                 env.slice = group
+    if lay.nodes == 1:
+        if lay.local_ranks > 1:
+            env.node, env.host_node = env.world, env.host_world
+        return
     for node in range(lay.nodes):
         members = list(range(node * lay.local_ranks, (node + 1) * lay.local_ranks))
-        group = dist.new_group(members) if lay.local_ranks > 1 else None
-        host = dist.new_group(members, backend=host_backend) if host_backend else group
+        group = dist.new_group(members, timeout=timeout) if lay.local_ranks > 1 else None
+        host = (dist.new_group(members, backend=host_backend, timeout=timeout) if host_backend
+                else group)
         if node == env.place.node:
             env.node, env.host_node = group, host
 

@@ -52,11 +52,21 @@ from zoexec.fence import ReadFlags
 from zoexec.hostenv import keep_freed_memory
 from zoexec.models import bind_block, bind_resident, resident_flat
 from zoexec.node import close_store, fence_needed, host_memory_probe, load_node_model, share_read_flags
+from zoexec.precision import LostUpdates
 from zoexec.preflight import check_gpu_memory
 from zoexec.speed import SpeedMonitor
 from zoexec.store import BlockStore
-from zoexec.zo import RESIDENT_BLOCK, apply_update, perturb_into, projected_grad, step_seed, z_block
+from zoexec.zo import (
+    RESIDENT_BLOCK,
+    apply_update,
+    apply_update_stochastic,
+    perturb_into,
+    projected_grad,
+    step_seed,
+    z_block,
+)
 from zoplan.errors import ZoError
+from zoplan.execrules import SR_SCRATCH, sr_chunk
 from zoplan.io import sha256_json
 from zoplan.models import ModelSpec
 from zoplan.trace import Span, write_trace
@@ -81,7 +91,8 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
     try:
         if cfg.device_kind == "cpu":
             keep_freed_memory()   # activations are reused, not page-faulted in every block
-        env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind)
+        env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
+                                     tf32=cfg.workload.tf32)
         threads = zdist.set_threads(cfg.threads, cfg.layout.local_ranks)
         with torch.no_grad():   # not inference_mode: zo's z threads would not inherit it
             return _run(cfg, env, threads)
@@ -94,7 +105,7 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
 
 
 def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
-    check_gpu_memory(cfg, env.local_rank)
+    check_gpu_memory(cfg, env.device.index)
     source = _data_source(cfg)
     run_id = zdist.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
                                     else uuid.uuid4().hex[:12])
@@ -113,7 +124,8 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
         trainer.flush()
         _finish(cfg, env, trainer, store, memory=memory,
                 meta_extra={"clock": clock, "threads": threads,
-                            "records": [r.to_dict() for r in records], **speed.meta()})
+                            "records": [r.to_dict() for r in records], **speed.meta(),
+                            **trainer.rounding.meta()})
         return records
     finally:
         close_store(store)
@@ -155,24 +167,31 @@ class Trainer:
         if self.fence_needed and not self.env.is_cuda and self.flags is None:
             raise ZoError(f"{lay.local_ranks} local ranks with {lay.slices} slices on the "
                           f"CPU need the node's read stamps (share_read_flags)")
+        wl = self.cfg.workload
+        self.rounding = LostUpdates(enabled=rank == 0, update=wl.update, lr=self.cfg.lr,
+                                    dtype=self.parts.param_dtype, quiet=not self.cfg.progress)
         self._allocate()
 
     def _allocate(self) -> None:
         """Block buffers (param dtype, padded), the working block and z (compute dtype),
-        and the resident parts: clean theta, working copy, z."""
+        the resident parts: clean theta (param dtype: the fp32 masters with update
+        "master"), working copy and z (compute dtype), and the stochastic rounding's
+        fp32 scratch. zoplan.memory models exactly these."""
         parts, dev, lay = self.parts, self.env.device, self.env.layout
         count = max(1, min(lay.prefetch, self.store.num_blocks))
         self.bufs = [torch.zeros(self.store.stride, dtype=parts.param_dtype, device=dev)
                      for _ in range(count)]
         self.work = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
         self.z = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
-        theta_r = resident_flat(parts)
+        theta_r = parts.resident_master if parts.resident_master is not None \
+            else resident_flat(parts)
         parts.to(dev)
         bind_block(parts, self.work)
-        self.theta_r = theta_r.to(dev)
-        self.work_r = self.theta_r.clone()
-        self.z_r = torch.empty_like(self.theta_r)
+        self.theta_r = theta_r.to(dev)                       # clean, stored precision
+        self.work_r = self.theta_r.to(parts.dtype, copy=True)  # perturbed, compute precision
+        self.z_r = torch.empty_like(self.work_r)
         bind_resident(parts, self.work_r)
+        self.scratch = self._update_scratch()
         self.token = torch.zeros(1, device=dev)
 
     # ---- steps -----------------------------------------------------------------------
@@ -241,15 +260,35 @@ class Trainer:
         return mine.to(self.env.device)
 
     # ---- resident parts ----------------------------------------------------------------
+    def _update_scratch(self) -> list:
+        """fp32 chunks the stochastic rounding computes the update in (update
+        "stochastic"; none otherwise)."""
+        if self.cfg.workload.update != "stochastic":
+            return []
+        largest = max(s.numel for s in self.parts.block_specs + self.parts.resident_specs)
+        size = min(sr_chunk(self.env.device.type), largest)
+        return [torch.empty(size, dtype=torch.float32, device=self.env.device)
+                for _ in range(SR_SCRATCH)]
+
     def _apply_pending(self, theta, block: int, specs, z) -> None:
-        """theta -= lr * (g z_{t-1} + wd theta): the deferred update of the last step."""
+        """theta -= lr * (g z_{t-1} + wd theta): the deferred update of the last step,
+        in the workload's update mode (docs/precision.md): in the stored precision for
+        "master" (fp32) and "plain" (16-bit, round to nearest), computed in fp32 and
+        rounded stochastically for "stochastic"."""
         pend, cfg = self.pending, self.cfg
         if pend is None or not cfg.lr or not (pend.g or cfg.weight_decay):
             return
         if pend.g:
             z_block(pend.seed, block, specs, out=z)
-        apply_update(theta, z, lr=cfg.lr, g=pend.g, weight_decay=cfg.weight_decay,
-                     decay_mask_or_specs=specs)
+        before = self.rounding.before(theta, block)
+        if cfg.workload.update == "stochastic":
+            apply_update_stochastic(theta, z, lr=cfg.lr, g=pend.g,
+                                    weight_decay=cfg.weight_decay, specs=specs,
+                                    seed=pend.seed, block=block, scratch=self.scratch)
+        else:
+            apply_update(theta, z, lr=cfg.lr, g=pend.g, weight_decay=cfg.weight_decay,
+                         decay_mask_or_specs=specs)
+        self.rounding.after(theta, z, before, g=pend.g)
 
     def _embed(self, seed: int, ids: torch.Tensor) -> list:
         specs = self.parts.resident_specs
@@ -374,11 +413,8 @@ def _finish(cfg: RunConfig, env: zdist.DistEnv, trainer: Trainer, store: BlockSt
     if env.rank == 0 and cfg.trace_dir:
         _write_trace(cfg, env, spans, memories, meta_extra)
     if env.rank == 0 and cfg.out_dir:
-        parts = trainer.parts
-        parts.resident.to("cpu")
-        bind_resident(parts, trainer.clean_resident_cpu())
-        export_final(parts, [store.weights(b) for b in range(store.num_blocks)],
-                     Path(cfg.out_dir))
+        export_final(trainer.parts, [store.weights(b) for b in range(store.num_blocks)],
+                     Path(cfg.out_dir), resident=trainer.clean_resident_cpu())
 
 
 def _write_trace(cfg, env, spans, memories, meta_extra) -> None:

@@ -52,6 +52,9 @@ def run(cfg) -> None:
     if place is not None:
         run_torchrun_rank(cfg, place)
         return
+    if cfg.layout.world_size == 1:   # one rank: no process to start, no forkserver
+        run_in_process(cfg)
+        return
     preflight(cfg)
     spawn_local(cfg)
 
@@ -205,8 +208,10 @@ def build_config(*, plan: Path, model_path: Path | None, init: str | None, data:
 
 
 def run_in_process(cfg) -> list:
-    """Run a one-rank plan in this process (tests, benchmarks); returns the StepRecords."""
-    from zoexec.engine import rank_main
+    """Run a one-rank plan in this process (`zoexec run` of a one-rank plan, tests,
+    benchmarks); returns the StepRecords. A failure that is not the user's is a
+    RankFailure with its one-line reason, as from a spawned rank."""
+    from zoexec.engine import failure_reason, rank_main
 
     if cfg.layout.world_size != 1:
         raise ZoError(f"run_in_process needs a one-rank plan, not {cfg.layout.label()}")
@@ -216,5 +221,10 @@ def run_in_process(cfg) -> list:
                       master_port=free_port())
     try:
         return rank_main(cfg, place)
+    except (ZoError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        _debug_traceback()
+        raise RankFailure(f"rank 0 failed: {failure_reason(exc)}") from None
     finally:
         remove_run_files(cfg.run_id)

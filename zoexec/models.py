@@ -20,10 +20,20 @@ works; its mask is [batch, 1, seq, seq]). Dropout is off (eval mode); no KV cach
 The loss is transformers' ForCausalLMLoss (fp32 logits, shift by one, mean).
 Qwen3 configs with sliding-window layers are refused (the mask would depend on the
 layer index).
+
+Building never makes the whole model in one place: a Blueprint (the *ForCausalLM
+without decoder layers + one template decoder layer, uninitialised) is filled block by
+block (zoexec.loading). A random init is defined per block: block b is the model
+class's own _init_weights applied to one decoder layer from seed init_seed(seed, b),
+the resident parts likewise from init_seed(seed, -1), so build_parts, build_hf_model
+and the node's store hold the same weights. The resident modules are bound to
+`resident_master` (param dtype) cast to the compute dtype.
 """
 
 from __future__ import annotations
 
+import copy
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zoexec.zo import RESIDENT_BLOCK, mix_seed
 from zoplan.errors import ZoError
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -208,6 +219,15 @@ def block_flat_from_module(parts: ModelParts, *, dtype: torch.dtype | None = Non
 
 
 # ---- building --------------------------------------------------------------------------
+INIT_TAG = 0x696E6974   # "init": keeps random-init seeds apart from step seeds (zo.step_seed)
+
+
+def init_seed(seed: int, block: int) -> int:
+    """The seed of block `block`'s random initialisation in a run seeded `seed`
+    (block RESIDENT_BLOCK = -1: the resident parts)."""
+    return mix_seed(seed, INIT_TAG, block)
+
+
 def _config_from(spec_or_config, init: str):
     """The HF config: the model directory's when `init` is one, else from the spec."""
     from transformers import AutoConfig, PretrainedConfig
@@ -219,7 +239,7 @@ def _config_from(spec_or_config, init: str):
                           f"with a config.json")
         return AutoConfig.from_pretrained(path, local_files_only=True)
     if isinstance(spec_or_config, PretrainedConfig):
-        return spec_or_config
+        return copy.deepcopy(spec_or_config)
     if isinstance(spec_or_config, str):
         from zoplan.models import get_model
 
@@ -243,23 +263,143 @@ def _check_config(config) -> str:
     return family
 
 
-def build_hf_model(spec_or_config, *, init: str = "random", seed: int = 0,
-                   dtype: str | torch.dtype = "fp32", attn_implementation: str = "sdpa"):
-    """The full HF *ForCausalLM in eval mode without grads: seeded random init made in fp32
-    and then cast (same seed, same weights, whatever the precision), or the local
-    directory's weights (from_pretrained(local_files_only=True)); never downloads."""
-    from transformers import AutoModelForCausalLM
-
-    config = _config_from(spec_or_config, str(init))
-    _check_config(config)
+def _check_attn(attn_implementation: str) -> None:
     if attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ZoError(f"attn_implementation {attn_implementation!r}: use one of "
                       f"{', '.join(ATTN_IMPLEMENTATIONS)}")
+
+
+@dataclass(kw_only=True, eq=False)
+class Blueprint:
+    """A model without its decoder blocks: the HF config, `resident` (the *ForCausalLM
+    with no decoder layers) and `template` (one decoder layer of the family), made
+    without initialising their weights. Nothing here holds more than one block."""
+
+    config: Any
+    family: str
+    resident: nn.Module
+    template: nn.Module
+    block_specs: list[TensorSpec]
+    layer_prefix: str
+
+    @property
+    def num_blocks(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def block_numel(self) -> int:
+        return self.block_specs[-1].stop
+
+    def resident_specs(self) -> list[TensorSpec]:
+        return make_specs(list(self.resident.named_parameters()))
+
+
+def make_blueprint(config, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
+                   tie: bool = True) -> Blueprint:
+    """The resident model and a template decoder layer of `config` in `dtype` (rotary
+    frequencies fp32), weights left uninitialised (transformers' no_init_weights).
+    `tie` False: the LM head is tied later, by init_resident_random (init_weights
+    initialises embedding and head apart, then ties them, as from_config does)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+    from transformers.modeling_utils import local_torch_dtype
+
+    family = _check_config(config)
+    _check_attn(attn_implementation)
+    config = copy.deepcopy(config)
+    config._attn_implementation = attn_implementation
+    bare = copy.deepcopy(config)
+    bare.num_hidden_layers = 0
+    if getattr(bare, "layer_types", None):
+        bare.layer_types = []
+    with no_init_weights():
+        resident = AutoModelForCausalLM.from_config(bare, attn_implementation=attn_implementation,
+                                                    dtype=dtype)
+        layer_cls = getattr(sys.modules[type(resident).__module__],
+                            type(resident).__name__.removesuffix("ForCausalLM") + "DecoderLayer")
+        with local_torch_dtype(dtype):
+            template = layer_cls(config, layer_idx=0)
+    if tie:
+        resident.tie_weights()     # init_weights (which ties) was skipped
+    elif resident.config.tie_word_embeddings:
+        head = resident.lm_head    # to be tied by init_weights: no storage meanwhile
+        head.weight = nn.Parameter(torch.empty_like(head.weight, device="meta"), requires_grad=False)
+    resident.eval().requires_grad_(False)
+    template.eval().requires_grad_(False)
+    _, prefix = layer_container(resident, family)
+    return Blueprint(config=config, family=family, resident=resident, template=template,
+                     block_specs=make_specs(list(template.named_parameters())),
+                     layer_prefix=prefix)
+
+
+def init_resident_random(model: nn.Module, seed: int) -> None:
+    """The model class's own initialisation (PreTrainedModel.init_weights: _init_weights
+    on every module, then the tie) of a *ForCausalLM whose decoder layers are removed,
+    drawn from the resident seed. Once per model: init_weights marks what it did."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed(seed, RESIDENT_BLOCK))
+        model.init_weights()
+
+
+def init_layer_random(model: nn.Module, layer: nn.Module, seed: int, block: int) -> None:
+    """Decoder layer `layer` gets block `block`'s random weights: the model class's
+    _init_weights on each of its modules (as init_weights would), from block's seed."""
+    from transformers.initialization import guard_torch_init_functions
+
+    with torch.random.fork_rng(devices=[]), guard_torch_init_functions():
+        torch.manual_seed(init_seed(seed, block))
+        layer.apply(model._init_weights)
+
+
+def init_model_random(model: nn.Module, seed: int) -> None:
+    """Every weight of a full *ForCausalLM, block by block (init_resident_random and
+    init_layer_random: the same weights as a blueprint filled block by block)."""
+    holder, _ = layer_container(model, _check_config(model.config))
+    layers = holder.layers
+    holder.layers = nn.ModuleList()
+    try:
+        init_resident_random(model, seed)
+    finally:
+        holder.layers = layers
+    for block, layer in enumerate(layers):
+        init_layer_random(model, layer, seed, block)
+
+
+def write_params(module: nn.Module, out: torch.Tensor) -> torch.Tensor:
+    """Copy the module's parameters into the flat `out` (named_parameters order,
+    converted to out's dtype); returns `out`."""
+    offset = 0
+    for param in module.parameters():
+        out[offset:offset + param.numel()].copy_(param.detach().reshape(-1))
+        offset += param.numel()
+    assert offset == out.numel(), (offset, out.numel())
+    return out
+
+
+def release_params(module: nn.Module, dtype: torch.dtype) -> None:
+    """Free the module's own parameter storage (they become empty tensors of `dtype`,
+    to be bound to flat buffers)."""
+    for param in module.parameters():
+        param.data = torch.empty(0, dtype=dtype)
+
+
+def build_hf_model(spec_or_config, *, init: str = "random", seed: int = 0,
+                   dtype: str | torch.dtype = "fp32", attn_implementation: str = "sdpa"):
+    """The full HF *ForCausalLM in eval mode without grads: random weights made block by
+    block in fp32 (init_model_random: the weights build_parts and the node's store get)
+    and then cast (same seed, same weights, whatever the precision), or the local
+    directory's weights (from_pretrained(local_files_only=True)); never downloads."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    config = _config_from(spec_or_config, str(init))
+    _check_config(config)
+    _check_attn(attn_implementation)
     if str(init) == "random":
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with no_init_weights():
             model = AutoModelForCausalLM.from_config(
                 config, attn_implementation=attn_implementation, dtype=torch.float32)
+        init_model_random(model, seed)
         model = cast_keeping_fp32_buffers(model, torch_dtype(dtype))
     else:
         try:
@@ -295,20 +435,7 @@ def layer_container(model: nn.Module, family: str) -> tuple[nn.Module, str]:
     return model.model, "model.layers."
 
 
-def _extract_blocks(layers: nn.ModuleList, dtype: torch.dtype) -> tuple[list[TensorSpec], list[torch.Tensor]]:
-    """One flat buffer per layer (freeing each layer's tensors as it goes, except layer 0)."""
-    specs = make_specs(list(layers[0].named_parameters()))
-    flats = []
-    for index in range(len(layers)):
-        named = list(layers[index].named_parameters())
-        assert [(n, tuple(p.shape)) for n, p in named] == [(s.name, s.shape) for s in specs]
-        flats.append(torch.cat([p.detach().reshape(-1).to(dtype) for _, p in named]))
-        if index:
-            layers[index] = nn.Module()
-    return specs, flats
-
-
-def _check_matches(spec, config, init) -> None:
+def check_matches(spec, config, init) -> None:
     """A model directory must hold the model the plan was made for (a ModelSpec)."""
     if str(init) == "random" or not hasattr(spec, "num_layers"):
         return
@@ -319,45 +446,65 @@ def _check_matches(spec, config, init) -> None:
                       f"{theirs}, the plan's model {spec.name} is {mine}")
 
 
+def parts_from_blueprint(bp: Blueprint, *, param_dtype: torch.dtype, compute_dtype: torch.dtype,
+                         master: torch.Tensor | None, first_block: torch.Tensor | None) -> ModelParts:
+    """ModelParts over a blueprint: the resident modules in the compute dtype bound to
+    `master` (the flat resident weights in the param dtype, resident_specs order; None:
+    zeros, weights to come) cast to it, the working block bound to a compute-dtype copy
+    of `first_block` (None: zeros). The blueprint's own weights are released first."""
+    specs = bp.resident_specs()
+    numel = sum(s.numel for s in specs)
+    resident, block = bp.resident, bp.template
+    release_params(resident, compute_dtype)
+    release_params(block, compute_dtype)
+    resident = cast_keeping_fp32_buffers(resident, compute_dtype)
+    block = block.to(compute_dtype)
+    parts = ModelParts(family=bp.family, config=bp.config, dtype=compute_dtype, resident=resident,
+                       block=block, block_specs=bp.block_specs, block_numel=bp.block_numel,
+                       num_blocks=bp.num_blocks, param_dtype=param_dtype, resident_specs=specs,
+                       resident_numel=numel, layer_prefix=bp.layer_prefix, resident_master=master)
+    flat = (torch.zeros(numel, dtype=compute_dtype) if master is None
+            else master.to(compute_dtype, copy=True))
+    bind_resident(parts, flat)
+    work = (torch.zeros(bp.block_numel, dtype=compute_dtype) if first_block is None
+            else first_block.to(compute_dtype, copy=True))
+    bind_block(parts, work)
+    return parts
+
+
 def build_parts(spec_or_config, *, init: str = "random", param_dtype: str = "fp32",
                 compute_dtype: str = "fp32", seed: int = 0,
                 attn_implementation: str = "sdpa") -> tuple[ModelParts, list[torch.Tensor]]:
-    """Build the HF model (seeded random init, or a local directory via
-    from_pretrained(local_files_only=True)), cut it into resident parts + one flat CPU
-    buffer per block (param dtype), and free the rest. The working block is bound to a
+    """Resident parts + one flat CPU buffer per block (param dtype), made block by
+    block (zoexec.loading.ModelSource: random init, or a local directory's safetensors)
+    exactly as the node's store is filled. The working block is bound to a
     compute-dtype copy of block 0."""
-    p_dtype, c_dtype = torch_dtype(param_dtype), torch_dtype(compute_dtype)
-    model = build_hf_model(spec_or_config, init=init, seed=seed, dtype=torch.float32
-                           if str(init) == "random" else p_dtype,
-                           attn_implementation=attn_implementation)
-    family = model.config.model_type
-    _check_matches(spec_or_config, model.config, init)
-    holder, prefix = layer_container(model, family)
-    specs, flats = _extract_blocks(holder.layers, p_dtype)
-    block = holder.layers[0].to(c_dtype)
-    holder.layers = nn.ModuleList()
-    master = torch.cat([p.detach().reshape(-1).to(p_dtype) for p in model.parameters()])
-    resident = cast_keeping_fp32_buffers(model, c_dtype)
-    named = list(resident.named_parameters())
-    parts = ModelParts(family=family, config=model.config, dtype=c_dtype, resident=resident,
-                       block=block, block_specs=specs, block_numel=specs[-1].stop,
-                       num_blocks=len(flats), param_dtype=p_dtype,
-                       resident_specs=make_specs(named),
-                       resident_numel=sum(p.numel() for _, p in named), layer_prefix=prefix,
-                       resident_master=master)
-    bind_block(parts, flats[0].to(c_dtype, copy=True))
-    return parts, flats
+    from zoexec.loading import open_source
+
+    source = open_source(spec_or_config, init=init, param_dtype=param_dtype,
+                         compute_dtype=compute_dtype, seed=seed,
+                         attn_implementation=attn_implementation)
+    flats = [source.block_into(b, torch.empty(source.block_numel, dtype=source.param_dtype))
+             for b in range(source.num_blocks)]
+    return source.finish(first_block=flats[0]), flats
 
 
 # ---- export ----------------------------------------------------------------------------
 def hf_state_dict(parts: ModelParts, block_flats: list[torch.Tensor], *,
-                  dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+                  dtype: torch.dtype | None = None,
+                  resident: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The HF model's state dict rebuilt from resident + flat buffers (tied head once,
-    as save_pretrained writes it); standalone contiguous tensors."""
+    as save_pretrained writes it); standalone contiguous tensors. `resident`: the
+    resident weights as a flat tensor (resident_specs order: the run's clean copy, fp32
+    masters with update "master"), else the resident modules' own weights."""
     assert len(block_flats) == parts.num_blocks, (len(block_flats), parts.num_blocks)
     dtype = dtype or block_flats[0].dtype
-    out = {name: tensor.detach().to(dtype).contiguous().clone()
-           for name, tensor, _ in resident_param_specs(parts)}
+    if resident is not None:
+        out = {spec.name: resident[spec.offset:spec.stop].view(spec.shape).to(dtype).clone()
+               for spec in parts.resident_specs}
+    else:
+        out = {name: tensor.detach().to(dtype).contiguous().clone()
+               for name, tensor, _ in resident_param_specs(parts)}
     for index, flat in enumerate(block_flats):
         for spec in parts.block_specs:
             view = flat[spec.offset:spec.stop].view(spec.shape)
@@ -365,14 +512,16 @@ def hf_state_dict(parts: ModelParts, block_flats: list[torch.Tensor], *,
     return out
 
 
-def export_hf_model(parts: ModelParts, block_flats: list[torch.Tensor], out_dir) -> Path:
+def export_hf_model(parts: ModelParts, block_flats: list[torch.Tensor], out_dir, *,
+                    resident: torch.Tensor | None = None) -> Path:
     """Write config.json + model.safetensors (dtype of the flat buffers) into `out_dir`,
-    loadable by AutoModelForCausalLM.from_pretrained(out_dir)."""
+    loadable by AutoModelForCausalLM.from_pretrained(out_dir); `resident` as in
+    hf_state_dict."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = hf_state_dict(parts, block_flats)
+    tensors = hf_state_dict(parts, block_flats, resident=resident)
     config = parts.config.__class__.from_dict(parts.config.to_dict())
     config.dtype = block_flats[0].dtype
     config.save_pretrained(out)

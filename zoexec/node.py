@@ -1,88 +1,100 @@
-"""The node's model, built once and shared by the node's ranks: local rank 0 builds it
-and fills the node's block store (shared memory) and a handover file of the resident
-weights; the other local ranks map them. Also the node's read stamps of the CPU
-write-back fence, and what a rank's memory looks like at the end of a run."""
+"""The node's model, built once and shared by the node's ranks: local rank 0 (the
+builder) fills the node's block store (shared memory) block by block, straight from
+the seeded random init or the checkpoint (zoexec.loading), and a handover file of the
+resident weights; the other local ranks build a skeleton (resident modules and one
+working block, no weights) and map them. Also the node's read stamps of the CPU
+write-back fence, and what a rank's memory looks like at the end of a run.
+
+Waiting for the builder: the other local ranks wait for its "filled" message on the
+host (gloo) node group, at most loading.fill_timeout_s of the bytes to fill (today's
+timeout plus the bytes at a slow fill rate); a builder that dies ends their wait at
+once. Then a monitored barrier (the builder times its peers' mapping) and, once every
+node has its model, a monitored barrier of the world with the same timeout.
+"""
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
 import torch
+import torch.distributed as dist
 
 from zoexec import dist as zdist
 from zoexec.config import RunConfig
 from zoexec.fence import ReadFlags
-from zoexec.models import bind_resident, build_parts, resident_flat
+from zoexec.loading import LoadProgress, ModelSource, fill_timeout_s, open_source
+from zoexec.models import bind_resident
 from zoexec.store import (
     BlockStore,
     attach_store,
     create_store,
-    fill_store,
     mapping_pss_bytes,
     store_path,
-    stride_for,
 )
+from zoplan.errors import ZoError
 from zoplan.layout import Layout
+from zoplan.memory import store_stride
 from zoplan.models import ModelSpec
 
 
-def _build_model(cfg: RunConfig, spec: ModelSpec, *, skeleton: bool = False):
-    """build_parts for the plan's model; `skeleton`: a one-block random model of the
-    same shape (resident structure + block template) whose weights come from the node."""
-    wl = cfg.workload
-    kw = dict(param_dtype=wl.param_dtype, compute_dtype=wl.compute_dtype, seed=cfg.seed)
-    if not skeleton:
-        return build_parts(spec, init=cfg.init, **kw)
-    if cfg.init == "random":
-        config = dict(spec.hf_config)
-    else:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(cfg.init, local_files_only=True).to_dict()
-    config.update(num_hidden_layers=1)
-    if config.get("layer_types"):
-        config["layer_types"] = config["layer_types"][:1]
-    return build_parts(config, init="random", **kw)
-
-
 def load_node_model(cfg: RunConfig, env: zdist.DistEnv, run_id: str):
-    """(parts, store). Local rank 0 builds the model and fills the node's block store
-    and a resident handover file; the other local ranks build a one-block skeleton and
-    take the weights from shared memory, so a node builds (and holds) the model once."""
+    """(parts, store). Local rank 0 fills the node's block store block by block and
+    hands its resident weights over; the other local ranks build a skeleton and take
+    the weights from shared memory, so a node makes (and holds) the model once."""
     spec = ModelSpec.from_dict(cfg.plan["model"]["spec"])
     builder = env.local_rank == 0
-    parts, flats = _build_model(cfg, spec, skeleton=not builder)
+    wl = cfg.workload
+    source = open_source(spec, init=cfg.init, param_dtype=wl.param_dtype,
+                         compute_dtype=wl.compute_dtype, seed=cfg.seed, weights=builder)
     lay = env.layout
-    stride = stride_for(parts.block_numel, slices=lay.slices, local_ranks=lay.local_ranks)
-
-    def fill_blocks(store: BlockStore) -> None:
-        fill_store(store, flats)
-
-    store = share_on_node(env, store_path(run_id, env.place.node), fill_blocks if builder else None,
-                          num_blocks=spec.num_layers, block_numel=parts.block_numel,
-                          stride=stride, dtype=parts.param_dtype)
-    flats.clear()   # the node's copy is the store now
+    stride = store_stride(source.block_numel, slices=lay.slices, local_ranks=lay.local_ranks)
+    shape = dict(num_blocks=source.num_blocks, block_numel=source.block_numel, stride=stride,
+                 dtype=source.param_dtype)
+    item = torch.empty(0, dtype=source.param_dtype).element_size()
+    nbytes = (source.num_blocks * stride + source.resident_numel) * item
+    timeout_s = fill_timeout_s(nbytes, base_s=zdist.TIMEOUT_S)
+    progress = _progress(cfg, env, source)
+    store = share_on_node(env, store_path(run_id, env.place.node),
+                          (lambda store: source.fill(store, progress)) if builder else None,
+                          what=f"the node's block store ({nbytes / 2**30:.2f} GiB)",
+                          timeout_s=timeout_s, **shape)
+    parts = source.finish(first_block=store.weights(0))
     if lay.local_ranks > 1:
         _share_resident(env, run_id, parts, builder)
+    if env.place.world_size > 1:
+        monitored_barrier(env, env.host_world, timeout_s=timeout_s,
+                          what=f"every node to load its model ({nbytes / 2**30:.2f} GiB each)")
     store.pinned = zdist.pin_host_memory(env, store.flat)
     return parts, store
 
 
+def _progress(cfg: RunConfig, env: zdist.DistEnv, source: ModelSource) -> LoadProgress | None:
+    """Rank 0's loading progress on stderr (None elsewhere and with cfg.progress False)."""
+    if env.rank != 0 or not cfg.progress:
+        return None
+    what = "initialising blocks" if source.checkpoint is None else "loading blocks"
+    return LoadProgress(total=source.num_blocks, what=what)
+
+
 def _share_resident(env: zdist.DistEnv, run_id: str, parts, builder: bool) -> None:
-    """Hand local rank 0's resident weights to the other local ranks."""
+    """Hand local rank 0's resident weights (resident_master, param dtype) to the other
+    local ranks; they bind their modules to its compute-dtype cast, as rank 0 did."""
     blocks = store_path(run_id, env.place.node)
     path = blocks.with_name(f"{blocks.name}-resident")
     numel = parts.resident_numel
 
     def fill(handover: BlockStore) -> None:
-        handover.flat.copy_(resident_flat(parts))
+        handover.flat.copy_(parts.resident_master)
 
-    handover = share_on_node(env, path, fill if builder else None, num_blocks=1,
-                             block_numel=numel, stride=numel, dtype=parts.dtype)
+    handover = share_on_node(env, path, fill if builder else None,
+                             what="local rank 0's resident weights", num_blocks=1,
+                             block_numel=numel, stride=numel, dtype=parts.param_dtype)
     if not builder:
-        bind_resident(parts, handover.flat.clone())
+        parts.resident_master = handover.flat.clone()
+        bind_resident(parts, parts.resident_master.to(parts.dtype, copy=True))
 
 
 def fence_needed(layout: Layout) -> bool:
@@ -107,23 +119,67 @@ def share_read_flags(env: zdist.DistEnv, run_id: str, *, num_blocks: int) -> Rea
                      timeout_s=zdist.TIMEOUT_S)
 
 
-def share_on_node(env: zdist.DistEnv, path: Path, fill, **shape) -> BlockStore:
+def share_on_node(env: zdist.DistEnv, path: Path, fill, *, what: str = "a shared file",
+                  timeout_s: float | None = None, **shape) -> BlockStore:
     """The builder (fill not None, local rank 0) creates and fills a shared file, the
-    other local ranks map it, then the name is unlinked (mappings live on)."""
+    other local ranks wait for it (at most timeout_s, default zdist.TIMEOUT_S) and map
+    it, then the name is unlinked (mappings live on). `what`: the file, for errors."""
+    timeout_s = zdist.TIMEOUT_S if timeout_s is None else timeout_s
     store = None
     try:
         if fill is not None:
             store = create_store(path, **shape)
             fill(store)
-        zdist.host_barrier(env, node_only=True)
+        wait_for_builder(env, timeout_s=timeout_s, what=what)
         if store is None:
             store = attach_store(path, **shape)
         store.inode = path.stat().st_ino
-        zdist.host_barrier(env, node_only=True)
+        if env.layout.local_ranks > 1:
+            monitored_barrier(env, env.host_node, timeout_s=timeout_s,
+                              what=f"the node's ranks to map {what}")
     finally:
         if fill is not None:
             path.unlink(missing_ok=True)
     return store
+
+
+def wait_for_builder(env: zdist.DistEnv, *, timeout_s: float, what: str) -> None:
+    """Local rank 0 tells the node's other ranks that `what` is ready (a message on the
+    host node group); they wait for it at most `timeout_s`. A no-op alone on a node."""
+    lay = env.layout
+    if lay.local_ranks == 1:
+        return
+    first = env.rank - env.local_rank
+    token = torch.zeros(1)
+    wait = timedelta(seconds=timeout_s)
+    try:
+        if env.local_rank == 0:
+            for peer in range(first + 1, first + lay.local_ranks):
+                dist.isend(token, dst=peer, group=env.host_node).wait(timeout=wait)
+        else:
+            dist.irecv(token, src=first, group=env.host_node).wait(timeout=wait)
+    except RuntimeError as exc:
+        whom = ("the node's other ranks to take" if env.local_rank == 0
+                else "local rank 0 to fill")
+        cause = _first_line(exc)
+        ending = "gave up" if "timed out" in cause.lower() else "lost it"
+        raise ZoError(f"rank {env.rank} (node {env.place.node}) waited for {whom} {what} "
+                      f"and {ending} (timeout {timeout_s:g} s): {cause}") from None
+
+
+def monitored_barrier(env: zdist.DistEnv, group, *, timeout_s: float, what: str) -> None:
+    """torch.distributed.monitored_barrier on a host (gloo) group: its first rank
+    reports a rank that did not arrive within `timeout_s`; a ZoError saying `what`."""
+    try:
+        dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as exc:
+        raise ZoError(f"rank {env.rank} waited for {what} and gave up (timeout "
+                      f"{timeout_s:g} s): {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def close_store(store: BlockStore | None) -> None:

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import psutil
 
-from zoexec.dist import device_count, device_memory_bytes
+from zoexec.devicemap import ENV_VISIBLE, cuda_index, visible_env
+from zoexec.dist import device_count, device_memory_bytes, place_from_env
+from zoexec.loading import weight_files
 from zoplan.errors import ZoError
+from zoplan.memory import fmt_bytes, node_host_memory, rank_memory
 from zoplan.models import ModelSpec, get_model
 
 
@@ -37,32 +40,71 @@ def preflight(cfg, *, world_size: int | None = None, local_world_size: int | Non
 
 
 def _check_devices(cfg) -> None:
+    """The CUDA GPUs this process may use against the plan's ranks per node. A rank
+    started by torchrun or srun (RANK set) runs alone in its process: it needs a GPU of
+    its own among those it sees, or exactly one (per-task binding; the rule is
+    zoexec.devicemap.cuda_index). The ranks a local launch spawns see what this
+    process sees: it needs one visible GPU per rank."""
+    if cfg.device_kind != "cuda":
+        return
     need, have = cfg.layout.local_ranks, device_count(cfg.device_kind)
-    if have < need:
-        raise ZoError(f"the plan needs {need} CUDA GPU(s) per node but this machine has "
-                      f"{have}" + ("" if have else " (plan profile device_kind is 'cuda')"))
+    visible = visible_env()
+    shown = "unset" if visible is None else repr(visible)
+    if have == 0:
+        raise ZoError(f"the plan needs {need} CUDA GPU(s) per node but this process sees "
+                      f"none ({ENV_VISIBLE}={shown}; plan profile device_kind is 'cuda')")
+    place = place_from_env()
+    if place is not None:
+        cuda_index(place.local_rank, local_world_size=need, num_visible=have,
+                   visible_env=visible)
+    elif have < need:
+        raise ZoError(f"the plan needs {need} CUDA GPU(s) per node but this process sees "
+                      f"{have} ({ENV_VISIBLE}={shown}); the ranks it starts share them")
 
 
 def _check_memory(cfg) -> None:
-    """Host memory here; GPU memory is checked by each rank on its own GPU
-    (check_gpu_memory), so that the launcher never creates a CUDA context."""
-    pred, lay = cfg.plan["predicted"], cfg.layout
-    host = float(pred.get("host_mem_bytes") or 0)
-    if cfg.device_kind == "cpu":
-        host += lay.local_ranks * float(pred.get("gpu_mem_bytes") or 0)
-    available = psutil.virtual_memory().available
-    if host > available:
-        raise ZoError(f"the plan needs {host / 2**30:.2f} GiB of host memory per node, "
-                      f"{available / 2**30:.2f} GiB is available")
+    """Host memory here against zoplan.memory's node figure (the store once, each local
+    rank's process and resident master, on the CPU every rank's buffers, or the
+    builder's set-up peak), or the plan's predicted figure where that is larger; GPU
+    memory is checked by each rank on its own GPU (check_gpu_memory), so that the
+    launcher never creates a CUDA context."""
+    host = node_host_memory(**_memory_shape(cfg), random_init=cfg.init == "random")
+    stored = float(cfg.plan["predicted"].get("host_mem_bytes") or 0)
+    need, available = max(host.total_bytes, stored), psutil.virtual_memory().available
+    if need > available:
+        raise ZoError(f"the plan needs {fmt_bytes(need)} of host memory per node, "
+                      f"{fmt_bytes(available)} is available ({_why(host, stored)})")
 
 
-def check_gpu_memory(cfg, local_rank: int) -> None:
-    """The plan's predicted memory per GPU fits this rank's GPU (no-op on the CPU)."""
-    need = float(cfg.plan["predicted"].get("gpu_mem_bytes") or 0)
-    total = device_memory_bytes(cfg.device_kind, local_rank)
-    if total is not None and need > total:
-        raise ZoError(f"the plan needs {need / 2**30:.2f} GiB per GPU, GPU {local_rank} has "
-                      f"{total / 2**30:.2f} GiB")
+def check_gpu_memory(cfg, device_index: int | None) -> None:
+    """zoplan.memory's device bytes of a rank (torch's peak, NCCL's communicators, the
+    cuBLAS workspace), or the plan's predicted figure where that is larger, fit the
+    rank's CUDA device `device_index` (zoexec.devicemap; no-op on the CPU)."""
+    if device_index is None:
+        return
+    total = device_memory_bytes(cfg.device_kind, device_index)
+    if total is None:
+        return
+    rank = rank_memory(**_memory_shape(cfg))
+    stored = float(cfg.plan["predicted"].get("gpu_mem_bytes") or 0)
+    need = max(rank.total_bytes, stored)
+    if need > total:
+        raise ZoError(f"the plan needs {fmt_bytes(need)} per GPU, GPU {device_index} has "
+                      f"{fmt_bytes(total)} ({_why(rank, stored)}; peak in {rank.peak_phase})")
+
+
+def _memory_shape(cfg) -> dict:
+    return dict(model=ModelSpec.from_dict(cfg.plan["model"]["spec"]), workload=cfg.workload,
+                layout=cfg.layout, device_kind=cfg.device_kind)
+
+
+def _why(memory, stored: float) -> str:
+    """The largest term of zoplan.memory's figure (and the plan's, if that is larger)."""
+    term = memory.dominant()
+    largest = f"largest: {term.label}, {fmt_bytes(term.bytes)}"
+    if stored > memory.total_bytes:
+        return f"the plan's prediction; zoplan.memory gives {fmt_bytes(memory.total_bytes)}, {largest}"
+    return largest
 
 
 def _check_model(cfg) -> None:
@@ -74,6 +116,7 @@ def _check_model(cfg) -> None:
         raise ZoError(f"model path {path} is not a directory")
     if not (path / "config.json").is_file():
         raise ZoError(f"model path {path} has no config.json")
+    weight_files(path)   # safetensors weights, every shard there (before any rank starts)
     have, want = get_model(str(path)), ModelSpec.from_dict(cfg.plan["model"]["spec"])
     for key in ("family", "num_layers", "hidden", "vocab"):
         if getattr(have, key) != getattr(want, key):

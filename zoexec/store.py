@@ -14,35 +14,36 @@ memory lives as long as some rank maps it and the kernel frees it when the last 
 exits, even on a crash. Local rank 0 also unlinks on any failure before that point, and
 the launcher removes `/dev/shm/zoexec-<run id>-*` after its ranks exit.
 On CUDA each rank page-locks its own mapping (cudaHostRegister, dist.pin_host_memory).
+
+NUMA: local rank 0 sizes the file, maps it, interleaves the mapping over the machine's
+memory nodes (zoexec.numa.interleave) and only then allocates the pages (fallocate), so
+on a tmpfs they are spread over the sockets whoever touches them first. A store that
+is a regular file (ZOEXEC_SHM_DIR on a disk file system, the fallback of
+scripts/gpu_check.sh when /dev/shm is small) is shared through the page cache: the
+same code path, but the page cache ignores the mapping's NUMA policy (said once where
+there are several nodes), and the kernel may refuse to page-lock it (see
+dist.pin_host_memory).
 """
 
 from __future__ import annotations
 
 import errno
 import glob
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from zoexec import numa
 from zoplan.errors import ZoError
 
 SHM_DIR = Path(os.environ.get("ZOEXEC_SHM_DIR", "/dev/shm"))
 PREFIX = "zoexec-"
-ALIGN_ELEMENTS = 64          # every slice / share starts on a 64-element boundary
 
 
 def store_path(run_id: str, node: int) -> Path:
     return SHM_DIR / f"{PREFIX}{run_id}-n{node}"
-
-
-def stride_for(block_numel: int, *, slices: int, local_ranks: int) -> int:
-    """Elements per block in the store: block_numel rounded up so that it splits into
-    `slices` and into `local_ranks` equal, aligned pieces."""
-    unit = math.lcm(slices, local_ranks) * ALIGN_ELEMENTS
-    return -(-block_numel // unit) * unit
 
 
 @dataclass(kw_only=True, eq=False)
@@ -80,7 +81,8 @@ def _map(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 def create_store(path: Path, *, num_blocks: int, block_numel: int, stride: int,
                  dtype: torch.dtype) -> BlockStore:
-    """Create and map a zero-filled store file (fails if the name exists)."""
+    """Create and map a zero-filled store file (fails if the name exists): sized,
+    mapped, interleaved over the NUMA nodes, then its pages allocated."""
     numel = num_blocks * stride
     nbytes = numel * torch.empty(0, dtype=dtype).element_size()
     _check_room(path, nbytes)
@@ -89,6 +91,9 @@ def create_store(path: Path, *, num_blocks: int, block_numel: int, stride: int,
     except OSError as exc:
         raise ZoError(f"cannot create the block store {path}: {exc.strerror}") from None
     try:
+        os.ftruncate(fd, nbytes)
+        flat = _map(path, numel, dtype)
+        _interleave(path, flat, nbytes)
         _reserve(fd, nbytes)
     except OSError as exc:
         path.unlink(missing_ok=True)
@@ -96,8 +101,19 @@ def create_store(path: Path, *, num_blocks: int, block_numel: int, stride: int,
                       f"{exc.strerror}; set ZOEXEC_SHM_DIR to a folder with room") from None
     finally:
         os.close(fd)
-    return BlockStore(path=path, flat=_map(path, numel, dtype), num_blocks=num_blocks,
+    return BlockStore(path=path, flat=flat, num_blocks=num_blocks,
                       block_numel=block_numel, stride=stride)
+
+
+def _interleave(path: Path, flat: torch.Tensor, nbytes: int) -> None:
+    """Spread the store's pages over the memory nodes before any of them exists."""
+    if not numa.interleave(flat.data_ptr(), nbytes, what=f"the block store {path.name}"):
+        return
+    kind = filesystem_type(path)
+    if kind not in (None, "tmpfs"):
+        numa.say_once("page-cache", f"the block store {path} is a file on {kind}, not "
+                      f"tmpfs: its page-cache pages ignore the NUMA interleave and sit "
+                      f"where they are first touched")
 
 
 def _check_room(path: Path, nbytes: int) -> None:
@@ -159,3 +175,38 @@ def mapping_pss_bytes(path: Path) -> tuple[int, int]:
             pss += region.pss
             rss += region.rss
     return pss, rss
+
+
+def filesystem_type(path: Path, *, mounts: Path = Path("/proc/self/mounts")) -> str | None:
+    """The file system type (tmpfs, ext4, overlay, ...) that holds `path`: the longest
+    mount point of `mounts` above it; None where that cannot be read."""
+    target = os.path.realpath(path.parent) + "/"
+    best, kind = "", None
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ").rstrip("/") + "/"
+        if target.startswith(point) and len(point) > len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def mapped_file(addr: int) -> Path | None:
+    """The file this process maps at address `addr` (/proc/self/maps; a name already
+    unlinked is given without its ' (deleted)' mark), None for anonymous memory."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        low, _, high = fields[0].partition("-")
+        if int(low, 16) <= addr < int(high, 16):
+            name = fields[5].removesuffix(" (deleted)") if len(fields) == 6 else ""
+            return Path(name) if name.startswith("/") else None
+    return None

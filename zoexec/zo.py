@@ -3,16 +3,24 @@
 Pure functions on flat tensors; nothing here knows about ranks, layouts or streams.
 
 z addressing (the contract every rank relies on):
-  z for step seed `s`, block `b`, tensor `i` of the block (block_specs order), chunk `c`
-  (elements [c*Z_CHUNK, (c+1)*Z_CHUNK) of that tensor, flattened) is drawn with
-  `normal_` from a torch.Generator seeded by `mix_seed(s, b, i, c)`, a splitmix64 hash
-  (stable across processes and Python versions, unlike `hash()`). Decoder blocks use
-  b = 0..L-1; the resident parts (embeddings, final norm, LM head) use
-  b = RESIDENT_BLOCK (-1) with the tensor order of models.resident_specs. So any rank can
-  regenerate any block's z alone, and which slice of the flat buffer a rank looks at never
-  changes z. The generator runs on the device of `out` (CPU: mt19937; CUDA: Philox), so
-  z, and hence a run, is reproducible on the same device type, not across CPU and CUDA.
-  z is drawn in the requested dtype (fp32 by default); all ranks of a run use one dtype.
+  On the CPU, z for step seed `s`, block `b`, tensor `i` of the block (block_specs
+  order), chunk `c` (elements [c*Z_CHUNK, (c+1)*Z_CHUNK) of that tensor, flattened) is
+  drawn with `normal_` from a torch.Generator seeded by `mix_seed(s, b, i, c)`, a
+  splitmix64 hash (stable across processes and Python versions, unlike `hash()`). On
+  CUDA the whole tensor is one draw seeded by `mix_seed(s, b, i)`: one launch per tensor
+  instead of one per chunk (zoplan.execrules.z_draw_calls), which is what a GPU wants.
+  Decoder blocks use b = 0..L-1; the resident parts (embeddings, final norm, LM head)
+  use b = RESIDENT_BLOCK (-1) with the tensor order of models.resident_specs. So any rank
+  can regenerate any block's z alone, and which slice of the flat buffer a rank looks at
+  never changes z. The generator runs on the device of `out` (CPU: mt19937; CUDA:
+  Philox, whose draws depend on the launch configuration, i.e. on the GPU model), so z,
+  and hence a run, is reproducible on the same device type and GPU model, not across
+  them. z is drawn in the requested dtype (fp32 by default); all ranks of a run use one.
+
+Stochastic rounding (update "stochastic", docs/precision.md): the update is computed in
+fp32 and rounded into the 16-bit store up or down with probabilities that make the
+stored value's expectation exact; its uniform noise is addressed like z, by
+mix_seed(s, b, i, c, SR_TAG), so every rank that holds a block rounds it alike.
 
 Cost: z dominates a CPU step. torch's CPU normal_ (mt19937) is serial per generator,
 so the per-chunk seeding is what lets several threads draw one block (torch releases
@@ -35,9 +43,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from zoplan.execrules import Z_CHUNK, balance, chunk_bounds
+from zoplan.execrules import SR_SCRATCH, Z_CHUNK, balance, chunk_bounds, sr_chunk
 
 RESIDENT_BLOCK = -1
+SR_TAG = 0x5352   # "SR": the stochastic-rounding noise's own seed stream
 _MASK64 = (1 << 64) - 1
 _POOL: ThreadPoolExecutor | None = None
 _POOL_KEY: tuple[int, int] | None = None
@@ -77,12 +86,17 @@ def _tensor_jobs(seed: int, block: int, index: int, offset: int,
             for chunk, (start, stop) in enumerate(chunk_bounds(numel, Z_CHUNK))]
 
 
-def _chunk_jobs(seed: int, block: int, specs: Sequence) -> list[tuple[int, int, int]]:
-    """The chunk jobs of every tensor of a block, in the flat buffer's coordinates."""
+def _chunk_jobs(seed: int, block: int, specs: Sequence, *,
+                per_tensor: bool = False) -> list[tuple[int, int, int]]:
+    """The draws of every tensor of a block, in the flat buffer's coordinates: one per
+    Z_CHUNK chunk, or with `per_tensor` (CUDA) one per tensor."""
     jobs = []
     for index, spec in enumerate(specs):
         offset, numel = _spec_fields(spec)
-        jobs.extend(_tensor_jobs(seed, block, index, offset, numel))
+        if per_tensor:
+            jobs.append((mix_seed(seed, block, index), offset, offset + numel))
+        else:
+            jobs.extend(_tensor_jobs(seed, block, index, offset, numel))
     return jobs
 
 
@@ -110,16 +124,21 @@ def _fill(out: torch.Tensor, jobs: list[tuple[int, int, int]]) -> None:
 
 
 def z_block(seed: int, block: int, specs: Sequence, *, out: torch.Tensor | None = None,
-            dtype: torch.dtype = torch.float32, num_threads: int | None = None) -> torch.Tensor:
+            dtype: torch.dtype = torch.float32, num_threads: int | None = None,
+            per_tensor: bool | None = None) -> torch.Tensor:
     """The flat z of one block (length = end of the last spec), written into `out` if given.
 
     `specs` are TensorSpecs (or (offset, numel) pairs) in the block's tensor order.
     `num_threads` defaults to torch.get_num_threads(); the result never depends on it.
+    `per_tensor` (default: on CUDA) draws each tensor in one call, seeded per tensor.
     """
-    jobs = _chunk_jobs(seed, block, specs)
-    total = max((stop for _, _, stop in jobs), default=0)
     if out is None:
+        total = max((_spec_fields(s)[0] + _spec_fields(s)[1] for s in specs), default=0)
         out = torch.empty(total, dtype=dtype)
+    if per_tensor is None:
+        per_tensor = out.device.type == "cuda"
+    jobs = _chunk_jobs(seed, block, specs, per_tensor=per_tensor)
+    total = max((stop for _, _, stop in jobs), default=0)
     assert out.dim() == 1 and out.numel() >= total, (tuple(out.shape), total)
     threads = min(num_threads or _default_threads(), len(jobs))
     if threads <= 1 or out.device.type != "cpu":
@@ -188,6 +207,68 @@ def apply_update(theta: torch.Tensor, z: torch.Tensor, *, lr: float, g: float,
     if g and lr:
         theta.add_(z, alpha=-lr * g)
     return theta
+
+
+def apply_update_stochastic(theta: torch.Tensor, z: torch.Tensor, *, lr: float, g: float,
+                            weight_decay: float, specs: Sequence, seed: int, block: int,
+                            scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """theta -= lr * (g*z + wd*theta) computed in fp32 and rounded stochastically into
+    the 16-bit `theta` (flat, in place): each element moves to one of its two nearest
+    16-bit neighbours, up with probability equal to the fraction of the distance, so
+    E[stored] = the exact fp32 result. The noise of chunk c of tensor i is drawn from
+    mix_seed(seed, block, i, c, SR_TAG) (zoplan.execrules.sr_chunk elements a chunk), so
+    every rank that holds the block rounds it identically whatever its slice.
+
+    `scratch`: SR_SCRATCH fp32 tensors of at least one chunk (allocated if None)."""
+    assert theta.dtype in DROPPED_BITS, theta.dtype
+    if not lr or not (g or weight_decay):
+        return theta
+    chunk = sr_chunk(theta.device.type)
+    if scratch is None:
+        size = min(chunk, max((s.numel for s in specs), default=0))
+        scratch = [torch.empty(size, dtype=torch.float32, device=theta.device)
+                   for _ in range(SR_SCRATCH)]
+    gen = torch.Generator(device=theta.device)
+    shrink = 1.0 - lr * weight_decay
+    for index, spec in enumerate(specs):
+        for part, (start, stop) in enumerate(chunk_bounds(spec.numel, chunk)):
+            lo, hi = spec.offset + start, spec.offset + stop
+            exact, noise = (buf[:hi - lo] for buf in scratch[:2])
+            exact.copy_(theta[lo:hi])
+            if weight_decay and spec.decay:
+                exact.mul_(shrink)
+            if g:
+                exact.add_(z[lo:hi], alpha=-lr * g)
+            gen.manual_seed(mix_seed(seed, block, index, part, SR_TAG))
+            round_stochastic_(theta[lo:hi], exact, noise.view(torch.int32), gen)
+    return theta
+
+
+# Bits of an fp32 mantissa a 16-bit format drops: bf16 is the top half of an fp32; fp16
+# keeps 10 of its 23 mantissa bits (in fp16's normal range, |w| >= 2**-14).
+DROPPED_BITS = {torch.bfloat16: 16, torch.float16: 13}
+
+
+def round_stochastic_(out: torch.Tensor, exact: torch.Tensor, noise: torch.Tensor,
+                      gen: torch.Generator) -> torch.Tensor:
+    """Stochastic rounding of fp32 `exact` into the 16-bit `out`, on the bits: adding a
+    uniform integer below 2**k to the fp32 bits and dropping their k low bits rounds the
+    magnitude up with probability equal to the dropped fraction (sign-magnitude:
+    negative values alike), so E[out] = exact. Five element-wise kernels; `exact` and
+    the int32 `noise` are overwritten. bf16: exact for every finite value. fp16: exact
+    in fp16's normal range; below 2**-14, where fp16's spacing is a fixed 2**-24
+    (6e-8), the truncated value is then rounded to nearest by the cast."""
+    dropped = DROPPED_BITS[out.dtype]
+    bits = exact.view(torch.int32)
+    noise.random_(0, 1 << dropped, generator=gen)
+    bits.add_(noise)
+    if out.dtype == torch.bfloat16:
+        bits.bitwise_right_shift_(16)          # arithmetic: the sign bits come along
+        out.view(torch.int16).copy_(bits)      # the low half now: the fp32's top half
+    else:
+        bits.bitwise_and_(-(1 << dropped))     # clear the dropped bits
+        out.copy_(exact)                       # representable in fp16: the cast is exact
+    return out
 
 
 def projected_grad(loss_plus: float, loss_minus: float, eps: float) -> float:

@@ -61,6 +61,26 @@ def z_makespan(tensor_numels: list[int], threads: int) -> tuple[int, int]:
     return sum(sizes[i] for i in busiest), len(busiest)
 
 
+def z_draw_calls(tensor_numels: list[int], device_kind: str) -> int:
+    """Generator calls (kernel launches on CUDA) of one z draw over these tensors: one
+    per tensor on CUDA (Philox, a seed per tensor), one per Z_CHUNK chunk on the CPU
+    (mt19937 is serial per generator: the chunks spread over a rank's threads)."""
+    if device_kind == "cuda":
+        return len(tensor_numels)
+    return sum(len(chunk_bounds(n)) for n in tensor_numels)
+
+
+# Stochastic rounding (update "stochastic") works chunk by chunk in fp32 scratch: a chunk is
+# Z_CHUNK elements on the CPU and SR_CHUNK_CUDA on CUDA (fewer launches; its noise is seeded
+# per (step seed, block, tensor, chunk) like z). Scratch: SR_SCRATCH fp32 arrays of a chunk.
+SR_CHUNK_CUDA = 1 << 25
+SR_SCRATCH = 2
+
+
+def sr_chunk(device_kind: str) -> int:
+    return SR_CHUNK_CUDA if device_kind == "cuda" else Z_CHUNK
+
+
 def z_uses_pool(tensor_numels: list[int], threads: int) -> bool:
     """Whether z_block hands a draw's chunks to its thread pool (more than one thread
     and more than one chunk); one thread draws them itself."""

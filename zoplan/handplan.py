@@ -1,27 +1,19 @@
 """Hand-built plans: a valid plan.json for a model and a fixed layout, without a search.
 
 For tests, benchmarks and the GPU check, where the layout is given and no prediction is
-needed. The `predicted` figures are a rough memory estimate (store, block buffers,
-working copies, activations) with a nominal step time and no spans; `zoplan optimize`
-writes the real thing.
+needed. The `predicted` memory figures are zoplan.memory's (the rank's device bytes
+at its peak, the node's host bytes), with a nominal step time and no spans; `zoplan
+optimize` writes the real thing.
 """
 
 from __future__ import annotations
 
 from zoplan.io import sha256_json
 from zoplan.layout import Layout
+from zoplan.memory import node_host_memory, rank_memory
 from zoplan.models import ModelSpec, get_model
 from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, tool_info
-from zoplan.sim.memory import gpu_parts
 from zoplan.workload import Workload
-
-
-def memory_estimate(spec: ModelSpec, layout: Layout, workload: Workload) -> tuple[int, int]:
-    """(per-rank device bytes, per-node host bytes of the block store) of zoexec's
-    buffers for this layout: the planner's memory model (zoplan.sim.memory.gpu_parts)."""
-    parts, _ = gpu_parts(model=spec, workload=workload, layout=layout)
-    host = spec.num_layers * spec.block_bytes(workload.param_dtype)
-    return int(sum(parts.values())), int(host)
 
 
 def hand_plan(*, model: str | ModelSpec, layout: Layout, workload: Workload,
@@ -29,7 +21,9 @@ def hand_plan(*, model: str | ModelSpec, layout: Layout, workload: Workload,
               step_time_s: float = 1.0) -> Plan:
     """A validated Plan running `model` with `layout` and `workload` as given."""
     spec = get_model(model) if isinstance(model, str) else model
-    device_mem, host_mem = memory_estimate(spec, layout, workload)
+    shape = dict(model=spec, workload=workload, layout=layout, device_kind=device_kind)
+    device_mem = rank_memory(**shape).total_bytes
+    host_mem = node_host_memory(**shape).total_bytes
     predicted = {"step_time_s": step_time_s,
                  "tokens_per_s": workload.tokens_per_step / step_time_s,
                  "gpu_mem_bytes": device_mem, "host_mem_bytes": host_mem,

@@ -3,29 +3,45 @@
 A profile describes ONE node type (a cluster is `nodes` copies of it joined by a
 network). Every figure is data with its unit in the name and a source note in
 `sources` (dotted path -> note, "[S]" spec, "[M]" measured, "[D]" derived); shipped
-profiles live in hwprofiles/, `zoplan profile` writes measured ones.
+profiles live in hwprofiles/, `zoplan profile` writes measured ones. Some figures belong
+to one device kind only (validation: _REQUIRED_BY_KIND, _OPTIONAL_BY_KIND); a figure of
+the other kind is refused.
 
 Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
 - device.kind "cuda": each rank owns one GPU with concurrent engines (compute, H2D,
   D2H, collective). device.kind "cpu": each rank is a gloo process on a shared host;
   `device.concurrent_engines` false means a rank's tasks run one at a time.
 - pcie.h2d_gbps / d2h_gbps: one rank's host link alone, per direction.
-  pcie.duplex_gbps: both directions of one rank's link together (A100: H2D drops to
-  11-13 GB/s while D2H runs). pcie.switch_groups: ranks that share one switch uplink of
-  pcie.switch_uplink_gbps per direction. host.mem_bw_gbps: ceiling of all host<->device
-  traffic of a node together.
+  CUDA: pcie.h2d_duplex_gbps / d2h_duplex_gbps: each direction of one GPU's link while
+  the other direction runs too (A100: H2D drops to 11-13 GB/s while D2H stays near 24);
+  pcie.uplink_h2d_duplex_gbps / uplink_d2h_duplex_gbps (optional, both or neither): the
+  same for a switch uplink (its member GPUs copying both ways at once). CPU:
+  pcie.duplex_gbps, both directions of one rank's copies together (a CPU rank copies one
+  way at a time). pcie.switch_groups: ranks that share one switch uplink of
+  pcie.switch_uplink_gbps per direction. host.mem_bw_gbps: ceiling of all
+  host<->device traffic of a node together (measured: all GPUs copying both ways).
 - fabric.kind: "nvswitch" (every GPU in fabric.groups reaches every other at
   p2p_gbps per direction per GPU), "bridge" (groups are bridged pairs), "host" (peer
   traffic crosses PCIe and host memory; no fast fabric), "shm" (CPU ranks: gloo over
   shared memory / loopback, the collective table applies).
 - collective.allgather_busbw: [[message_bytes, bus_GBps], ...] (log-interpolated);
   collective.latency_us: fixed cost of one collective inside a node;
-  collective.allreduce_small_us: a scalar all-reduce inside a node.
+  collective.allreduce_small_us: a scalar all-reduce inside a node (the loss exchange,
+  and on CUDA the write-back fence's token).
 - network: inter-node figures (latency_us, gbps per node); unused on one node.
-- compute: forward time of a block = overhead_us + max(flops / (peak_tflops *
-  m / (m + m_half_tokens)), weight bytes / mem_gbps), where m is the tokens of the
-  GEMM; zo_ns_per_param: deferred update + perturbation cost per block parameter.
-  On device.kind "cpu", peak_tflops is for one rank using all host cores; with k local
+- compute, CUDA (gpu_forward_terms): GEMM rates per precision, peak_tflops (fp16 and
+  bf16: one tensor-core rate), tf32_tflops (fp32 with TF32 allowed, Workload.tf32) and
+  fp32_tflops (fp32 without TF32), each reached at m / (m + m_half_tokens) for a GEMM of
+  m token rows; overhead_us: the launches of one block forward. Memory-bound work is
+  bytes over device.hbm_gbps: the weights' floor of a forward, attention (the fused
+  kernel's Q, K, V and output, when above its FLOPs), element-wise operators, and the zo
+  passes. z (docs/precision.md): one generator launch per tensor, z_launch_us each,
+  plus z_ns_per_elem per element (the stochastic update's noise and kernels are priced
+  with the same two figures, zoplan.sim.graph).
+- compute, CPU: forward time of a block = overhead_us + max(flops / (peak_tflops *
+  m / (m + m_half_tokens)), weight bytes / mem_gbps) (forward_terms); zo_ns_per_param:
+  deferred update + perturbation cost per block parameter.
+  peak_tflops is for one rank using all host cores; with k local
   ranks each gets peak / k * compute.rank_scaling (how well k ranks share the cores).
   compute.zo_rank_scaling (optional, CPU): the same for the zo maths (z generation
   scales with threads unlike GEMMs); defaults to compute.rank_scaling.
@@ -57,43 +73,62 @@ from typing import Any
 from zoplan.errors import ZoError
 from zoplan.execrules import SPEED_CHECK_KINDS, threads_per_rank, z_makespan, z_uses_pool
 from zoplan.io import dumps_canonical, load_json, sha256_json
+from zoplan.models import DTYPE_BYTES
+from zoplan.workload import HALF_DTYPES
 
 PROFILE_SCHEMA_VERSION = 1
 DEVICE_KINDS = ("cuda", "cpu")
 FABRIC_KINDS = ("nvswitch", "bridge", "host", "shm")
 GIB = 2**30
 
-# Section -> the numeric fields it must have (all > 0 unless listed in NONNEG).
+# Section -> the numeric fields every profile must have (all > 0 unless listed in NONNEG).
 _REQUIRED = {
     "device": ("memory_gib", "reserved_gib"),
     "host": ("memory_gib", "mem_bw_gbps", "cores"),
-    "pcie": ("h2d_gbps", "d2h_gbps", "duplex_gbps", "switch_uplink_gbps"),
+    "pcie": ("h2d_gbps", "d2h_gbps", "switch_uplink_gbps"),
     "fabric": ("p2p_gbps",),
     "collective": ("latency_us", "allreduce_small_us"),
     "network": ("gbps", "latency_us"),
-    "compute": ("peak_tflops", "mem_gbps", "m_half_tokens", "overhead_us",
-                "zo_ns_per_param", "rank_scaling"),
+    "compute": ("peak_tflops", "m_half_tokens", "overhead_us", "rank_scaling"),
+}
+# Figures of one device kind only: required, and optional (checked when present). A
+# profile of the other kind must not carry them (it would be silently ignored).
+_REQUIRED_BY_KIND = {
+    "cpu": ("pcie.duplex_gbps", "compute.mem_gbps", "compute.zo_ns_per_param"),
+    "cuda": ("device.hbm_gbps", "pcie.h2d_duplex_gbps", "pcie.d2h_duplex_gbps",
+             "compute.tf32_tflops", "compute.fp32_tflops", "compute.z_launch_us",
+             "compute.z_ns_per_elem"),
+}
+_OPTIONAL_BY_KIND = {
+    "cpu": ("compute.zo_rank_scaling", "compute.attn_tflops", "compute.elem_ns",
+            "compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns",
+            "compute.z_rank_scaling", "compute.mem_rank_scaling", "compute.z_chunk_us",
+            "compute.rank_jitter", "compute.rope_overhead_us"),
+    "cuda": ("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps"),
 }
 _NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens",
            "compute.elem_ns", "compute.rope_overhead_us", "compute.z_call_us", "compute.z_chunk_us",
-           "compute.rank_jitter"}
+           "compute.rank_jitter", "compute.z_launch_us"}
 _OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check"}
-_OPTIONAL_NUMBERS = ("compute.zo_rank_scaling", "compute.attn_tflops", "compute.elem_ns",
-                     "compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns",
-                     "compute.z_rank_scaling", "compute.mem_rank_scaling",
-                     "compute.z_chunk_us", "compute.rank_jitter",
-                     "compute.rope_overhead_us")   # > 0 (or >= 0) when present
-_Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")
+_Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")   # CPU
+_TOGETHER = {"cuda": [("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps")],
+             "cpu": [_Z_MODEL]}   # figures that come all together or not at all
+
+# Bytes an element-wise operator moves per output element, in units of the compute
+# dtype: it reads its input and writes its output (a binary one reads a second input:
+# a floor). Memory-bound GPU work is bytes over HBM bandwidth (hardware.md, "Costs that
+# are easy to miss on GPUs").
+ELEM_RW = 2
 
 
 def forward_terms(figures: dict, *, flops: float, attn_flops: float, elems: float,
                   tokens: int, family: str = "opt") -> tuple[float, float, float]:
     """(dispatch, GEMMs, attention + element-wise work) in seconds of one block forward
-    on one rank alone, from a profile's compute figures (or a fit's): overhead_us (and
+    on one CPU rank alone, from a profile's compute figures (or a fit's): overhead_us (and
     rope_overhead_us for a block of another family than OPT, where measured); the
     GEMM FLOPs at peak_tflops x m / (m + m_half_tokens); attention at attn_tflops and
-    elem_ns per element-wise output where the figures have them (CPU profiles), else
-    attention counts as GEMM FLOPs and element-wise work as free."""
+    elem_ns per element-wise output where the figures have them (measured CPU
+    profiles), else attention counts as GEMM FLOPs and element-wise work as free."""
     eff = tokens / (tokens + figures["m_half_tokens"]) if tokens > 0 else 1.0
     attn_rate = figures.get("attn_tflops")
     gemm = (flops if attn_rate else flops + attn_flops) / (figures["peak_tflops"] * 1e12 * eff)
@@ -102,6 +137,32 @@ def forward_terms(figures: dict, *, flops: float, attn_flops: float, elems: floa
     dispatch = figures["overhead_us"] + (figures.get("rope_overhead_us", 0.0)
                                          if family != "opt" else 0.0)
     return dispatch * 1e-6, gemm, rest
+
+
+def gpu_forward_terms(figures: dict, *, rate_tflops: float, hbm_gbps: float, flops: float,
+                      attn_flops: float, attn_bytes: float, elem_bytes: float,
+                      weight_bytes: float, tokens: int) -> tuple[float, float, float]:
+    """(launches, GEMMs, attention + element-wise work) in seconds of one forward on a
+    GPU, a roofline per part: the GEMMs at the precision's rate x m / (m + m_half_tokens)
+    (m token rows), never faster than reading the weights at HBM bandwidth; attention's
+    FLOPs at the same rate (the fused kernel runs on the tensor cores), never faster
+    than its bytes at HBM bandwidth; element-wise operators are memory-bound (bytes over
+    HBM bandwidth). The launches cost overhead_us (figures: the compute section, or a
+    fit's figures with m_half_tokens and overhead_us)."""
+    eff = tokens / (tokens + figures["m_half_tokens"]) if tokens > 0 else 1.0
+    rate, hbm = rate_tflops * 1e12 * eff, hbm_gbps * 1e9
+    gemm = max(flops / rate, weight_bytes / hbm)
+    rest = max(attn_flops / rate, attn_bytes / hbm) + elem_bytes / hbm
+    return figures["overhead_us"] * 1e-6, gemm, rest
+
+
+def gpu_block_bytes(*, attn_dim: int, kv_dim: int, elems_per_token: float, tokens: int,
+                    dtype_bytes: int) -> tuple[float, float]:
+    """(attention, element-wise) HBM bytes of one block forward over `tokens` tokens on a
+    GPU: the fused attention kernel (SDPA, zoexec.models' default) reads Q, K and V and
+    writes its output once; each element-wise output moves ELEM_RW dtype words."""
+    attn = tokens * (2 * attn_dim + 2 * kv_dim) * dtype_bytes
+    return float(attn), tokens * elems_per_token * ELEM_RW * dtype_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,17 +222,43 @@ class HardwareProfile:
         """Bus bandwidth for an all-gather whose total output is message_bytes."""
         return interpolate_log(self.collective["allgather_busbw"], message_bytes)
 
+    def gemm_tflops(self, compute_dtype: str = "fp32", tf32: bool = True) -> float:
+        """The GEMM rate of the workload's precision: CPU profiles have one
+        (peak_tflops); on GPUs fp16 and bf16 run at peak_tflops, fp32 at tf32_tflops
+        when TF32 is allowed (Workload.tf32), else at fp32_tflops."""
+        c = self.compute
+        if self.is_cpu or compute_dtype in HALF_DTYPES:
+            return c["peak_tflops"]
+        return c["tf32_tflops"] if tf32 else c["fp32_tflops"]
+
+    def gemm_rate_key(self, compute_dtype: str = "fp32", tf32: bool = True) -> str:
+        """The compute figure gemm_tflops reads (what a refit scales)."""
+        if self.is_cpu or compute_dtype in HALF_DTYPES:
+            return "peak_tflops"
+        return "tf32_tflops" if tf32 else "fp32_tflops"
+
     def forward_time_s(self, *, flops: float, weight_bytes: float, tokens: int,
                        local_ranks: int = 1, attn_flops: float = 0.0,
                        elems: float = 0.0, overhead_share: float = 1.0,
-                       family: str = "opt") -> float:
+                       family: str = "opt", attn_bytes: float = 0.0,
+                       compute_dtype: str = "fp32", tf32: bool = True) -> float:
         """One forward call: `flops` of GEMMs over `tokens` tokens, `attn_flops` of
-        attention and `elems` element-wise outputs (both priced on their own where the
-        profile has compute.attn_tflops / compute.elem_ns, CPU profiles; else attention
-        counts as GEMM FLOPs and element-wise work as free). `overhead_share`: the
-        call's operators as a share of a block forward's (compute.overhead_us is the
-        dispatch cost of one block forward)."""
+        attention and `elems` element-wise outputs. CPU (forward_terms): attention and
+        element-wise work priced on their own where the profile has compute.attn_tflops
+        / compute.elem_ns, else attention counts as GEMM FLOPs and element-wise work as
+        free. GPU (gpu_forward_terms): the precision's GEMM rate, attention and
+        element-wise bytes (`attn_bytes`, elems x ELEM_RW words) at HBM bandwidth.
+        `overhead_share`: the call's operators as a share of a block forward's
+        (compute.overhead_us is the dispatch cost of one block forward)."""
         c = self.compute
+        if not self.is_cpu:
+            dsize = DTYPE_BYTES[compute_dtype]
+            dispatch, gemm, rest = gpu_forward_terms(
+                c, rate_tflops=self.gemm_tflops(compute_dtype, tf32),
+                hbm_gbps=self.device["hbm_gbps"], flops=flops, attn_flops=attn_flops,
+                attn_bytes=attn_bytes, elem_bytes=elems * ELEM_RW * dsize,
+                weight_bytes=weight_bytes, tokens=tokens)
+            return overhead_share * dispatch + gemm + rest
         share = self.compute_share(local_ranks)
         mem_share = self.compute_share(local_ranks, key="mem_rank_scaling")
         dispatch, gemm, rest = forward_terms(c, flops=flops, attn_flops=attn_flops,
@@ -179,33 +266,76 @@ class HardwareProfile:
         t = max(gemm / share, weight_bytes / (c["mem_gbps"] * 1e9)) + rest / mem_share
         return overhead_share * dispatch + t
 
+    # ---- the zo maths: z draws and element-wise passes --------------------------------
     @property
     def has_z_model(self) -> bool:
-        """Whether the zo maths is priced per z draw and pass (CPU profiles measured by
+        """Whether a CPU profile prices the zo maths per z draw and pass (measured by
         `zoplan profile`) rather than by the one figure compute.zo_ns_per_param."""
-        return "z_ns_per_elem" in self.compute
+        return self.is_cpu and "z_ns_per_elem" in self.compute
+
+    @property
+    def update_figures(self) -> tuple[str, ...]:
+        """The compute figures that price the update task (what a refit scales)."""
+        if not self.is_cpu:
+            return ("z_launch_us", "z_ns_per_elem")
+        return tuple(p.split(".")[1] for p in _Z_MODEL) if self.has_z_model else ("zo_ns_per_param",)
 
     def zo_time_s(self, num_params: int, local_ranks: int = 1) -> float:
-        """The update task's zo maths (2 z draws + 2 passes) by compute.zo_ns_per_param."""
+        """The update task's zo maths (2 z draws + 2 passes) by compute.zo_ns_per_param
+        (CPU profiles without the z model)."""
         share = self.compute_share(local_ranks, key="zo_rank_scaling")
         return num_params * self.compute["zo_ns_per_param"] * 1e-9 / share
 
     def z_time_s(self, tensor_numels: list[int], local_ranks: int = 1) -> float:
-        """One z draw over these tensors (has_z_model): the rank's threads split the
-        chunks (zoplan.execrules.balance), so the busiest thread sets the time; handing
-        the chunks to a thread pool costs z_call_us (one thread draws them itself)."""
+        """One z draw over these tensors. GPU: one generator launch per tensor
+        (docs/precision.md) at z_launch_us, and z_ns_per_elem per element. CPU
+        (has_z_model): the rank's threads split the chunks (zoplan.execrules.balance), so
+        the busiest thread sets the time; handing the chunks to a thread pool costs
+        z_call_us (one thread draws them itself)."""
         c = self.compute
+        if not self.is_cpu:
+            return (len(tensor_numels) * c["z_launch_us"] * 1e-6
+                    + sum(tensor_numels) * c["z_ns_per_elem"] * 1e-9)
         threads = threads_per_rank(self.host["cores"], local_ranks)
         elems, chunks = z_makespan(tensor_numels, threads)
-        scale = c.get("z_rank_scaling", 1.0) if self.is_cpu and local_ranks > 1 else 1.0
+        scale = c.get("z_rank_scaling", 1.0) if local_ranks > 1 else 1.0
         call = c["z_call_us"] * 1e-6 if z_uses_pool(tensor_numels, threads) else 0.0
         return (call + chunks * c.get("z_chunk_us", 0.0) * 1e-6
                 + elems * c["z_ns_per_elem"] * 1e-9 / scale)
 
     def pass_time_s(self, num_elems: float, local_ranks: int = 1) -> float:
-        """One element-wise pass of the zo maths (perturb or update) over `num_elems`."""
+        """One element-wise pass of the zo maths (perturb or update) over `num_elems`,
+        on a CPU profile with the z model (compute.zo_pass_ns per element)."""
         share = self.compute_share(local_ranks, key="mem_rank_scaling")
         return num_elems * self.compute["zo_pass_ns"] * 1e-9 / share
+
+    def hbm_time_s(self, num_bytes: float) -> float:
+        """Memory-bound GPU work: bytes over device.hbm_gbps."""
+        return num_bytes / (self.device["hbm_gbps"] * 1e9)
+
+    # ---- host links -------------------------------------------------------------------
+    @property
+    def duplex_gbps(self) -> float:
+        """Both directions of one rank's host link together: pcie.duplex_gbps (CPU), or
+        on GPUs the two duplex figures' sum, never below one direction alone (it bounds
+        any mix of the two directions)."""
+        p = self.pcie
+        if self.is_cpu:
+            return p["duplex_gbps"]
+        return max(p["h2d_duplex_gbps"] + p["d2h_duplex_gbps"], p["h2d_gbps"], p["d2h_gbps"])
+
+    def duplex_rates_gbps(self, link: str) -> tuple[float, float] | None:
+        """(H2D, D2H) rates of a GPU's link ("gpu") or a switch uplink ("uplink") while
+        both directions run; None where the profile has no such figures (CPU ranks copy
+        one way at a time; uplinks without uplink_*_duplex_gbps)."""
+        p = self.pcie
+        if self.is_cpu:
+            return None
+        if link == "gpu":
+            return p["h2d_duplex_gbps"], p["d2h_duplex_gbps"]
+        if "uplink_h2d_duplex_gbps" in p:
+            return p["uplink_h2d_duplex_gbps"], p["uplink_d2h_duplex_gbps"]
+        return None
 
     def compute_share(self, local_ranks: int, key: str = "rank_scaling") -> float:
         """Fraction of the device's compute one rank gets (1 on GPUs); `key` names the
@@ -296,16 +426,8 @@ def _validate(data: Any, origin: str) -> HardwareProfile:
                 raise _fail(origin, f"{section}.{key} is missing")
             _number(origin, f"{section}.{key}", block[key])
         sections[section] = dict(block)
-    for path in _OPTIONAL_NUMBERS:
-        section, key = path.split(".")
-        if key in sections[section]:
-            _number(origin, path, sections[section][key])
-    present = [p for p in _Z_MODEL if p.split(".")[1] in sections["compute"]]
-    if present and len(present) != len(_Z_MODEL):
-        missing = sorted(set(_Z_MODEL) - set(present))
-        raise _fail(origin, f"{', '.join(missing)} missing: the z model needs all of "
-                            f"{', '.join(_Z_MODEL)}")
     _check_kinds(origin, sections)
+    _check_kind_figures(origin, sections)
     _check_groups(origin, sections, gpn)
     _check_table(origin, sections["collective"].get("allgather_busbw"))
     sources = data.get("sources")
@@ -334,6 +456,31 @@ def _check_kinds(origin: str, sections: dict) -> None:
         raise _fail(origin, "device.concurrent_engines must be true or false")
     if not isinstance(sections["device"].get("model", ""), str):
         raise _fail(origin, "device.model must be a string")
+
+
+def _check_kind_figures(origin: str, sections: dict) -> None:
+    """The figures of the profile's device kind: required ones present, optional ones
+    valid, those that come together complete, and none of the other kind's."""
+    kind = sections["device"]["kind"]
+    present = {f"{sec}.{key}" for sec, block in sections.items() for key in block}
+    for path in _REQUIRED_BY_KIND[kind]:
+        if path not in present:
+            raise _fail(origin, f"{path} is missing (a figure every {kind} profile has)")
+    own = set(_REQUIRED_BY_KIND[kind]) | set(_OPTIONAL_BY_KIND[kind])
+    for other in DEVICE_KINDS:
+        for path in sorted(set(_REQUIRED_BY_KIND[other]) | set(_OPTIONAL_BY_KIND[other])):
+            if path in present and path not in own:
+                raise _fail(origin, f"{path} is a figure of {other} profiles, not of this "
+                                    f"{kind} profile (device.kind {kind!r})")
+    for path in own & present:
+        section, key = path.split(".")
+        _number(origin, path, sections[section][key])
+    for group in _TOGETHER[kind]:
+        have = [p for p in group if p in present]
+        if have and len(have) != len(group):
+            missing = sorted(set(group) - set(have))
+            raise _fail(origin, f"{', '.join(missing)} missing: give all of "
+                                f"{', '.join(group)} or none")
 
 
 def _check_groups(origin: str, sections: dict, gpn: int) -> None:
@@ -369,11 +516,12 @@ def _check_table(origin: str, table: Any) -> None:
 
 
 def _check_sources(origin: str, sections: dict, sources: dict) -> None:
-    for section, fields in _REQUIRED.items():
-        for key in fields:
-            path = f"{section}.{key}"
-            if not (isinstance(sources.get(path), str) or isinstance(sources.get(section), str)):
-                raise _fail(origin, f"{path} has no source note in `sources`")
+    paths = [f"{section}.{key}" for section, fields in _REQUIRED.items() for key in fields]
+    paths += list(_REQUIRED_BY_KIND[sections["device"]["kind"]])
+    for path in paths:
+        section = path.split(".")[0]
+        if not (isinstance(sources.get(path), str) or isinstance(sources.get(section), str)):
+            raise _fail(origin, f"{path} has no source note in `sources`")
 
 
 # ---- loading ------------------------------------------------------------------------

@@ -51,15 +51,27 @@ def sha256_json(data: Any) -> str:
     return sha256_text(json.dumps(data, sort_keys=True, separators=(",", ":")))
 
 
+class _NotFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> float:
+    raise _NotFinite(name)
+
+
 def load_json(path: Path | str, *, what: str = "file") -> Any:
-    """Load a JSON file or raise ZoError naming the file and the problem."""
+    """Load a JSON file or raise ZoError naming the file and the problem. NaN and
+    Infinity (which Python's json module accepts, and strict JSON does not) are refused:
+    no figure of a plan, profile or trace may be non-finite."""
     path = Path(path)
     if not path.exists():
         raise ZoError(f"{what} {path} does not exist")
     if not path.is_file():
         raise ZoError(f"{what} {path} is not a file")
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(), parse_constant=_refuse_constant)
+    except _NotFinite as exc:
+        raise ZoError(f"{what} {path} holds {exc}, which is not a finite number") from None
     except json.JSONDecodeError as exc:
         raise ZoError(f"{what} {path} is not valid JSON: {exc}") from None
     except UnicodeDecodeError:

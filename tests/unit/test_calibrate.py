@@ -78,6 +78,27 @@ def test_uniform_dilation_gives_the_error_and_fit_recovers_it(plans):
     assert fit.profile.sources["pcie.h2d_gbps"].startswith("[M] zoplan calibrate")
 
 
+@pytest.mark.parametrize("update", ["master", "stochastic"])
+def test_a_gpu_profile_is_refitted_too(tmp_path, update):
+    """A GPU plan (fp16 compute; fp32 masters or 16-bit blocks) whose run was 1.25x
+    slower: the refit scales the GEMM rate of the plan's precision, the HBM bandwidth,
+    the z costs and the duplex copy rates, and the layout on it predicts the run."""
+    out = tmp_path / "gpu.json"
+    result = runner.invoke(app, ["optimize", "--model", "opt-1.3b", "--gpus", "8",
+                                 "--profile", "dgx-a100-80gb", "--batch", "16", "--seq", "256",
+                                 "--update", update, "-q", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = Plan.load(out)
+    cal = compare(plan, dilate(plan, factor=1.25), skip=1)
+    fit = refit_profile(load_profile("dgx-a100-80gb"), plan, cal, trace="synthetic",
+                        date="2000-01-01")
+    changed = {c[0] for c in fit.changes}
+    assert {"compute.peak_tflops", "device.hbm_gbps", "compute.z_ns_per_elem",
+            "pcie.h2d_gbps", "pcie.h2d_duplex_gbps"} <= changed, changed
+    again = resimulate(plan, fit.profile)
+    assert abs(error_pct(again, cal.meas_step_s)) < 5, (again, cal.meas_step_s, fit.changes)
+
+
 def test_forward_is_the_largest_contributor(plans):
     plan = Plan.load(plans["pertp2"])
     cal = compare(plan, dilate(plan, factor={"forward": 1.5}), skip=0)

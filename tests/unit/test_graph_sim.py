@@ -20,7 +20,7 @@ from zoplan.hardware import load_profile
 from zoplan.layout import Layout
 from zoplan.models import get_model
 from zoplan.sim.bounds import link_bytes, step_bounds
-from zoplan.sim.graph import build_step_graph, internode_allreduce_s, step_costs
+from zoplan.sim.graph import build_step_graph, internode_allreduce_s, step_costs, task_times
 from zoplan.sim.simulate import FairShareNetwork, simulate
 from zoplan.workload import Workload
 
@@ -79,9 +79,11 @@ def test_flows_on_separate_links_do_not_interact():
 
 
 # ---- graph structure ---------------------------------------------------------------
-def costs_for(profile, layout, *, model="opt-1.3b", batch=16, seq=256):
+def costs_for(profile, layout, *, model="opt-1.3b", batch=16, seq=256, update=""):
     dtype = "fp32" if profile.is_cpu else "fp16"
-    workload = Workload(batch=batch, seq=seq, param_dtype=dtype, compute_dtype=dtype)
+    param = "fp32" if update == "master" else dtype
+    workload = Workload(batch=batch, seq=seq, param_dtype=param, compute_dtype=dtype,
+                        update=update)
     return step_costs(model=get_model(model), profile=profile, workload=workload,
                       layout=layout)
 
@@ -93,21 +95,53 @@ def test_graph_has_every_task_and_is_a_dag():
     kinds = {}
     for _, attrs in graph.nodes(data=True):
         kinds[attrs["kind"]] = kinds.get(attrs["kind"], 0) + 1
+    # slices 4 < 8 local ranks on CUDA: a write-back fence collective per block and rank
     assert kinds == {"embed": 8, "h2d": 48, "allgather": 48, "update": 48, "forward": 48,
-                     "d2h": 48, "head": 8, "allreduce": 8}
+                     "d2h": 48, "head": 8, "allreduce": 8, "fence": 48}
     assert nx.is_directed_acyclic_graph(graph)
 
 
 def test_fence_and_buffer_edges():
+    """CPU ranks: d2h waits on every other slice group's h2d directly (read stamps);
+    CUDA ranks: on the node's fence collective, issued once the block is ready."""
+    lay = Layout(pertp=1, ddp=4, slices=2, prefetch=2)
+    graph = build_step_graph(costs_for(fixture("cpu4"), lay, model="opt-125m"), num_blocks=6)
+    into = {u: d["why"] for u, _, d in graph.in_edges("d2h/b5/r2", data=True)}
+    # fence from every local rank outside r2's slice group {2, 3}; its group via the all-gather
+    assert sorted(u for u, why in into.items() if why == "fence") == ["h2d/b5/r0", "h2d/b5/r1"]
+    assert not any(attrs["kind"] == "fence" for _, attrs in graph.nodes(data=True))
+
     costs = costs_for(load_profile("dgx-a100-80gb"), Layout(pertp=1, ddp=8, slices=2, prefetch=3))
     graph = build_step_graph(costs, num_blocks=8)
     into = {u: d["why"] for u, _, d in graph.in_edges("d2h/b5/r2", data=True)}
-    # fence from every local rank outside r2's slice group {2, 3}; its group via the all-gather
-    assert sorted(u for u, why in into.items() if why == "fence") == [
-        f"h2d/b5/r{m}" for m in (0, 1, 4, 5, 6, 7)]
+    assert [u for u, why in into.items() if why == "fence"] == ["fence/b5/r2"]
+    fence = graph.nodes["fence/b5/r2"]
+    assert fence["group"] == ("fence", 5, 0) and fence["lane"] == "collective"
+    assert fence["dur_s"] == pytest.approx(15e-6) and not fence["record"]
+    assert graph.edges["allgather/b5/r2", "fence/b5/r2"]["why"] == "data"
     assert graph.edges["d2h/b2/r2", "h2d/b5/r2"]["why"] == "buffer"
     assert not graph.has_edge("d2h/b4/r2", "h2d/b5/r2") or \
         graph.edges["d2h/b4/r2", "h2d/b5/r2"]["why"] == "order"
+    # no fence where the all-gather already orders the write-back, or with one rank
+    for lay in (Layout(pertp=1, ddp=8, slices=8, prefetch=2), Layout(pertp=1, ddp=1, slices=1,
+                                                                     prefetch=2)):
+        costs = costs_for(load_profile("dgx-a100-80gb"), lay)
+        assert costs.fence_s == 0.0, lay.label()
+
+
+def test_fence_is_simulated_waits_for_every_rank_and_is_no_span():
+    """A slow h2d on one rank holds every rank's write-back of that block through the
+    fence collective (latency allreduce_small_us), and the fence leaves no span."""
+    costs = costs_for(fixture("node4-nvswitch"), Layout(pertp=1, ddp=4, slices=1, prefetch=2),
+                      model="tiny-opt", batch=8, seq=64)
+    result = simulate(build_step_graph(costs))
+    assert not any(s.kind == "fence" for s in result.spans)
+    times = result.times
+    for b in range(4):
+        ready = max(times[f"h2d/b{b}/r{m}"][1] for m in range(4))
+        start, end = times[f"fence/b{b}/r0"]
+        assert start == pytest.approx(ready) and end == pytest.approx(ready + 20e-6)
+        assert all(times[f"d2h/b{b}/r{m}"][0] >= end - 1e-12 for m in range(4))
 
 
 def test_internode_allreduce_is_log2_rounds_of_latency():
@@ -145,7 +179,7 @@ def test_invariants_hold_for_every_layout(name, gpus):
         assert bounds.lower_bound_s <= result.step_time_s * (1 + 1e-9), label
         assert result.step_time_s <= bounds.serial_s * (1 + 1e-9), label
         _check_no_overlap(result.spans, serial=profile.is_cpu, label=label)
-        _check_dependencies(graph, result.spans, label)
+        _check_dependencies(graph, result, label)
         expected = link_bytes(costs)
         for link, moved in result.link_bytes.items():
             assert moved == pytest.approx(expected[link], rel=1e-9), f"{label} {link}"
@@ -161,11 +195,13 @@ def _check_no_overlap(spans, *, serial: bool, label: str):
             assert b.start_s >= a.end_s - 1e-12, f"{label}: {a.name} overlaps {b.name} on {key}"
 
 
-def _check_dependencies(graph, spans, label):
-    by_name = {s.name: s for s in spans}
-    assert len(by_name) == graph.number_of_nodes()
+def _check_dependencies(graph, result, label):
+    recorded = [n for n, record in graph.nodes(data="record") if record]
+    assert sorted(s.name for s in result.spans) == sorted(recorded)
+    times = result.times
+    assert len(times) == graph.number_of_nodes()
     for u, v, why in graph.edges(data="why"):
-        assert by_name[u].end_s <= by_name[v].start_s + 1e-12, f"{label}: {why} {u} -> {v}"
+        assert times[u][1] <= times[v][0] + 1e-12, f"{label}: {why} {u} -> {v}"
 
 
 def test_cpu_ranks_run_tasks_in_the_fixed_order():
@@ -190,8 +226,9 @@ def test_slicing_gains_nothing_when_peer_traffic_crosses_host_memory():
 
 def test_slicing_gains_on_nvswitch():
     profile = load_profile("dgx-a100-80gb")
-    times = {s: simulate(build_step_graph(costs_for(
-        profile, Layout(pertp=1, ddp=8, slices=s, prefetch=3)))).step_time_s for s in (1, 8)}
+    times = {s: simulate(build_step_graph(costs_for(   # master: the uploads, not the
+        profile, Layout(pertp=1, ddp=8, slices=s, prefetch=3), update="master"))  # rounding
+    ).step_time_s for s in (1, 8)}
     assert times[8] < times[1] / 2, times
 
 
@@ -258,3 +295,173 @@ def test_rank_jitter_makes_ranks_wait_and_keeps_the_bounds():
     assert steps[0.05].step_time_s <= steps[0.0].step_time_s * 1.05 + 1e-9
     busy = {r: sum(s.dur_s for s in steps[0.05].spans if s.rank == r) for r in (0, 1)}
     assert busy[1] > busy[0]   # rank 1 is the slow one, rank 0 waits for it
+
+
+# ---- the GPU cost model ------------------------------------------------------------------
+A100_HBM = 2039e9   # dgx-a100-80gb device.hbm_gbps
+A100_Z = 0.001962e-9, 10e-6   # compute.z_ns_per_elem, z_launch_us (in s)
+
+
+def test_gpu_gemm_rate_follows_the_precision():
+    """fp16 and bf16 GEMMs at peak_tflops, fp32 at tf32_tflops with TF32 allowed and at
+    fp32_tflops without (~1/15 of 16-bit: the executor never enables TF32 unless told),
+    each at m / (m + m_half_tokens)."""
+    hw, model = load_profile("dgx-a100-80gb"), get_model("opt-13b")
+    flops, eff = 4096 * model.block_gemm_flops_per_token(), 4096 / (4096 + 256)
+    for dtype, tf32, rate in (("fp16", True, 271), ("bf16", False, 271),
+                              ("fp32", True, 135.5), ("fp32", False, 18.07)):
+        t = hw.forward_time_s(flops=flops, weight_bytes=0, tokens=4096, compute_dtype=dtype,
+                              tf32=tf32)
+        assert t == pytest.approx(100e-6 + flops / (rate * 1e12 * eff)), (dtype, tf32)
+    slow = Workload(batch=16, seq=256, param_dtype="fp32", compute_dtype="fp32", tf32=False)
+    fast = Workload(batch=16, seq=256, param_dtype="fp16", compute_dtype="fp16")
+    t = {w.compute_dtype: task_times(model=model, profile=hw, workload=w, tokens=4096,
+                                     streams=2, local_ranks=1) for w in (slow, fast)}
+    assert t["fp32"]["forward_s"] > 10 * t["fp16"]["forward_s"]
+
+
+def test_gpu_attention_and_elementwise_work_cost_hbm_time():
+    """Element-wise outputs move 2 words each at HBM bandwidth; attention costs its
+    FLOPs at the GEMM rate or its bytes at HBM bandwidth, whichever is longer."""
+    hw = load_profile("dgx-a100-80gb")
+    base = hw.forward_time_s(flops=1e12, weight_bytes=0, tokens=2048, compute_dtype="fp16")
+    elems = hw.forward_time_s(flops=1e12, weight_bytes=0, tokens=2048, elems=1e9,
+                              compute_dtype="fp16")
+    assert elems - base == pytest.approx(1e9 * 2 * 2 / A100_HBM)
+    attn = hw.forward_time_s(flops=1e12, weight_bytes=0, tokens=2048, attn_flops=1e6,
+                             attn_bytes=4e9, compute_dtype="fp16")
+    assert attn - base == pytest.approx(4e9 / A100_HBM)
+    model = get_model("opt-1.3b")   # through the task: the element-wise bytes are in it
+    wl = Workload(batch=8, seq=256, param_dtype="fp16", compute_dtype="fp16", update="plain")
+    fwd = task_times(model=model, profile=hw, workload=wl, tokens=2048, streams=1,
+                     local_ranks=1)["forward_s"]
+    gemm_only = hw.forward_time_s(flops=2048 * model.block_gemm_flops_per_token(),
+                                  weight_bytes=0, tokens=2048, compute_dtype="fp16")
+    assert fwd - gemm_only >= 2048 * model.block_elems_per_token() * 4 / A100_HBM
+
+
+def test_gpu_z_and_update_modes_follow_the_precision_table():
+    """z: a launch per tensor + a cost per element; the passes by their bytes at HBM
+    speed (docs/precision.md): plain 16-bit update + perturb, master fp32 update and a
+    perturb pass reading fp32 and writing 16 bits, stochastic the fp32 update per chunk
+    with its noise and rounding kernels."""
+    from zoplan.sim.graph import sr_chunks
+
+    hw, model = load_profile("dgx-a100-80gb"), get_model("opt-1.3b")
+    numels, n = model.block_tensor_numels(), model.block_params
+    z = len(numels) * A100_Z[1] + n * A100_Z[0]
+    assert hw.z_time_s(numels) == pytest.approx(z)
+    t = {}
+    for update, param in (("plain", "fp16"), ("stochastic", "fp16"), ("master", "fp32")):
+        wl = Workload(batch=8, seq=256, param_dtype=param, compute_dtype="fp16", update=update)
+        t[update] = task_times(model=model, profile=hw, workload=wl, tokens=1024, streams=2,
+                               local_ranks=1)
+    assert t["plain"]["update_s"] == pytest.approx(2 * z + (6 + 6) * n / A100_HBM)
+    assert t["master"]["update_s"] == pytest.approx(2 * z + (10 + 8) * n / A100_HBM)
+    # noise launch + 5 kernels a chunk, the noise's elements, 42 bytes per element
+    rounding = (6 * sr_chunks(numels, "cuda") * A100_Z[1] + n * A100_Z[0]
+                + 42 * n / A100_HBM)
+    assert t["stochastic"]["update_s"] == pytest.approx(2 * z + rounding + 6 * n / A100_HBM)
+    # the second stream's perturbation pass is in the forward task
+    assert t["master"]["forward_s"] - t["plain"]["forward_s"] == pytest.approx(2 * n / A100_HBM)
+
+
+def test_cpu_update_task_is_priced_as_before_and_stochastic_above_it():
+    """The CPU's master update stays 2 x (z + pass); stochastic (bf16 on a CPU) replaces
+    the update pass by its noise (one thread, chunk by chunk) and 42/12 passes of
+    rounding; a profile without the z model prices it at twice the task."""
+    from zoplan.sim.graph import sr_chunks
+
+    hw, model = _measured_cpu(), get_model("tiny-opt")
+    numels, n = model.block_tensor_numels(), model.block_params
+    master = Workload(batch=8, seq=64, param_dtype="fp32", compute_dtype="fp32")
+    stoch = Workload.for_update(batch=8, seq=64, compute_dtype="bf16", update="stochastic")
+    tm, ts = (task_times(model=model, profile=hw, workload=w, tokens=512, streams=2,
+                         local_ranks=1) for w in (master, stoch))
+    z, one = hw.z_time_s(numels, 1), hw.pass_time_s(n, 1)
+    assert tm["update_s"] == 2 * (z + one)
+    noise = sr_chunks(numels, "cpu") * 20e-6 + n * 5e-9
+    assert ts["update_s"] == pytest.approx(2 * z + noise + 42 / 12 * one + one)
+    plain = fixture("cpu4")
+    tm, ts = (task_times(model=model, profile=plain, workload=w, tokens=512, streams=2,
+                         local_ranks=1) for w in (master, stoch))
+    assert ts["update_s"] == pytest.approx(2 * tm["update_s"])
+
+
+def test_duplex_lowers_each_direction_while_the_other_runs():
+    """Link 0 (H2D) and link 1 (D2H), 25 B/s each alone; while both carry a flow H2D
+    gets 12 and D2H 24 (the A100's measured split). 48 B of D2H end at 2 s; H2D has
+    moved 24 of its 100 B by then and moves the other 76 alone at 25: 5.04 s."""
+    from zoplan.sim.simulate import link_components
+
+    env = simpy.Environment()
+    net = FairShareNetwork(env, [25.0, 25.0], link_components(2, [(0, 1)]),
+                           {0: (1, 12.0), 1: (0, 24.0)})
+    ends = {}
+
+    def proc(name, size, link):
+        yield net.transfer([(size, (link,), math.inf)])
+        ends[name] = env.now
+    env.process(proc("h2d", 100.0, 0))
+    env.process(proc("d2h", 48.0, 1))
+    env.run()
+    assert ends == pytest.approx({"h2d": 2.0 + 76 / 25, "d2h": 2.0})
+    assert run_flows([25.0], [(0.0, 100.0, (0,), math.inf)]) == pytest.approx([4.0])
+
+
+def test_contended_links_of_a_dgx_a100():
+    """Each GPU's PCIe link and each switch uplink drop to the duplex figures while the
+    opposite direction is busy; a CPU profile has none (a rank copies one way at a time)."""
+    from zoplan.sim.graph import contended_links, node_links
+
+    hw = load_profile("dgx-a100-80gb")
+    links = node_links(hw, 8)
+    contended = contended_links(hw, links)
+    assert contended["pcie.h2d/3"] == ("pcie.d2h/3", 12e9)
+    assert contended["pcie.d2h/3"] == ("pcie.h2d/3", 24e9)
+    assert contended["pcie.uplink_h2d/1"] == ("pcie.uplink_d2h/1", 12e9)
+    assert links["pcie.duplex/0"] == 36e9
+    assert contended_links(fixture("cpu4"), node_links(fixture("cpu4"), 4)) == {}
+
+
+def test_zo2_baseline_draws_z_four_times_per_block():
+    """ZO2 perturbs +eps, -2eps, +eps (restore) in place and updates, a z draw each;
+    zoexec draws twice and builds the perturbed weights out of place. The search's ZO2
+    baseline prices ZO2's schedule."""
+    from zoplan.search.evaluate import zo2_baseline
+    from zoplan.search.space import resolve_request
+
+    hw, model = load_profile("dgx-a100-80gb"), get_model("opt-1.3b")
+    numels, n = model.block_tensor_numels(), model.block_params
+    z = hw.z_time_s(numels)
+    wl = Workload(batch=16, seq=256, param_dtype="fp16", compute_dtype="fp16", update="plain")
+    lay = Layout(pertp=1, ddp=1, slices=1, prefetch=2)
+    ours = step_costs(model=model, profile=hw, workload=wl, layout=lay)
+    zo2 = step_costs(model=model, profile=hw, workload=wl, layout=lay, schedule="zo2")
+    assert ours.update_s == pytest.approx(2 * z + 12 * n / A100_HBM)
+    assert zo2.update_s == pytest.approx(4 * z + (6 + 3 * 6) * n / A100_HBM)
+    assert zo2.forward_s == pytest.approx(ours.forward_s - 6 * n / A100_HBM)
+    req = resolve_request(model="opt-1.3b", gpus=8, profile="dgx-a100-80gb", batch=16,
+                          seq=256, update="plain")
+    cand = zo2_baseline(req, req.workload)
+    assert cand.costs.update_s == pytest.approx(zo2.update_s)
+    assert cand.step_time_s >= cand.bounds.lower_bound_s * (1 - 1e-9)
+
+
+def test_duplex_pair_bound_and_a_pcie_bound_layout():
+    """Both directions of a contending link need at least the least of running apart and
+    overlapping as much as they can: 1.81 GB each way at 25 alone, 12 / 24 together:
+    75 ms of overlap, then the rest of H2D alone (111 ms). A layout bound by them is
+    simulated within 2% of that bound."""
+    from zoplan.sim.bounds import duplex_pair_s
+
+    t = duplex_pair_s(1.81e9, 1.81e9, alone=(25e9, 25e9), contended=(12e9, 24e9))
+    assert t == pytest.approx(1.81e9 / 24e9 + (1.81e9 - 12e9 * 1.81e9 / 24e9) / 25e9)
+    # directions that hurt each other more than they gain run apart
+    assert duplex_pair_s(1.0, 1.0, alone=(2.0, 2.0), contended=(0.5, 0.5)) == pytest.approx(1.0)
+    costs = costs_for(load_profile("dgx-a100-80gb"), Layout(pertp=2, ddp=4, slices=8, prefetch=3),
+                      model="opt-30b", update="master")
+    bounds = step_bounds(costs)
+    sim = simulate(build_step_graph(costs), record_spans=False)
+    assert bounds.binding == "pcie.uplink_duplex"
+    assert bounds.lower_bound_s <= sim.step_time_s <= 1.02 * bounds.lower_bound_s

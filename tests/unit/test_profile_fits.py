@@ -10,16 +10,28 @@ import json
 import pytest
 
 from zoplan.errors import ZoError
-from zoplan.hardware import GIB, HardwareProfile, forward_terms, load_profile, shipped_profiles
+from zoplan.hardware import (
+    GIB,
+    HardwareProfile,
+    forward_terms,
+    gpu_forward_terms,
+    load_profile,
+    shipped_profiles,
+)
 from zoplan.io import load_json
 from zoplan.models import block_forward_work
 from zoplan.profiling.build import build_profile, combine_rounds
 from zoplan.profiling.fits import (
+    GPU_RATES,
     collective_figures,
     fabric_from_topology,
     fit_compute,
     fit_figures,
+    fit_gpu_compute,
+    fit_gpu_z,
     fit_z,
+    gpu_point_bytes,
+    hbm_from_passes,
     paired_rank_scaling,
     paired_z_scaling,
     rank_scaling,
@@ -167,22 +179,69 @@ def test_zo_rank_scaling_is_optional_and_checked():
         HardwareProfile.from_dict(data)
 
 
+# A made-up GPU (no GPU here): the truth the GPU fits must recover.
+GPU_TRUTH = {"peak_tflops": 500.0, "tf32_tflops": 240.0, "fp32_tflops": 40.0,
+             "m_half_tokens": 256.0, "overhead_us": 50.0, "hbm_gbps": 4000.0,
+             "z_launch_us": 8.0, "z_ns_per_elem": 0.001}
+GPU_GRID = {"bf16": [(h, b, s) for h in (1024, 2048, 4096)
+                     for b, s in ((1, 64), (1, 256), (2, 512), (4, 1024), (8, 2048))],
+            "tf32": [(2048, 1, 256), (4096, 2, 512), (4096, 8, 2048)],
+            "fp32": [(2048, 1, 256), (4096, 2, 512), (4096, 8, 2048)]}
+
+
+def _gpu_point(precision: str, hidden: int, batch: int, seq: int, truth=GPU_TRUTH) -> dict:
+    """A forward point as zoexec.profiler.blocks.forward_grid returns it, timed by the
+    GPU model of zoplan.hardware with the made-up figures."""
+    p = block_forward_work(hidden, batch, seq, dtype_bytes=2 if precision == "bf16" else 4)
+    p["precision"] = precision
+    attn_bytes, elem_bytes = gpu_point_bytes(p)
+    rate = truth[GPU_RATES[precision]]
+    parts = gpu_forward_terms(truth, rate_tflops=rate, hbm_gbps=truth["hbm_gbps"],
+                              flops=p["flops"], attn_flops=p["attn_flops"],
+                              attn_bytes=attn_bytes, elem_bytes=elem_bytes,
+                              weight_bytes=p["weight_bytes"], tokens=p["tokens"])
+    p["median_s"] = sum(parts)
+    return p
+
+
+def _gpu_zo(truth=GPU_TRUTH) -> dict:
+    """gpu_zo_costs' samples of the made-up GPU: z draws and passes."""
+    def draw(tensors, numel):
+        t = tensors * truth["z_launch_us"] * 1e-6 + tensors * numel * truth["z_ns_per_elem"] * 1e-9
+        return {"tensors": tensors, "numel": numel, "elems": tensors * numel,
+                "launches": tensors, "median_s": t}
+    n = 2**28
+    passes = [{"param_dtype": param, "compute_dtype": "bf16", "elems": n,
+               "update": {"median_s": (2 * pb + 2) * n / (truth["hbm_gbps"] * 1e9)},
+               "perturb": {"median_s": (pb + 4) * n / (truth["hbm_gbps"] * 1e9)}}
+              for param, pb in (("bf16", 2), ("fp32", 4))]
+    return {"dtype": "bf16", "z_draws": [draw(4, 2**26), draw(1024, 2**12)], "passes": passes}
+
+
 def _cuda_round(n: int) -> dict:
-    """What zoexec.profiler.cuda.measure_cuda returns, made up (no GPU here)."""
-    def copy(rate, copies=1):
-        return {"per_copy_gbps": rate, "total_gbps": rate * copies, "median_s": 0.01}
+    """What zoexec.profiler.cuda.measure_cuda returns, made up (no GPU here): GPUs in
+    switch pairs, each link 54 GB/s alone, 26 H2D + 50 D2H both ways; a pair both ways
+    24 H2D + 44 D2H."""
+    def copy(rate, copies=1, h2d=None, d2h=None, jobs=()):
+        out = {"per_copy_gbps": rate, "total_gbps": rate * copies, "median_s": 0.01,
+               "per_job": list(jobs)}
+        if h2d is not None:
+            out["per_direction_gbps"] = {"h2d": h2d, "d2h": d2h}
+        return out
     stats = {"median_s": 0.001, "iqr_s": [0.001, 0.001], "samples_s": [0.001]}
-    grid = [{"hidden": 1024, "batch": 1, "seq": 128, "tokens": t, "flops": 1e9 * t,
-             "weight_bytes": 2e7, "median_s": 5e-5 + 1e9 * t * (t + 256) / t / 5e14}
-            for t in (128, 512, 2048, 8192)]
+    grid = [_gpu_point(prec, h, b, s) for prec, shapes in GPU_GRID.items() for h, b, s in shapes]
+    all_jobs = [{"device": i, "direction": d, "gbps": (12.0 if d == "h2d" else 22.0)}
+                for i in range(n) for d in ("h2d", "d2h")]
     return {
         "devices": ["NVIDIA H200"] * n, "memory": [[140 * GIB, 143 * GIB]] * n,
-        "h2d": [copy(54)] * n, "d2h": [copy(53)] * n, "duplex": [copy(30, 2)] * n,
-        "sweep": [copy(50)], "all": copy(45, n),
+        "h2d": [copy(54)] * n, "d2h": [copy(53)] * n,
+        "duplex": [copy(38, 2, h2d=26, d2h=50)] * n,
+        "sweep": [copy(50)], "all": copy(30, n),
+        "all_duplex": copy(17, 2 * n, h2d=12, d2h=22, jobs=all_jobs),
         "pairs": {f"{i},{j}": copy(26 if (i // 2 == j // 2) else 54)
                   for i in range(n) for j in range(i + 1, n)},
         "d2d": {"gbps": 4000.0}, "p2p": {"gbps": 380.0},
-        "forward_alone": grid, "zo_alone": {"ns_per_param": 0.01},
+        "forward_alone": grid, "zo_alone": _gpu_zo(),
         "topology": [["X" if i == j else "NV18" for j in range(n)] for i in range(n)],
         "nccl": {"allgather": [{"bytes": 8192, **stats, "median_s": 2e-5},
                                {"bytes": 2**26, **stats, "median_s": 2e-5 + 2**25 / 3e11}],
@@ -198,6 +257,7 @@ def _cuda_samples(n: int) -> dict:
                 "copy_sweep": [16 * mib, 256 * mib], "gather_sizes": [8192, mib, 64 * mib],
                 "forward_grid": [["opt", 1024, 1, 128]], "reference_shape": ["opt", 1024, 1, 128],
                 "z_hiddens": [128, 2048], "zo_hidden": 2048,
+                "z_gpu_blocks": [[4, 2**26], [1024, 2**12]],
                 "speed_checks": {"gemm": {}, "memory": {"hidden": 128, "batch": 8, "seq": 512},
                                  "z": {}}}
     return {"settings": settings, "rounds": [_cuda_round(n)], "date": "2000-01-01",
@@ -215,11 +275,21 @@ def test_cuda_samples_build_a_valid_profile():
     profile = HardwareProfile.from_dict(json.loads(json.dumps(data)))
     assert profile.pcie["switch_groups"] == [[0, 1], [2, 3]]
     assert profile.pcie["switch_uplink_gbps"] == pytest.approx(54)  # never below one GPU alone
+    # duplex: one GPU both ways; a switch pair both ways with all GPUs copying (its sum)
+    assert (profile.pcie["h2d_duplex_gbps"], profile.pcie["d2h_duplex_gbps"]) == (26, 50)
+    assert profile.pcie["uplink_h2d_duplex_gbps"] == pytest.approx(24)
+    assert profile.pcie["uplink_d2h_duplex_gbps"] == pytest.approx(44)
+    assert profile.host["mem_bw_gbps"] == pytest.approx(17 * 8)   # all GPUs both ways
     assert profile.fabric["kind"] == "nvswitch" and profile.max_slices(4) == 4
-    assert profile.compute["peak_tflops"] == pytest.approx(500, rel=0.05)
+    for key in ("peak_tflops", "tf32_tflops", "fp32_tflops"):
+        assert profile.compute[key] == pytest.approx(GPU_TRUTH[key], rel=0.02), key
+    assert profile.device["hbm_gbps"] == pytest.approx(4000)
+    assert profile.compute["z_launch_us"] == pytest.approx(8, rel=1e-3)
+    assert "mem_gbps" not in profile.compute and "duplex_gbps" not in profile.pcie
     assert profile.collective["allgather_busbw"][0][1] == pytest.approx(0.75 * 2 * 300, rel=0.01)
     assert profile.sources["pcie.h2d_gbps"].startswith("[M] zoplan profile 2000-01-01")
-    assert profile.sources["collective.latency_us"].endswith("8 KiB over 4 GPUs")
+    assert profile.sources["collective.latency_us"].endswith(
+        "8 KiB over 4 GPUs (median, from the last rank's arrival)")
     prov = profile.extra["provenance"]
     assert prov["host"] == "box" and prov["versions"]["torch"] == "2.13.0"
     assert prov["versions"]["zoplan"] and prov["devices"] == ["NVIDIA H200"] * 4
@@ -244,3 +314,38 @@ def test_rounds_combine_to_the_median_of_each_figure():
     assert combined.collective["allgather_busbw"] == [[4096, 2.0], [2**20, 4.0]]
     assert combined.sources["compute.peak_tflops"].endswith("(median of 3 rounds)")
     assert [m["peak"] for m in combined.extra["measurements"]["rounds"]] == [0.1, 0.3, 0.2]
+
+
+# ---- the GPU fits (synthetic samples of a made-up GPU) ------------------------------------
+def test_gpu_compute_fit_recovers_a_rate_per_precision():
+    """Forwards timed in bf16, fp32 with TF32 and fp32 (the profiler's grids) give one
+    GEMM rate per precision, one efficiency term and one launch cost; attention and
+    element-wise bytes at the HBM bandwidth are known parts of the time, not fitted."""
+    points = [_gpu_point(prec, h, b, s) for prec, shapes in GPU_GRID.items()
+              for h, b, s in shapes]
+    fit = fit_gpu_compute(points, hbm_gbps=GPU_TRUTH["hbm_gbps"])
+    for key in ("peak_tflops", "tf32_tflops", "fp32_tflops"):
+        assert fit[key] == pytest.approx(GPU_TRUTH[key], rel=0.02), key
+    assert fit["overhead_us"] == pytest.approx(50, rel=0.1)
+    assert 200 <= fit["m_half_tokens"] <= 320
+    assert fit["rel_rms_pct"] < 1
+    assert fit_figures(fit)["fp32_tflops"] == pytest.approx(40, rel=0.02)
+
+
+def test_gpu_compute_fit_needs_every_precision():
+    points = [_gpu_point("bf16", h, b, s) for h, b, s in GPU_GRID["bf16"]]
+    with pytest.raises(ZoError, match="none in fp32, tf32"):
+        fit_gpu_compute(points, hbm_gbps=4000)
+
+
+def test_gpu_z_fit_and_hbm_from_passes():
+    """z draws of a block of few large and one of many small tensors separate the cost
+    of a generator launch from that of an element; the passes' bytes (2p + c, p + 2c)
+    over their times give the HBM bandwidth."""
+    zo = _gpu_zo()
+    z = fit_gpu_z(zo["z_draws"])
+    assert z["z_launch_us"] == pytest.approx(8, rel=1e-6)
+    assert z["z_ns_per_elem"] == pytest.approx(0.001, rel=1e-6)
+    hbm = hbm_from_passes(zo["passes"])
+    assert hbm["hbm_gbps"] == pytest.approx(4000, rel=1e-9)
+    assert [r["pass"] for r in hbm["passes"]] == ["update", "perturb"] * 2

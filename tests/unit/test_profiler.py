@@ -112,3 +112,100 @@ def test_collectives_are_timed_from_the_last_arrival(monkeypatch):
     samples = collective_samples(lambda: clock.sleep(0.015), dist=FakeDist(), repeats=4,
                                  warmup=1)
     assert samples == [pytest.approx(0.005)] * 4   # 15 ms in it, 10 ms of them waiting
+
+
+def test_nccl_collectives_are_timed_from_the_last_arrival_after_the_device(monkeypatch):
+    """NCCL ranks: a collective returns once queued, so collective_samples waits for the
+    device (`sync`) before the end stamp, and exchanges the entry times on the device."""
+    clock = FakeTime()
+    monkeypatch.setattr(collectives, "time", clock)
+    calls = []
+
+    class FakeDist:
+        class ReduceOp:
+            MAX = "max"
+
+        def barrier(self):
+            calls.append("barrier")
+
+        def get_rank(self):
+            return 0
+
+        def get_world_size(self):
+            return 2
+
+        def all_reduce(self, tensor, op=None):
+            calls.append(("all_reduce", str(tensor.device)))
+            tensor.fill_(tensor.item() + 0.004)   # the other rank entered 4 ms later
+
+    def sync():
+        calls.append("sync")
+        clock.sleep(0.010)   # the queued collective runs on the device: 10 ms
+
+    zeros = collectives.torch.zeros
+
+    def on_device(*args, device="cpu", **kw):   # where the entry times would live
+        calls.append(("zeros", device))
+        return zeros(*args, **kw)
+    monkeypatch.setattr(collectives.torch, "zeros", on_device)
+    samples = collective_samples(lambda: calls.append("enqueue"), dist=FakeDist(), repeats=2,
+                                 warmup=1, sync=sync, device="cuda:1")
+    assert samples == [pytest.approx(0.006)] * 2   # 10 ms on the device, 4 ms of waiting
+    assert calls[:6] == [("zeros", "cuda:1"), "barrier", "sync", "enqueue", "sync",
+                         ("all_reduce", "cpu")]
+
+
+def test_copy_rates_count_only_the_time_all_copies_ran():
+    """Both directions of a GPU at once: H2D's 8 pieces end every 2 ms, D2H's every
+    1 ms; D2H ends at 8 ms, so H2D's rate is its first 4 pieces over 8 ms (its pieces
+    after D2H ended ran alone, faster)."""
+    from zoexec.profiler.cuda import overlap_rates
+
+    piece = 1_000_000
+    h2d = [2.0 * (k + 1) for k in range(4)] + [8.0 + 1.0 * (k + 1) for k in range(4)]
+    d2h = [1.0 * (k + 1) for k in range(8)]
+    rates = overlap_rates(piece, [h2d, d2h])
+    assert rates == [pytest.approx(4 * piece / 8e-3 / 1e9), pytest.approx(8 * piece / 8e-3 / 1e9)]
+    assert overlap_rates(piece, [d2h]) == [pytest.approx(1.0)]   # alone: all of it
+
+
+def test_forward_grids_time_each_gemm_precision_and_restore_tf32(monkeypatch):
+    """bf16, fp32 with TF32 allowed and fp32 without, each on its own shapes; the TF32
+    flag is what it was before."""
+    import torch
+
+    from zoexec.profiler import cuda
+
+    seen = []
+
+    def fake_grid(settings, *, dtype, device, sync, tick, shapes, precision):
+        seen.append((precision, dtype, torch.backends.cuda.matmul.allow_tf32, len(shapes)))
+        return [{"precision": precision}]
+    monkeypatch.setattr(cuda, "forward_grid", fake_grid)
+    before = torch.backends.cuda.matmul.allow_tf32
+    settings = Settings(repeats=3, quick=False, ranks=1, cores=2, device="cuda")
+    points = cuda._forward_grids(settings, tick=lambda m: None)
+    assert [p["precision"] for p in points] == ["bf16", "tf32", "fp32"]
+    assert [s[:3] for s in seen] == [("bf16", "bf16", False), ("tf32", "fp32", True),
+                                     ("fp32", "fp32", False)]
+    assert seen[0][3] == 15 and seen[1][3] == seen[2][3] == 5
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
+def test_gpu_zo_costs_give_what_the_gpu_fits_take(monkeypatch):
+    """gpu_zo_costs (here on the CPU, tiny blocks) times z draws of few large and many
+    small tensors with zoexec's z_block, and the passes with 16-bit and fp32 stores; the
+    planner's fits take them as they are."""
+    from zoexec.profiler.blocks import gpu_zo_costs
+    from zoplan.profiling.fits import fit_gpu_z, hbm_from_passes
+
+    monkeypatch.setattr(Settings, "z_gpu_blocks", property(lambda self: [(2, 1 << 16),
+                                                                          (64, 64)]))
+    settings = Settings(repeats=2, quick=True, ranks=1, cores=2, device="cuda")
+    zo = gpu_zo_costs(settings, device="cpu", sync=None, dtype="bf16")
+    assert [(d["tensors"], d["launches"], d["elems"]) for d in zo["z_draws"]] == [
+        (2, 2, 1 << 17), (64, 64, 64 * 64)]
+    assert [p["param_dtype"] for p in zo["passes"]] == ["bf16", "fp32"]
+    assert zo["passes"][0]["elems"] == 1 << 17
+    assert fit_gpu_z(zo["z_draws"])["z_launch_us"] >= 0
+    assert hbm_from_passes(zo["passes"])["hbm_gbps"] > 0

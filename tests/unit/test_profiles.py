@@ -74,6 +74,19 @@ CASES = [
      "collective.allgather_busbw"),
     ("device kind", lambda d: d["device"].update(kind="tpu"), "device.kind"),
     ("fabric kind", lambda d: d["fabric"].update(kind="infiniband"), "fabric.kind"),
+    # the GPU cost model's figures: required on cuda profiles, checked, sourced, and the
+    # CPU model's figures refused there (they would be ignored)
+    ("gpu figure missing", lambda d: d["device"].pop("hbm_gbps"), "device.hbm_gbps"),
+    ("gpu rate missing", lambda d: d["compute"].pop("fp32_tflops"), "compute.fp32_tflops"),
+    ("gpu rate not a number", lambda d: d["compute"].update(tf32_tflops="x"),
+     "compute.tf32_tflops"),
+    ("negative duplex", lambda d: d["pcie"].update(h2d_duplex_gbps=-1), "pcie.h2d_duplex_gbps"),
+    ("half of a pair", lambda d: d["pcie"].pop("uplink_d2h_duplex_gbps"),
+     "pcie.uplink_d2h_duplex_gbps"),
+    ("cpu figure on a gpu", lambda d: d["compute"].update(elem_ns=0.5), "compute.elem_ns"),
+    ("old duplex figure", lambda d: d["pcie"].update(duplex_gbps=25), "pcie.duplex_gbps"),
+    ("gpu figure unsourced", lambda d: d["sources"].pop("compute.z_launch_us"),
+     "compute.z_launch_us"),
 ]
 
 
@@ -103,3 +116,30 @@ def test_profile_path_round_trip(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps(base()))
     assert load_profile(path) == load_profile("dgx-a100-80gb")
+
+
+def test_cpu_profiles_need_none_of_the_gpu_figures():
+    """The shipped CPU profile has no GPU figure and loads; a GPU figure on it is
+    refused in one line naming it."""
+    data = load_json(shipped_profiles()["cpu"])
+    assert not {"tf32_tflops", "fp32_tflops", "z_launch_us"} & set(data["compute"])
+    assert "hbm_gbps" not in data["device"]
+    HardwareProfile.from_dict(copy.deepcopy(data))
+    data["compute"]["tf32_tflops"] = 1.0
+    with pytest.raises(ZoError) as info:
+        HardwareProfile.from_dict(data, origin="profile c.json")
+    assert "compute.tf32_tflops is a figure of cuda profiles" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_gpu_profiles_carry_the_gpu_cost_model():
+    """Every shipped GPU profile prices fp32 below TF32 below 16 bit, and H2D under
+    duplex below H2D alone (the A100's measured 11-13 vs 25-26 GB/s)."""
+    for name in sorted(EXPECTED - {"cpu"}):
+        p = load_profile(name)
+        c = p.compute
+        assert c["fp32_tflops"] <= c["tf32_tflops"] < c["peak_tflops"], name
+        assert p.pcie["h2d_duplex_gbps"] <= p.pcie["h2d_gbps"], name
+        assert 0 < c["z_ns_per_elem"] < 0.01 and c["z_launch_us"] > 0, name
+    a100 = load_profile("dgx-a100-80gb").pcie
+    assert 11 <= a100["h2d_duplex_gbps"] <= 13 and a100["d2h_duplex_gbps"] == 24

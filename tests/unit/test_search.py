@@ -50,7 +50,7 @@ def test_pertp2_with_an_odd_number_of_gpus_is_left_out_or_pruned():
 def test_layout_that_does_not_fit_gpu_memory_is_pruned_with_numbers():
     req = request(model="opt-30b", seq=2048)
     candidates, pruned = enumerate_space(req, {})
-    big = make_candidate(req, Layout(pertp=1, ddp=4, slices=4, prefetch=4),
+    big = make_candidate(req, Layout(pertp=2, ddp=2, slices=4, prefetch=4),
                          req.workloads[-1])   # 16-bit blocks (stochastic rounding)
     need = big.memory.gpu_bytes / GIB
     expected = f"does not fit GPU memory: {need:.1f} GiB needed > 15.0 GiB usable"
@@ -65,7 +65,7 @@ def test_layout_that_does_not_fit_host_memory_is_pruned(tmp_path):
     path = tmp_path / "small-host.json"
     path.write_text(json.dumps(data))
     req = request(model="opt-30b", profile=str(path))
-    with pytest.raises(ZoError, match=r"does not fit host memory: 61\.\d GiB needed per node "
+    with pytest.raises(ZoError, match=r"does not fit host memory: 74\.\d GiB needed per node "
                                       r"> 60\.0 GiB \(48 blocks: 55\.1 GiB"):
         search(req)
 
@@ -153,24 +153,29 @@ def test_the_update_modes_that_train_are_searched_unless_one_is_fixed():
 
 def test_fixed_axes_plan_exactly_one_layout():
     result = search(request(model="opt-6.7b", pertp=2, slices=2, prefetch=3))
-    assert [c.layout for c in result.ranked] == [Layout(pertp=2, ddp=2, slices=2, prefetch=3)]
+    # one layout, in each update mode searched whose bound does not prune it
+    assert {c.layout for c in result.ranked} == {Layout(pertp=2, ddp=2, slices=2, prefetch=3)}
+    assert len(result.ranked) == len({c.update for c in result.ranked})
     assert result.unsliced.layout.slices == 1 and result.unsliced.layout.pertp == 2
 
 
 # ---- extrapolation -------------------------------------------------------------------
-@pytest.mark.parametrize("profile,gpus,pertp,slices,prefetch", [
-    ("dgx-a100-80gb", 8, 1, 8, 2), ("dgx-a100-80gb", 8, 2, 4, 3),
-    ("dgx-a100-80gb", 8, 1, 1, 1), (NODE4, 4, 2, 4, 3),
-    (str(FIXTURES / "pcie-host4.json"), 4, 1, 2, 2)])
-def test_reduced_block_extrapolation_is_within_one_percent(profile, gpus, pertp, slices, prefetch):
+@pytest.mark.parametrize("profile,gpus,pertp,slices,prefetch,method", [
+    ("dgx-a100-80gb", 8, 1, 8, 2, "extrapolated"),
+    # the H2D/D2H duplex drop on the shared uplinks makes a long transient here
+    ("dgx-a100-80gb", 8, 2, 4, 3, "simulated"),
+    ("dgx-a100-80gb", 8, 1, 1, 1, "extrapolated"), (NODE4, 4, 2, 4, 2, "extrapolated"),
+    # the host-fabric case has a long transient: the check sends it to a full simulation
+    (str(FIXTURES / "pcie-host4.json"), 4, 1, 2, 2, "simulated")])
+def test_reduced_block_extrapolation_is_within_one_percent(profile, gpus, pertp, slices,
+                                                           prefetch, method):
     req = request(model="opt-66b", profile=profile, gpus=gpus)
     cand = make_candidate(req, Layout(pertp=pertp, ddp=gpus // pertp, slices=slices,
                                       prefetch=prefetch), req.workloads[-1])
-    estimate, method, _ = estimate_step_s(cand.costs)
+    estimate, used, _ = estimate_step_s(cand.costs)
     full = simulate(build_step_graph(cand.costs), record_spans=False).step_time_s
     assert estimate == pytest.approx(full, rel=0.01)
-    # the host-fabric case has a long transient: the check sends it to a full simulation
-    assert method == ("simulated" if "pcie-host4" in profile else "extrapolated")
+    assert used == method
 
 
 # ---- whole searches --------------------------------------------------------------------

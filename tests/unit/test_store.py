@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,15 +15,15 @@ from zoexec.store import (
     mapping_pss_bytes,
     remove_run_files,
     store_path,
-    stride_for,
 )
 from zoplan.errors import ZoError
+from zoplan.memory import store_stride
 
 
 @pytest.mark.parametrize("numel,slices,ranks", [(1000, 1, 1), (1000, 2, 4), (4097, 4, 4),
                                                 (64 * 6, 2, 3)])
 def test_stride_splits_into_aligned_slices_and_shares(numel, slices, ranks):
-    stride = stride_for(numel, slices=slices, local_ranks=ranks)
+    stride = store_stride(numel, slices=slices, local_ranks=ranks)
     assert stride >= numel and stride - numel < 64 * slices * ranks
     for parts in (slices, ranks):
         assert stride % parts == 0 and (stride // parts) % 64 == 0
@@ -37,7 +38,7 @@ def path():
 
 
 def test_create_fill_attach_share_the_same_pages(path):
-    shape = dict(num_blocks=3, block_numel=100, stride=stride_for(100, slices=2, local_ranks=2),
+    shape = dict(num_blocks=3, block_numel=100, stride=store_stride(100, slices=2, local_ranks=2),
                  dtype=torch.float32)
     flats = [torch.full((100,), float(b + 1)) for b in range(3)]
     store = create_store(path, **shape)
@@ -68,3 +69,48 @@ def test_remove_run_files_removes_only_that_run(path):
     run_id = path.name.removeprefix("zoexec-").rsplit("-n", 1)[0]
     assert remove_run_files(run_id) == [str(path)]
     assert not path.exists()
+
+
+def test_the_store_is_interleaved_before_its_pages_exist(path, monkeypatch):
+    from zoexec import store as zstore
+
+    order = []
+    monkeypatch.setattr(zstore.numa, "interleave",
+                        lambda addr, nbytes, **kw: order.append(("interleave", addr, nbytes)))
+    reserve = zstore._reserve
+    monkeypatch.setattr(zstore, "_reserve",
+                        lambda fd, nbytes: order.append(("reserve", nbytes)) or reserve(fd, nbytes))
+    store = create_store(path, num_blocks=2, block_numel=1000, stride=1024, dtype=torch.float16)
+    assert order == [("interleave", store.flat.data_ptr(), 4096), ("reserve", 4096)]
+    assert store.flat.abs().sum() == 0 and path.stat().st_size == 4096
+
+
+def test_a_regular_file_store_is_named_as_such(tmp_path, path, monkeypatch, capsys):
+    from zoexec import store as zstore
+
+    shm = create_store(path, num_blocks=1, block_numel=64, stride=64, dtype=torch.float32)
+    path.unlink()
+    assert zstore.mapped_file(shm.flat.data_ptr()) == path          # even once unlinked
+    assert zstore.filesystem_type(path) == zstore.filesystem_type(zstore.SHM_DIR / "x")
+    kind = zstore.filesystem_type(tmp_path / "x")
+    if kind in (None, "tmpfs"):
+        pytest.skip(f"{tmp_path} is on {kind}")
+    monkeypatch.setattr(zstore.numa, "interleave", lambda addr, nbytes, **kw: True)
+    monkeypatch.setattr(zstore.numa, "_said", set())
+    create_store(tmp_path / "blocks", num_blocks=1, block_numel=64, stride=64,
+                 dtype=torch.float32)
+    assert f"a file on {kind}, not tmpfs" in capsys.readouterr().err
+    assert zstore.mapped_file(torch.zeros(4).data_ptr()) is None     # anonymous memory
+
+
+def test_filesystem_type_takes_the_longest_mount_point(tmp_path):
+    from zoexec.store import filesystem_type
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/vda / ext4 rw 0 0\nshm /dev/shm tmpfs rw 0 0\n"
+                      "/dev/vdb /mnt/my\\040disk xfs rw 0 0\nnone /dev/shm/sub overlay rw 0 0\n")
+    assert filesystem_type(Path("/dev/shm/zoexec-r-n0"), mounts=mounts) == "tmpfs"
+    assert filesystem_type(Path("/dev/shmx/zoexec-r-n0"), mounts=mounts) == "ext4"
+    assert filesystem_type(Path("/mnt/my disk/store"), mounts=mounts) == "xfs"
+    assert filesystem_type(Path("/dev/shm/sub/store"), mounts=mounts) == "overlay"
+    assert filesystem_type(Path("/x"), mounts=tmp_path / "missing") is None

@@ -30,3 +30,13 @@ def test_span_missing_a_field_is_a_user_error(tmp_path):
     (tmp_path / "rank0.jsonl").write_text('{"kind": "h2d", "rank": 0}\n')
     with pytest.raises(ZoError, match="malformed span"):
         read_trace(tmp_path)
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_in_a_json_input_are_one_line(tmp_path, constant):
+    from zoplan.io import load_json
+
+    path = tmp_path / "p.json"
+    path.write_text('{"a": [1, ' + constant + ']}')
+    with pytest.raises(ZoError, match=f"plan {path} holds {constant}, which is not a finite"):
+        load_json(path, what="plan")

@@ -1,5 +1,6 @@
 """Block forwards and zo maths of zoexec's own code, timed: the compute grid, the
-update task, z draws and the cost of one z chunk.
+update task, z draws and the cost of one z chunk (CPU), z draws and the zo passes
+(GPU).
 
 Points carry their work (GEMM FLOPs, attention FLOPs, element-wise outputs, weight
 bytes: zoplan.models' formulas) so the planner side fits them without a model.
@@ -13,11 +14,12 @@ from typing import Any
 
 import torch
 
-from zoexec.models import bind_block, build_parts
+from zoexec import zo
+from zoexec.models import bind_block, build_parts, torch_dtype
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import summarize, time_samples
 from zoexec.zo import apply_update, perturb_into, z_block
-from zoplan.execrules import z_makespan
+from zoplan.execrules import z_draw_calls, z_makespan
 from zoplan.models import block_forward_work, dtype_bytes, one_block_config
 
 
@@ -45,18 +47,21 @@ WARM_VISIT_BELOW_S = 0.05
 
 
 def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None,
-                 between: Callable[[], Any] | None = None) -> list[dict]:
-    """Timed forwards over settings.forward_grid (one block built per family and hidden
-    size). The shapes are timed in turn, one sample each per pass, so a machine whose
-    speed drifts for some seconds slows every shape alike instead of a few (which would
-    bend the fit); short shapes are warmed by an untimed call of their own first
-    (WARM_VISIT_BELOW_S). `between` runs after each timed pass (the CPU's speed probes).
-    CPU points carry attention and element-wise work apart (the CPU fit prices them on
-    their own); GPU points count attention as GEMM FLOPs."""
+                 between: Callable[[], Any] | None = None, shapes=None,
+                 precision: str | None = None) -> list[dict]:
+    """Timed forwards over `shapes` (default settings.forward_grid; one block built per
+    family and hidden size). The shapes are timed in turn, one sample each per pass, so a
+    machine whose speed drifts for some seconds slows every shape alike instead of a few
+    (which would bend the fit); short shapes are warmed by an untimed call of their own
+    first (WARM_VISIT_BELOW_S). `between` runs after each timed pass (the CPU's speed
+    probes). Points carry their GEMM FLOPs, attention FLOPs and element-wise outputs
+    apart, and `precision` (default: dtype; on GPUs "tf32" for fp32 forwards with TF32
+    allowed, which the caller sets)."""
+    grid = list(shapes or settings.forward_grid)
     blocks, jobs = {}, []
-    longest = max(s for *_, s in settings.forward_grid)
+    longest = max(s for *_, s in grid)
     with torch.inference_mode():
-        for family, hidden, batch, seq in settings.forward_grid:
+        for family, hidden, batch, seq in grid:
             if (family, hidden) not in blocks:
                 blocks[(family, hidden)] = build_block(hidden, longest, dtype=dtype,
                                                        device=device, family=family)
@@ -76,13 +81,13 @@ def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None
             if rep and between:
                 between()
             if tick:
-                tick(f"block forwards: pass {rep + 1}/{settings.repeats + 1} over "
-                     f"{len(jobs)} shapes")
+                tick(f"block forwards{' in ' + precision if precision else ''}: pass "
+                     f"{rep + 1}/{settings.repeats + 1} over {len(jobs)} shapes")
     points = []
-    for (family, hidden, batch, seq), times in zip(settings.forward_grid, samples):
+    for (family, hidden, batch, seq), times in zip(grid, samples):
         stats = summarize(times)
-        points.append(forward_point(hidden, batch, seq, stats, dtype_bytes=dtype_bytes(dtype),
-                                    family=family, split=settings.device == "cpu"))
+        points.append({**forward_point(hidden, batch, seq, stats, dtype_bytes=dtype_bytes(dtype),
+                                       family=family), "precision": precision or dtype})
     return points
 
 
@@ -145,3 +150,55 @@ def z_chunk_cost(*, repeats: int, tensors: int = 256) -> dict:
     stats = summarize(time_samples(lambda: z_block(3, 0, specs, out=out, num_threads=1),
                                    repeats=repeats, warmup=2))
     return {"tensors": tensors, **stats, "us_per_chunk": stats["median_s"] / tensors * 1e6}
+
+
+class _Spec:
+    """A tensor of a synthetic block (what zoexec.zo reads of a TensorSpec)."""
+
+    def __init__(self, offset: int, numel: int) -> None:
+        self.offset, self.numel, self.decay = offset, numel, False
+
+
+def gpu_zo_costs(settings: Settings, *, device, sync, dtype: str = "bf16") -> dict:
+    """The zo maths of zoexec's update task on a GPU, in the run's 16-bit dtype `dtype`:
+    z draws (zoexec.zo.z_block, one generator launch per tensor on CUDA) of a block of a
+    few large tensors and one of many small ones (-> a cost per launch and per element,
+    the fit is zoplan.profiling.fits.fit_gpu_z); the update and perturb passes
+    (apply_update, perturb_into) over the large block with a 16-bit store (plain,
+    stochastic) and an fp32 one (master masters); the stochastic update
+    (apply_update_stochastic) where zoexec has it. Samples carry their sizes: the planner
+    side turns the passes into bytes (zoplan.sim.graph.zo_pass_bytes)."""
+    half = torch_dtype(dtype)
+    out: dict = {"dtype": dtype, "z_draws": [], "passes": []}
+    for tensors, numel in settings.z_gpu_blocks:
+        specs = [(i * numel, numel) for i in range(tensors)]
+        z = torch.empty(tensors * numel, dtype=half, device=device)
+        stats = summarize(time_samples(lambda: zo.z_block(1, 0, specs, out=z),
+                                       repeats=settings.repeats, warmup=2, sync=sync))
+        out["z_draws"].append({"tensors": tensors, "numel": numel, "elems": tensors * numel,
+                               "launches": z_draw_calls([numel] * tensors, "cuda"), **stats})
+        del z
+    tensors, numel = settings.z_gpu_blocks[0]
+    n = tensors * numel
+    z = torch.randn(n, dtype=half, device=device)
+    work = torch.empty(n, dtype=half, device=device)
+    for param in (dtype, "fp32"):
+        theta = torch.randn(n, dtype=torch_dtype(param), device=device)
+        update = summarize(time_samples(
+            lambda: zo.apply_update(theta, z, lr=1e-9, g=1.0, weight_decay=0.0,
+                                    decay_mask_or_specs=False),
+            repeats=settings.repeats, sync=sync))
+        perturb = summarize(time_samples(lambda: zo.perturb_into(work, theta, z, 1e-3),
+                                         repeats=settings.repeats, sync=sync))
+        out["passes"].append({"param_dtype": param, "compute_dtype": dtype, "elems": n,
+                              "update": update, "perturb": perturb})
+        del theta
+    stochastic = getattr(zo, "apply_update_stochastic", None)
+    if stochastic is not None:
+        theta = torch.randn(n, dtype=half, device=device)
+        specs = [_Spec(i * numel, numel) for i in range(tensors)]
+        out["stochastic"] = {"elems": n, **summarize(time_samples(
+            lambda: stochastic(theta, z, lr=1e-9, g=1.0, weight_decay=0.0, specs=specs,
+                               seed=1, block=0),
+            repeats=settings.repeats, sync=sync))}
+    return out

@@ -1,5 +1,6 @@
 """Collectives as a run calls them, timed: `all_gather_single` over sizes and the loss
-all-reduce (two float64 scalars), on gloo ranks (CPU) or NCCL ranks (CUDA)."""
+all-reduce (two float64 scalars), on gloo ranks (CPU) or NCCL ranks (CUDA), both timed
+from the last rank's arrival (collective_samples)."""
 
 from __future__ import annotations
 
@@ -19,24 +20,30 @@ ALLREDUCE_ITERS = 30          # the loss all-reduce is ~100 us: many samples are
 STAGGER_S = 0.002   # how late the last rank enters a timed collective (collective_samples)
 
 
-def collective_samples(fn: Callable[[], Any], *, dist, repeats: int,
-                       warmup: int = 1) -> list[float]:
+def collective_samples(fn: Callable[[], Any], *, dist, repeats: int, warmup: int = 1,
+                       sync: Callable[[], Any] | None = None, device="cpu") -> list[float]:
     """Durations of a collective `fn` of ranks on one host, each from the moment the last
     rank entered it to this rank's return: what `zoplan calibrate` counts as a run's
     collective (the time a rank spends there before the last one arrives is waiting).
     As in a run, the ranks do not arrive together: after a barrier, one rank (each in
     turn) enters STAGGER_S after the others, which are then blocked in the collective.
     Ranks on one host share the monotonic clock of time.perf_counter (Linux:
-    CLOCK_MONOTONIC)."""
-    latest = torch.zeros(1, dtype=torch.float64)
+    CLOCK_MONOTONIC). NCCL ranks pass `sync` (torch.cuda.synchronize: the collective
+    returns when it is queued, it is done when the device is) and their `device` (the
+    entry times are exchanged by a MAX all-reduce, which NCCL runs on device tensors)."""
+    latest = torch.zeros(1, dtype=torch.float64, device=device)
     rank, world = dist.get_rank(), dist.get_world_size()
     out: list[float] = []
     for index in range(warmup + repeats):
         dist.barrier()
+        if sync:
+            sync()
         if index % world == rank:
             time.sleep(STAGGER_S)
         start = time.perf_counter()
         fn()
+        if sync:
+            sync()
         end = time.perf_counter()
         latest.fill_(start)
         dist.all_reduce(latest, op=dist.ReduceOp.MAX)
@@ -46,7 +53,8 @@ def collective_samples(fn: Callable[[], Any], *, dist, repeats: int,
 
 
 def _barrier_sampler(dist, sync=None):
-    """Samples after a barrier (NCCL ranks: GPU timings, no CPU guard)."""
+    """Samples after a barrier (the default; both paths of the profiler pass
+    collective_samples instead)."""
     return partial(time_samples, before=dist.barrier, sync=sync)
 
 

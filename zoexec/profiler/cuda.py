@@ -1,24 +1,30 @@
 """The CUDA path of the profiler (one rank per GPU, GPUs 0..ranks-1 of this machine):
-pinned H2D / D2H per GPU alone, both directions at once, pairs of GPUs at once and all
-GPUs at once; device-to-device and GPU-to-GPU copies; block forwards over the grid in
-bf16 and the update task on GPU 0; NCCL all-gathers and the small all-reduce on spawned
-ranks; the NVLink matrix of `nvidia-smi topo -m`. The planner side turns these into
-pcie.switch_groups, the host ceiling, fabric groups and the compute fit."""
+pinned H2D / D2H per GPU alone, both directions at once (per-direction rates), pairs of
+GPUs at once, all GPUs at once one way and both ways; device-to-device and GPU-to-GPU
+copies; block forwards over the grid in bf16, TF32 and fp32, z draws and the zo passes
+on GPU 0; NCCL all-gathers and the small all-reduce on spawned ranks, timed from the
+last rank's arrival; the NVLink matrix of `nvidia-smi topo -m`. The planner side turns
+these into pcie.switch_groups and duplex figures, the host ceiling, fabric groups, the
+compute fit and the z model."""
 
 from __future__ import annotations
 
 import re
+import statistics
 import subprocess
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
-from zoexec.profiler.blocks import forward_grid, zo_costs
-from zoexec.profiler.collectives import allgather_sweep, allreduce_small
+from zoexec.profiler.blocks import forward_grid, gpu_zo_costs
+from zoexec.profiler.collectives import allgather_sweep, allreduce_small, collective_samples
 from zoexec.profiler.ranks import rendezvous, spawn_ranks, write_rank_result
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import gbps, summarize, time_samples
+
+COPY_PIECES = 8   # a copy is timed piece by piece (CUDA events): rates while all copies run
 
 
 def _cuda_copy_jobs(devices: list[int], num_bytes: int, directions: tuple[str, ...]):
@@ -29,41 +35,88 @@ def _cuda_copy_jobs(devices: list[int], num_bytes: int, directions: tuple[str, .
             host = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True)
             gpu = torch.empty(num_bytes, dtype=torch.uint8, device=f"cuda:{dev}")
             dst, src = (gpu, host) if direction == "h2d" else (host, gpu)
-            jobs.append((dst, src, torch.cuda.Stream(device=dev)))
+            jobs.append((dst, src, torch.cuda.Stream(device=dev), dev, direction))
     return jobs
+
+
+def overlap_rates(piece_bytes: int, ends_ms: list[list[float]]) -> list[float]:
+    """GB/s of each of a GPU's copies while all of them ran: ends_ms[j][k] is when piece
+    k of copy j ended, in ms after their common start. The window closes when the first
+    copy ends (after it, the others would run faster); each copy's rate counts the
+    pieces it finished inside it (at least its first)."""
+    window = min(ends[-1] for ends in ends_ms)
+    out = []
+    for ends in ends_ms:
+        k = max([i for i, t in enumerate(ends) if t <= window * (1 + 1e-9)] or [0])
+        out.append(piece_bytes * (k + 1) / (ends[k] * 1e-3) / 1e9 if ends[k] > 0 else 0.0)
+    return out
 
 
 def cuda_copy(devices: list[int], num_bytes: int, directions: tuple[str, ...],
               repeats: int) -> dict:
-    """Copies on several GPUs / directions launched together; per-copy GB/s = bytes over
-    the wall time of the whole set (they run side by side)."""
+    """Copies on several GPUs / directions launched together, each on its own stream
+    and timed piece by piece with CUDA events: each copy's GB/s while all copies of its
+    GPU still ran (overlap_rates; with both directions on a GPU: the per-direction rates
+    under duplex), medians over the repeats; total_gbps = their sum. The wall time of
+    the whole set is kept too."""
     jobs = _cuda_copy_jobs(devices, num_bytes, directions)
+    piece = num_bytes // COPY_PIECES
+    marks: list = []
 
     def run() -> None:
-        for dst, src, stream in jobs:
+        starts = {}
+        for dev in devices:
+            starts[dev] = torch.cuda.Event(enable_timing=True)
+            starts[dev].record(torch.cuda.current_stream(dev))
+        ends = []
+        for dst, src, stream, dev, _ in jobs:
+            stream.wait_event(starts[dev])
+            events = []
             with torch.cuda.stream(stream):
-                dst.copy_(src, non_blocking=True)
-        for _, _, stream in jobs:
+                for k in range(COPY_PIECES):
+                    dst[k * piece:(k + 1) * piece].copy_(src[k * piece:(k + 1) * piece],
+                                                         non_blocking=True)
+                    events.append(torch.cuda.Event(enable_timing=True))
+                    events[-1].record(stream)
+            ends.append(events)
+        for _, _, stream, _, _ in jobs:
             stream.synchronize()
+        marks.append((starts, ends))
     stats = summarize(time_samples(run, repeats=repeats))
+    rates: list[list[float]] = [[] for _ in jobs]
+    for starts, ends in marks[1:]:   # the first run warms up
+        for dev in devices:
+            mine = [j for j, job in enumerate(jobs) if job[3] == dev]
+            times = [[starts[dev].elapsed_time(ev) for ev in ends[j]] for j in mine]
+            for j, rate in zip(mine, overlap_rates(piece, times)):
+                rates[j].append(rate)
+    per_job = [{"device": job[3], "direction": job[4],
+                "gbps": statistics.median(r) if r else 0.0} for job, r in zip(jobs, rates)]
+    by_dir = {d: statistics.median(j["gbps"] for j in per_job if j["direction"] == d)
+              for d in directions}
     return {"devices": devices, "directions": list(directions), "bytes": num_bytes,
-            "per_copy_gbps": gbps(num_bytes, stats["median_s"]),
-            "total_gbps": gbps(num_bytes * len(jobs), stats["median_s"]), **stats}
+            "per_copy_gbps": statistics.median(j["gbps"] for j in per_job),
+            "per_direction_gbps": by_dir, "per_job": per_job,
+            "total_gbps": sum(j["gbps"] for j in per_job),
+            "wall_gbps": gbps(num_bytes * len(jobs), stats["median_s"]), **stats}
 
 
 def nvlink_matrix(n: int) -> list[list[str]] | None:
-    """The GPU x GPU part of `nvidia-smi topo -m` (entries like NV12, PIX, SYS), or None."""
+    """The GPU x GPU part of `nvidia-smi topo -m` (entries like NV12, PIX, SYS) for CUDA
+    devices 0..n-1, or None. nvidia-smi lists PHYSICAL GPUs: the rows and columns read
+    are those of the GPUs CUDA_VISIBLE_DEVICES maps to devices 0..n-1. Where it names
+    GPUs by UUID (GPU-..., MIG-...) they cannot be matched to topo -m's indices: None."""
+    from zoexec.devicemap import topo_gpu_matrix, visible_env, visible_physical
+
+    physical = visible_physical(visible_env(), n)
+    if physical is None:
+        return None
     try:
         text = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
                               timeout=20, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    rows = {}
-    for line in text.splitlines():
-        cells = re.sub(r"\x1b\[[0-9;]*m", "", line).split()
-        if cells and re.fullmatch(r"GPU\d+", cells[0]) and len(cells) > n:
-            rows[int(cells[0][3:])] = cells[1:n + 1]
-    return [rows[i] for i in range(n)] if len(rows) == n else None
+    return topo_gpu_matrix(re.sub(r"\x1b\[[0-9;]*m", "", text), physical)   # no colours
 
 
 def measure_cuda(settings: Settings, tick: Callable[[str], None]) -> dict:
@@ -75,21 +128,43 @@ def measure_cuda(settings: Settings, tick: Callable[[str], None]) -> dict:
     m["d2h"] = [cuda_copy([i], size, ("d2h",), reps) for i in range(n)]
     m["duplex"] = [cuda_copy([i], size, ("h2d", "d2h"), reps) for i in range(n)]
     m["sweep"] = [cuda_copy([0], s, ("h2d",), reps) for s in settings.copy_sweep]
-    tick(f"host copies, GPU alone: {m['h2d'][0]['per_copy_gbps']:.1f} GB/s H2D")
+    dup = m["duplex"][0]["per_direction_gbps"]
+    tick(f"host copies, GPU alone: {m['h2d'][0]['per_copy_gbps']:.1f} GB/s H2D; both ways "
+         f"at once {dup['h2d']:.1f} H2D + {dup['d2h']:.1f} D2H")
     m["pairs"] = {f"{i},{j}": cuda_copy([i, j], size, ("h2d",), reps)
                   for i in range(n) for j in range(i + 1, n)}
     m["all"] = cuda_copy(list(range(n)), size, ("h2d",), reps)
-    tick(f"host copies, all {n} GPUs: {m['all']['total_gbps']:.1f} GB/s")
+    m["all_duplex"] = cuda_copy(list(range(n)), size, ("h2d", "d2h"), reps)
+    tick(f"host copies, all {n} GPUs: {m['all']['total_gbps']:.1f} GB/s H2D, "
+         f"{m['all_duplex']['total_gbps']:.1f} GB/s both ways")
     m.update(_cuda_device_copies(settings))
-    sync = torch.cuda.synchronize
-    m["forward_alone"] = forward_grid(settings, dtype="bf16", device="cuda:0", sync=sync,
-                                      tick=tick)
-    m["zo_alone"] = zo_costs(settings, device="cuda:0", sync=sync)
-    tick(f"zo update task: {m['zo_alone']['ns_per_param']:.3f} ns/param")
+    m["forward_alone"] = _forward_grids(settings, tick)
+    m["zo_alone"] = gpu_zo_costs(settings, device="cuda:0", sync=torch.cuda.synchronize)
+    draws = m["zo_alone"]["z_draws"]
+    tick(f"z draws: {draws[0]['median_s'] * 1e3:.2f} ms ({draws[0]['tensors']} tensors), "
+         f"{draws[-1]['median_s'] * 1e3:.2f} ms ({draws[-1]['tensors']} tensors)")
     m["topology"] = nvlink_matrix(n)
     m["nccl"] = spawn_nccl_ranks(settings) if n > 1 else None
     tick("NCCL collectives" if n > 1 else "one GPU: no collectives")
     return m
+
+
+def _forward_grids(settings: Settings, tick: Callable[[str], None]) -> list[dict]:
+    """Block forwards on GPU 0 per GEMM precision (settings.forward_dtypes): bf16, fp32
+    with TF32 allowed ("tf32") and fp32 without; TF32 is restored afterwards."""
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_tf32
+    points: list[dict] = []
+    try:
+        for precision, shapes in settings.forward_dtypes.items():
+            matmul.allow_tf32 = precision == "tf32"
+            dtype = "bf16" if precision == "bf16" else "fp32"
+            points += forward_grid(settings, dtype=dtype, device="cuda:0",
+                                   sync=torch.cuda.synchronize, tick=tick, shapes=shapes,
+                                   precision=precision)
+    finally:
+        matmul.allow_tf32 = saved
+    return points
 
 
 def _cuda_device_copies(settings: Settings) -> dict:
@@ -118,8 +193,11 @@ def _nccl_rank(rank: int, settings: Settings, tmp: str) -> None:
     dist.init_process_group("nccl", init_method=rendezvous(tmp), rank=rank,
                             world_size=settings.ranks, device_id=torch.device("cuda", rank))
     try:
-        out = {"allgather": allgather_sweep(settings, dist, device=f"cuda:{rank}"),
-               "allreduce": allreduce_small(dist, device=f"cuda:{rank}")}
+        device = f"cuda:{rank}"
+        after_last = partial(collective_samples, dist=dist, sync=torch.cuda.synchronize,
+                             device=device)
+        out = {"allgather": allgather_sweep(settings, dist, device=device, sample=after_last),
+               "allreduce": allreduce_small(dist, device=device, sample=after_last)}
         if rank == 0:
             write_rank_result(tmp, rank, out)
     finally:

@@ -86,6 +86,27 @@ class Settings:
         return [("opt", h, b, s) for h in hiddens for b, s in shapes]
 
     @property
+    def forward_dtypes(self) -> dict[str, list[tuple[str, int, int, int]]]:
+        """GPU: the shapes timed per GEMM precision: "bf16" (16-bit tensor cores) the
+        whole grid, "tf32" (fp32 with TF32 allowed) and "fp32" (TF32 off) a few shapes
+        of two widths (the fit shares the GEMM efficiency term and the launch cost)."""
+        grid = self.forward_grid
+        if self.device == "cpu":
+            return {"fp32": grid}
+        sub = [g for g in grid if g[1] != min(h for _, h, _, _ in grid)]
+        sub = sub[1::2] if len(sub) > 3 else sub
+        return {"bf16": grid, "tf32": sub, "fp32": sub}
+
+    @property
+    def z_gpu_blocks(self) -> list[tuple[int, int]]:
+        """GPU: (tensors, elements each) of the blocks whose z draws separate the cost
+        of a generator launch (many small tensors) from that of an element (a few large
+        ones)."""
+        if self.quick:
+            return [(4, 1 << 24), (256, 1 << 12)]
+        return [(4, 1 << 26), (1024, 1 << 12)]
+
+    @property
     def reference_shape(self) -> tuple[str, int, int, int]:
         """The shape timed with all ranks at once (-> compute.rank_scaling)."""
         if self.device == "cpu":
@@ -112,4 +133,7 @@ class Settings:
                 "copy_sweep": self.copy_sweep, "gather_sizes": self.gather_sizes,
                 "forward_grid": [list(s) for s in self.forward_grid],
                 "reference_shape": list(self.reference_shape),
-                "z_hiddens": list(self.z_hiddens), "zo_hidden": self.zo_hidden}
+                "z_hiddens": list(self.z_hiddens), "zo_hidden": self.zo_hidden,
+                "forward_dtypes": {k: [list(s) for s in v]
+                                   for k, v in self.forward_dtypes.items()},
+                "z_gpu_blocks": [list(b) for b in self.z_gpu_blocks]}

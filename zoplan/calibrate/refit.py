@@ -54,8 +54,9 @@ def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
 
 def refit_forward(fit: Refit, plan: Plan, measured_task_s: float) -> None:
     """Scale the compute model so the forward task takes its measured time:
-    compute.rank_scaling with several CPU ranks, else every term of the forward model."""
-    hw, lay = fit.profile, plan.layout
+    compute.rank_scaling with several CPU ranks, else every term of the forward model
+    (on GPUs: the GEMM rate of the plan's precision and the HBM bandwidth)."""
+    hw, lay, wl = fit.profile, plan.layout, plan.workload
     t_pred = _task_times(plan, hw)["forward_s"]
     ratio = measured_task_s / t_pred
     c = hw.compute
@@ -64,9 +65,12 @@ def refit_forward(fit: Refit, plan: Plan, measured_task_s: float) -> None:
         fit.set("compute.rank_scaling", c["rank_scaling"] / ratio,
                 f"{why} with {lay.local_ranks} ranks")
         return
-    for key in ("peak_tflops", "mem_gbps", "attn_tflops"):
+    rate = hw.gemm_rate_key(wl.compute_dtype, wl.tf32)
+    for key in dict.fromkeys((rate, "mem_gbps", "attn_tflops")):
         if key in c:
             fit.set(f"compute.{key}", c[key] / ratio, why)
+    if not hw.is_cpu:
+        fit.set("device.hbm_gbps", hw.device["hbm_gbps"] / ratio, why)
     for key in ("overhead_us", "rope_overhead_us", "elem_ns"):
         if key in c:
             fit.set(f"compute.{key}", c[key] * ratio, why)
@@ -74,8 +78,9 @@ def refit_forward(fit: Refit, plan: Plan, measured_task_s: float) -> None:
 
 def refit_update(fit: Refit, plan: Plan, measured_task_s: float) -> None:
     """Scale the zo cost so the update task takes its measured time: the z model's
-    figures (or zo_ns_per_param) for one rank per device, the z (zo) rank scaling for
-    several CPU ranks."""
+    figures (or zo_ns_per_param; on GPUs the z launch and element costs) for one rank
+    per device, the z (zo) rank scaling for several CPU ranks. On GPUs the passes are
+    HBM time: the forward's refit (run first) has set the bandwidth."""
     hw, lr = fit.profile, plan.layout.local_ranks
     t_pred = _task_times(plan, hw)["update_s"]
     ratio = measured_task_s / t_pred
@@ -86,8 +91,7 @@ def refit_update(fit: Refit, plan: Plan, measured_task_s: float) -> None:
         now = c.get(key, 1.0 if hw.has_z_model else c["rank_scaling"])
         fit.set(f"compute.{key}", now / ratio, f"{why} with {lr} ranks")
         return
-    keys = ("z_ns_per_elem", "z_call_us", "zo_pass_ns") if hw.has_z_model else ("zo_ns_per_param",)
-    for key in keys:
+    for key in hw.update_figures:
         fit.set(f"compute.{key}", c[key] * ratio, why)
 
 
@@ -115,7 +119,10 @@ def refit_copies(fit: Refit, cal: Calibration, plan: Plan) -> None:
         fit.set("pcie.duplex_gbps", max(pcie["h2d_gbps"], pcie["d2h_gbps"]),
                 "a CPU rank copies one way at a time: max of the two directions")
     else:
-        fit.set("pcie.duplex_gbps", pcie["duplex_gbps"] * q, f"copies x{q:.3g}")
+        for key in ("h2d_duplex_gbps", "d2h_duplex_gbps", "switch_uplink_gbps",
+                    "uplink_h2d_duplex_gbps", "uplink_d2h_duplex_gbps"):
+            if key in pcie:
+                fit.set(f"pcie.{key}", pcie[key] * q, f"copies x{q:.3g}")
     fit.set("pcie.switch_uplink_gbps", max(pcie["switch_uplink_gbps"], pcie["h2d_gbps"]),
             "not below one rank's link")
     fit.set("host.mem_bw_gbps", max(fit.data["host"]["mem_bw_gbps"], pcie["h2d_gbps"],

@@ -21,8 +21,11 @@ from zoplan.profiling.fits import (
     fabric_from_topology,
     fit_compute,
     fit_figures,
+    fit_gpu_compute,
+    fit_gpu_z,
     fit_z,
     gbps,
+    hbm_from_passes,
     paired_mem_scaling,
     paired_rank_scaling,
     paired_z_scaling,
@@ -153,40 +156,62 @@ def cuda_profile(m: dict, settings, *, name: str, date: str, memory: dict) -> di
     """The profile dict of a CUDA machine, from measure_cuda's results."""
     n = settings.ranks
     h2d, d2h = median_rate(m["h2d"], "per_copy_gbps"), median_rate(m["d2h"], "per_copy_gbps")
-    duplex = median_rate(m["duplex"], "total_gbps")
     alone = [c["per_copy_gbps"] for c in m["h2d"]]
     pairs = {tuple(int(x) for x in key.split(",")): v["per_copy_gbps"]
              for key, v in m["pairs"].items()}
     groups = share_groups(n, alone, pairs)
     uplink = max([h2d] + [len(g) * min(pairs[(g[0], g[1])], h2d) for g in groups if len(g) > 1])
-    host_bw = max(m["all"]["total_gbps"], h2d, d2h)
+    pcie = {"h2d_gbps": round4(h2d), "d2h_gbps": round4(d2h), **duplex_figures(m, groups, uplink),
+            "pinned": True, "switch_groups": groups, "switch_uplink_gbps": round4(uplink)}
+    host_bw = max(m["all"]["total_gbps"], m["all_duplex"]["total_gbps"], h2d, d2h)
     fabric = fabric_from_topology(n, m["topology"])
     fabric["p2p_gbps"] = round4(m["p2p"]["gbps"]) if "p2p" in m else round4(h2d)
-    fit = fit_compute(m["forward_alone"], mem_gbps=m["d2d"]["gbps"])
+    hbm = hbm_from_passes(m["zo_alone"]["passes"])
+    fit = fit_gpu_compute(m["forward_alone"], hbm_gbps=hbm["hbm_gbps"])
+    zfit = fit_gpu_z(m["zo_alone"]["z_draws"])
     coll = collective_figures(m["nccl"]["allgather"], m["nccl"]["allreduce"], n) \
         if m["nccl"] else _single_rank_collective()
     total_gib = statistics.median(t for _, t in m["memory"]) / GIB
     used_gib = max(t - f for f, t in m["memory"]) / GIB
-    sources = cuda_sources(settings, fit=fit, date=date, num_forwards=len(m["forward_alone"]))
+    sources = cuda_sources(settings, fit=fit, date=date, num_forwards=len(m["forward_alone"]),
+                           uplink_duplex="uplink_h2d_duplex_gbps" in pcie)
     return {
         "schema_version": 1, "name": name, "gpus_per_node": n, "max_nodes": 1,
         "description": f"{n}x {m['devices'][0]} on {memory['cpu_model']} "
                        f"(measured by zoplan profile {date})",
         "device": {"kind": "cuda", "model": m["devices"][0], "memory_gib": round(total_gib, 2),
-                   "reserved_gib": round(used_gib + 2.0, 2), "concurrent_engines": True},
+                   "reserved_gib": round(used_gib + 2.0, 2), "concurrent_engines": True,
+                   "hbm_gbps": round4(hbm["hbm_gbps"])},
         "host": {"memory_gib": round(memory["total_gib"], 2), "mem_bw_gbps": round4(host_bw),
                  "cores": settings.cores},
-        "pcie": {"h2d_gbps": round4(h2d), "d2h_gbps": round4(d2h), "duplex_gbps": round4(duplex),
-                 "pinned": True, "switch_groups": groups, "switch_uplink_gbps": round4(uplink)},
+        "pcie": pcie,
         "fabric": fabric,
         "collective": coll,
         "network": {"gbps": 50.0, "latency_us": 20.0},
-        "compute": {**fit_figures(fit), "mem_gbps": round4(fit["mem_gbps"]),
-                    "zo_ns_per_param": round4(m["zo_alone"]["ns_per_param"]), "rank_scaling": 1.0},
+        "compute": {**fit_figures(fit), "rank_scaling": 1.0,
+                    "z_launch_us": round(zfit["z_launch_us"], 2),
+                    "z_ns_per_elem": round4(zfit["z_ns_per_elem"])},
         "sources": sources,
-        "measurements": {**m, "fit": fit},
+        "measurements": {**m, "fit": fit, "z_fit": zfit, "hbm": hbm},
     }
 
+
+def duplex_figures(m: dict, groups: list[list[int]], uplink: float) -> dict:
+    """pcie.h2d_duplex_gbps / d2h_duplex_gbps: each direction of one GPU's link with
+    both running (median over GPUs); where GPUs share a switch uplink, the uplink's
+    per-direction rates with every GPU copying both ways at once (a group's sum, median
+    over groups; never above the uplink alone; the host ceiling may hold them lower)."""
+    out = {f"{d}_duplex_gbps": round4(statistics.median(c["per_direction_gbps"][d]
+                                                        for c in m["duplex"]))
+           for d in ("h2d", "d2h")}
+    shared = [g for g in groups if len(g) > 1]
+    if shared:
+        jobs = m["all_duplex"]["per_job"]
+        for d in ("h2d", "d2h"):
+            sums = [sum(j["gbps"] for j in jobs if j["device"] in g and j["direction"] == d)
+                    for g in shared]
+            out[f"uplink_{d}_duplex_gbps"] = round4(min(uplink, statistics.median(sums)))
+    return out
 
 
 # ---- rounds combined ---------------------------------------------------------------------
@@ -226,7 +251,10 @@ def _refit_rounds(data: dict, datas: list[dict]) -> None:
     grids = [d["measurements"]["forward_alone"] for d in datas]
     points = [dict(p, median_s=statistics.median(g[i]["median_s"] for g in grids))
               for i, p in enumerate(grids[0])]
-    fit = fit_compute(points, mem_gbps=data["compute"]["mem_gbps"])
+    if data["device"]["kind"] == "cuda":
+        fit = fit_gpu_compute(points, hbm_gbps=data["device"]["hbm_gbps"])
+    else:
+        fit = fit_compute(points, mem_gbps=data["compute"]["mem_gbps"])
     data["compute"].update(fit_figures(fit))
     data["measurements_fit"] = fit
     draws = [d["measurements"].get("zo_alone", {}).get("z_draws") for d in datas]

@@ -5,6 +5,9 @@
   Llama-family block's extra dispatch (zoplan.hardware.forward_terms is the model);
 - the z fit: z draws of several blocks -> a fixed cost per draw and per chunk and a
   cost per element of the busiest thread;
+- the GPU fits: forwards per GEMM precision -> a rate each, one efficiency term and a
+  launch cost (zoplan.hardware.gpu_forward_terms is the model); z draws -> a cost per
+  launch and per element; the zo passes -> the HBM bandwidth;
 - rank scalings: how k ranks on one host share its cores, from paired samples of all
   ranks at once and rank 0 alone;
 - collectives: latency, small all-reduce and the all-gather bus bandwidth table;
@@ -20,7 +23,9 @@ import math
 import statistics
 
 from zoplan.errors import ZoError
-from zoplan.hardware import forward_terms
+from zoplan.hardware import forward_terms, gpu_block_bytes
+from zoplan.models import one_block_config, spec_from_hf_config
+from zoplan.sim.graph import zo_pass_bytes  # the one formula of a pass's bytes
 
 SHARE_THRESHOLD = 0.75        # two GPUs share an uplink when each gets < 75% of alone
 
@@ -52,17 +57,20 @@ def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
 
 
 def _wls_nonneg(columns: list[list[float]], ts: list[float], *,
-                required: int = 1) -> list[float] | None:
+                required: int | tuple[int, ...] = 1,
+                weights: list[float] | None = None) -> list[float] | None:
     """Coefficients c >= 0 minimising sum(((sum_j c_j x_j - t) / t)^2): every subset
     of the columns is solved unconstrained and the best one with all coefficients > 0
-    kept (a handful of columns: an exact non-negative least squares). Column
-    `required` must take part (the GEMM term: a forward always does GEMMs)."""
+    kept (a handful of columns: an exact non-negative least squares). Column(s)
+    `required` must take part (the GEMM term: a forward always does GEMMs). `weights`
+    replace 1 / t^2 (a fit of t - known part keeps the relative error of t)."""
     k = len(columns)
-    w = [1.0 / (t * t) for t in ts]
+    need = {required} if isinstance(required, int) else set(required)
+    w = weights or [1.0 / (t * t) for t in ts]
     best, best_err = None, math.inf
     for size in range(1, k + 1):
         for subset in itertools.combinations(range(k), size):
-            if required not in subset:
+            if not need <= set(subset):
                 continue
             gram = [[sum(wi * columns[a][i] * columns[b][i] for i, wi in enumerate(w))
                      for b in subset] for a in subset]
@@ -159,10 +167,121 @@ def fit_z(draws: list[dict], *, chunk_us: float = 0.0) -> dict:
     return {"z_call_us": coef[0] * 1e6, "z_ns_per_elem": coef[1] * 1e9, "z_chunk_us": chunk_us}
 
 
+# ---- the GPU fits ------------------------------------------------------------------------
+GPU_RATES = {"bf16": "peak_tflops", "tf32": "tf32_tflops", "fp32": "fp32_tflops"}
+PRECISION_BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
+
+
+def gpu_point_bytes(point: dict) -> tuple[float, float]:
+    """(attention, element-wise) HBM bytes of a timed GPU forward (its block:
+    zoplan.models.one_block_config; zoplan.hardware.gpu_block_bytes)."""
+    spec = spec_from_hf_config(one_block_config(point["hidden"], point["seq"],
+                                                point.get("family", "opt")), name="block")
+    return gpu_block_bytes(attn_dim=spec.attn_dim, kv_dim=spec.kv_dim,
+                           elems_per_token=spec.block_elems_per_token(),
+                           tokens=point["tokens"],
+                           dtype_bytes=PRECISION_BYTES[point["precision"]])
+
+
+def fit_gpu_compute(points: list[dict], *, hbm_gbps: float) -> dict:
+    """Least-squares fit (relative error) of the GPU forward model
+    (zoplan.hardware.gpu_forward_terms) to forwards timed in bf16, fp32 with TF32
+    ("tf32") and fp32 ("fp32"): one GEMM rate per precision, one efficiency term
+    m / (m + m_half_tokens) and one launch cost (overhead_us) for all; attention and
+    element-wise bytes at the measured HBM bandwidth are known, not fitted. m_half is
+    searched on a log grid; for each, the rates and the overhead are a non-negative
+    weighted least-squares problem, refitted while points change sides of their
+    rooflines (weights or attention memory-bound)."""
+    missing = sorted(set(GPU_RATES) - {p.get("precision") for p in points})
+    if missing:
+        raise ZoError(f"the GPU compute fit needs forwards in {', '.join(GPU_RATES)}; "
+                      f"none in {', '.join(missing)}")
+    work = [(p, *gpu_point_bytes(p)) for p in points]
+    best = None
+    for m_half in [0.0] + [2 ** (k / 4) for k in range(0, 61)]:
+        fit = _gpu_fit_at(work, m_half, hbm_gbps)
+        if fit and (best is None or fit["rel_rms_pct"] < best["rel_rms_pct"]):
+            best = fit
+    if best is None:
+        raise ZoError("the GPU compute fit failed: forward times do not grow with FLOPs")
+    return best
+
+
+def _gpu_fit_at(work: list[tuple], m_half: float, hbm_gbps: float) -> dict | None:
+    hbm = hbm_gbps * 1e9
+    precisions = list(GPU_RATES)
+    ts = [p["median_s"] for p, _, _ in work]
+    scale = [(p["tokens"] + m_half) / p["tokens"] for p, _, _ in work]
+    attn_compute = [True] * len(work)     # attention above its bytes' time
+    keep = list(range(len(work)))         # points whose GEMMs are above the weights' time
+    coef = None
+    for _ in range(6):
+        cols = [[1.0] * len(keep)]
+        for d in precisions:
+            cols.append([(work[i][0]["flops"] + work[i][0]["attn_flops"] * attn_compute[i])
+                         * scale[i] * (work[i][0]["precision"] == d) for i in keep])
+        known = [work[i][2] / hbm + (0.0 if attn_compute[i] else work[i][1] / hbm) for i in keep]
+        target = [ts[i] - k for i, k in zip(keep, known)]
+        coef = _wls_nonneg(cols, target, required=tuple(range(1, len(cols))),
+                           weights=[1.0 / ts[i] ** 2 for i in keep])
+        if coef is None:
+            return None
+        rate = {d: coef[1 + j] for j, d in enumerate(precisions)}
+        inv = [rate[p["precision"]] * s for (p, _, _), s in zip(work, scale)]
+        attn_next = [a * p["attn_flops"] >= ab / hbm for (p, ab, _), a in zip(work, inv)]
+        keep_next = [i for i, (p, _, _) in enumerate(work)
+                     if inv[i] * p["flops"] >= p["weight_bytes"] / hbm]
+        if (keep_next == keep and attn_next == attn_compute) or len(keep_next) < 1 + len(cols):
+            break
+        keep, attn_compute = keep_next, attn_next
+    o = coef[0]
+    rate = {d: coef[1 + j] for j, d in enumerate(precisions)}
+    model = [o + max(rate[p["precision"]] * s * p["flops"], p["weight_bytes"] / hbm)
+             + max(rate[p["precision"]] * s * p["attn_flops"], ab / hbm) + eb / hbm
+             for (p, ab, eb), s in zip(work, scale)]
+    resid = [100.0 * (m - t) / t for m, t in zip(model, ts)]
+    out = {GPU_RATES[d]: 1.0 / rate[d] / 1e12 for d in precisions}
+    out.update({"overhead_us": o * 1e6, "m_half_tokens": m_half, "hbm_gbps": hbm_gbps,
+                "rel_rms_pct": math.sqrt(sum(r * r for r in resid) / len(resid)),
+                "residuals_pct": [round(r, 2) for r in resid]})
+    return out
+
+
+def fit_gpu_z(draws: list[dict]) -> dict:
+    """z_launch_us and z_ns_per_elem from GPU z draws of blocks of few large and many
+    small tensors: time = launches x z_launch_us + elements x z_ns_per_elem
+    (non-negative least squares, relative error)."""
+    coef = _wls_nonneg([[float(d["launches"]) for d in draws],
+                        [float(d["elems"]) for d in draws]],
+                       [d["median_s"] for d in draws], required=())
+    if coef is None or not any(coef):
+        raise ZoError("the GPU z fit failed: z draws do not grow with launches or elements")
+    return {"z_launch_us": coef[0] * 1e6, "z_ns_per_elem": coef[1] * 1e9}
+
+
+def hbm_from_passes(passes: list[dict]) -> dict:
+    """device.hbm_gbps from the timed zo passes (apply_update, perturb_into) with a
+    16-bit and an fp32 store: each pass's bytes (zoplan.sim.graph.zo_pass_bytes) over its
+    time; the median of the passes. Returns the figure and each pass's rate."""
+    rates = []
+    for entry in passes:
+        upd, pert = zo_pass_bytes(param_bytes=PRECISION_BYTES[entry["param_dtype"]],
+                                  compute_bytes=PRECISION_BYTES[entry["compute_dtype"]])
+        for name, per in (("update", upd), ("perturb", pert)):
+            rates.append({"param_dtype": entry["param_dtype"], "pass": name,
+                          "gbps": gbps(per * entry["elems"], entry[name]["median_s"])})
+    if not rates:
+        raise ZoError("no zo passes were timed: device.hbm_gbps cannot be measured")
+    return {"hbm_gbps": statistics.median(r["gbps"] for r in rates), "passes": rates}
+
+
 def fit_figures(fit: dict) -> dict:
-    """The compute section's figures of a forward fit."""
+    """The compute section's figures of a forward fit (CPU or GPU)."""
     out = {"peak_tflops": round4(fit["peak_tflops"]), "m_half_tokens": round(fit["m_half_tokens"], 2),
            "overhead_us": round(fit["overhead_us"], 2)}
+    for key in ("tf32_tflops", "fp32_tflops"):
+        if key in fit:
+            out[key] = round4(fit[key])
     if "attn_tflops" in fit:
         out["attn_tflops"] = round4(fit["attn_tflops"])
     if "elem_ns" in fit:

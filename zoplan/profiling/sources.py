@@ -76,38 +76,58 @@ def cpu_sources(settings, *, threads: int, fit: dict, date: str,
 
 
 
-def cuda_sources(settings, *, fit: dict, date: str, num_forwards: int) -> dict:
+def cuda_sources(settings, *, fit: dict, date: str, num_forwards: int,
+                 uplink_duplex: bool = False) -> dict:
     """The source note of each figure of a CUDA profile."""
     n = settings.ranks
     c = note(date, "")
     size = f"{settings.copy_bytes // MIB} MiB"
+    timed = f"{size} copies timed in pieces with CUDA events while all run"
+    draws = ", ".join(f"{t} x {e} elements" for t, e in settings.z_gpu_blocks)
     sources = {
         "device.memory_gib": f"{c}torch.cuda.mem_get_info total",
         "device.reserved_gib": f"{c}memory in use at profile time + 2 GiB NCCL/allocator slack [D]",
+        "device.hbm_gbps": f"{c}zoexec's zo passes (apply_update, perturb_into) over "
+                           f"{settings.z_gpu_blocks[0][0] * settings.z_gpu_blocks[0][1]} "
+                           "elements with a 16-bit and an fp32 store on GPU 0: bytes read + "
+                           "written / time, median of the passes",
         "host.memory_gib": f"{c}psutil total memory",
-        "host.mem_bw_gbps": f"{c}all {n} GPUs pulling {size} pinned at once (a lower bound of the host ceiling)",
+        "host.mem_bw_gbps": f"{c}all {n} GPUs copying {size} pinned at once, one way and both "
+                            "ways (the larger total; a lower bound of the host ceiling)",
         "host.cores": f"{c}os.sched_getaffinity",
         "pcie.h2d_gbps": f"{c}pinned H2D {size}, one GPU alone (median over GPUs)",
         "pcie.d2h_gbps": f"{c}pinned D2H {size}, one GPU alone (median over GPUs)",
-        "pcie.duplex_gbps": f"{c}H2D + D2H at once on one GPU, both together",
+        "pcie.h2d_duplex_gbps": f"{c}H2D of one GPU while its D2H runs ({timed}; median over GPUs)",
+        "pcie.d2h_duplex_gbps": f"{c}D2H of one GPU while its H2D runs ({timed}; median over GPUs)",
         "pcie.switch_groups": f"{c}GPU pairs pulling at once: < {SHARE_THRESHOLD:.0%} of alone = shared uplink",
         "pcie.switch_uplink_gbps": f"{c}a sharing group pulling at once, total (or one GPU alone)",
         "fabric.p2p_gbps": f"{c}GPU0 -> GPU1 copy {size}" if n > 1 else "[D] unused with one GPU",
         "fabric.groups": f"{c}nvidia-smi topo -m (NV# entries)",
-        "collective.latency_us": f"{c}NCCL all-gather of {settings.gather_sizes[0] // KIB} KiB over {n} GPUs",
-        "collective.allreduce_small_us": f"{c}NCCL all-reduce of two float64 over {n} GPUs",
+        "collective.latency_us": f"{c}NCCL all-gather of {settings.gather_sizes[0] // KIB} KiB over "
+                                 f"{n} GPUs (median, from the last rank's arrival)",
+        "collective.allreduce_small_us": f"{c}NCCL all-reduce of two float64 over {n} GPUs "
+                                         "(median, from the last rank's arrival)",
         "collective.allgather_busbw": f"{c}NCCL all_gather_single over {n} GPUs: (s-1)/s x bytes / (time - latency)",
         "network.gbps": "[D] not measured (one node): a 400 Gb/s NIC assumed",
         "network.latency_us": "[D] not measured (one node): ~20 us assumed",
-        "compute.peak_tflops": f"{c}fit of {num_forwards} bf16 OPT-block forwards on GPU 0 "
-                               f"(rel. rms {fit['rel_rms_pct']:.1f}%)",
-        "compute.m_half_tokens": f"{c}same fit",
+        "compute.peak_tflops": f"{c}fit of {num_forwards} OPT-block forwards on GPU 0 in bf16, "
+                               f"fp32 with TF32 and fp32 (rel. rms {fit['rel_rms_pct']:.1f}%): "
+                               "the bf16 (16-bit) GEMM rate",
+        "compute.tf32_tflops": f"{c}same fit: fp32 GEMMs with TF32 allowed",
+        "compute.fp32_tflops": f"{c}same fit: fp32 GEMMs without TF32",
+        "compute.m_half_tokens": f"{c}same fit (one efficiency term for every precision)",
         "compute.overhead_us": f"{c}same fit (launch cost per forward)",
-        "compute.mem_gbps": f"{c}device-to-device copy on GPU 0 (read + write)",
-        "compute.zo_ns_per_param": f"{c}zoexec update task (z, apply_update, z, perturb_into) on GPU 0, "
-                                   f"OPT block of hidden {settings.zo_hidden}",
+        "compute.z_launch_us": f"{c}z draws (zoexec.zo.z_block, one launch per tensor) of "
+                               f"blocks of {draws} on GPU 0: per launch",
+        "compute.z_ns_per_elem": f"{c}same fit: per element",
         "compute.rank_scaling": "[D] one GPU per rank: no sharing",
     }
+    if uplink_duplex:
+        sources["pcie.uplink_h2d_duplex_gbps"] = (
+            f"{c}all {n} GPUs copying both ways at once: a sharing group's H2D total "
+            "(median over groups; the host ceiling may hold it lower)")
+        sources["pcie.uplink_d2h_duplex_gbps"] = (
+            f"{c}all {n} GPUs copying both ways at once: a sharing group's D2H total")
     if n == 1:
         sources["collective.latency_us"] = sources["collective.allreduce_small_us"] = \
             sources["collective.allgather_busbw"] = "[D] one GPU: no collectives"

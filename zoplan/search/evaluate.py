@@ -192,12 +192,14 @@ def _unsliced_baseline(req: Request, ranked: list[Candidate], cache: dict
 
 def zo2_baseline(req: Request, workload: Workload) -> Candidate:
     """ZO2 on one GPU: pertp 1, slices 1, prefetch 2, the whole global batch, in the
-    winner's precision and update mode."""
+    winner's precision and update mode, with ZO2's own zo maths: it perturbs +eps,
+    -2eps, +eps (restore) in place and updates, drawing z four times per block and step
+    (zo-algorithms.md; zoexec.reference.mezo_reference_train), where zoexec draws it
+    twice (zoplan.sim.graph.task_times, schedule "zo2")."""
     layout = Layout(pertp=1, ddp=1, nodes=1, slices=1, prefetch=ZO2_PREFETCH)
     cand = make_candidate(req, layout, workload)
-    if cand.costs is None:  # does not fit: still time it, and say so
-        cand.costs = step_costs(model=req.model, profile=req.profile, workload=workload,
-                                layout=layout)
-        cand.bounds = step_bounds(cand.costs)
+    cand.costs = step_costs(model=req.model, profile=req.profile, workload=workload,
+                            layout=layout, schedule="zo2")
+    cand.bounds = step_bounds(cand.costs)   # computed even when it does not fit: say so
     simulate_full(cand, record_spans=False)
     return cand

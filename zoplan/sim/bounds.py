@@ -3,8 +3,11 @@
 Lower bounds (the simulated step can never beat any of them):
 - each link: bytes it must carry in one step / its capacity (every rank's PCIe H2D, D2H
   and duplex, each switch uplink per direction, host memory, each NVLink port);
+- each pair of directions that contend (a GPU's PCIe link, a switch uplink): the least
+  time both directions' bytes need at their alone and duplex rates (duplex_pair_s);
 - each rank's compute engine: embed + blocks x (update + forward) + head;
-- each rank's collective engine: blocks x all-gather alone + all-reduce;
+- each rank's collective engine: blocks x (all-gather alone + the CUDA write-back
+  fence's latency) + all-reduce;
 - on CPU profiles (one engine per rank): the sum of all the rank's tasks, each alone;
 - the dependency chain through the block buffers: with `prefetch` buffers, h2d(b + p)
   waits for d2h(b), so ceil(blocks / p) block pipelines (h2d, all-gather, update,
@@ -12,7 +15,10 @@ Lower bounds (the simulated step can never beat any of them):
   forward, the head and the all-reduce.
 Upper bound: every task and every flow of the node one after the other, each alone
 (max-min fair sharing gives each of k concurrent flows at least 1/k of its rate alone,
-so the work done per second never falls below one task's worth).
+so the work done per second never falls below one task's worth); a flow on a PCIe
+direction whose capacity drops while the other direction runs counts at that lower
+rate. The link bounds use each link's capacity alone: a valid, looser bound where
+directions contend (the duplex link, both directions' sum, tightens it).
 """
 
 from __future__ import annotations
@@ -20,12 +26,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zoplan.sim.graph import StepCosts, link_class
+from zoplan.sim.graph import PCIE_DUPLEX, PCIE_H2D, UPLINK_H2D, StepCosts, link_class
 
 COMPUTE = "compute"
 COLLECTIVE = "collective"
 SERIAL = "serial engine"
 CHAIN = "pipeline"   # the dependency chain through the prefetch buffers
+# Both directions of a GPU's PCIe link / of a switch uplink, where they contend: the
+# resource class their duplex_pair_s bound counts under.
+DUPLEX_CLASSES = {PCIE_H2D: PCIE_DUPLEX, UPLINK_H2D: "pcie.uplink_duplex"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,11 +74,43 @@ def link_busy_s(costs: StepCosts, num_blocks: int | None = None) -> dict[str, fl
             for name, nbytes in link_bytes(costs, num_blocks).items()}
 
 
+def duplex_pair_s(a_bytes: float, b_bytes: float, *, alone: tuple[float, float],
+                  contended: tuple[float, float]) -> float:
+    """Least time two opposite directions of one link need for their bytes when each
+    runs at `alone` rates by itself and at `contended` rates while both run: t(x) = x +
+    (A - ca x) / Ca + (B - cb x) / Cb for x seconds of overlap is linear in x, so its
+    least value is at no overlap or at the most (one direction done while overlapping)."""
+    (ca_alone, cb_alone), (ca, cb) = alone, contended
+    serial = a_bytes / ca_alone + b_bytes / cb_alone
+    most = min(a_bytes / ca, b_bytes / cb)
+    overlapped = most + (a_bytes - ca * most) / ca_alone + (b_bytes - cb * most) / cb_alone
+    return min(serial, overlapped)
+
+
+def _duplex_busy_s(costs: StepCosts, nbytes: dict[str, float]) -> dict[str, float]:
+    """Per class of contended link pair (pcie.h2d: a GPU's link, pcie.uplink_h2d: a
+    switch uplink), the busiest pair's duplex_pair_s."""
+    out: dict[str, float] = {}
+    for name, (other, cap) in costs.contended.items():
+        cls = link_class(name)
+        if cls not in DUPLEX_CLASSES:
+            continue
+        busy = duplex_pair_s(nbytes[name], nbytes[other],
+                             alone=(costs.links[name], costs.links[other]),
+                             contended=(cap, costs.contended[other][1]))
+        key = DUPLEX_CLASSES[cls]
+        out[key] = max(out.get(key, 0.0), busy)
+    return out
+
+
 def step_bounds(costs: StepCosts, num_blocks: int | None = None) -> StepBounds:
     blocks = costs.num_blocks if num_blocks is None else num_blocks
     resources: dict[str, float] = {}
-    for name, busy in link_busy_s(costs, blocks).items():
+    nbytes = link_bytes(costs, blocks)
+    for name, moved in nbytes.items():
         cls = link_class(name)
+        resources[cls] = max(resources.get(cls, 0.0), moved / costs.links[name])
+    for cls, busy in _duplex_busy_s(costs, nbytes).items():
         resources[cls] = max(resources.get(cls, 0.0), busy)
     engines = [_engine_busy(costs, lr, blocks) for lr in range(costs.local_ranks)]
     for busy in engines:
@@ -91,7 +132,8 @@ def _engine_busy(costs: StepCosts, lr: int, blocks: int) -> dict[str, float]:
     if not costs.concurrent:
         per_block = alone["h2d"] + alone["allgather"] + alone["d2h"]
         return {SERIAL: compute + blocks * per_block + costs.allreduce_s}
-    return {COMPUTE: compute, COLLECTIVE: blocks * alone["allgather"] + costs.allreduce_s}
+    return {COMPUTE: compute,
+            COLLECTIVE: blocks * (alone["allgather"] + costs.fence_s) + costs.allreduce_s}
 
 
 def _chain_s(costs: StepCosts, lr: int, blocks: int) -> float:
@@ -113,10 +155,10 @@ def _serial_s(costs: StepCosts, blocks: int) -> float:
     """Every task and every flow of the node one after the other, each alone."""
     total = costs.allreduce_s
     num_groups = costs.local_ranks // costs.layout.slices if costs.layout.slices > 1 else 0
-    total += blocks * num_groups * costs.allgather_latency_s
+    total += blocks * (num_groups * costs.allgather_latency_s + costs.fence_s)
     for lr in range(costs.local_ranks):
         total += (costs.embed_s + costs.head_s
                   + blocks * (costs.update_s + costs.forward_s)) * costs.factor(lr)
         flows = costs.h2d[lr] + costs.d2h[lr] + costs.allgather[lr]
-        total += blocks * sum(costs.alone_s((f,)) for f in flows)
+        total += blocks * sum(f.num_bytes / costs.flow_rate_worst(f) for f in flows)
     return total

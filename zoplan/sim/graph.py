@@ -10,29 +10,36 @@ Per rank r and block b (execution semantics of docs/HELPERS.md):
     update(b)  deferred update of step t-1 + perturbation of step t
     forward(b)  "+-": both perturbations; "+" / "-": one
     d2h(b)  write back r's 1/local_ranks share of the updated block
+    fence(b)  CUDA, 1 < local ranks and slices < local ranks: a node all-reduce of a
+              token once the block is ready (zoexec's Trainer._fence), on the collective
+              engine; simulated but not a span (the executor does not trace it)
 plus embed (before block 0), head (after the last block) and allreduce (ends the step).
 
 Edges carry `why`:
     "data"    data flow (h2d -> allgather -> update -> forward -> d2h; last forward -> head)
     "buffer"  h2d(b + prefetch) waits for d2h(b): `prefetch` block buffers per rank
-    "fence"   d2h(b) waits for EVERY local rank's h2d(b) (write-back fence)
+    "fence"   d2h(b) waits for EVERY local rank's h2d(b) (write-back fence): directly
+              (CPU), or through the fence collective (CUDA)
     "order"   program order on one engine (an engine does one thing at a time)
 Collectives (allgather, allreduce) are one node per member rank with a shared `group`;
 the simulator starts a group when all members have reached it.
 
 Each node carries the work of the task: `dur_s` (compute time, or the fixed latency of
 a collective) and `flows` ((bytes, route of link names, private cap in bytes/s), ...):
-transfers whose rate the simulator decides by max-min fair sharing of the links.
+transfers whose rate the simulator decides by max-min fair sharing of the links. The
+graph's `links` give each link's capacity, `contended` the capacity of a direction link
+while the opposite direction of the same PCIe link or switch uplink is busy.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
-from zoplan.hardware import HardwareProfile
+from zoplan.execrules import chunk_bounds, sr_chunk
+from zoplan.hardware import HardwareProfile, gpu_block_bytes
 from zoplan.layout import Layout
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.trace import KIND_LANE, NO_BLOCK, task_id
@@ -91,6 +98,8 @@ class StepCosts:
     d2h: tuple[tuple[Flow, ...], ...]
     allgather: tuple[tuple[Flow, ...], ...]  # per local rank (empty when slices == 1)
     rank_factors: tuple[float, ...] = ()     # per local rank: its compute tasks' time factor
+    fence_s: float = 0.0             # CUDA write-back fence collective per block (0: none)
+    contended: dict[str, tuple[str, float]] = field(default_factory=dict)  # contended_links
 
     def factor(self, local_rank: int) -> float:
         return self.rank_factors[local_rank] if self.rank_factors else 1.0
@@ -106,6 +115,11 @@ class StepCosts:
 
     def flow_rate_alone(self, flow: Flow) -> float:
         return min([flow.cap_Bps] + [self.links[name] for name in flow.route])
+
+    def flow_rate_worst(self, flow: Flow) -> float:
+        """A flow's rate alone on links whose opposite direction is busy (contended)."""
+        return min([flow.cap_Bps] + [self.contended.get(name, (None, self.links[name]))[1]
+                                     for name in flow.route])
 
     def allgather_alone_s(self, local_rank: int) -> float:
         """All-gather of the rank's group with the fabric to itself (latency + bytes)."""
@@ -132,24 +146,27 @@ def internode_allreduce_s(profile: HardwareProfile, nodes: int) -> float:
 
 
 def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
-               layout: Layout) -> StepCosts:
-    """Per-task times and per-transfer flows of one step of `layout`."""
+               layout: Layout, schedule: str = "zoexec") -> StepCosts:
+    """Per-task times and per-transfer flows of one step of `layout` (`schedule`: see
+    task_times; "zo2" prices ZO2's four z draws per block)."""
     lr = layout.local_ranks
     tokens = workload.batch // layout.ddp * workload.seq
     streams = 2 if layout.pertp == 1 else 1
     block = float(model.block_bytes(workload.param_dtype))
     work = task_times(model=model, profile=profile, workload=workload, tokens=tokens,
-                      streams=streams, local_ranks=lr)
+                      streams=streams, local_ranks=lr, schedule=schedule)
     links = node_links(profile, lr)
     internode = internode_allreduce_s(profile, layout.nodes)
+    small_s = profile.collective["allreduce_small_us"] * 1e-6
     return StepCosts(
         layout=layout, concurrent=bool(profile.device.get("concurrent_engines", True)),
         num_blocks=model.num_layers, block_bytes=block, tokens_per_rank=tokens,
         streams=streams, **work,
-        allreduce_s=(profile.collective["allreduce_small_us"] * 1e-6 + internode
-                     if layout.world_size > 1 else 0.0),   # zoexec skips a world of one
+        allreduce_s=(small_s + internode if layout.world_size > 1 else 0.0),  # zoexec skips a world of one
         internode_s=internode, allgather_latency_s=profile.collective["latency_us"] * 1e-6,
-        links=links, rank_factors=rank_factors(profile, lr), **_transfer_flows(profile, layout, block))
+        links=links, rank_factors=rank_factors(profile, lr),
+        fence_s=small_s if fence_needed(profile, layout) else 0.0,
+        contended=contended_links(profile, links), **_transfer_flows(profile, layout, block))
 
 
 def rank_factors(profile: HardwareProfile, local_ranks: int) -> tuple[float, ...]:
@@ -165,8 +182,40 @@ def rank_factors(profile: HardwareProfile, local_ranks: int) -> tuple[float, ...
     return tuple(1.0 + jitter * (2 * r / (local_ranks - 1) - 1) for r in range(local_ranks))
 
 
+# Bytes per parameter of the zo passes on a GPU (the executor's passes, docs/precision.md;
+# p: the stored (param) dtype's bytes, c: the compute dtype's, in which z is drawn):
+#   update pass    theta -= lr*g*z (zo.apply_update): reads theta and z, writes theta  2p + c
+#   perturb pass   work = theta + eps*z (zo.perturb_into): reads theta and z, writes work
+#                  in the compute dtype                                                p + 2c
+#   ZO2 in place   theta += s*eps*z: reads theta and z, writes theta                   2p + c
+# The stochastic update (zo.apply_update_stochastic; 16-bit theta and z) works per chunk
+# of execrules.sr_chunk elements in fp32 scratch: copy theta in (6 bytes per element),
+# add lr*g*z (10), draw the integer noise (one generator launch per chunk, priced like
+# z), and round on the bits (zo.round_stochastic_: add the noise 12, shift or mask 8, copy
+# into the 16-bit store 6): SR_BYTES per element in SR_KERNELS element-wise kernels per
+# chunk, in place of the update pass (weight decay, when set, adds a multiply: not priced).
+SR_BYTES = 6 + 10 + 12 + 8 + 6
+SR_KERNELS = 5
+CPU_PASS_BYTES = 12   # an fp32 pass, what compute.zo_pass_ns is measured on (CPU profiles)
+SCHEDULES = ("zoexec", "zo2")   # z twice per block and step, or ZO2's four times
+
+
+def zo_pass_bytes(*, param_bytes: int, compute_bytes: int) -> tuple[int, int]:
+    """(update pass, perturb pass) bytes per parameter on a GPU (plain and master; the
+    stochastic update replaces the update pass by SR_BYTES)."""
+    p, c = param_bytes, compute_bytes
+    return 2 * p + c, p + 2 * c
+
+
+def sr_chunks(tensor_numels: list[int], device_kind: str) -> int:
+    """Chunks of the stochastic update over these tensors (a noise draw and SR_KERNELS
+    kernels each)."""
+    chunk = sr_chunk(device_kind)
+    return sum(len(chunk_bounds(n, chunk)) for n in tensor_numels)
+
+
 def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
-               tokens: int, streams: int, local_ranks: int) -> dict:
+               tokens: int, streams: int, local_ranks: int, schedule: str = "zoexec") -> dict:
     """embed_s, update_s, forward_s and head_s of one rank (the schedule of
     docs/execution.md): `tokens` per perturbation stream, `streams` forwards per block.
 
@@ -174,48 +223,135 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     + a pass); forward: one block forward per stream, and the second stream's
     perturbation pass; embed: the resident parts' update, z and one perturbation pass
     per stream, and one embedding lookup per stream; head: one final norm + LM head +
-    loss per stream and the resident perturbation pass between them. Profiles without
-    the z model price the zo maths by compute.zo_ns_per_param per parameter."""
-    lr, seq, hw = local_ranks, workload.seq, profile
+    loss per stream and the resident perturbation pass between them. The update mode
+    stochastic replaces the update pass by the fp32 update, its noise and the rounding's
+    passes (SR_BYTES).
+    schedule "zo2": ZO2 as published (zo-algorithms.md; zoexec.reference) perturbs
+    +eps, -2eps, +eps (restore) in place and updates, each with a fresh z draw: four
+    draws and four in-place passes per block and step."""
+    assert schedule in SCHEDULES, schedule
+    hw = profile
     cbytes = dtype_bytes(workload.compute_dtype)
+    gpu = dict(compute_dtype=workload.compute_dtype, tf32=workload.tf32)
+    if not hw.is_cpu:
+        attn_bytes, _ = gpu_block_bytes(attn_dim=model.attn_dim, kv_dim=model.kv_dim,
+                                        elems_per_token=0.0, tokens=tokens,
+                                        dtype_bytes=cbytes)
+        gpu["attn_bytes"] = attn_bytes
     fwd = hw.forward_time_s(flops=tokens * model.block_gemm_flops_per_token(),
-                            attn_flops=tokens * model.block_attn_flops_per_token(seq),
+                            attn_flops=tokens * model.block_attn_flops_per_token(workload.seq),
                             elems=tokens * model.block_elems_per_token(),
                             weight_bytes=model.block_params * cbytes, tokens=tokens,
-                            local_ranks=lr, family=model.family)
+                            local_ranks=local_ranks, family=model.family, **gpu)
+    gpu.pop("attn_bytes", None)
+    # the embedding lookup: per stream, its rows' bytes (GPU) or the element-wise terms
+    # (measured CPU); the default CPU profile prices one call for all streams' rows
+    per_call = hw.has_z_model or not hw.is_cpu
+    rows = 0.0 if hw.has_z_model else tokens * model.hidden * cbytes
     lookup = hw.forward_time_s(flops=0.0, elems=tokens * model.embed_elems_per_token(),
-                               weight_bytes=0.0 if hw.has_z_model
-                               else streams * tokens * model.hidden * cbytes,
-                               tokens=tokens, local_ranks=lr,
-                               overhead_share=EMBED_OPS if hw.has_z_model else 1.0)
+                               weight_bytes=rows if per_call else streams * rows,
+                               tokens=tokens, local_ranks=local_ranks,
+                               overhead_share=EMBED_OPS if per_call else 1.0, **gpu)
     head_fwd = hw.forward_time_s(flops=tokens * model.head_flops_per_token(),
                                  elems=tokens * model.head_elems_per_token(),
                                  weight_bytes=model.vocab * model.hidden * cbytes,
-                                 tokens=tokens, local_ranks=lr,
-                                 overhead_share=HEAD_OPS if hw.has_z_model else 1.0)
-    if not hw.has_z_model:
-        return {"embed_s": hw.zo_time_s(model.embed_params, lr) + lookup,
-                "update_s": hw.zo_time_s(model.block_params, lr),
-                "forward_s": streams * fwd,
-                "head_s": hw.zo_time_s(model.head_params, lr) + streams * head_fwd}
+                                 tokens=tokens, local_ranks=local_ranks,
+                                 overhead_share=HEAD_OPS if per_call else 1.0, **gpu)
+    args = dict(model=model, profile=hw, workload=workload, local_ranks=local_ranks,
+                streams=streams, schedule=schedule)
+    zo = (_gpu_zo if not hw.is_cpu else _cpu_zo_z_model if hw.has_z_model
+          else _cpu_zo_per_param)(**args)
+    lookups = streams * lookup if per_call else lookup
+    return {"embed_s": zo["embed"] + lookups, "update_s": zo["update"],
+            "forward_s": streams * fwd + zo["forward"],
+            "head_s": streams * head_fwd + zo["head"]}
+
+
+def _cpu_zo_per_param(*, model, profile, workload, local_ranks, streams, schedule) -> dict:
+    """CPU profiles without the z model: compute.zo_ns_per_param prices the update
+    task's 2 draws + 2 passes; ZO2's 4 + 4 cost twice that; the stochastic update's noise
+    draw and rounding passes are taken to cost as much as the task again (a rough
+    figure: a measured profile's z model prices them)."""
+    factor = 2.0 if schedule == "zo2" else 1.0
+    if workload.update == "stochastic":
+        factor += 1.0
+    return {"embed": factor * profile.zo_time_s(model.embed_params, local_ranks),
+            "update": factor * profile.zo_time_s(model.block_params, local_ranks),
+            "forward": 0.0,
+            "head": factor * profile.zo_time_s(model.head_params, local_ranks)}
+
+
+def _cpu_zo_z_model(*, model, profile, workload, local_ranks, streams, schedule) -> dict:
+    """CPU profiles with the z model: z draws and passes as measured (zoexec's schedule:
+    2 draws + 2 passes per block, the second stream's perturbation in the forward). The
+    stochastic update replaces the update pass by its noise, drawn chunk by chunk on
+    one thread (z_chunk_us a chunk, z_ns_per_elem an element), and SR_BYTES of
+    element-wise work (SR_BYTES / CPU_PASS_BYTES passes)."""
+    hw, lr = profile, local_ranks
     block, resident = model.block_tensor_numels(), model.resident_tensor_numels()
     z_block, z_res = hw.z_time_s(block, lr), hw.z_time_s(resident, lr)
     pass_block = hw.pass_time_s(model.block_params, lr)
     pass_res = hw.pass_time_s(model.resident_params, lr)
-    return {"embed_s": 2 * z_res + (1 + streams) * pass_res + streams * lookup,
-            "update_s": 2 * (z_block + pass_block),
-            "forward_s": streams * fwd + (streams - 1) * pass_block,
-            "head_s": streams * head_fwd + (streams - 1) * pass_res}
+    upd_block, upd_res = pass_block, pass_res
+    if workload.update == "stochastic":
+        def rounding(numels: list[int], one_pass: float) -> float:
+            c = hw.compute
+            noise = (sr_chunks(numels, "cpu") * c.get("z_chunk_us", 0.0) * 1e-6
+                     + sum(numels) * c["z_ns_per_elem"] * 1e-9)
+            return noise + SR_BYTES / CPU_PASS_BYTES * one_pass
+        upd_block, upd_res = rounding(block, pass_block), rounding(resident, pass_res)
+    if schedule == "zo2":
+        return {"embed": 4 * z_res + upd_res + 3 * pass_res,
+                "update": 4 * z_block + upd_block + 3 * pass_block,
+                "forward": 0.0, "head": 0.0}
+    if workload.update != "stochastic":   # as before the update modes (same floats)
+        return {"embed": 2 * z_res + (1 + streams) * pass_res,
+                "update": 2 * (z_block + pass_block),
+                "forward": (streams - 1) * pass_block, "head": (streams - 1) * pass_res}
+    return {"embed": 2 * z_res + upd_res + streams * pass_res,
+            "update": 2 * z_block + upd_block + pass_block,
+            "forward": (streams - 1) * pass_block, "head": (streams - 1) * pass_res}
+
+
+def _gpu_zo(*, model, profile, workload, local_ranks, streams, schedule) -> dict:
+    """GPU: z draws at z_launch_us per tensor + z_ns_per_elem per element (one launch
+    per tensor, docs/precision.md), passes by their bytes at HBM bandwidth
+    (zo_pass_bytes), the stochastic update as SR_BYTES at HBM bandwidth, its noise drawn
+    like z and SR_KERNELS launches a chunk (sr_chunks)."""
+    hw = profile
+    p, c = dtype_bytes(workload.param_dtype), dtype_bytes(workload.compute_dtype)
+    upd, pert = zo_pass_bytes(param_bytes=p, compute_bytes=c)
+    block, resident = model.block_tensor_numels(), model.resident_tensor_numels()
+    z_block, z_res = hw.z_time_s(block), hw.z_time_s(resident)
+
+    def update(numels: list[int]) -> float:
+        if workload.update != "stochastic":
+            return hw.hbm_time_s(upd * sum(numels))
+        chunks = sr_chunks(numels, "cuda")
+        return ((1 + SR_KERNELS) * chunks * hw.compute["z_launch_us"] * 1e-6
+                + sum(numels) * hw.compute["z_ns_per_elem"] * 1e-9
+                + hw.hbm_time_s(SR_BYTES * sum(numels)))
+    upd_block, upd_res = update(block), update(resident)
+    if schedule == "zo2":   # in place: perturb, -2 eps, restore; a cast per stream
+        extra = 3 * (2 * p + c) + (streams * (p + c) if p != c else 0)
+        return {"embed": 4 * z_res + upd_res + hw.hbm_time_s(extra * model.resident_params),
+                "update": 4 * z_block + upd_block + hw.hbm_time_s(extra * model.block_params),
+                "forward": 0.0, "head": 0.0}
+    return {"embed": 2 * z_res + upd_res + hw.hbm_time_s(streams * pert * model.resident_params),
+            "update": 2 * z_block + upd_block + hw.hbm_time_s(pert * model.block_params),
+            "forward": (streams - 1) * hw.hbm_time_s(pert * model.block_params),
+            "head": (streams - 1) * hw.hbm_time_s(pert * model.resident_params)}
 
 
 def node_links(profile: HardwareProfile, local_ranks: int) -> dict[str, float]:
-    """Every shared link of one node, name -> capacity in bytes/s."""
+    """Every shared link of one node, name -> capacity in bytes/s (alone; see
+    contended_links for the capacities while the opposite direction runs)."""
     p = profile.pcie
     links = {HOST_MEM: profile.host["mem_bw_gbps"] * GBPS}
     for lr in range(local_ranks):
         links[f"{PCIE_H2D}/{lr}"] = p["h2d_gbps"] * GBPS
         links[f"{PCIE_D2H}/{lr}"] = p["d2h_gbps"] * GBPS
-        links[f"{PCIE_DUPLEX}/{lr}"] = p["duplex_gbps"] * GBPS
+        links[f"{PCIE_DUPLEX}/{lr}"] = profile.duplex_gbps * GBPS
         if profile.fabric["kind"] in ("nvswitch", "bridge"):
             links[f"{NVLINK}/out{lr}"] = profile.fabric["p2p_gbps"] * GBPS
             links[f"{NVLINK}/in{lr}"] = profile.fabric["p2p_gbps"] * GBPS
@@ -224,6 +360,37 @@ def node_links(profile: HardwareProfile, local_ranks: int) -> dict[str, float]:
             links[f"{UPLINK_H2D}/{g}"] = p["switch_uplink_gbps"] * GBPS
             links[f"{UPLINK_D2H}/{g}"] = p["switch_uplink_gbps"] * GBPS
     return links
+
+
+def contended_links(profile: HardwareProfile, links: dict[str, float]
+                    ) -> dict[str, tuple[str, float]]:
+    """Direction links whose capacity drops while the opposite direction of the same
+    link carries a transfer: link -> (opposite link, capacity then, bytes/s). A GPU's
+    PCIe link (pcie.h2d_duplex_gbps / d2h_duplex_gbps: A100s measure H2D at 11-13 GB/s
+    while D2H stays near 24) and, where the profile gives its figures, a switch uplink.
+    Never above the capacity alone."""
+    out: dict[str, tuple[str, float]] = {}
+    pairs = [(PCIE_H2D, PCIE_D2H, "gpu"), (UPLINK_H2D, UPLINK_D2H, "uplink")]
+    for h2d_class, d2h_class, kind in pairs:
+        rates = profile.duplex_rates_gbps(kind)
+        if rates is None:
+            continue
+        for name in links:
+            if link_class(name) != h2d_class:
+                continue
+            other = f"{d2h_class}/{name.split('/', 1)[1]}"
+            out[name] = (other, min(links[name], rates[0] * GBPS))
+            out[other] = (name, min(links[other], rates[1] * GBPS))
+    return out
+
+
+def fence_needed(profile: HardwareProfile, layout: Layout) -> bool:
+    """Whether each block's write-back waits for a CUDA fence collective (zoexec's
+    Trainer._fence: a node all-reduce of a token after every local rank's h2d, when
+    1 < local ranks and slices < local ranks; the all-gather orders it otherwise; CPU
+    ranks wait on read stamps in shared memory instead, no collective)."""
+    return (not profile.is_cpu and 1 < layout.local_ranks
+            and layout.slices < layout.local_ranks)
 
 
 def _switch_index(profile: HardwareProfile, local_rank: int) -> int | None:
@@ -276,6 +443,8 @@ def _allgather_flows(profile: HardwareProfile, local_rank: int, slices: int,
 
 # ---- graph --------------------------------------------------------------------------
 _DATA, _BUFFER, _FENCE, _ORDER = ({"why": w} for w in ("data", "buffer", "fence", "order"))
+FENCE = "fence"   # the CUDA write-back fence's collective: simulated, not a span of the trace
+LANE_OF = {**KIND_LANE, FENCE: KIND_LANE["allgather"]}   # the executor's collective stream
 
 
 def rank_order(costs: StepCosts, num_blocks: int) -> list[tuple[str, int]]:
@@ -287,6 +456,7 @@ def rank_order(costs: StepCosts, num_blocks: int) -> list[tuple[str, int]]:
 
 def _block_kinds(costs: StepCosts) -> list[str]:
     middle = ["allgather"] if costs.layout.slices > 1 else []
+    middle += [FENCE] if costs.fence_s else []
     return ["h2d", *middle, "update", "forward", "d2h"]
 
 
@@ -294,8 +464,9 @@ def build_step_graph(costs: StepCosts, *, num_blocks: int | None = None):
     """The networkx DiGraph of one step on node 0 (`num_blocks` < the model's blocks
     gives the reduced graphs the search extrapolates from)."""
     num_blocks = costs.num_blocks if num_blocks is None else num_blocks
-    graph = nx.DiGraph(links=dict(costs.links), concurrent=costs.concurrent,
-                       num_blocks=num_blocks, local_ranks=costs.local_ranks)
+    graph = nx.DiGraph(links=dict(costs.links), contended=dict(costs.contended),
+                       concurrent=costs.concurrent, num_blocks=num_blocks,
+                       local_ranks=costs.local_ranks)
     order = rank_order(costs, num_blocks)
     nodes, edges = [], []
     for lr in range(costs.local_ranks):
@@ -308,20 +479,22 @@ def build_step_graph(costs: StepCosts, *, num_blocks: int | None = None):
 
 
 def _engine_of(costs: StepCosts, rank: int, kind: str) -> str:
-    return f"r{rank}/{KIND_LANE[kind] if costs.concurrent else SERIAL_LANE}"
+    return f"r{rank}/{LANE_OF[kind] if costs.concurrent else SERIAL_LANE}"
 
 
 def _rank_nodes(costs: StepCosts, lr: int, order: list[tuple[str, int]]) -> list:
-    engines = {kind: _engine_of(costs, lr, kind) for kind in KIND_LANE}
-    work = {kind: _work(costs, lr, kind) for kind in KIND_LANE}
+    engines = {kind: _engine_of(costs, lr, kind) for kind in LANE_OF}
+    work = {kind: _work(costs, lr, kind) for kind in LANE_OF}
     nodes, seq = [], dict.fromkeys(engines.values(), -1)
     for kind, block in order:
         engine = engines[kind]
         seq[engine] += 1
-        attrs = {"kind": kind, "rank": lr, "block": block, "lane": KIND_LANE[kind],
-                 "engine": engine, "seq": seq[engine], **work[kind]}
+        attrs = {"kind": kind, "rank": lr, "block": block, "lane": LANE_OF[kind],
+                 "engine": engine, "seq": seq[engine], "record": kind != FENCE, **work[kind]}
         if kind == "allgather":
             attrs["group"] = ("allgather", block, lr // costs.layout.slices)
+        elif kind == FENCE:
+            attrs["group"] = (FENCE, block, 0)   # every local rank of the node
         nodes.append((task_id(kind, lr, block), attrs))
     return nodes
 
@@ -335,6 +508,8 @@ def _work(costs: StepCosts, lr: int, kind: str) -> dict:
         work["flows"] = getattr(costs, kind)[lr]
     elif kind == "allgather":
         work.update(dur_s=costs.allgather_latency_s, flows=costs.allgather[lr])
+    elif kind == FENCE:
+        work["dur_s"] = costs.fence_s
     elif kind == "allreduce":
         work.update(dur_s=costs.allreduce_s, group=("allreduce", NO_BLOCK, 0))
     return work
@@ -348,17 +523,18 @@ def _rank_edges(costs: StepCosts, lr: int, num_blocks: int) -> list:
     edges = []
     for b in range(num_blocks):
         h2d, upd, fwd, d2h = (f"{k}/b{b}/r{lr}" for k in ("h2d", "update", "forward", "d2h"))
+        ready = h2d
         if lay.slices > 1:
-            ag = f"allgather/b{b}/r{lr}"
-            edges += [(f"h2d/b{b}/r{m}", ag, _DATA) for m in group]
-            edges.append((ag, upd, _DATA))
-        else:
-            edges.append((h2d, upd, _DATA))
-        edges += [(upd, fwd, _DATA), (fwd, d2h, _DATA)]
+            ready = f"allgather/b{b}/r{lr}"
+            edges += [(f"h2d/b{b}/r{m}", ready, _DATA) for m in group]
+        edges += [(ready, upd, _DATA), (upd, fwd, _DATA), (fwd, d2h, _DATA)]
         if b >= lay.prefetch:
             edges.append((f"d2h/b{b - lay.prefetch}/r{lr}", h2d, _BUFFER))
-        # write-back fence: the slice group's h2d already precede d2h via the all-gather
-        edges += [(f"h2d/b{b}/r{m}", d2h, _FENCE) for m in outside]
+        if costs.fence_s:   # CUDA: a node collective issued once the block is ready
+            fence = task_id(FENCE, lr, b)
+            edges += [(ready, fence, _DATA), (fence, d2h, _FENCE)]
+        else:   # the slice group's h2d already precede d2h via the all-gather
+            edges += [(f"h2d/b{b}/r{m}", d2h, _FENCE) for m in outside]
     first = f"forward/b0/r{lr}" if num_blocks else task_id("head", lr)
     last = f"forward/b{num_blocks - 1}/r{lr}" if num_blocks else task_id("embed", lr)
     edges += [(task_id("embed", lr), first, _DATA), (last, task_id("head", lr), _DATA)]

@@ -1,44 +1,33 @@
-"""Memory model of a layout: bytes per GPU and per node's host, and why it does not fit.
+"""Whether a layout fits: zoplan.memory's bytes per GPU and per node's host against
+the profile's limits, and why not.
 
-Per GPU (rank), what zoexec's Trainer allocates: min(prefetch, blocks) block buffers
-(stored precision) + the perturbed-weights working block and the z block (compute
-precision) + the resident parts (embeddings + final norm + head) three times in compute
-precision (clean, perturbed working copy, z) + the activations of one block's forward
-over the rank's tokens
-(ModelSpec.block_activation_bytes; x2 for role "+-", whose two streams travel side by
-side) + the head's activations; it must fit device.memory_gib - device.reserved_gib.
-Per node (host): ONE copy of every block (shared by the node's ranks) + a copy of the
-resident parts + each local rank's process overhead; on CPU profiles the ranks' "device"
-memory is host memory too, so it is added.
+The bytes are zoplan.memory's (the one model of what zoexec allocates, checked against
+the executor in tests/unit/test_memory_model.py): per GPU the terms alive at the rank's
+peak (rank_memory: held buffers, a step's hidden states, the largest transient of
+set-up, update, forward or head, and on CUDA NCCL and cuBLAS); they must fit
+device.memory_gib - device.reserved_gib. Per node the host's peak (node_host_memory:
+the block store once, each local rank's process and resident master, on CPU profiles
+every rank's "device" bytes, or the builder's set-up peak); it must fit
+host.memory_gib.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zoplan.hardware import GIB, HardwareProfile
+from zoplan.hardware import HardwareProfile
 from zoplan.layout import Layout
-from zoplan.models import ModelSpec, dtype_bytes
+from zoplan.memory import fmt_bytes, node_host_memory, rank_memory
+from zoplan.models import ModelSpec
 from zoplan.workload import Workload
 
-# Host memory of one rank process besides the shared block store [D]: a torch process
-# with the CUDA runtime, NCCL and pinned staging buffers typically holds ~1-2 GiB of
-# resident memory; a CPU-only torch + gloo process ~0.2-0.4 GiB. Assumed, not measured.
-HOST_OVERHEAD_GIB_PER_RANK = {"cuda": 1.5, "cpu": 0.3}
-
-
-def fmt_bytes(num_bytes: float) -> str:
-    """GiB with one decimal; MiB / KiB for what would read 0.0 GiB."""
-    for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
-        if num_bytes >= 0.1 * size or unit == "KiB":
-            return f"{num_bytes / size:.1f} {unit}"
-    raise AssertionError("unreachable")
+__all__ = ["MemoryEstimate", "estimate_memory", "fmt_bytes"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryEstimate:
-    gpu_parts: dict[str, float]      # part -> bytes, per GPU
-    host_parts: dict[str, float]     # part -> bytes, per node
+    gpu_parts: dict[str, float]      # part -> bytes, per GPU (at the rank's peak)
+    host_parts: dict[str, float]     # part -> bytes, per node (at the host's peak)
     labels: dict[str, str]           # part -> how it is made up, for messages
     gpu_limit_bytes: float
     host_limit_bytes: float
@@ -79,54 +68,29 @@ class MemoryEstimate:
         return None
 
     def _describe(self, parts: dict[str, float]) -> str:
-        return ", ".join(f"{self.labels.get(k, k)}: {fmt_bytes(b)}" for k, b in parts.items())
+        """The parts, largest first, without those too small to read."""
+        shown = sorted(((k, b) for k, b in parts.items() if b >= 0.001 * sum(parts.values())),
+                       key=lambda kb: -kb[1])
+        return ", ".join(f"{self.labels.get(k, k)}: {fmt_bytes(b)}" for k, b in shown)
 
 
 def estimate_memory(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
                     layout: Layout) -> MemoryEstimate:
-    gpu, labels = gpu_parts(model=model, workload=workload, layout=layout)
-    host, host_labels = host_parts(model=model, profile=profile, workload=workload,
-                                   layout=layout)
-    if profile.is_cpu:
-        host["rank_buffers"] = layout.local_ranks * sum(gpu.values())
-        host_labels["rank_buffers"] = f"{layout.local_ranks} x rank buffers"
-    return MemoryEstimate(gpu_parts=gpu, host_parts=host, labels={**labels, **host_labels},
+    kind = profile.device["kind"]
+    rank = rank_memory(model=model, workload=workload, layout=layout, device_kind=kind)
+    host = node_host_memory(model=model, workload=workload, layout=layout, device_kind=kind)
+    gpu_terms, host_terms = rank.peak_terms(), host.peak_terms()
+    labels = {t.key: t.label for t in gpu_terms}
+    labels.update({t.key: t.label for t in host_terms})
+    return MemoryEstimate(gpu_parts=_merge(gpu_terms), host_parts=_merge(host_terms),
+                          labels=labels,
                           gpu_limit_bytes=profile.device_memory_bytes,
                           host_limit_bytes=profile.host_memory_bytes,
                           reserved_gib=float(profile.device["reserved_gib"]))
 
 
-def gpu_parts(*, model: ModelSpec, workload: Workload, layout: Layout
-              ) -> tuple[dict[str, float], dict[str, str]]:
-    tokens = workload.batch // layout.ddp * workload.seq
-    streams = 2 if layout.pertp == 1 else 1
-    block = model.block_bytes(workload.param_dtype)
-    cbytes = dtype_bytes(workload.compute_dtype)
-    buffers = max(1, min(layout.prefetch, model.num_layers))
-    act = model.block_activation_bytes(tokens, workload.seq, workload.compute_dtype)
-    parts = {
-        "block_buffers": float(buffers * block),
-        "perturbed_scratch": float(2 * model.block_params * cbytes),
-        "resident": float(3 * model.resident_params * cbytes),
-        "activations": float(streams * act),
-        "head_activations": float(model.head_activation_bytes(tokens)),
-    }
-    labels = {"block_buffers": f"{buffers} x {fmt_bytes(block)} block buffers",
-              "perturbed_scratch": "perturbed working block + z block",
-              "resident": "resident embeddings + head (clean, perturbed, z)",
-              "activations": f"activations ({streams} x {tokens} tokens)",
-              "head_activations": "head activations"}
-    return parts, labels
-
-
-def host_parts(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
-               layout: Layout) -> tuple[dict[str, float], dict[str, str]]:
-    per_rank_gib = HOST_OVERHEAD_GIB_PER_RANK[profile.device["kind"]]
-    parts = {
-        "blocks": float(model.num_layers * model.block_bytes(workload.param_dtype)),
-        "resident_copy": float(model.resident_bytes(workload.param_dtype)),
-        "rank_processes": float(layout.local_ranks * per_rank_gib * GIB),
-    }
-    labels = {"blocks": f"{model.num_layers} blocks", "resident_copy": "resident copy",
-              "rank_processes": f"{layout.local_ranks} x {per_rank_gib:g} GiB rank processes"}
-    return parts, labels
+def _merge(terms) -> dict[str, float]:
+    parts: dict[str, float] = {}
+    for term in terms:
+        parts[term.key] = parts.get(term.key, 0.0) + float(term.bytes)
+    return parts

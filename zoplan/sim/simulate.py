@@ -7,7 +7,10 @@ program order; a task starts when its dependencies are done. A collective starts
 its last member reaches it and ends for all members at once.
 
 Links (`FairShareNetwork`): a transfer is a set of flows, each crossing a route of links
-and optionally capped on its own (the collective table). At every instant the rates are
+and optionally capped on its own (the collective table). A direction link of a PCIe
+link or switch uplink may have a lower capacity while its opposite direction carries a
+flow (duplex: an A100's H2D drops to 11-13 GB/s while D2H runs, D2H stays near 24).
+At every instant the rates are
 the max-min fair allocation (progressive filling): raise all rates together, freeze the
 flows of a link when it saturates (or a flow when it reaches its own cap), repeat. When a
 flow starts or ends, only the flows of its component (the links that routes join, e.g.
@@ -20,7 +23,7 @@ one timer; a rate change re-arms it and the stale timer is ignored (SimPy cannot
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import simpy
@@ -38,6 +41,7 @@ class SimResult:
     step_time_s: float
     spans: tuple[Span, ...]
     link_bytes: dict[str, float]
+    times: dict = field(default_factory=dict, compare=False, repr=False)  # name -> (start, end)
 
 
 class _Flow:
@@ -60,10 +64,19 @@ class FairShareNetwork:
     decomposes), so this is exact, and cheaper than finding the connected flows."""
 
     def __init__(self, env: simpy.Environment, capacities: list[float],
-                 component_of: list[int] | None = None):
+                 component_of: list[int] | None = None,
+                 contended: dict[int, tuple[int, float]] | None = None):
+        """`contended`: link -> (opposite link, capacity while that one carries a
+        flow); both must be in one component (link_components(..., pairs))."""
         self.env = env
-        self.cap = list(capacities)
+        self.base = list(capacities)
+        self.cap = list(capacities)      # capacities now (contended links may drop)
         self.component_of = component_of or [0] * len(capacities)
+        self.contended = dict(contended or {})
+        self.watchers: dict[int, list[int]] = {}   # opposite link -> links it lowers
+        for link, (other, _) in sorted(self.contended.items()):
+            self.watchers.setdefault(other, []).append(link)
+        self.busy = [0] * len(capacities)           # active flows per link
         self.active: list[_Flow] = []
         self.by_component: dict[int, list[_Flow]] = {}
         self.link_bytes = [0.0] * len(capacities)
@@ -83,6 +96,7 @@ class FairShareNetwork:
                 continue
             flow = _Flow(float(size), links, cap, batch)
             batch[0] += 1
+            self._occupy(links, +1)
             self.active.append(flow)
             comp = self.component_of[links[0]] if links else -1 - id(flow)
             self.by_component.setdefault(comp, []).append(flow)
@@ -92,6 +106,19 @@ class FairShareNetwork:
         else:
             self._request_recompute()
         return done
+
+    def _occupy(self, links: tuple[int, ...], delta: int) -> None:
+        """Count a flow on its links; a link that becomes busy or idle sets the
+        capacity of the links it contends with (re-rated at this instant's recompute)."""
+        for link in links:
+            before = self.busy[link]
+            self.busy[link] += delta
+            if (before == 0) == (self.busy[link] == 0):
+                continue
+            for other in self.watchers.get(link, ()):
+                self.cap[other] = (self.contended[other][1] if self.busy[link]
+                                   else self.base[other])
+                self._dirty.add(self.component_of[other])
 
     # ---- time keeping -----------------------------------------------------------
     def _advance(self) -> None:
@@ -152,13 +179,15 @@ class FairShareNetwork:
         self._dirty.add(comp)
         for link in flow.links:
             self.link_bytes[link] += flow.size
+        self._occupy(flow.links, -1)
         flow.batch[0] -= 1
         if flow.batch[0] == 0:
             flow.batch[1].succeed()
 
 
 def link_components(num_links: int, routes) -> list[int]:
-    """Static component of each link: union of the links of every route."""
+    """Static component of each link: union of the links of every route (a pair of
+    links that contend, given as a route of two, joins their components too)."""
     parent = list(range(num_links))
 
     def root(i: int) -> int:
@@ -238,8 +267,13 @@ class _Sim:
         routes: dict = {}
         self.flows = [[(f.num_bytes, _route(routes, link_index, f.route), f.cap_Bps)
                        for f in a["flows"]] for a in self.attrs]
+        contended = {link_index[name]: (link_index[other], cap)
+                     for name, (other, cap) in graph.graph.get("contended", {}).items()
+                     if name in link_index and other in link_index}
+        pairs = [(a, b) for a, (b, _) in contended.items()]
         self.net = FairShareNetwork(self.env, [links[n] for n in self.link_names],
-                                    link_components(len(links), list(routes.values())))
+                                    link_components(len(links), list(routes.values()) + pairs),
+                                    contended)
         self.dur = [a["dur_s"] for a in self.attrs]
         self.finished = [False] * len(names)
         self.waiters: dict[int, Event] = {}   # task -> event, made only when waited for
@@ -318,9 +352,15 @@ class _Sim:
         group.done.succeed()
 
     def spans(self) -> tuple[Span, ...]:
+        """The spans of the recorded tasks (a node with `record` false, the CUDA fence,
+        is simulated but the executor does not trace it)."""
         return tuple(Span(kind=a["kind"], rank=a["rank"], block=a["block"], lane=a["lane"],
                           start_s=self.start[i], dur_s=self.end[i] - self.start[i])
-                     for i, a in enumerate(self.attrs))
+                     for i, a in enumerate(self.attrs) if a.get("record", True))
+
+    def times(self) -> dict[str, tuple[float, float]]:
+        """(start, end) of every task by name, recorded or not."""
+        return {name: (self.start[i], self.end[i]) for i, name in enumerate(self.names)}
 
 
 def _route(cache: dict, link_index: dict, route: tuple[str, ...]) -> tuple[int, ...]:
@@ -337,4 +377,5 @@ def simulate(graph, *, record_spans: bool = True) -> SimResult:
     assert not unfinished, f"simulation deadlocked at {unfinished[:3]}"
     return SimResult(step_time_s=max(sim.end, default=0.0),
                      spans=sim.spans() if record_spans else (),
-                     link_bytes=dict(zip(sim.link_names, sim.net.link_bytes)))
+                     link_bytes=dict(zip(sim.link_names, sim.net.link_bytes)),
+                     times=sim.times() if record_spans else {})

@@ -15,6 +15,19 @@ from rich.table import Table
 from zoplan.hardware import HardwareProfile
 
 KIB = 2**10
+# The figures the summary shows, where the profile has them (CPU and GPU profiles differ).
+SUMMARY_FIGURES = (
+    ("device", ("hbm_gbps",)),
+    ("pcie", ("h2d_gbps", "d2h_gbps", "h2d_duplex_gbps", "d2h_duplex_gbps",
+              "uplink_h2d_duplex_gbps", "uplink_d2h_duplex_gbps")),
+    ("host", ("mem_bw_gbps",)),
+    ("collective", ("latency_us", "allreduce_small_us")),
+    ("compute", ("peak_tflops", "tf32_tflops", "fp32_tflops", "m_half_tokens", "overhead_us",
+                 "mem_gbps", "zo_ns_per_param", "z_launch_us", "rank_scaling",
+                 "zo_rank_scaling", "attn_tflops", "elem_ns", "rope_overhead_us",
+                 "z_ns_per_elem", "z_call_us", "z_chunk_us", "zo_pass_ns", "z_rank_scaling",
+                 "mem_rank_scaling", "rank_jitter")),
+)
 
 
 @contextlib.contextmanager
@@ -41,17 +54,9 @@ def render_summary(profile: HardwareProfile, path: Path, console) -> None:
     table = Table(title=f"{profile.name}: measured figures", show_lines=False)
     for col in ("figure", "value", "how it was measured (see sources)"):
         table.add_column(col, no_wrap=col == "figure")
-    rows = [("pcie.h2d_gbps", profile.pcie["h2d_gbps"]), ("pcie.d2h_gbps", profile.pcie["d2h_gbps"]),
-            ("host.mem_bw_gbps", profile.host["mem_bw_gbps"]),
-            ("collective.latency_us", profile.collective["latency_us"]),
-            ("collective.allreduce_small_us", profile.collective["allreduce_small_us"])]
-    rows += [(f"compute.{k}", profile.compute[k]) for k in
-             ("peak_tflops", "m_half_tokens", "overhead_us", "mem_gbps", "zo_ns_per_param",
-              "rank_scaling", "zo_rank_scaling", "attn_tflops", "elem_ns", "rope_overhead_us",
-              "z_ns_per_elem",
-              "z_call_us", "z_chunk_us", "zo_pass_ns", "z_rank_scaling", "mem_rank_scaling",
-              "rank_jitter")
-             if k in profile.compute]
+    rows = [(f"{section}.{key}", getattr(profile, section)[key])
+            for section, keys in SUMMARY_FIGURES for key in keys
+            if key in getattr(profile, section)]
     for key, value in rows:
         how = re.sub(r"^\[M\] zoplan profile \S+ ", "", profile.sources.get(key, ""))
         table.add_row(key, f"{value:g}", how)

@@ -1,0 +1,418 @@
+"""What one zoexec rank allocates on its device, and one node on its host: the ONE
+memory model, term by term, with labels. The planner prices layouts with it
+(zoplan.sim.memory adds the profile's limits), hand_plan writes it into plans, zoexec's
+pre-flight checks a machine against it, and tests/unit/test_memory_model.py runs the
+executor on the CPU under an allocation tracker and compares (within 5%).
+
+Device of one rank (zoexec.engine.Trainer), n = block numel, r = resident numel,
+p / c = bytes of the stored / compute precision, t = the rank's tokens (batch / ddp x
+seq), streams = 2 for role "+-" (pertp 1), else 1:
+  held from set-up to the end (Trainer._allocate)
+    block buffers      max(1, min(prefetch, blocks)) x store stride x p
+    working block, z   n x c each
+    resident clean     r x p (update "master": the fp32 masters)
+    resident work, z   r x c each
+    rounding scratch   update "stochastic": SR_SCRATCH x min(sr_chunk, largest tensor) x 4
+    cuBLAS workspace   CUDA: 32 MiB, from torch's allocator at the first GEMM
+  held through a step
+    token ids          t x 8;  hidden states  streams x t x hidden x c
+    block context      streams x (seq x 8 position ids [+ Llama/Qwen3 cos, sin: 2 x seq x head_dim x c])
+  the largest transient, on top of the above (one at a time)
+    set-up     while the model is moved to the device and bound: the module's own copies
+               of the resident parts (r x c) and of block 0 (n x c) beside the buffers
+    update     on rank 0's first update of block 0, the check of what the update did
+               (a copy of up to 2^20 weights beside it, then 3 byte masks); 16-bit z
+               added to fp32 on the CPU: the kernel's fp32 copy of z (stochastic: 4
+               bytes an element of one chunk; fp32 masters with 16-bit compute: 8 bytes
+               an element of the block, the result being made in fp32 too). The
+               stochastic rounding itself works in place on its scratch (no temporaries)
+    forward    ModelSpec.block_activation_bytes: one stream's block forward (CPU, fp32
+               masters with 16-bit compute, role "+-": the second perturbation's kernel
+               scratch, 8 bytes an element, if larger)
+    head       ModelSpec.head_activation_bytes (likewise for the resident parts)
+    embed      the embeddings' temporaries, or the resident parts' update
+  outside torch's allocator (CUDA only): the NCCL communicators' buffers.
+Terms marked kernel=True are scratch inside one CPU kernel call, not a live tensor
+(rank_memory(kernel_scratch=False) leaves them out: what zoexec.memtrack's tracker
+sees). Tensors under 1 KiB (the fence token, the loss vector) are left out.
+
+Host of one node: the block store (shared), a resident master per CUDA rank, each rank
+process's own memory, on CPU profiles every rank's "device" bytes; or, if larger, the
+set-up peak while local rank 0 fills the store block by block (node_host_memory).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zoplan.execrules import SR_SCRATCH, sr_chunk
+from zoplan.layout import Layout
+from zoplan.models import ModelSpec, dtype_bytes
+from zoplan.workload import Workload
+
+GIB = 2**30
+MIB = 2**20
+ALIGN_ELEMENTS = 64          # zoexec.store: every slice / share starts on a 64-element boundary
+LOST_UPDATE_SAMPLE = 1 << 20   # zoexec.precision.SAMPLE: weights the first-update check copies
+CPU_CAST_BYTES = 8           # fp32 + 16-bit -> 16-bit `out` on the CPU: z cast to fp32 (4) and
+                             # the fp32 result (4), inside the kernel [torch profiler, measured]
+
+# NCCL's buffers live outside torch's allocator, one set per communicator a rank joins
+# [D]: NVIDIA/nccl#964 measured through PyTorch on 4x A100 with NVLink, a 4 MB
+# all-reduce per group: +544 MB for a 2-rank communicator, +688 MB for 3-4 ranks. NCCL
+# 2.22+ connects lazily, so this is what the collectives zoexec runs (all-reduce,
+# all-gather) can cost, not a floor. A group of one rank is not counted (zoexec runs no
+# collective on it).
+NCCL_COMM_BYTES_PAIR = 544 * MIB
+NCCL_COMM_BYTES_GROUP = 688 * MIB
+# torch's cuBLAS workspace, from its caching allocator, one per (handle, stream) that
+# runs GEMMs (zoexec: the compute stream) [D]: torch's default CUBLAS_WORKSPACE_CONFIG
+# is :4096:8 = 32 MiB on Hopper, 8.1 MiB on older GPUs; the larger is counted.
+CUBLAS_WORKSPACE_BYTES = 32 * MIB
+# Host memory of one rank process besides the block store [D]: a torch process with the
+# CUDA runtime, NCCL and pinned staging buffers typically holds ~1-2 GiB resident; a
+# CPU-only torch + gloo process ~0.2-0.4 GiB. Assumed, not measured.
+HOST_OVERHEAD_BYTES_PER_RANK = {"cuda": int(1.5 * GIB), "cpu": int(0.3 * GIB)}
+DEVICE_KINDS = ("cuda", "cpu")
+AFTER_SETUP = {"cublas_workspace"}   # held terms that appear after Trainer._allocate
+
+
+def fmt_bytes(num_bytes: float) -> str:
+    """GiB with one decimal; MiB / KiB for what would read 0.0 GiB."""
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
+        if num_bytes >= 0.1 * size or unit == "KiB":
+            return f"{num_bytes / size:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def store_stride(block_numel: int, *, slices: int, local_ranks: int) -> int:
+    """Elements per block in the node's store (zoexec.store.stride_for): block_numel
+    rounded up so that it splits into `slices` and into `local_ranks` equal, aligned
+    pieces."""
+    unit = math.lcm(slices, local_ranks) * ALIGN_ELEMENTS
+    return -(-block_numel // unit) * unit
+
+
+@dataclass(frozen=True, kw_only=True)
+class Term:
+    """One allocation: a key, its bytes and what it is, for messages."""
+
+    key: str
+    bytes: int
+    label: str
+    kernel: bool = False     # inside one kernel call, not a live tensor
+
+
+def _sum(terms) -> int:
+    return sum(t.bytes for t in terms)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankMemory:
+    """The device bytes of one rank: `held` (set-up to the end), `step` (through a
+    step), the transient of each phase on top of both (`setup` is a whole of its own:
+    nothing of a step exists then), and `outside` torch's allocator."""
+
+    held: tuple[Term, ...]
+    step: tuple[Term, ...]
+    transients: dict[str, tuple[Term, ...]]
+    setup: tuple[Term, ...]
+    outside: tuple[Term, ...]
+
+    def phase_bytes(self, phase: str) -> int:
+        """What torch has allocated at the peak of `phase` ("setup" or a transient)."""
+        if phase == "setup":   # the buffers Trainer._allocate keeps exist by its end
+            return max(_sum(self.setup), _sum(self._allocated_at_setup()))
+        return _sum(self.held) + _sum(self.step) + _sum(self.transients[phase])
+
+    def _allocated_at_setup(self) -> list[Term]:
+        return [t for t in self.held if t.key not in AFTER_SETUP]
+
+    @property
+    def phases(self) -> list[str]:
+        return ["setup", *self.transients]
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phase_bytes)
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Peak of what torch allocates (what a tracker or max_memory_allocated sees)."""
+        return self.phase_bytes(self.peak_phase)
+
+    @property
+    def steady_bytes(self) -> int:
+        """What stays allocated through a step, between its transients."""
+        return _sum(self.held) + _sum(self.step)
+
+    @property
+    def total_bytes(self) -> int:
+        """The device memory the rank needs: torch's peak + NCCL's buffers."""
+        return self.allocated_bytes + _sum(self.outside)
+
+    def peak_terms(self) -> list[Term]:
+        """The terms alive at the peak; they sum to total_bytes."""
+        phase = self.peak_phase
+        if phase == "setup":
+            return [*max(self.setup, self._allocated_at_setup(), key=_sum), *self.outside]
+        return [*self.held, *self.step, *self.transients[phase], *self.outside]
+
+    def dominant(self) -> Term:
+        return max(self.peak_terms(), key=lambda t: t.bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostMemory:
+    """The host bytes of one node: `steady` (while training) and `setup` (while the
+    builder makes the model and fills the store), both wholes."""
+
+    steady: tuple[Term, ...]
+    setup: tuple[Term, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return max(_sum(self.steady), _sum(self.setup))
+
+    def peak_terms(self) -> list[Term]:
+        return list(self.setup if _sum(self.setup) > _sum(self.steady) else self.steady)
+
+    def dominant(self) -> Term:
+        return max(self.peak_terms(), key=lambda t: t.bytes)
+
+
+# ---- the device of one rank -------------------------------------------------------------
+def rank_memory(*, model: ModelSpec, workload: Workload, layout: Layout, device_kind: str,
+                kernel_scratch: bool = True) -> RankMemory:
+    """The device bytes of rank 0 of `layout` on a `device_kind` device (every rank
+    alike, but for the check of the first update, which rank 0 alone runs).
+    `kernel_scratch` False leaves out what CPU kernels allocate and free inside one call
+    (no live tensor: what zoexec.memtrack.AllocationTracker measures)."""
+    if device_kind not in DEVICE_KINDS:
+        raise ValueError(f"device_kind must be one of {', '.join(DEVICE_KINDS)}, got {device_kind!r}")
+    held = _held(model, workload, layout, device_kind)
+    step = _step(model, workload, layout)
+    kernel = kernel_scratch
+    transients = {
+        "update": _update(model, workload, device_kind, kernel=kernel),
+        "forward": _forward(model, workload, layout, device_kind, kernel=kernel),
+        "head": _head(model, workload, layout, device_kind, kernel=kernel),
+        "embed": _embed(model, workload, layout, device_kind, step, kernel=kernel),
+    }
+    return RankMemory(held=tuple(held), step=tuple(step), transients=transients,
+                      setup=tuple(_setup(model, workload, layout, device_kind)),
+                      outside=tuple(_outside(layout, device_kind)))
+
+
+def _sizes(model: ModelSpec, workload: Workload) -> tuple[int, int, int, int]:
+    return (model.block_params, model.resident_params, dtype_bytes(workload.param_dtype),
+            dtype_bytes(workload.compute_dtype))
+
+
+def _buffers(model: ModelSpec, workload: Workload, layout: Layout) -> Term:
+    count = max(1, min(layout.prefetch, model.num_layers))
+    stride = store_stride(model.block_params, slices=layout.slices,
+                          local_ranks=layout.local_ranks)
+    one = stride * dtype_bytes(workload.param_dtype)
+    return Term(key="block_buffers", bytes=count * one,
+                label=f"{count} x {fmt_bytes(one)} block buffers")
+
+
+def _working(model: ModelSpec, workload: Workload) -> list[Term]:
+    n, r, p, c = _sizes(model, workload)
+    return [Term(key="work_block", bytes=n * c, label="perturbed working block"),
+            Term(key="z_block", bytes=n * c, label="z of a block"),
+            Term(key="resident_clean", bytes=r * p,
+                 label=f"resident parts, clean ({workload.param_dtype})"),
+            Term(key="resident_work", bytes=r * c, label="resident parts, perturbed"),
+            Term(key="resident_z", bytes=r * c, label="resident parts, z")]
+
+
+def _held(model, workload, layout, device_kind) -> list[Term]:
+    terms = [_buffers(model, workload, layout), *_working(model, workload)]
+    if device_kind == "cuda":   # from torch's allocator at the first GEMM, kept
+        terms.append(Term(key="cublas_workspace", bytes=CUBLAS_WORKSPACE_BYTES,
+                          label="cuBLAS workspace"))
+    if workload.update == "stochastic":
+        size = min(sr_chunk(device_kind), max(model.block_tensor_numels()
+                                              + model.resident_tensor_numels()))
+        terms.append(Term(key="rounding_scratch", bytes=SR_SCRATCH * size * 4,
+                          label=f"stochastic rounding scratch ({SR_SCRATCH} x {size:,} fp32)"))
+    return terms
+
+
+def _tokens(workload: Workload, layout: Layout) -> tuple[int, int]:
+    """(tokens of the rank, perturbation streams it runs side by side)."""
+    return workload.batch // layout.ddp * workload.seq, 2 if layout.pertp == 1 else 1
+
+
+def _step(model: ModelSpec, workload: Workload, layout: Layout) -> list[Term]:
+    tokens, streams = _tokens(workload, layout)
+    c, seq = dtype_bytes(workload.compute_dtype), workload.seq
+    ctx = seq * 8 + (2 * seq * model.head_dim * c if model.family != "opt" else 0)
+    return [Term(key="token_ids", bytes=tokens * 8, label=f"token ids ({tokens} tokens)"),
+            Term(key="hidden_states", bytes=streams * tokens * model.hidden * c,
+                 label=f"hidden states ({streams} x {tokens} tokens)"),
+            Term(key="block_context", bytes=streams * ctx,
+                 label="positions" + (" and rotary cos, sin" if model.family != "opt" else ""))]
+
+
+def kernel_scratch_terms(workload: Workload, device_kind: str, numels: list[int], numel: int,
+                         what: str) -> list[Term]:
+    """What the CPU kernels of an update allocate and free inside one call (kernel=True:
+    no live tensor, so zoexec.memtrack's tracker cannot see it; kernel_peak_bytes can).
+    TensorIterator's CPU path casts a 16-bit z to fp32 before adding it to fp32 (the
+    stochastic rounding's chunk: 4 bytes an element), and with fp32 masters and a 16-bit
+    working copy also computes the result in fp32 before the cast (8 bytes an element).
+    CUDA casts inside the kernel: nothing."""
+    if device_kind != "cpu" or workload.compute_dtype == "fp32":
+        return []
+    if workload.update == "stochastic":
+        chunk = min(sr_chunk(device_kind), max(numels))
+        return [Term(key="kernel_scratch", bytes=4 * chunk, kernel=True,
+                     label=f"fp32 copy of a z chunk inside the {what} (CPU kernel)")]
+    if workload.update == "master":
+        return [Term(key="kernel_scratch", bytes=CPU_CAST_BYTES * numel, kernel=True,
+                     label=f"fp32 temporaries of the {what}'s mixed-precision passes (CPU kernel)")]
+    return []
+
+
+def _update(model, workload, device_kind, *, kernel: bool) -> list[Term]:
+    """The deferred update and perturbation of one block; on rank 0's first update of
+    block 0, beside it, the check of what it did (zoexec.precision.LostUpdates: a copy
+    of the first weights, then three byte masks)."""
+    n, p = model.block_params, dtype_bytes(workload.param_dtype)
+    scratch = kernel_scratch_terms(workload, device_kind, model.block_tensor_numels(), n,
+                              "update") if kernel else []
+    sample = min(LOST_UPDATE_SAMPLE, n)
+    masks = Term(key="update_check_masks", bytes=3 * sample,
+                 label=f"first-update check, masks ({sample:,} weights)")
+    copy = Term(key="update_check_copy", bytes=sample * p,
+                label=f"first-update check, copy (rank 0, {sample:,} weights)")
+    return [copy, *max(scratch, [masks], key=_sum)]
+
+
+def _forward(model, workload, layout, device_kind, *, kernel: bool) -> list[Term]:
+    """One stream's block forward, or (role "+-") the second perturbation between the
+    two streams' forwards."""
+    tokens, streams = _tokens(workload, layout)
+    act = [Term(key="block_activations", bytes=model.block_activation_bytes(
+        tokens, workload.seq, workload.compute_dtype), label=f"one block's forward ({tokens} tokens)")]
+    if streams == 1 or not kernel or workload.update != "master":
+        return act
+    scratch = kernel_scratch_terms(workload, device_kind, [], model.block_params, "perturbation")
+    return max(act, scratch, key=_sum)
+
+
+def _head(model, workload, layout, device_kind, *, kernel: bool) -> list[Term]:
+    """The head of one stream, or (role "+-") the resident parts' second perturbation."""
+    tokens, streams = _tokens(workload, layout)
+    act = [Term(key="head_activations",
+                bytes=model.head_activation_bytes(tokens, workload.compute_dtype),
+                label=f"head: logits and fp32 log-softmax ({tokens} tokens)")]
+    if streams == 1 or not kernel or workload.update != "master":
+        return act
+    scratch = kernel_scratch_terms(workload, device_kind, [], model.resident_params,
+                              "resident perturbation")
+    return max(act, scratch, key=_sum)
+
+
+def _embed(model, workload, layout, device_kind, step: list[Term], *,
+           kernel: bool) -> list[Term]:
+    """The embeddings' temporaries, or the resident parts' update and perturbation
+    (before any hidden state exists), whichever is larger."""
+    tokens, _ = _tokens(workload, layout)
+    c, seq, h = dtype_bytes(workload.compute_dtype), workload.seq, model.hidden
+    if model.family == "opt":
+        wdim = model.word_embed_proj_dim or h
+        temps = (tokens * max(wdim, h) + (tokens * h if wdim != h else 0) + seq * h) * c
+    else:
+        temps = 4 * seq * model.head_dim * 4       # rotary angles in fp32
+    embed = [Term(key="embed_temporaries", bytes=temps, label="embedding temporaries")]
+    scratch = kernel_scratch_terms(workload, device_kind, model.resident_tensor_numels(),
+                              model.resident_params, "resident update") if kernel else []
+    state = _sum(t for t in step if t.key != "token_ids")
+    if scratch and scratch[0].bytes - state > temps:
+        return [Term(key="kernel_scratch", bytes=scratch[0].bytes - state, kernel=True,
+                     label=scratch[0].label)]
+    return embed
+
+
+def _setup(model, workload, layout, device_kind) -> list[Term]:
+    """Trainer._allocate's peak: the buffers, then the module's copies of block 0 and
+    of the resident parts (parts.to(device)) until the flat buffers replace them. On the
+    CPU the clean resident copy is the host master itself, there from the start."""
+    n, r, p, c = _sizes(model, workload)
+    buffers, work, z, clean, work_r, z_r = _buffers(model, workload, layout), *_working(model, workload)
+    module_block = Term(key="module_block", bytes=n * c, label="block module's own copy (set-up)")
+    module_res = Term(key="module_resident", bytes=r * c,
+                      label="resident module's own copy (set-up)")
+    first = [module_block, module_res] + ([clean] if device_kind == "cpu" else [])
+    second = [module_res, clean, work_r, z_r]
+    return [buffers, work, z, *max(first, second, key=_sum)]
+
+
+def nccl_groups(layout: Layout) -> list[int]:
+    """Sizes of the NCCL communicators a rank joins (zoexec.dist._build_groups): the
+    world, its slice group and its node group, each only where it is not the world
+    itself (a group of the whole world is the world group); the host groups are gloo.
+    Groups of one rank run no collective and are left out."""
+    world = layout.world_size
+    sizes = [world] + [s for s in (layout.slices, layout.local_ranks) if 1 < s < world]
+    return [s for s in sizes if s > 1]
+
+
+def _outside(layout: Layout, device_kind: str) -> list[Term]:
+    if device_kind != "cuda":
+        return []
+    groups = nccl_groups(layout)
+    nccl = sum(NCCL_COMM_BYTES_PAIR if s == 2 else NCCL_COMM_BYTES_GROUP for s in groups)
+    if not nccl:
+        return []
+    return [Term(key="nccl", bytes=nccl, label=f"NCCL buffers ({len(groups)} communicator"
+                                                   f"{'s' if len(groups) != 1 else ''}, [D])")]
+
+
+# ---- the host of one node ----------------------------------------------------------------
+def node_host_memory(*, model: ModelSpec, workload: Workload, layout: Layout,
+                     device_kind: str, random_init: bool = True) -> HostMemory:
+    """The host bytes of one node of `layout`. Steady: the store once, each local rank's
+    process, and its resident master (CUDA; on the CPU every rank's "device" bytes are
+    host memory, the master among them). Set-up (zoexec.node.load_node_model): the
+    store while the builder fills it block by block from a blueprint (resident parts
+    and one template block, in fp32 for a random init, else in the compute precision,
+    beside the resident master), the other local ranks' skeletons (modules bound to
+    zeros, a copy of the handed-over master) and the handover file."""
+    n, r, p, c = _sizes(model, workload)
+    ranks = layout.local_ranks
+    stride = store_stride(n, slices=layout.slices, local_ranks=ranks)
+    store = Term(key="blocks", bytes=model.num_layers * stride * p,
+                 label=f"{model.num_layers} blocks")
+    overhead = HOST_OVERHEAD_BYTES_PER_RANK[device_kind]
+    procs = Term(key="rank_processes", bytes=ranks * overhead,
+                 label=f"{ranks} x {overhead / GIB:g} GiB rank processes")
+    steady = [store, procs]
+    if device_kind == "cuda":
+        steady.append(Term(key="resident_masters", bytes=ranks * r * p,
+                           label=f"{ranks} x resident master ({workload.param_dtype})"))
+    else:
+        device = rank_memory(model=model, workload=workload, layout=layout,
+                             device_kind=device_kind).allocated_bytes
+        steady.append(Term(key="rank_buffers", bytes=ranks * device,
+                           label=f"{ranks} x rank buffers"))
+    made = 4 if random_init else c
+    filled = [store, procs,   # the last block written: the builder's blueprint is still there
+              Term(key="builder_model", bytes=r * (made + p) + n * made,
+                   label="the builder's blueprint (resident parts, one block) and master")]
+    if ranks > 1:
+        filled.append(Term(key="skeletons", bytes=(ranks - 1) * (r + n) * c,
+                           label=f"{ranks - 1} x skeleton of the other local ranks"))
+    handed = [store, procs,   # the resident handover: modules bound to compute-dtype copies
+              Term(key="builder_parts", bytes=r * (c + p) + n * c,
+                   label="the builder's resident parts, working block and master"),
+              Term(key="resident_handover", bytes=r * p, label="resident handover file"),
+              Term(key="skeletons", bytes=(ranks - 1) * (r * (2 * c + p) + n * c),
+                   label=f"{ranks - 1} x skeleton of the other local ranks, rebinding")]
+    setup = max(filled, handed, key=_sum) if ranks > 1 else filled
+    return HostMemory(steady=tuple(steady), setup=tuple(setup))
