@@ -34,33 +34,45 @@ def run_cmd(
     model_path: Annotated[Optional[Path], typer.Option(help="Local HF model directory (config.json + weights); default: random init")] = None,
     init: Annotated[Optional[str], typer.Option(help="'random': seeded random weights (the default without --model-path)")] = None,
     data: Annotated[Optional[Path], typer.Option(help="JSONL file ({'text'} or {'input_ids'} per line); default: the built-in synthetic task")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Training steps (default: 10; with --trace, enough of the plan's predicted steps for 25 s)")] = None,
-    seed: Annotated[int, typer.Option(help="Base seed: z, data order and random init")] = 0,
-    lr: Annotated[float, typer.Option(help="Learning rate")] = 1e-6,
-    eps: Annotated[float, typer.Option(help="Perturbation scale")] = 1e-3,
-    weight_decay: Annotated[float, typer.Option(help="Weight decay (not on biases and norms)")] = 0.0,
-    out: Annotated[Optional[Path], typer.Option(help="Output folder: losses.jsonl and final/ (HF weights)")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps in all (default: 10; with --trace, enough of the plan's predicted steps for 25 s; with --resume, the run's)")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Base seed: z, data order and random init (default 0)")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate (default 1e-6)")] = None,
+    lr_schedule: Annotated[str, typer.Option(help="constant, linear or cosine (decay to 0 over the steps)")] = "constant",
+    warmup_steps: Annotated[int, typer.Option(help="Steps of linear warm-up from 0")] = 0,
+    eps: Annotated[Optional[float], typer.Option(help="Perturbation scale (default 1e-3)")] = None,
+    weight_decay: Annotated[Optional[float], typer.Option(help="Weight decay, not on biases and norms (default 0)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run folder: run.json, losses.jsonl, snapshots/, final/ (HF weights)")] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Continue the run in this folder from its newest snapshot and log")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run an existing --out folder holds")] = False,
+    save_every: Annotated[Optional[str], typer.Option(help="Snapshot every N steps (500) or every duration (30m, 2h); default 30m")] = None,
+    keep: Annotated[int, typer.Option(help="Snapshots kept (the newest)")] = 2,
+    on_nonfinite: Annotated[str, typer.Option(help="A non-finite loss: 'stop' the run (saving the weights before it) or 'skip' the step")] = "stop",
     trace: Annotated[Optional[Path], typer.Option(help="Trace folder: measured spans (zoplan show/calibrate)")] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch threads per rank (default: cores / local ranks)")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display")] = False,
 ) -> None:
     """Run the plan's ranks (here, or one rank per process under torchrun)."""
     try:
-        from zoexec.launch import RankFailure, build_config, run  # torch: after quiet_openmp
+        from zoexec.launch import RankFailure, run  # torch: after quiet_openmp
+        from zoexec.options import build_config
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec run")))
     try:
         cfg = build_config(plan=plan, model_path=model_path, init=init, data=data, steps=steps,
                            seed=seed, lr=lr, eps=eps, weight_decay=weight_decay, out=out,
-                           trace=trace, threads=threads, quiet=quiet)
-        if steps is None and trace is not None and not quiet:
-            step_s = cfg.plan["predicted"]["step_time_s"]
-            err_console.print(f"--trace without --steps: {cfg.steps} steps, about "
-                              f"{(cfg.steps - 1) * step_s:.0f} s of the plan's predicted "
-                              f"{step_s:.3f} s steps (a trace for `zoplan calibrate` "
-                              f"should average 20 s or more of the machine's speeds)",
-                              style="dim", highlight=False)
-        run(cfg)
+                           trace=trace, threads=threads, quiet=quiet, resume=resume,
+                           overwrite=overwrite, save_every=save_every, keep=keep,
+                           on_nonfinite=on_nonfinite, lr_schedule=lr_schedule,
+                           warmup_steps=warmup_steps)
+        def note() -> None:
+            if steps is None and trace is not None and not quiet and resume is None:
+                step_s = cfg.plan["predicted"]["step_time_s"]
+                err_console.print(f"--trace without --steps: {cfg.steps} steps, about "
+                                  f"{(cfg.steps - 1) * step_s:.0f} s of the plan's predicted "
+                                  f"{step_s:.3f} s steps (a trace for `zoplan calibrate` "
+                                  f"should average 20 s or more of the machine's speeds)",
+                                  style="dim", highlight=False)
+        run(cfg, checked=note)
     except ZoError as exc:
         exit_with_error(str(exc), EXIT_USER_ERROR)
     except RankFailure as exc:
@@ -71,6 +83,28 @@ def main() -> None:
     """Entry point. Standalone mode: click shows usage errors (exit 2) and exits with
     typer.Exit's code; run_cmd turns ZoError / RankFailure into one red line."""
     app()
+
+
+@app.command("clean")
+def clean_cmd(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed; remove nothing")] = False,
+) -> None:
+    """Remove the shared-memory files of zoexec runs that died (never a live run's)."""
+    from zoexec.shmfiles import FOREIGN, LIVE, SHM_DIR, STALE, UNOWNED, freed_line, sweep
+    from zoplan.memory import fmt_bytes
+
+    found = sweep(dry_run=dry_run)
+    console = Console(highlight=False, soft_wrap=True)
+    notes = {STALE: ("would remove" if dry_run else "removed", "its owner, pid {pid}, has exited"),
+             LIVE: ("kept", "in use: its owner, pid {pid}, is running"),
+             UNOWNED: ("left", "no owner in its name: remove it by hand if no run uses it"),
+             FOREIGN: ("left", "made on another boot, host or container")}
+    for item in found:
+        verb, why = notes[item.state]
+        pid = item.owner.pid if item.owner else "?"
+        console.print(f"{verb:12} {item.path}  ({fmt_bytes(item.nbytes)}; {why.format(pid=pid)})")
+    console.print(freed_line(found, dry_run=dry_run) or f"zoexec: no stale files in {SHM_DIR}",
+                  style="dim")
 
 
 if __name__ == "__main__":

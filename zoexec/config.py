@@ -3,8 +3,10 @@ the ranks)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from zoexec.schedule import SCHEDULES, lr_at
 from zoplan.layout import Layout
 from zoplan.plan import Plan
 from zoplan.workload import Workload
@@ -29,19 +31,53 @@ class RunConfig:
     run_id: str = "run"
     progress: bool = True
     speed_checks: bool = True   # traced CPU runs: speed checks and probes (SpeedMonitor)
+    # checkpoints (zoexec.rundir): snapshots every `save_every` steps and/or every
+    # `save_every_s` seconds, the newest `keep` kept; a resume starts at `start_step`
+    # from `init` after applying `replay` ((seed, g, lr) of the logged updates)
+    save_every: int | None = None
+    save_every_s: float | None = None
+    keep: int = 2
+    start_step: int = 0
+    replay: tuple = ()
+    resumed: bool = False
+    on_nonfinite: str = "stop"   # a non-finite loss or g: "stop" the run, or "skip" the step
+    lr_schedule: str = "constant"   # zoexec.schedule: constant, linear, cosine
+    warmup_steps: int = 0
+    source_dir: str | None = None   # the model folder the run started from (its tokenizer)
     fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`
     delay_h2d: tuple[int, int, float] | None = None   # for tests: (rank, block, seconds) slept before each h2d of it
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
+        for name in ("lr", "eps", "weight_decay"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         if not self.eps > 0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
-        for name in ("lr", "weight_decay"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.start_step < self.steps:
+            raise ValueError(f"start_step must be in 0..{self.steps - 1}, got {self.start_step}")
+        if self.save_every is not None and self.save_every < 1:
+            raise ValueError(f"save_every must be >= 1 step, got {self.save_every}")
+        if self.save_every_s is not None and not self.save_every_s > 0:
+            raise ValueError(f"save_every_s must be > 0 seconds, got {self.save_every_s}")
+        if self.keep < 1:
+            raise ValueError(f"keep must be >= 1, got {self.keep}")
+        if self.lr_schedule not in SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {', '.join(SCHEDULES)}, "
+                             f"got {self.lr_schedule!r}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"warmup_steps must be in 0..{self.steps - 1}, got {self.warmup_steps}")
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise ValueError(f"on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+    def lr_of(self, step: int) -> float:
+        """The learning rate of `step` (zoexec.schedule)."""
+        return lr_at(step, lr=self.lr, schedule=self.lr_schedule, warmup=self.warmup_steps,
+                     total=self.steps)
 
     # typed views of the plan: zoplan.plan.Plan reads them (the plan is validated on load)
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -49,39 +50,46 @@ class SyntheticTask:
         return self.cycle[(starts + torch.arange(seq)) % self.alphabet]
 
 
-class JsonlData:
-    """A JSONL file, one object per line: {"text": "..."} (tokenised with the tokenizer
-    of `tokenizer_dir`, an EOS appended when the tokenizer has one) or
-    {"input_ids": [...]}. All documents are concatenated and cut into rows of `seq`
-    tokens (the tail shorter than `seq` is dropped); rows are visited in a fresh random
-    order each epoch, fixed by `seed`."""
+# Files that hold a tokenizer's vocabulary (fast tokenizers, SentencePiece, BPE, WordPiece):
+# a model folder without any of them has no tokenizer, whatever transformers makes of it
+# (for an OPT config it builds an empty GPT-2 tokenizer that turns every text into nothing
+# but EOS).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
 
-    def __init__(self, path, *, vocab: int, seed: int = 0, tokenizer_dir=None) -> None:
-        self.path, self.vocab, self.seed = Path(path), vocab, seed
-        self.tokenizer_dir = tokenizer_dir
+
+class JsonlReader:
+    """The documents of a JSONL file as token ids, each line checked: {"text": "..."}
+    (tokenised with the tokenizer of `tokenizer_dir`, an EOS appended when the tokenizer
+    has one) or {"input_ids": [...]}; ids within the vocabulary. Every problem is a
+    ZoError naming the file and line."""
+
+    def __init__(self, path, *, vocab: int, tokenizer_dir=None) -> None:
+        self.path, self.vocab, self.tokenizer_dir = Path(path), vocab, tokenizer_dir
         self._tokenizer = None
-        self.tokens = self._read()
-        self._rows: dict[int, torch.Tensor] = {}
-        self._orders: dict[tuple[int, int], torch.Tensor] = {}
 
-    def _read(self) -> torch.Tensor:
+    def documents(self) -> Iterator[list[int]]:
         if not self.path.is_file():
             raise ZoError(f"data file {self.path} does not exist")
-        stream: list[int] = []
-        with self.path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if line.strip():
-                    stream.extend(self._line_ids(line, number))
-        if not stream:
-            raise ZoError(f"data file {self.path} holds no tokens")
-        return torch.tensor(stream, dtype=torch.long)
+        try:
+            with self.path.open(encoding="utf-8") as handle:
+                for number, line in enumerate(handle, start=1):
+                    if line.strip():
+                        yield self._line_ids(line, number)
+        except UnicodeDecodeError:
+            raise ZoError(f"data file {self.path} is not UTF-8 text") from None
+        except OSError as exc:
+            raise ZoError(f"cannot read data file {self.path}: {exc.strerror or exc}") from None
+
+    def count_tokens(self) -> int:
+        """Tokens of the whole file, each line checked, none kept."""
+        return sum(len(ids) for ids in self.documents())
 
     def _line_ids(self, line: str, number: int) -> list[int]:
         where = f"{self.path}:{number}"
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ZoError(f"{where}: not valid JSON ({exc.msg})") from None
+            record = json.loads(line, parse_constant=_refuse_constant)
+        except ValueError as exc:
+            raise ZoError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
         if isinstance(record, dict) and "input_ids" in record:
             ids = record["input_ids"]
             if not isinstance(ids, list) or not all(type(i) is int for i in ids):
@@ -96,22 +104,62 @@ class JsonlData:
         return ids
 
     def _tokenize(self, text: str, where: str) -> list[int]:
-        if self._tokenizer is None:
-            if self.tokenizer_dir is None:
-                raise ZoError(f"{where}: text data needs a tokenizer; pass a model directory "
-                              f"(init) that holds one, or give 'input_ids'")
-            from transformers import AutoTokenizer
-
-            try:
-                self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir,
-                                                                local_files_only=True)
-            except (OSError, ValueError) as exc:
-                raise ZoError(f"no tokenizer in {self.tokenizer_dir}: {exc}") from None
-        ids = list(self._tokenizer(text)["input_ids"])
-        eos = self._tokenizer.eos_token_id
+        tokenizer = self._tokenizer or self._load_tokenizer(where)
+        ids = list(tokenizer(text)["input_ids"])
+        eos = tokenizer.eos_token_id
+        if text.strip() and not [i for i in ids if i != eos]:
+            raise ZoError(f"{where}: the tokenizer in {self.tokenizer_dir} turns this text into "
+                          f"no tokens (an empty vocabulary?); give the model's own tokenizer "
+                          f"files or 'input_ids'")
         if eos is not None and (not ids or ids[-1] != eos):
             ids.append(eos)
         return ids
+
+    def _load_tokenizer(self, where: str):
+        if self.tokenizer_dir is None:
+            raise ZoError(f"{where}: text data needs a tokenizer; pass a model directory "
+                          f"(init) that holds one, or give 'input_ids'")
+        folder = Path(self.tokenizer_dir)
+        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            raise ZoError(f"{where}: text data needs a tokenizer, and model folder {folder} "
+                          f"has none (no {', '.join(TOKENIZER_FILES)}); add the model's "
+                          f"tokenizer files or give 'input_ids'")
+        from transformers import AutoTokenizer
+
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - broken tokenizer files: the folder's problem
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ZoError(f"no usable tokenizer in {folder}: {reason}") from None
+        return self._tokenizer
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+class JsonlData:
+    """A JSONL file, one object per line: {"text": "..."} (tokenised with the tokenizer
+    of `tokenizer_dir`, an EOS appended when the tokenizer has one) or
+    {"input_ids": [...]} (JsonlReader checks each line). All documents are concatenated
+    and cut into rows of `seq` tokens (the tail shorter than `seq` is dropped); rows are
+    visited in a fresh random order each epoch, fixed by `seed`."""
+
+    def __init__(self, path, *, vocab: int, seed: int = 0, tokenizer_dir=None) -> None:
+        self.path, self.vocab, self.seed = Path(path), vocab, seed
+        self.tokenizer_dir = tokenizer_dir
+        self.tokens = self._read()
+        self._rows: dict[int, torch.Tensor] = {}
+        self._orders: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _read(self) -> torch.Tensor:
+        reader = JsonlReader(self.path, vocab=self.vocab, tokenizer_dir=self.tokenizer_dir)
+        stream: list[int] = []
+        for ids in reader.documents():
+            stream.extend(ids)
+        if not stream:
+            raise ZoError(f"data file {self.path} holds no tokens")
+        return torch.tensor(stream, dtype=torch.long)
 
     def rows(self, seq: int) -> torch.Tensor:
         """All packed rows of length `seq`: [num_rows, seq]."""
@@ -149,6 +197,22 @@ def shard(batch: torch.Tensor, *, data_shard: int, num_shards: int) -> torch.Ten
         raise ZoError(f"global batch ({rows}) is not divisible by the data shards ({num_shards})")
     per = rows // num_shards
     return batch[data_shard * per:(data_shard + 1) * per]
+
+
+def check_data(source: str, *, vocab: int, batch: int, seq: int, tokenizer_dir=None) -> None:
+    """What a rank's data source would refuse, found before any rank starts (zoexec's
+    preflight): every line of a JSONL file read and checked as the ranks will (tokens
+    counted, not kept), and enough tokens for one global batch of `batch` rows of `seq`
+    tokens."""
+    if source == "synthetic":
+        SyntheticTask(vocab=vocab)
+        return
+    tokens = JsonlReader(source, vocab=vocab, tokenizer_dir=tokenizer_dir).count_tokens()
+    if tokens == 0:
+        raise ZoError(f"data file {source} holds no tokens")
+    if tokens < batch * seq:
+        raise ZoError(f"data file {source} has {tokens} tokens, fewer than one batch of the "
+                      f"plan ({batch} x {seq} = {batch * seq} tokens)")
 
 
 def make_source(source: str, *, vocab: int, seed: int = 0, tokenizer_dir=None):

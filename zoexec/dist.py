@@ -68,6 +68,7 @@ class RankPlace:
     local_world_size: int
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    init_file: str = ""       # local spawns: the rendezvous file (file://), no TCP listener
 
     @property
     def node(self) -> int:
@@ -289,13 +290,52 @@ def init_distributed(*, place: RankPlace, layout: Layout, device_kind: str,
     set_tf32(device, tf32)
     cpus = bind_near_gpu(device)
     dist.init_process_group(
-        backend, init_method=f"tcp://{place.master_addr}:{place.master_port}",
+        backend, init_method=rendezvous(place),
         rank=place.rank, world_size=place.world_size, timeout=timedelta(seconds=TIMEOUT_S),
         device_id=device if device.type == "cuda" else None)
     env = DistEnv(place=place, layout=layout, device=device, backend=backend,
                   world=dist.group.WORLD, cpus=cpus)
     _build_groups(env)
     return env
+
+
+def rendezvous(place: RankPlace) -> str:
+    """The init method. Ranks a local launch spawned (place.init_file) meet through a
+    file in the launcher's private temporary folder, and their own sockets (gloo pairs,
+    NCCL's bootstrap) listen on the loopback interface only (GLOO_SOCKET_IFNAME /
+    NCCL_SOCKET_IFNAME, unless set): nothing of the job is reachable from the network.
+    (A tcp:// rendezvous would make rank 0 a TCPStore server listening on every
+    interface.) Otherwise (torchrun) the master's address and port."""
+    if not place.init_file:
+        return f"tcp://{place.master_addr}:{place.master_port}"
+    loopback = loopback_interface()
+    if loopback is not None:
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(name, loopback)
+    return f"file://{place.init_file}"
+
+
+def loopback_interface(root: Path = Path("/sys/class/net")) -> str | None:
+    """The name of the loopback network interface (IFF_LOOPBACK), None if there is none."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return None
+    for name in names:
+        try:
+            if int((root / name / "flags").read_text(), 16) & 0x8:
+                return name
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def set_timeout_s(seconds: float) -> None:
+    """The timeout of every wait of this rank (groups, collectives, node waits); a
+    spawned rank takes its launcher's ZOEXEC_TIMEOUT_S (a forkserver may have read an
+    older environment)."""
+    global TIMEOUT_S
+    TIMEOUT_S = float(seconds)
 
 
 def _build_groups(env: DistEnv) -> None:

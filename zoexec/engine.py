@@ -36,24 +36,19 @@ exactly the order above.
 from __future__ import annotations
 
 import time
-import traceback
-import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from zoexec import dist as zdist
-from zoexec.checkpoint import LossLog, StepRecord, export_final
+from zoexec.checkpoint import StepRecord
 from zoexec.config import RunConfig
-from zoexec.data import make_source, shard
+from zoexec.data import shard
 from zoexec.fence import ReadFlags
-from zoexec.hostenv import keep_freed_memory
 from zoexec.models import bind_block, bind_resident, resident_flat
-from zoexec.node import close_store, fence_needed, host_memory_probe, load_node_model, share_read_flags
+from zoexec.node import fence_needed
 from zoexec.precision import LostUpdates
-from zoexec.preflight import check_gpu_memory
 from zoexec.speed import SpeedMonitor
 from zoexec.store import BlockStore
 from zoexec.zo import (
@@ -67,75 +62,17 @@ from zoexec.zo import (
 )
 from zoplan.errors import ZoError
 from zoplan.execrules import SR_SCRATCH, sr_chunk
-from zoplan.io import sha256_json
-from zoplan.models import ModelSpec
-from zoplan.trace import Span, write_trace
 
 SIGNS = {"+-": (1.0, -1.0), "+": (1.0,), "-": (-1.0,)}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Pending:
-    """The deferred update: step seed and projected gradient of the previous step."""
+    """A deferred update: step seed, projected gradient and learning rate of a step."""
 
     seed: int
     g: float
-
-
-# ---- entry point of a rank ------------------------------------------------------------------
-def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> list[StepRecord]:
-    """Run one rank from join to exit; the process group is destroyed on the way out.
-    `on_failure(exc)` runs before that, so the first rank to fail reports first (its
-    peers fail only once its connections close)."""
-    env = None
-    try:
-        if cfg.device_kind == "cpu":
-            keep_freed_memory()   # activations are reused, not page-faulted in every block
-        env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
-                                     tf32=cfg.workload.tf32)
-        threads = zdist.set_threads(cfg.threads, cfg.layout.local_ranks)
-        with torch.no_grad():   # not inference_mode: zo's z threads would not inherit it
-            return _run(cfg, env, threads)
-    except BaseException as exc:
-        if on_failure is not None:
-            on_failure(exc)
-        raise
-    finally:
-        zdist.shutdown(env)
-
-
-def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
-    check_gpu_memory(cfg, env.device.index)
-    source = _data_source(cfg)
-    run_id = zdist.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
-                                    else uuid.uuid4().hex[:12])
-    parts, store = load_node_model(cfg, env, run_id)
-    try:
-        flags = share_read_flags(env, run_id, num_blocks=store.num_blocks)
-        speed = SpeedMonitor.make(cfg, env, threads)
-        speed.check()
-        epoch_s, clock = zdist.clock_epoch(env)
-        trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
-                          lanes=zdist.make_lanes(env, epoch_s=epoch_s), flags=flags,
-                          speed=speed)
-        records = trainer.train()
-        speed.check()
-        memory = host_memory_probe(store, env)
-        trainer.flush()
-        _finish(cfg, env, trainer, store, memory=memory,
-                meta_extra={"clock": clock, "threads": threads,
-                            "records": [r.to_dict() for r in records], **speed.meta(),
-                            **trainer.rounding.meta()})
-        return records
-    finally:
-        close_store(store)
-
-
-def _data_source(cfg: RunConfig):
-    """The data (read before the model is built, so a bad file fails fast)."""
-    tokenizer = cfg.init if cfg.init != "random" else None
-    vocab = ModelSpec.from_dict(cfg.plan["model"]["spec"]).vocab
-    return make_source(cfg.data, vocab=vocab, seed=cfg.seed, tokenizer_dir=tokenizer)
+    lr: float
 
 
 # ---- the node's model: built once, shared ---------------------------------------------------
@@ -153,8 +90,7 @@ class Trainer:
     store: BlockStore
     source: object
     lanes: object
-    pending: Pending | None = None
-    history: list[StepRecord] = field(default_factory=list)
+    pending: tuple[Pending, ...] = ()   # deferred updates, applied in order at the next pass
     flags: ReadFlags | None = None      # CPU write-back fence (share_read_flags)
     passes: int = 0                     # block passes so far: the fence's stamp
     speed: SpeedMonitor | None = None   # traced CPU runs: speed probes between steps
@@ -195,29 +131,11 @@ class Trainer:
         self.token = torch.zeros(1, device=dev)
 
     # ---- steps -----------------------------------------------------------------------
-    def train(self) -> list[StepRecord]:
-        progress = _Progress.make(self.cfg, self.env)
-        log = LossLog(Path(self.cfg.out_dir)) if self.cfg.out_dir and self.env.rank == 0 else None
-        try:
-            for step in range(self.cfg.steps):
-                record = self.step(step)
-                self.history.append(record)
-                if log:
-                    log.append(record)
-                progress.update(record)
-                if self.speed:
-                    self.speed.after_step(step + 1, self.cfg.steps)
-        except BaseException:
-            if log:
-                log.abandon()
-            raise
-        finally:
-            progress.close()
-        if log:
-            log.close()
-        return self.history
-
-    def step(self, step: int) -> StepRecord:
+    def step(self, step: int, *, lr: float,
+             flags: tuple[float, float] = (0.0, 0.0)) -> tuple[StepRecord, tuple]:
+        """One training step: (its record, the world's sum of every rank's `flags`,
+        exchanged in the loss all-reduce: zoexec.loop's stop and snapshot requests).
+        The step's update becomes pending only when the loop says so (set_pending)."""
         if self.cfg.fail_at == (self.env.rank, step):
             raise RuntimeError(f"injected fault at step {step}")
         seed = step_seed(self.cfg.seed, step)
@@ -228,29 +146,41 @@ class Trainer:
             acts = self._embed(seed, ids)
         last_d2h = self._blocks(seed, acts)
         with self.lanes.task("head") as head:
-            vec = self._head(acts, ids)
+            vec = self._head(acts, ids, flags)
         with self.lanes.task("allreduce", after=(head.done, last_d2h)):
             if self.env.place.world_size > 1:   # a world of one already holds the sum
                 _wait(dist.all_reduce(vec, group=self.env.world, async_op=True))
         self.lanes.end_step()
-        loss_plus, loss_minus = (v / self.env.layout.ddp for v in vec.tolist())
+        total = vec.tolist()
+        loss_plus, loss_minus = (v / self.env.layout.ddp for v in total[:2])
         g = projected_grad(loss_plus, loss_minus, self.cfg.eps)
-        self.pending = Pending(seed=seed, g=g)
         elapsed = time.monotonic() - start
-        return StepRecord(step=step, seed=seed, loss_plus=loss_plus, loss_minus=loss_minus,
-                          g=g, step_time_s=elapsed,
-                          tokens_per_s=self.cfg.workload.tokens_per_step / elapsed)
+        record = StepRecord(step=step, seed=seed, loss_plus=loss_plus, loss_minus=loss_minus,
+                            g=g, lr=lr, step_time_s=elapsed,
+                            tokens_per_s=self.cfg.workload.tokens_per_step / elapsed)
+        return record, tuple(total[2:])
+
+    def set_pending(self, record: StepRecord) -> None:
+        """The step's update (if it has one: finite, not skipped) becomes the pending one."""
+        update = record.update
+        self.pending = (Pending(seed=update[0], g=update[1], lr=update[2]),) if update else ()
+
+    def replay(self, updates) -> None:
+        """Apply logged updates ((seed, g, lr), in step order) in one pass over the
+        blocks: each block gets them in the order the run applied them."""
+        self.pending = tuple(Pending(seed=s, g=g, lr=lr) for s, g, lr in updates)
+        self.flush()
 
     def flush(self) -> None:
-        """Apply the last step's pending update to every block and the resident parts."""
-        if self.pending is None:
+        """Apply the pending updates to every block and the resident parts."""
+        if not self.pending:
             return
         self.lanes.begin_step(self.cfg.steps, record=False)
         with self.lanes.task("embed"):
             self._apply_pending(self.theta_r, RESIDENT_BLOCK, self.parts.resident_specs, self.z_r)
         self._blocks(None, None)
         self.lanes.end_step()
-        self.pending = None
+        self.pending = ()
         zdist.host_barrier(self.env)
 
     def _batch(self, step: int) -> torch.Tensor:
@@ -271,24 +201,26 @@ class Trainer:
                 for _ in range(SR_SCRATCH)]
 
     def _apply_pending(self, theta, block: int, specs, z) -> None:
-        """theta -= lr * (g z_{t-1} + wd theta): the deferred update of the last step,
-        in the workload's update mode (docs/precision.md): in the stored precision for
+        """theta -= lr * (g z_t + wd theta) for each pending update t in order (the
+        deferred update of the last step; several when a resume replays the log), in
+        the workload's update mode (docs/precision.md): in the stored precision for
         "master" (fp32) and "plain" (16-bit, round to nearest), computed in fp32 and
         rounded stochastically for "stochastic"."""
-        pend, cfg = self.pending, self.cfg
-        if pend is None or not cfg.lr or not (pend.g or cfg.weight_decay):
-            return
-        if pend.g:
-            z_block(pend.seed, block, specs, out=z)
-        before = self.rounding.before(theta, block)
-        if cfg.workload.update == "stochastic":
-            apply_update_stochastic(theta, z, lr=cfg.lr, g=pend.g,
-                                    weight_decay=cfg.weight_decay, specs=specs,
-                                    seed=pend.seed, block=block, scratch=self.scratch)
-        else:
-            apply_update(theta, z, lr=cfg.lr, g=pend.g, weight_decay=cfg.weight_decay,
-                         decay_mask_or_specs=specs)
-        self.rounding.after(theta, z, before, g=pend.g)
+        wd = self.cfg.weight_decay
+        for pend in self.pending:
+            if not pend.lr or not (pend.g or wd):
+                continue
+            if pend.g:
+                z_block(pend.seed, block, specs, out=z)
+            before = self.rounding.before(theta, block)
+            if self.cfg.workload.update == "stochastic":
+                apply_update_stochastic(theta, z, lr=pend.lr, g=pend.g, weight_decay=wd,
+                                        specs=specs, seed=pend.seed, block=block,
+                                        scratch=self.scratch)
+            else:
+                apply_update(theta, z, lr=pend.lr, g=pend.g, weight_decay=wd,
+                             decay_mask_or_specs=specs)
+            self.rounding.after(theta, z, before, g=pend.g)
 
     def _embed(self, seed: int, ids: torch.Tensor) -> list:
         specs = self.parts.resident_specs
@@ -300,10 +232,10 @@ class Trainer:
             acts.append(self.parts.embed(ids))
         return acts
 
-    def _head(self, acts: list, ids: torch.Tensor) -> torch.Tensor:
+    def _head(self, acts: list, ids: torch.Tensor, flags: tuple) -> torch.Tensor:
         """Loss of each perturbation, last-built first (saves one rebuild), placed in
-        the all-reduce vector [l+, l-] (float64)."""
-        vec = torch.zeros(2, dtype=torch.float64, device=self.env.device)
+        the all-reduce vector [l+, l-, *flags] (float64)."""
+        vec = torch.tensor([0.0, 0.0, *flags], dtype=torch.float64, device=self.env.device)
         for turn, index in enumerate(reversed(range(len(self.signs)))):
             sign = self.signs[index]
             if turn:
@@ -402,72 +334,3 @@ def _wait(work) -> None:
     """Wait for an async collective (CUDA: the current stream waits; gloo: blocks)."""
     if work is not None:
         work.wait()
-
-
-# ---- end of the run ----------------------------------------------------------------------------
-def _finish(cfg: RunConfig, env: zdist.DistEnv, trainer: Trainer, store: BlockStore, *,
-            meta_extra: dict, memory: dict) -> None:
-    """Trace (gathered to rank 0) and final weights (rank 0, node 0's store)."""
-    spans = zdist.gather_objects(env, [s.to_dict() for s in trainer.lanes.spans])
-    memories = zdist.gather_objects(env, memory)
-    if env.rank == 0 and cfg.trace_dir:
-        _write_trace(cfg, env, spans, memories, meta_extra)
-    if env.rank == 0 and cfg.out_dir:
-        export_final(trainer.parts, [store.weights(b) for b in range(store.num_blocks)],
-                     Path(cfg.out_dir), resident=trainer.clean_resident_cpu())
-
-
-def _write_trace(cfg, env, spans, memories, meta_extra) -> None:
-    flat = [Span.from_dict(s) for rank_spans in spans for s in rank_spans]
-    meta = {"plan_sha256": sha256_json(cfg.plan), "plan_path": str(cfg.plan_path),
-            "world_size": env.layout.world_size, "steps": cfg.steps,
-            "layout": env.layout.to_dict(), "device_kind": cfg.device_kind,
-            "model": cfg.plan["model"]["name"], "workload": cfg.plan["workload"],
-            "source": "zoexec", "host_memory": memories, **meta_extra}
-    write_trace(Path(cfg.trace_dir), flat, meta)
-
-
-class _Progress:
-    """Rank 0's rich progress line on stderr (loss, tokens/s); silent elsewhere."""
-
-    def __init__(self, total: int) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        self.bar = Progress(TextColumn("[bold]zoexec"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.description}"),
-                            console=Console(stderr=True), transient=False)
-        self.task = self.bar.add_task("", total=total)
-        self.bar.start()
-
-    @classmethod
-    def make(cls, cfg: RunConfig, env: zdist.DistEnv):
-        if env.rank == 0 and cfg.progress:
-            return cls(cfg.steps)
-        return _NoProgress()
-
-    def update(self, record: StepRecord) -> None:
-        self.bar.update(self.task, advance=1, description=(
-            f"loss {record.loss:.4f}  g {record.g:+.3e}  {record.tokens_per_s:,.0f} tok/s"))
-
-    def close(self) -> None:
-        self.bar.stop()
-
-
-class _NoProgress:
-    def update(self, record: StepRecord) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def failure_reason(exc: BaseException) -> str:
-    """One line saying why a rank stopped."""
-    if isinstance(exc, ZoError):
-        return str(exc).splitlines()[0] if str(exc) else "ZoError"
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}{where}"
-

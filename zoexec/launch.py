@@ -8,35 +8,42 @@ plan of several nodes runs:
     torchrun --nnodes N --nproc-per-node K --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
         -m zoexec.cli run plan.json ...
 
-Before anything starts, `preflight` checks the plan against the machine (world size,
-devices, host and GPU memory, model directory, data file) and raises ZoError with the
-numbers. A rank that fails reports a one-line reason; the launcher then stops the
-other ranks (SIGTERM, then SIGKILL), removes the run's store files and raises
-RankFailure naming the first rank that failed.
+Before anything starts, the stale shared-memory files of dead runs are removed
+(zoexec.shmfiles; one dim line) and `preflight` checks the plan against the machine
+(world size, devices, host and GPU memory, model directory, data file) and raises
+ZoError with the numbers.
+
+A local launch's ranks meet through a file in a private temporary folder and talk over
+the loopback interface only (zoexec.dist.rendezvous). Each runs in its own process
+group and dies with the launcher, even a SIGKILLed one (zoexec.procwatch). The launcher
+forwards SIGINT / SIGTERM to them once and waits up to ZOEXEC_STOP_GRACE_S while they
+save a snapshot; a second signal kills them. A rank that fails reports a one-line
+reason; the launcher stops the others, removes the run's files and raises one line
+naming the rank that failed first and what happened (zoexec.failures.job_failure):
+RankFailure, ZoError for a user's error, Stopped for a stop.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import multiprocessing.connection
 import os
-import signal
+import shutil
 import sys
+import time
 import uuid
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
-from zoexec.config import RunConfig
-from zoexec.dist import RankPlace, free_port, place_from_env
+from zoexec import dist as zdist
+from zoexec import failures, procwatch, shmfiles
+from zoexec.dist import RankPlace, place_from_env
 from zoexec.preflight import preflight
+from zoexec.procwatch import ProcessId
 from zoexec.store import remove_run_files
 from zoplan.errors import EXIT_USER_ERROR, ZoError
-from zoplan.execrules import default_steps
-from zoplan.plan import Plan
 
 EXIT_RANK_FAILED = 1
-KILL_GRACE_S = 3.0
-PRELOAD = ["torch", "transformers", "zoexec.engine"]   # what the forkserver imports once
+EXIT_SIGINT = 130
+PRELOAD = ["torch", "transformers", "zoexec.engine", "zoexec.rank"]   # the forkserver's imports
 
 
 class RankFailure(Exception):
@@ -44,132 +51,185 @@ class RankFailure(Exception):
 
     exit_code = EXIT_RANK_FAILED
 
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class Stopped(RankFailure):
+    """The run was stopped on purpose (SIGINT, SIGTERM): exit 130 or 143."""
+
 
 # ---- running ---------------------------------------------------------------------------------
-def run(cfg) -> None:
-    """Run a plan: under torchrun one rank here, otherwise all local ranks spawned."""
+def run(cfg, *, checked=None) -> None:
+    """Run a plan: under torchrun one rank here, otherwise all local ranks spawned.
+    `checked()` runs once the plan passed preflight (the CLI's notes)."""
     place = place_from_env()
     if place is not None:
         run_torchrun_rank(cfg, place)
         return
+    sweep_stale_files()   # before preflight: stale files hold memory it counts as used
     if cfg.layout.world_size == 1:   # one rank: no process to start, no forkserver
-        run_in_process(cfg)
+        run_in_process(cfg, checked=checked)
         return
     preflight(cfg)
+    if checked:
+        checked()
     spawn_local(cfg)
+
+
+def sweep_stale_files() -> None:
+    """Remove the shared-memory files of dead runs, with one dim line if there were any."""
+    line = shmfiles.freed_line(shmfiles.sweep())
+    if line:
+        from rich.console import Console
+
+        Console(stderr=True).print(line, style="dim", highlight=False, soft_wrap=True)
 
 
 def run_torchrun_rank(cfg, place) -> None:
     """One rank started by torchrun: preflight, then run; failures leave this process
-    with a one-line reason (torchrun stops the others)."""
-    from zoexec.engine import failure_reason, rank_main
+    with a one-line reason (torchrun stops the others). The node's files are named after
+    torchrun's agent (this process's parent), and the rank dies with it."""
+    from zoexec.rank import rank_main
 
+    agent = ProcessId.of(os.getppid())
+    shmfiles.set_owner(agent)
+    if place.local_rank == 0:
+        sweep_stale_files()
     try:
         preflight(cfg, world_size=place.world_size, local_world_size=place.local_world_size)
     except ZoError:
         if place.local_rank != 0:          # one line per node, not one per rank
             sys.exit(EXIT_USER_ERROR)
         raise
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # torchrun stopping us: clean up
+    if agent is not None and agent.pid != 1:
+        procwatch.die_with(agent, what=f"rank {place.rank}",
+                           cleanup=lambda: shmfiles.remove_owner_files(agent))
     try:
         rank_main(cfg, place)
     except ZoError:
         raise
     except Exception as exc:
-        _debug_traceback()
-        raise RankFailure(f"rank {place.rank} failed: {failure_reason(exc)}") from None
+        raise _one_line(exc, place.rank) from None
+
+
+def _one_line(exc: Exception, rank: int) -> RankFailure:
+    """The exception a rank's failure leaves the command line with."""
+    _debug_traceback()
+    code = failures.exit_code(exc)
+    if failures.failure_kind(exc) == failures.HALT:
+        return Stopped(failures.failure_reason(exc), code)
+    return RankFailure(f"rank {rank} failed: {failures.failure_reason(exc)}", code)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankLink:
+    """What a spawned rank takes from its launcher besides its config and place."""
+
+    launcher: ProcessId
+    timeout_s: float
 
 
 def spawn_local(cfg) -> None:
     """Start the plan's ranks on this machine and wait; the first failure stops all."""
     cfg = replace(cfg, run_id=cfg.run_id if cfg.run_id not in ("", "run") else uuid.uuid4().hex[:12])
+    sweep_stale_files()
     ctx = _context(cfg.plan["model"]["spec"]["family"])
-    reasons = ctx.SimpleQueue()
-    port, world = free_port(), cfg.layout.world_size
-    procs = []
+    world = cfg.layout.world_size
+    rendezvous = shmfiles.rendezvous_dir()
+    link = RankLink(launcher=ProcessId.me(), timeout_s=zdist.TIMEOUT_S)
+    procs: list = []
+    reasons: list = []   # one pipe per rank (a queue's semaphores would outlive a SIGKILL)
     try:
-        for rank in range(world):
-            place = RankPlace(rank=rank, local_rank=rank, world_size=world,
-                              local_world_size=world, master_port=port)
-            proc = ctx.Process(target=_rank_entry, args=(cfg, place, reasons),
-                               name=f"zoexec-rank{rank}")
-            proc.start()
-            procs.append(proc)
-        failed = _wait_first_failure(procs)
+        with procwatch.stop_signals(procs, grace_s=procwatch.stop_grace_s()) as stop:
+            for rank in range(world):
+                if stop.signum is not None:
+                    break
+                place = RankPlace(rank=rank, local_rank=rank, world_size=world,
+                                  local_world_size=world, init_file=f"{rendezvous}/store")
+                reader, writer = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_rank_entry, args=(cfg, place, writer, link),
+                                   name=f"zoexec-rank{rank}")
+                proc.start()
+                writer.close()
+                reasons.append(reader)
+                stop.started(proc)
+            outcome = procwatch.supervise(procs, stop)
     finally:
-        _stop(procs)
+        procwatch.end_all(procs)
         remove_run_files(cfg.run_id)
-    if failed is not None:
-        _raise_failure(failed, procs, reasons)
+        shutil.rmtree(rendezvous, ignore_errors=True)
+    _raise_failure(outcome, _reports(reasons))
 
 
 def _context(family: str):
     """The multiprocessing context; a forkserver imports torch, transformers and the
-    model family's module once (effective when the server starts, i.e. first use)."""
+    model family's module once (effective when the server starts, here if it is not
+    running: procwatch.start_forkserver)."""
     method = os.environ.get("ZOEXEC_START_METHOD", "forkserver")
     ctx = mp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD + [f"transformers.models.{family}.modeling_{family}"])
+        procwatch.start_forkserver()
     return ctx
 
 
-def _wait_first_failure(procs) -> int | None:
-    """Index of the first process that exited non-zero, or None when all succeeded."""
-    alive = {proc.sentinel: index for index, proc in enumerate(procs)}
-    while alive:
-        for sentinel in mp.connection.wait(list(alive)):
-            index = alive.pop(sentinel)
-            procs[index].join()
-            if procs[index].exitcode != 0:
-                return index
-    return None
+def _reports(readers: list) -> list:
+    """The ranks' reports, in the order they were made (one clock for the host)."""
+    reports = []
+    for reader in readers:
+        try:
+            while reader.poll():
+                reports.append(reader.recv())
+        except (EOFError, OSError):
+            pass
+        reader.close()
+    return [failures.Report(**r) for r in sorted(reports, key=lambda r: r.pop("at"))]
 
 
-def _stop(procs) -> None:
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in procs:
-        proc.join(KILL_GRACE_S)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+def _raise_failure(outcome, reports: list) -> None:
+    """Raise the one line of a job that did not end well (zoexec.failures.job_failure)."""
+    verdict = failures.job_failure(outcome, reports)
+    if verdict is None:
+        return
+    line, kind, code = verdict
+    if kind == failures.USER:
+        raise ZoError(line)
+    raise (Stopped if kind == failures.STOPPED else RankFailure)(line, code)
 
 
-def _raise_failure(index: int, procs, reasons) -> None:
-    """Raise for the first rank that reported a failure (else the first that died)."""
-    first = None
-    while not reasons.empty():
-        report = reasons.get()
-        first = first or report
-    if first is None:
-        rank, code = index, EXIT_RANK_FAILED
-        text = f"exited with code {procs[index].exitcode} without a reason (killed?)"
-    else:
-        rank, code, text = first
-    message = f"rank {rank} failed: {text}"
-    if code == EXIT_USER_ERROR:
-        raise ZoError(message)
-    raise RankFailure(message)
+def _rank_entry(cfg, place, reasons, link: RankLink) -> None:
+    """Body of a spawned rank: run, or report a one-line reason and exit non-zero. The
+    engine handles SIGINT / SIGTERM (rank_main); the rank dies with its launcher."""
+    procwatch.become_rank(place.rank)
+    shmfiles.set_owner(link.launcher)
+    zdist.set_timeout_s(link.timeout_s)
 
-
-def _rank_entry(cfg, place, reasons) -> None:
-    """Body of a spawned rank: run, or report a one-line reason and exit non-zero."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    from zoexec.engine import failure_reason, rank_main
+    procwatch.die_with(link.launcher, what=f"rank {place.rank}" if place.local_rank == 0 else None,
+                       cleanup=lambda: shmfiles.remove_owner_files(link.launcher))
+    sent = []
 
     def report(exc: BaseException) -> None:
-        if not isinstance(exc, SystemExit):
-            code = EXIT_USER_ERROR if isinstance(exc, ZoError) else EXIT_RANK_FAILED
-            reasons.put((place.rank, code, failure_reason(exc)))
+        if not isinstance(exc, (SystemExit, KeyboardInterrupt)) and not sent:
+            sent.append(exc)
+            reasons.send(dict(rank=place.rank, code=failures.exit_code(exc),
+                              text=failures.failure_reason(exc), kind=failures.failure_kind(exc),
+                              at=time.monotonic()))
 
     try:
+        from zoexec.rank import rank_main
+
         rank_main(cfg, place, on_failure=report)
     except SystemExit:
         raise
-    except BaseException as exc:  # noqa: BLE001 - reported by `report`, then exit
+    except KeyboardInterrupt:
+        sys.exit(EXIT_SIGINT)      # interrupted before the engine took over its signals
+    except BaseException as exc:  # noqa: BLE001 - reported (once), then exit
         _debug_traceback()
-        sys.exit(EXIT_USER_ERROR if isinstance(exc, ZoError) else EXIT_RANK_FAILED)
+        report(exc)
+        sys.exit(failures.exit_code(exc))
 
 
 def _debug_traceback() -> None:
@@ -182,49 +242,28 @@ def _debug_traceback() -> None:
 # ---- the command line's configuration ------------------------------------------------------
 
 
-def build_config(*, plan: Path, model_path: Path | None, init: str | None, data: Path | None,
-                 steps: int | None, seed: int, lr: float, eps: float, weight_decay: float,
-                 out: Path | None, trace: Path | None, threads: int | None, quiet: bool):
-    """A checked RunConfig from the command line's values (ZoError on bad input);
-    `steps` None: zoplan.execrules.default_steps."""
-    loaded = Plan.load(plan)
-    if steps is None:
-        steps = default_steps(loaded.step_time_s, traced=trace is not None)
-    if model_path is not None and init is not None:
-        raise ZoError("give either --model-path DIR or --init random, not both")
-    if init not in (None, "random"):
-        raise ZoError(f"--init accepts only 'random' (got {init!r}); use --model-path DIR "
-                      f"for weights from a folder")
-    try:
-        return RunConfig(plan=loaded.data, plan_path=str(plan),
-                         init=str(model_path) if model_path else "random",
-                         data=str(data) if data else "synthetic", steps=steps, seed=seed,
-                         lr=lr, eps=eps, weight_decay=weight_decay,
-                         out_dir=str(out) if out else None,
-                         trace_dir=str(trace) if trace else None, threads=threads,
-                         progress=not quiet)
-    except ValueError as exc:
-        raise ZoError(str(exc)) from None
-
-
-def run_in_process(cfg) -> list:
+def run_in_process(cfg, *, checked=None) -> list:
     """Run a one-rank plan in this process (`zoexec run` of a one-rank plan, tests,
     benchmarks); returns the StepRecords. A failure that is not the user's is a
-    RankFailure with its one-line reason, as from a spawned rank."""
-    from zoexec.engine import failure_reason, rank_main
+    RankFailure with its one-line reason, as from a spawned rank; a stop is Stopped."""
+    from zoexec.rank import rank_main
 
     if cfg.layout.world_size != 1:
         raise ZoError(f"run_in_process needs a one-rank plan, not {cfg.layout.label()}")
+    sweep_stale_files()
     preflight(cfg)
+    if checked:
+        checked()
     cfg = replace(cfg, run_id=uuid.uuid4().hex[:12])
+    rendezvous = shmfiles.rendezvous_dir()
     place = RankPlace(rank=0, local_rank=0, world_size=1, local_world_size=1,
-                      master_port=free_port())
+                      init_file=f"{rendezvous}/store")
     try:
         return rank_main(cfg, place)
     except (ZoError, KeyboardInterrupt):
         raise
     except Exception as exc:
-        _debug_traceback()
-        raise RankFailure(f"rank 0 failed: {failure_reason(exc)}") from None
+        raise _one_line(exc, 0) from None
     finally:
         remove_run_files(cfg.run_id)
+        shutil.rmtree(rendezvous, ignore_errors=True)

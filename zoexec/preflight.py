@@ -1,13 +1,17 @@
 """Before anything starts: the plan checked against the machine (world size, devices,
-host and GPU memory, model directory, data file, output folders). A mismatch is a
-ZoError with the numbers: one red line, exit 2, nothing written."""
+host and GPU memory, model directory, output folders) and the data read through as
+the ranks will read it. A mismatch is a ZoError with the numbers: one
+red line, exit 2, nothing written."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import psutil
 
+from zoexec.data import check_data
 from zoexec.devicemap import ENV_VISIBLE, cuda_index, visible_env
 from zoexec.dist import device_count, device_memory_bytes, place_from_env
 from zoexec.loading import weight_files
@@ -35,8 +39,38 @@ def preflight(cfg, *, world_size: int | None = None, local_world_size: int | Non
     if cfg.data != "synthetic" and not Path(cfg.data).is_file():
         raise ZoError(f"data file {cfg.data} does not exist")
     for what, where in (("--out", cfg.out_dir), ("--trace", cfg.trace_dir)):
-        if where and Path(where).exists() and not Path(where).is_dir():
-            raise ZoError(f"{what} {where} exists and is not a directory")
+        if where:
+            _check_output_folder(what, Path(where))
+    _check_data(cfg)
+
+
+def _check_output_folder(option: str, path: Path) -> None:
+    """--out / --trace: a folder there, or one the OS lets this process create: the
+    nearest existing folder above it is a folder that takes a new one (tried with an
+    empty folder, removed at once; a name too long or a file system that refuses, such
+    as /proc or /sys, fails here)."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise ZoError(f"{option} {path} exists and is not a directory")
+        above = path
+        while not above.exists():
+            above = above.parent
+        if not above.is_dir():
+            raise ZoError(f"{option} {path}: {above} is a file, not a folder")
+        os.rmdir(tempfile.mkdtemp(prefix=".zoexec-check-", dir=above))
+    except OSError as exc:
+        raise ZoError(f"{option} {path}: cannot create a folder there "
+                      f"({exc.strerror or exc})") from None
+
+
+def _check_data(cfg) -> None:
+    """The data file read through as every rank will read it (zoexec.data.check_data):
+    a bad line, ids outside the vocabulary, text without a tokenizer or too few tokens
+    for one batch fail here, before any rank starts."""
+    workload = cfg.workload
+    check_data(cfg.data, vocab=ModelSpec.from_dict(cfg.plan["model"]["spec"]).vocab,
+               batch=workload.batch, seq=workload.seq,
+               tokenizer_dir=cfg.init if cfg.init != "random" else None)
 
 
 def _check_devices(cfg) -> None:

@@ -12,7 +12,9 @@ MAP_SHARED, so the pages exist once whatever the number of ranks); after a secon
 barrier local rank 0 unlinks the name. From then on nothing is left in /dev/shm: the
 memory lives as long as some rank maps it and the kernel frees it when the last one
 exits, even on a crash. Local rank 0 also unlinks on any failure before that point, and
-the launcher removes `/dev/shm/zoexec-<run id>-*` after its ranks exit.
+the launcher removes `/dev/shm/zoexec-<run id>-*` after its ranks exit. The names carry
+their owner (zoexec.shmfiles: store_path, remove_run_files), so that what a killed run
+left is recognised and removed at the next start or by `zoexec clean`.
 On CUDA each rank page-locks its own mapping (cudaHostRegister, dist.pin_host_memory).
 
 NUMA: local rank 0 sizes the file, maps it, interleaves the mapping over the machine's
@@ -28,7 +30,6 @@ dist.pin_host_memory).
 from __future__ import annotations
 
 import errno
-import glob
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,14 +37,11 @@ from pathlib import Path
 import torch
 
 from zoexec import numa
+from zoexec.shmfiles import PREFIX as PREFIX
+from zoexec.shmfiles import SHM_DIR as SHM_DIR
+from zoexec.shmfiles import remove_run_files as remove_run_files
+from zoexec.shmfiles import store_path as store_path
 from zoplan.errors import ZoError
-
-SHM_DIR = Path(os.environ.get("ZOEXEC_SHM_DIR", "/dev/shm"))
-PREFIX = "zoexec-"
-
-
-def store_path(run_id: str, node: int) -> Path:
-    return SHM_DIR / f"{PREFIX}{run_id}-n{node}"
 
 
 @dataclass(kw_only=True, eq=False)
@@ -153,15 +151,6 @@ def fill_store(store: BlockStore, flats: list[torch.Tensor]) -> None:
         raise ZoError(f"{len(flats)} blocks for a store of {store.num_blocks}")
     for index, flat in enumerate(flats):
         store.weights(index).copy_(flat)
-
-
-def remove_run_files(run_id: str) -> list[str]:
-    """Remove every store file of a run still named in /dev/shm; returns what it removed."""
-    removed = []
-    for name in glob.glob(str(SHM_DIR / f"{PREFIX}{run_id}-*")):
-        Path(name).unlink(missing_ok=True)
-        removed.append(name)
-    return removed
 
 
 def mapping_pss_bytes(path: Path) -> tuple[int, int]:

@@ -76,6 +76,7 @@ def optimize_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No tables, no timeline: just write the plan")] = False,
 ) -> None:
     """Search PertP x DDP layouts, slice size and prefetch depth; write the best as a plan."""
+    optimize_view.check_top(top)
     with optimize_view.search_progress(enabled=not (quiet or json_out)) as progress:
         plan = search.optimize(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
                                precision=precision, update=update, tf32=tf32, pertp=pertp,

@@ -35,6 +35,7 @@ def exit_with_error(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
     """Print "error: <message>" as one red line on stderr and exit with `code`. The
     message is printed as it is: brackets in it (paths, library messages) are not
     read as markup."""
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False,
+    line = " ".join(message.split("\n"))   # one line, whatever the message carries
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(line)}", highlight=False,
                                soft_wrap=True)
     raise SystemExit(code)

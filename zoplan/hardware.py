@@ -384,15 +384,58 @@ def _fail(origin: str, message: str) -> ZoError:
     return ZoError(f"{origin}: {message}")
 
 
-def _number(origin: str, path: str, value: Any) -> float:
+# Plausible range of every figure, by its unit (the suffix of its name, house rule 5):
+# a figure outside it is a typo or a broken measurement (a bandwidth of 1e308 GB/s, a
+# GEMM rate of 1e-300 TFLOP/s) and is refused, not planned with. (low, high, unit).
+_BANDWIDTH = (1e-3, 1e5, "GB/s")
+_RANGES_BY_SUFFIX = (
+    ("gbps", _BANDWIDTH), ("_us", (0.01, 1e6, "us")), ("tflops", (1e-4, 1e5, "TFLOP/s")),
+    ("_gib", (0.01, 1e6, "GiB")), (("_ns", "_ns_per_param", "_ns_per_elem"), (1e-6, 1e4, "ns")),
+    ("scaling", (0.01, 100.0, "x")),               # how k ranks share the host
+)
+_RANGES_BY_KEY = {"cores": (1, 100_000, "cores"), "m_half_tokens": (0.01, 1e7, "tokens"),
+                  "rank_jitter": (1e-6, 10.0, "x")}
+_INTEGER = {"host.cores"}
+_MESSAGE_BYTES = (1.0, 2.0**50, "bytes")           # all-gather table sizes
+_SPEED_CHECK_S = (1e-7, 1e4, "s")
+MAX_GPUS_PER_NODE = 1024
+MAX_NODES = 100_000
+
+
+def _range_of(path: str) -> tuple[float, float, str]:
+    key = path.split(".")[-1]
+    if key in _RANGES_BY_KEY:
+        return _RANGES_BY_KEY[key]
+    for suffix, bounds in _RANGES_BY_SUFFIX:
+        if key.endswith(suffix):
+            return bounds
+    raise AssertionError(f"no plausible range for profile figure {path}")
+
+
+def _number(origin: str, path: str, value: Any,
+            bounds: tuple[float, float, str] | None = None) -> float:
+    """A finite figure within its plausible range; a figure that may be 0 (_NONNEG: only
+    added or multiplied, never divided by) within 0..high."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise _fail(origin, f"{path} must be a number, got {value!r}")
-    if path in _NONNEG:
-        if value < 0:
-            raise _fail(origin, f"{path} must be >= 0, got {value}")
-    elif value <= 0:
-        raise _fail(origin, f"{path} must be > 0, got {value}")
+    if path in _INTEGER and not isinstance(value, int):
+        raise _fail(origin, f"{path} must be a whole number, got {value!r}")
+    if path in _NONNEG and value < 0:
+        raise _fail(origin, f"{path} must be >= 0, got {value:g}")
+    if path not in _NONNEG and value <= 0:
+        raise _fail(origin, f"{path} must be > 0, got {value:g}")
+    low, high, unit = bounds or _range_of(path)
+    low = 0.0 if path in _NONNEG else low
+    if not low <= value <= high:
+        raise _fail(origin, f"{path} is {value:g} {unit}, outside the plausible "
+                            f"{low:g}..{high:g} {unit}")
     return float(value)
+
+
+def _integer(origin: str, name: str, value: Any, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+        raise _fail(origin, f"{name} must be a whole number in 1..{high}, got {value!r}")
+    return value
 
 
 def _validate(data: Any, origin: str) -> HardwareProfile:
@@ -410,17 +453,16 @@ def _validate(data: Any, origin: str) -> HardwareProfile:
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise _fail(origin, "name must be a non-empty string")
-    gpn = data.get("gpus_per_node")
-    if not isinstance(gpn, int) or isinstance(gpn, bool) or gpn < 1:
-        raise _fail(origin, f"gpus_per_node must be an integer >= 1, got {gpn!r}")
-    max_nodes = data.get("max_nodes", 1)
-    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1:
-        raise _fail(origin, f"max_nodes must be an integer >= 1, got {max_nodes!r}")
+    gpn = _integer(origin, "gpus_per_node", data.get("gpus_per_node"), MAX_GPUS_PER_NODE)
+    max_nodes = _integer(origin, "max_nodes", data.get("max_nodes", 1), MAX_NODES)
     sections = {}
     for section, fields in _REQUIRED.items():
         block = data.get(section)
-        if not isinstance(block, dict):
+        if block is None:
             raise _fail(origin, f"missing section {section!r}")
+        if not isinstance(block, dict):
+            raise _fail(origin, f"section {section!r} must be an object of figures, got "
+                                f"{type(block).__name__}")
         for key in fields:
             if key not in block:
                 raise _fail(origin, f"{section}.{key} is missing")
@@ -428,18 +470,17 @@ def _validate(data: Any, origin: str) -> HardwareProfile:
         sections[section] = dict(block)
     _check_kinds(origin, sections)
     _check_kind_figures(origin, sections)
+    device = sections["device"]
+    if device["reserved_gib"] >= device["memory_gib"]:
+        raise _fail(origin, f"device.reserved_gib ({device['reserved_gib']:g} GiB) leaves "
+                            f"nothing of device.memory_gib ({device['memory_gib']:g} GiB)")
     _check_groups(origin, sections, gpn)
     _check_table(origin, sections["collective"].get("allgather_busbw"))
     sources = data.get("sources")
     if not isinstance(sources, dict):
         raise _fail(origin, "sources must map each figure to a note")
     _check_sources(origin, sections, sources)
-    check = data.get("speed_check")
-    if check is not None and not (isinstance(check, dict) and all(
-            isinstance(check.get(k), dict) and isinstance(check[k].get("median_s"), (int, float))
-            and check[k]["median_s"] > 0 for k in SPEED_CHECK_KINDS)):
-        raise _fail(origin, "speed_check must have gemm, memory and z entries with "
-                            "median_s > 0 (zoexec.profiler.probe.SpeedProbe.check)")
+    _check_speed_check(origin, data.get("speed_check"))
     extra = {k: data[k] for k in _OPTIONAL_TOP if k in data}
     return HardwareProfile(name=name, gpus_per_node=gpn, max_nodes=max_nodes,
                            sources=dict(sources), extra=extra, **sections)
@@ -493,7 +534,7 @@ def _check_groups(origin: str, sections: dict, gpn: int) -> None:
         seen: set[int] = set()
         for group in groups:
             for rank in group:
-                if not isinstance(rank, int) or not 0 <= rank < gpn:
+                if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < gpn:
                     raise _fail(origin, f"{path} names rank {rank!r}, outside 0..{gpn - 1}")
                 if rank in seen:
                     raise _fail(origin, f"{path} names rank {rank} twice")
@@ -508,11 +549,25 @@ def _check_table(origin: str, table: Any) -> None:
     for point in table:
         if not isinstance(point, list) or len(point) != 2:
             raise _fail(origin, f"{path} entries must be [bytes, GB/s], got {point!r}")
-        size = _number(origin, f"{path} size", point[0])
-        _number(origin, f"{path} bandwidth", point[1])
+        size = _number(origin, f"{path} size", point[0], _MESSAGE_BYTES)
+        _number(origin, f"{path} bandwidth", point[1], _BANDWIDTH)
         if size <= last:
             raise _fail(origin, f"{path} sizes must increase, got {size:g} after {last:g}")
         last = size
+
+
+def _check_speed_check(origin: str, check: Any) -> None:
+    """The speed check `zoplan profile` stores (zoexec.profiler.probe.SpeedProbe.check):
+    a median time of each reference shape."""
+    if check is None:
+        return
+    if not (isinstance(check, dict) and all(isinstance(check.get(k), dict)
+                                            for k in SPEED_CHECK_KINDS)):
+        raise _fail(origin, f"speed_check must have {', '.join(SPEED_CHECK_KINDS)} entries "
+                            f"with median_s (zoexec.profiler.probe.SpeedProbe.check)")
+    for kind in SPEED_CHECK_KINDS:
+        _number(origin, f"speed_check.{kind}.median_s", check[kind].get("median_s"),
+                _SPEED_CHECK_S)
 
 
 def _check_sources(origin: str, sections: dict, sources: dict) -> None:

@@ -22,20 +22,50 @@ def _read_umask() -> int:
 _UMASK = _read_umask()
 
 
-def atomic_write_text(path: Path | str, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder + rename."""
+def atomic_write_text(path: Path | str, text: str, *, what: str = "") -> None:
+    """Write `text` to `path` through a temporary file in the same folder + rename; an
+    OS refusal is one ZoError line ("cannot write <what> <path>: ...")."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise ZoError(f"cannot write {path}: folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    name = f"{what} {path}".strip()
+    try:
+        if path.parent and not path.parent.exists():
+            raise ZoError(f"cannot write {name}: folder {path.parent} does not exist")
+        if path.is_dir():
+            raise ZoError(f"cannot write {name}: it is a folder")
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", dir=path.parent or ".")
+    except OSError as exc:
+        raise ZoError(f"cannot write {name}: {exc.strerror or exc}") from None
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual mode
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ZoError(f"cannot write {name}: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_writable(path: Path | str, *, what: str = "") -> None:
+    """ZoError (one line) unless `path` can be written as a file: its folder exists and
+    takes files, and `path` itself is not a folder or another kind of file. Called
+    before long work, so a bad output path fails at once."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    name = f"{what} {path}".strip()
+    try:
+        if not parent.is_dir():
+            raise ZoError(f"cannot write {name}: folder {parent} does not exist")
+        if path.exists() and not path.is_file():
+            raise ZoError(f"cannot write {name}: it exists and is not a regular file")
+        if not os.access(parent, os.W_OK):
+            raise ZoError(f"cannot write {name}: folder {parent} is not writable")
+        if len(path.name.encode()) > 255:
+            raise ZoError(f"cannot write {name}: File name too long")
+    except OSError as exc:
+        raise ZoError(f"cannot write {name}: {exc.strerror or exc}") from None
 
 
 def dumps_canonical(data: Any) -> str:

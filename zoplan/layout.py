@@ -30,6 +30,15 @@ def axes_label(axes: dict) -> str:
             + f" s{axes['slices']} p{axes['prefetch']}")
 
 
+# Bounds of a layout's degrees: far beyond any machine, small enough that a layout's
+# rank table and simulation stay finite.
+MAX_RANKS = 2**20
+MAX_NODES = 100_000
+MAX_PREFETCH = 1024
+LAYOUT_BOUNDS = {"ddp": MAX_RANKS, "nodes": MAX_NODES, "slices": MAX_RANKS,
+                 "prefetch": MAX_PREFETCH}
+
+
 class Axis(str, Enum):
     PERTP = "pertp"
     DDP = "ddp"
@@ -45,17 +54,30 @@ class Layout:
     prefetch: int = 2
 
     def __post_init__(self) -> None:
-        if self.pertp not in (1, 2):
+        for name in ("pertp", "ddp", "nodes", "slices", "prefetch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be a whole number, got {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.pertp > 2:
             raise ValueError(f"pertp must be 1 or 2, got {self.pertp}")
-        for name in ("ddp", "nodes", "slices", "prefetch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.world_size % self.nodes:
             raise ValueError(f"pertp ({self.pertp}) x ddp ({self.ddp}) = {self.world_size} "
                              f"is not divisible by nodes ({self.nodes})")
         if self.local_ranks % self.slices:
             raise ValueError(f"slices ({self.slices}) does not divide the "
                              f"{self.local_ranks} ranks of a node")
+
+    def check_bounds(self) -> None:
+        """Raise ValueError for degrees no plan or trace may hold (LAYOUT_BOUNDS, and at
+        most MAX_RANKS ranks); what a search builds is bounded by its profile instead."""
+        for name, high in LAYOUT_BOUNDS.items():
+            if getattr(self, name) > high:
+                raise ValueError(f"{name} must be <= {high}, got {getattr(self, name)}")
+        if self.world_size > MAX_RANKS:
+            raise ValueError(f"pertp ({self.pertp}) x ddp ({self.ddp}) = {self.world_size} "
+                             f"ranks, more than {MAX_RANKS}")
 
     @property
     def world_size(self) -> int:

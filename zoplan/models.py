@@ -314,33 +314,106 @@ CATALOGUE_CONFIGS: dict[str, dict] = {
 }
 
 
+# Sane bounds of a model's shape (the largest published models are far inside them): a
+# config outside them is broken, and refused before any size is computed from it.
+# ModelSpec field: (HF config key, low, high).
+SHAPE_BOUNDS = {
+    "num_layers": ("num_hidden_layers", 1, 10_000),
+    "hidden": ("hidden_size", 1, 2**20),
+    "ffn": ("intermediate_size", 1, 2**22),      # OPT: ffn_dim
+    "num_heads": ("num_attention_heads", 1, 2**14),
+    "num_kv_heads": ("num_key_value_heads", 1, 2**14),
+    "head_dim": ("head_dim", 1, 2**14),
+    "vocab": ("vocab_size", 2, 2**24),
+    "max_positions": ("max_position_embeddings", 1, 2**24),
+    "word_embed_proj_dim": ("word_embed_proj_dim", 0, 2**20),
+}
+_FLAGS = ("tie_word_embeddings", "do_layer_norm_before", "_remove_final_layer_norm")
+
+
+def check_shape(values: dict, *, hf_family: str = "") -> None:
+    """Raise ValueError naming the first shape figure (a ModelSpec field, or with
+    `hf_family` its config.json key) that is not a whole number within SHAPE_BOUNDS, and
+    the heads that do not divide what they split."""
+    hf_names = bool(hf_family)
+    for field_name, (hf_key, low, high) in SHAPE_BOUNDS.items():
+        if field_name not in values:
+            continue
+        value = values[field_name]
+        label = field_name
+        if hf_names:
+            label = "ffn_dim" if field_name == "ffn" and hf_family == "opt" else hf_key
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{label} must be a whole number, got {value!r}")
+        if not low <= value <= high:
+            raise ValueError(f"{label} is {value}, outside {low}..{high}")
+    heads, kv = values.get("num_heads"), values.get("num_kv_heads")
+    if heads and kv and heads % kv:
+        raise ValueError(f"num_attention_heads ({heads}) is not a multiple of "
+                         f"num_key_value_heads ({kv})" if hf_names else
+                         f"num_heads ({heads}) is not a multiple of num_kv_heads ({kv})")
+
+
+def _config_int(config: dict, key: str, default: int | None = None) -> object:
+    """A config figure as given (checked by check_shape); null or absent: `default`."""
+    value = config.get(key)
+    if value is None:
+        if default is None:
+            raise KeyError(key)
+        return default
+    return value
+
+
+def _config_shape(config: dict, family: str) -> dict:
+    """The ModelSpec shape figures of an HF config, checked (ValueError, KeyError)."""
+    shape = {"num_layers": _config_int(config, "num_hidden_layers"),
+             "hidden": _config_int(config, "hidden_size"),
+             "num_heads": _config_int(config, "num_attention_heads"),
+             "vocab": _config_int(config, "vocab_size"),
+             "max_positions": _config_int(config, "max_position_embeddings")}
+    check_shape(shape, hf_family=family)
+    hidden, heads = shape["hidden"], shape["num_heads"]
+    if family == "opt":
+        shape["ffn"] = _config_int(config, "ffn_dim")
+        shape["num_kv_heads"] = heads
+        shape["word_embed_proj_dim"] = _config_int(config, "word_embed_proj_dim", hidden)
+    else:
+        shape["ffn"] = _config_int(config, "intermediate_size")
+        shape["num_kv_heads"] = _config_int(config, "num_key_value_heads", heads)
+    if (family == "opt" or config.get("head_dim") is None) and hidden % heads:
+        raise ValueError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads "
+                         f"({heads})")
+    shape["head_dim"] = (hidden // heads if family == "opt"
+                         else _config_int(config, "head_dim", hidden // heads))
+    check_shape(shape, hf_family=family)
+    for flag in _FLAGS:
+        if config.get(flag) is not None and not isinstance(config[flag], bool):
+            raise ValueError(f"{flag} must be true or false, got {config[flag]!r}")
+    return shape
+
+
 def spec_from_hf_config(config: dict, *, name: str) -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face config dict (OPT, Llama, Qwen3)."""
+    """Build a ModelSpec from a Hugging Face config dict (OPT, Llama, Qwen3). Every shape
+    figure must be a whole number within SHAPE_BOUNDS and the heads must divide what
+    they split: anything else is one ZoError naming the config key."""
     family = config.get("model_type")
     if family not in FAMILIES:
         raise ZoError(f"model {name}: model_type {family!r} is not supported "
                       f"(supported: {', '.join(FAMILIES)})")
     try:
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        common = dict(name=name, family=family, num_layers=int(config["num_hidden_layers"]),
-                      hidden=hidden, num_heads=heads, vocab=int(config["vocab_size"]),
-                      max_positions=int(config["max_position_embeddings"]),
-                      hf_config=dict(config))
+        shape = _config_shape(config, family)
+        common = dict(name=name, family=family, hf_config=dict(config),
+                      **{k: shape[k] for k in ("num_layers", "hidden", "num_heads", "vocab",
+                                               "max_positions", "ffn", "num_kv_heads",
+                                               "head_dim")})
         if family == "opt":
-            wdim = int(config.get("word_embed_proj_dim") or hidden)
+            wdim = shape["word_embed_proj_dim"]
             pre_ln = bool(config.get("do_layer_norm_before", True))
             remove_final = bool(config.get("_remove_final_layer_norm", False))
-            return ModelSpec(**common, ffn=int(config["ffn_dim"]), num_kv_heads=heads,
-                             head_dim=hidden // heads,
-                             tied_head=bool(config.get("tie_word_embeddings", True)),
-                             word_embed_proj_dim=wdim if wdim != hidden else 0,
+            return ModelSpec(**common, tied_head=bool(config.get("tie_word_embeddings", True)),
+                             word_embed_proj_dim=wdim if wdim != shape["hidden"] else 0,
                              final_norm=pre_ln and not remove_final)
-        head_dim = int(config.get("head_dim") or hidden // heads)
-        return ModelSpec(**common, ffn=int(config["intermediate_size"]),
-                         num_kv_heads=int(config.get("num_key_value_heads") or heads),
-                         head_dim=head_dim,
-                         tied_head=bool(config.get("tie_word_embeddings", False)))
+        return ModelSpec(**common, tied_head=bool(config.get("tie_word_embeddings", False)))
     except KeyError as exc:
         raise ZoError(f"model {name}: config has no {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:

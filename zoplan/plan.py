@@ -25,21 +25,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError
 
 from zoplan import __version__
 from zoplan.errors import ZoError
 from zoplan.io import atomic_write_text, dumps_canonical, load_json
 from zoplan.layout import Layout
-from zoplan.models import ModelSpec
-from zoplan.trace import Span
+from zoplan.models import ModelSpec, check_shape
+from zoplan.trace import MAX_SECONDS, Checked, Rank, Seconds, Span, SpanRecord, schema_problem
 from zoplan.workload import Workload
 
 PLAN_SCHEMA_VERSION = 1
 _REQUIRED = ("schema_version", "tool", "model", "profile", "workload", "layout", "ranks",
              "blocks", "predicted", "baselines", "candidates")
-_PREDICTED = ("step_time_s", "tokens_per_s", "gpu_mem_bytes", "host_mem_bytes",
-              "bottleneck", "spans")
+MAX_BYTES = 1e19             # any memory figure: ten exabytes
+MAX_TOKENS_PER_S = 1e15
+MAX_GPUS_PER_NODE = 1024     # zoplan.hardware's bound of a profile's node
 
 
 @dataclass(frozen=True)
@@ -79,11 +82,31 @@ class Plan:
     def spans(self) -> list[Span]:
         return [Span.from_dict(s) for s in self.data["predicted"]["spans"]]
 
+    def check_trace(self, meta: dict, spans: list[Span], *, origin: str) -> None:
+        """Raise ZoError where a trace (zoplan.trace.read_trace) cannot be of a run of
+        this plan: another world size or layout, ranks or blocks the plan has not."""
+        layout, num_blocks = self.layout, self.model.num_layers
+        world = layout.world_size
+        if meta.get("world_size") not in (None, world):
+            raise ZoError(f"{origin} was recorded with {meta['world_size']} ranks; plan "
+                          f"has {world}")
+        if meta.get("layout") and meta["layout"] != self.data["layout"]:
+            raise ZoError(f"{origin} ran layout {Layout(**meta['layout']).label()}, the plan "
+                          f"is {layout.label()}: give a trace of a run of this plan")
+        top_rank = max((s.rank for s in spans), default=0)
+        if top_rank >= world:
+            raise ZoError(f"{origin} has spans of rank {top_rank}; plan has "
+                          f"{_indices('rank', world)}")
+        top_block = max((s.block for s in spans), default=-1)
+        if top_block >= num_blocks:
+            raise ZoError(f"{origin} has spans of block {top_block}; model {self.model.name} "
+                          f"has {_indices('block', num_blocks)}")
+
     def to_json(self) -> str:
         return dumps_canonical(self.data)
 
     def save(self, path: Path | str) -> None:
-        atomic_write_text(path, self.to_json())
+        atomic_write_text(path, self.to_json(), what="the plan to")
 
     @classmethod
     def from_dict(cls, data: Any, *, origin: str = "plan") -> Plan:
@@ -95,12 +118,113 @@ class Plan:
         return cls.from_dict(load_json(path, what="plan"), origin=f"plan {path}")
 
 
+def _indices(what: str, count: int) -> str:
+    return f"{what}s 0-{count - 1}" if count > 1 else f"{what} 0"
+
+
 def tool_info() -> dict:
     return {"name": "zoplan", "version": __version__}
 
 
+# ---- the schema: every figure typed, finite and within bounds ---------------------------------
+Bytes = Annotated[float, Field(ge=0, le=MAX_BYTES)]
+StepSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+TokensPerS = Annotated[float, Field(ge=0, le=MAX_TOKENS_PER_S)]
+Share = Annotated[float, Field(ge=0, le=1e3)]       # a busy fraction (may pass 1 a little)
+
+
+class _Tool(Checked):
+    name: str
+    version: str
+
+
+class _ModelRef(Checked):
+    name: str
+    spec: dict
+    sha256: str
+
+
+class _ProfileRef(Checked):
+    name: str
+    sha256: str
+    device_kind: Literal["cuda", "cpu"]
+    gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)]
+
+
+class _Block(Checked):
+    block: Annotated[int, Field(ge=0)]
+    placement: str
+    bytes: Bytes
+
+
+class _Memory(Checked):
+    gpu: dict[str, Bytes] | None = None
+    host: dict[str, Bytes] | None = None
+    gpu_usable_bytes: Bytes | None = None
+    host_bytes_limit: Bytes | None = None
+
+
+class _Predicted(Checked):
+    step_time_s: StepSeconds
+    tokens_per_s: TokensPerS
+    gpu_mem_bytes: Bytes
+    host_mem_bytes: Bytes
+    bottleneck: str
+    spans: list[SpanRecord]
+    lower_bound_s: Seconds | None = None
+    serial_upper_bound_s: Seconds | None = None
+    internode_allreduce_s: Seconds | None = None
+    utilisation: dict[str, Share] | None = None
+    memory: _Memory | None = None
+    simulated_ranks: list[Rank] | None = None
+
+
+class _Entry(Checked):
+    """A ranked candidate or a baseline (step_time_s null: no such layout)."""
+
+    layout: dict | None = None
+    label: str | None = None
+    update: str | None = None
+    step_time_s: StepSeconds | None = None
+    tokens_per_s: TokensPerS | None = None
+    gpu_mem_bytes: Bytes | None = None
+    host_mem_bytes: Bytes | None = None
+    bottleneck: str | None = None
+    bottleneck_utilisation: Share | None = None
+    lower_bound_s: Seconds | None = None
+    method: str | None = None
+    fits: bool | None = None
+    reason: str | None = None
+    workload: dict | None = None
+
+
+class _Pruned(Checked):
+    layout: dict
+    reason: str
+    update: str | None = None
+
+
+class PlanSchema(Checked):
+    """plan.json (the keys in the module docstring)."""
+
+    schema_version: Literal[PLAN_SCHEMA_VERSION]
+    tool: _Tool
+    model: _ModelRef
+    profile: _ProfileRef
+    workload: dict
+    layout: dict
+    ranks: list[dict]
+    blocks: list[_Block]
+    predicted: _Predicted
+    baselines: dict[str, _Entry]
+    candidates: list[_Entry]
+    pruned: list[_Pruned] | None = None
+    search: dict | None = None
+
+
 def validate_plan(data: Any, origin: str) -> None:
-    """Raise ZoError naming the first problem found in a plan object."""
+    """Raise ZoError naming the first problem found in a plan object: its shape and
+    numbers (PlanSchema), then what its parts must agree on."""
     if not isinstance(data, dict):
         raise ZoError(f"{origin}: not a JSON object")
     version = data.get("schema_version")
@@ -111,25 +235,44 @@ def validate_plan(data: Any, origin: str) -> None:
     if missing:
         raise ZoError(f"{origin}: missing key(s) {', '.join(missing)}")
     try:
+        PlanSchema.model_validate(data)
+    except ValidationError as exc:
+        raise ZoError(f"{origin}: {schema_problem(exc)}") from None
+    part = "layout"
+    try:
         layout = Layout(**data["layout"])
-        Workload.from_dict(data["workload"])
+        layout.check_bounds()
+        part = "workload"
+        workload = Workload(**data["workload"])
+        workload.check_bounds()
+        part = "model.spec"
+        check_shape(data["model"]["spec"])
         spec = ModelSpec(**data["model"]["spec"])
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ZoError(f"{origin}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ZoError(f"{origin}: {part}: {exc}") from None
+    _check_agreement(data, origin, layout=layout, workload=workload, spec=spec)
+
+
+def _check_agreement(data: dict, origin: str, *, layout: Layout, workload: Workload,
+                     spec: ModelSpec) -> None:
+    """What the plan's parts must agree on: ranks, blocks, batch, seq and spans."""
     if data["ranks"] != layout.rank_table():
         raise ZoError(f"{origin}: the rank table does not match layout "
                       f"{layout.label()} ({layout.world_size} ranks)")
     if len(data["blocks"]) != spec.num_layers:
         raise ZoError(f"{origin}: {len(data['blocks'])} block placements for a model "
                       f"of {spec.num_layers} blocks")
-    predicted = data["predicted"]
-    if not isinstance(predicted, dict) or any(k not in predicted for k in _PREDICTED):
-        raise ZoError(f"{origin}: predicted needs {', '.join(_PREDICTED)}")
-    if not (isinstance(predicted["step_time_s"], (int, float)) and predicted["step_time_s"] > 0):
-        raise ZoError(f"{origin}: predicted.step_time_s must be > 0")
-    for key in ("name", "sha256", "device_kind", "gpus_per_node"):
-        if key not in data["profile"]:
-            raise ZoError(f"{origin}: profile.{key} is missing")
-    if data["workload"]["batch"] % layout.ddp:
-        raise ZoError(f"{origin}: batch ({data['workload']['batch']}) is not divisible "
+    if workload.batch % layout.ddp:
+        raise ZoError(f"{origin}: batch ({workload.batch}) is not divisible "
                       f"by ddp ({layout.ddp})")
+    if workload.seq > spec.max_positions:
+        raise ZoError(f"{origin}: seq ({workload.seq}) exceeds the {spec.max_positions} "
+                      f"positions of {spec.name}")
+    if layout.local_ranks > data["profile"]["gpus_per_node"]:
+        raise ZoError(f"{origin}: {layout.local_ranks} ranks per node, but the profile's "
+                      f"node has {data['profile']['gpus_per_node']}")
+    for i, span in enumerate(data["predicted"]["spans"]):
+        if span["rank"] >= layout.world_size or span.get("block", -1) >= spec.num_layers:
+            raise ZoError(f"{origin}: predicted.spans[{i}] is of rank {span['rank']}, block "
+                          f"{span.get('block', -1)}; the plan has {layout.world_size} "
+                          f"rank(s) and {spec.num_layers} blocks")

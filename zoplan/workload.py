@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from zoplan.models import DTYPE_BYTES
 
 UPDATE_MODES = ("master", "stochastic", "plain")
+MAX_BATCH = 2**24        # sequences per step
+MAX_SEQ = 2**24          # tokens per sequence (zoplan.models.SHAPE_BOUNDS' positions)
 HALF_DTYPES = ("fp16", "bf16")
 
 
@@ -43,10 +45,12 @@ class Workload:
     tf32: bool = True            # fp32 GEMMs on CUDA may use TF32 tensor cores
 
     def __post_init__(self) -> None:
-        if self.batch < 1:
-            raise ValueError(f"batch must be >= 1, got {self.batch}")
-        if self.seq < 1:
-            raise ValueError(f"seq must be >= 1, got {self.seq}")
+        for name in ("batch", "seq"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be a whole number, got {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         for name in ("param_dtype", "compute_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 raise ValueError(f"{name} must be one of {', '.join(DTYPE_BYTES)}, "
@@ -61,6 +65,13 @@ class Workload:
                              f"'master' keeps fp32 blocks, 'stochastic' and 'plain' 16-bit ones")
         if not isinstance(self.tf32, bool):
             raise ValueError(f"tf32 must be true or false, got {self.tf32!r}")
+
+    def check_bounds(self) -> None:
+        """Raise ValueError for sizes no plan may hold (a search prunes what does not
+        fit memory instead)."""
+        for name, high in (("batch", MAX_BATCH), ("seq", MAX_SEQ)):
+            if getattr(self, name) > high:
+                raise ValueError(f"{name} must be <= {high}, got {getattr(self, name)}")
 
     @property
     def tokens_per_step(self) -> int:

@@ -210,7 +210,9 @@ def test_a_failing_rank_stops_the_others_with_its_reason(tmp_path):
     with pytest.raises(RankFailure, match=r"^rank 1 failed: RuntimeError: injected fault at step 1"):
         spawn_local(cfg)
     assert _leftovers(cfg.run_id) == []
-    assert not (tmp_path / "fail" / "out" / "losses.jsonl").exists()
+    # the log keeps the step that completed before the fault, and no final weights exist
+    log = (tmp_path / "fail" / "out" / "losses.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in log] == [0]
     assert not (tmp_path / "fail" / "out" / "final").exists()
 
 

@@ -32,8 +32,9 @@ def test_run_writes_losses_weights_and_trace(tmp_path):
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1]
-    assert set(records[0]) == {"step", "seed", "loss_plus", "loss_minus", "g", "loss",
-                               "tokens_per_s", "step_time_s"}
+    assert set(records[0]) == {"step", "seed", "loss_plus", "loss_minus", "g", "loss", "lr",
+                               "data_position", "tokens_per_s", "step_time_s"}
+    assert (out / "run.json").is_file() and (out / "final" / "state.json").is_file()
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     assert model.config.num_hidden_layers == 4
     meta, spans = read_trace(trace)

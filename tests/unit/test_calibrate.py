@@ -173,8 +173,7 @@ def test_cli_refuses_a_trace_of_another_layout(plans, tmp_path):
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines() == [
         f"error: trace {trace} ran layout pertp1xddp2 s2 p{plan.layout.prefetch}, the plan is "
-        f"{Plan.load(plans['pertp2']).layout.label()}: calibrate a plan against a trace of "
-        f"a run of that plan"]
+        f"{Plan.load(plans['pertp2']).layout.label()}: give a trace of a run of this plan"]
 
 
 def test_cli_fit_without_a_findable_profile_fails_cleanly(plans, tmp_path):

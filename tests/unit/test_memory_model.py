@@ -18,8 +18,10 @@ import pytest
 import torch
 
 import zoexec.engine as engine
+import zoexec.rank as rank
 from zoexec.config import RunConfig
 from zoexec.launch import run_in_process
+from zoexec.loop import TrainLoop
 from zoexec.memtrack import AllocationTracker, kernel_peak_bytes
 from zoexec.models import TensorSpec, build_parts
 from zoexec.precision import SAMPLE
@@ -58,7 +60,7 @@ def tracked_run(monkeypatch, model: str, workload, layout: Layout) -> Allocation
     """Two steps of a one-rank plan (the second applies the first's update) under the
     tracker, with a phase per Trainer stage."""
     tracker = AllocationTracker(counting=False)
-    load, finish = engine.load_node_model, engine._finish
+    load, finish = rank.load_node_model, TrainLoop.finish
 
     def load_then_track(cfg, env, run_id):
         parts, store = load(cfg, env, run_id)
@@ -67,12 +69,12 @@ def tracked_run(monkeypatch, model: str, workload, layout: Layout) -> Allocation
         tracker.adopt(moved + ([parts.resident_master] if parts.resident_master is not None else []))
         return parts, store
 
-    def stop_then_finish(*args, **kwargs):
+    def stop_then_finish(self, *args, **kwargs):
         tracker.stop()
-        return finish(*args, **kwargs)
+        return finish(self, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "load_node_model", load_then_track)
-    monkeypatch.setattr(engine, "_finish", stop_then_finish)
+    monkeypatch.setattr(rank, "load_node_model", load_then_track)
+    monkeypatch.setattr(TrainLoop, "finish", stop_then_finish)
     for name, phase in PHASES.items():
         method = getattr(engine.Trainer, name)
 

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from zoexec.cli import app
-from zoexec.launch import build_config
+from zoexec.options import build_config
 from zoplan.execrules import STEADY_RUN_S, TRACE_RUN_S
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout

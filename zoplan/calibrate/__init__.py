@@ -20,8 +20,7 @@ from zoplan.calibrate.drift import drift_warning, machine_drift
 from zoplan.calibrate.inputs import check_inputs, resolve_profile
 from zoplan.calibrate.refit import Refit, refit_profile, resimulate
 from zoplan.errors import ZoError
-from zoplan.io import atomic_write_text
-from zoplan.layout import axes_label
+from zoplan.io import atomic_write_text, check_writable
 from zoplan.plan import Plan
 from zoplan.trace import read_trace
 
@@ -50,10 +49,9 @@ def calibrate(*, plan: Path, trace: Path, profile: str | None, skip: int, fit: b
         raise ZoError(f"--skip must be >= 0, got {skip}")
     the_plan = Plan.load(plan)
     meta, spans = read_trace(Path(trace))
-    if meta.get("layout") and meta["layout"] != the_plan.data["layout"]:
-        raise ZoError(f"trace {trace} ran layout {axes_label(meta['layout'])}, the plan is "
-                      f"{axes_label(the_plan.data['layout'])}: calibrate a plan against a "
-                      f"trace of a run of that plan")
+    the_plan.check_trace(meta, spans, origin=f"trace {trace}")
+    if fit and output is not None:
+        check_writable(Path(output))   # before the work, not after it
     hw = resolve_profile(the_plan, profile, required=fit)
     cal = compare(the_plan, spans, skip=skip)
     cal.warnings.extend(check_inputs(the_plan, meta, hw))

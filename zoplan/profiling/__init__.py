@@ -13,9 +13,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from zoplan.errors import ZoError
 from zoplan.hardware import PROFILES_DIR, HardwareProfile
-from zoplan.io import atomic_write_text
+from zoplan.io import atomic_write_text, check_writable
 from zoplan.profiling.build import build_profile
 
 __all__ = ["build_profile", "profile_machine"]
@@ -28,8 +27,8 @@ def profile_machine(*, profiler: Any, output: Path | None, name: str | None,
     measure) inside `progress()` (which yields tick and warn), build and validate the
     profile and write it atomically (default hwprofiles/<name>.json); returns it and
     where it went. Bad input fails before anything is measured."""
-    if output is not None and not Path(output).parent.exists():
-        raise ZoError(f"cannot write {output}: folder {Path(output).parent} does not exist")
+    if output is not None:
+        check_writable(output)   # before minutes of measuring
     settings = profiler.make_settings(ranks=ranks, repeats=repeats, quick=quick,
                                       force_cpu=force_cpu)
     with progress() as (tick, warn):

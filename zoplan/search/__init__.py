@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zoplan.errors import ZoError
+from zoplan.io import check_writable
 from zoplan.plan import Plan
 from zoplan.search.build import build_plan
 from zoplan.search.evaluate import SearchResult, search
@@ -39,8 +39,4 @@ def optimize(*, model: str, gpus: int, profile: str | None, batch: int, seq: int
 
 def check_output(output: Path) -> None:
     """Fail before searching, and never replace a device or a folder with a plan."""
-    parent = output.parent if str(output.parent) else Path(".")
-    if not parent.is_dir():
-        raise ZoError(f"cannot write {output}: folder {parent} does not exist")
-    if output.exists() and not output.is_file():
-        raise ZoError(f"cannot write the plan to {output}: it exists and is not a regular file")
+    check_writable(output, what="the plan to")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from zoplan.errors import ZoError
 from zoplan.hardware import GIB
 from zoplan.layout import axes_label
 from zoplan.plan import Plan
@@ -47,8 +48,18 @@ def _secs(seconds: float | None) -> str:
     return f"{seconds:.3f}" if seconds < 100 else f"{seconds:.1f}"
 
 
+MAX_TOP = 10_000
+
+
+def check_top(top: int) -> None:
+    """--top: the candidates shown, 0..MAX_TOP (check it before searching)."""
+    if not 0 <= top <= MAX_TOP:
+        raise ZoError(f"--top {top}: show 0..{MAX_TOP} candidates")
+
+
 def render_optimize(plan: Plan, console, *, top: int, output: Path,
                     profile_arg: str | None) -> None:
+    check_top(top)
     d = plan.data
     console.print(_headline(d, profile_arg), highlight=False)
     shown = min(top, len(d["candidates"]))

@@ -31,11 +31,12 @@ from zoplan.io import atomic_write_text, sha256_json
 from zoplan.plan import Plan
 from zoplan.trace import LANES, Span, read_trace, step_time
 from zoplan.views.chrome import chrome_json, chrome_trace, measured_pid_offset
-from zoplan.views.common import fmt_time, index_range, parse_selection
+from zoplan.views.common import fmt_time, parse_selection
 from zoplan.views.gantt import LABEL_WIDTH, Window, critical_path, draw_chart, legend, span_label
 from zoplan.views.panels import lane_table, ranks_of, summary_panel
 
 MIN_CELLS = 20
+MAX_COLUMNS = 1000   # --width, and the terminal's width where it claims more
 
 
 
@@ -56,16 +57,9 @@ class MeasuredStep:
 
 def load_measured(directory: Path, plan: Plan, plan_path: Path) -> MeasuredStep:
     meta, spans = read_trace(directory)
-    world = plan.layout.world_size
     if not spans:
         raise ZoError(f"trace {directory} holds no spans")
-    if isinstance(meta.get("world_size"), int) and meta["world_size"] != world:
-        raise ZoError(f"trace {directory} was recorded with {meta['world_size']} ranks; "
-                      f"plan has {world}")
-    top = max(s.rank for s in spans)
-    if top >= world or min(s.rank for s in spans) < 0:
-        raise ZoError(f"trace {directory} has spans of rank {top}; plan has "
-                      f"{index_range('ranks', world)}")
+    plan.check_trace(meta, spans, origin=f"trace {directory}")
     by_step: dict[int, list[Span]] = {}
     for span in spans:
         by_step.setdefault(span.step, []).append(span)
@@ -115,11 +109,9 @@ def show_command(*, plan: Path, trace: Path | None, ranks: str | None, blocks: s
                  width: int | None, chrome: Path | None, svg: Path | None,
                  console: Console) -> None:
     """`zoplan show`: the chart, the lane table and the summary; then the exports."""
-    outputs = [Path(p) for p in (chrome, svg) if p is not None]
-    for path in outputs:
-        if not path.parent.is_dir():
-            raise ZoError(f"cannot write {path}: folder {path.parent} does not exist")
-    show = _show_input(Path(plan), trace, ranks, blocks, width or console.width)
+    for path in (Path(p) for p in (chrome, svg) if p is not None):
+        check_export(path)
+    show = _show_input(Path(plan), trace, ranks, blocks, chart_columns(width, console))
     parts = show_parts(show)
     chrome_text = chrome_json(_chrome(show)) if chrome else None
     columns = LABEL_WIDTH + 1 + show.cells
@@ -127,8 +119,32 @@ def show_command(*, plan: Path, trace: Path | None, ranks: str | None, blocks: s
     emit(console, parts)
     for path, text in ((chrome, chrome_text), (svg, svg_text)):
         if path is not None:
-            atomic_write_text(path, text)
+            try:
+                atomic_write_text(path, text)
+            except OSError as exc:   # a folder the OS refuses: read-only, /proc, a long name
+                raise ZoError(f"cannot write {path}: {exc.strerror or exc}") from None
             console.print(f"wrote {path}", highlight=False)
+
+
+def check_export(path: Path) -> None:
+    """Refuse an export path before any work: no such folder, not a regular file, or a
+    name the OS refuses (too long)."""
+    try:
+        if not path.parent.is_dir():
+            raise ZoError(f"cannot write {path}: folder {path.parent} does not exist")
+        if path.exists() and not path.is_file():
+            raise ZoError(f"cannot write {path}: it exists and is not a regular file")
+    except OSError as exc:
+        raise ZoError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def chart_columns(width: int | None, console: Console) -> int:
+    """--width (at most MAX_COLUMNS), else the terminal's width capped at MAX_COLUMNS."""
+    if width is None:
+        return min(console.width, MAX_COLUMNS)
+    if width > MAX_COLUMNS:
+        raise ZoError(f"--width {width}: the chart is drawn at most {MAX_COLUMNS} columns wide")
+    return width
 
 
 def _show_input(path: Path, trace: Path | None, ranks: str | None, blocks: str | None,
@@ -272,7 +288,7 @@ def render_short_timeline(plan: Plan, console: Console) -> None:
     if not spans:
         return
     rank = min(s.rank for s in spans)
-    cells = max(MIN_CELLS, console.width - LABEL_WIDTH - 1)
+    cells = max(MIN_CELLS, min(console.width, MAX_COLUMNS) - LABEL_WIDTH - 1)
     window = Window(start_s=0.0, end_s=step_time(spans), cells=cells)
     chart = draw_chart(spans=spans, ranks=[rank], lanes=_lanes(spans), window=window,
                        critical=critical_path(spans, plan.layout), blocks_row=False)

@@ -1,0 +1,308 @@
+"""Bad input, everywhere, gets one clear line: a table of broken inputs fed to the real
+`zoplan` and `zoexec` commands in subprocesses (malformed and mismatched plans,
+profiles, configs, traces, data, paths the OS refuses, non-finite numbers, absurd
+sizes).
+
+Every case must end with a non-zero exit (2: the user's error), exactly one line on
+stderr that starts with "error:" and names the problem, no traceback anywhere, no new
+file in the case's own working folder (where every output path points), and nothing
+left in shared memory. The zoexec cases fail in the launcher's checks, before any rank
+starts. The cases run three at a time (each is a fresh interpreter: ~0.8 s for the
+planner, ~2 s for the executor, which imports torch).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from zoplan.hardware import PROFILES_DIR
+from zoplan.io import sha256_json
+from zoplan.models import CATALOGUE_CONFIGS
+from zoplan.plan import Plan
+from zoplan.search import optimize
+from zoplan.trace import write_trace
+
+BIN = Path(sys.executable).parent
+
+
+def command(name: str) -> list[str]:
+    """The console entry point next to this interpreter, else `python -m <name>.cli`."""
+    script = BIN / name
+    return [str(script)] if script.is_file() else [sys.executable, "-m", f"{name}.cli"]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    tool: str            # "zoplan" or "zoexec"
+    args: tuple          # "{in}" is replaced by the inputs folder
+    expect: str          # a fragment of the one error line
+    setup: str = ""      # "dir:NAME" makes a folder in the case's working folder first
+
+
+P, X = "zoplan", "zoexec"
+OPT = ("optimize", "--gpus", "2", "--batch", "2", "--seq", "32", "-o", "plan.json", "-q")
+RUN = ("run", "{in}/plan.json", "--steps", "1")
+
+CASES = [
+    # hardware profiles: non-finite, out of range, wrong types, contradictions
+    Case("profile-bandwidth-1e308", P, OPT + ("--model", "tiny-opt", "--profile", "{in}/p-bw.json"),
+         "pcie.h2d_gbps is 1e+308 GB/s, outside the plausible"),
+    Case("profile-tflops-1e-300", P, OPT + ("--model", "tiny-opt", "--profile", "{in}/p-tflops.json"),
+         "compute.peak_tflops is 1e-300 TFLOP/s"),
+    Case("profile-infinity", P, OPT + ("--model", "tiny-opt", "--profile", "{in}/p-inf.json"),
+         "Infinity, which is not a finite number"),
+    Case("profile-fractional-cores", P, OPT + ("--model", "tiny-opt", "--profile", "{in}/p-cores.json"),
+         "host.cores must be a whole number, got 2.5"),
+    Case("profile-reserves-all-memory", P, OPT + ("--model", "tiny-opt", "--profile", "{in}/p-reserved.json"),
+         "device.reserved_gib (40 GiB) leaves nothing of device.memory_gib (32 GiB)"),
+    Case("profile-speed-check-1e308", P, OPT + ("--model", "tiny-opt", "--profile", "{in}/p-check.json"),
+         "speed_check.gemm.median_s is 1e+308 s"),
+    # model configs (HF config.json)
+    Case("config-fractional-layers", P, OPT + ("--model", "{in}/c-layers.json", "--profile", "cpu"),
+         "num_hidden_layers must be a whole number, got 2.5"),
+    Case("config-absurd-vocab", P, OPT + ("--model", "{in}/c-vocab.json", "--profile", "cpu"),
+         "vocab_size is 10000000000000, outside 2..16777216"),
+    Case("config-heads-do-not-divide-hidden", P, OPT + ("--model", "{in}/c-heads.json", "--profile", "cpu"),
+         "hidden_size (130) is not a multiple of num_attention_heads (4)"),
+    Case("config-kv-heads-do-not-divide", P, OPT + ("--model", "{in}/c-kv.json", "--profile", "cpu"),
+         "num_attention_heads (4) is not a multiple of num_key_value_heads (3)"),
+    Case("config-flag-not-boolean", P, OPT + ("--model", "{in}/c-flag.json", "--profile", "cpu"),
+         "tie_word_embeddings must be true or false"),
+    # plans: malformed and mismatched
+    Case("plan-step-time-1e308", P, ("show", "{in}/pl-step.json"),
+         "predicted.step_time_s: input should be less than or equal to"),
+    Case("plan-span-rank-fraction", P, ("show", "{in}/pl-span.json"),
+         "predicted.spans[0].rank: input should be a valid integer"),
+    Case("plan-layout-degree-text", P, ("compare", "{in}/pl-layout.json", "{in}/plan.json"),
+         "layout: ddp must be a whole number, got '1'"),
+    Case("plan-seq-beyond-positions", P, ("show", "{in}/pl-seq.json"),
+         "seq (4096) exceeds the 512 positions of tiny-opt"),
+    Case("plan-rank-table-mismatch", P, ("compare", "{in}/pl-ranks.json"),
+         "the rank table does not match layout"),
+    Case("plan-utilisation-text", P, ("show", "{in}/pl-util.json"),
+         "predicted.utilisation.pcie.h2d: input should be a valid number"),
+    # traces: meta.json of the wrong shape, span files with bad lines, another run's trace
+    Case("trace-meta-a-list", P, ("show", "{in}/plan.json", "--trace", "{in}/tr-meta-list"),
+         "meta.json: input should be a valid dictionary"),
+    Case("trace-meta-world-size-text", P, ("calibrate", "{in}/plan.json", "{in}/tr-meta-world", "--profile", "cpu"),
+         "world_size: input should be a valid integer"),
+    Case("trace-bad-json-line", P, ("calibrate", "{in}/plan.json", "{in}/tr-line", "--profile", "cpu"),
+         "rank0.jsonl:3 is not valid JSON"),
+    Case("trace-span-start-1e308", P, ("show", "{in}/plan.json", "--trace", "{in}/tr-huge"),
+         "rank1.jsonl:1: malformed span: start_s"),
+    Case("trace-binary-span-file", P, ("show", "{in}/plan.json", "--trace", "{in}/tr-binary"),
+         "rank0.jsonl is not a text file"),
+    Case("trace-block-the-plan-has-not", P, ("show", "{in}/plan.json", "--trace", "{in}/tr-block"),
+         "has spans of block 999; model tiny-opt has blocks 0-3"),
+    Case("trace-span-in-another-rank-file", P,
+         ("calibrate", "{in}/plan.json", "{in}/tr-rank", "--profile", "cpu"),
+         "a span of rank 1 in the file of rank 0"),
+    # view bounds
+    Case("show-width-100000000", P, ("show", "{in}/plan.json", "--width", "100000000"),
+         "--width 100000000: the chart is drawn at most 1000 columns wide"),
+    # output paths the OS refuses
+    Case("optimize-output-in-proc", P,
+         OPT[:-3] + ("-o", "/proc/zoplan-plan.json", "-q", "--model", "tiny-opt", "--profile", "cpu"),
+         "cannot write the plan to /proc/zoplan-plan.json"),
+    Case("show-chrome-name-too-long", P, ("show", "{in}/plan.json", "--chrome", "x" * 300 + ".json"),
+         "File name too long"),
+    Case("show-svg-onto-a-directory", P, ("show", "{in}/plan.json", "--svg", "taken"),
+         "it exists and is not a regular file", setup="dir:taken"),
+    # zoexec: refused by the launcher's checks, before any rank starts
+    Case("data-empty-file", X, RUN + ("--data", "{in}/d-empty.jsonl"), "holds no tokens"),
+    Case("data-bad-json-line", X, RUN + ("--data", "{in}/d-json.jsonl"), "d-json.jsonl:2: not valid JSON"),
+    Case("data-ids-outside-vocabulary", X, RUN + ("--data", "{in}/d-oov.jsonl"),
+         "token id 99999 is outside the vocabulary (0..511)"),
+    Case("data-text-without-model-folder", X, RUN + ("--data", "{in}/d-text.jsonl"),
+         "text data needs a tokenizer"),
+    Case("data-text-model-folder-without-tokenizer", X,
+         RUN + ("--data", "{in}/d-text.jsonl", "--model-path", "{in}/model"),
+         "has none (no tokenizer.json"),
+    Case("data-too-short-for-one-batch", X, RUN + ("--data", "{in}/d-short.jsonl"),
+         "has 40 tokens, fewer than one batch of the plan (2 x 32 = 64 tokens)"),
+    Case("run-out-below-a-file", X, RUN + ("--out", "{in}/plan.json/out"),
+         "plan.json is a file, not a folder"),
+    Case("run-trace-in-proc", X, RUN + ("--trace", "/proc/zoexec-trace"),
+         "cannot create a folder there"),
+]
+
+
+# ---- the broken inputs ---------------------------------------------------------------------
+def _dump(path: Path, data) -> None:
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+
+
+def _profiles(where: Path) -> None:
+    base = json.loads((PROFILES_DIR / "cpu.json").read_text())
+
+    def variant(name: str, change) -> None:
+        data = copy.deepcopy(base)
+        change(data)
+        _dump(where / name, data)
+
+    variant("p-bw.json", lambda d: d["pcie"].update(h2d_gbps=1e308))
+    variant("p-tflops.json", lambda d: d["compute"].update(peak_tflops=1e-300))
+    variant("p-cores.json", lambda d: d["host"].update(cores=2.5))
+    variant("p-reserved.json", lambda d: d["device"].update(reserved_gib=40))
+    variant("p-check.json", lambda d: d.update(speed_check={
+        k: {"median_s": 1e308 if k == "gemm" else 0.01} for k in ("gemm", "memory", "z")}))
+    _dump(where / "p-inf.json", json.dumps(base).replace('"h2d_gbps": 8', '"h2d_gbps": Infinity'))
+
+
+def _configs(where: Path) -> None:
+    opt = CATALOGUE_CONFIGS["tiny-opt"]
+    llama = CATALOGUE_CONFIGS["tiny-llama"]
+    _dump(where / "c-layers.json", {**opt, "num_hidden_layers": 2.5})
+    _dump(where / "c-vocab.json", {**opt, "vocab_size": 10**13})
+    _dump(where / "c-heads.json", {**opt, "hidden_size": 130})
+    _dump(where / "c-kv.json", {**llama, "num_key_value_heads": 3})
+    _dump(where / "c-flag.json", {**opt, "tie_word_embeddings": "yes"})
+
+
+def _plans(where: Path, plan: dict) -> None:
+    def variant(name: str, change) -> None:
+        data = copy.deepcopy(plan)
+        change(data)
+        _dump(where / name, data)
+
+    variant("pl-step.json", lambda d: d["predicted"].update(step_time_s=1e308))
+    variant("pl-span.json", lambda d: d["predicted"]["spans"][0].update(rank=0.5))
+    variant("pl-layout.json", lambda d: d["layout"].update(ddp="1"))
+    variant("pl-seq.json", lambda d: d["workload"].update(seq=4096))
+    variant("pl-ranks.json", lambda d: d["ranks"].reverse())
+    variant("pl-util.json", lambda d: d["predicted"]["utilisation"].update({"pcie.h2d": "high"}))
+
+
+def _traces(where: Path, plan: Plan) -> None:
+    good = where / "trace"
+    spans = plan.spans()
+    write_trace(good, spans, {"world_size": 2, "layout": plan.data["layout"],
+                              "plan_sha256": sha256_json(plan.data)})
+
+    def variant(name: str, file: str, change) -> None:
+        shutil.copytree(good, where / name)
+        path = where / name / file
+        path.write_bytes(change(path.read_bytes()))
+
+    variant("tr-meta-list", "meta.json", lambda b: b"[]")
+    variant("tr-meta-world", "meta.json", lambda b: b.replace(b'"world_size": 2', b'"world_size": "two"'))
+    variant("tr-line", "rank0.jsonl", lambda b: b"\n".join(b.split(b"\n")[:2] + [b"{oops"]
+                                                           + b.split(b"\n")[2:]))
+    variant("tr-huge", "rank1.jsonl", lambda b: b.replace(b'"start_s": ', b'"start_s": 1e308, "x": ', 1))
+    variant("tr-binary", "rank0.jsonl", lambda b: b + b"\xff\xfe\x00\n")
+    span = {"kind": "h2d", "rank": 0, "start_s": 0.0, "dur_s": 0.001, "block": 999, "step": 0}
+    variant("tr-block", "rank0.jsonl", lambda b: b + json.dumps(span).encode() + b"\n")
+    variant("tr-rank", "rank0.jsonl", lambda b: b + json.dumps({**span, "rank": 1, "block": 0}).encode() + b"\n")
+
+
+def _data(where: Path) -> None:
+    (where / "d-empty.jsonl").write_text("")
+    (where / "d-json.jsonl").write_text('{"input_ids": [1, 2]}\n{oops\n')
+    (where / "d-oov.jsonl").write_text('{"input_ids": [1, 99999]}\n')
+    (where / "d-text.jsonl").write_text('{"text": "hello world"}\n')
+    (where / "d-short.jsonl").write_text(json.dumps({"input_ids": list(range(40))}) + "\n")
+    model = where / "model"    # a model folder with weights but no tokenizer
+    model.mkdir()
+    _dump(model / "config.json", CATALOGUE_CONFIGS["tiny-opt"])
+    (model / "model.safetensors").write_bytes(b"")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    where = tmp_path_factory.mktemp("inputs")
+    plan = optimize(model="tiny-opt", gpus=2, profile="cpu", batch=2, seq=32,
+                    output=where / "plan.json")
+    _profiles(where)
+    _configs(where)
+    _plans(where, plan.data)
+    _traces(where, plan)
+    _data(where)
+    return where
+
+
+# ---- running the table ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Outcome:
+    code: int
+    stdout: str
+    stderr: str
+    before: list[str]
+    after: list[str]
+    pid: int
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def _run(case: Case, inputs: Path, cases: Path, env: dict) -> Outcome:
+    folder = cases / case.id
+    folder.mkdir()
+    if case.setup.startswith("dir:"):
+        (folder / case.setup[4:]).mkdir()
+    before = _files(folder)
+    args = [a.replace("{in}", str(inputs)) for a in case.args]
+    proc = subprocess.Popen(command(case.tool) + args, cwd=folder, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        stderr += "\n(timed out)"
+    return Outcome(proc.returncode, stdout, stderr, before, _files(folder), proc.pid)
+
+
+def _shm_entries() -> set[str]:
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.glob("zoexec-*")} if shm.is_dir() else set()
+
+
+@pytest.fixture(scope="module")
+def outcomes(inputs, tmp_path_factory):
+    cases = tmp_path_factory.mktemp("cases")
+    shm_dir = tmp_path_factory.mktemp("shm")
+    env = {k: v for k, v in os.environ.items() if k not in ("ZOEXEC_DEBUG", "COLUMNS")}
+    env["ZOEXEC_SHM_DIR"] = str(shm_dir)   # a private store folder: its sweep sees no one else's files
+    shm_before = _shm_entries()
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = dict(zip((c.id for c in CASES),
+                           pool.map(lambda c: _run(c, inputs, cases, env), CASES)))
+    return {"results": results, "shm_dir": shm_dir,
+            "shm_new": _shm_entries() - shm_before}
+
+
+def test_the_table_covers_at_least_30_kinds_of_bad_input():
+    assert len(CASES) >= 30 and len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_clear_line(outcomes, case):
+    out = outcomes["results"][case.id]
+    shown = f"exit {out.code}\nstdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    assert out.code == 2, shown
+    assert "Traceback" not in out.stdout + out.stderr, shown
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), shown
+    assert case.expect in lines[0], shown
+    if case.tool == X:   # found by the launcher's checks, not by a rank that started
+        assert not lines[0].startswith("error: rank "), shown
+    assert out.after == out.before, f"files left behind: {sorted(set(out.after) - set(out.before))}"
+
+
+def test_nothing_is_left_in_shared_memory(outcomes):
+    assert list(outcomes["shm_dir"].iterdir()) == []
+    pids = {f".{o.pid}." for o in outcomes["results"].values()}
+    ours = [name for name in outcomes["shm_new"] if any(pid in name for pid in pids)]
+    assert ours == []

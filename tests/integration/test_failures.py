@@ -1,0 +1,387 @@
+"""A job that goes wrong ends within a bounded time with one line naming the rank that
+failed first and what happened, and leaves no process and nothing in /dev/shm:
+a killed rank, a stopped (SIGSTOP) rank, a stop signal to the launcher, a SIGKILLed
+launcher (its ranks die with it), a kill during start-up (the next start or `zoexec
+clean` removes what it left). Plus the failure lines and the launcher's signal
+handling on stand-in processes, without torch."""
+
+from __future__ import annotations
+
+import glob
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from zoexec import dist as zdist
+from zoexec import failures, procwatch, shmfiles
+from zoexec.cli import app
+from zoexec.config import RunConfig
+from zoexec.failures import Report, failure_kind, failure_reason, job_failure
+from zoexec.launch import RankFailure, Stopped, spawn_local, sweep_stale_files
+from zoexec.procwatch import Outcome, ProcessId
+from zoplan.handplan import hand_plan
+from zoplan.layout import Layout
+from zoplan.models import ModelSpec, get_model
+from zoplan.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOAD = Workload(batch=2, seq=8, param_dtype="fp32", compute_dtype="fp32")
+LAYOUT = Layout(pertp=2, slices=2)     # 2 ranks whose every block passes an all-gather
+TIMEOUT_S = 4.0
+
+
+# ---- the lines, from synthetic failures -------------------------------------------------------
+def _raise_in(module: str, function: str, message: str, **frame_locals):
+    """An exception raised in `function` of a file zoexec/<module>, with those locals."""
+    args = ", ".join(frame_locals)
+    source = f"def {function}({args}):\n    raise RuntimeError({message!r})\n"
+    scope: dict = {}
+    exec(compile(source, f"/x/zoexec/{module}", "exec"), scope)
+    try:
+        scope[function](**frame_locals)
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("did not raise")
+
+
+GLOO_TIMEOUT = ("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 4000ms for "
+                "recv operation to complete")
+GLOO_RESET = ("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1234: Connection "
+              "reset by peer. This is typically caused by a remote worker hanging")
+
+
+def test_a_collective_failure_says_which_collective_of_which_step():
+    timeout = _raise_in("engine.py", "step", GLOO_TIMEOUT, step=3)
+    assert failure_reason(timeout) == "the loss all-reduce of step 3 timed out after 4 s"
+    assert failure_kind(timeout) == failures.PEER
+    reset = _raise_in("engine.py", "_upload", GLOO_RESET, block=2)
+    assert failure_reason(reset) == "the all-gather of block 2 lost its connection to a peer (Connection reset by peer)"
+    barrier = _raise_in("dist.py", "clock_epoch", "Rank 1 failed to pass monitoredBarrier in 4000 ms")
+    assert failure_reason(barrier) == "agreeing on the clock timed out after 4 s waiting for rank 1"
+    own = _raise_in("engine.py", "step", "injected fault at step 1", step=1)
+    assert failure_reason(own) == "RuntimeError: injected fault at step 1 (engine.py:2)"
+    assert failure_kind(own) == failures.ERROR
+
+
+def _outcome(exitcodes, *, first=None, killed=None, signum=None):
+    return Outcome(first=first, signum=signum, exitcodes=list(exitcodes), killed=killed or {},
+                   grace_s=120)
+
+
+PEER = Report(rank=0, code=1, text="the loss all-reduce of step 3 lost its connection", kind="peer")
+
+
+@pytest.mark.parametrize("outcome,reports,line,kind,code", [
+    (_outcome([1, 1], first=1),
+     [PEER, Report(rank=1, code=1, text="ValueError: bad (x.py:1)")],
+     "rank 1 failed: ValueError: bad (x.py:1)", failures.RANK, 1),
+    (_outcome([1, -9], first=1), [PEER],
+     "rank 1 was killed by signal 9 (SIGKILL: kill -9 or the out-of-memory killer); then "
+     "rank 0 failed: the loss all-reduce of step 3 lost its connection", failures.RANK, 1),
+    (_outcome([1, -9], first=0, killed={1: "stopped"}), [PEER],
+     "rank 1 was stopped (SIGSTOP or a debugger) and was killed; rank 0 failed: the loss "
+     "all-reduce of step 3 lost its connection", failures.RANK, 1),
+    (_outcome([1, -9], first=0, killed={1: "hung"}), [PEER],
+     "rank 0 failed: the loss all-reduce of step 3 lost its connection; rank 1 did not exit "
+     "within a few seconds of being told to (hung?) and was killed", failures.RANK, 1),
+    (_outcome([0, 3], first=1), [], "rank 1 exited with code 3 without saying why", failures.RANK, 1),
+    (_outcome([2, 1], first=0), [Report(rank=0, code=2, text="data file x does not exist")],
+     "rank 0 failed: data file x does not exist", failures.USER, 2),
+    (_outcome([143, 143], first=1), [Report(rank=1, code=143, text="stopped by SIGTERM after step 4", kind="halt")],
+     "stopped by SIGTERM after step 4", failures.STOPPED, 143),
+    (_outcome([-15, -9], signum=signal.SIGTERM, killed={1: "grace"}), [],
+     "stopped by SIGTERM; rank 1 did not exit within 120 s and was killed", failures.STOPPED, 143),
+    (_outcome([-9, -9], signum=signal.SIGINT, killed={0: "forced", 1: "forced"}), [],
+     "stopped by a second signal: ranks 0, 1 killed at once", failures.STOPPED, 130),
+    (_outcome([0, 0]), [], None, None, None),
+])
+def test_the_job_line_names_the_rank_that_failed_first(outcome, reports, line, kind, code):
+    assert job_failure(outcome, reports) == (None if line is None else (line, kind, code))
+
+
+# ---- the launcher's signals, on stand-in ranks -------------------------------------------------
+def _stubborn() -> None:
+    """A stand-in rank that ignores stop signals (a rank busy saving a snapshot)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    time.sleep(60)
+
+
+def _supervised(signals: list[int], *, grace_s: float, stop_rank: bool = False) -> tuple[Outcome, float]:
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_stubborn) for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    if stop_rank:
+        os.kill(procs[1].pid, signal.SIGSTOP)
+
+    def send() -> None:
+        time.sleep(0.3)
+        for signum in signals:
+            os.kill(os.getpid(), signum)
+            time.sleep(0.2)
+
+    start = time.monotonic()
+    try:
+        with procwatch.stop_signals(procs, grace_s=grace_s) as stop:
+            threading.Thread(target=send, daemon=True).start()
+            outcome = procwatch.supervise(procs, stop)
+    finally:
+        procwatch.end_all(procs)
+    assert all(proc.exitcode is not None for proc in procs)
+    return outcome, time.monotonic() - start
+
+
+def test_a_stop_signal_waits_out_the_grace_period_then_kills():
+    outcome, took = _supervised([signal.SIGTERM], grace_s=1.0)
+    assert outcome.signum == signal.SIGTERM and outcome.killed == {0: "grace", 1: "grace"}
+    assert 1.2 <= took < 3.5
+    line, kind, code = job_failure(outcome, [])
+    assert (kind, code) == (failures.STOPPED, 143) and "did not exit within 1 s" in line
+
+
+def test_a_second_stop_signal_kills_at_once():
+    outcome, took = _supervised([signal.SIGINT, signal.SIGINT], grace_s=60)
+    assert outcome.signum == signal.SIGINT and set(outcome.killed.values()) == {"forced"}
+    assert took < 3
+
+
+def test_a_stopped_rank_is_killed_at_once_when_another_fails():
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=sys.exit, args=(1,)), ctx.Process(target=_stubborn)]
+    for proc in procs:
+        proc.start()
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        with procwatch.stop_signals(procs, grace_s=60) as stop:
+            outcome = procwatch.supervise(procs, stop)
+    finally:
+        procwatch.end_all(procs)
+    assert outcome.first == 0 and outcome.killed == {1: "stopped"}
+    assert time.monotonic() - start < 2      # not SIGTERM and a wait: SIGTERM stays pending
+    assert job_failure(outcome, [])[0] == "rank 1 was stopped (SIGSTOP or a debugger) and was killed"
+
+
+# ---- real ranks: spawned from this process -----------------------------------------------------
+def _config(tmp_path, **kw) -> RunConfig:
+    plan = hand_plan(model="tiny-opt", layout=LAYOUT, workload=WORKLOAD)
+    return RunConfig(plan=plan.data, steps=100_000, seed=0, lr=1e-3, eps=1e-3, threads=1,
+                     progress=False, out_dir=str(tmp_path / "out"),
+                     run_id=f"t{uuid.uuid4().hex[:10]}", **kw)
+
+
+def _ranks(parent: int) -> dict[int, psutil.Process]:
+    """The zoexec ranks among the descendants of `parent`, by rank."""
+    found = {}
+    try:
+        for proc in psutil.Process(parent).children(recursive=True):
+            try:
+                name = proc.name()
+            except psutil.Error:
+                continue
+            if name.startswith("zoexec-rank"):
+                found[int(name.removeprefix("zoexec-rank"))] = proc
+    except psutil.Error:
+        pass
+    return found
+
+
+def _training(parent: int, out: Path, *, timeout_s: float = 60) -> dict[int, psutil.Process]:
+    """Both ranks of `parent`, once a step has been logged; {} after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ranks = _ranks(parent)
+        if len(ranks) == 2 and _logged(out):
+            return ranks
+        time.sleep(0.05)
+    return {}
+
+
+def _logged(out: Path) -> bool:
+    """Whether the run's loss log (losses.jsonl, whatever its folder or temporary name)
+    has a step."""
+    for folder, _, names in os.walk(out):
+        for name in names:
+            if "losses.jsonl" in name and "\n" in (Path(folder) / name).read_text():
+                return True
+    return False
+
+
+def _spawn_and(tmp_path, act) -> tuple[BaseException | None, float]:
+    """spawn_local here (the main thread: its signal handlers), `act(ranks)` from a
+    helper thread once the ranks train; (what spawn_local raised, seconds since act)."""
+    cfg = _config(tmp_path)
+    acted, done = {}, threading.Event()
+
+    def helper() -> None:
+        ranks = _training(os.getpid(), tmp_path / "out")
+        acted["at"] = time.monotonic()
+        if ranks:
+            act(ranks)
+        if not ranks or not done.wait(TIMEOUT_S + 20):   # never trained, or never ended:
+            for proc in _ranks(os.getpid()).values():    # end the run (the test fails)
+                proc.kill()
+
+    threading.Thread(target=helper, daemon=True).start()
+    caught = None
+    try:
+        spawn_local(cfg)
+    except (RankFailure, Stopped) as exc:
+        caught = exc
+    finally:
+        done.set()
+    took = time.monotonic() - acted.get("at", time.monotonic())
+    assert _ranks(os.getpid()) == {}
+    assert glob.glob(f"{shmfiles.SHM_DIR}/zoexec-{cfg.run_id}*") == []
+    return caught, took
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    monkeypatch.setattr(zdist, "TIMEOUT_S", TIMEOUT_S)   # the launcher passes it to its ranks
+
+
+def test_a_killed_rank_ends_the_job_at_once_naming_it(tmp_path, short_timeout):
+    caught, took = _spawn_and(tmp_path, lambda ranks: ranks[1].send_signal(signal.SIGKILL))
+    assert isinstance(caught, RankFailure) and "\n" not in str(caught)
+    assert str(caught).startswith("rank 1 was killed by signal 9 (SIGKILL"), str(caught)
+    assert took < 4, took
+
+
+def test_a_stopped_rank_ends_the_job_after_the_timeout(tmp_path, short_timeout):
+    caught, took = _spawn_and(tmp_path, lambda ranks: ranks[1].send_signal(signal.SIGSTOP))
+    assert isinstance(caught, RankFailure) and "\n" not in str(caught)
+    assert str(caught).startswith("rank 1 was stopped (SIGSTOP or a debugger) and was killed; "
+                                  "rank 0 failed: "), str(caught)
+    assert f"timed out after {TIMEOUT_S:g} s" in str(caught)
+    assert TIMEOUT_S - 0.5 < took < TIMEOUT_S + 4, took
+
+
+def test_sigterm_to_the_launcher_stops_the_ranks(tmp_path, short_timeout):
+    received = []
+
+    def unhandled(*_):     # the launcher did not take the signal: end the run, fail the test
+        received.append(True)
+        for proc in _ranks(os.getpid()).values():
+            proc.kill()
+
+    forkserver = []
+
+    def group_sigterm(ranks) -> None:     # as `timeout` or kill -TERM -PGID: the forkserver too
+        forkserver.append(ranks[0].parent())
+        forkserver[0].send_signal(signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        caught, took = _spawn_and(tmp_path, group_sigterm)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert received == []
+    assert forkserver[0].status() != psutil.STATUS_ZOMBIE     # it ignored the signal
+    assert isinstance(caught, Stopped) and caught.exit_code == 143, caught
+    assert str(caught).startswith("stopped by SIGTERM") and "\n" not in str(caught)
+    assert took < 10, took
+
+
+# ---- real ranks: `zoexec run` in a process of its own ------------------------------------------
+def _zoexec_run(tmp_path, plan, *extra) -> subprocess.Popen:
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    return subprocess.Popen([sys.executable, "-m", "zoexec.cli", "run", str(path), "--threads", "1",
+                             "--quiet", *extra], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _running(procs: list, *, within_s: float) -> list:
+    """Those of `procs` still running after `within_s` (a zombie has exited)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        running = []
+        for proc in procs:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    running.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)
+
+
+def _kill_all(launcher: subprocess.Popen, ranks) -> None:
+    for proc in ranks:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    if launcher.poll() is None:
+        launcher.kill()
+    _running(list(ranks), within_s=5)
+    launcher.communicate()
+
+
+def test_killing_the_launcher_leaves_no_rank_running(tmp_path):
+    plan = hand_plan(model="tiny-opt", layout=LAYOUT, workload=WORKLOAD)
+    launcher = _zoexec_run(tmp_path, plan, "--steps", "100000", "--out", str(tmp_path / "out"))
+    owner = ProcessId.of(launcher.pid)
+    ranks = _training(launcher.pid, tmp_path / "out")
+    try:
+        assert len(ranks) == 2, launcher.stderr.read() if launcher.poll() is not None else "no ranks"
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        assert _running(list(ranks.values()), within_s=3) == []
+        _, err = launcher.communicate()          # the ranks held its pipes: read once they are gone
+        assert "rank 0: its launcher" in err and "Traceback" not in err, err
+        tag = shmfiles.owner_tag(owner)
+        assert glob.glob(f"{shmfiles.SHM_DIR}/zoexec-*-{tag}-*") == []
+        assert glob.glob(f"{shmfiles.RDZV_DIR}/zoexec-rdzv-{tag}-*") == []
+    finally:
+        _kill_all(launcher, ranks.values())
+
+
+def _slow_to_load_plan():
+    """A model with many small blocks: its store is filled for a fraction of a second,
+    long enough to be seen and killed during start-up."""
+    spec = get_model("tiny-opt").to_dict()
+    spec["num_layers"] = spec["hf_config"]["num_hidden_layers"] = 256
+    return hand_plan(model=ModelSpec.from_dict(spec), layout=LAYOUT, workload=WORKLOAD)
+
+
+def test_a_kill_during_start_up_leaves_what_the_next_start_removes(tmp_path, capsys):
+    launcher = _zoexec_run(tmp_path, _slow_to_load_plan(), "--steps", "1")
+    owner = ProcessId.of(launcher.pid)
+    pattern = f"{shmfiles.SHM_DIR}/zoexec-*-{shmfiles.owner_tag(owner)}-n0"
+    deadline, left = time.monotonic() + 60, []
+    while not left and launcher.poll() is None and time.monotonic() < deadline:
+        left = glob.glob(pattern)
+        time.sleep(0.002)
+    ranks = list(_ranks(launcher.pid).values())
+    _kill_all(launcher, ranks)                    # SIGKILL: the ranks, then the launcher
+    live = shmfiles.store_path(f"t{uuid.uuid4().hex[:8]}", 0)   # a live run's (ours)
+    live.write_bytes(b"x")
+    try:
+        assert left and Path(left[0]).exists(), "the store file was not seen during start-up"
+        result = CliRunner().invoke(app, ["clean", "--dry-run"])
+        assert f"would remove {left[0]}" in " ".join(result.output.split()), result.output
+        assert Path(left[0]).exists()
+        assert glob.glob(f"{shmfiles.RDZV_DIR}/zoexec-rdzv-{shmfiles.owner_tag(owner)}-*")
+        sweep_stale_files()                       # what every start does first
+        assert not glob.glob(pattern) and live.exists()
+        assert not glob.glob(f"{shmfiles.RDZV_DIR}/zoexec-rdzv-{shmfiles.owner_tag(owner)}-*")
+        assert "stale file" in capsys.readouterr().err
+    finally:
+        live.unlink(missing_ok=True)
+        shmfiles.remove_owner_files(owner)

@@ -1,0 +1,176 @@
+"""Shared-memory files never leak: they are named after their owner, those of dead
+owners are swept (at every start, by `zoexec clean`, by the last rank of a dead
+launcher), and a live owner's files are never touched. Torch-free."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from zoexec import shmfiles
+from zoexec.cli import app
+from zoexec.procwatch import ProcessId
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def shm(tmp_path, monkeypatch):
+    """An empty SHM_DIR of our own: the sweep never sees another run's files."""
+    monkeypatch.setattr(shmfiles, "SHM_DIR", tmp_path)
+    monkeypatch.setattr(shmfiles, "RDZV_DIR", tmp_path / "tmp")
+    monkeypatch.setattr(shmfiles, "_owner", None)
+    (tmp_path / "tmp").mkdir()
+    return tmp_path
+
+
+@pytest.fixture
+def dead() -> ProcessId:
+    """The identity of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    me = ProcessId.of(proc.pid)
+    proc.kill()
+    proc.wait()
+    assert me is not None and not me.alive()
+    return me
+
+
+def _make(owner: ProcessId | None, run: str, nbytes: int = 1 << 20, node: int = 0) -> Path:
+    shmfiles.set_owner(owner)
+    path = shmfiles.store_path(run, node)
+    path.write_bytes(b"x" * nbytes)
+    shmfiles.set_owner(None)
+    return path
+
+
+def test_the_owner_is_named_with_its_start_time(shm):
+    me = ProcessId.me()
+    assert shmfiles.store_path("r1", 3).name == f"zoexec-r1-o{shmfiles.machine_id()}.{me.pid}.{me.start}-n3"
+    assert me.alive()
+    assert not ProcessId(pid=me.pid, start=me.start + 1).alive()    # a reused pid is not us
+
+
+def test_a_zombie_is_not_alive():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    me = ProcessId.of(proc.pid)
+    deadline = time.monotonic() + 10
+    while me.alive() and time.monotonic() < deadline:   # exited, not yet reaped: a zombie
+        time.sleep(0.01)
+    assert not me.alive()
+    proc.wait()
+
+
+def test_the_sweep_removes_dead_owners_files_only(shm, dead):
+    blocks = _make(dead, "a")
+    resident = blocks.with_name(blocks.name + "-resident")       # node.py's sibling files
+    resident.write_bytes(b"y" * 2048)
+    other_node = _make(dead, "a", 4096, node=1)
+    live = _make(None, "c")                                     # this process owns it
+    made = _make(dead, "d")                                     # ... on another machine
+    foreign = made.rename(made.with_name(made.name.replace(f"o{shmfiles.machine_id()}", "o0badf00d")))
+    unowned = shm / "zoexec-test123-n0"
+    unowned.write_bytes(b"z")
+    shmfiles.set_owner(dead)
+    dead_rendezvous = shmfiles.rendezvous_dir()                  # a killed launch's folder
+    (dead_rendezvous / "store").write_bytes(b"r" * 512)
+    shmfiles.set_owner(None)
+    live_rendezvous = shmfiles.rendezvous_dir()
+    states = {item.path.name: item.state for item in shmfiles.scan()}
+    assert states[dead_rendezvous.name] == shmfiles.STALE and states[live_rendezvous.name] == shmfiles.LIVE
+    assert states[live.name] == shmfiles.LIVE and states[foreign.name] == shmfiles.FOREIGN
+    assert states[unowned.name] == shmfiles.UNOWNED
+    assert {states[p.name] for p in (blocks, resident, other_node)} == {shmfiles.STALE}
+    found = shmfiles.sweep()
+    freed = sum(item.nbytes for item in found if item.state == shmfiles.STALE)
+    assert freed >= (1 << 20) + 2048
+    assert sorted(p.name for p in shm.iterdir()) == sorted([live.name, foreign.name, unowned.name, "tmp"])
+    assert list((shm / "tmp").iterdir()) == [live_rendezvous]
+    line = shmfiles.freed_line(found)
+    assert line.startswith("zoexec: removed 4 stale files of dead runs from ") and "MiB" in line
+    assert shmfiles.freed_line(shmfiles.sweep()) is None
+
+
+def test_zoexec_clean_lists_then_removes(shm, dead):
+    stale, live = _make(dead, "a"), _make(None, "b")
+    result = CliRunner().invoke(app, ["clean", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert f"would remove {stale}" in " ".join(result.output.split())
+    assert stale.exists() and live.exists()
+    result = CliRunner().invoke(app, ["clean"])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert f"removed {stale}" in out and "has exited" in out
+    assert f"kept {live}" in out and "is running" in out
+    assert not stale.exists() and live.exists()
+
+
+def test_remove_owner_files_takes_that_owner_only(shm, dead):
+    mine, other = _make(dead, "a"), _make(None, "a")
+    assert shmfiles.remove_owner_files(dead) == [str(mine)]
+    assert other.exists() and not mine.exists()
+
+
+def test_a_process_killed_after_creating_its_store_leaves_what_the_next_start_removes(shm):
+    """SIGKILL right after the store file is made (a kill during start-up): the name
+    stays; the next start's sweep (launch.sweep_stale_files) removes it, a live
+    owner's file stays."""
+    run = f"t{uuid.uuid4().hex[:8]}"
+    code = (f"import os, time, sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from zoexec import shmfiles\n"
+            f"path = shmfiles.store_path({run!r}, 0)\n"
+            "fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)\n"
+            "os.posix_fallocate(fd, 0, 1 << 22)\n"
+            "print(path, flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "ZOEXEC_SHM_DIR": str(shm)})
+    left = Path(proc.stdout.readline().strip())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    live = _make(None, run)
+    assert left.exists() and left.parent == shm and left != live
+    found = shmfiles.sweep()
+    assert [item.path for item in found if item.state == shmfiles.STALE] == [left]
+    assert not left.exists() and live.exists()
+
+
+def test_a_rank_dies_with_its_launcher_and_removes_its_files(shm):
+    """procwatch.die_with in a stand-in rank: when the stand-in launcher is SIGKILLed,
+    the rank removes the launcher's files and kills itself within about a second."""
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    owner = ProcessId.of(launcher.pid)
+    files = [_make(owner, "a"), _make(owner, "a", node=1)]
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
+            "from zoexec import procwatch, shmfiles\n"
+            f"owner = procwatch.ProcessId(pid={owner.pid}, start={owner.start})\n"
+            "procwatch.die_with(owner, what='rank 0', period_s=0.1,\n"
+            "                   cleanup=lambda: shmfiles.remove_owner_files(owner))\n"
+            "print('watching', flush=True)\n"
+            "time.sleep(60)\n")
+    rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "ZOEXEC_SHM_DIR": str(shm)})
+    try:
+        assert rank.stdout.readline().strip() == "watching"
+        time.sleep(0.3)
+        assert rank.poll() is None and all(f.exists() for f in files)
+        launcher.kill()
+        launcher.wait()
+        start = time.monotonic()
+        assert rank.wait(timeout=5) == -signal.SIGKILL
+        assert time.monotonic() - start < 2
+        assert f"its launcher (pid {owner.pid}) has exited" in rank.stderr.read()
+        assert not any(f.exists() for f in files)
+    finally:
+        for proc in (launcher, rank):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,297 @@
+"""Why a job stopped, in one line. Torch-free.
+
+A rank that fails says why (`failure_reason`), with what exit code (`exit_code`), and
+whether it failed by itself (ERROR), because a peer went away or stopped answering
+(PEER: a collective that timed out or lost its connection, a wait that gave up) or
+stopped on purpose (HALT: an exception with exit_code 130 or 143, the engine's answer
+to SIGINT / SIGTERM, whose message names the snapshot). The launcher then names the
+rank that failed FIRST (`job_failure`), from what it saw of every rank:
+
+1. a rank's own error (an exception, a user error):
+     rank 1 failed: RuntimeError: injected fault at step 1 (engine.py:233)
+2. a rank killed by a signal it did not get from the launcher:
+     rank 1 was killed by signal 9 (SIGKILL: kill -9 or the out-of-memory killer); then
+     rank 0 failed: the loss all-reduce of step 3 lost its connection to a peer
+     (Connection reset by peer)
+3. a rank found stopped (SIGSTOP, a debugger), which the launcher killed:
+     rank 1 was stopped (SIGSTOP or a debugger) and was killed; rank 0 failed: the
+     all-gather of block 2 in step 3 timed out after 10 s
+4. a rank that exited non-zero without saying why;
+5. ranks that stopped on purpose: the engine's line (stopped by SIGTERM after step 3;
+   snapshot ...);
+6. else the first peer failure, with the ranks that then had to be killed.
+A job the launcher stopped (a signal to it) says so: the engine's line, else "stopped
+by SIGINT", with the ranks that did not exit within the grace period.
+
+Collective failures are read from the error's text (gloo: "Timed out waiting 10000ms
+for recv operation to complete", "Connection reset by peer", "Connection closed by
+peer"; NCCL's watchdog: "Timeout(ms)=600000"; monitored_barrier: "Rank 1 failed to
+pass monitoredBarrier in 10000 ms") and the operation from the traceback: the
+innermost zoexec function that ran it, the step and block of its frames.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from zoplan.errors import EXIT_USER_ERROR, ZoError
+
+ERROR, PEER, HALT = "error", "peer", "halt"      # what a rank's failure was (HALT: on purpose)
+USER, RANK, STOPPED = "user", "rank", "stopped"    # what job_failure's line is
+EXIT_RANK_FAILED = 1
+HALT_CODES = (130, 143)                            # a rank that stopped on SIGINT / SIGTERM
+
+_TIMEOUT_MS = (r"Timed out waiting (\d+) ?ms", r"Timeout\(ms\)=(\d+)", r"in (\d+) ?ms",
+               r"timed out after (\d+) ?ms", r"timeout of (\d+) ?ms")
+_LOST = (r"Connection reset by peer", r"Connection closed by peer", r"Broken pipe",
+         r"Connection refused", r"Remote peer closed the connection", r"Socket closed",
+         r"NCCL communicator was aborted", r"ncclRemoteError", r"Read error", r"Write error")
+_PEER_RANK = r"\bRank (\d+) failed to pass monitoredBarrier"
+_PEER_ZOERROR = ("gave up", "lost it", "stuck or dead", "timed out")
+_HELPERS = {"_wait", "task", "host_barrier", "broadcast_object", "gather_objects",
+            "monitored_barrier", "__enter__", "__exit__", "wait"}
+OPERATIONS = {   # (module file, function) -> what a collective there does
+    ("engine.py", "step"): "the loss all-reduce",
+    ("engine.py", "_upload"): "the all-gather of block {block}",
+    ("engine.py", "_fence"): "the write-back fence of block {block}",
+    ("engine.py", "flush"): "the barrier after the last update",
+    ("engine.py", "_finish"): "the gather of the trace",
+    ("engine.py", "_run"): "the broadcast of the run id",
+    ("rank.py", "_run"): "the broadcast of the run id",
+    ("rank.py", "_write_trace"): "the gather of the trace",
+    ("loop.py", "snapshot"): "saving a snapshot",
+    ("loop.py", "finish"): "saving the weights",
+    ("dist.py", "init_distributed"): "joining the job",
+    ("dist.py", "_build_groups"): "creating the process groups",
+    ("dist.py", "clock_epoch"): "agreeing on the clock",
+}
+SIGNAL_HINTS = {signal.SIGKILL: "kill -9 or the out-of-memory killer",
+                signal.SIGSEGV: "a crash in native code", signal.SIGABRT: "an abort in native code",
+                signal.SIGBUS: "shared memory ran out? see df /dev/shm",
+                signal.SIGTERM: "kill or a job scheduler", signal.SIGINT: "Ctrl-C"}
+
+
+# ---- a rank's side -------------------------------------------------------------------------
+def failure_reason(exc: BaseException) -> str:
+    """One line saying why a rank stopped."""
+    if isinstance(exc, ZoError) or _exit_code(exc) is not None:
+        return _first_line(exc) or type(exc).__name__
+    text = _first_line(exc)
+    frames = _frames(exc)
+    if _is_collective(text):
+        return _collective(text, frames)
+    where = f" ({Path(frames[-1][0]).name}:{frames[-1][1]})" if frames else ""
+    return f"{type(exc).__name__}: {text}{where}"
+
+
+def failure_kind(exc: BaseException) -> str:
+    """PEER when the failure is a peer's absence (a collective that timed out or lost
+    its connection, a wait that gave up), HALT for a run stopped on purpose by a signal
+    or on purpose (zoexec.loop.RunStopped: a signal, a non-finite step), else ERROR."""
+    if _exit_code(exc) in HALT_CODES or getattr(exc, "on_purpose", False):
+        return HALT
+    text = _first_line(exc)
+    if isinstance(exc, ZoError):
+        return PEER if any(word in text for word in _PEER_ZOERROR) else ERROR
+    return PEER if _is_collective(text) else ERROR
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code of a rank that raised `exc`: the exception's own exit_code (a run
+    stopped on purpose), 2 for a user's error, else 1."""
+    own = _exit_code(exc)
+    if own is not None:
+        return own
+    return EXIT_USER_ERROR if isinstance(exc, ZoError) else EXIT_RANK_FAILED
+
+
+def _exit_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "exit_code", None)
+    return code if isinstance(code, int) and not isinstance(exc, SystemExit) else None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else ""
+
+
+def _is_collective(text: str) -> bool:
+    return _timeout_ms(text) is not None or _lost(text) is not None or "timed out" in text.lower()
+
+
+def _timeout_ms(text: str) -> int | None:
+    for pattern in _TIMEOUT_MS:
+        match = re.search(pattern, text)
+        if match:
+            return int(match[1])
+    return None
+
+
+def _lost(text: str) -> str | None:
+    for pattern in _LOST:
+        match = re.search(pattern, text, re.IGNORECASE)
+        if match:
+            return match[0]
+    return None
+
+
+def _frames(exc: BaseException) -> list[tuple[str, int, str, dict]]:
+    """(file, line, function, the frame's int locals) from outermost to innermost."""
+    out, tb = [], exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        ints = {k: v for k, v in tb.tb_frame.f_locals.items()
+                if k in ("step", "block") and isinstance(v, int)}
+        out.append((code.co_filename, tb.tb_lineno, code.co_name, ints))
+        tb = tb.tb_next
+    return out
+
+
+def _collective(text: str, frames) -> str:
+    """'the all-gather of block 2 in step 3 timed out after 10 s' and the like."""
+    what = _operation(frames)
+    millis, lost = _timeout_ms(text), _lost(text)
+    if millis is not None:
+        how = f"timed out after {millis / 1000:g} s"
+    elif lost is not None:
+        how = f"lost its connection to a peer ({lost})"
+    else:
+        how = f"failed: {text}"
+    peer = re.search(_PEER_RANK, text)
+    if peer and millis is not None:
+        how += f" waiting for rank {peer[1]}"
+    return f"{what} {how}"
+
+
+def _operation(frames) -> str:
+    ours = [f for f in frames if Path(f[0]).parent.name == "zoexec"]
+    step = next((f[3]["step"] for f in reversed(ours) if "step" in f[3]), None)
+    for file, line, function, ints in reversed(ours):
+        if function in _HELPERS:
+            continue
+        known = OPERATIONS.get((Path(file).name, function))
+        what = (known.format(block=ints.get("block", "?")) if known
+                else f"a collective in {function} ({Path(file).name}:{line})")
+        if step is not None:
+            what += f" in step {step}" if "block" in what else f" of step {step}"
+        return what
+    return "a collective"
+
+
+# ---- the launcher's side ---------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    """What a failing rank told the launcher."""
+
+    rank: int
+    code: int
+    text: str
+    kind: str = ERROR
+
+
+def job_failure(outcome, reports: list[Report]) -> tuple[str, str, int] | None:
+    """(one line, USER | RANK | STOPPED, exit code) for a job that did not end well,
+    None for one that did. `outcome`: procwatch.Outcome (index = rank); `reports` in
+    arrival order."""
+    if outcome.signum is not None:
+        return _stopped_line(outcome, reports), STOPPED, 128 + outcome.signum
+    if outcome.first is None:
+        return None
+    errors = [r for r in reports if r.kind == ERROR]
+    if errors:
+        first = errors[0]
+        if first.code == EXIT_USER_ERROR:
+            return f"rank {first.rank} failed: {first.text}", USER, EXIT_USER_ERROR
+        return f"rank {first.rank} failed: {first.text}", RANK, first.code or EXIT_RANK_FAILED
+    halts = sorted((r for r in reports if r.kind == HALT), key=lambda r: r.rank)
+    told = {r.rank for r in reports}
+    if halts:    # the ranks stopped together (one got a signal): exiting 130 / 143 is no culprit
+        told |= {i for i, code in enumerate(outcome.exitcodes) if code in HALT_CODES}
+    culprit = _culprit(outcome, told)
+    if culprit is not None:
+        rank, what, joint = culprit
+        then = next((r for r in reports if r.rank != rank and r.kind != HALT), None)
+        tail = f"; {joint}rank {then.rank} failed: {then.text}" if then else ""
+        return f"rank {rank} {what}{tail}", RANK, EXIT_RANK_FAILED
+    if halts:
+        return halts[0].text, STOPPED, halts[0].code
+    if reports:
+        first = reports[0]
+        line = f"rank {first.rank} failed: {first.text}{_killed_tail(outcome, told)}"
+        return line, RANK, EXIT_RANK_FAILED
+    code = outcome.exitcodes[outcome.first]
+    return f"rank {outcome.first} exited with code {code} without saying why", RANK, EXIT_RANK_FAILED
+
+
+def _culprit(outcome, told: set[int]) -> tuple[int, str, str] | None:
+    """(rank, what happened, how a peer's report follows) for the rank that stopped the
+    job by going away: killed by a signal the launcher did not send (the first to fail
+    first), else found stopped, else gone without a word."""
+    order = [outcome.first] + [i for i in range(len(outcome.exitcodes)) if i != outcome.first]
+    for index in order:
+        code = outcome.exitcodes[index]
+        if code is not None and code < 0 and index not in outcome.killed:
+            return index, f"was killed by {signal_text(-code)}", "then "
+    for index in order:
+        if outcome.killed.get(index) == "stopped":
+            return index, "was stopped (SIGSTOP or a debugger) and was killed", ""
+    for index in order:
+        code = outcome.exitcodes[index]
+        if code is not None and code > 0 and index not in outcome.killed and index not in told:
+            return index, f"exited with code {code}{_exit_note(code)} without saying why", "then "
+    return None
+
+
+def _exit_note(code: int) -> str:
+    """' (after SIGTERM)' for the exit code a stopped rank gives (128 + the signal)."""
+    try:
+        return f" (after {signal.Signals(code - 128).name})" if code > 128 else ""
+    except ValueError:
+        return ""
+
+
+def _killed_tail(outcome, told: set[int]) -> str:
+    hung = [i for i, why in outcome.killed.items() if why == "hung" and i not in told]
+    if not hung:
+        return ""
+    return (f"; {_ranks(hung)} did not exit within a few seconds of being told to "
+            f"(hung?) and {'was' if len(hung) == 1 else 'were'} killed")
+
+
+def _stopped_line(outcome, reports: list[Report]) -> str:
+    """The engine's own line when a rank gave one ('stopped by SIGINT after step 3;
+    snapshot ...; resume with: ...'), else what the launcher saw."""
+    name = signal.Signals(outcome.signum).name
+    forced = sorted(i for i, why in outcome.killed.items() if why == "forced")
+    late = sorted(i for i, why in outcome.killed.items() if why == "grace")
+    halts = sorted((r for r in reports if r.kind == HALT), key=lambda r: r.rank)
+    if forced:
+        line = f"stopped by a second signal: {_ranks(forced)} killed at once"
+    else:
+        line = halts[0].text if halts else f"stopped by {name}"
+        if late:
+            line += (f"; {_ranks(late)} did not exit within {outcome.grace_s:g} s and "
+                     f"{'was' if len(late) == 1 else 'were'} killed")
+    errors = [r for r in reports if r.kind == ERROR]
+    if errors:
+        line += f"; rank {errors[0].rank} failed: {errors[0].text}"
+    return line
+
+
+def signal_text(signum: int) -> str:
+    """'signal 9 (SIGKILL: kill -9 or the out-of-memory killer)'."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+    hint = SIGNAL_HINTS.get(signum)
+    return f"signal {signum} ({name}: {hint})" if hint else f"signal {signum} ({name})"
+
+
+def _ranks(indexes: list[int]) -> str:
+    if len(indexes) == 1:
+        return f"rank {indexes[0]}"
+    return "ranks " + ", ".join(str(i) for i in indexes)

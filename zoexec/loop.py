@@ -1,0 +1,259 @@
+"""The training loop of one rank around the engine's steps: the log, snapshots, stops,
+non-finite steps, and the end of the run (zoexec.rundir describes the run folder).
+
+Every step's loss all-reduce also carries two flags summed over the world, so the
+ranks decide together, at the same step boundary:
+- stop: a rank got SIGINT or SIGTERM (the launcher forwards the one it gets, once;
+  under torchrun the rank gets it itself): the ranks save a snapshot and exit with 130
+  or 143;
+- snapshot: rank 0's clock says a snapshot is due (--save-every with a duration).
+A snapshot flushes the pending update into every block (the same maths as applying it
+at the next step) and rank 0 writes the weights of node 0's store.
+A non-finite loss or g is never applied: the run stops (the weights of the step before
+saved as a snapshot, exit 1), or with --on-nonfinite skip the step is logged as
+skipped and training goes on (at most MAX_SKIPS in a row).
+At the end, rank 0 writes the weights (final/) first, then the trace.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+from zoexec import dist as zdist
+from zoexec.checkpoint import LossLog, StepRecord, export_weights
+from zoexec.engine import Trainer
+from zoexec.loading import fill_timeout_s
+from zoexec.node import monitored_barrier
+from zoexec.rundir import FINAL, RunDir
+
+MAX_SKIPS = 10
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class RunStopped(Exception):
+    """The run stopped on purpose before its last step (a signal, a non-finite step):
+    `exit_code` and a one-line message; the snapshot it left, if any, is named. Every
+    rank raises it at the same step (the flags and the loss are all-reduced)."""
+
+    on_purpose = True
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class StopRequest:
+    """SIGINT / SIGTERM received by this process: remembered, acted on at the next
+    step boundary (a second SIGINT while stopping interrupts at once)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def install(self) -> None:
+        """Catch SIGINT and SIGTERM (main thread only) until `restore`."""
+        self.signum = None
+        for signum in EXIT_CODES:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        """The handlers from before `install` (a run inside another program)."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+
+STOP = StopRequest()
+
+
+class TrainLoop:
+    """Drive a Trainer from cfg.start_step to cfg.steps (see the module docstring)."""
+
+    def __init__(self, trainer: Trainer, rundir: RunDir | None, progress) -> None:
+        self.trainer, self.rundir, self.progress = trainer, rundir, progress
+        self.cfg, self.env = trainer.cfg, trainer.env
+        self.log = LossLog(rundir.path) if rundir and self.env.rank == 0 else None
+        self.last_save_s = time.monotonic()
+        self.records: list[StepRecord] = []
+        self.skips = 0
+
+    def run(self) -> list[StepRecord]:
+        cfg = self.cfg
+        try:
+            if cfg.replay:
+                self.trainer.replay(cfg.replay)
+            for step in range(cfg.start_step, cfg.steps):
+                record, (stop, save) = self.trainer.step(step, lr=cfg.lr_of(step),
+                                                         flags=self._flags())
+                record = self._checked(record)
+                self.records.append(record)
+                if self.log:
+                    self.log.append(record)
+                self.progress.update(record)
+                if stop:
+                    self._stopped(step)
+                if self._save_due(step, save):
+                    self.snapshot(step)
+                if self.trainer.speed:
+                    self.trainer.speed.after_step(step + 1, cfg.steps)
+        finally:
+            self.progress.close()
+            if self.log:
+                self.log.close()
+        return self.records
+
+    # ---- per step ----------------------------------------------------------------------
+    def _flags(self) -> tuple[float, float]:
+        """This rank's (stop, snapshot) requests for the step's all-reduce."""
+        every = self.cfg.save_every_s
+        due = (self.rundir is not None and every is not None and self.env.rank == 0
+               and time.monotonic() - self.last_save_s >= every)
+        return float(STOP.signum is not None), float(due)
+
+    def _save_due(self, step: int, clock: float) -> bool:
+        if self.rundir is None or step == self.cfg.steps - 1:
+            return False   # the last step's weights are final/
+        every = self.cfg.save_every
+        return bool(clock) or (every is not None and (step + 1) % every == 0)
+
+    def _checked(self, record: StepRecord) -> StepRecord:
+        """Set the step's update pending, or handle a non-finite step."""
+        if record.finite:
+            self.skips = 0
+            self.trainer.set_pending(record)
+            return record
+        self.skips += 1
+        what = (f"step {record.step}: the loss is not finite (loss+ {record.loss_plus}, "
+                f"loss- {record.loss_minus}, g {record.g})")
+        if self.cfg.on_nonfinite == "skip" and self.skips <= MAX_SKIPS:
+            self._say(f"zoexec: warning: {what}: skipped, no update")
+            record = StepRecord(**{**record.__dict__, "skipped": True})
+            self.trainer.set_pending(record)
+            return record
+        if self.log:
+            self.log.append(record)
+        self.trainer.set_pending(record)   # nothing: a non-finite update is never applied
+        saved = self.snapshot(record.step - 1) if record.step > self.cfg.start_step else None
+        hint = (f"; {self.skips} in a row" if self.cfg.on_nonfinite == "skip"
+                else "; --on-nonfinite skip would skip such steps")
+        raise RunStopped(f"{what}: stopped without applying it{self._where(saved)}{hint}", 1)
+
+    def _stopped(self, step: int) -> None:
+        signum = STOP.signum or signal.SIGTERM
+        saved = self.snapshot(step)
+        raise RunStopped(f"stopped by {signal.Signals(signum).name} after step "
+                         f"{step}{self._where(saved)}", EXIT_CODES[signum])
+
+    def _where(self, saved: Path | None) -> str:
+        if saved is None:
+            return " (no --out: nothing saved)"
+        return (f"; snapshot {saved}; resume with: zoexec run {self.cfg.plan_path} "
+                f"--resume {self.rundir.path}")
+
+    def _say(self, text: str) -> None:
+        if self.env.rank == 0:
+            print(text, file=sys.stderr, flush=True)
+
+    # ---- snapshots and the end -----------------------------------------------------------
+    def snapshot(self, step: int) -> Path | None:
+        """Every update through `step` flushed into the blocks; rank 0 writes them to
+        snapshots/step-N (the newest cfg.keep kept). Collective: every rank has the
+        RunDir (rank 0 alone owns and writes it)."""
+        self.trainer.flush()
+        self.last_save_s = time.monotonic()
+        if self.rundir is None:
+            return None
+        path = self.rundir.snapshot_path(step)
+        self._write_weights(path, step)
+        if self.env.rank == 0:
+            self.rundir.prune(self.cfg.keep)
+        return path
+
+    def finish(self) -> None:
+        """The weights at the end: final/ (a snapshot of the last step too)."""
+        self.trainer.flush()
+        if self.rundir is not None and self.records:
+            self._write_weights(self.rundir.path / FINAL, self.records[-1].step)
+            if self.env.rank == 0:
+                self.rundir.prune(self.cfg.keep)
+
+    def _write_weights(self, path: Path, step: int) -> None:
+        trainer = self.trainer
+        store = trainer.store
+        if self.env.rank == 0:
+            export_weights(trainer.parts, [store.weights(b) for b in range(store.num_blocks)],
+                           path, resident=trainer.clean_resident_cpu(),
+                           extra_files=Path(self.cfg.source_dir) if self.cfg.source_dir else None,
+                           state={"step": step, "seed": self.cfg.seed,
+                                  "update": self.cfg.workload.update})
+        monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the weights",
+                          timeout_s=fill_timeout_s(store.nbytes, base_s=zdist.TIMEOUT_S))
+
+
+class Progress:
+    """Rank 0's progress on stderr: a rich bar on a terminal; elsewhere one line every
+    `every_s` seconds and at the end (step, loss, tokens/s, time left)."""
+
+    def __init__(self, cfg, *, every_s: float = 30.0) -> None:
+        self.first, self.total, self.every_s = cfg.start_step, cfg.steps, every_s
+        self.start_s = self.last_s = time.monotonic()
+        self.done = 0
+        self.bar = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("[bold]zoexec"), BarColumn(), MofNCompleteColumn(),
+                                TimeRemainingColumn(), TextColumn("{task.description}"),
+                                console=Console(stderr=True), transient=False)
+            self.task = self.bar.add_task("", total=self.total, completed=self.first)
+            self.bar.start()
+
+    @classmethod
+    def make(cls, cfg, env):
+        return cls(cfg) if env.rank == 0 and cfg.progress else _Silent()
+
+    def update(self, record: StepRecord) -> None:
+        self.done += 1
+        text = f"loss {record.loss:.4f}  g {record.g:+.3e}  {record.tokens_per_s:,.0f} tok/s"
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=text)
+            return
+        now = time.monotonic()
+        if now - self.last_s >= self.every_s or record.step == self.total - 1:
+            self.last_s = now
+            left = (now - self.start_s) / self.done * (self.total - 1 - record.step)
+            print(f"zoexec: step {record.step + 1}/{self.total}  {text}  {left:.0f} s left",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+class _Silent:
+    def update(self, record: StepRecord) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def prepare_rundir(cfg, env, plan_sha256: str) -> RunDir | None:
+    """Rank 0 owns the run folder (the lock) and writes a new run's identity; the
+    other ranks get None. A ZoError (the folder in use) before anything is written."""
+    if cfg.out_dir is None or env.rank != 0:
+        return None
+    rundir = RunDir(cfg.out_dir)
+    rundir.lock()
+    if not cfg.resumed:
+        rundir.write_identity(cfg, plan_sha256)
+    return rundir

@@ -1,0 +1,106 @@
+"""One rank of `zoexec run`, from joining the job to leaving it: the device and groups,
+the data, the run folder (rank 0 owns it), the node's model, the training loop
+(zoexec.loop) around the engine's steps, and at the end the weights, then the trace."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import torch
+
+from zoexec import dist as zdist
+from zoexec.checkpoint import StepRecord
+from zoexec.config import RunConfig
+from zoexec.data import make_source
+from zoexec.engine import Trainer
+from zoexec.hostenv import keep_freed_memory
+from zoexec.loop import STOP, Progress, TrainLoop, prepare_rundir
+from zoexec.node import close_store, host_memory_probe, load_node_model, share_read_flags
+from zoexec.preflight import check_gpu_memory
+from zoexec.rundir import RunDir
+from zoexec.speed import SpeedMonitor
+from zoplan.io import sha256_json
+from zoplan.models import ModelSpec
+from zoplan.trace import Span, write_trace
+
+
+def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> list[StepRecord]:
+    """Run one rank from join to exit; the process group is destroyed on the way out.
+    `on_failure(exc)` runs before that, so the first rank to fail reports first (its
+    peers fail only once its connections close). SIGINT and SIGTERM stop the run at
+    the next step boundary with a snapshot (zoexec.loop.RunStopped)."""
+    env = None
+    try:
+        STOP.install()
+        if cfg.device_kind == "cpu":
+            keep_freed_memory()   # activations are reused, not page-faulted in every block
+        env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
+                                     tf32=cfg.workload.tf32)
+        threads = zdist.set_threads(cfg.threads, cfg.layout.local_ranks)
+        with torch.no_grad():   # not inference_mode: zo's z threads would not inherit it
+            return _run(cfg, env, threads)
+    except BaseException as exc:
+        if on_failure is not None:
+            on_failure(exc)
+        raise
+    finally:
+        STOP.restore()
+        zdist.shutdown(env)
+
+
+def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
+    check_gpu_memory(cfg, env.device.index)
+    source = _data_source(cfg)
+    owned = prepare_rundir(cfg, env, sha256_json(cfg.plan))
+    try:
+        run_id = zdist.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
+                                        else uuid.uuid4().hex[:12])
+        parts, store = load_node_model(cfg, env, run_id)
+        try:
+            flags = share_read_flags(env, run_id, num_blocks=store.num_blocks)
+            speed = SpeedMonitor.make(cfg, env, threads)
+            speed.check()
+            epoch_s, clock = zdist.clock_epoch(env)
+            trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
+                              lanes=zdist.make_lanes(env, epoch_s=epoch_s), flags=flags,
+                              speed=speed)
+            loop = TrainLoop(trainer, RunDir(cfg.out_dir) if cfg.out_dir else None,
+                             Progress.make(cfg, env))
+            records = loop.run()
+            speed.check()
+            memory = host_memory_probe(store, env)
+            loop.finish()   # the weights first: a full disk for the trace loses no model
+            _write_trace(cfg, env, trainer, memory,
+                         {"clock": clock, "threads": threads, "start_step": cfg.start_step,
+                          "records": [r.to_dict() for r in records], **speed.meta(),
+                          **trainer.rounding.meta()})
+            return records
+        finally:
+            close_store(store)
+    finally:
+        if owned is not None:
+            owned.unlock()
+
+
+def _data_source(cfg: RunConfig):
+    """The data (read before the model is built, so a bad file fails fast)."""
+    tokenizer = cfg.source_dir or (cfg.init if cfg.init != "random" else None)
+    vocab = ModelSpec.from_dict(cfg.plan["model"]["spec"]).vocab
+    return make_source(cfg.data, vocab=vocab, seed=cfg.seed, tokenizer_dir=tokenizer)
+
+
+def _write_trace(cfg: RunConfig, env: zdist.DistEnv, trainer: Trainer, memory: dict,
+                 meta_extra: dict) -> None:
+    """Every rank's spans and memory, gathered to rank 0, which writes the trace."""
+    spans = zdist.gather_objects(env, [s.to_dict() for s in trainer.lanes.spans])
+    memories = zdist.gather_objects(env, memory)
+    if env.rank != 0 or not cfg.trace_dir:
+        return
+    flat = [Span.from_dict(s) for rank_spans in spans for s in rank_spans]
+    meta = {"plan_sha256": sha256_json(cfg.plan), "plan_path": str(cfg.plan_path),
+            "world_size": env.layout.world_size, "steps": cfg.steps,
+            "layout": env.layout.to_dict(), "device_kind": cfg.device_kind,
+            "model": cfg.plan["model"]["name"], "workload": cfg.plan["workload"],
+            "source": "zoexec", "host_memory": memories, **meta_extra}
+    write_trace(Path(cfg.trace_dir), flat, meta)

@@ -1,0 +1,181 @@
+"""The names of the files zoexec keeps in shared memory, and the sweep of stale ones.
+
+Torch-free (`zoexec clean` runs it). Every file of a run in SHM_DIR (/dev/shm, or
+ZOEXEC_SHM_DIR) is named
+
+    zoexec-<run id>-o<machine>.<pid>.<start>-n<node>[-resident|-fence]
+
+after the process that owns it: the launcher of a local run (`zoexec run`), torchrun's
+agent under torchrun (the parent of every rank of the node), the process itself for a
+one-rank run. <pid>.<start> is a procwatch.ProcessId (the start time tells a reused pid
+from the owner), <machine> a hash of the boot and the pid namespace, so that a file
+made on another boot, host or container (a shared ZOEXEC_SHM_DIR, docker --ipc=host)
+is never judged from here.
+
+A file whose owner has exited is stale: a run killed before its builder unlinked the
+name (zoexec.store) left it, and it holds its memory until removed. Every start of a
+run removes the stale files of this machine (one dim line says how much it freed),
+`zoexec clean` lists and removes them (--dry-run: lists only), and a rank whose
+launcher has gone removes its launcher's files before it dies (procwatch.die_with).
+Files of a live owner, and names without an owner (tests, older versions), are never
+removed. The same goes for the folder of a local launch's rendezvous file
+(`rendezvous_dir`: zoexec-rdzv-o<machine>.<pid>.<start>-* in the temporary folder).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from zoexec.procwatch import ProcessId
+from zoplan.memory import fmt_bytes
+
+SHM_DIR = Path(os.environ.get("ZOEXEC_SHM_DIR", "/dev/shm"))
+PREFIX = "zoexec-"
+_NAME = re.compile(r"^zoexec-(?P<run>.+)-o(?P<machine>[0-9a-f]{8})\.(?P<pid>\d+)\.(?P<start>\d+)"
+                   r"-n\d+(-[a-z]+)?$")
+RDZV_DIR = Path(tempfile.gettempdir())
+RDZV_PREFIX = "zoexec-rdzv-"
+_RDZV_NAME = re.compile(r"^zoexec-rdzv-o(?P<machine>[0-9a-f]{8})\.(?P<pid>\d+)\.(?P<start>\d+)-")
+STALE, LIVE, FOREIGN, UNOWNED = "stale", "live", "foreign", "unowned"
+
+_owner: ProcessId | None = None
+
+
+def set_owner(owner: ProcessId | None) -> None:
+    """The process whose name this process's files carry (None: this process)."""
+    global _owner
+    _owner = owner
+
+
+def owner() -> ProcessId:
+    return _owner if _owner is not None else ProcessId.me()
+
+
+def machine_id() -> str:
+    """8 hex digits naming this boot and pid namespace."""
+    parts = []
+    for read in (lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+                 lambda: os.readlink("/proc/self/ns/pid")):
+        try:
+            parts.append(read())
+        except OSError:
+            parts.append("?")
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:8]
+
+
+def owner_tag(process: ProcessId) -> str:
+    return f"o{machine_id()}.{process.pid}.{process.start}"
+
+
+def store_path(run_id: str, node: int) -> Path:
+    """The block store of `node` in run `run_id`, named after this process's owner
+    (node.py derives the -resident and -fence files from it)."""
+    return SHM_DIR / f"{PREFIX}{run_id}-{owner_tag(owner())}-n{node}"
+
+
+def rendezvous_dir() -> Path:
+    """A new private folder for a local launch's rendezvous file, named after this
+    process's owner (so that a killed launch's is swept like its store files)."""
+    return Path(tempfile.mkdtemp(prefix=f"{RDZV_PREFIX}{owner_tag(owner())}-", dir=RDZV_DIR))
+
+
+def remove_run_files(run_id: str) -> list[str]:
+    """Remove every file of a run still named in SHM_DIR; returns what it removed."""
+    return _remove(glob.glob(str(SHM_DIR / f"{glob.escape(PREFIX + run_id)}-*")))
+
+
+def remove_owner_files(process: ProcessId) -> list[str]:
+    """Remove every file `process` owns (a dead launcher's, from its last rank), and
+    its rendezvous folders."""
+    tag = owner_tag(process)
+    for folder in glob.glob(str(RDZV_DIR / f"{RDZV_PREFIX}{tag}-*")):
+        shutil.rmtree(folder, ignore_errors=True)
+    return _remove(glob.glob(str(SHM_DIR / f"{PREFIX}*-{tag}-n*")))
+
+
+def _remove(names: list[str]) -> list[str]:
+    removed = []
+    for name in names:
+        try:
+            Path(name).unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(name)
+    return removed
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShmFile:
+    """A zoexec file in SHM_DIR: its size in memory, owner and state (stale: its owner
+    has exited; live; foreign: made on another boot, host or container; unowned: no
+    owner in its name)."""
+
+    path: Path
+    nbytes: int
+    state: str
+    owner: ProcessId | None = None
+
+
+def scan(directory: Path | None = None) -> list[ShmFile]:
+    """Every zoexec file in `directory` (default SHM_DIR) and every rendezvous folder
+    in RDZV_DIR, by name."""
+    found = []
+    for path in sorted((SHM_DIR if directory is None else Path(directory)).glob(f"{PREFIX}*")):
+        found.append(_judge(path, _NAME.match(path.name), _allocated(path)))
+    for path in sorted(RDZV_DIR.glob(f"{RDZV_PREFIX}*")):
+        match = _RDZV_NAME.match(path.name)
+        if match is not None:      # a folder without an owner is no business of ours
+            found.append(_judge(path, match, sum(_allocated(p) for p in path.glob("*"))))
+    return [item for item in found if item.nbytes >= 0]
+
+
+def _allocated(path: Path) -> int:
+    try:
+        return path.stat().st_blocks * 512
+    except OSError:
+        return -1
+
+
+def _judge(path: Path, match, nbytes: int) -> ShmFile:
+    if match is None:
+        return ShmFile(path=path, nbytes=nbytes, state=UNOWNED)
+    process = ProcessId(pid=int(match["pid"]), start=int(match["start"]))
+    if match["machine"] != machine_id():
+        return ShmFile(path=path, nbytes=nbytes, state=FOREIGN, owner=process)
+    return ShmFile(path=path, nbytes=nbytes, state=LIVE if process.alive() else STALE,
+                   owner=process)
+
+
+def sweep(*, dry_run: bool = False, directory: Path | None = None) -> list[ShmFile]:
+    """Remove the stale files (none with `dry_run`); returns every file scanned, the
+    stale ones being those removed (or that would be)."""
+    found = scan(directory)
+    if not dry_run:
+        for item in found:
+            if item.state != STALE:
+                continue
+            if item.path.is_dir():
+                shutil.rmtree(item.path, ignore_errors=True)
+            else:
+                item.path.unlink(missing_ok=True)
+    return found
+
+
+def freed_line(found: list[ShmFile], *, dry_run: bool = False) -> str | None:
+    """'zoexec: removed 2 stale files of dead runs from /dev/shm (150.0 MiB)', or None."""
+    stale = [item for item in found if item.state == STALE]
+    if not stale:
+        return None
+    verb = "would remove" if dry_run else "removed"
+    what = "file" if len(stale) == 1 else "files"
+    where = " and ".join(sorted({str(item.path.parent) for item in stale}))
+    return (f"zoexec: {verb} {len(stale)} stale {what} of dead runs from {where} "
+            f"({fmt_bytes(sum(item.nbytes for item in stale))})")
+
