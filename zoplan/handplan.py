@@ -18,8 +18,9 @@ from zoplan.workload import Workload
 
 def hand_plan(*, model: str | ModelSpec, layout: Layout, workload: Workload,
               device_kind: str = "cpu", profile_name: str = "hand-built",
-              step_time_s: float = 1.0) -> Plan:
-    """A validated Plan running `model` with `layout` and `workload` as given."""
+              step_time_s: float = 1.0, resident: tuple[int, ...] = ()) -> Plan:
+    """A validated Plan running `model` with `layout` and `workload` as given;
+    `resident`: the blocks kept on the devices as shards of their slice group."""
     spec = get_model(model) if isinstance(model, str) else model
     shape = dict(model=spec, workload=workload, layout=layout, device_kind=device_kind)
     device_mem = rank_memory(**shape).total_bytes
@@ -35,7 +36,8 @@ def hand_plan(*, model: str | ModelSpec, layout: Layout, workload: Workload,
             "model": {"name": spec.name, "spec": spec.to_dict(), "sha256": sha256_json(spec.to_dict())},
             "profile": profile, "workload": workload.to_dict(), "layout": layout.to_dict(),
             "ranks": layout.rank_table(),
-            "blocks": [{"block": b, "placement": "host", "bytes": spec.block_bytes(workload.param_dtype)}
+            "blocks": [{"block": b, "placement": "resident" if b in resident else "host",
+                        "bytes": spec.block_bytes(workload.param_dtype)}
                        for b in range(spec.num_layers)],
             "predicted": predicted,
             "baselines": {"zo2": {"step_time_s": step_time_s}, "unsliced": {"step_time_s": step_time_s}},

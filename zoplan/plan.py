@@ -7,10 +7,14 @@ Keys (all required unless marked optional):
   profile                   {"name", "sha256", "device_kind", "gpus_per_node"}
   workload                  Workload.to_dict(): batch, seq, param_dtype, compute_dtype,
                             update (master, stochastic, plain), tf32
-  layout                    Layout.to_dict(): pertp, ddp, nodes, slices, prefetch
+  layout                    Layout.to_dict(): pertp, ddp, nodes, slices, prefetch,
+                            slice_update (optional, default false)
   ranks                     Layout.rank_table(): rank, node, local_rank, role,
                             data_shard, slice_group, slice_index
-  blocks                    [{"block", "placement": "host", "bytes"}] per block
+  blocks                    [{"block", "placement", "bytes"}] per block; placement
+                            "host" (in the node's host store, streamed every step) or
+                            "resident" (sharded over the slice group's devices: each
+                            rank keeps 1/slices of it, no PCIe; Plan.resident_blocks)
   predicted                 step_time_s, tokens_per_s, gpu_mem_bytes (per GPU),
                             host_mem_bytes (per node), bottleneck, lower_bound_s,
                             utilisation {resource: fraction}, spans [Span.to_dict()]
@@ -68,6 +72,11 @@ class Plan:
         return self.data["ranks"]
 
     @property
+    def resident_blocks(self) -> tuple[int, ...]:
+        """Blocks kept on the devices as shards of their slice group (not streamed)."""
+        return tuple(b["block"] for b in self.data["blocks"] if b["placement"] == "resident")
+
+    @property
     def predicted(self) -> dict:
         return self.data["predicted"]
 
@@ -90,8 +99,8 @@ class Plan:
         if meta.get("world_size") not in (None, world):
             raise ZoError(f"{origin} was recorded with {meta['world_size']} ranks; plan "
                           f"has {world}")
-        if meta.get("layout") and meta["layout"] != self.data["layout"]:
-            raise ZoError(f"{origin} ran layout {Layout(**meta['layout']).label()}, the plan "
+        if meta.get("layout") and Layout.from_dict(meta["layout"]) != layout:
+            raise ZoError(f"{origin} ran layout {Layout.from_dict(meta['layout']).label()}, the plan "
                           f"is {layout.label()}: give a trace of a run of this plan")
         top_rank = max((s.rank for s in spans), default=0)
         if top_rank >= world:
@@ -153,7 +162,7 @@ class _ProfileRef(Checked):
 
 class _Block(Checked):
     block: Annotated[int, Field(ge=0)]
-    placement: str
+    placement: Literal["host", "resident"]
     bytes: Bytes
 
 

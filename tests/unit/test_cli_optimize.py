@@ -53,7 +53,7 @@ def test_fixed_axes_plan_that_layout(tmp_path):
     result = invoke(*SMALL, "--profile", NODE4, "-o", str(out), "--pertp", "2", "--slices", "2",
                     "--prefetch", "1", "-q")
     assert result.exit_code == 0, result.output
-    assert Plan.load(out).data["layout"] == {"pertp": 2, "ddp": 2, "nodes": 1, "slices": 2,
+    assert Plan.load(out).data["layout"] == {"pertp": 2, "ddp": 2, "nodes": 1, "slices": 2, "slice_update": False,
                                              "prefetch": 1}
 
 
