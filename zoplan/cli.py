@@ -59,7 +59,7 @@ def profiles_cmd() -> None:
 @command("optimize")
 def optimize_cmd(
     model: Annotated[str, typer.Option(help="Catalogue name (see `zoplan models`) or path to an HF config.json")],
-    gpus: Annotated[int, typer.Option(help="Number of GPUs (ranks) to plan for")],
+    gpus: Annotated[int, typer.Option(help="The most GPUs (ranks) the plan may use; fewer when that is faster")],
     profile: Annotated[Optional[str], typer.Option(help="Shipped profile name or profile JSON path")] = None,
     batch: Annotated[int, typer.Option(help="Global batch (sequences per step)")] = 16,
     seq: Annotated[int, typer.Option(help="Tokens per sequence")] = 512,
@@ -70,23 +70,29 @@ def optimize_cmd(
     ddp: Annotated[Optional[int], typer.Option(help="Fix Data-Parallel degree")] = None,
     slices: Annotated[Optional[int], typer.Option(help="Fix slice group size (1 = every GPU pulls the whole block)")] = None,
     prefetch: Annotated[Optional[int], typer.Option(help="Fix prefetch depth (block buffers per GPU)")] = None,
+    placement: Annotated[str, typer.Option(help="Where the blocks live: host (every block offloaded, streamed each step) or auto (the search keeps as many resident on the GPUs as fit)")] = "auto",
+    sweep_nodes: Annotated[bool, typer.Option("--sweep-nodes", help="Also print throughput against node count (the winner's per-node plan)")] = False,
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the plan")] = Path("plan.json"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan JSON to stdout instead of the tables")] = False,
     top: Annotated[int, typer.Option(help="Candidates shown in the table")] = 8,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No tables, no timeline: just write the plan")] = False,
 ) -> None:
-    """Search PertP x DDP layouts, slice size and prefetch depth; write the best as a plan."""
+    """Search PertP x DDP layouts, slice size, prefetch depth, block placement and the
+    devices used; write the best as a plan."""
     optimize_view.check_top(top)
     with optimize_view.search_progress(enabled=not (quiet or json_out)) as progress:
         plan = search.optimize(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
                                precision=precision, update=update, tf32=tf32, pertp=pertp,
-                               ddp=ddp, slices=slices,
-                               prefetch=prefetch, output=output, progress=progress)
+                               ddp=ddp, slices=slices, prefetch=prefetch,
+                               placement=placement, output=output, progress=progress)
+    warning = optimize_view.rough_profile_warning(plan)
+    if warning:
+        Console(stderr=True).print(warning, style="yellow", highlight=False)
     if json_out:
         console.file.write(plan.to_json())
     elif not quiet:
         optimize_view.render_optimize(plan, console, top=top, output=Path(output),
-                                      profile_arg=profile)
+                                      profile_arg=profile, sweep_nodes=sweep_nodes)
         render_short_timeline(plan, console)
 
 

@@ -2,9 +2,11 @@
 
 - threads per rank: a host's cores shared by its local ranks (zoexec sets it, the
   planner prices z and GEMMs with it, `zoplan profile` measures with it);
-- z chunking and balancing: z is drawn in independently seeded chunks of Z_CHUNK
-  elements, spread over a rank's threads largest first (zoexec.zo draws it so, the
-  planner computes the busiest thread the same way);
+- z chunking and balancing: z is drawn in independently seeded chunks of each tensor,
+  Z_CHUNK elements on the CPU (spread over a rank's threads largest first: zoexec.zo
+  draws it so, the planner computes the busiest thread the same way) and Z_CHUNK_CUDA
+  on CUDA (one generator launch each); a draw of a flat range of a block (the update on
+  the slice) draws every chunk it touches whole (z_range_draws);
 - run lengths: how many steps a traced run takes by default, and how many make a run
   of a given length (zoexec's default, `zoplan calibrate`'s advice, the benchmarks);
 - speed probes: how often a traced CPU run probes the machine between steps.
@@ -30,7 +32,14 @@ def threads_per_rank(cores: int, local_ranks: int) -> int:
 
 
 # ---- how z's chunks are spread over a rank's threads -----------------------------------------
-Z_CHUNK = 1 << 20   # elements per independently seeded chunk (part of the z definition)
+Z_CHUNK = 1 << 20        # CPU: elements per independently seeded chunk (part of the z definition)
+Z_CHUNK_CUDA = 1 << 24   # CUDA: the same, larger (one Philox launch per chunk; a chunk is
+                         # drawn whole, so a range draw costs at most a chunk more at each end)
+
+
+def z_chunk(device_kind: str) -> int:
+    """Elements per z chunk on this kind of device (zoexec.zo's addressing)."""
+    return Z_CHUNK_CUDA if device_kind == "cuda" else Z_CHUNK
 
 
 def chunk_bounds(numel: int, chunk: int | None = None) -> list[tuple[int, int]]:
@@ -63,16 +72,34 @@ def z_makespan(tensor_numels: list[int], threads: int) -> tuple[int, int]:
 
 def z_draw_calls(tensor_numels: list[int], device_kind: str) -> int:
     """Generator calls (kernel launches on CUDA) of one z draw over these tensors: one
-    per tensor on CUDA (Philox, a seed per tensor), one per Z_CHUNK chunk on the CPU
-    (mt19937 is serial per generator: the chunks spread over a rank's threads)."""
-    if device_kind == "cuda":
-        return len(tensor_numels)
-    return sum(len(chunk_bounds(n)) for n in tensor_numels)
+    per chunk of z_chunk(device_kind) elements of each tensor (CUDA: Philox, 2**24 a
+    launch; CPU: mt19937 is serial per generator, 2**20 a chunk, the chunks spread over
+    a rank's threads)."""
+    chunk = z_chunk(device_kind)
+    return sum(len(chunk_bounds(n, chunk)) for n in tensor_numels)
+
+
+def z_range_draws(tensor_numels: list[int], start: int, stop: int,
+                  device_kind: str) -> list[int]:
+    """Sizes of the chunk draws that z of the flat range [start, stop) of a block costs
+    (its tensors laid end to end in this order, zoexec.zo.z_range): every chunk that
+    overlaps the range, whole (a chunk cannot be drawn from its middle)."""
+    chunk, sizes, offset = z_chunk(device_kind), [], 0
+    if stop <= start:
+        return sizes
+    for numel in tensor_numels:
+        if offset < stop and offset + numel > start:
+            sizes += [b - a for a, b in chunk_bounds(numel, chunk)
+                      if offset + a < stop and offset + b > start]
+        offset += numel
+    return sizes
 
 
 # Stochastic rounding (update "stochastic") works chunk by chunk in fp32 scratch: a chunk is
 # Z_CHUNK elements on the CPU and SR_CHUNK_CUDA on CUDA (fewer launches; its noise is seeded
 # per (step seed, block, tensor, chunk) like z). Scratch: SR_SCRATCH fp32 arrays of a chunk.
+# An update of a flat range (the update on the slice) rounds the chunks it touches, drawing
+# the noise of each whole (so it rounds exactly as the whole block's update does).
 SR_CHUNK_CUDA = 1 << 25
 SR_SCRATCH = 2
 

@@ -12,7 +12,7 @@ from zoplan.io import sha256_json
 from zoplan.layout import Layout
 from zoplan.memory import node_host_memory, rank_memory
 from zoplan.models import ModelSpec, get_model
-from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, tool_info
+from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, compact_ranks, tool_info
 from zoplan.workload import Workload
 
 
@@ -22,7 +22,9 @@ def hand_plan(*, model: str | ModelSpec, layout: Layout, workload: Workload,
     """A validated Plan running `model` with `layout` and `workload` as given;
     `resident`: the blocks kept on the devices as shards of their slice group."""
     spec = get_model(model) if isinstance(model, str) else model
-    shape = dict(model=spec, workload=workload, layout=layout, device_kind=device_kind)
+    resident = tuple(sorted(set(resident)))
+    shape = dict(model=spec, workload=workload, layout=layout, device_kind=device_kind,
+                 resident_blocks=len([b for b in resident if 0 <= b < spec.num_layers]))
     device_mem = rank_memory(**shape).total_bytes
     host_mem = node_host_memory(**shape).total_bytes
     predicted = {"step_time_s": step_time_s,
@@ -35,7 +37,7 @@ def hand_plan(*, model: str | ModelSpec, layout: Layout, workload: Workload,
     data = {"schema_version": PLAN_SCHEMA_VERSION, "tool": tool_info(),
             "model": {"name": spec.name, "spec": spec.to_dict(), "sha256": sha256_json(spec.to_dict())},
             "profile": profile, "workload": workload.to_dict(), "layout": layout.to_dict(),
-            "ranks": layout.rank_table(),
+            "ranks": compact_ranks(),
             "blocks": [{"block": b, "placement": "resident" if b in resident else "host",
                         "bytes": spec.block_bytes(workload.param_dtype)}
                        for b in range(spec.num_layers)],

@@ -1,8 +1,10 @@
 """HardwareProfile: the machine the planner simulates, loaded from JSON and validated.
 
 A profile describes ONE node type (a cluster is `nodes` copies of it joined by a
-network). Every figure is data with its unit in the name and a source note in
-`sources` (dotted path -> note, "[S]" spec, "[M]" measured, "[D]" derived); shipped
+network; how many comes from the job, `zoplan optimize --gpus`, never from the
+profile: a `max_nodes` key of older profiles is read and ignored). Every figure is
+data with its unit in the name and a source note in `sources` (dotted path -> note,
+"[S]" spec, "[M]" measured, "[D]" derived); shipped
 profiles live in hwprofiles/, `zoplan profile` writes measured ones. Some figures belong
 to one device kind only (validation: _REQUIRED_BY_KIND, _OPTIONAL_BY_KIND); a figure of
 the other kind is refused.
@@ -29,14 +31,17 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
   collective.allreduce_small_us: a scalar all-reduce inside a node (the loss exchange,
   and on CUDA the write-back fence's token).
 - network: inter-node figures (latency_us, gbps per node); unused on one node.
+- compute.node_spread (optional, both kinds; DEFAULT_NODE_SPREAD when absent): one
+  standard deviation of a node's step time over its mean, across the nodes of a job
+  and its steps; every step waits for the slowest node (zoplan.sim.nodes).
 - compute, CUDA (gpu_forward_terms): GEMM rates per precision, peak_tflops (fp16 and
   bf16: one tensor-core rate), tf32_tflops (fp32 with TF32 allowed, Workload.tf32) and
   fp32_tflops (fp32 without TF32), each reached at m / (m + m_half_tokens) for a GEMM of
   m token rows; overhead_us: the launches of one block forward. Memory-bound work is
   bytes over device.hbm_gbps: the weights' floor of a forward, attention (the fused
   kernel's Q, K, V and output, when above its FLOPs), element-wise operators, and the zo
-  passes. z (docs/precision.md): one generator launch per tensor, z_launch_us each,
-  plus z_ns_per_elem per element (the stochastic update's noise and kernels are priced
+  passes. z: one generator launch per chunk of a tensor (Z_CHUNK_CUDA elements,
+  zoplan.execrules.z_draw_calls), z_launch_us each, plus z_ns_per_elem per element (the stochastic update's noise and kernels are priced
   with the same two figures, zoplan.sim.graph).
 - compute, CPU: forward time of a block = overhead_us + max(flops / (peak_tflops *
   m / (m + m_half_tokens)), weight bytes / mem_gbps) (forward_terms); zo_ns_per_param:
@@ -71,7 +76,13 @@ from pathlib import Path
 from typing import Any
 
 from zoplan.errors import ZoError
-from zoplan.execrules import SPEED_CHECK_KINDS, threads_per_rank, z_makespan, z_uses_pool
+from zoplan.execrules import (
+    SPEED_CHECK_KINDS,
+    threads_per_rank,
+    z_draw_calls,
+    z_makespan,
+    z_uses_pool,
+)
 from zoplan.io import dumps_canonical, load_json, sha256_json
 from zoplan.models import DTYPE_BYTES
 from zoplan.workload import HALF_DTYPES
@@ -103,12 +114,23 @@ _OPTIONAL_BY_KIND = {
     "cpu": ("compute.zo_rank_scaling", "compute.attn_tflops", "compute.elem_ns",
             "compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns",
             "compute.z_rank_scaling", "compute.mem_rank_scaling", "compute.z_chunk_us",
-            "compute.rank_jitter", "compute.rope_overhead_us"),
-    "cuda": ("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps"),
+            "compute.rank_jitter", "compute.rope_overhead_us", "compute.node_spread"),
+    "cuda": ("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps",
+             "compute.node_spread"),
 }
 _NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens",
            "compute.elem_ns", "compute.rope_overhead_us", "compute.z_call_us", "compute.z_chunk_us",
-           "compute.rank_jitter", "compute.z_launch_us"}
+           "compute.rank_jitter", "compute.z_launch_us", "compute.node_spread"}
+# A node's step-time spread where a profile gives none: an ASSUMPTION, not a
+# measurement. Sinha et al. ("Not All GPUs Are Created Equal", SC'22, arXiv 2208.11035)
+# measured an 8% average (22% at most) performance variation among the GPUs of one SKU
+# in each of five large clusters: a spread from slowest to fastest, which over hundreds
+# of samples is some 4-6 standard deviations, so about 1.5-2% one standard deviation.
+# A node of 8 runs at its slowest GPU's pace (the all-gather of every block joins
+# them), which narrows the spread between nodes; hosts, links and the network widen it.
+# 2% (one standard deviation) is assumed; `zoplan calibrate --fit` on a trace of
+# several nodes measures it (compute.node_spread).
+DEFAULT_NODE_SPREAD = 0.02
 _OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check"}
 _Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")   # CPU
 _TOGETHER = {"cuda": [("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps")],
@@ -171,7 +193,6 @@ class HardwareProfile:
 
     name: str
     gpus_per_node: int
-    max_nodes: int
     device: dict
     host: dict
     pcie: dict
@@ -186,6 +207,16 @@ class HardwareProfile:
     @property
     def is_cpu(self) -> bool:
         return self.device["kind"] == "cpu"
+
+    @property
+    def node_spread(self) -> float:
+        """A node's step-time spread (compute.node_spread, else DEFAULT_NODE_SPREAD)."""
+        return float(self.compute.get("node_spread", DEFAULT_NODE_SPREAD))
+
+    @property
+    def device_word(self) -> str:
+        """What a device of this profile is called in output: "GPU" or "CPU rank"."""
+        return "CPU rank" if self.is_cpu else "GPU"
 
     @property
     def device_memory_bytes(self) -> float:
@@ -287,14 +318,15 @@ class HardwareProfile:
         return num_params * self.compute["zo_ns_per_param"] * 1e-9 / share
 
     def z_time_s(self, tensor_numels: list[int], local_ranks: int = 1) -> float:
-        """One z draw over these tensors. GPU: one generator launch per tensor
-        (docs/precision.md) at z_launch_us, and z_ns_per_elem per element. CPU
+        """One z draw over these tensors. GPU: one generator launch per chunk of
+        Z_CHUNK_CUDA elements of each tensor (zoplan.execrules.z_draw_calls) at
+        z_launch_us, and z_ns_per_elem per element. CPU
         (has_z_model): the rank's threads split the chunks (zoplan.execrules.balance), so
         the busiest thread sets the time; handing the chunks to a thread pool costs
         z_call_us (one thread draws them itself)."""
         c = self.compute
         if not self.is_cpu:
-            return (len(tensor_numels) * c["z_launch_us"] * 1e-6
+            return (z_draw_calls(tensor_numels, "cuda") * c["z_launch_us"] * 1e-6
                     + sum(tensor_numels) * c["z_ns_per_elem"] * 1e-9)
         threads = threads_per_rank(self.host["cores"], local_ranks)
         elems, chunks = z_makespan(tensor_numels, threads)
@@ -350,8 +382,7 @@ class HardwareProfile:
 
     def to_dict(self) -> dict:
         data = {"schema_version": PROFILE_SCHEMA_VERSION, "name": self.name,
-                "gpus_per_node": self.gpus_per_node, "max_nodes": self.max_nodes,
-                "device": self.device, "host": self.host, "pcie": self.pcie,
+                "gpus_per_node": self.gpus_per_node, "device": self.device, "host": self.host, "pcie": self.pcie,
                 "fabric": self.fabric, "collective": self.collective,
                 "network": self.network, "compute": self.compute, "sources": self.sources}
         data.update(self.extra)
@@ -394,7 +425,7 @@ _RANGES_BY_SUFFIX = (
     ("scaling", (0.01, 100.0, "x")),               # how k ranks share the host
 )
 _RANGES_BY_KEY = {"cores": (1, 100_000, "cores"), "m_half_tokens": (0.01, 1e7, "tokens"),
-                  "rank_jitter": (1e-6, 10.0, "x")}
+                  "rank_jitter": (1e-6, 10.0, "x"), "node_spread": (0.0, 1.0, "x")}
 _INTEGER = {"host.cores"}
 _MESSAGE_BYTES = (1.0, 2.0**50, "bytes")           # all-gather table sizes
 _SPEED_CHECK_S = (1e-7, 1e4, "s")
@@ -454,7 +485,8 @@ def _validate(data: Any, origin: str) -> HardwareProfile:
     if not isinstance(name, str) or not name:
         raise _fail(origin, "name must be a non-empty string")
     gpn = _integer(origin, "gpus_per_node", data.get("gpus_per_node"), MAX_GPUS_PER_NODE)
-    max_nodes = _integer(origin, "max_nodes", data.get("max_nodes", 1), MAX_NODES)
+    if "max_nodes" in data:   # older profiles: checked, then ignored (module docstring)
+        _integer(origin, "max_nodes", data["max_nodes"], MAX_NODES)
     sections = {}
     for section, fields in _REQUIRED.items():
         block = data.get(section)
@@ -482,8 +514,8 @@ def _validate(data: Any, origin: str) -> HardwareProfile:
     _check_sources(origin, sections, sources)
     _check_speed_check(origin, data.get("speed_check"))
     extra = {k: data[k] for k in _OPTIONAL_TOP if k in data}
-    return HardwareProfile(name=name, gpus_per_node=gpn, max_nodes=max_nodes,
-                           sources=dict(sources), extra=extra, **sections)
+    return HardwareProfile(name=name, gpus_per_node=gpn, sources=dict(sources),
+                           extra=extra, **sections)
 
 
 def _check_kinds(origin: str, sections: dict) -> None:
@@ -586,6 +618,18 @@ DEFAULT_PROFILE = "dgx-a100-80gb"
 
 def shipped_profiles() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PROFILES_DIR.glob("*.json"))}
+
+
+GUESSED_PROFILES = ("cpu",)   # shipped profiles of figures assumed, none measured
+
+
+def is_shipped_guess(profile: HardwareProfile) -> bool:
+    """Whether `profile` is a shipped profile of assumed figures (the `cpu` one), byte
+    for byte: planning on it needs a warning (a measured profile replaces it)."""
+    path = shipped_profiles().get(profile.name)
+    if profile.name not in GUESSED_PROFILES or path is None:
+        return False
+    return profile.sha256 == load_profile(path).sha256
 
 
 def load_profile(name_or_path: str | Path) -> HardwareProfile:

@@ -9,10 +9,21 @@ p / c = bytes of the stored / compute precision, t = the rank's tokens (batch / 
 seq), streams = 2 for role "+-" (pertp 1), else 1:
   held from set-up to the end (Trainer._allocate)
     block buffers      max(1, min(prefetch, blocks)) x store stride x p
+    resident shards    per resident block (Plan.resident_blocks): store stride / slices x p,
+                       the rank's shard of its slice group's copy (update "master": fp32,
+                       twice the 16-bit bytes). Nothing else: the slice group all-gathers
+                       a resident block into a block buffer as it does an uploaded one,
+                       and the update of the shard (slice_update) draws its z into the
+                       z buffer, which holds a whole block
     working block, z   n x c each
     resident clean     r x p (update "master": the fp32 masters)
     resident work, z   r x c each
     rounding scratch   update "stochastic": SR_SCRATCH x min(sr_chunk, largest tensor) x 4
+    slice update       CUDA with Layout.slice_update (slices > 1): the collective stream
+                       updates the rank's slice while the compute stream works, so it
+                       has its own z of a slice (stride / slices x c), a z chunk for
+                       the chunks a slice's edges cut (min(z_chunk, largest block
+                       tensor) x c) and, update "stochastic", its own rounding scratch
     cuBLAS workspace   CUDA: 32 MiB, from torch's allocator at the first GEMM
   held through a step
     token ids          t x 8;  hidden states  streams x t x hidden x c
@@ -46,7 +57,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zoplan.execrules import SR_SCRATCH, sr_chunk
+from zoplan.execrules import SR_SCRATCH, sr_chunk, z_chunk
 from zoplan.layout import Layout
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.workload import Workload
@@ -184,14 +195,21 @@ class HostMemory:
 
 # ---- the device of one rank -------------------------------------------------------------
 def rank_memory(*, model: ModelSpec, workload: Workload, layout: Layout, device_kind: str,
-                kernel_scratch: bool = True) -> RankMemory:
+                kernel_scratch: bool = True, resident_blocks: int = 0) -> RankMemory:
     """The device bytes of rank 0 of `layout` on a `device_kind` device (every rank
     alike, but for the check of the first update, which rank 0 alone runs).
     `kernel_scratch` False leaves out what CPU kernels allocate and free inside one call
-    (no live tensor: what zoexec.memtrack.AllocationTracker measures)."""
+    (no live tensor: what zoexec.memtrack.AllocationTracker measures).
+    `resident_blocks`: how many blocks the rank keeps a shard of (placement "resident")."""
     if device_kind not in DEVICE_KINDS:
         raise ValueError(f"device_kind must be one of {', '.join(DEVICE_KINDS)}, got {device_kind!r}")
+    if not 0 <= resident_blocks <= model.num_layers:
+        raise ValueError(f"resident_blocks must be 0..{model.num_layers}, got {resident_blocks}")
     held = _held(model, workload, layout, device_kind)
+    setup = _setup(model, workload, layout, device_kind)
+    if resident_blocks:   # made last in set-up (Trainer._allocate_shards), once the
+        # module copies are gone: held, so in set-up's end (RankMemory.phase_bytes)
+        held.insert(1, _shards(model, workload, layout, resident_blocks))
     step = _step(model, workload, layout)
     kernel = kernel_scratch
     transients = {
@@ -201,7 +219,7 @@ def rank_memory(*, model: ModelSpec, workload: Workload, layout: Layout, device_
         "embed": _embed(model, workload, layout, device_kind, step, kernel=kernel),
     }
     return RankMemory(held=tuple(held), step=tuple(step), transients=transients,
-                      setup=tuple(_setup(model, workload, layout, device_kind)),
+                      setup=tuple(setup),
                       outside=tuple(_outside(layout, device_kind)))
 
 
@@ -219,6 +237,21 @@ def _buffers(model: ModelSpec, workload: Workload, layout: Layout) -> Term:
                 label=f"{count} x {fmt_bytes(one)} block buffers")
 
 
+def resident_shard_bytes(model: ModelSpec, workload: Workload, layout: Layout) -> int:
+    """Device bytes of one rank's shard of one resident block: 1/slices of the block as
+    the store lays it out (store_stride), in the stored precision."""
+    stride = store_stride(model.block_params, slices=layout.slices,
+                          local_ranks=layout.local_ranks)
+    return stride // layout.slices * dtype_bytes(workload.param_dtype)
+
+
+def _shards(model: ModelSpec, workload: Workload, layout: Layout, count: int) -> Term:
+    one = resident_shard_bytes(model, workload, layout)
+    share = f"1/{layout.slices} of a block" if layout.slices > 1 else "whole blocks"
+    return Term(key="resident_shards", bytes=count * one,
+                label=f"{count} resident block shards ({share}, {fmt_bytes(one)} each)")
+
+
 def _working(model: ModelSpec, workload: Workload) -> list[Term]:
     n, r, p, c = _sizes(model, workload)
     return [Term(key="work_block", bytes=n * c, label="perturbed working block"),
@@ -234,11 +267,26 @@ def _held(model, workload, layout, device_kind) -> list[Term]:
     if device_kind == "cuda":   # from torch's allocator at the first GEMM, kept
         terms.append(Term(key="cublas_workspace", bytes=CUBLAS_WORKSPACE_BYTES,
                           label="cuBLAS workspace"))
+    scratch = None
     if workload.update == "stochastic":
         size = min(sr_chunk(device_kind), max(model.block_tensor_numels()
                                               + model.resident_tensor_numels()))
-        terms.append(Term(key="rounding_scratch", bytes=SR_SCRATCH * size * 4,
-                          label=f"stochastic rounding scratch ({SR_SCRATCH} x {size:,} fp32)"))
+        scratch = Term(key="rounding_scratch", bytes=SR_SCRATCH * size * 4,
+                       label=f"stochastic rounding scratch ({SR_SCRATCH} x {size:,} fp32)")
+        terms.append(scratch)
+    if device_kind == "cuda" and layout.slice_update and layout.slices > 1:
+        stride = store_stride(model.block_params, slices=layout.slices,
+                              local_ranks=layout.local_ranks)
+        numel = stride // layout.slices
+        c = dtype_bytes(workload.compute_dtype)
+        terms.append(Term(key="slice_z", bytes=numel * c,
+                          label="z of a slice (slice update, collective stream)"))
+        edge = min(z_chunk(device_kind), max(model.block_tensor_numels()))
+        terms.append(Term(key="slice_z_edge", bytes=edge * c,
+                          label="z chunk cut by a slice's edge (slice update)"))
+        if scratch is not None:
+            terms.append(Term(key="slice_rounding_scratch", bytes=scratch.bytes,
+                              label="stochastic rounding scratch of the slice update"))
     return terms
 
 
@@ -376,14 +424,18 @@ def _outside(layout: Layout, device_kind: str) -> list[Term]:
 
 # ---- the host of one node ----------------------------------------------------------------
 def node_host_memory(*, model: ModelSpec, workload: Workload, layout: Layout,
-                     device_kind: str, random_init: bool = True) -> HostMemory:
+                     device_kind: str, random_init: bool = True,
+                     resident_blocks: int = 0) -> HostMemory:
     """The host bytes of one node of `layout`. Steady: the store once, each local rank's
     process, and its resident master (CUDA; on the CPU every rank's "device" bytes are
     host memory, the master among them). Set-up (zoexec.node.load_node_model): the
     store while the builder fills it block by block from a blueprint (resident parts
     and one template block, in fp32 for a random init, else in the compute precision,
     beside the resident master), the other local ranks' skeletons (modules bound to
-    zeros, a copy of the handed-over master) and the handover file."""
+    zeros, a copy of the handed-over master) and the handover file. The store keeps
+    every block, resident ones included (they are loaded through it, and snapshots
+    are written from it); on CPU profiles the ranks' resident shards are host memory
+    on top (`resident_blocks`)."""
     n, r, p, c = _sizes(model, workload)
     ranks = layout.local_ranks
     stride = store_stride(n, slices=layout.slices, local_ranks=ranks)
@@ -398,7 +450,8 @@ def node_host_memory(*, model: ModelSpec, workload: Workload, layout: Layout,
                            label=f"{ranks} x resident master ({workload.param_dtype})"))
     else:
         device = rank_memory(model=model, workload=workload, layout=layout,
-                             device_kind=device_kind).allocated_bytes
+                             device_kind=device_kind,
+                             resident_blocks=resident_blocks).allocated_bytes
         steady.append(Term(key="rank_buffers", bytes=ranks * device,
                            label=f"{ranks} x rank buffers"))
     made = 4 if random_init else c

@@ -3,7 +3,12 @@
 Covers OPT, Llama (2 and 3) and Qwen3 by name, and any Hugging Face `config.json` of
 those families by path. Figures come from the architecture formulas below; a test checks
 the parameter counts against transformers' own classes built on the meta device.
-Sources: the models' published HF config.json files (../shared/reference/models.md).
+Sources: each catalogue entry's shape (hidden size, layers, heads, key-value heads,
+FFN size, vocabulary, positions, tied embeddings) is copied from the model's published
+config.json on the Hugging Face Hub (facebook/opt-*, meta-llama/Llama-2-*-hf and
+Meta-Llama-3-*, Qwen/Qwen3-*), OPT-175B's (not on the Hub) from table 1 of the OPT
+paper (Zhang et al., arXiv 2205.01068); the tiny and small test models are our own
+shapes, built with random weights.
 """
 
 from __future__ import annotations
@@ -216,7 +221,7 @@ class ModelSpec:
     def head_activation_bytes(self, tokens: int, dtype: str) -> int:
         """Peak bytes of the head over `tokens` tokens of one stream: final norm (+ OPT's
         project_out), the logits in the compute precision, and in the loss their fp32
-        copy and fp32 log-softmax. zoexec.models.causal_lm_loss rebinds `logits` to its
+        copy and fp32 log-softmax. zoexec.models.causal_lm_loss_sum rebinds `logits` to its
         fp32 copy, so the 16-bit logits are freed before the log-softmax: the peak is
         8 bytes per token and vocabulary entry in every precision (measured), plus the
         int64 labels."""

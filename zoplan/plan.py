@@ -9,8 +9,12 @@ Keys (all required unless marked optional):
                             update (master, stochastic, plain), tf32
   layout                    Layout.to_dict(): pertp, ddp, nodes, slices, prefetch,
                             slice_update (optional, default false)
-  ranks                     Layout.rank_table(): rank, node, local_rank, role,
-                            data_shard, slice_group, slice_index
+  ranks                     the rank table, compact: {"rule": "layout", "exceptions": []}
+                            (every rank's row is Layout.rank_table()'s: rank, node,
+                            local_rank, role, data_shard, slice_group, slice_index;
+                            Plan.rank_row, Plan.ranks; no exceptions in this version),
+                            so a plan's size does not grow with its ranks. Version 1
+                            plans (the whole table as a list) are still read.
   blocks                    [{"block", "placement", "bytes"}] per block; placement
                             "host" (in the node's host store, streamed every step) or
                             "resident" (sharded over the slice group's devices: each
@@ -19,10 +23,17 @@ Keys (all required unless marked optional):
                             host_mem_bytes (per node), bottleneck, lower_bound_s,
                             utilisation {resource: fraction}, spans [Span.to_dict()]
                             (one step; for large worlds only the simulated ranks)
-  baselines                 {"zo2": {"step_time_s", ...}, "unsliced": {"step_time_s", ...}}
+                            (optional: node_step_s, straggler_s: one node's simulated
+                            step and the wait for the slowest node; resident_blocks;
+                            memory.gpu_headroom_bytes and the resident margin)
+  baselines                 {"zo2": {"step_time_s", ...}, "unsliced": {"step_time_s", ...},
+                            optional "offloaded" (every block offloaded), "all_devices"
+                            (the best on every device --gpus gave)}
   candidates                ranked list: {"layout", "step_time_s", "tokens_per_s",
                             "gpu_mem_bytes", "host_mem_bytes", "bottleneck"}
   pruned (optional)         [{"layout", "reason"}]
+  notes (optional)          {name: text}: what the plan's numbers do not say (ddp)
+  scaling (optional)        {"nodes", "one_node_step_s", "efficiency", "sweep": [...]}
 """
 
 from __future__ import annotations
@@ -41,7 +52,9 @@ from zoplan.models import ModelSpec, check_shape
 from zoplan.trace import MAX_SECONDS, Checked, Rank, Seconds, Span, SpanRecord, schema_problem
 from zoplan.workload import Workload
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)   # version 1: the rank table as a list
+RANK_RULE = "layout"
 _REQUIRED = ("schema_version", "tool", "model", "profile", "workload", "layout", "ranks",
              "blocks", "predicted", "baselines", "candidates")
 MAX_BYTES = 1e19             # any memory figure: ten exabytes
@@ -69,7 +82,19 @@ class Plan:
 
     @property
     def ranks(self) -> list[dict]:
-        return self.data["ranks"]
+        """Every rank's row (built from the layout: as long as the world)."""
+        if isinstance(self.data["ranks"], list):
+            return self.data["ranks"]
+        return self.layout.rank_table()
+
+    def rank_row(self, rank: int) -> dict:
+        """One rank's row of the table, without building the others."""
+        lay = self.layout
+        if not 0 <= rank < lay.world_size:
+            raise ZoError(f"rank {rank}: the plan has {_indices('rank', lay.world_size)}")
+        if isinstance(self.data["ranks"], list):
+            return self.data["ranks"][rank]
+        return _row(lay, rank)
 
     @property
     def resident_blocks(self) -> tuple[int, ...]:
@@ -135,6 +160,17 @@ def tool_info() -> dict:
     return {"name": "zoplan", "version": __version__}
 
 
+def compact_ranks() -> dict:
+    """The rank table of a plan: every row follows the layout, no exceptions."""
+    return {"rule": RANK_RULE, "exceptions": []}
+
+
+def _row(layout: Layout, rank: int) -> dict:
+    return {"rank": rank, "node": layout.node_of(rank), "local_rank": layout.local_rank_of(rank),
+            "role": layout.role_of(rank), "data_shard": layout.data_shard_of(rank),
+            "slice_group": layout.slice_group_of(rank), "slice_index": layout.slice_index_of(rank)}
+
+
 # ---- the schema: every figure typed, finite and within bounds ---------------------------------
 Bytes = Annotated[float, Field(ge=0, le=MAX_BYTES)]
 StepSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
@@ -170,6 +206,9 @@ class _Memory(Checked):
     gpu: dict[str, Bytes] | None = None
     host: dict[str, Bytes] | None = None
     gpu_usable_bytes: Bytes | None = None
+    gpu_headroom_bytes: Annotated[float, Field(ge=-MAX_BYTES, le=MAX_BYTES)] | None = None
+    resident_margin_bytes: Bytes | None = None
+    resident_margin: Share | None = None
     host_bytes_limit: Bytes | None = None
 
 
@@ -183,6 +222,9 @@ class _Predicted(Checked):
     lower_bound_s: Seconds | None = None
     serial_upper_bound_s: Seconds | None = None
     internode_allreduce_s: Seconds | None = None
+    node_step_s: Seconds | None = None
+    straggler_s: Seconds | None = None
+    resident_blocks: Annotated[int, Field(ge=0)] | None = None
     utilisation: dict[str, Share] | None = None
     memory: _Memory | None = None
     simulated_ranks: list[Rank] | None = None
@@ -205,30 +247,58 @@ class _Entry(Checked):
     fits: bool | None = None
     reason: str | None = None
     workload: dict | None = None
+    resident_blocks: Annotated[int, Field(ge=0)] | None = None
+    gpu_headroom_bytes: Annotated[float, Field(ge=-MAX_BYTES, le=MAX_BYTES)] | None = None
 
 
 class _Pruned(Checked):
     layout: dict
     reason: str
     update: str | None = None
+    resident_blocks: Annotated[int, Field(ge=0)] | None = None
+
+
+class _Ranks(Checked):
+    rule: Literal["layout"]
+    exceptions: list[dict]
+
+
+class _Sweep(Checked):
+    nodes: Annotated[int, Field(ge=1)]
+    gpus: Annotated[int, Field(ge=1)]
+    batch: Annotated[int, Field(ge=1)]
+    step_time_s: StepSeconds
+    tokens_per_s: TokensPerS
+    efficiency: Share
+
+
+class _Scaling(Checked):
+    nodes: Annotated[int, Field(ge=1)]
+    one_node_step_s: StepSeconds
+    efficiency: Share
+    node_spread: Share | None = None
+    basis: str | None = None
+    sweep: list[_Sweep] = []
 
 
 class PlanSchema(Checked):
     """plan.json (the keys in the module docstring)."""
 
-    schema_version: Literal[PLAN_SCHEMA_VERSION]
+    schema_version: Literal[READABLE_VERSIONS]
     tool: _Tool
     model: _ModelRef
     profile: _ProfileRef
     workload: dict
     layout: dict
-    ranks: list[dict]
+    ranks: _Ranks | list[dict]
     blocks: list[_Block]
     predicted: _Predicted
     baselines: dict[str, _Entry]
     candidates: list[_Entry]
     pruned: list[_Pruned] | None = None
     search: dict | None = None
+    notes: dict[str, str] | None = None
+    scaling: _Scaling | None = None
 
 
 def validate_plan(data: Any, origin: str) -> None:
@@ -237,9 +307,9 @@ def validate_plan(data: Any, origin: str) -> None:
     if not isinstance(data, dict):
         raise ZoError(f"{origin}: not a JSON object")
     version = data.get("schema_version")
-    if version != PLAN_SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise ZoError(f"{origin}: schema_version {version!r} is not supported "
-                      f"(expected {PLAN_SCHEMA_VERSION})")
+                      f"(expected {PLAN_SCHEMA_VERSION}; version 1 plans are read too)")
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
         raise ZoError(f"{origin}: missing key(s) {', '.join(missing)}")
@@ -265,9 +335,7 @@ def validate_plan(data: Any, origin: str) -> None:
 def _check_agreement(data: dict, origin: str, *, layout: Layout, workload: Workload,
                      spec: ModelSpec) -> None:
     """What the plan's parts must agree on: ranks, blocks, batch, seq and spans."""
-    if data["ranks"] != layout.rank_table():
-        raise ZoError(f"{origin}: the rank table does not match layout "
-                      f"{layout.label()} ({layout.world_size} ranks)")
+    _check_ranks(data, origin, layout)
     if len(data["blocks"]) != spec.num_layers:
         raise ZoError(f"{origin}: {len(data['blocks'])} block placements for a model "
                       f"of {spec.num_layers} blocks")
@@ -285,3 +353,22 @@ def _check_agreement(data: dict, origin: str, *, layout: Layout, workload: Workl
             raise ZoError(f"{origin}: predicted.spans[{i}] is of rank {span['rank']}, block "
                           f"{span.get('block', -1)}; the plan has {layout.world_size} "
                           f"rank(s) and {spec.num_layers} blocks")
+
+
+def _check_ranks(data: dict, origin: str, layout: Layout) -> None:
+    """Version 2: the compact form, without exceptions (zoexec derives every rank's
+    row from the layout); version 1: the whole table, row by row (bounded by the
+    list it came as, never built larger)."""
+    ranks = data["ranks"]
+    if data["schema_version"] == 1:
+        if not isinstance(ranks, list) or len(ranks) != layout.world_size or any(
+                row != _row(layout, r) for r, row in enumerate(ranks)):
+            raise ZoError(f"{origin}: the rank table does not match layout "
+                          f"{layout.label()} ({layout.world_size} ranks)")
+        return
+    if not isinstance(ranks, dict):
+        raise ZoError(f"{origin}: ranks must be {compact_ranks()} in a version "
+                      f"{PLAN_SCHEMA_VERSION} plan, got a {type(ranks).__name__}")
+    if ranks["exceptions"]:
+        raise ZoError(f"{origin}: ranks.exceptions must be empty: every rank follows layout "
+                      f"{layout.label()} ({len(ranks['exceptions'])} exception(s) given)")

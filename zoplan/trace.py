@@ -48,8 +48,11 @@ LANES = (LANE_COMPUTE, LANE_H2D, LANE_COLLECTIVE, LANE_D2H)
 # Task kinds and the lane each runs on.
 KIND_LANE = {
     "h2d": LANE_H2D,            # upload of the rank's slice of a block
+    "slice_update": LANE_COLLECTIVE,  # Layout.slice_update: step t-1's update of the
+                                      # rank's own slice, right before the all-gather
     "allgather": LANE_COLLECTIVE,  # slice group exchanges slices -> whole block
     "update": LANE_COMPUTE,     # deferred update of step t-1 + perturbation of step t
+                                # (with slice_update: the perturbation alone)
     "forward": LANE_COMPUTE,    # forward of one block (both perturbations or one)
     "d2h": LANE_D2H,            # write-back of the rank's share of the updated block
     "embed": LANE_COMPUTE,      # resident embeddings

@@ -88,8 +88,8 @@ CASES = [
          "layout: ddp must be a whole number, got '1'"),
     Case("plan-seq-beyond-positions", P, ("show", "{in}/pl-seq.json"),
          "seq (4096) exceeds the 512 positions of tiny-opt"),
-    Case("plan-rank-table-mismatch", P, ("compare", "{in}/pl-ranks.json"),
-         "the rank table does not match layout"),
+    Case("plan-rank-table-exception", P, ("compare", "{in}/pl-ranks.json"),
+         "ranks.exceptions must be empty: every rank follows layout"),
     Case("plan-utilisation-text", P, ("show", "{in}/pl-util.json"),
          "predicted.utilisation.pcie.h2d: input should be a valid number"),
     # traces: meta.json of the wrong shape, span files with bad lines, another run's trace
@@ -180,7 +180,7 @@ def _plans(where: Path, plan: dict) -> None:
     variant("pl-span.json", lambda d: d["predicted"]["spans"][0].update(rank=0.5))
     variant("pl-layout.json", lambda d: d["layout"].update(ddp="1"))
     variant("pl-seq.json", lambda d: d["workload"].update(seq=4096))
-    variant("pl-ranks.json", lambda d: d["ranks"].reverse())
+    variant("pl-ranks.json", lambda d: d["ranks"]["exceptions"].append({"rank": 1, "role": "+"}))
     variant("pl-util.json", lambda d: d["predicted"]["utilisation"].update({"pcie.h2d": "high"}))
 
 
@@ -221,7 +221,7 @@ def _data(where: Path) -> None:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("inputs")
-    plan = optimize(model="tiny-opt", gpus=2, profile="cpu", batch=2, seq=32,
+    plan = optimize(model="tiny-opt", gpus=2, profile="cpu", batch=2, seq=32, ddp=2,
                     output=where / "plan.json")
     _profiles(where)
     _configs(where)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,8 @@ runner = CliRunner()
 def make_plan(tmp_path, name: str, *args: str) -> Path:
     out = tmp_path / f"{name}.json"
     result = runner.invoke(app, ["optimize", "--model", "tiny-opt", "--profile", "cpu",
-                                 "--batch", "8", "--seq", "64", "-q", "-o", str(out), *args])
+                                 "--batch", "8", "--seq", "64", "-q", "-o", str(out),
+                                 "--placement", "host", *args])
     assert result.exit_code == 0, result.output
     return out
 
@@ -86,7 +88,8 @@ def test_a_gpu_profile_is_refitted_too(tmp_path, update):
     out = tmp_path / "gpu.json"
     result = runner.invoke(app, ["optimize", "--model", "opt-1.3b", "--gpus", "8",
                                  "--profile", "dgx-a100-80gb", "--batch", "16", "--seq", "256",
-                                 "--update", update, "-q", "-o", str(out)])
+                                 "--update", update, "--placement", "host", "-q", "-o",
+                                 str(out)])
     assert result.exit_code == 0, result.output
     plan = Plan.load(out)
     cal = compare(plan, dilate(plan, factor=1.25), skip=1)
@@ -95,6 +98,27 @@ def test_a_gpu_profile_is_refitted_too(tmp_path, update):
     changed = {c[0] for c in fit.changes}
     assert {"compute.peak_tflops", "device.hbm_gbps", "compute.z_ns_per_elem",
             "pcie.h2d_gbps", "pcie.h2d_duplex_gbps"} <= changed, changed
+    again = resimulate(plan, fit.profile)
+    assert abs(error_pct(again, cal.meas_step_s)) < 5, (again, cal.meas_step_s, fit.changes)
+
+
+def test_a_plan_with_resident_blocks_and_slice_update_is_refitted(tmp_path):
+    """A GPU plan whose blocks stay on the devices (no h2d, no d2h) and that updates
+    the slice: calibrate compares its kinds (slice_update among them), and the refit
+    makes the plan, resident blocks and all, predict the 1.25x slower run."""
+    out = tmp_path / "resident.json"
+    result = runner.invoke(app, ["optimize", "--model", "opt-1.3b", "--gpus", "8",
+                                 "--profile", "dgx-a100-80gb", "--batch", "16", "--seq", "256",
+                                 "--slices", "8", "-q", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = Plan.load(out)
+    assert plan.resident_blocks and plan.layout.slice_update
+    assert not {s.kind for s in plan.spans()} & {"h2d", "d2h"}
+    cal = compare(plan, dilate(plan, factor=1.25), skip=1)
+    assert cal.row("slice_update").meas_task_s > 0 and cal.row("h2d") is None
+    fit = refit_profile(load_profile("dgx-a100-80gb"), plan, cal, trace="synthetic",
+                        date="2000-01-01")
+    assert {"compute.peak_tflops", "compute.z_ns_per_elem"} <= {c[0] for c in fit.changes}
     again = resimulate(plan, fit.profile)
     assert abs(error_pct(again, cal.meas_step_s)) < 5, (again, cal.meas_step_s, fit.changes)
 
@@ -172,7 +196,7 @@ def test_cli_refuses_a_trace_of_another_layout(plans, tmp_path):
                            terminal_width=200)
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines() == [
-        f"error: trace {trace} ran layout pertp1xddp2 s2 p{plan.layout.prefetch}, the plan is "
+        f"error: trace {trace} ran layout {plan.layout.label()}, the plan is "
         f"{Plan.load(plans['pertp2']).layout.label()}: give a trace of a run of this plan"]
 
 
@@ -267,3 +291,45 @@ def test_wide_step_spread_is_reported(plans):
     assert steps * (cal.meas_period_s or cal.meas_step_s) >= STEADY_RUN_S
     long = dataclasses.replace(cal, meas_step_samples=cal.meas_step_samples * (steps // 3))
     assert "averages over them" in spread_line(long)
+
+
+def test_a_trace_of_two_nodes_measures_the_node_spread_and_the_fit_keeps_it(tmp_path):
+    """A 2-node plan; a synthetic trace whose second node runs 10% slower every other
+    step: calibrate measures the spread of the nodes' own step times (standard deviation
+    over mean, zoplan.sim.nodes' sigma) and --fit writes it to compute.node_spread."""
+    node4 = str(Path(__file__).resolve().parents[1] / "fixtures" / "node4-nvswitch.json")
+    out = tmp_path / "two.json"
+    result = runner.invoke(app, ["optimize", "--model", "tiny-opt", "--gpus", "8", "--ddp", "4",
+                                 "--batch", "8", "--seq", "64", "--profile", node4,
+                                 "--placement", "host", "-q", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = Plan.load(out)
+    assert plan.layout.nodes == 2
+    base, local = plan.spans(), plan.layout.local_ranks
+    start = min(s.start_s for s in base)
+    work = [s for s in base if s.kind != "allreduce"]
+    node_time = max(s.end_s for s in work) - start
+    spans, times = [], []
+    for t in range(5):
+        slow = 1.1 if t % 2 else 1.0
+        off = t * 2 * node_time * 1.2
+        for s in base:
+            begin = start + (s.start_s - start) * slow + off   # node 1's copy
+            if s.kind == "allreduce":   # the barrier: every rank leaves it together
+                end = s.end_s + off + node_time * (slow - 1)
+                spans.append(dataclasses.replace(s, start_s=s.start_s + off, step=t,
+                                                 dur_s=end - s.start_s - off))
+                spans.append(dataclasses.replace(s, rank=s.rank + local, step=t,
+                                                 start_s=begin, dur_s=end - begin))
+                continue
+            spans.append(dataclasses.replace(s, start_s=s.start_s + off, step=t))
+            spans.append(dataclasses.replace(s, rank=s.rank + local, step=t, start_s=begin,
+                                             dur_s=s.dur_s * slow))
+        if t >= 1:
+            times += [node_time, node_time * slow]
+    cal = compare(plan, spans, skip=1)
+    expected = statistics.pstdev(times) / statistics.fmean(times)
+    assert cal.node_spread == pytest.approx(expected, rel=1e-6)
+    fit = refit_profile(load_profile(node4), plan, cal, trace="synthetic", date="2000-01-01")
+    assert fit.profile.node_spread == pytest.approx(expected, rel=1e-3)   # 4 figures kept
+    assert "compute.node_spread" in {c[0] for c in fit.changes}

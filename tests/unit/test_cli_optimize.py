@@ -53,8 +53,9 @@ def test_fixed_axes_plan_that_layout(tmp_path):
     result = invoke(*SMALL, "--profile", NODE4, "-o", str(out), "--pertp", "2", "--slices", "2",
                     "--prefetch", "1", "-q")
     assert result.exit_code == 0, result.output
-    assert Plan.load(out).data["layout"] == {"pertp": 2, "ddp": 2, "nodes": 1, "slices": 2, "slice_update": False,
-                                             "prefetch": 1}
+    layout = Plan.load(out).data["layout"]
+    assert {k: layout[k] for k in ("pertp", "ddp", "nodes", "slices", "prefetch")} == {
+        "pertp": 2, "ddp": 2, "nodes": 1, "slices": 2, "prefetch": 1}
 
 
 def _write(tmp_path: Path, name: str, text: str) -> str:
@@ -116,5 +117,7 @@ def test_every_gpu_count_of_a_node_plans_and_reports(tmp_path, gpus):
                     "--profile", NODE4, "-o", str(out))
     assert result.exit_code == 0, result.output
     plan = Plan.load(out)
-    assert plan.layout.world_size == int(gpus)
+    assert plan.layout.world_size <= int(gpus)
+    fewer = f"uses {plan.layout.world_size} of the {gpus} GPUs given"
+    assert (fewer in " ".join(result.output.split())) == (plan.layout.world_size < int(gpus))
     assert all(p["layout"]["ddp"] >= 1 for p in plan.data["pruned"])

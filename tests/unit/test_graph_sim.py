@@ -172,17 +172,54 @@ def test_invariants_hold_for_every_layout(name, gpus):
     profile = _profile(name)
     for layout in _layouts(profile, gpus):
         costs = costs_for(profile, layout, model="opt-125m" if profile.is_cpu else "opt-1.3b")
-        graph = build_step_graph(costs)
-        result = simulate(graph)
-        bounds = step_bounds(costs)
-        label = f"{name} {layout.label()}"
-        assert bounds.lower_bound_s <= result.step_time_s * (1 + 1e-9), label
-        assert result.step_time_s <= bounds.serial_s * (1 + 1e-9), label
-        _check_no_overlap(result.spans, serial=profile.is_cpu, label=label)
-        _check_dependencies(graph, result, label)
-        expected = link_bytes(costs)
-        for link, moved in result.link_bytes.items():
-            assert moved == pytest.approx(expected[link], rel=1e-9), f"{label} {link}"
+        _check_invariants(costs, profile, f"{name} {layout.label()}")
+
+
+def _check_invariants(costs, profile, label: str):
+    """Simulate the step of `costs`: within its bounds, no lane overlap, every
+    dependency kept, the link bytes as counted; returns the result."""
+    graph = build_step_graph(costs)
+    result = simulate(graph)
+    bounds = step_bounds(costs)
+    assert bounds.lower_bound_s <= result.step_time_s * (1 + 1e-9), label
+    assert result.step_time_s <= bounds.serial_s * (1 + 1e-9), label
+    _check_no_overlap(result.spans, serial=profile.is_cpu, label=label)
+    _check_dependencies(graph, result, label)
+    expected = link_bytes(costs)
+    for link, moved in result.link_bytes.items():
+        assert moved == pytest.approx(expected[link], rel=1e-9, abs=1e-3), f"{label} {link}"
+    return result
+
+
+def _patterns(blocks: int):
+    yield ()                                              # every block offloaded
+    yield tuple(b % 2 == 0 for b in range(blocks))          # every other one resident
+    yield tuple(b < 3 for b in range(blocks))               # a run, then offloaded
+    yield (True,) * blocks                                  # every block resident
+
+
+@pytest.mark.parametrize("name,gpus", CASES)
+def test_invariants_hold_with_resident_blocks_and_the_update_on_the_slice(name, gpus):
+    """Placement (StepCosts.resident) and slice_update: the same invariants, and a
+    resident block moves no byte over PCIe (link_bytes matches what was simulated)."""
+    profile = _profile(name)
+    model = "opt-125m" if profile.is_cpu else "opt-1.3b"
+    most = max(s for s in (1, 2, 4, 8) if gpus % s == 0 and s <= profile.max_slices(gpus))
+    for slices, su, prefetch in ((1, False, 1), (most, False, 2), (most, True, 2)):
+        layout = Layout(pertp=2, ddp=gpus // 2, slices=slices, prefetch=prefetch,
+                        slice_update=su)
+        for resident in _patterns(get_model(model).num_layers):
+            costs = step_costs(model=get_model(model), profile=profile, layout=layout,
+                               workload=Workload(batch=16, seq=128,
+                                                 param_dtype="fp32" if profile.is_cpu else "fp16",
+                                                 compute_dtype="fp32" if profile.is_cpu else "fp16"),
+                               resident=resident)
+            label = f"{name} {layout.label()} resident {sum(resident)}"
+            result = _check_invariants(costs, profile, label)
+            kinds = {s.kind for s in result.spans}
+            assert ("slice_update" in kinds) == (su and slices > 1), label
+            if resident and all(resident):
+                assert not kinds & {"h2d", "d2h"}, label
 
 
 def _check_no_overlap(spans, *, serial: bool, label: str):

@@ -49,6 +49,16 @@ def test_plan_has_every_key_of_the_contract(plan):
     assert all("reason" in x and "layout" in x for x in d["pruned"])
     spans = plan.spans()
     assert {s.rank for s in spans} == set(range(4)) and all(isinstance(s, Span) for s in spans)
+    # issue 15: placement, the best all-offloaded plan, what DDP buys, scaling, the rank rule
+    assert len(plan.resident_blocks) == p["resident_blocks"]
+    assert {b["placement"] for b in d["blocks"]} <= {"host", "resident"}
+    assert d["baselines"]["offloaded"]["resident_blocks"] == 0
+    assert p["memory"]["gpu_headroom_bytes"] == p["memory"]["gpu_usable_bytes"] - p["gpu_mem_bytes"]
+    assert d["notes"]["ddp"].startswith("ZO-DDP raises the batch per perturbation")
+    assert d["scaling"]["nodes"] == 1 and d["scaling"]["efficiency"] == 1.0
+    assert d["ranks"] == {"rule": "layout", "exceptions": []}
+    assert plan.ranks == plan.layout.rank_table()
+    assert d["search"]["used_gpus"] <= d["search"]["gpus"] == 4
 
 
 def test_plan_round_trips_byte_for_byte(plan, tmp_path):

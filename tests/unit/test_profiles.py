@@ -8,12 +8,12 @@ import json
 import pytest
 
 from zoplan.errors import ZoError
-from zoplan.hardware import HardwareProfile, load_profile, shipped_profiles
+from zoplan.hardware import DEFAULT_NODE_SPREAD, HardwareProfile, load_profile, shipped_profiles
 from zoplan.io import load_json
+from zoplan.search import resolve_request
 
 EXPECTED = {"dgx-a100-80gb", "dgx-h100", "hgx-h200", "8x-rtx4090", "8x-a100-pcie-nvlink-pairs",
             "rtx4090-workstation", "gh200", "cpu"}
-MULTI_NODE = ("dgx-a100-80gb", "dgx-h100", "hgx-h200")
 
 
 def base() -> dict:
@@ -34,9 +34,24 @@ def test_all_expected_profiles_are_shipped():
     assert EXPECTED <= set(shipped_profiles())
 
 
-@pytest.mark.parametrize("name", MULTI_NODE)
-def test_multi_node_profiles_reach_128_nodes(name):
-    assert load_profile(name).max_nodes >= 128
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_profile_describes_a_node_not_a_cluster(name):
+    """No shipped profile caps the nodes (the count comes from --gpus); every one
+    states its node spread as derived; an older profile's max_nodes is ignored."""
+    profile = load_profile(name)
+    data = json.loads(shipped_profiles()[name].read_text())
+    assert "max_nodes" not in data
+    assert profile.node_spread == data["compute"]["node_spread"] == 0.02
+    assert profile.sources["compute.node_spread"].startswith("[D]")
+    assert HardwareProfile.from_dict({**data, "max_nodes": 1}) == profile
+    resolve_request(model="opt-1.3b", gpus=65536 * profile.gpus_per_node // 8, profile=name,
+                    batch=16, seq=64)
+
+
+def test_the_node_spread_defaults_when_a_profile_has_none():
+    data = json.loads(shipped_profiles()["dgx-a100-80gb"].read_text())
+    del data["compute"]["node_spread"], data["sources"]["compute.node_spread"]
+    assert HardwareProfile.from_dict(data).node_spread == DEFAULT_NODE_SPREAD
 
 
 def test_profile_specifics():

@@ -35,16 +35,20 @@ def reasons(pruned) -> list[str]:
 def test_batch_not_divisible_by_ddp_is_pruned():
     candidates, pruned = enumerate_space(request(batch=6), {})
     assert "invalid: batch (6) is not divisible by ddp (4)" in reasons(pruned)
-    assert {c.layout.pertp for c in candidates} == {2}
+    assert {c.layout.pertp for c in candidates if c.layout.world_size == 4} == {2}
+    # the smaller world sizes searched are not listed when they are invalid
+    assert all(p.layout["pertp"] * p.layout["ddp"] == 4 for p in pruned
+               if p.reason.startswith("invalid"))
 
 
 def test_pertp2_with_an_odd_number_of_gpus_is_left_out_or_pruned():
     candidates, pruned = enumerate_space(request(gpus=3, batch=6), {})
-    assert {c.layout.pertp for c in candidates} == {1}
+    assert {c.layout.pertp for c in candidates if c.layout.world_size == 3} == {1}
     assert all(p.layout["pertp"] == 1 for p in pruned)   # not searched at all
     candidates, pruned = enumerate_space(request(gpus=3, batch=6), {"pertp": 2})
-    assert not candidates      # asked for: pruned with the reason
-    assert all(r.startswith("invalid: pertp 2 needs an even number") for r in reasons(pruned))
+    assert {c.layout.world_size for c in candidates} == {2}   # 3 asked for: pruned, with the reason
+    assert reasons(pruned) and all(r.startswith("invalid: pertp 2 needs an even number")
+                                   for r in reasons(pruned))
 
 
 def test_layout_that_does_not_fit_gpu_memory_is_pruned_with_numbers():
@@ -65,7 +69,7 @@ def test_layout_that_does_not_fit_host_memory_is_pruned(tmp_path):
     path = tmp_path / "small-host.json"
     path.write_text(json.dumps(data))
     req = request(model="opt-30b", profile=str(path))
-    with pytest.raises(ZoError, match=r"does not fit host memory: 74\.\d GiB needed per node "
+    with pytest.raises(ZoError, match=r"does not fit host memory: \d+\.\d GiB needed per node "
                                       r"> 60\.0 GiB \(48 blocks: 55\.1 GiB"):
         search(req)
 
@@ -84,10 +88,10 @@ def test_bound_prunes_only_layouts_that_cannot_win():
     ranked, by_bound = branch_and_bound(candidates, {})
     assert by_bound, "expected some layouts pruned by bound"
     best = ranked[0].step_time_s
-    by_label = {(repr(c.layout.to_dict()), c.update): c for c in candidates}
+    by_label = {(repr(c.layout.to_dict()), c.update, c.num_resident): c for c in candidates}
     for pruned in by_bound:
         assert pruned.reason.startswith("bound: lower bound")
-        assert by_label[repr(pruned.layout), pruned.update].bounds.lower_bound_s >= best
+        assert by_label[repr(pruned.layout), pruned.update, pruned.resident].lower_bound_s >= best
     # exhaustive check: simulating everything finds the same winner
     for cand in candidates:
         evaluate(cand, {})
@@ -106,7 +110,7 @@ def test_slices_beyond_the_fast_fabric_are_not_searched():
 @pytest.mark.parametrize("kw,message", [
     ({"model": "opt-9000"}, r"unknown model 'opt-9000'"),
     ({"gpus": 6}, r"gpus \(6\) is not a multiple of the 4 GPUs of a node"),
-    ({"gpus": 20}, r"gpus \(20\) > 4 GPUs per node x 4 nodes = 16"),
+    ({"gpus": 2**21}, r"gpus \(2097152\) > 1048576: more ranks than a plan may hold"),
     ({"gpus": 0}, r"gpus must be >= 1, got 0"),
     ({"gpus": 3, "pertp": 2}, r"pertp 2 needs an even number of GPUs, got gpus \(3\)"),
     ({"pertp": 2, "ddp": 4}, r"pertp \(2\) x ddp \(4\) = 8 != gpus \(4\)"),
@@ -153,17 +157,20 @@ def test_the_update_modes_that_train_are_searched_unless_one_is_fixed():
 
 def test_fixed_axes_plan_exactly_one_layout():
     result = search(request(model="opt-6.7b", pertp=2, slices=2, prefetch=3))
-    # one layout, in each update mode searched whose bound does not prune it
-    assert {c.layout for c in result.ranked} == {Layout(pertp=2, ddp=2, slices=2, prefetch=3)}
-    assert len(result.ranked) == len({c.update for c in result.ranked})
+    # one layout (slice_update on or off), in each update mode and placement searched
+    # whose bound does not prune it
+    fixed = {Layout(pertp=2, ddp=2, slices=2, prefetch=3, slice_update=su) for su in (False, True)}
+    assert {c.layout for c in result.ranked} <= fixed
+    assert len(result.ranked) == len({(c.layout, c.update, c.num_resident) for c in result.ranked})
     assert result.unsliced.layout.slices == 1 and result.unsliced.layout.pertp == 2
 
 
 # ---- extrapolation -------------------------------------------------------------------
 @pytest.mark.parametrize("profile,gpus,pertp,slices,prefetch,method", [
     ("dgx-a100-80gb", 8, 1, 8, 2, "extrapolated"),
-    # the H2D/D2H duplex drop on the shared uplinks makes a long transient here
-    ("dgx-a100-80gb", 8, 2, 4, 3, "simulated"),
+    # the H2D/D2H duplex drop on the shared uplinks makes a transient here; since z is
+    # priced per 2**24-element chunk on CUDA the two extrapolations agree within 0.5%
+    ("dgx-a100-80gb", 8, 2, 4, 3, "extrapolated"),
     ("dgx-a100-80gb", 8, 1, 1, 1, "extrapolated"), (NODE4, 4, 2, 4, 2, "extrapolated"),
     # the host-fabric case has a long transient: the check sends it to a full simulation
     (str(FIXTURES / "pcie-host4.json"), 4, 1, 2, 2, "simulated")])

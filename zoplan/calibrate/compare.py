@@ -14,6 +14,10 @@ a CPU profile (one task at a time per rank) is step time minus busy time.
 Step time: from the first span's start to the last span's end of a step (median over
 kept steps); the step period (start to start) is kept too: what lies between steps
 (batch, loss bookkeeping) is not part of the prediction.
+Several nodes: each node's own step (from the step's first span to the end of the
+node's last task before the closing all-reduce) gives the spread of a node's step time
+(standard deviation over mean, over every node and kept step): `node_spread`, which
+`zoplan calibrate --fit` writes into the profile (compute.node_spread).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class Calibration:
     rows: list[KindRow]
     warnings: list[str] = field(default_factory=list)
     drift: Drift | None = None
+    node_spread: float | None = None     # several nodes: spread of a node's step time
 
     @property
     def error_pct(self) -> float:
@@ -193,7 +198,27 @@ def compare(plan: Plan, spans: list[Span], *, skip: int = 1) -> Calibration:
     return Calibration(plan_label=layout.label(), device_kind=plan.device_kind,
                        pred_step_s=pred_step, meas_step_s=statistics.median(step_times),
                        meas_step_samples=step_times, meas_period_s=_period(spans, kept),
-                       steps_used=kept, rows=rows)
+                       steps_used=kept, rows=rows,
+                       node_spread=node_spread(by_step, layout))
+
+
+def node_spread(by_step: dict, layout) -> float | None:
+    """Standard deviation over mean of the nodes' own step times (module docstring);
+    None on one node."""
+    if layout.nodes < 2:
+        return None
+    times = []
+    for spans in by_step.values():
+        start = min(s.start_s for s in spans)
+        ends: dict[int, float] = {}
+        for s in spans:
+            if s.kind != "allreduce":
+                node = layout.node_of(s.rank)
+                ends[node] = max(ends.get(node, start), s.end_s)
+        times += [end - start for end in ends.values()]
+    if len(times) < 2 or statistics.fmean(times) <= 0:
+        return None
+    return statistics.pstdev(times) / statistics.fmean(times)
 
 
 def _waiting_row(rows: list[KindRow], pred_step: float, step_times: list[float]) -> KindRow:

@@ -17,6 +17,7 @@ from zoplan.calibrate.compare import Calibration
 from zoplan.hardware import HardwareProfile
 from zoplan.plan import Plan
 from zoplan.sim import graph
+from zoplan.sim.nodes import job_step_s
 from zoplan.sim.simulate import simulate
 
 
@@ -76,13 +77,22 @@ def refit_forward(fit: Refit, plan: Plan, measured_task_s: float) -> None:
             fit.set(f"compute.{key}", c[key] * ratio, why)
 
 
+def plan_costs(plan: Plan, profile: HardwareProfile) -> graph.StepCosts:
+    """The plan's step costs on `profile`: its layout and its blocks' placement."""
+    resident = tuple(b["placement"] == "resident" for b in plan.data["blocks"])
+    return graph.step_costs(model=plan.model, profile=profile, workload=plan.workload,
+                            layout=plan.layout, resident=resident, period=0)
+
+
 def refit_update(fit: Refit, plan: Plan, measured_task_s: float) -> None:
     """Scale the zo cost so the update task takes its measured time: the z model's
     figures (or zo_ns_per_param; on GPUs the z launch and element costs) for one rank
     per device, the z (zo) rank scaling for several CPU ranks. On GPUs the passes are
-    HBM time: the forward's refit (run first) has set the bandwidth."""
+    HBM time: the forward's refit (run first) has set the bandwidth. The update task is
+    the plan's (with slice_update, the perturbation alone; resident blocks' own)."""
     hw, lr = fit.profile, plan.layout.local_ranks
-    t_pred = _task_times(plan, hw)["update_s"]
+    costs = plan_costs(plan, hw)
+    t_pred = statistics.median(costs.update_task_s(b) for b in range(costs.num_blocks))
     ratio = measured_task_s / t_pred
     why = f"update task {measured_task_s * 1e3:.3f} ms measured vs {t_pred * 1e3:.3f} ms"
     c = hw.compute
@@ -163,6 +173,10 @@ def refit_profile(profile: HardwareProfile, plan: Plan, cal: Calibration, *,
         refit_update(fit, plan, upd.meas_task_s)
     refit_copies(fit, cal, plan)
     refit_collectives(fit, cal, plan)
+    if cal.node_spread is not None:
+        fit.set("compute.node_spread", min(cal.node_spread, 1.0),
+                f"spread of the {plan.layout.nodes} nodes' own step times over "
+                f"{len(cal.steps_used)} steps")
     prov = dict(data.get("provenance") or {})
     prov["calibrated"] = {"date": date, "trace": trace, "plan": cal.plan_label,
                           "step_error_pct_before": round(cal.error_pct, 2),
@@ -172,7 +186,8 @@ def refit_profile(profile: HardwareProfile, plan: Plan, cal: Calibration, *,
 
 
 def resimulate(plan: Plan, profile: HardwareProfile) -> float:
-    """The plan's layout simulated again on `profile`."""
-    costs = graph.step_costs(model=plan.model, profile=profile, workload=plan.workload,
-                             layout=plan.layout)
-    return simulate(graph.build_step_graph(costs), record_spans=False).step_time_s
+    """The plan's layout and placement simulated again on `profile` (one node, at the
+    pace of the slowest of the plan's nodes)."""
+    costs = plan_costs(plan, profile)
+    node = simulate(graph.build_step_graph(costs), record_spans=False).step_time_s
+    return job_step_s(profile, plan.layout.nodes, node)

@@ -106,7 +106,7 @@ def cpu_profile(m: dict, settings, *, name: str, date: str, memory: dict) -> dic
             sources[key] = "[D] one rank: nothing shared, no collectives measured"
     coll_net = coll["allgather_busbw"][-1][1]
     return {
-        "schema_version": 1, "name": name, "gpus_per_node": k, "max_nodes": 1,
+        "schema_version": 1, "name": name, "gpus_per_node": k,
         "description": f"{memory['cpu_model']}: {k} gloo ranks on {settings.cores} cores "
                        f"(measured by zoplan profile {date})",
         "device": {"kind": "cpu", "model": memory["cpu_model"],
@@ -176,7 +176,7 @@ def cuda_profile(m: dict, settings, *, name: str, date: str, memory: dict) -> di
     sources = cuda_sources(settings, fit=fit, date=date, num_forwards=len(m["forward_alone"]),
                            uplink_duplex="uplink_h2d_duplex_gbps" in pcie)
     return {
-        "schema_version": 1, "name": name, "gpus_per_node": n, "max_nodes": 1,
+        "schema_version": 1, "name": name, "gpus_per_node": n,
         "description": f"{n}x {m['devices'][0]} on {memory['cpu_model']} "
                        f"(measured by zoplan profile {date})",
         "device": {"kind": "cuda", "model": m["devices"][0], "memory_gib": round(total_gib, 2),

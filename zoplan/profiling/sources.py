@@ -117,7 +117,7 @@ def cuda_sources(settings, *, fit: dict, date: str, num_forwards: int,
         "compute.fp32_tflops": f"{c}same fit: fp32 GEMMs without TF32",
         "compute.m_half_tokens": f"{c}same fit (one efficiency term for every precision)",
         "compute.overhead_us": f"{c}same fit (launch cost per forward)",
-        "compute.z_launch_us": f"{c}z draws (zoexec.zo.z_block, one launch per tensor) of "
+        "compute.z_launch_us": f"{c}z draws (zoexec.zo.z_block, one launch per 2**24-element chunk) of "
                                f"blocks of {draws} on GPU 0: per launch",
         "compute.z_ns_per_elem": f"{c}same fit: per element",
         "compute.rank_scaling": "[D] one GPU per rank: no sharing",

@@ -8,10 +8,13 @@ Plans are deterministic: no timestamps, times rounded to the nanosecond, fractio
 from __future__ import annotations
 
 from zoplan.io import sha256_json
-from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, tool_info
+from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, compact_ranks, tool_info
 from zoplan.search.evaluate import UNSLICED_TOLERANCE, SearchResult
 from zoplan.search.space import Candidate
 from zoplan.sim.bounds import StepBounds
+from zoplan.sim.graph import internode_allreduce_s
+from zoplan.sim.memory import RESIDENT_MARGIN, resident_margin_bytes
+from zoplan.sim.nodes import job_step_s, one_node_step_s, scaling_efficiency, sweep_counts
 from zoplan.trace import Span
 
 NS = 9   # decimals of seconds kept in the plan
@@ -22,7 +25,15 @@ SEARCH_METHOD = (
     "of candidates extrapolated from reduced-block simulations (checked, else simulated in "
     "full); the winner simulated in full; the unsliced baseline is the best slices-1 layout "
     f"within {UNSLICED_TOLERANCE:.0%}; one node simulated, the inter-node all-reduce added "
-    "analytically")
+    "analytically, the step paced by the expected slowest node (compute.node_spread)")
+
+# What ZO-DDP buys (zo-algorithms.md): every rank draws the same z, so more data shards
+# average the loss difference over a larger batch; they do not add perturbations.
+DDP_NOTE = (
+    "ZO-DDP raises the batch per perturbation, not the number of perturbations: each step "
+    "still estimates the gradient along one random direction z, from a larger batch. "
+    "Tokens/s grows with the data shards (nodes), but the steps to a given loss need not "
+    "fall in proportion.")
 
 
 def _t(seconds: float) -> float:
@@ -41,21 +52,65 @@ def build_plan(result: SearchResult) -> Plan:
                     "gpus_per_node": req.profile.gpus_per_node},
         "workload": win.workload.to_dict(),
         "layout": win.layout.to_dict(),
-        "ranks": win.layout.rank_table(),
-        "blocks": [{"block": b, "placement": "host",
-                    "bytes": req.model.block_bytes(win.workload.param_dtype)}
+        "ranks": compact_ranks(),
+        "blocks": [{"block": b, "placement": "resident" if win.resident and win.resident[b]
+                    else "host", "bytes": req.model.block_bytes(win.workload.param_dtype)}
                    for b in range(req.model.num_layers)],
-        "predicted": predicted(win),
+        "predicted": predicted(win, req),
         "baselines": {"zo2": baseline_entry(result.zo2),
-                      "unsliced": baseline_entry(result.unsliced, result.unsliced_reason)},
+                      "unsliced": baseline_entry(result.unsliced, result.unsliced_reason),
+                      "offloaded": baseline_entry(result.offloaded, result.offloaded_reason),
+                      "all_devices": baseline_entry(result.all_devices,
+                                                    result.all_devices_reason)},
         "candidates": [candidate_entry(c) for c in result.ranked],
-        "pruned": [{"layout": p.layout, "update": p.update, "reason": p.reason}
-                   for p in result.pruned],
-        "search": {"gpus": req.gpus, "nodes": req.nodes, "fixed": dict(sorted(req.fixed.items())),
+        "pruned": [_pruned_entry(p) for p in result.pruned
+                   if _world(p.layout) in (req.gpus, win.layout.world_size)],
+        "search": {"gpus": req.gpus, "nodes": req.nodes,
+                   "used_gpus": win.layout.world_size, "used_nodes": win.layout.nodes,
+                   "world_sizes": [g for g, _ in req.world_sizes],
+                   "placement": req.placement,
+                   "fixed": dict(sorted(req.fixed.items())),
                    "precision": req.precision_note, "evaluated": len(result.ranked),
-                   "pruned": len(result.pruned), "method": SEARCH_METHOD},
+                   "pruned": len(result.pruned), "method": SEARCH_METHOD,
+                   "pruned_listed": "layouts of the GPUs given and of the winner's",
+                   "rough_profile": req.rough_profile},
+        "notes": {"ddp": DDP_NOTE},
+        "scaling": scaling(win, req),
     }
     return Plan.from_dict(data, origin="new plan")
+
+
+def _world(axes: dict) -> int:
+    return axes["pertp"] * axes["ddp"]
+
+
+def _pruned_entry(p) -> dict:
+    entry = {"layout": p.layout, "update": p.update, "reason": p.reason}
+    if p.resident:
+        entry["resident_blocks"] = p.resident
+    return entry
+
+
+def scaling(win: Candidate, req) -> dict:
+    """The winner's scaling against one node (zoplan.sim.nodes: the per-node plan and
+    batch held), and a sweep of node counts."""
+    internode = win.costs.internode_s
+    one = one_node_step_s(win.node_step_s, internode)
+    per_node_tokens = win.workload.tokens_per_step / win.layout.nodes
+    sweep = []
+    for nodes in sweep_counts(win.layout.nodes):
+        node_step = one + internode_allreduce_s(req.profile, nodes)
+        step = job_step_s(req.profile, nodes, node_step)
+        sweep.append({"nodes": nodes, "gpus": nodes * win.layout.local_ranks,
+                      "batch": win.workload.batch // win.layout.nodes * nodes,
+                      "step_time_s": _t(step),
+                      "tokens_per_s": round(nodes * per_node_tokens / step, 6),
+                      "efficiency": round(scaling_efficiency(one_node_s=one, step_s=step), 6)})
+    return {"nodes": win.layout.nodes, "one_node_step_s": _t(one),
+            "efficiency": round(scaling_efficiency(one_node_s=one, step_s=win.step_time_s), 6),
+            "node_spread": req.profile.node_spread,
+            "basis": "weak scaling: the same per-node layout and per-node batch on one node",
+            "sweep": sweep}
 
 
 def bottleneck(bounds: StepBounds, step_time_s: float) -> tuple[str, float]:
@@ -65,25 +120,32 @@ def bottleneck(bounds: StepBounds, step_time_s: float) -> tuple[str, float]:
     return name, busy / step_time_s
 
 
-def predicted(win: Candidate) -> dict:
+def predicted(win: Candidate, req) -> dict:
     t = win.step_time_s
-    name, _ = bottleneck(win.bounds, t)
+    name, _ = bottleneck(win.bounds, win.node_step_s)
+    wait = t - win.node_step_s   # the slowest node's lead, at the end-of-step barrier
     return {
         "step_time_s": _t(t),
         "tokens_per_s": round(win.tokens_per_s, 6),
         "gpu_mem_bytes": int(win.memory.gpu_bytes),
         "host_mem_bytes": int(win.memory.host_bytes),
         "bottleneck": name,
-        "lower_bound_s": _t(win.bounds.lower_bound_s),
-        "serial_upper_bound_s": _t(win.bounds.serial_s),
+        "lower_bound_s": _t(win.lower_bound_s),
+        "serial_upper_bound_s": _t(win.bounds.serial_s + wait),
         "utilisation": {k: round(v, 6) for k, v in win.bounds.utilisation(t).items()},
         "memory": {"gpu": _rounded_parts(win.memory.gpu_parts),
                    "gpu_usable_bytes": int(win.memory.gpu_limit_bytes),
+                   "gpu_headroom_bytes": int(win.memory.gpu_limit_bytes - win.memory.gpu_bytes),
+                   "resident_margin_bytes": int(resident_margin_bytes(req.profile)),
+                   "resident_margin": RESIDENT_MARGIN,
                    "host": _rounded_parts(win.memory.host_parts),
                    "host_bytes_limit": int(win.memory.host_limit_bytes)},
         "simulated_ranks": list(range(win.layout.local_ranks)),
         "internode_allreduce_s": _t(win.costs.internode_s),
-        "spans": [_span_dict(s) for s in win.sim.spans],
+        "node_step_s": _t(win.node_step_s),
+        "straggler_s": _t(wait),
+        "resident_blocks": win.num_resident,
+        "spans": [_span_dict(s, wait) for s in win.sim.spans],
     }
 
 
@@ -91,20 +153,24 @@ def _rounded_parts(parts: dict) -> dict:
     return {k: int(v) for k, v in parts.items()}
 
 
-def _span_dict(span: Span) -> dict:
-    start, end = _t(span.start_s), _t(span.end_s)
+def _span_dict(span: Span, wait: float = 0.0) -> dict:
+    """A span of the plan; the all-reduce that ends the step also waits `wait` for the
+    slowest node."""
+    start, end = _t(span.start_s), _t(span.end_s + (wait if span.kind == "allreduce" else 0.0))
     return {"kind": span.kind, "rank": span.rank, "block": span.block, "step": span.step,
             "lane": span.lane, "start_s": start, "dur_s": _t(end - start)}
 
 
 def candidate_entry(cand: Candidate) -> dict:
-    name, util = bottleneck(cand.bounds, cand.step_time_s)
+    name, util = bottleneck(cand.bounds, cand.node_step_s)
     return {"layout": cand.layout.to_dict(), "label": cand.label, "update": cand.update,
             "step_time_s": _t(cand.step_time_s), "tokens_per_s": round(cand.tokens_per_s, 6),
             "gpu_mem_bytes": int(cand.memory.gpu_bytes),
             "host_mem_bytes": int(cand.memory.host_bytes), "bottleneck": name,
             "bottleneck_utilisation": round(util, 6),
-            "lower_bound_s": _t(cand.bounds.lower_bound_s), "method": cand.method}
+            "lower_bound_s": _t(cand.lower_bound_s), "method": cand.method,
+            "resident_blocks": cand.num_resident,
+            "gpu_headroom_bytes": int(cand.memory.gpu_limit_bytes - cand.memory.gpu_bytes)}
 
 
 def baseline_entry(cand: Candidate | None, reason: str = "") -> dict:

@@ -3,19 +3,23 @@ the winner.
 
 Candidates are simulated in order of increasing analytic lower bound
 (zoplan.sim.bounds); once a candidate's bound reaches the best simulated time, it and
-every later one are pruned. Blocks are identical, so a candidate's step time is
-extrapolated from reduced-block simulations (the step grows by the same time per block
-once the pipeline is full; two extrapolations must agree, else every block is
-simulated); the winner is then simulated in full for its timeline.
+every later one are pruned. Blocks are identical, or their placement repeats every few
+blocks (zoplan.search.placement), so a candidate's step time is extrapolated from
+reduced-block simulations (the step grows by the same time per block, or per period of
+the pattern, once the pipeline is full; two extrapolations must agree, else every block
+is simulated); the winner is then simulated in full for its timeline. One node is
+simulated; a job of several nodes runs at the pace of its slowest node
+(zoplan.sim.nodes: the candidate's `straggler` factor).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from zoplan.errors import ZoError
-from zoplan.layout import Layout
+from zoplan.layout import Layout, axes_label
 from zoplan.search.space import Candidate, Pruned, Request, enumerate_space, make_candidate
 from zoplan.sim.bounds import step_bounds
 from zoplan.sim.graph import StepCosts, build_step_graph, step_costs
@@ -46,11 +50,18 @@ def fmt_seconds(seconds: float) -> str:
     return f"{seconds / 1e-6:.4g} us"
 
 
-def reduced_blocks(prefetch: int) -> tuple[int, int, int]:
+def reduced_blocks(prefetch: int, period: int = 1) -> tuple[int, int, int]:
     """Block counts of the three reduced simulations: past the pipeline fill, and apart
     by multiples of the buffer-reuse period (prefetch + 1 blocks, even spans so that
-    alternating patterns cancel)."""
-    return prefetch + 2, 2 * prefetch + 2, 4 * prefetch + 4
+    alternating patterns cancel); with a placement that repeats every `period` blocks,
+    each rounded up to whole periods (and apart by at least one)."""
+    counts = (prefetch + 2, 2 * prefetch + 2, 4 * prefetch + 4)
+    if period <= 1:
+        return counts
+    k0 = -(-counts[0] // period) * period
+    k1 = max(-(-counts[1] // period) * period, k0 + period)
+    k2 = max(-(-counts[2] // period) * period, 2 * k1 - k0)
+    return k0, k1, k2
 
 
 def estimate_step_s(costs: StepCosts) -> tuple[float, str, SimResult | None]:
@@ -60,9 +71,9 @@ def estimate_step_s(costs: StepCosts) -> tuple[float, str, SimResult | None]:
     EXTRAPOLATION_CHECK (a transient longer than the reduced runs, e.g. peer traffic
     through host memory), or the model is short, simulate every block instead (and
     return that simulation, spans included)."""
-    k0, k1, k2 = reduced_blocks(costs.layout.prefetch)
+    k0, k1, k2 = reduced_blocks(costs.layout.prefetch, costs.period)
     blocks = costs.num_blocks
-    if blocks > k2 + FULL_SIM_MARGIN:
+    if costs.period and blocks > k2 + FULL_SIM_MARGIN:
         t0, t1, t2 = (_reduced_s(costs, k) for k in (k0, k1, k2))
         late = t2 + (blocks - k2) * (t2 - t1) / (k2 - k1)
         early = t1 + (blocks - k1) * (t1 - t0) / (k1 - k0)
@@ -78,40 +89,47 @@ def _reduced_s(costs: StepCosts, num_blocks: int) -> float:
 
 
 def evaluate(cand: Candidate, cache: dict) -> None:
-    """Set the candidate's step time (never below its lower bound)."""
-    key = (cand.layout, cand.workload)
-    if key not in cache:
-        cache[key] = estimate_step_s(cand.costs)
-    seconds, method, cand.sim = cache[key]
-    cand.step_time_s, cand.method = max(seconds, cand.bounds.lower_bound_s), method
+    """Set the candidate's step time: one node's (never below its lower bound) at the
+    pace of the slowest of the job's nodes."""
+    if cand.key not in cache:
+        cache[cand.key] = estimate_step_s(cand.costs)
+    seconds, method, cand.sim = cache[cand.key]
+    _set_step(cand, max(seconds, cand.bounds.lower_bound_s), method)
+
+
+def _set_step(cand: Candidate, node_step_s: float, method: str) -> None:
+    cand.node_step_s, cand.method = node_step_s, method
+    cand.step_time_s = node_step_s * cand.straggler
 
 
 def simulate_full(cand: Candidate, *, record_spans: bool = True) -> None:
     cand.sim = simulate(build_step_graph(cand.costs), record_spans=record_spans)
-    cand.step_time_s, cand.method = cand.sim.step_time_s, "simulated"
+    _set_step(cand, cand.sim.step_time_s, "simulated")
 
 
 def rank_key(cand: Candidate) -> tuple:
-    """Faster first; on a tie less GPU memory, then less host memory, then the label
-    and the update mode."""
-    return (round(cand.step_time_s, 9), cand.memory.gpu_bytes, cand.memory.host_bytes,
-            cand.label, cand.update)
+    """Faster first; on a tie fewer devices, less GPU memory, then less host memory,
+    then the label and the update mode."""
+    return (round(cand.step_time_s, 9), cand.layout.world_size, cand.memory.gpu_bytes,
+            cand.memory.host_bytes, cand.label, cand.update)
 
 
 def branch_and_bound(candidates: list[Candidate], cache: dict, tick=None, *,
                      tolerance: float = 0.0) -> tuple[list[Candidate], list[Pruned]]:
     """Simulate in order of increasing lower bound (deeper prefetch first among equal
     bounds: it usually overlaps more, so a good incumbent comes early); prune once the
-    bound reaches the best simulated step (less `tolerance`, a fraction).
+    bound passes the best simulated step (less `tolerance`, a fraction; a bound equal
+    to it is simulated: it may tie with less memory).
     Returns (ranked evaluated candidates, pruned by bound)."""
-    order = sorted(candidates, key=lambda c: (c.bounds.lower_bound_s, -c.layout.prefetch,
+    order = sorted(candidates, key=lambda c: (c.lower_bound_s, -c.layout.prefetch,
                                               c.label, c.update))
     best, done, pruned = math.inf, [], []
     for cand in order:
-        bound = cand.bounds.lower_bound_s
-        if bound >= best * (1 - tolerance):
-            pruned.append(Pruned(layout=cand.layout.to_dict(), update=cand.update, reason=(
-                f"bound: lower bound {fmt_seconds(bound)} ({cand.bounds.binding}) >= best "
+        bound = cand.lower_bound_s
+        if bound > best * (1 - tolerance):   # a bound equal to the best may tie it
+            pruned.append(Pruned(layout=cand.layout.to_dict(), update=cand.update,
+                                 resident=cand.num_resident, reason=(
+                f"bound: lower bound {fmt_seconds(bound)} ({cand.bounds.binding}) > best "
                 f"simulated step {fmt_seconds(best)}")))
         else:
             evaluate(cand, cache)
@@ -144,6 +162,10 @@ class SearchResult:
     zo2: Candidate
     unsliced: Candidate | None
     unsliced_reason: str
+    offloaded: Candidate | None = None   # the best plan with every block offloaded
+    offloaded_reason: str = ""
+    all_devices: Candidate | None = None  # the best on every device given (--gpus)
+    all_devices_reason: str = ""
 
     @property
     def winner(self) -> Candidate:
@@ -160,30 +182,57 @@ def search(req: Request, *, progress=None) -> SearchResult:
     ranked, by_bound = branch_and_bound(candidates, cache, tick)
     ranked = pick_winner(ranked)
     unsliced, reason = _unsliced_baseline(req, ranked, cache)
+    offloaded, off_reason = _best_among(req, ranked, candidates, cache,
+                                        lambda c: not c.num_resident, "offloaded")
+    everything, all_reason = _best_among(req, ranked, candidates, cache,
+                                         lambda c: c.layout.world_size == req.gpus,
+                                         f"on all {req.gpus}")
     if tick:
         tick()
     zo2 = zo2_baseline(req, ranked[0].workload)
     if tick:
         tick()
     return SearchResult(request=req, ranked=ranked, pruned=pruned + by_bound, zo2=zo2,
-                        unsliced=unsliced, unsliced_reason=reason)
+                        unsliced=unsliced, unsliced_reason=reason, offloaded=offloaded,
+                        offloaded_reason=off_reason, all_devices=everything,
+                        all_devices_reason=all_reason)
+
+
+def _best_among(req: Request, ranked: list[Candidate], candidates: list[Candidate],
+                cache: dict, wanted, what: str) -> tuple[Candidate | None, str]:
+    """The best candidate that satisfies `wanted` (the winner's rivals the report shows
+    beside it), within UNSLICED_TOLERANCE: the winner itself when it qualifies, else a
+    branch and bound of its own over those candidates."""
+    mine = [c for c in candidates if wanted(c)]
+    if not mine:
+        return None, f"no layout {what} fits"
+    best = next((c for c in ranked if wanted(c)), None)
+    if best is not None and best is ranked[0]:
+        return best, ""
+    found, _ = branch_and_bound(mine, cache, tolerance=UNSLICED_TOLERANCE)
+    return found[0], ""
 
 
 def _nothing_fits(req: Request, pruned: list[Pruned]) -> str:
+    devices = f"{req.gpus} {req.profile.device_word}" + ("s" if req.gpus != 1 else "")
     if not pruned:
-        return f"no layout of {req.gpus} GPUs to search"
+        return f"no layout of {devices} to search"
     chosen = min(pruned, key=lambda p: p.overshoot)  # the closest to fitting, else the first
-    return (f"no layout of {req.model.name} on {req.gpus} GPUs ({req.profile.name}) can run; "
-            f"the closest, {Layout(**chosen.layout).label()} {chosen.update}: {chosen.reason}")
+    return (f"no layout of {req.model.name} on {devices} ({req.profile.name}) can run; "
+            f"the closest, {axes_label(chosen.layout)} {chosen.update}: {chosen.reason}")
 
 
 def _unsliced_baseline(req: Request, ranked: list[Candidate], cache: dict
                        ) -> tuple[Candidate | None, str]:
-    """Best layout with slices 1 on the same GPUs (other fixed axes held)."""
-    mine = [c for c in ranked if c.layout.slices == 1]
+    """Best layout with slices 1 and every block offloaded (DistZO2 without its sliced
+    upload) on all the GPUs given (other fixed axes held)."""
+    def unsliced(c: Candidate) -> bool:
+        return c.layout.slices == 1 and not c.num_resident and c.layout.world_size == req.gpus
+    mine = [c for c in ranked if unsliced(c)]
     if req.fixed.get("slices") == 1 or (mine and mine[0] is ranked[0]):
         return (mine[0] if mine else None), ""
-    candidates, pruned = enumerate_space(req, {**req.fixed, "slices": 1})
+    req = dataclasses.replace(req, worlds=((req.gpus, req.nodes),))
+    candidates, pruned = enumerate_space(req, {**req.fixed, "slices": 1, "placement": "host"})
     if not candidates:
         return None, pruned[0].reason if pruned else "no layout with slices 1"
     best, _ = branch_and_bound(candidates, cache, tolerance=UNSLICED_TOLERANCE)

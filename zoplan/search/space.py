@@ -2,28 +2,34 @@
 admits (enumerate -> is_valid, each rule with its reason) and the candidates built from
 them (memory checked, costs and bounds computed).
 
-Axes: PertP degree (1 or 2; DDP = gpus / pertp, across nodes when the job spans more
-than one node), slice group size (divisors of the node's ranks up to the GPUs that share
-a fast fabric), prefetch depth (1..4) and the update mode (docs/precision.md: fp32
-masters, or 16-bit storage with stochastic rounding; plain rounding only when fixed).
-The compute precision is not searched: the model family's published dtype on GPUs
-(fp16 and bf16 cost the same: 2 bytes, one tensor-core rate), fp32 on CPU profiles,
-or --precision.
+Axes: the devices used (world sizes: --gpus is the most; see world_sizes), PertP degree
+(1 or 2; DDP = devices / pertp, across nodes when the job spans more than one node),
+slice group size (divisors of the node's ranks up to the GPUs that share a fast
+fabric), slice_update (on and off where slices > 1), prefetch depth (1..4), the update
+mode (docs/precision.md: fp32 masters, or 16-bit storage with stochastic rounding;
+plain rounding only when fixed) and the placement of the blocks (--placement: every
+block offloaded, and with "auto" also the most resident blocks that fit, see
+zoplan.search.placement). The compute precision is not searched: the model family's
+published dtype on GPUs (fp16 and bf16 cost the same: 2 bytes, one tensor-core rate),
+fp32 on CPU profiles, or --precision.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
 
 from zoplan.errors import ZoError
-from zoplan.hardware import DEFAULT_PROFILE, HardwareProfile, load_profile
+from zoplan.hardware import DEFAULT_PROFILE, HardwareProfile, is_shipped_guess, load_profile
 from zoplan.layout import Layout
 from zoplan.models import DTYPE_BYTES, ModelSpec, get_model
+from zoplan.search.placement import PLACEMENTS, resident_pattern
 from zoplan.sim.bounds import StepBounds, step_bounds
 from zoplan.sim.graph import StepCosts, step_costs
-from zoplan.sim.memory import MemoryEstimate, estimate_memory
+from zoplan.sim.memory import MemoryEstimate, estimate_memory, resident_capacity
+from zoplan.sim.nodes import straggler_factor
 from zoplan.sim.simulate import SimResult
 from zoplan.workload import UPDATE_MODES, Workload
 
@@ -40,15 +46,22 @@ class Request:
 
     model: ModelSpec
     profile: HardwareProfile
-    gpus: int
+    gpus: int                   # the most devices the plan may use (--gpus)
     workloads: tuple[Workload, ...]   # one per update mode searched
-    nodes: int
+    nodes: int                  # nodes of `gpus`
     fixed: dict                 # axis -> fixed value (pertp, slices, prefetch, update)
     precision_note: str
+    placement: str = "auto"     # "host": every block offloaded; "auto": the search decides
+    worlds: tuple[tuple[int, int], ...] = ()   # (devices, nodes) searched; () = (gpus, nodes)
+    rough_profile: bool = False  # planned on the shipped cpu profile (a guess)
 
     @property
     def local_ranks(self) -> int:
         return self.gpus // self.nodes
+
+    @property
+    def world_sizes(self) -> tuple[tuple[int, int], ...]:
+        return self.worlds or ((self.gpus, self.nodes),)
 
     @property
     def workload(self) -> Workload:
@@ -60,14 +73,18 @@ def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, s
                     precision: str | None = None, update: str | None = None,
                     tf32: bool = True, pertp: int | None = None,
                     ddp: int | None = None, slices: int | None = None,
-                    prefetch: int | None = None) -> Request:
-    """Check the inputs; every problem is a ZoError with the numbers."""
+                    prefetch: int | None = None, placement: str = "auto",
+                    fewer: bool = True) -> Request:
+    """Check the inputs; every problem is a ZoError with the numbers. `fewer`: search
+    smaller world sizes too (world_sizes; off when --ddp fixes the world)."""
     spec = get_model(model)
     hw = load_profile(profile or DEFAULT_PROFILE)
     if batch < 1 or seq < 1:
         raise ZoError(f"batch ({batch}) and seq ({seq}) must be >= 1")
     if seq > spec.max_positions:
         raise ZoError(f"seq ({seq}) exceeds the {spec.max_positions} positions of {spec.name}")
+    if placement not in PLACEMENTS:
+        raise ZoError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     nodes = _nodes_for(hw, gpus)
     pertp = _fixed_pertp(gpus, pertp, ddp)
     _check_fixed(hw, gpus // nodes, pertp=pertp, slices=slices, prefetch=prefetch)
@@ -79,8 +96,32 @@ def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, s
                                           update=mode, tf32=tf32) for mode in modes)
     fixed = {k: v for k, v in (("pertp", pertp), ("slices", slices), ("prefetch", prefetch),
                                ("update", update)) if v is not None}
+    if placement != "auto":
+        fixed["placement"] = placement
+    worlds = world_sizes(hw, gpus) if fewer and ddp is None else ((gpus, nodes),)
+    if slices is not None:   # a fixed slice group must divide the node's ranks
+        worlds = tuple((g, n) for g, n in worlds if (g // n) % slices == 0)
+    if pertp == 2:
+        worlds = tuple((g, n) for g, n in worlds if (g // n) % 2 == 0)
     return Request(model=spec, profile=hw, gpus=gpus, workloads=workloads, nodes=nodes,
-                   fixed=fixed, precision_note=note)
+                   fixed=fixed, precision_note=note, placement=placement, worlds=worlds,
+                   rough_profile=is_shipped_guess(hw))
+
+
+def world_sizes(hw: HardwareProfile, gpus: int) -> tuple[tuple[int, int], ...]:
+    """(devices, nodes) the search may use, largest first: --gpus is the most. On one
+    node every size from 1 to gpus; across nodes whole nodes only, at every power of
+    two of nodes below the request's and the request's own (a job of 3 nodes when 4
+    were given is no likelier to win than one of 2, and the sizes stay few at 8,192
+    nodes), and the one-node sizes that divide the node."""
+    gpn = hw.gpus_per_node
+    if gpus <= gpn:
+        return tuple((g, 1) for g in range(gpus, 0, -1))
+    nodes = gpus // gpn
+    counts = sorted({nodes} | {1 << k for k in range(nodes.bit_length()) if 1 << k < nodes},
+                    reverse=True)
+    out = [(n * gpn, n) for n in counts]
+    return tuple(out + [(g, 1) for g in range(gpn - 1, 0, -1) if gpn % g == 0])
 
 
 def _update_modes(compute_dtype: str, update: str | None) -> tuple[str, ...]:
@@ -96,13 +137,17 @@ def _update_modes(compute_dtype: str, update: str | None) -> tuple[str, ...]:
     return ("master",) if compute_dtype == "fp32" else TRAINING_UPDATES
 
 
+MAX_GPUS = 2**20   # zoplan.layout.MAX_RANKS: the most ranks a plan may hold
+
+
 def _nodes_for(hw: HardwareProfile, gpus: int) -> int:
-    gpn, most = hw.gpus_per_node, hw.gpus_per_node * hw.max_nodes
+    """Nodes of a job of `gpus` devices: a profile describes one node, the count of
+    nodes comes from --gpus."""
+    gpn = hw.gpus_per_node
     if gpus < 1:
         raise ZoError(f"gpus must be >= 1, got {gpus}")
-    if gpus > most:
-        raise ZoError(f"gpus ({gpus}) > {gpn} GPUs per node x {hw.max_nodes} nodes = {most} "
-                      f"(profile {hw.name})")
+    if gpus > MAX_GPUS:
+        raise ZoError(f"gpus ({gpus}) > {MAX_GPUS}: more ranks than a plan may hold")
     if gpus > gpn and gpus % gpn:
         raise ZoError(f"gpus ({gpus}) is not a multiple of the {gpn} GPUs of a node "
                       f"(profile {hw.name}): a job that spans nodes uses whole nodes")
@@ -172,21 +217,38 @@ class Candidate:
     memory: MemoryEstimate
     costs: StepCosts | None = None
     bounds: StepBounds | None = None
-    step_time_s: float | None = None
+    step_time_s: float | None = None       # the whole job's step (stragglers included)
     method: str = ""                       # "simulated" or "extrapolated"
     sim: SimResult | None = field(default=None, repr=False)
+    resident: tuple[bool, ...] = ()        # per block: kept on the devices
+    period: int = 1                        # blocks after which `resident` repeats
+    node_step_s: float | None = None       # one node's step (the simulation)
+    straggler: float = 1.0                 # step / node step: the slowest node's pace
 
     @property
     def label(self) -> str:
-        return self.layout.label()
+        return self.layout.label() + (f" r{self.num_resident}" if self.num_resident else "")
 
     @property
     def update(self) -> str:
         return self.workload.update
 
     @property
+    def num_resident(self) -> int:
+        return sum(self.resident)
+
+    @property
+    def lower_bound_s(self) -> float:
+        """A lower bound on the job's step: the node's, at the slowest node's pace."""
+        return self.bounds.lower_bound_s * self.straggler
+
+    @property
     def tokens_per_s(self) -> float:
         return self.workload.tokens_per_step / self.step_time_s
+
+    @property
+    def key(self) -> tuple:
+        return (self.layout, self.workload, self.resident)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,34 +257,53 @@ class Pruned:
     update: str
     reason: str
     overshoot: float = math.inf   # memory needed / memory there (for "does not fit")
+    resident: int = 0
 
 
 def enumerate_space(req: Request, fixed: dict) -> tuple[list[Candidate], list[Pruned]]:
-    """Every layout of the space (fixed axes held), split into fitting candidates
-    and pruned ones with their reasons."""
+    """Every layout of the space (fixed axes held), on every world size searched,
+    split into fitting candidates and pruned ones with their reasons; with placement
+    "auto" each fitting layout also comes with the most resident blocks that fit."""
     candidates, pruned = [], []
-    for workload in req.workloads:
-        for pertp, slices, prefetch in itertools.product(*axis_values(req, fixed)):
-            axes = {"pertp": pertp, "ddp": req.gpus // pertp, "nodes": req.nodes,
-                    "slices": slices, "prefetch": prefetch}
-            reason, overshoot = invalid_reason(req, axes), math.inf
-            if reason is None:
-                cand = make_candidate(req, Layout(**axes), workload)
-                reason, overshoot = cand.memory.reason, cand.memory.overshoot
-            if reason is None:
+    for gpus, nodes in req.world_sizes:
+        for workload in req.workloads:
+            for pertp, slices, prefetch, su in layout_axes(req, fixed, gpus, nodes):
+                axes = {"pertp": pertp, "ddp": gpus // pertp, "nodes": nodes,
+                        "slices": slices, "prefetch": prefetch, "slice_update": su}
+                reason, overshoot = invalid_reason(req, axes, gpus=gpus), math.inf
+                if reason is None:
+                    cand = make_candidate(req, Layout(**axes), workload)
+                    reason, overshoot = cand.memory.reason, cand.memory.overshoot
+                if reason is not None:
+                    if gpus == req.gpus or not reason.startswith("invalid"):
+                        pruned.append(Pruned(layout=axes, update=workload.update,
+                                             reason=reason, overshoot=overshoot))
+                    continue
                 candidates.append(cand)
-            else:
-                pruned.append(Pruned(layout=axes, update=workload.update, reason=reason,
-                                     overshoot=overshoot))
+                if fixed.get("placement", req.placement) == "auto":
+                    resident = resident_candidate(req, cand)
+                    if resident is not None:
+                        candidates.append(resident)
     return candidates, pruned
 
 
-def axis_values(req: Request, fixed: dict) -> tuple[list[int], list[int], list[int]]:
+def layout_axes(req: Request, fixed: dict, gpus: int, nodes: int):
+    """(pertp, slices, prefetch, slice_update) of every layout of this world size."""
+    pertps, slices, prefetches = axis_values(req, fixed, gpus=gpus, nodes=nodes)
+    for pertp, s, prefetch in itertools.product(pertps, slices, prefetches):
+        for su in ((False, True) if s > 1 else (False,)):
+            yield pertp, s, prefetch, su
+
+
+def axis_values(req: Request, fixed: dict, *, gpus: int | None = None,
+                nodes: int | None = None) -> tuple[list[int], list[int], list[int]]:
     """Values of (pertp, slices, prefetch) to search: the fixed one, or every value the
     node allows (slice group sizes that divide its ranks and stay on the fast fabric)."""
-    local = req.local_ranks
+    gpus, nodes = gpus or req.gpus, nodes or req.nodes
+    local = gpus // nodes
     slices = [s for s in range(1, local + 1) if slices_reason(req.profile, local, s) is None]
-    return ([fixed["pertp"]] if "pertp" in fixed else [1, 2] if pertp_pairs(req) else [1],
+    pairs = gpus % 2 == 0 and local % 2 == 0
+    return ([fixed["pertp"]] if "pertp" in fixed else [1, 2] if pairs else [1],
             [fixed["slices"]] if "slices" in fixed else slices,
             [fixed["prefetch"]] if "prefetch" in fixed else list(SEARCH_PREFETCH))
 
@@ -232,22 +313,42 @@ def pertp_pairs(req: Request) -> bool:
     return req.gpus % 2 == 0 and req.local_ranks % 2 == 0
 
 
-def invalid_reason(req: Request, axes: dict) -> str | None:
-    """Why these axes are not a runnable layout (None when they are)."""
-    if axes["pertp"] == 2 and not pertp_pairs(req):
-        return f"invalid: pertp 2 needs an even number of GPUs per node, got {req.local_ranks}"
+def invalid_reason(req: Request, axes: dict, *, gpus: int | None = None) -> str | None:
+    """Why these axes are not a runnable layout on `gpus` devices (None when they are)."""
+    gpus = gpus or axes["pertp"] * axes["ddp"]
+    local = gpus // axes["nodes"]
+    if axes["pertp"] == 2 and (gpus % 2 or local % 2):
+        return f"invalid: pertp 2 needs an even number of GPUs per node, got {local}"
     if req.workload.batch % axes["ddp"]:
         return f"invalid: batch ({req.workload.batch}) is not divisible by ddp ({axes['ddp']})"
     return None
 
 
-def make_candidate(req: Request, layout: Layout, workload: Workload | None = None) -> Candidate:
+def make_candidate(req: Request, layout: Layout, workload: Workload | None = None, *,
+                   resident: tuple[bool, ...] = (), period: int = 1) -> Candidate:
     workload = workload or req.workload
     memory = estimate_memory(model=req.model, profile=req.profile, workload=workload,
-                             layout=layout)
-    cand = Candidate(layout=layout, workload=workload, memory=memory)
+                             layout=layout, resident_blocks=sum(resident))
+    cand = Candidate(layout=layout, workload=workload, memory=memory, resident=resident,
+                     period=period, straggler=straggler_factor(req.profile, layout.nodes))
     if memory.reason is None:
         cand.costs = step_costs(model=req.model, profile=req.profile, workload=workload,
-                                layout=layout)
+                                layout=layout, resident=resident, period=period)
         cand.bounds = step_bounds(cand.costs)
     return cand
+
+
+def resident_candidate(req: Request, cand: Candidate) -> Candidate | None:
+    """The layout of `cand` with the most resident blocks its devices hold (None when
+    not one fits)."""
+    capacity = resident_capacity(model=req.model, profile=req.profile,
+                                 workload=cand.workload, layout=cand.layout, base=cand.memory)
+    resident, period = resident_pattern(req.model.num_layers, capacity)
+    if not any(resident):
+        return None
+    memory = estimate_memory(model=req.model, profile=req.profile, workload=cand.workload,
+                             layout=cand.layout, resident_blocks=sum(resident))
+    assert memory.reason is None, memory.reason
+    costs = dataclasses.replace(cand.costs, resident=resident, period=period)
+    return dataclasses.replace(cand, memory=memory, costs=costs, bounds=step_bounds(costs),
+                               resident=resident, period=period)

@@ -5,14 +5,18 @@ Lower bounds (the simulated step can never beat any of them):
   and duplex, each switch uplink per direction, host memory, each NVLink port);
 - each pair of directions that contend (a GPU's PCIe link, a switch uplink): the least
   time both directions' bytes need at their alone and duplex rates (duplex_pair_s);
-- each rank's compute engine: embed + blocks x (update + forward) + head;
-- each rank's collective engine: blocks x (all-gather alone + the CUDA write-back
-  fence's latency) + all-reduce;
+- each rank's compute engine: embed + the blocks' (update + forward) + head;
+- each rank's collective engine: the blocks' slice updates and all-gathers alone + the
+  CUDA write-back fence's latency of each offloaded block + all-reduce;
 - on CPU profiles (one engine per rank): the sum of all the rank's tasks, each alone;
-- the dependency chain through the block buffers: with `prefetch` buffers, h2d(b + p)
-  waits for d2h(b), so ceil(blocks / p) block pipelines (h2d, all-gather, update,
-  forward, d2h, each alone) run back to back, then the remaining blocks' update +
-  forward, the head and the all-reduce.
+- the dependency chain through the block buffers: with `prefetch` buffers, the block
+  `prefetch` buffer-using blocks later waits for a block to release its buffer, so
+  each chain of every p-th such block runs its pipelines (h2d, slice update,
+  all-gather, update, forward, d2h, each alone; a resident block: no h2d or d2h) back
+  to back, then the compute of the blocks after the chain's last, the head and the
+  all-reduce.
+Offloaded and resident blocks (StepCosts.resident) are counted apart: a resident block
+moves no bytes over PCIe or host memory.
 Upper bound: every task and every flow of the node one after the other, each alone
 (max-min fair sharing gives each of k concurrent flows at least 1/k of its rate alone,
 so the work done per second never falls below one task's worth); a flow on a PCIe
@@ -23,7 +27,6 @@ directions contend (the duplex link, both directions' sum, tightens it).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from zoplan.sim.graph import PCIE_DUPLEX, PCIE_H2D, UPLINK_H2D, StepCosts, link_class
@@ -61,11 +64,14 @@ class StepBounds:
 def link_bytes(costs: StepCosts, num_blocks: int | None = None) -> dict[str, float]:
     """Bytes every link of the node carries in one step."""
     blocks = costs.num_blocks if num_blocks is None else num_blocks
+    offloaded = blocks - costs.num_resident(blocks)
     out = {name: 0.0 for name in costs.links}
     for lr in range(costs.local_ranks):
-        for flow in costs.h2d[lr] + costs.d2h[lr] + costs.allgather[lr]:
-            for name in flow.route:
-                out[name] += blocks * flow.num_bytes
+        for count, flows in ((offloaded, costs.h2d[lr] + costs.d2h[lr]),
+                             (blocks, costs.allgather[lr])):
+            for flow in flows:
+                for name in flow.route:
+                    out[name] += count * flow.num_bytes
     return out
 
 
@@ -112,11 +118,12 @@ def step_bounds(costs: StepCosts, num_blocks: int | None = None) -> StepBounds:
         resources[cls] = max(resources.get(cls, 0.0), moved / costs.links[name])
     for cls, busy in _duplex_busy_s(costs, nbytes).items():
         resources[cls] = max(resources.get(cls, 0.0), busy)
-    engines = [_engine_busy(costs, lr, blocks) for lr in range(costs.local_ranks)]
+    alone = [_task_alone(costs, lr) for lr in range(costs.local_ranks)]
+    engines = [_engine_busy(costs, lr, blocks, alone[lr]) for lr in range(costs.local_ranks)]
     for busy in engines:
         for name, seconds in busy.items():
             resources[name] = max(resources.get(name, 0.0), seconds)
-    chain = max(_chain_s(costs, lr, blocks) for lr in range(costs.local_ranks))
+    chain = max(_chain_s(costs, lr, blocks, alone[lr]) for lr in range(costs.local_ranks))
     return StepBounds(resources=resources, chain_s=chain, serial_s=_serial_s(costs, blocks))
 
 
@@ -125,40 +132,71 @@ def _task_alone(costs: StepCosts, lr: int) -> dict[str, float]:
             "allgather": costs.allgather_alone_s(lr)}
 
 
-def _engine_busy(costs: StepCosts, lr: int, blocks: int) -> dict[str, float]:
-    alone = _task_alone(costs, lr)
-    compute = (costs.embed_s + blocks * (costs.update_s + costs.forward_s)
-               + costs.head_s) * costs.factor(lr)
+def _compute_s(costs: StepCosts, lr: int, blocks: int) -> float:
+    """The rank's compute engine's work in a step of `blocks` blocks."""
+    return (costs.embed_s + _blocks_compute_s(costs, 0, blocks) + costs.head_s) * costs.factor(lr)
+
+
+def _blocks_compute_s(costs: StepCosts, first: int, stop: int) -> float:
+    """Compute of blocks first..stop-1 (update + forward; before the rank's factor)."""
+    count = max(0, stop - first)
+    resident = sum(costs.resident[first:stop]) if costs.resident else 0
+    return (count * costs.forward_s + resident * costs.resident_update_s
+            + (count - resident) * costs.update_s)
+
+
+def _engine_busy(costs: StepCosts, lr: int, blocks: int, alone: dict) -> dict[str, float]:
+    offloaded = blocks - costs.num_resident(blocks)
+    compute = _compute_s(costs, lr, blocks)
+    slices = blocks * costs.slice_s(lr) * costs.factor(lr)
     if not costs.concurrent:
-        per_block = alone["h2d"] + alone["allgather"] + alone["d2h"]
-        return {SERIAL: compute + blocks * per_block + costs.allreduce_s}
+        moves = offloaded * (alone["h2d"] + alone["d2h"]) + blocks * alone["allgather"]
+        return {SERIAL: compute + slices + moves + costs.allreduce_s}
     return {COMPUTE: compute,
-            COLLECTIVE: blocks * (alone["allgather"] + costs.fence_s) + costs.allreduce_s}
+            COLLECTIVE: (slices + blocks * alone["allgather"] + offloaded * costs.fence_s
+                         + costs.allreduce_s)}
 
 
-def _chain_s(costs: StepCosts, lr: int, blocks: int) -> float:
-    """Longest dependency path of the rank through its `prefetch` block buffers."""
-    alone = _task_alone(costs, lr)
+def _chain_s(costs: StepCosts, lr: int, blocks: int, alone: dict) -> float:
+    """Longest dependency path of the rank through its `prefetch` block buffers: each
+    block of a chain runs its pipeline (fill .. compute, each task alone) and, but for
+    the last, releases its buffer (d2h; a resident block's release is its forward)."""
     f = costs.factor(lr)
-    compute = (costs.update_s + costs.forward_s) * f
     tail = costs.head_s * f + costs.allreduce_s
-    if blocks == 0:
-        return costs.embed_s * f + tail
-    lead = alone["h2d"] + alone["allgather"] + compute
-    num_chains = math.ceil(blocks / costs.layout.prefetch)
-    last_chain_block = (num_chains - 1) * costs.layout.prefetch
-    path = (num_chains - 1) * (lead + alone["d2h"]) + lead
-    return path + (blocks - 1 - last_chain_block) * compute + tail
+    resident = costs.resident[:blocks] if costs.resident else (False,) * blocks
+    if costs.layout.slices > 1:
+        using = range(blocks)
+    else:
+        using = [b for b in range(blocks) if not resident[b]]
+    if not using:   # the compute engine's program order alone
+        return _compute_s(costs, lr, blocks) + costs.allreduce_s
+    p = costs.layout.prefetch
+    slice_s = costs.slice_s(lr)
+    best = 0.0
+    for start in range(min(p, len(using))):
+        chain = using[start::p]
+        n_res = sum(resident[start::p]) if isinstance(using, range) else 0
+        n_host = len(chain) - n_res
+        releases = n_host - (0 if resident[chain[-1]] else 1)
+        path = ((n_host * (alone["h2d"] + alone["allgather"]) + n_res * alone["allgather"])
+                + len(chain) * slice_s * f
+                + (n_host * costs.update_s + n_res * costs.resident_update_s
+                   + len(chain) * costs.forward_s) * f
+                + releases * alone["d2h"])
+        after = _blocks_compute_s(costs, chain[-1] + 1, blocks) * f
+        best = max(best, path + after)
+    return best + tail
 
 
 def _serial_s(costs: StepCosts, blocks: int) -> float:
     """Every task and every flow of the node one after the other, each alone."""
+    offloaded = blocks - costs.num_resident(blocks)
     total = costs.allreduce_s
     num_groups = costs.local_ranks // costs.layout.slices if costs.layout.slices > 1 else 0
-    total += blocks * (num_groups * costs.allgather_latency_s + costs.fence_s)
+    total += blocks * num_groups * costs.allgather_latency_s + offloaded * costs.fence_s
     for lr in range(costs.local_ranks):
-        total += (costs.embed_s + costs.head_s
-                  + blocks * (costs.update_s + costs.forward_s)) * costs.factor(lr)
-        flows = costs.h2d[lr] + costs.d2h[lr] + costs.allgather[lr]
-        total += blocks * sum(f.num_bytes / costs.flow_rate_worst(f) for f in flows)
+        total += _compute_s(costs, lr, blocks) + blocks * costs.slice_s(lr) * costs.factor(lr)
+        moves = ((offloaded, costs.h2d[lr] + costs.d2h[lr]), (blocks, costs.allgather[lr]))
+        total += sum(count * sum(f.num_bytes / costs.flow_rate_worst(f) for f in flows)
+                     for count, flows in moves)
     return total

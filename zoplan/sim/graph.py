@@ -4,23 +4,35 @@ All nodes of a job are identical (DDP across nodes, each node holds its own host
 so the graph covers the local ranks of node 0; the inter-node part of the scalar
 all-reduce is added analytically to the all-reduce task (see `internode_allreduce_s`).
 
-Per rank r and block b (execution semantics of docs/HELPERS.md):
+Per rank r and block b (execution semantics of docs/execution.md):
     h2d(b)  upload r's slice (1/slices of the block) from the node's host store
+    slice_update(b)  Layout.slice_update (slices > 1): step t-1's deferred update of r's
+              own slice (z for 1/slices of the block), before the all-gather
     allgather(b)  slice group exchanges slices (absent when slices == 1)
-    update(b)  deferred update of step t-1 + perturbation of step t
+    update(b)  deferred update of step t-1 + perturbation of step t (with slice_update:
+              the perturbation alone; a resident block without it also copies r's slice
+              of the updated block back into its shard)
     forward(b)  "+-": both perturbations; "+" / "-": one
     d2h(b)  write back r's 1/local_ranks share of the updated block
     fence(b)  CUDA, 1 < local ranks and slices < local ranks: a node all-reduce of a
               token once the block is ready (zoexec's Trainer._fence), on the collective
               engine; simulated but not a span (the executor does not trace it)
 plus embed (before block 0), head (after the last block) and allreduce (ends the step).
+A resident block (StepCosts.resident: kept as shards on the slice group's devices) has
+no h2d, d2h or fence: [slice_update], [allgather], update, forward.
 
 Edges carry `why`:
-    "data"    data flow (h2d -> allgather -> update -> forward -> d2h; last forward -> head)
-    "buffer"  h2d(b + prefetch) waits for d2h(b): `prefetch` block buffers per rank
+    "data"    data flow (h2d -> [slice_update] -> allgather -> update -> forward -> d2h;
+              last forward -> head)
+    "buffer"  the task that fills a block buffer (h2d; the all-gather of a resident
+              block) waits until the block `prefetch` buffer-using blocks earlier has
+              released it (d2h; the forward of a resident block): `prefetch` buffers
     "fence"   d2h(b) waits for EVERY local rank's h2d(b) (write-back fence): directly
               (CPU), or through the fence collective (CUDA)
     "order"   program order on one engine (an engine does one thing at a time)
+The slice update runs where the executor issues it: on a CUDA rank's collective stream,
+right before the block's all-gather (it overlaps the compute stream's work; the HBM
+bandwidth the two share is not priced), on a CPU rank in its serial order.
 Collectives (allgather, allreduce) are one node per member rank with a shared `group`;
 the simulator starts a group when all members have reached it.
 
@@ -33,14 +45,16 @@ while the opposite direction of the same PCIe link or switch uplink is busy.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import networkx as nx
 
-from zoplan.execrules import chunk_bounds, sr_chunk
+from zoplan.execrules import chunk_bounds, sr_chunk, z_range_draws
 from zoplan.hardware import HardwareProfile, gpu_block_bytes
 from zoplan.layout import Layout
+from zoplan.memory import store_stride
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.trace import KIND_LANE, NO_BLOCK, task_id
 from zoplan.workload import Workload
@@ -87,7 +101,7 @@ class StepCosts:
     tokens_per_rank: int
     streams: int                     # forward passes per rank (2 for "+-", 1 for PertP)
     embed_s: float
-    update_s: float
+    update_s: float                  # update task of an offloaded block (see module doc)
     forward_s: float                 # all streams of one block on one rank
     head_s: float
     allreduce_s: float               # includes internode_s
@@ -100,9 +114,41 @@ class StepCosts:
     rank_factors: tuple[float, ...] = ()     # per local rank: its compute tasks' time factor
     fence_s: float = 0.0             # CUDA write-back fence collective per block (0: none)
     contended: dict[str, tuple[str, float]] = field(default_factory=dict)  # contended_links
+    resident: tuple[bool, ...] = ()  # per block: kept on the devices (() = every block offloaded)
+    period: int = 1                  # blocks after which `resident` repeats (0: it does not)
+    resident_update_s: float = 0.0   # update task of a resident block
+    slice_update_s: tuple[float, ...] = ()   # per local rank: its slice update (() = none)
 
     def factor(self, local_rank: int) -> float:
         return self.rank_factors[local_rank] if self.rank_factors else 1.0
+
+    def is_resident(self, block: int) -> bool:
+        return bool(self.resident) and self.resident[block]
+
+    @property
+    def split_update(self) -> bool:
+        """Whether the deferred update is applied to the slice before the all-gather."""
+        return bool(self.slice_update_s)
+
+    def uses_buffer(self, block: int) -> bool:
+        """Whether the block passes through a block buffer (every offloaded block; a
+        resident one when the slice group all-gathers it)."""
+        return not self.is_resident(block) or self.layout.slices > 1
+
+    def update_task_s(self, block: int) -> float:
+        return self.resident_update_s if self.is_resident(block) else self.update_s
+
+    def compute_s(self, block: int) -> float:
+        """The compute engine's work for one block on one rank (before its factor)."""
+        return self.update_task_s(block) + self.forward_s
+
+    def slice_s(self, local_rank: int) -> float:
+        """The rank's slice update of one block (0 without slice_update)."""
+        return self.slice_update_s[local_rank] if self.slice_update_s else 0.0
+
+    def num_resident(self, num_blocks: int | None = None) -> int:
+        blocks = self.num_blocks if num_blocks is None else num_blocks
+        return sum(self.resident[:blocks]) if self.resident else 0
 
     @property
     def local_ranks(self) -> int:
@@ -146,15 +192,22 @@ def internode_allreduce_s(profile: HardwareProfile, nodes: int) -> float:
 
 
 def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
-               layout: Layout, schedule: str = "zoexec") -> StepCosts:
+               layout: Layout, schedule: str = "zoexec", resident: tuple[bool, ...] = (),
+               period: int | None = None) -> StepCosts:
     """Per-task times and per-transfer flows of one step of `layout` (`schedule`: see
-    task_times; "zo2" prices ZO2's four z draws per block)."""
+    task_times; "zo2" prices ZO2's four z draws per block). `resident`: per block,
+    whether it stays on the devices (() or all False: every block offloaded); `period`:
+    after how many blocks that pattern repeats (None: work it out; 0: it does not)."""
     lr = layout.local_ranks
     tokens = workload.batch // layout.ddp * workload.seq
     streams = 2 if layout.pertp == 1 else 1
     block = float(model.block_bytes(workload.param_dtype))
     work = task_times(model=model, profile=profile, workload=workload, tokens=tokens,
                       streams=streams, local_ranks=lr, schedule=schedule)
+    parts = work.pop("parts")
+    work.update(_placement_work(model=model, profile=profile, workload=workload,
+                                layout=layout, parts=parts, resident=resident,
+                                period=period, update_s=work["update_s"]))
     links = node_links(profile, lr)
     internode = internode_allreduce_s(profile, layout.nodes)
     small_s = profile.collective["allreduce_small_us"] * 1e-6
@@ -167,6 +220,97 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
         links=links, rank_factors=rank_factors(profile, lr),
         fence_s=small_s if fence_needed(profile, layout) else 0.0,
         contended=contended_links(profile, links), **_transfer_flows(profile, layout, block))
+
+
+def _placement_work(*, model, profile, workload, layout, parts, resident, period,
+                    update_s) -> dict:
+    """The tasks that placement and slice_update change: the update task of offloaded
+    and resident blocks, the slice update per local rank, and the pattern."""
+    resident = tuple(bool(r) for r in resident) if any(resident) else ()
+    if resident and len(resident) != model.num_layers:
+        raise ValueError(f"resident has {len(resident)} entries for {model.num_layers} blocks")
+    out = {"resident": resident,
+           "period": (placement_period(resident) if period is None else period)
+           if resident else 1}
+    split = layout.slice_update and layout.slices > 1 and parts is not None
+    if split:
+        out["update_s"] = parts["perturb"]
+        one = [parts["deferred"](*draws) for draws in
+               _slice_draws(model, layout.slices, layout.local_ranks, profile.device["kind"])]
+        out["slice_update_s"] = tuple(one[lr % layout.slices] for lr in range(layout.local_ranks))
+        out["resident_update_s"] = parts["perturb"]
+    else:   # the owner copies its slice of the updated block back into its shard
+        out["resident_update_s"] = update_s + shard_copy_s(model, profile, workload, layout)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _slice_draws(model: ModelSpec, slices: int, local_ranks: int, device_kind: str) -> tuple:
+    """Per slice: (z draw sizes, tensor pieces, rounding noise draw sizes) of its update
+    (the same for every layout of these slices and local ranks: cached for the search)."""
+    layout = Layout(pertp=1, ddp=local_ranks, slices=slices)
+    return tuple((slice_z_numels(model, layout, k, device_kind), slice_pieces(model, layout, k),
+                  slice_noise_numels(model, layout, k, device_kind)) for k in range(slices))
+
+
+def placement_period(resident: tuple[bool, ...]) -> int:
+    """The smallest p such that resident[b] == resident[b % p] for every block (0 when
+    only the whole model repeats: no shorter pattern to extrapolate from)."""
+    n = len(resident)
+    for p in range(1, n // 2 + 1):
+        if all(resident[b] == resident[b % p] for b in range(n)):
+            return p
+    return 0
+
+
+def _slice_bounds(model: ModelSpec, layout: Layout, index: int) -> tuple[int, int]:
+    """[start, stop) of slice `index` in the flat block (store_stride's slices; the
+    last one ends in the padding)."""
+    size = store_stride(model.block_params, slices=layout.slices,
+                        local_ranks=layout.local_ranks) // layout.slices
+    return index * size, (index + 1) * size
+
+
+def slice_pieces(model: ModelSpec, layout: Layout, index: int) -> list[int]:
+    """Elements of each of the block's tensors (laid end to end) in slice `index`."""
+    lo, hi = _slice_bounds(model, layout, index)
+    out, offset = [], 0
+    for numel in model.block_tensor_numels():
+        piece = min(hi, offset + numel) - max(lo, offset)
+        if piece > 0:
+            out.append(piece)
+        offset += numel
+    return out
+
+
+def slice_z_numels(model: ModelSpec, layout: Layout, index: int, device_kind: str) -> list[int]:
+    """Sizes of the z draws the owner of slice `index` makes to update its slice: every
+    chunk of the block's tensors (laid end to end in the flat block) that overlaps the
+    slice, drawn whole (zoplan.execrules.z_range_draws, zoexec.zo.z_range)."""
+    lo, hi = _slice_bounds(model, layout, index)
+    return z_range_draws(model.block_tensor_numels(), lo, hi, device_kind)
+
+
+def slice_noise_numels(model: ModelSpec, layout: Layout, index: int,
+                       device_kind: str) -> list[int]:
+    """Sizes of the stochastic rounding's noise draws of slice `index`'s update: every
+    rounding chunk (execrules.sr_chunk) that overlaps the slice, drawn whole."""
+    lo, hi = _slice_bounds(model, layout, index)
+    chunk, out, offset = sr_chunk(device_kind), [], 0
+    for numel in model.block_tensor_numels():
+        out += [b - a for a, b in chunk_bounds(numel, chunk) if offset + a < hi and offset + b > lo]
+        offset += numel
+    return out
+
+
+def shard_copy_s(model: ModelSpec, profile: HardwareProfile, workload: Workload,
+                 layout: Layout) -> float:
+    """Copy of the rank's slice of an updated, gathered block back into its resident
+    shard (read and write, stored precision) at the device's memory bandwidth."""
+    nbytes = 2 * dtype_bytes(workload.param_dtype) * model.block_params / layout.slices
+    if profile.is_cpu:
+        return nbytes / (profile.compute["mem_gbps"] * GBPS)
+    return profile.hbm_time_s(nbytes)
 
 
 def rank_factors(profile: HardwareProfile, local_ranks: int) -> tuple[float, ...]:
@@ -220,7 +364,9 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     docs/execution.md): `tokens` per perturbation stream, `streams` forwards per block.
 
     update: the deferred update (a z draw + a pass) and the next perturbation (a z draw
-    + a pass); forward: one block forward per stream, and the second stream's
+    + a pass); `parts` splits it for slice_update: "deferred"(z draw sizes, tensor
+    pieces, rounding noise draw sizes) prices the deferred update of a slice, "perturb" the perturbation alone
+    (None for schedule "zo2"); forward: one block forward per stream, and the second stream's
     perturbation pass; embed: the resident parts' update, z and one perturbation pass
     per stream, and one embedding lookup per stream; head: one final norm + LM head +
     loss per stream and the resident perturbation pass between them. The update mode
@@ -264,7 +410,7 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     lookups = streams * lookup if per_call else lookup
     return {"embed_s": zo["embed"] + lookups, "update_s": zo["update"],
             "forward_s": streams * fwd + zo["forward"],
-            "head_s": streams * head_fwd + zo["head"]}
+            "head_s": streams * head_fwd + zo["head"], "parts": zo.get("parts")}
 
 
 def _cpu_zo_per_param(*, model, profile, workload, local_ranks, streams, schedule) -> dict:
@@ -273,12 +419,19 @@ def _cpu_zo_per_param(*, model, profile, workload, local_ranks, streams, schedul
     draw and rounding passes are taken to cost as much as the task again (a rough
     figure: a measured profile's z model prices them)."""
     factor = 2.0 if schedule == "zo2" else 1.0
-    if workload.update == "stochastic":
-        factor += 1.0
+    stochastic = 1.0 if workload.update == "stochastic" else 0.0
+    factor += stochastic
+
+    def deferred(_z_numels: list[int], pieces: list[int], _noise: list[int]) -> float:
+        # half the task (a draw and a pass) and the rounding's share, on the slice
+        return (0.5 + stochastic) * profile.zo_time_s(sum(pieces), local_ranks)
+    parts = None if schedule == "zo2" else {
+        "deferred": deferred, "perturb": 0.5 * profile.zo_time_s(model.block_params, local_ranks)}
     return {"embed": factor * profile.zo_time_s(model.embed_params, local_ranks),
             "update": factor * profile.zo_time_s(model.block_params, local_ranks),
             "forward": 0.0,
-            "head": factor * profile.zo_time_s(model.head_params, local_ranks)}
+            "head": factor * profile.zo_time_s(model.head_params, local_ranks),
+            "parts": parts}
 
 
 def _cpu_zo_z_model(*, model, profile, workload, local_ranks, streams, schedule) -> dict:
@@ -293,13 +446,22 @@ def _cpu_zo_z_model(*, model, profile, workload, local_ranks, streams, schedule)
     pass_block = hw.pass_time_s(model.block_params, lr)
     pass_res = hw.pass_time_s(model.resident_params, lr)
     upd_block, upd_res = pass_block, pass_res
+
+    def rounding(numels: list[int], one_pass: float) -> float:
+        c = hw.compute
+        noise = (sr_chunks(numels, "cpu") * c.get("z_chunk_us", 0.0) * 1e-6
+                 + sum(numels) * c["z_ns_per_elem"] * 1e-9)
+        return noise + SR_BYTES / CPU_PASS_BYTES * one_pass
     if workload.update == "stochastic":
-        def rounding(numels: list[int], one_pass: float) -> float:
-            c = hw.compute
-            noise = (sr_chunks(numels, "cpu") * c.get("z_chunk_us", 0.0) * 1e-6
-                     + sum(numels) * c["z_ns_per_elem"] * 1e-9)
-            return noise + SR_BYTES / CPU_PASS_BYTES * one_pass
         upd_block, upd_res = rounding(block, pass_block), rounding(resident, pass_res)
+
+    def deferred(z_numels: list[int], pieces: list[int], noise: list[int]) -> float:
+        """A slice's deferred update: z and the rounding's noise for every chunk it
+        touches, the passes over its elements."""
+        one_pass = hw.pass_time_s(sum(pieces), lr)
+        upd = rounding(noise, one_pass) if workload.update == "stochastic" else one_pass
+        return hw.z_time_s(z_numels, lr) + upd
+    parts = {"deferred": deferred, "perturb": z_block + pass_block}
     if schedule == "zo2":
         return {"embed": 4 * z_res + upd_res + 3 * pass_res,
                 "update": 4 * z_block + upd_block + 3 * pass_block,
@@ -307,15 +469,17 @@ def _cpu_zo_z_model(*, model, profile, workload, local_ranks, streams, schedule)
     if workload.update != "stochastic":   # as before the update modes (same floats)
         return {"embed": 2 * z_res + (1 + streams) * pass_res,
                 "update": 2 * (z_block + pass_block),
-                "forward": (streams - 1) * pass_block, "head": (streams - 1) * pass_res}
+                "forward": (streams - 1) * pass_block, "head": (streams - 1) * pass_res,
+                "parts": parts}
     return {"embed": 2 * z_res + upd_res + streams * pass_res,
             "update": 2 * z_block + upd_block + pass_block,
-            "forward": (streams - 1) * pass_block, "head": (streams - 1) * pass_res}
+            "forward": (streams - 1) * pass_block, "head": (streams - 1) * pass_res,
+            "parts": parts}
 
 
 def _gpu_zo(*, model, profile, workload, local_ranks, streams, schedule) -> dict:
-    """GPU: z draws at z_launch_us per tensor + z_ns_per_elem per element (one launch
-    per tensor, docs/precision.md), passes by their bytes at HBM bandwidth
+    """GPU: z draws at z_launch_us per launch + z_ns_per_elem per element (one launch
+    per 2**24-element chunk of a tensor, zoplan.execrules.z_draw_calls), passes by their bytes at HBM bandwidth
     (zo_pass_bytes), the stochastic update as SR_BYTES at HBM bandwidth, its noise drawn
     like z and SR_KERNELS launches a chunk (sr_chunks)."""
     hw = profile
@@ -332,6 +496,16 @@ def _gpu_zo(*, model, profile, workload, local_ranks, streams, schedule) -> dict
                 + sum(numels) * hw.compute["z_ns_per_elem"] * 1e-9
                 + hw.hbm_time_s(SR_BYTES * sum(numels)))
     upd_block, upd_res = update(block), update(resident)
+    def deferred(z_numels: list[int], pieces: list[int], noise: list[int]) -> float:
+        """A slice's deferred update: z of every chunk it touches (drawn whole); the
+        stochastic update's noise of every rounding chunk it touches (whole), its passes
+        over the slice's elements."""
+        if workload.update != "stochastic":
+            return hw.z_time_s(z_numels) + update(pieces)
+        return (hw.z_time_s(z_numels) + (1 + SR_KERNELS) * len(noise) * hw.compute["z_launch_us"] * 1e-6
+                + sum(noise) * hw.compute["z_ns_per_elem"] * 1e-9
+                + hw.hbm_time_s(SR_BYTES * sum(pieces)))
+    parts = {"deferred": deferred, "perturb": z_block + hw.hbm_time_s(pert * model.block_params)}
     if schedule == "zo2":   # in place: perturb, -2 eps, restore; a cast per stream
         extra = 3 * (2 * p + c) + (streams * (p + c) if p != c else 0)
         return {"embed": 4 * z_res + upd_res + hw.hbm_time_s(extra * model.resident_params),
@@ -340,7 +514,8 @@ def _gpu_zo(*, model, profile, workload, local_ranks, streams, schedule) -> dict
     return {"embed": 2 * z_res + upd_res + hw.hbm_time_s(streams * pert * model.resident_params),
             "update": 2 * z_block + upd_block + hw.hbm_time_s(pert * model.block_params),
             "forward": (streams - 1) * hw.hbm_time_s(pert * model.block_params),
-            "head": (streams - 1) * hw.hbm_time_s(pert * model.resident_params)}
+            "head": (streams - 1) * hw.hbm_time_s(pert * model.resident_params),
+            "parts": parts}
 
 
 def node_links(profile: HardwareProfile, local_ranks: int) -> dict[str, float]:
@@ -447,17 +622,23 @@ FENCE = "fence"   # the CUDA write-back fence's collective: simulated, not a spa
 LANE_OF = {**KIND_LANE, FENCE: KIND_LANE["allgather"]}   # the executor's collective stream
 
 
+SLICE_UPDATE = "slice_update"
+
+
 def rank_order(costs: StepCosts, num_blocks: int) -> list[tuple[str, int]]:
     """(kind, block) of one rank's tasks in program order (the CPU's serial order)."""
     order = [("embed", NO_BLOCK)]
-    order += [(kind, b) for b in range(num_blocks) for kind in _block_kinds(costs)]
+    order += [(kind, b) for b in range(num_blocks) for kind in _block_kinds(costs, b)]
     return order + [("head", NO_BLOCK), ("allreduce", NO_BLOCK)]
 
 
-def _block_kinds(costs: StepCosts) -> list[str]:
-    middle = ["allgather"] if costs.layout.slices > 1 else []
-    middle += [FENCE] if costs.fence_s else []
-    return ["h2d", *middle, "update", "forward", "d2h"]
+def _block_kinds(costs: StepCosts, block: int) -> list[str]:
+    resident = costs.is_resident(block)
+    kinds = [] if resident else ["h2d"]
+    kinds += [SLICE_UPDATE] if costs.split_update else []
+    kinds += ["allgather"] if costs.layout.slices > 1 else []
+    kinds += [FENCE] if costs.fence_s and not resident else []
+    return kinds + ["update", "forward"] + ([] if resident else ["d2h"])
 
 
 def build_step_graph(costs: StepCosts, *, num_blocks: int | None = None):
@@ -485,12 +666,15 @@ def _engine_of(costs: StepCosts, rank: int, kind: str) -> str:
 def _rank_nodes(costs: StepCosts, lr: int, order: list[tuple[str, int]]) -> list:
     engines = {kind: _engine_of(costs, lr, kind) for kind in LANE_OF}
     work = {kind: _work(costs, lr, kind) for kind in LANE_OF}
+    resident_update = {**work["update"], "dur_s": costs.resident_update_s * costs.factor(lr)}
     nodes, seq = [], dict.fromkeys(engines.values(), -1)
     for kind, block in order:
         engine = engines[kind]
         seq[engine] += 1
+        task = (resident_update if kind == "update" and costs.is_resident(block)
+                else work[kind])
         attrs = {"kind": kind, "rank": lr, "block": block, "lane": LANE_OF[kind],
-                 "engine": engine, "seq": seq[engine], "record": kind != FENCE, **work[kind]}
+                 "engine": engine, "seq": seq[engine], "record": kind != FENCE, **task}
         if kind == "allgather":
             attrs["group"] = ("allgather", block, lr // costs.layout.slices)
         elif kind == FENCE:
@@ -504,6 +688,8 @@ def _work(costs: StepCosts, lr: int, kind: str) -> dict:
     work = {"dur_s": 0.0, "flows": (), "group": None}
     if kind in ("embed", "update", "forward", "head"):
         work["dur_s"] = getattr(costs, f"{kind}_s") * costs.factor(lr)
+    elif kind == SLICE_UPDATE:
+        work["dur_s"] = costs.slice_s(lr) * costs.factor(lr)
     elif kind in ("h2d", "d2h"):
         work["flows"] = getattr(costs, kind)[lr]
     elif kind == "allgather":
@@ -522,24 +708,57 @@ def _rank_edges(costs: StepCosts, lr: int, num_blocks: int) -> list:
     outside = [m for m in range(lay.local_ranks) if m not in group]
     edges = []
     for b in range(num_blocks):
-        h2d, upd, fwd, d2h = (f"{k}/b{b}/r{lr}" for k in ("h2d", "update", "forward", "d2h"))
-        ready = h2d
-        if lay.slices > 1:
-            ready = f"allgather/b{b}/r{lr}"
-            edges += [(f"h2d/b{b}/r{m}", ready, _DATA) for m in group]
-        edges += [(ready, upd, _DATA), (upd, fwd, _DATA), (fwd, d2h, _DATA)]
-        if b >= lay.prefetch:
-            edges.append((f"d2h/b{b - lay.prefetch}/r{lr}", h2d, _BUFFER))
-        if costs.fence_s:   # CUDA: a node collective issued once the block is ready
-            fence = task_id(FENCE, lr, b)
-            edges += [(ready, fence, _DATA), (fence, d2h, _FENCE)]
-        else:   # the slice group's h2d already precede d2h via the all-gather
-            edges += [(f"h2d/b{b}/r{m}", d2h, _FENCE) for m in outside]
+        edges += _block_edges(costs, lr, b, group, outside)
+    edges += _buffer_edges(costs, lr, num_blocks)
     first = f"forward/b0/r{lr}" if num_blocks else task_id("head", lr)
     last = f"forward/b{num_blocks - 1}/r{lr}" if num_blocks else task_id("embed", lr)
     edges += [(task_id("embed", lr), first, _DATA), (last, task_id("head", lr), _DATA)]
     edges += [(task_id("head", m), task_id("allreduce", lr), _DATA)
               for m in range(lay.local_ranks)]
+    return edges
+
+
+def _block_edges(costs: StepCosts, lr: int, b: int, group: list[int],
+                 outside: list[int]) -> list:
+    """Data and fence edges of one block on one rank."""
+    resident = costs.is_resident(b)
+    upd, fwd = task_id("update", lr, b), task_id("forward", lr, b)
+    edges = [(upd, fwd, _DATA)]
+    # what each member contributes to the block: its uploaded (and updated) slice
+    source = {m: task_id(SLICE_UPDATE if costs.split_update else "h2d", m, b) for m in group}
+    if costs.split_update and not resident:
+        edges.append((task_id("h2d", lr, b), source[lr], _DATA))
+    if costs.layout.slices > 1:
+        ready = task_id("allgather", lr, b)
+        edges += [(source[m], ready, _DATA) for m in group
+                  if not (resident and not costs.split_update)]
+    else:
+        ready = None if resident else task_id("h2d", lr, b)
+    if ready is not None:
+        edges.append((ready, upd, _DATA))
+    if resident:
+        return edges
+    d2h = task_id("d2h", lr, b)
+    edges.append((fwd, d2h, _DATA))
+    if costs.fence_s:   # CUDA: a node collective issued once the block is ready
+        fence = task_id(FENCE, lr, b)
+        edges += [(ready, fence, _DATA), (fence, d2h, _FENCE)]
+    else:   # the slice group's h2d already precede d2h via the all-gather
+        edges += [(task_id("h2d", m, b), d2h, _FENCE) for m in outside]
+    return edges
+
+
+def _buffer_edges(costs: StepCosts, lr: int, num_blocks: int) -> list:
+    """The task that fills a buffer waits for the block `prefetch` buffer-using blocks
+    earlier to release it (module docstring)."""
+    using = [b for b in range(num_blocks) if costs.uses_buffer(b)]
+    p = costs.layout.prefetch
+    edges = []
+    for i in range(p, len(using)):
+        before, b = using[i - p], using[i]
+        release = task_id("forward" if costs.is_resident(before) else "d2h", lr, before)
+        fill = task_id("allgather" if costs.is_resident(b) else "h2d", lr, b)
+        edges.append((release, fill, _BUFFER))
     return edges
 
 

@@ -9,19 +9,29 @@ device.memory_gib - device.reserved_gib. Per node the host's peak (node_host_mem
 the block store once, each local rank's process and resident master, on CPU profiles
 every rank's "device" bytes, or the builder's set-up peak); it must fit
 host.memory_gib.
+
+Resident blocks (resident_capacity): what is left of a device once everything else a
+rank needs is counted, less a safety margin of RESIDENT_MARGIN of the device's memory
+(the CUDA-only terms of zoplan.memory are unmeasured: the caching allocator's rounding
+and fragmentation, NCCL's lazily made buffers), holds as many resident shards as fit
+(on CPU profiles the ranks' shards are host memory too, so the host must hold them as
+well, with the same margin).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zoplan.hardware import HardwareProfile
+from zoplan.hardware import GIB, HardwareProfile
 from zoplan.layout import Layout
-from zoplan.memory import fmt_bytes, node_host_memory, rank_memory
+from zoplan.memory import fmt_bytes, node_host_memory, rank_memory, resident_shard_bytes
 from zoplan.models import ModelSpec
 from zoplan.workload import Workload
 
-__all__ = ["MemoryEstimate", "estimate_memory", "fmt_bytes"]
+__all__ = ["RESIDENT_MARGIN", "MemoryEstimate", "estimate_memory", "fmt_bytes",
+           "resident_capacity"]
+
+RESIDENT_MARGIN = 0.05   # of device.memory_gib (and host.memory_gib on CPU profiles)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +42,7 @@ class MemoryEstimate:
     gpu_limit_bytes: float
     host_limit_bytes: float
     reserved_gib: float
+    device_word: str = "GPU"         # "GPU", or "CPU rank" on CPU profiles
 
     @property
     def gpu_bytes(self) -> float:
@@ -59,7 +70,7 @@ class MemoryEstimate:
     def reason(self) -> str | None:
         """Why the layout does not fit (None when it does)."""
         if not self.fits_gpu:
-            return (f"does not fit GPU memory: {fmt_bytes(self.gpu_bytes)} needed > "
+            return (f"does not fit {self.device_word} memory: {fmt_bytes(self.gpu_bytes)} needed > "
                     f"{fmt_bytes(self.gpu_limit_bytes)} usable ({self.reserved_gib:g} GiB "
                     f"reserved) ({self._describe(self.gpu_parts)})")
         if not self.fits_host:
@@ -75,10 +86,12 @@ class MemoryEstimate:
 
 
 def estimate_memory(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
-                    layout: Layout) -> MemoryEstimate:
+                    layout: Layout, resident_blocks: int = 0) -> MemoryEstimate:
     kind = profile.device["kind"]
-    rank = rank_memory(model=model, workload=workload, layout=layout, device_kind=kind)
-    host = node_host_memory(model=model, workload=workload, layout=layout, device_kind=kind)
+    shape = dict(model=model, workload=workload, layout=layout, device_kind=kind,
+                 resident_blocks=resident_blocks)
+    rank = rank_memory(**shape)
+    host = node_host_memory(**shape)
     gpu_terms, host_terms = rank.peak_terms(), host.peak_terms()
     labels = {t.key: t.label for t in gpu_terms}
     labels.update({t.key: t.label for t in host_terms})
@@ -86,7 +99,42 @@ def estimate_memory(*, model: ModelSpec, profile: HardwareProfile, workload: Wor
                           labels=labels,
                           gpu_limit_bytes=profile.device_memory_bytes,
                           host_limit_bytes=profile.host_memory_bytes,
-                          reserved_gib=float(profile.device["reserved_gib"]))
+                          reserved_gib=float(profile.device["reserved_gib"]),
+                          device_word=profile.device_word)
+
+
+def _sum(terms) -> float:
+    return sum(t.bytes for t in terms)
+
+
+def resident_margin_bytes(profile: HardwareProfile) -> float:
+    """The device memory resident blocks leave free (RESIDENT_MARGIN of the device)."""
+    return RESIDENT_MARGIN * profile.device["memory_gib"] * GIB
+
+
+def resident_capacity(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+                      layout: Layout, base: MemoryEstimate | None = None) -> int:
+    """How many blocks each rank can keep a shard of (0..blocks) beside everything else
+    it needs, leaving the margin free (module docstring). A shard adds its bytes to
+    every phase but the set-up's module copies (the shards are made once those are
+    gone), so the count is what the steadiest phase leaves over a shard's bytes, if the
+    set-up's copies leave the margin too. `base`: the layout's estimate without resident
+    blocks, if made already."""
+    base = base or estimate_memory(model=model, profile=profile, workload=workload,
+                                   layout=layout)
+    rank = rank_memory(model=model, workload=workload, layout=layout,
+                       device_kind=profile.device["kind"])
+    shard = resident_shard_bytes(model, workload, layout)
+    room = base.gpu_limit_bytes - resident_margin_bytes(profile) - sum(t.bytes for t in rank.outside)
+    copies = max(_sum(rank.setup), *(rank.phase_bytes(p) for p in rank.phases if p != "setup"))
+    if copies > room:
+        return 0
+    steady = max(rank.phase_bytes(p) for p in rank.phases if p != "setup")
+    count = int((room - steady) // shard)
+    if profile.is_cpu:   # every local rank's shards are host memory too
+        host_free = (base.host_limit_bytes * (1 - RESIDENT_MARGIN) - base.host_bytes)
+        count = min(count, int(host_free // (shard * layout.local_ranks)) if host_free > 0 else 0)
+    return max(0, min(count, model.num_layers))
 
 
 def _merge(terms) -> dict[str, float]:

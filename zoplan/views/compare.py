@@ -39,7 +39,7 @@ def plans_table(plans: list[Plan], paths: list[Path]) -> Table:
             "layout": [p.layout.label() for p in plans],
             "step": [fmt_time(p.step_time_s) for p in plans],
             "tokens/s": [f"{p.predicted['tokens_per_s']:,.0f}" for p in plans],
-            "GPU mem": [fmt_gib(p.predicted["gpu_mem_bytes"]) for p in plans],
+            _mem_name(plans) + " mem": [fmt_gib(p.predicted["gpu_mem_bytes"]) for p in plans],
             "host mem": [fmt_gib(p.predicted["host_mem_bytes"]) for p in plans],
             "bottleneck": [str(p.predicted["bottleneck"]) for p in plans],
             "speed-up": [f"{first / p.step_time_s:.2f}x" for p in plans]}
@@ -48,11 +48,16 @@ def plans_table(plans: list[Plan], paths: list[Path]) -> Table:
     return table
 
 
+def _mem_name(plans) -> str:
+    """The device memory column's name: "GPU", or "rank" when every plan is of CPU ranks."""
+    return "rank" if all(p.device_kind == "cpu" for p in plans) else "GPU"
+
+
 def _table(title: str, columns: list[str], caption: str | None = None) -> Table:
     """A compact table: every column but the last (free text) kept on one line."""
     table = Table(title=title, title_justify="left", caption=caption, box=box.SIMPLE_HEAD,
                   show_edge=False, collapse_padding=True)
-    numeric = {"#", "step", "tok/s", "GPU GiB", "host GiB", "speed-up", "×best"}
+    numeric = {"#", "step", "tok/s", "GPU GiB", "rank GiB", "host GiB", "speed-up", "×best"}
     for i, name in enumerate(columns):
         last = i == len(columns) - 1
         table.add_column(name, justify="right" if name in numeric else "left",
@@ -72,7 +77,7 @@ def candidates_table(plan: Plan, path: Path) -> Table:
     caption = f"{len(pruned)} layout(s) pruned before simulation" if pruned else None
     table = _table(f"ranked candidates of {path.name} ({plan.model.name}, "
                    f"{plan.layout.world_size} ranks)",
-                   ["#", "layout", "step", "tok/s", "GPU GiB", "host GiB", "×best",
+                   ["#", "layout", "step", "tok/s", f"{_mem_name([plan])} GiB", "host GiB", "×best",
                     "bottleneck"], caption)
     best = _num(candidates[0], "step_time_s")
     for i, cand in enumerate(candidates, 1):

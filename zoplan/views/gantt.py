@@ -54,6 +54,7 @@ class KindStyle:
 # Kinds on one lane get different glyphs, so the chart reads without colour too.
 KIND_STYLE = {
     "embed": KindStyle(glyph="▚", colour="cyan"),
+    "slice_update": KindStyle(glyph="▒", colour="magenta"),
     "update": KindStyle(glyph="▓", colour="magenta"),
     "forward": KindStyle(glyph="█", colour="blue"),
     "head": KindStyle(glyph="▞", colour="cyan"),
@@ -249,9 +250,10 @@ class _PredecessorIndex:
 
     def candidates(self, span: Span) -> list[Span]:
         """Tasks of other ranks that this task waits for (module docstring)."""
-        if span.kind == "allgather":
+        if span.kind == "allgather":   # the members' slices: uploaded, or updated
             ranks = self.layout.slice_group_ranks(span.rank)
-            return [self.task.get(("h2d", span.block, r)) for r in ranks]
+            return [self.task.get((kind, span.block, r)) for r in ranks
+                    for kind in ("h2d", "slice_update")]
         if span.kind == "d2h":
             node = self.layout.node_of(span.rank)
             first = node * self.layout.local_ranks

@@ -57,39 +57,87 @@ def check_top(top: int) -> None:
         raise ZoError(f"--top {top}: show 0..{MAX_TOP} candidates")
 
 
+def device_word(d: dict, count: int | None = None) -> str:
+    """What the plan's devices are called: GPU(s), or CPU rank(s) on CPU profiles."""
+    word = "CPU rank" if d["profile"]["device_kind"] == "cpu" else "GPU"
+    return word if count == 1 else word + "s"
+
+
+def mem_word(d: dict) -> str:
+    return "rank" if d["profile"]["device_kind"] == "cpu" else "GPU"
+
+
+def _mem_label(d: dict) -> str:
+    return "rank memory" if d["profile"]["device_kind"] == "cpu" else "GPU"
+
+
+def rough_profile_warning(plan: Plan) -> str | None:
+    """The one warning of a plan made on the shipped cpu profile (assumed figures)."""
+    if not (plan.data.get("search") or {}).get("rough_profile"):
+        return None
+    return (f"warning: profile {plan.data['profile']['name']!r} is a rough guess of a "
+            "generic host, not this machine (in a trial its steps ran 3-4x slower than "
+            "planned): measure this machine with `zoplan profile --cpu -o "
+            "hwprofiles/NAME.json` and plan with --profile hwprofiles/NAME.json")
+
+
 def render_optimize(plan: Plan, console, *, top: int, output: Path,
-                    profile_arg: str | None) -> None:
+                    profile_arg: str | None, sweep_nodes: bool = False) -> None:
     check_top(top)
     d = plan.data
     console.print(_headline(d, profile_arg), highlight=False)
     shown = min(top, len(d["candidates"]))
     table = Table(title=f"top {shown} of {len(d['candidates'])} simulated layouts "
-                        "(memory in GiB: per GPU, per node's host)",
+                        f"(memory in GiB: per {mem_word(d)}, per node's host; rN: N blocks "
+                        f"resident on the {device_word(d)})",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
                   collapse_padding=True)
-    for col in ("#", "layout", "update", "step s", "tok/s", "xZO2", "GPU", "host", "bottleneck"):
+    for col in ("#", "layout", "update", "step s", "tok/s", "xZO2", mem_word(d), "host",
+                "bottleneck"):
         table.add_column(col, justify="left" if col in ("layout", "update", "bottleneck")
                          else "right", no_wrap=col != "bottleneck")
     zo2 = d["baselines"]["zo2"]["step_time_s"]
     for i, cand in enumerate(d["candidates"][:top], 1):
         table.add_row(*_row(str(i), cand, zo2), style="bold green" if i == 1 else None)
     table.add_section()
-    for key, title in (("zo2", "ZO2"), ("unsliced", "s1")):
-        base = d["baselines"][key]
-        if base.get("step_time_s") is not None:
+    for key, title in BASELINE_ROWS:
+        base = d["baselines"].get(key) or {}
+        if base.get("step_time_s") is not None and base.get("label") != d["candidates"][0]["label"]:
             table.add_row(*_row(title, base, zo2), style="dim")
     console.print(table)
     for line in _summary(d, output):
         console.print(line, highlight=False)
+    if sweep_nodes:
+        console.print(sweep_table(d))
+
+
+BASELINE_ROWS = (("offloaded", "host"), ("all_devices", "all"), ("zo2", "ZO2"),
+                 ("unsliced", "s1"))
 
 
 def _headline(d: dict, profile_arg: str | None) -> str:
     w, s = d["workload"], d["search"]
     prof = d["profile"]["name"] + ("" if profile_arg else " (default profile)")
     nodes = f" ({s['nodes']} nodes)" if s["nodes"] > 1 else ""
-    gpus = f"{s['gpus']} GPU" + ("s" if s["gpus"] != 1 else "")
+    gpus = f"{s['gpus']} {device_word(d, s['gpus'])}"
     return (f"[bold]{d['model']['name']}[/] on {gpus}{nodes}, {prof}; "
             f"batch {w['batch']} x seq {w['seq']}; precision {s['precision']}")
+
+
+def sweep_table(d: dict) -> Table:
+    """Throughput against node count: the winner's per-node layout and batch held."""
+    scaling = d.get("scaling") or {}
+    table = Table(title="throughput against node count (the winner's per-node layout and "
+                        "per-node batch held; efficiency against one node)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for col in ("nodes", device_word(d), "batch", "step s", "tok/s", "efficiency"):
+        table.add_column(col, justify="right")
+    for row in scaling.get("sweep", []):
+        table.add_row(f"{row['nodes']:,}", f"{row['gpus']:,}", f"{row['batch']:,}",
+                      _secs(row["step_time_s"]), f"{row['tokens_per_s']:,.0f}",
+                      f"{row['efficiency']:.1%}",
+                      style="bold" if row["nodes"] == scaling.get("nodes") else None)
+    return table
 
 
 UPDATE_SHORT = {"stochastic": "stoch"}   # the table's update column
@@ -101,7 +149,7 @@ def _row(first: str, cand: dict, zo2: float | None) -> list[str]:
     neck = cand["bottleneck"] + (f" {util:.0%}" if util is not None else "")
     approx = "~" if cand.get("method") == "extrapolated" else ""
     update = cand.get("update") or (cand.get("workload") or {}).get("update", "")
-    return [first, cand["label"], UPDATE_SHORT.get(update, update),
+    return [first, cand["label"] or "", UPDATE_SHORT.get(update, update),
             approx + _secs(cand["step_time_s"]),
             f"{cand['tokens_per_s']:,.0f}", speed, _gib(cand["gpu_mem_bytes"]),
             f"{cand['host_mem_bytes'] / GIB:.0f}", neck]
@@ -117,13 +165,17 @@ def _faster(ratio: float) -> str:
 
 def _summary(d: dict, output: Path) -> list[str]:
     p, base = d["predicted"], d["baselines"]
+    mem = p["memory"]
     lines = [f"[bold]winner[/] {d['candidates'][0]['label']}, update {d['workload']['update']}: "
              f"{_secs(p['step_time_s'])} s/step "
              f"(lower bound {_secs(p['lower_bound_s'])} s, bottleneck {p['bottleneck']}), "
-             f"GPU {_gib(p['gpu_mem_bytes'])} of {_gib(p['memory']['gpu_usable_bytes'])} GiB, "
-             f"host {_gib(p['host_mem_bytes'])} of {_gib(p['memory']['host_bytes_limit'])} GiB"]
-    for key, title in (("zo2", "ZO2 baseline (1 GPU, whole batch)"),
-                       ("unsliced", "unsliced baseline (slices 1)")):
+             f"{_mem_label(d)} {_gib(p['gpu_mem_bytes'])} of {_gib(mem['gpu_usable_bytes'])} GiB, "
+             f"host {_gib(p['host_mem_bytes'])} of {_gib(mem['host_bytes_limit'])} GiB"]
+    lines += _placement_lines(d)
+    lines += _devices_lines(d)
+    one = device_word(d, 1)
+    for key, title in (("zo2", f"ZO2 baseline (1 {one}, whole batch)"),
+                       ("unsliced", "unsliced baseline (slices 1, every block offloaded)")):
         b = base[key]
         if b.get("step_time_s") is None:
             lines.append(f"{title}: none ({b.get('reason', '')})")
@@ -131,12 +183,78 @@ def _summary(d: dict, output: Path) -> list[str]:
         note = "" if b.get("fits", True) else " - " + b.get("reason", "")
         lines.append(f"{title}: {b['label']} {_secs(b['step_time_s'])} s/step, winner is "
                      f"{_faster(b['step_time_s'] / p['step_time_s'])}{note}")
-    lines.append("~ extrapolated from reduced-block simulations (two extrapolations agree "
-                 "within 0.5%); ZO2 = one GPU, whole batch; s1 = best unsliced layout; "
-                 "update: master = fp32 master weights, stoch = 16-bit with stochastic "
-                 "rounding, plain = 16-bit rounded to nearest (docs/precision.md)")
+    lines += _nodes_lines(d)
+    lines.append(f"~ extrapolated from reduced-block simulations (two extrapolations agree "
+                 f"within 0.5%); rN = N blocks resident on the {device_word(d)}; su = update on the "
+                 f"slice; host = best plan with every block offloaded, all = best on every "
+                 f"{one} given (each within 1%); ZO2 = one {one}, whole batch; s1 = best "
+                 f"unsliced layout; update: master = fp32 master weights, stoch = 16-bit with "
+                 f"stochastic rounding, plain = 16-bit rounded to nearest (docs/precision.md)")
     lines += _pruned_lines(d.get("pruned", []))
     lines.append(f"plan written to {output}")
+    return lines
+
+
+def _placement_lines(d: dict) -> list[str]:
+    """Resident blocks: how many, the memory left, and the best all-offloaded plan."""
+    p, mem = d["predicted"], d["predicted"]["memory"]
+    resident = p.get("resident_blocks") or 0
+    if "gpu_headroom_bytes" not in mem:
+        return []
+    where = f"per {mem_word(d)}"
+    blocks = len(d["blocks"])
+    which = "every block" if resident == blocks else f"{resident} of {blocks} blocks"
+    spread = ", spread among the offloaded ones" if 0 < resident < blocks else ""
+    cpu = d["profile"]["device_kind"] == "cpu"
+    device = "rank" if cpu else "device"
+    how = ("sharded over each slice group" if d["layout"]["slices"] > 1
+           else f"a whole copy on each {device}")
+    where_kept = "in the ranks' memory" if cpu else "on the devices"
+    head = (f"placement: {which} resident {where_kept} ({how}{spread}); memory headroom "
+            f"{_gib(mem['gpu_headroom_bytes'])} GiB {where} (resident blocks leave "
+            f"{mem['resident_margin']:.0%} of the {device}'s memory, "
+            f"{_gib(mem['resident_margin_bytes'])} GiB, free as a safety margin)")
+    if d.get("search", {}).get("placement") == "host":
+        head = (f"placement: every block offloaded (--placement host); memory headroom "
+                f"{_gib(mem['gpu_headroom_bytes'])} GiB {where}")
+    lines = [head]
+    off = d["baselines"].get("offloaded") or {}
+    if resident and off.get("step_time_s") is not None:
+        lines.append(f"best plan with every block offloaded: {off['label']}, update "
+                     f"{(off.get('workload') or {}).get('update', off.get('update', ''))}: "
+                     f"{_secs(off['step_time_s'])} s/step, headroom "
+                     f"{_gib(off.get('gpu_headroom_bytes', 0))} GiB {where}; winner is "
+                     f"{_faster(off['step_time_s'] / p['step_time_s'])}")
+    return lines
+
+
+def _devices_lines(d: dict) -> list[str]:
+    """Say plainly when the winner uses fewer devices than given."""
+    s, p = d["search"], d["predicted"]
+    used = s.get("used_gpus", s["gpus"])
+    if used == s["gpus"]:
+        return []
+    every = d["baselines"].get("all_devices") or {}
+    than = (f": {_faster(every['step_time_s'] / p['step_time_s'])} than the best on all "
+            f"{s['gpus']} ({every['label']}, {_secs(every['step_time_s'])} s/step)"
+            if every.get("step_time_s") else f"; no layout of all {s['gpus']} fits")
+    return [f"[bold]uses {used} of the {s['gpus']} {device_word(d)} given[/]{than}"]
+
+
+def _nodes_lines(d: dict) -> list[str]:
+    """Several nodes: what they cost (scaling efficiency), and what DDP buys, once."""
+    lines = []
+    scaling, p = d.get("scaling") or {}, d["predicted"]
+    if scaling.get("nodes", 1) > 1:
+        lines.append(f"{scaling['nodes']:,} nodes: scaling efficiency {scaling['efficiency']:.1%} "
+                     f"against one node (the same per-node plan and batch); the slowest node "
+                     f"adds {_secs(p.get('straggler_s', 0.0))} s/step (node spread "
+                     f"{scaling.get('node_spread', 0):.0%}), the inter-node all-reduce "
+                     f"{p.get('internode_allreduce_s', 0.0) * 1e3:.2g} ms")
+    if d["layout"]["ddp"] > 1 and (d.get("notes") or {}).get("ddp"):
+        lines.append("note: DDP " + str(d["layout"]["ddp"]) + " raises the batch per "
+                     "perturbation, not the number of perturbations: tokens/s grows with "
+                     "data shards, steps to a given loss need not fall in proportion")
     return lines
 
 

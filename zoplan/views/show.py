@@ -232,9 +232,14 @@ def _header(show: ShowInput, window: Window) -> Text:
     wl = plan.workload
     text = Text()
     text.append(plan.model.name, "cyan")
-    text.append(f" on {layout.world_size} {plan.device_kind} rank(s), profile "
-                f"{plan.data['profile']['name']}; layout {layout.label()}; batch {wl.batch} x "
-                f"seq {wl.seq}, {wl.param_dtype}\n")
+    devices = "CPU rank" if plan.device_kind == "cpu" else "GPU"
+    devices += "" if layout.world_size == 1 else "s"
+    resident = len(plan.resident_blocks)
+    placed = (f", {resident} of {plan.model.num_layers} blocks resident"
+              if resident else "")
+    text.append(f" on {layout.world_size:,} {devices}, profile "
+                f"{plan.data['profile']['name']}; layout {layout.label()}{placed}; batch "
+                f"{wl.batch} x seq {wl.seq}, {wl.param_dtype}\n")
     blocks = f"blocks {span_label(show.blocks)}" if show.blocks else "whole step"
     text.append(f"window {fmt_time(window.start_s)} - {fmt_time(window.end_s)} ({blocks}), "
                 f"ranks {span_label(show.ranks)}, one cell = {fmt_time(window.cell_s)}",
