@@ -4,13 +4,23 @@ OPT-1.3B-sized model with random weights in each update mode (docs/precision.md)
 0. profile   `zoplan profile --quick -o RESULTS/profile.json` (default --profile measure;
              on failure the shipped hgx-h200 profile is used and the log says so).
 1. per update mode (master, stochastic, plain):
-   plan      `zoplan optimize --model M --gpus 1 --update MODE --precision P`
+   plan      `zoplan optimize --model M --gpus 1 --update MODE --precision P
+             --placement host` (every block streamed: the transfers are measured)
    run       `zoexec run plan.json --steps N --trace DIR` (random init)
    calibrate `zoplan calibrate plan.json trace`: predicted vs measured per task kind
-2. z         one block's z draw timed on the device (zoexec.zo.z_block, the run's rule)
-3. report    per mode: predicted vs measured step time, planned vs peak GPU memory,
+2. resident  the first mode's plan again with every other block resident on the device
+             (plan placement "resident": no h2d/d2h, updated in place), run in this
+             process (zoexec.launch.run_in_process, traced): its losses must be the
+             offloaded run's bit for bit; its step time beside the offloaded one
+3. slice     the update on the slice on the device (Layout.slice_update's maths, which
+             one GPU cannot run as a layout: it needs a slice group): for 2 and 8
+             slices of one block, z_range and the update of each slice (plain and
+             stochastic rounding) give exactly the whole block's bits, timed
+4. z         one block's z draw timed on the device (zoexec.zo.z_block, the run's rule)
+5. report    per mode: predicted vs measured step time, planned vs peak GPU memory,
              tokens/s, the first update's changed and lost shares (rank 0, block 0),
-             and the overlap of transfers with compute; z time per block.
+             and the overlap of transfers with compute; the resident run and the
+             slice checks; z time per block.
 Everything lands in the results folder (RESULTS/<mode>/plan.json, trace/, *.log,
 RESULTS/summary.json, RESULTS/summary.txt). `--device-kind cpu` is the dry run of this
 script that CI runs (tiny model, the shipped cpu profile).
@@ -63,7 +73,8 @@ def check_mode(args, mode: str, profile: str, folder: Path) -> dict:
     plan, trace = folder / "plan.json", folder / "trace"
     _run([sys.executable, "-m", "zoplan.cli", "optimize", "--model", args.model, "--gpus", "1",
           "--profile", profile, "--batch", str(args.batch), "--seq", str(args.seq),
-          "--precision", args.precision, "--update", mode, "-o", str(plan)], folder / "plan.log")
+          "--precision", args.precision, "--update", mode, "--placement", "host", "-o", str(plan)],
+         folder / "plan.log")
     _run([sys.executable, "-m", "zoexec.cli", "run", str(plan), "--init", "random", "--steps",
           str(args.steps), "--lr", str(args.lr), "--trace", str(trace), "--quiet"],
          folder / "run.log")
@@ -114,6 +125,94 @@ def summarise(mode: str, plan: Path, trace: Path) -> dict:
             "losses": [r["loss"] for r in meta["records"]]}
 
 
+def check_resident(args, mode: dict, folder: Path) -> dict:
+    """The mode's plan with every other block resident, run here (traced, like the
+    offloaded run: same seed, data and steps); the losses must be the same bits."""
+    from zoexec.launch import run_in_process
+    from zoexec.options import build_config
+    from zoplan.handplan import hand_plan
+    from zoplan.layout import Layout
+    from zoplan.models import ModelSpec
+    from zoplan.plan import Plan
+    from zoplan.workload import Workload
+
+    data = Plan.load(folder.parent / mode["update"] / "plan.json").data
+    spec = ModelSpec.from_dict(data["model"]["spec"])
+    resident = tuple(range(0, spec.num_layers, 2))
+    plan = hand_plan(model=spec, layout=Layout.from_dict(data["layout"]),
+                     workload=Workload.from_dict(data["workload"]), device_kind=args.device_kind,
+                     profile_name=data["profile"]["name"], resident=resident)
+    folder.mkdir(parents=True, exist_ok=True)
+    plan.save(folder / "plan.json")
+    cfg = build_config(plan=folder / "plan.json", init="random", steps=args.steps, lr=args.lr,
+                       trace=folder / "trace", quiet=True)
+    print(f"$ zoexec run {folder / 'plan.json'} (in this process: {len(resident)} of "
+          f"{spec.num_layers} blocks resident)", flush=True)
+    records = run_in_process(cfg)
+    losses = [r.loss for r in records]
+    summary = summarise(mode["update"], folder / "plan.json", folder / "trace")
+    return {"update": mode["update"], "resident_blocks": len(resident),
+            "num_blocks": spec.num_layers, "losses": losses,
+            "same_losses": losses == mode["losses"],
+            "max_loss_diff": max(abs(a - b) for a, b in zip(losses, mode["losses"])),
+            "step_time_s": summary["step_time_s"],
+            "offloaded_step_time_s": mode["step_time_s"],
+            "gpu_peak_allocated_gib": summary["gpu_peak_allocated_gib"]}
+
+
+def check_slices(args) -> dict:
+    """The update on the slice's maths on the device, for one block of the model: z of
+    each slice (zoexec.zo.z_range, cut chunks through one chunk of scratch) and the
+    slice's update in the 16-bit stored precision (round to nearest and stochastic)
+    equal the whole block's, bit for bit; times of the whole block and a slice."""
+    import torch
+
+    from zoexec.models import build_parts, torch_dtype
+    from zoexec.zo import apply_update, apply_update_stochastic, z_block, z_range
+    from zoplan.execrules import z_chunk
+    from zoplan.memory import store_stride
+    from zoplan.models import get_model
+
+    spec = get_model(args.model)
+    config = {k: v for k, v in spec.hf_config.items() if k != "layer_types"}
+    parts, flats = build_parts({**config, "num_hidden_layers": 1}, param_dtype=args.precision,
+                               compute_dtype=args.precision)
+    device = torch.device("cuda" if args.device_kind == "cuda" else "cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    specs, numel, dtype = parts.block_specs, parts.block_numel, torch_dtype(args.precision)
+    whole = z_block(7, 0, specs, out=torch.empty(numel, dtype=dtype, device=device))
+    update = dict(lr=1e-3, g=3.0, weight_decay=0.1, seed=7, block=0)
+    theta0 = flats[0].to(device=device, dtype=dtype)
+    expect = {"plain": apply_update(theta0.clone(), whole, lr=1e-3, g=3.0, weight_decay=0.1,
+                                    decay_mask_or_specs=specs),
+              "stochastic": apply_update_stochastic(theta0.clone(), whole, specs=specs, **update)}
+    edge = torch.empty(min(z_chunk(device.type), max(s.numel for s in specs)), dtype=dtype,
+                       device=device)
+    out = {"block_params": numel, "slices": {}}
+    for slices in (2, 8):
+        size = store_stride(numel, slices=slices, local_ranks=slices) // slices
+        same, times = True, []
+        for index in range(slices):
+            start, stop = index * size, min(numel, (index + 1) * size)
+            sync()
+            began = time.perf_counter()
+            z = z_range(7, 0, specs, start, stop, out=torch.empty(stop - start, dtype=dtype,
+                                                                  device=device), scratch=edge)
+            sync()
+            times.append(time.perf_counter() - began)
+            same &= torch.equal(z, whole[start:stop])
+            for name, want in expect.items():
+                piece = theta0[start:stop].clone()
+                if name == "plain":
+                    apply_update(piece, z, lr=1e-3, g=3.0, weight_decay=0.1,
+                                 decay_mask_or_specs=specs, start=start)
+                else:
+                    apply_update_stochastic(piece, z, specs=specs, start=start, **update)
+                same &= torch.equal(piece, want[start:stop])
+        out["slices"][str(slices)] = {"same_bits": bool(same), "z_s_per_slice": max(times)}
+    return out
+
+
 def z_per_block(args) -> dict:
     """One block's z draw on the device, as a run draws it (median of 10, after 2)."""
     import torch
@@ -157,6 +256,16 @@ def report(summary: dict) -> str:
             f"{m['gpu_peak_allocated_gib']:.2f} GiB allocated / {m['gpu_peak_reserved_gib']:.2f} "
             f"reserved vs {m['predicted_gpu_mem_gib']:.2f} planned, first update: "
             f"{_first_update(m)}, {100 * m['overlap_fraction']:.0f}% of transfers under compute")
+    r = summary["resident"]
+    lines.append(f"resident  {r['resident_blocks']} of {r['num_blocks']} blocks on the device "
+                 f"({r['update']}): step {r['step_time_s']:.3f} s vs {r['offloaded_step_time_s']:.3f} "
+                 f"offloaded, GPU memory peak {r['gpu_peak_allocated_gib']:.2f} GiB, losses "
+                 + ("the same bits" if r["same_losses"] else
+                    f"DIFFER (max {r['max_loss_diff']:.3g})"))
+    for k, c in summary["slice_update"]["slices"].items():
+        lines.append(f"slice update, {k} slices: z and update of each slice "
+                     + ("the whole block's bits" if c["same_bits"] else "DIFFER from the whole block's")
+                     + f", z {c['z_s_per_slice'] * 1e3:.2f} ms a slice")
     return "\n".join(lines)
 
 
@@ -184,13 +293,19 @@ def main() -> None:
     parser.add_argument("--results", type=Path, required=True, help="output folder")
     parser.add_argument("--device-kind", default="cuda", help="cpu: dry run of this script")
     args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    from zoexec.hostenv import quiet_openmp
+
+    quiet_openmp()   # as `zoexec run` does, before this process loads torch (check_resident)
     args.results.mkdir(parents=True, exist_ok=True)
     profile = measure_profile(args, args.results)
     modes = [check_mode(args, mode, profile, args.results / mode)
              for mode in args.modes.split(",")]
     summary = {"model": args.model, "device": args.device_kind, "profile": profile,
                "batch": args.batch, "seq": args.seq, "steps": args.steps,
-               "precision": args.precision, "z": z_per_block(args), "modes": modes}
+               "precision": args.precision, "z": z_per_block(args), "modes": modes,
+               "resident": check_resident(args, modes[0], args.results / "resident"),
+               "slice_update": check_slices(args)}
     (args.results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     text = report(summary)
     (args.results / "summary.txt").write_text(text + "\n")

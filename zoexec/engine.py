@@ -4,33 +4,61 @@ Per step t with seed s_t (zo.step_seed) on every rank, in program order:
   embed      apply step t-1's deferred update to the resident parts (embeddings, final
              norm, LM head: z block -1), draw their z for s_t, build the perturbed
              resident weights and embed the rank's shard once per perturbation.
-  per block b (prefetch buffers, slot b % prefetch):
+  per block b (prefetch buffers, taken in turn by the blocks that use one):
     h2d        copy this rank's slice (1/slices) of block b from the node's shared store
                into the rank's block buffer (on CUDA: async DMA from pinned memory)
+    slice_update  Layout.slice_update with slices > 1: apply step t-1's deferred update
+               to the rank's own slice only (z drawn for its 1/slices of the block,
+               zo.z_range), bit for bit what the whole block's update gives there
     allgather  the slice group gathers the whole block (skipped when slices == 1)
     [fence]    every local rank has read block b (only when slices < local ranks; the
                all-gather orders it otherwise). CUDA: a node-local all-reduce of a token
                after the h2d; CPU: no collective, a wait on the node's shared read
                stamps right before d2h (zoexec.fence), not recorded as a task
-    update     apply step t-1's deferred update (regenerating its z), then draw z for
-               s_t and build theta + sign*eps*z of the first perturbation in the
-               working buffer the block module is bound to
+    update     apply step t-1's deferred update (regenerating its z; not with
+               slice_update, done already), then draw z for s_t and build
+               theta + sign*eps*z of the first perturbation in the working buffer the
+               block module is bound to
     forward    the block on each perturbation's activations ("+-": both, the second
                perturbation built from the clean theta first; PertP: one)
     d2h        write this rank's 1/local_ranks share of the updated block back
-  head       final norm + LM head + loss per perturbation (resident weights rebuilt)
-  allreduce  the loss pair over the world: PertP exchange and DDP mean in one sum
+  head       final norm + LM head + summed loss over the labelled tokens per
+             perturbation (resident weights rebuilt)
+  allreduce  [sum l+, sum l-, labelled tokens] over the world: PertP exchange and DDP
+             sum in one; l+- = sum / tokens, the mean over the global batch's labelled
+             tokens whatever the layout
 Then g = (l+ - l-) / (2 eps) is known on every rank and becomes the pending update.
-After the last step a flush pass (h2d, allgather, update, d2h) applies it.
+After the last step (and before a snapshot or an evaluation) a flush pass applies it:
+offloaded blocks h2d, [slice_update], allgather, update, d2h; resident ones with
+slice_update only their slice update (the shard is all they hold), without it
+allgather and update (slices 1: the update in place).
+Evaluation (`evaluate`) is a pass of the same pipeline on the clean weights: h2d or the
+resident shard, allgather, forward, no update, no write-back (pending updates are
+flushed first).
 
-z is therefore drawn TWICE per block per step (update of t-1, perturbation of t),
-never stored, and addressed by (seed, block, tensor, chunk) only (zoexec.zo), so every
-layout computes the same maths. Each step's StepRecord (seed, g, losses) is known on
-every rank; seed replay = running the update half of the schedule over a log.
+Resident blocks (plan placement "resident", Plan.resident_blocks): each rank keeps its
+slice (1/slices, the store's padded layout) of the block in its own device memory
+(CPU: the rank's memory), filled from the node's store when the Trainer starts and
+updated in place; no h2d, no fence, no d2h. With slices > 1 the slice group
+all-gathers the shards into a block buffer as it does uploaded slices ([slice_update]
+on the shard, allgather, update, forward), and without slice_update the update task
+also copies the rank's slice of the updated block back into its shard; with slices 1
+the shard is the whole block (every rank its own copy), updated and perturbed in
+place without a buffer (update, forward). The store keeps a resident block's slot:
+loading fills the shards from it, and saving writes the node's first slice group's
+shards back into it (Trainer.store_shards), so snapshots, final/ and resume treat every
+block alike and rank 0 never holds a resident block beside the store.
+
+z is therefore drawn TWICE per block per step (update of t-1, perturbation of t), or
+1 + 1/slices times with slice_update, never stored, and addressed by (seed, block,
+tensor, chunk) only (zoexec.zo), so every layout, placement and slice_update setting
+computes the same maths. Each step's StepRecord (seed, g, losses) is known on every
+rank; seed replay = running the update half of the schedule over a log.
 
 On CUDA the lanes are streams and the host only enqueues: h2d of block b+1 runs
-while block b computes, limited by the buffers; on the CPU every task runs at once in
-exactly the order above.
+while block b computes, limited by the buffers; the slice update runs on the
+collective stream (zoplan.trace.KIND_LANE) with its own z of a slice, chunk scratch and
+rounding scratch; on the CPU every task runs at once in exactly the order above.
 """
 
 from __future__ import annotations
@@ -44,7 +72,7 @@ import torch.distributed as dist
 from zoexec import dist as zdist
 from zoexec.checkpoint import StepRecord
 from zoexec.config import RunConfig
-from zoexec.data import shard
+from zoexec.data import Batch, as_batch, shard
 from zoexec.fence import ReadFlags
 from zoexec.models import bind_block, bind_resident, resident_flat
 from zoexec.node import fence_needed
@@ -59,9 +87,11 @@ from zoexec.zo import (
     projected_grad,
     step_seed,
     z_block,
+    z_range,
 )
 from zoplan.errors import ZoError
-from zoplan.execrules import SR_SCRATCH, sr_chunk
+from zoplan.execrules import SR_SCRATCH, sr_chunk, z_chunk
+from zoplan.plan import Plan
 
 SIGNS = {"+-": (1.0, -1.0), "+": (1.0,), "-": (-1.0,)}
 
@@ -100,6 +130,7 @@ class Trainer:
         self.signs = SIGNS[lay.role_of(rank)]
         self.data_shard, self.slice_index = lay.data_shard_of(rank), lay.slice_index_of(rank)
         self.fence_needed = fence_needed(lay)
+        self.split = lay.slice_update and lay.slices > 1   # the update on the slice
         if self.fence_needed and not self.env.is_cuda and self.flags is None:
             raise ZoError(f"{lay.local_ranks} local ranks with {lay.slices} slices on the "
                           f"CPU need the node's read stamps (share_read_flags)")
@@ -129,6 +160,28 @@ class Trainer:
         bind_resident(parts, self.work_r)
         self.scratch = self._update_scratch()
         self.token = torch.zeros(1, device=dev)
+        self._allocate_shards()
+
+    def _allocate_shards(self) -> None:
+        """The rank's shards of the resident blocks (stride / slices elements each,
+        param dtype, filled from the node's store), and what the slice update of a CUDA
+        rank needs beside the compute stream's buffers: z of a slice, a z chunk for the
+        chunks a slice cuts (zo.z_range), rounding scratch. The CPU's slice update runs
+        between the compute tasks and uses their z and scratch."""
+        lay, dev, parts = self.env.layout, self.env.device, self.parts
+        size = self.store.stride // lay.slices
+        self.shards = {}
+        for block in Plan(self.cfg.plan).resident_blocks:
+            shard = torch.empty(size, dtype=parts.param_dtype, device=dev)
+            shard.copy_(self.store.piece(block, self.slice_index, lay.slices))
+            self.shards[block] = shard
+        self.slice_z, self.slice_edge, self.slice_scratch = self.z, None, self.scratch
+        if self.split and self.env.is_cuda:
+            largest = max(s.numel for s in parts.block_specs)
+            self.slice_z = torch.empty(size, dtype=parts.dtype, device=dev)
+            self.slice_edge = torch.empty(min(z_chunk(dev.type), largest), dtype=parts.dtype,
+                                          device=dev)
+            self.slice_scratch = self._update_scratch()
 
     # ---- steps -----------------------------------------------------------------------
     def step(self, step: int, *, lr: float,
@@ -141,24 +194,27 @@ class Trainer:
         seed = step_seed(self.cfg.seed, step)
         self.lanes.begin_step(step)
         start = time.monotonic()
-        ids = self._batch(step)
+        batch = self._batch(step)
         with self.lanes.task("embed"):
-            acts = self._embed(seed, ids)
+            acts = self._embed(seed, batch.ids)
         last_d2h = self._blocks(seed, acts)
         with self.lanes.task("head") as head:
-            vec = self._head(acts, ids, flags)
+            vec = self._head(acts, batch.labels, flags)
         with self.lanes.task("allreduce", after=(head.done, last_d2h)):
             if self.env.place.world_size > 1:   # a world of one already holds the sum
                 _wait(dist.all_reduce(vec, group=self.env.world, async_op=True))
         self.lanes.end_step()
         total = vec.tolist()
-        loss_plus, loss_minus = (v / self.env.layout.ddp for v in total[:2])
+        if not total[2]:
+            raise ZoError(f"step {step}: the batch has no labelled token (every label is "
+                          f"ignored): nothing to train on")
+        loss_plus, loss_minus = (v / total[2] for v in total[:2])
         g = projected_grad(loss_plus, loss_minus, self.cfg.eps)
         elapsed = time.monotonic() - start
         record = StepRecord(step=step, seed=seed, loss_plus=loss_plus, loss_minus=loss_minus,
                             g=g, lr=lr, step_time_s=elapsed,
                             tokens_per_s=self.cfg.workload.tokens_per_step / elapsed)
-        return record, tuple(total[2:])
+        return record, tuple(total[3:])
 
     def set_pending(self, record: StepRecord) -> None:
         """The step's update (if it has one: finite, not skipped) becomes the pending one."""
@@ -183,11 +239,30 @@ class Trainer:
         self.pending = ()
         zdist.host_barrier(self.env)
 
-    def _batch(self, step: int) -> torch.Tensor:
+    def _batch(self, step: int) -> Batch:
         wl = self.cfg.workload
-        rows = self.source.batch(step, wl.batch, wl.seq)
+        rows = as_batch(self.source.batch(step, wl.batch, wl.seq))
         mine = shard(rows, data_shard=self.data_shard, num_shards=self.env.layout.ddp)
         return mine.to(self.env.device)
+
+    # ---- evaluation --------------------------------------------------------------------
+    def evaluate(self, batch: Batch) -> torch.Tensor:
+        """Per row of this rank's `batch`: [summed next-token CE over its labelled
+        positions, their count] (float64 [rows, 2], on the CPU), computed with the
+        clean weights (the pending updates applied first) through the same block
+        pipeline as a step. Every rank of the job must call it the same number of times
+        (the slice groups gather each block); rows may differ per rank."""
+        self.flush()
+        self.lanes.begin_step(self.cfg.steps, record=False)
+        batch = batch.to(self.env.device)
+        with self.lanes.task("embed"):
+            self.work_r.copy_(self.theta_r)
+            acts = [self.parts.embed(batch.ids)]
+        self._blocks(None, acts)
+        with self.lanes.task("head"):
+            out = self.parts.head_row_losses(acts[0][0], batch.labels)
+        self.lanes.end_step()
+        return out.cpu()
 
     # ---- resident parts ----------------------------------------------------------------
     def _update_scratch(self) -> list:
@@ -200,26 +275,34 @@ class Trainer:
         return [torch.empty(size, dtype=torch.float32, device=self.env.device)
                 for _ in range(SR_SCRATCH)]
 
-    def _apply_pending(self, theta, block: int, specs, z) -> None:
+    def _apply_pending(self, theta, block: int, specs, z, *, start: int | None = None,
+                       edge=None, scratch=None) -> None:
         """theta -= lr * (g z_t + wd theta) for each pending update t in order (the
         deferred update of the last step; several when a resume replays the log), in
         the workload's update mode (docs/precision.md): in the stored precision for
         "master" (fp32) and "plain" (16-bit, round to nearest), computed in fp32 and
-        rounded stochastically for "stochastic"."""
+        rounded stochastically for "stochastic". With `start`, `theta` is the flat range
+        [start, start + len) of the block (the update on the slice): z is drawn for it
+        alone (zo.z_range, cut chunks through `edge`), the same bits land there as with
+        the whole block; `scratch`: the rounding's (default the compute stream's)."""
         wd = self.cfg.weight_decay
+        stop = None if start is None else start + theta.numel()
+        z = z if start is None else z[:theta.numel()]
         for pend in self.pending:
             if not pend.lr or not (pend.g or wd):
                 continue
-            if pend.g:
+            if pend.g and start is None:
                 z_block(pend.seed, block, specs, out=z)
-            before = self.rounding.before(theta, block)
+            elif pend.g:
+                z_range(pend.seed, block, specs, start, stop, out=z, scratch=edge)
+            before = self.rounding.before(theta, block) if not start else None
             if self.cfg.workload.update == "stochastic":
                 apply_update_stochastic(theta, z, lr=pend.lr, g=pend.g, weight_decay=wd,
                                         specs=specs, seed=pend.seed, block=block,
-                                        scratch=self.scratch)
+                                        scratch=scratch or self.scratch, start=start or 0)
             else:
                 apply_update(theta, z, lr=pend.lr, g=pend.g, weight_decay=wd,
-                             decay_mask_or_specs=specs)
+                             decay_mask_or_specs=specs, start=start or 0)
             self.rounding.after(theta, z, before, g=pend.g)
 
     def _embed(self, seed: int, ids: torch.Tensor) -> list:
@@ -232,49 +315,124 @@ class Trainer:
             acts.append(self.parts.embed(ids))
         return acts
 
-    def _head(self, acts: list, ids: torch.Tensor, flags: tuple) -> torch.Tensor:
-        """Loss of each perturbation, last-built first (saves one rebuild), placed in
-        the all-reduce vector [l+, l-, *flags] (float64)."""
-        vec = torch.tensor([0.0, 0.0, *flags], dtype=torch.float64, device=self.env.device)
+    def _head(self, acts: list, labels: torch.Tensor, flags: tuple) -> torch.Tensor:
+        """Summed loss of each perturbation, last-built first (saves one rebuild), placed
+        in the all-reduce vector [sum l+, sum l-, labelled tokens, *flags] (float64).
+        The tokens are counted once per data shard (by the rank that computes l+)."""
+        vec = torch.tensor([0.0, 0.0, 0.0, *flags], dtype=torch.float64, device=self.env.device)
         for turn, index in enumerate(reversed(range(len(self.signs)))):
             sign = self.signs[index]
             if turn:
                 perturb_into(self.work_r, self.theta_r, self.z_r, sign * self.cfg.eps)
-            loss = self.parts.head_loss(acts[index][0], ids)
-            vec[0 if sign > 0 else 1] = loss.double()
+            total, count = self.parts.head_loss_sum(acts[index][0], labels)
+            vec[0 if sign > 0 else 1] = total.double()
+            if sign > 0:
+                vec[2] = count
         return vec
 
     # ---- blocks ------------------------------------------------------------------------
     def _blocks(self, seed: int | None, acts: list | None):
-        """The block pipeline of one step (seed None: the flush, no forward). Returns
-        the done-event of the last write-back (None on the CPU). Every rank makes the
-        same passes, so `stamp` (step t: t + 1, the flush: steps + 1) agrees on the node."""
+        """The block pipeline of one pass (seed None and no acts: the flush, no forward;
+        seed None with acts: evaluation, a forward on the clean weights and no
+        write-back). Returns the done-event of the last write-back (None on the CPU or
+        without an offloaded block). Every rank makes the same passes, so `stamp`
+        agrees on the node. The blocks that use a buffer take them in turn (a resident
+        block of slices 1 uses none)."""
         self.passes += 1
         stamp = self.passes
         free = [None] * len(self.bufs)
-        last = None
+        last, used = None, 0
         for block in range(self.store.num_blocks):
-            slot = block % len(self.bufs)
-            buf = self.bufs[slot]
-            ready, h2d = self._upload(block, buf, stamp, after=free[slot])
-            fence = self._fence(block, after=ready)
-            with self.lanes.task("update", block, after=(ready,)) as update:
-                self._update_block(block, buf, seed)
-            done = update.done
-            if seed is not None:
-                with self.lanes.task("forward", block) as forward:
-                    self._forward_block(buf, acts)
-                done = forward.done
-            if self.flags is not None:
-                self.flags.wait(block, stamp)
-            with self.lanes.task("d2h", block, after=(done, fence)) as d2h:
-                self._write_back(block, buf)
-            free[slot] = last = d2h.done
+            shard = self.shards.get(block)
+            if shard is not None and self.env.layout.slices == 1:
+                self._resident_pass(block, shard, seed, acts)
+                continue
+            slot = used % len(self.bufs)
+            used += 1
+            if shard is not None:
+                free[slot] = self._sharded_pass(block, shard, self.bufs[slot], seed, acts,
+                                                after=free[slot])
+            else:
+                free[slot] = last = self._offloaded_pass(block, self.bufs[slot], seed, acts,
+                                                         stamp, after=free[slot])
         return last
 
-    def _upload(self, block: int, buf: torch.Tensor, stamp: int, *, after):
-        """h2d of this rank's slice (CPU fence: then its read stamp), then the slice
-        group's all-gather."""
+    def _offloaded_pass(self, block: int, buf: torch.Tensor, seed, acts, stamp: int, *, after):
+        """h2d, [slice_update], [allgather], [fence], update, forward, d2h of an
+        offloaded block; returns the event that frees its buffer."""
+        evaluating = seed is None and acts is not None
+        ready = self._upload(block, buf, stamp, after=after, split=self.split and not evaluating)
+        fence = self._fence(block, after=ready)
+        if evaluating:
+            return self._clean_forward(block, buf[:self.parts.block_numel], acts, after=ready)
+        with self.lanes.task("update", block, after=(ready,)) as update:
+            self._update_block(buf[:self.parts.block_numel], block, seed,
+                               pending=not self.split)
+        done = update.done
+        if seed is not None:
+            with self.lanes.task("forward", block) as forward:
+                self._forward_block(buf[:self.parts.block_numel], acts)
+            done = forward.done
+        if self.flags is not None:
+            self.flags.wait(block, stamp)
+        with self.lanes.task("d2h", block, after=(done, fence)) as d2h:
+            self._write_back(block, buf)
+        return d2h.done
+
+    def _sharded_pass(self, block: int, shard: torch.Tensor, buf: torch.Tensor, seed, acts, *,
+                      after):
+        """A resident block of slices > 1: [slice_update] on the rank's shard, the slice
+        group's all-gather into `buf`, update (without slice_update: also the rank's
+        slice of the updated block back into its shard), forward. The flush with
+        slice_update stops after the slice update (the shard is all the block has).
+        Returns the event that frees the buffer."""
+        evaluating = seed is None and acts is not None
+        ready = None
+        if self.split and not evaluating:
+            with self.lanes.task("slice_update", block) as sliced:
+                self._slice_update(block, shard)
+            if seed is None:
+                return after
+            ready = sliced.done
+        with self.lanes.task("allgather", block, after=(after, ready)) as gather:
+            _wait(dist.all_gather_single(buf, shard, group=self.env.slice, async_op=True))
+        theta = buf[:self.parts.block_numel]
+        if evaluating:
+            return self._clean_forward(block, theta, acts, after=gather.done)
+        with self.lanes.task("update", block, after=(gather.done,)) as update:
+            if not self.split and self.pending:
+                self._apply_pending(theta, block, self.parts.block_specs, self.z)
+                shard.copy_(_piece(buf, self.slice_index, self.env.layout.slices))
+            self._update_block(theta, block, seed, pending=False)
+        if seed is None:
+            return update.done
+        with self.lanes.task("forward", block) as forward:
+            self._forward_block(theta, acts)
+        return forward.done
+
+    def _resident_pass(self, block: int, shard: torch.Tensor, seed, acts) -> None:
+        """A resident block of slices 1 (the shard is the whole block): update and
+        forward in place, no buffer, no copy."""
+        theta = shard[:self.parts.block_numel]
+        if seed is None and acts is not None:
+            self._clean_forward(block, theta, acts, after=None)
+            return
+        with self.lanes.task("update", block):
+            self._update_block(theta, block, seed, pending=True)
+        if seed is not None:
+            with self.lanes.task("forward", block):
+                self._forward_block(theta, acts)
+
+    def _clean_forward(self, block: int, theta: torch.Tensor, acts: list, *, after):
+        """Evaluation: the block's forward on its clean weights (no perturbation)."""
+        with self.lanes.task("forward", block, after=(after,)) as forward:
+            self.work.copy_(theta)
+            self._forward_block(theta, acts, signs=(0.0,))
+        return forward.done
+
+    def _upload(self, block: int, buf: torch.Tensor, stamp: int, *, after, split: bool):
+        """h2d of this rank's slice (CPU fence: then its read stamp), [the update on the
+        slice], then the slice group's all-gather. Returns the block's ready event."""
         slices = self.env.layout.slices
         if self.cfg.delay_h2d and self.cfg.delay_h2d[:2] == (self.env.rank, block):
             time.sleep(self.cfg.delay_h2d[2])
@@ -283,32 +441,47 @@ class Trainer:
             mine.copy_(self.store.piece(block, self.slice_index, slices), non_blocking=True)
         if self.flags is not None:
             self.flags.mark(block, stamp)
+        ready = h2d.done
+        if split:
+            with self.lanes.task("slice_update", block, after=(ready,)) as sliced:
+                self._slice_update(block, mine)
+            ready = sliced.done
         if slices == 1:
-            return h2d.done, h2d.done
-        with self.lanes.task("allgather", block, after=(h2d.done,)) as gather:
+            return ready
+        with self.lanes.task("allgather", block, after=(ready,)) as gather:
             _wait(dist.all_gather_single(buf, mine, group=self.env.slice, async_op=True))
-        return gather.done, h2d.done
+        return gather.done
+
+    def _slice_update(self, block: int, piece: torch.Tensor) -> None:
+        """The pending updates applied to this rank's slice of `block` (its part inside
+        the block's weights: the padding stays as it is)."""
+        start = self.slice_index * piece.numel()
+        count = min(piece.numel(), self.parts.block_numel - start)
+        if count > 0 and self.pending:
+            self._apply_pending(piece[:count], block, self.parts.block_specs, self.slice_z,
+                                start=start, edge=self.slice_edge, scratch=self.slice_scratch)
 
     def _fence(self, block: int, *, after):
         """CUDA write-back fence: all local ranks have read `block` (node all-reduce).
-        The CPU waits on the read stamps before d2h instead (_blocks)."""
+        The CPU waits on the read stamps before d2h instead (_offloaded_pass)."""
         if not self.fence_needed or self.flags is not None:
             return None
         with self.lanes.task("allgather", block, after=(after,), record=False) as fence:
             _wait(dist.all_reduce(self.token, group=self.env.node, async_op=True))
         return fence.done
 
-    def _update_block(self, block: int, buf: torch.Tensor, seed: int | None) -> None:
-        theta = buf[:self.parts.block_numel]
+    def _update_block(self, theta: torch.Tensor, block: int, seed: int | None, *,
+                      pending: bool) -> None:
+        """[The pending updates,] then z of step `seed` and the first perturbation."""
         specs = self.parts.block_specs
-        self._apply_pending(theta, block, specs, self.z)
+        if pending:
+            self._apply_pending(theta, block, specs, self.z)
         if seed is not None:
             z_block(seed, block, specs, out=self.z)
             perturb_into(self.work, theta, self.z, self.signs[0] * self.cfg.eps)
 
-    def _forward_block(self, buf: torch.Tensor, acts: list) -> None:
-        theta = buf[:self.parts.block_numel]
-        for index, sign in enumerate(self.signs):
+    def _forward_block(self, theta: torch.Tensor, acts: list, signs: tuple | None = None) -> None:
+        for index, sign in enumerate(signs or self.signs):
             if index:
                 perturb_into(self.work, theta, self.z, sign * self.cfg.eps)
             hidden, ctx = acts[index]
@@ -323,6 +496,18 @@ class Trainer:
     # ---- results -----------------------------------------------------------------------
     def clean_resident_cpu(self) -> torch.Tensor:
         return self.theta_r.to("cpu")
+
+    def store_shards(self) -> None:
+        """Before saving (collective on the node): the ranks of the node's first slice
+        group write their resident shards into the store's slots of those blocks, so
+        the store holds every block (zoexec.loop saves from it). Call after `flush`."""
+        if not self.shards:
+            return
+        lay = self.env.layout
+        if self.env.local_rank < lay.slices:
+            for block, shard in self.shards.items():
+                self.store.piece(block, self.slice_index, lay.slices).copy_(shard)
+        zdist.host_barrier(self.env, node_only=True)
 
 
 def _piece(flat: torch.Tensor, part: int, parts: int) -> torch.Tensor:

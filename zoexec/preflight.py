@@ -15,9 +15,11 @@ from zoexec.data import check_data
 from zoexec.devicemap import ENV_VISIBLE, cuda_index, visible_env
 from zoexec.dist import device_count, device_memory_bytes, place_from_env
 from zoexec.loading import weight_files
+from zoexec.tasks import TaskSpec, check_task_data, make_eval_set
 from zoplan.errors import ZoError
 from zoplan.memory import fmt_bytes, node_host_memory, rank_memory
 from zoplan.models import ModelSpec, get_model
+from zoplan.plan import Plan
 
 
 def preflight(cfg, *, world_size: int | None = None, local_world_size: int | None = None) -> None:
@@ -68,9 +70,16 @@ def _check_data(cfg) -> None:
     a bad line, ids outside the vocabulary, text without a tokenizer or too few tokens
     for one batch fail here, before any rank starts."""
     workload = cfg.workload
-    check_data(cfg.data, vocab=ModelSpec.from_dict(cfg.plan["model"]["spec"]).vocab,
-               batch=workload.batch, seq=workload.seq,
-               tokenizer_dir=cfg.init if cfg.init != "random" else None)
+    vocab = ModelSpec.from_dict(cfg.plan["model"]["spec"]).vocab
+    tokenizer = cfg.init if cfg.init != "random" else None
+    if cfg.data == "synthetic":
+        check_data(cfg.data, vocab=vocab, batch=workload.batch, seq=workload.seq)
+    else:   # the task's rows (zoexec.tasks), then the held-out set
+        check_task_data(cfg.data, TaskSpec.from_dict(cfg.task), vocab=vocab,
+                        batch=workload.batch, seq=workload.seq, tokenizer_dir=tokenizer)
+    if cfg.eval_data:
+        make_eval_set(cfg.eval_data, TaskSpec.from_dict(cfg.task), vocab=vocab,
+                      seq=workload.seq, tokenizer_dir=tokenizer)
 
 
 def _check_devices(cfg) -> None:
@@ -129,7 +138,8 @@ def check_gpu_memory(cfg, device_index: int | None) -> None:
 
 def _memory_shape(cfg) -> dict:
     return dict(model=ModelSpec.from_dict(cfg.plan["model"]["spec"]), workload=cfg.workload,
-                layout=cfg.layout, device_kind=cfg.device_kind)
+                layout=cfg.layout, device_kind=cfg.device_kind,
+                resident_blocks=len(Plan(cfg.plan).resident_blocks))
 
 
 def _why(memory, stored: float) -> str:

@@ -1,7 +1,10 @@
 """zoexec on the CPU with gloo: every layout computes the same maths as the in-process
 ZO2 oracle (zoexec.reference.zo2_reference_train), the node's blocks are stored once
 in shared memory, traces have the plan's task structure, nothing leaks in /dev/shm,
-and training lowers the loss.
+and training lowers the loss. Placements (plan blocks resident on their slice group as
+shards, some or all) and the update on the slice (Layout.slice_update) change neither
+losses nor weights, in fp32 and with 16-bit stochastic updates, and a mixed run resumed
+from a snapshot ends where an uninterrupted one does.
 
 All layouts run in one module-scoped fixture: ranks are forked from one forkserver that
 imported torch and transformers once, so a layout costs a fork, a tiny model and 3 steps.
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import glob
 import json
+import shutil
 import uuid
+from dataclasses import replace
 
 import pytest
 import torch
@@ -28,8 +33,10 @@ from zoexec.data import SyntheticTask
 from zoexec.launch import RankFailure, run_in_process, spawn_local
 from zoexec.models import build_parts, export_hf_model
 from zoexec.reference import zo2_reference_train
+from zoexec.rundir import RunDir
 from zoexec.store import SHM_DIR
 from zoplan.handplan import hand_plan
+from zoplan.io import sha256_json
 from zoplan.layout import Layout
 from zoplan.trace import read_trace
 from zoplan.workload import Workload
@@ -49,8 +56,8 @@ LAYOUTS = {
 }
 
 
-def _config(tmp, name, layout, **kw) -> RunConfig:
-    plan = hand_plan(model=MODEL, layout=layout, workload=WORKLOAD)
+def _config(tmp, name, layout, *, workload=WORKLOAD, resident=(), **kw) -> RunConfig:
+    plan = hand_plan(model=MODEL, layout=layout, workload=workload, resident=resident)
     return RunConfig(plan=plan.data, plan_path=f"{name}.json", steps=STEPS, seed=SEED, lr=LR,
                      eps=EPS, threads=1, progress=False, out_dir=str(tmp / name / "out"),
                      trace_dir=str(tmp / name / "trace"), run_id=f"t{uuid.uuid4().hex[:10]}", **kw)
@@ -226,3 +233,151 @@ def test_training_the_synthetic_task_lowers_the_loss():
     first = sum(r.loss for r in records[:10]) / 10
     last = sum(r.loss for r in records[-20:]) / 20
     assert first > 6.0 and last < first - 0.8, (first, last)
+
+
+# ---- placements and the update on the slice ----------------------------------------------
+BF16 = Workload(batch=4, seq=16, param_dtype="bf16", compute_dtype="bf16", update="stochastic")
+SU = dict(slices=2, slice_update=True)
+# name: (layout, resident blocks, workload, the offloaded run it must equal bit for bit)
+PLACEMENTS = {
+    "mixed-pertp2": (Layout(pertp=2), (0, 2), WORKLOAD, "pertp2"),
+    "resident-pertp2-s2": (Layout(pertp=2, slices=2, prefetch=1), (0, 1, 2, 3), WORKLOAD,
+                           "pertp2-s2"),
+    "mixed-pertp2-s2-su": (Layout(pertp=2, **SU), (1, 2), WORKLOAD, "pertp2-s2"),
+    "offloaded-pertp2-s2-su": (Layout(pertp=2, **SU), (), WORKLOAD, "pertp2-s2"),
+    "mixed-pertp2xddp2-s2-su": (Layout(pertp=2, ddp=2, **SU), (0, 3), WORKLOAD, "pertp2xddp2-s2"),
+    "bf16": (Layout(), (), BF16, None),
+    "bf16-mixed-pertp2-s2-su": (Layout(pertp=2, **SU), (1, 2), BF16, "bf16"),
+}
+RESUMED = "mixed-pertp2-s2-su"   # snapshots every step; resumed from the first one
+
+
+@pytest.fixture(scope="module")
+def placed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("placements")
+    rng = torch.Generator().manual_seed(SEED)
+    rows = [torch.randint(0, 500, (int(n),), generator=rng).tolist()
+            for n in torch.randint(5, 16, (6,), generator=rng)]
+    (tmp / "eval.jsonl").write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in rows))
+    out = {}
+    for name, (layout, resident, workload, _) in PLACEMENTS.items():
+        evaluated = dict(eval_data=str(tmp / "eval.jsonl"), eval_every=2) if workload is WORKLOAD else {}
+        cfg = _config(tmp, name, layout, workload=workload, resident=resident,
+                      save_every=1 if name == RESUMED else None, **evaluated)
+        (run_in_process if layout.world_size == 1 else spawn_local)(cfg)
+        out[name] = {"cfg": cfg, "leftovers": _leftovers(cfg.run_id),
+                     "out": tmp / name / "out", "losses": _losses(tmp / name / "out"),
+                     "weights": load_file(str(tmp / name / "out" / "final" / "model.safetensors")),
+                     "trace": read_trace(tmp / name / "trace")}
+    return out
+
+
+def _assert_same_run(got: dict, ref: dict, *, exact: bool) -> None:
+    keys = ("step", "seed", "loss_plus", "loss_minus", "g")
+    if exact:
+        assert [[r[k] for k in keys] for r in got["losses"]] == [[r[k] for k in keys]
+                                                                 for r in ref["losses"]]
+    else:
+        for a, b in zip(ref["losses"], got["losses"], strict=True):
+            assert b["loss_plus"] == pytest.approx(a["loss_plus"], rel=LOSS_RTOL), (a, b)
+            assert b["g"] == pytest.approx(a["g"], abs=G_ATOL), (a, b)
+    assert got["weights"].keys() == ref["weights"].keys()
+    for key, tensor in ref["weights"].items():
+        if exact:
+            assert torch.equal(got["weights"][key], tensor), key
+        else:
+            torch.testing.assert_close(got["weights"][key], tensor, rtol=0, atol=W_ATOL)
+
+
+@pytest.mark.parametrize("name", [n for n, v in PLACEMENTS.items() if v[3]])
+def test_placement_and_slice_update_give_the_same_losses_and_weights(runs, placed, name):
+    """Bit for bit the offloaded run of the same axes (same reductions), and the one-rank
+    reference (bit for bit without DDP, as the layouts above)."""
+    layout, _, workload, twin = PLACEMENTS[name]
+    ref = (placed if twin in placed else runs)[twin]
+    _assert_same_run(placed[name], ref, exact=True)
+    one_rank = placed["bf16"] if workload is BF16 else runs["zo2"]
+    _assert_same_run(placed[name], one_rank, exact=layout.ddp == 1)
+    assert placed[name]["leftovers"] == []
+
+
+def test_evaluation_is_the_same_under_every_placement(placed):
+    """Trainer.evaluate mid-run (after step 1: the pending update flushed first) and at
+    the end, through resident shards, slice updates and offloaded blocks alike."""
+    scores = {name: [json.loads(line) for line in
+                     (run["out"] / "metrics.jsonl").read_text().splitlines() if "eval_loss" in line]
+              for name, run in placed.items() if PLACEMENTS[name][2] is WORKLOAD}
+    first = scores["offloaded-pertp2-s2-su"]
+    assert [r["step"] for r in first] == [2, 3], first
+    for name, got in scores.items():   # DDP: its weights differ by summation order
+        losses, want = [r["eval_loss"] for r in got], [r["eval_loss"] for r in first]
+        assert [r["step"] for r in got] == [2, 3], (name, got)
+        if PLACEMENTS[name][0].ddp == 1:
+            assert losses == want, name
+        else:
+            assert losses == pytest.approx(want, rel=LOSS_RTOL), name
+
+
+def test_16_bit_stochastic_updates_move_the_weights(runs, placed):
+    """The bf16 reference trains (its weights moved from the fp32 run's start)."""
+    start = {k: v.to(torch.bfloat16) for k, v in runs["zo2"]["weights"].items()}
+    moved = [k for k, v in placed["bf16"]["weights"].items() if not torch.equal(v, start[k])]
+    assert len(moved) > len(start) // 2
+
+
+def _expected_kinds(layout: Layout, resident: tuple, blocks: int) -> dict:
+    """(kind, block) -> count of one rank's tasks in one step (zoplan.sim.graph's order)."""
+    kinds = {("embed", -1): 1, ("head", -1): 1, ("allreduce", -1): 1}
+    for b in range(blocks):
+        names = [] if b in resident else ["h2d"]
+        names += ["slice_update"] if layout.slice_update and layout.slices > 1 else []
+        names += ["allgather"] if layout.slices > 1 else []
+        names += ["update", "forward"] + ([] if b in resident else ["d2h"])
+        kinds.update({(k, b): 1 for k in names})
+    return kinds
+
+
+@pytest.mark.parametrize("name", list(PLACEMENTS))
+def test_placement_traces_have_the_plans_tasks(placed, name):
+    """Resident blocks have no h2d or d2h; with slice_update every block has its slice
+    update before the all-gather; each rank's tasks run in the planner's order."""
+    layout, resident, _, _ = PLACEMENTS[name]
+    meta, spans = placed[name]["trace"]
+    expect = _expected_kinds(layout, resident, 4)
+    for rank in range(layout.world_size):
+        for step in range(STEPS):
+            mine = sorted((s for s in spans if s.rank == rank and s.step == step),
+                          key=lambda s: s.start_s)
+            got = {}
+            for s in mine:
+                got[(s.kind, s.block)] = got.get((s.kind, s.block), 0) + 1
+            assert got == expect, (rank, step)
+            order = [(s.kind, s.block) for s in mine]
+            if layout.slice_update and layout.slices > 1:
+                assert all(order.index(("slice_update", b)) < order.index(("allgather", b))
+                           for b in range(4))
+    assert _fence_violations([s for s in spans if s.kind in ("h2d", "d2h")], layout) == []
+
+
+def test_a_mixed_run_resumed_from_a_snapshot_ends_with_the_same_weights(placed, tmp_path):
+    """The run of RESUMED (snapshots after steps 0 and 1) resumed from step 0's snapshot
+    with step 1's update replayed from the log: the resident shards are in the snapshot,
+    loaded into the shards and updated by the replay."""
+    run = placed[RESUMED]
+    folder = tmp_path / "resumed"
+    shutil.copytree(run["out"], folder)
+    shutil.rmtree(folder / "final")
+    snapshots = sorted((folder / "snapshots").iterdir())
+    assert [p.name for p in snapshots] == ["step-000000", "step-000001"], snapshots
+    shutil.rmtree(snapshots[-1])
+    log = folder / "losses.jsonl"
+    log.write_text("".join(log.read_text().splitlines(keepends=True)[:2]))
+    start = RunDir(folder).resume_plan(plan_sha256=sha256_json(run["cfg"].plan), given={})
+    cfg = replace(run["cfg"], init=start.init, start_step=start.start_step, replay=start.replay,
+                  resumed=True, out_dir=str(folder), trace_dir=None, save_every=None,
+                  run_id=f"t{uuid.uuid4().hex[:10]}")
+    assert cfg.start_step == 2 and len(cfg.replay) == 1 and cfg.init.endswith("step-000000")
+    spawn_local(cfg)
+    weights = load_file(str(folder / "final" / "model.safetensors"))
+    for key, tensor in run["weights"].items():
+        assert torch.equal(weights[key], tensor), key

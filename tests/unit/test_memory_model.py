@@ -56,7 +56,8 @@ def _workload(update: str, dtype: str = "bf16", *, batch: int = 2, seq: int = 64
     return Workload.for_update(batch=batch, seq=seq, compute_dtype=dtype, update=update)
 
 
-def tracked_run(monkeypatch, model: str, workload, layout: Layout) -> AllocationTracker:
+def tracked_run(monkeypatch, model: str, workload, layout: Layout,
+                resident: tuple[int, ...] = ()) -> AllocationTracker:
     """Two steps of a one-rank plan (the second applies the first's update) under the
     tracker, with a phase per Trainer stage."""
     tracker = AllocationTracker(counting=False)
@@ -82,7 +83,7 @@ def tracked_run(monkeypatch, model: str, workload, layout: Layout) -> Allocation
             with tracker.phase(_phase):
                 return _method(self, *args, **kwargs)
         monkeypatch.setattr(engine.Trainer, name, in_phase)
-    plan = hand_plan(model=model, layout=layout, workload=workload)
+    plan = hand_plan(model=model, layout=layout, workload=workload, resident=resident)
     cfg = RunConfig(plan=plan.data, steps=2, lr=1e-3, weight_decay=0.1, progress=False,
                     speed_checks=False)
     with tracker:
@@ -105,6 +106,26 @@ def test_the_model_is_what_a_rank_allocates(monkeypatch, model, update, dtype, p
     tracker = tracked_run(monkeypatch, model, workload, layout)
     modelled = rank_memory(model=get_model(model), workload=workload, layout=layout,
                            device_kind="cpu", kernel_scratch=False)
+    table = {p: (tracker.phase_peaks.get(p, 0), modelled.phase_bytes(p)) for p in modelled.phases}
+    assert modelled.allocated_bytes == pytest.approx(tracker.peak_bytes, rel=TOLERANCE), table
+    for phase, (measured, predicted) in table.items():
+        assert predicted == pytest.approx(measured, rel=TOLERANCE), (phase, table)
+
+
+@pytest.mark.parametrize("update,dtype", [("master", "fp32"), ("stochastic", "bf16"),
+                                          ("master", "bf16")])
+def test_resident_shards_are_what_a_rank_allocates(monkeypatch, update, dtype):
+    """Resident blocks (plan placement "resident"): a shard of stride / slices elements
+    of the stored dtype per block (fp32 masters: twice the 16-bit bytes), from set-up on,
+    as zoexec's Trainer._allocate_shards makes them; nothing else changes."""
+    workload, layout, resident = _workload(update, dtype), Layout(prefetch=2), (0, 1)
+    tracker = tracked_run(monkeypatch, "tiny-opt", workload, layout, resident)
+    modelled = rank_memory(model=get_model("tiny-opt"), workload=workload, layout=layout,
+                           device_kind="cpu", kernel_scratch=False, resident_blocks=2)
+    shards = next(t for t in modelled.held if t.key == "resident_shards")
+    spec = get_model("tiny-opt")
+    assert shards.bytes == 2 * store_stride(spec.block_params, slices=1, local_ranks=1) * (
+        4 if update == "master" else 2)
     table = {p: (tracker.phase_peaks.get(p, 0), modelled.phase_bytes(p)) for p in modelled.phases}
     assert modelled.allocated_bytes == pytest.approx(tracker.peak_bytes, rel=TOLERANCE), table
     for phase, (measured, predicted) in table.items():
@@ -291,10 +312,10 @@ def test_the_planner_and_hand_plans_take_their_bytes_from_the_model():
     assert plan.data["predicted"]["host_mem_bytes"] == host.total_bytes
 
 
-def _config(device_kind: str, layout: Layout = Layout()) -> RunConfig:
+def _config(device_kind: str, layout: Layout = Layout(), resident: tuple = ()) -> RunConfig:
     """A plan whose stored predictions are zero: the checks must use zoplan.memory."""
     plan = hand_plan(model="tiny-opt", layout=layout, workload=_workload("stochastic"),
-                     device_kind=device_kind)
+                     device_kind=device_kind, resident=resident)
     plan.data["predicted"].update(gpu_mem_bytes=0, host_mem_bytes=0)
     return RunConfig(plan=plan.data)
 
@@ -309,6 +330,22 @@ def test_preflight_checks_a_gpu_against_the_model_and_names_the_largest_term(mon
     with pytest.raises(ZoError, match=r"per GPU, GPU 0 has .* \(largest: NCCL buffers "
                                       r"\(1 communicator, \[D\]\), 0\.5 GiB; peak in "):
         check_gpu_memory(cfg, 0)
+
+
+def test_preflight_counts_the_resident_shards(monkeypatch):
+    """A plan with resident blocks needs their shards on the GPU: a device that holds the
+    offloaded plan's bytes but not the shards is refused."""
+    cfg = _config("cuda", Layout(ddp=2), resident=(0, 1))
+    shape = dict(model=get_model("tiny-opt"), workload=cfg.workload, layout=cfg.layout,
+                 device_kind="cuda")
+    offloaded = rank_memory(**shape).total_bytes
+    need = rank_memory(**shape, resident_blocks=2).total_bytes
+    assert need > offloaded
+    monkeypatch.setattr("zoexec.preflight.device_memory_bytes", lambda kind, index: need - 1)
+    with pytest.raises(ZoError, match="per GPU"):
+        check_gpu_memory(cfg, 0)
+    monkeypatch.setattr("zoexec.preflight.device_memory_bytes", lambda kind, index: need)
+    check_gpu_memory(cfg, 0)
 
 
 def test_preflight_checks_the_host_against_the_model(monkeypatch):

@@ -1,6 +1,6 @@
 """16-bit weights that still learn (docs/precision.md), in one process: stochastic
 rounding is unbiased and addressed like z, plain rounding's lost share is measured, z on
-CUDA is one draw per tensor, and a Llama block in bf16 keeps its rotary tables in fp32
+CUDA is one draw per CUDA chunk, and a Llama block in bf16 keeps its rotary tables in fp32
 as transformers does."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from zoexec import zo
 from zoexec.models import TensorSpec, bind_block, build_parts, hf_state_dict, make_specs
 from zoexec.precision import LostUpdates
-from zoplan.execrules import chunk_bounds, z_draw_calls
+from zoplan.execrules import Z_CHUNK, Z_CHUNK_CUDA, chunk_bounds, z_chunk, z_draw_calls
 from zoplan.models import get_model
 
 HALF = [torch.bfloat16, torch.float16]
@@ -141,20 +141,26 @@ def test_weight_decay_alone_is_rounded_stochastically_too():
     assert torch.equal(theta[specs[1].offset:], theta0[specs[1].offset:])   # no decay on biases
 
 
-def test_z_on_cuda_is_one_draw_per_tensor():
-    """The CUDA rule, run on the CPU: one seeded draw per tensor (not per 1M chunk),
-    each the tensor's own stream; the planner counts the same calls."""
-    specs = _block(2 * (1 << 20) + 300)
+def test_z_on_cuda_is_one_draw_per_cuda_chunk():
+    """The CUDA rule, run on the CPU: a device of type cuda draws z in chunks of
+    Z_CHUNK_CUDA (one seeded launch each, the tensor's chunk c seeded by
+    mix_seed(seed, block, tensor, c)); the planner counts the same calls."""
+    assert zo._chunk_of(torch.device("cuda")) == z_chunk("cuda") == Z_CHUNK_CUDA > Z_CHUNK
+    assert zo._chunk_of("cpu") == Z_CHUNK
+    specs = _block(Z_CHUNK_CUDA + 300)
     numels = [s.numel for s in specs]
-    jobs = zo._chunk_jobs(9, 4, specs, per_tensor=True)
-    assert len(jobs) == z_draw_calls(numels, "cuda") == len(specs) == 2
-    assert z_draw_calls(numels, "cpu") == 3 + 1
-    z = zo.z_block(9, 4, specs, per_tensor=True)
+    jobs = zo._chunk_jobs(9, 4, specs, chunk=z_chunk("cuda"))
+    assert len(jobs) == z_draw_calls(numels, "cuda") == 3
+    assert z_draw_calls(numels, "cpu") == 17 + 1
+    z = zo.z_block(9, 4, specs, chunk=z_chunk("cuda"))
     for index, spec in enumerate(specs):
-        gen = torch.Generator().manual_seed(zo.mix_seed(9, 4, index))
-        expect = torch.empty(spec.numel).normal_(generator=gen)
-        assert torch.equal(z[spec.offset:spec.stop], expect)
-    assert not torch.equal(z, zo.z_block(9, 4, specs, per_tensor=False))
+        for c, (lo, hi) in enumerate(chunk_bounds(spec.numel, Z_CHUNK_CUDA)):
+            gen = torch.Generator().manual_seed(zo.mix_seed(9, 4, index, c))
+            expect = torch.empty(hi - lo).normal_(generator=gen)
+            assert torch.equal(z[spec.offset + lo:spec.offset + hi], expect), (index, c)
+    cpu_chunk = torch.empty(Z_CHUNK).normal_(generator=torch.Generator().manual_seed(
+        zo.mix_seed(9, 4, 0, 1)))   # the CPU's chunk 1 of tensor 0: not what CUDA draws there
+    assert not torch.equal(z[Z_CHUNK:2 * Z_CHUNK], cpu_chunk)
 
 
 def test_plain_rounding_measures_and_reports_the_lost_share(capsys):

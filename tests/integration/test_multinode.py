@@ -1,0 +1,94 @@
+"""Several nodes for real, on one host: a 2-node x 2-rank CPU job started by two
+`torchrun` invocations (one per node, as on two machines: each node builds its own
+block store and its own node-local groups, the ranks meet over TCP on the loopback)
+computes the losses and weights of the one-rank run. The plan keeps two of the four
+blocks resident on each node's slice group and applies the update on the slice, so
+every new path of the executor crosses the node boundary too.
+
+The commands (README: "Several nodes"), with N = 0 on the first node and 1 on the
+second, HOST:PORT the first node's address and a free port:
+    torchrun --nnodes 2 --nproc-per-node 2 --node-rank N --master-addr HOST \\
+        --master-port PORT -m zoexec.cli run plan.json --out run --steps 3 ...
+(the c10d rendezvous works too, the same command on both nodes:
+`--rdzv-backend c10d --rdzv-endpoint HOST:PORT` in place of the last three options).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from zoexec.config import RunConfig
+from zoexec.dist import free_port
+from zoexec.launch import run_in_process
+from zoexec.store import SHM_DIR
+from zoplan.handplan import hand_plan
+from zoplan.layout import Layout
+from zoplan.workload import Workload
+
+BIN = Path(sys.executable).parent
+MODEL, SEED, STEPS, LR = "tiny-opt", 3, 3, 1e-3
+WORKLOAD = Workload(batch=4, seq=16, param_dtype="fp32", compute_dtype="fp32")
+LAYOUT = Layout(pertp=2, ddp=2, nodes=2, slices=2, slice_update=True)
+RESIDENT = (1, 2)
+LOSS_RTOL, G_ATOL, W_ATOL = 1e-5, 5e-3, 5e-5   # DDP: test_zoexec_layouts' tolerances
+ARGS = ["--steps", str(STEPS), "--seed", str(SEED), "--lr", str(LR), "--threads", "1", "-q"]
+
+
+def _losses(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
+
+
+def _one_rank(tmp: Path) -> tuple[list, dict]:
+    plan = hand_plan(model=MODEL, layout=Layout(), workload=WORKLOAD)
+    out = tmp / "one"
+    run_in_process(RunConfig(plan=plan.data, plan_path="one.json", steps=STEPS, seed=SEED,
+                             lr=LR, threads=1, progress=False, out_dir=str(out)))
+    return _losses(out), load_file(str(out / "final" / "model.safetensors"))
+
+
+def _node(plan: Path, out: Path, node: int, port: int) -> subprocess.Popen:
+    """One node's torchrun (static rendezvous: node 0 hosts it at 127.0.0.1:port)."""
+    command = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "2",
+               "--node-rank", str(node), "--master-addr", "127.0.0.1",
+               "--master-port", str(port), "-m", "zoexec.cli", "run", str(plan),
+               "--out", str(out), *ARGS]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env, start_new_session=True)
+
+
+def test_two_torchrun_nodes_give_the_one_rank_losses_and_weights(tmp_path):
+    plan = tmp_path / "plan.json"
+    hand_plan(model=MODEL, layout=LAYOUT, workload=WORKLOAD, resident=RESIDENT).save(plan)
+    out = tmp_path / "run"
+    before = set(Path(SHM_DIR).glob("zoexec-*"))
+    port = free_port()
+    nodes = [_node(plan, out, node, port) for node in (0, 1)]
+    try:
+        outputs = [proc.communicate(timeout=120)[0] for proc in nodes]
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+    for node, (proc, text) in enumerate(zip(nodes, outputs, strict=True)):
+        assert proc.returncode == 0, f"node {node}: {text[-3000:]}"
+    losses, weights = _one_rank(tmp_path)
+    got = _losses(out)
+    for a, b in zip(losses, got, strict=True):
+        assert (a["step"], a["seed"]) == (b["step"], b["seed"])
+        assert b["loss_plus"] == pytest.approx(a["loss_plus"], rel=LOSS_RTOL), (a, b)
+        assert b["loss_minus"] == pytest.approx(a["loss_minus"], rel=LOSS_RTOL), (a, b)
+        assert b["g"] == pytest.approx(a["g"], abs=G_ATOL), (a, b)
+    final = load_file(str(out / "final" / "model.safetensors"))
+    assert final.keys() == weights.keys()
+    for key, tensor in weights.items():
+        torch.testing.assert_close(final[key], tensor, rtol=0, atol=W_ATOL)
+    assert set(Path(SHM_DIR).glob("zoexec-*")) <= before   # both nodes removed their stores
