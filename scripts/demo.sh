@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The main job, end to end on this machine (no GPU needed):
 #  1. plan OPT-175B on 8 GPUs of the shipped DGX A100 profile;
-#  2. measure this machine's CPUs into a profile, plan a small model for 2 gloo ranks on it,
-#     run that plan with zoexec, and compare prediction with measurement.
+#  2. measure this machine's CPUs into a profile, plan a small model for up to 2 gloo ranks
+#     on it (the planner takes 1 when that is faster, and says so), run that plan with
+#     zoexec, and compare prediction with measurement;
+#  3. fine-tune a small local model (made by examples/make_model.py) on the shipped
+#     short sentiment example with a label-word template, and evaluate it before and after.
 # Everything is written under ./out/ (override with OUT=...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +20,7 @@ $BIN/zoplan optimize --model opt-175b --gpus 8 --profile dgx-a100-80gb -o "$OUT/
 echo "== 2a. profile this machine's CPUs (gloo ranks)"
 $BIN/zoplan profile --cpu --name this-cpu -o "$OUT/this-cpu.json"
 
-echo "== 2b. plan small-opt (6 blocks, 20M params) for 2 CPU ranks on that profile"
+echo "== 2b. plan small-opt (6 blocks, 20M params) for up to 2 CPU ranks on that profile"
 $BIN/zoplan optimize --model small-opt --gpus 2 --batch 8 --seq 128 --profile "$OUT/this-cpu.json" \
   -o "$OUT/plan-small.json"
 
@@ -27,4 +30,24 @@ $BIN/zoexec run "$OUT/plan-small.json" --init random --steps 40 --out "$OUT/run"
 echo "== 2d. predicted vs measured"
 $BIN/zoplan calibrate "$OUT/plan-small.json" "$OUT/trace" --profile "$OUT/this-cpu.json"
 $BIN/zoplan show "$OUT/plan-small.json" --trace "$OUT/trace" --width 120
-echo "done: plans, trace, loss log and final weights are in $OUT/"
+echo "== 3a. a small local model folder with a tokenizer (examples/make_model.py, no download)"
+$BIN/python examples/make_model.py "$OUT/micro-model" --size micro --seed 0
+
+TASK=(--task classification --template "{sentence} It was" --label-words "terrible,great")
+DATA=examples/sentiment-short   # short reviews: a random model's features tell them apart
+echo "== 3b. the base model on the held-out sentiment examples ($DATA/test.jsonl)"
+$BIN/zoexec eval "$OUT/micro-model" --data $DATA/test.jsonl "${TASK[@]}"
+
+echo "== 3c. fine-tune it with MeZO on $DATA/train.jsonl (1 CPU rank)"
+$BIN/zoplan optimize --model "$OUT/micro-model" --gpus 1 --batch 64 --seq 16 \
+  --profile "$OUT/this-cpu.json" -o "$OUT/plan-micro.json"
+$BIN/zoexec run "$OUT/plan-micro.json" --model-path "$OUT/micro-model" \
+  --data $DATA/train.jsonl "${TASK[@]}" \
+  --eval-data $DATA/test.jsonl --eval-every 200 \
+  --steps 600 --lr 5e-3 --lr-schedule linear --eps 1e-2 --out "$OUT/finetune" --overwrite
+
+echo "== 3d. the fine-tuned model (final/) on the same held-out examples"
+$BIN/zoexec eval "$OUT/finetune/final" --data $DATA/test.jsonl "${TASK[@]}"
+
+echo "done: plans, trace, loss log and final weights are in $OUT/;"
+echo "      the fine-tuning run (metrics.jsonl, final/ with its tokenizer) is in $OUT/finetune/"

@@ -8,10 +8,15 @@ step counts as done: the (seed, g, lr) triples are the whole training history of
 so initial weights (or a snapshot) + this log rebuild the model exactly (seed replay,
 zoexec.rundir). A crash can leave at most a torn last line, which a resume drops.
 
-Weights (a snapshot or final/) are an HF folder (config.json, model.safetensors, and the
-tokenizer and generation config of the model folder the run started from, when it had
-them), written into a temporary folder and renamed, so a folder is either whole or
-absent; non-finite weights are refused, never saved.
+Weights (a snapshot or final/) are an HF folder as save_pretrained writes it:
+config.json, generation_config.json (the source folder's, else derived from the config
+as GenerationConfig.from_model_config does), the weights in safetensors (one
+model.safetensors, or shards model-00001-of-0000N.safetensors + model.safetensors.index.json
+when they pass max_shard_bytes), and the tokenizer files of the model folder the run
+started from. Shards are written tensor by tensor straight from the flat block buffers,
+so saving holds at most one converted tensor beside the store, never the model. A
+folder is written into a temporary folder and renamed, so it is either whole or absent;
+non-finite weights are refused, never saved.
 """
 
 from __future__ import annotations
@@ -19,16 +24,28 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
+import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from zoplan.errors import ZoError
 
-# Files of a model folder that a saved model carries along (AutoTokenizer, generate).
+# Files of a model folder that a saved model carries along for AutoTokenizer (fast and
+# slow tokenizers: BPE, WordPiece, SentencePiece, tiktoken) and chat templates.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
-                   "generation_config.json")
+                   "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+                   "chat_template.jinja", "chat_template.json")
+TOKENIZER_PATTERNS = ("*.tiktoken",)
+TOKENIZER_DIRS = ("additional_chat_templates",)
+GENERATION_CONFIG = "generation_config.json"
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+MAX_SHARD_BYTES = 5 * 10**9        # --max-shard-size default: 5GB (decimal, as HF counts)
+_SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]B)?", re.IGNORECASE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,14 +148,27 @@ def read_losses(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def export_weights(parts, block_flats, folder: Path, *, resident=None,
-                   extra_files: Path | None = None, state: dict | None = None) -> Path:
-    """Write `folder` (an HF folder: config.json + model.safetensors, the tokenizer
-    files of `extra_files` when it has them, and state.json with `state`) atomically,
-    in the stored precision; `resident`: the resident weights' clean flat copy
-    (models.hf_state_dict). Non-finite weights are refused."""
-    from zoexec.models import export_hf_model
+def parse_size(text: str | int) -> int:
+    """--max-shard-size: bytes ("5GB", "500MB", "1.5GB": decimal units as HF's; a plain
+    integer: bytes). ZoError when it is not a size > 0."""
+    match = _SIZE.fullmatch(str(text).strip())
+    size = 0
+    if match:
+        size = int(float(match[1]) * (_SIZE_UNITS[match[2].upper()] if match[2] else 1))
+    if size < 1:
+        raise ZoError(f"--max-shard-size {text!r}: give a size such as 5GB, 500MB or a number "
+                      f"of bytes")
+    return size
 
+
+def export_weights(parts, block_flats, folder: Path, *, resident=None,
+                   extra_files: Path | None = None, state: dict | None = None,
+                   max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+    """Write `folder` atomically as save_pretrained would (see the module docstring), in
+    the stored precision (the blocks' dtype); `extra_files`: the model folder the run
+    started from (its tokenizer and generation config); `state`: state.json;
+    `resident`: the resident weights' clean flat copy (resident_specs order), else the
+    resident modules' own weights. Non-finite weights are refused."""
     for index, flat in enumerate(block_flats):
         _check_finite(flat, f"block {index}")
     if resident is not None:
@@ -147,11 +177,13 @@ def export_weights(parts, block_flats, folder: Path, *, resident=None,
     tmp = folder.with_name(f".{folder.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        export_hf_model(parts, block_flats, tmp, resident=resident)
-        for name in TOKENIZER_FILES:
-            source = Path(extra_files) / name if extra_files else None
-            if source is not None and source.is_file():
-                shutil.copy2(source, tmp / name)
+        tmp.mkdir(parents=True)
+        dtype = block_flats[0].dtype
+        config = _save_config(parts, tmp, dtype)
+        _save_generation_config(config, tmp, extra_files)
+        write_safetensors(_hf_tensors(parts, block_flats, resident), tmp, dtype=dtype,
+                          max_shard_bytes=max_shard_bytes)
+        copy_tokenizer(extra_files, tmp)
         if state is not None:
             (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=False) + "\n")
         _fsync_tree(tmp)
@@ -161,6 +193,143 @@ def export_weights(parts, block_flats, folder: Path, *, resident=None,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def _hf_tensors(parts, block_flats, resident):
+    """(HF state-dict key, view) of every saved tensor, in save order (a tied head once):
+    views into the flat buffers, nothing copied."""
+    from zoexec.models import resident_param_specs
+
+    if resident is not None:
+        for spec in parts.resident_specs:
+            yield spec.name, resident[spec.offset:spec.stop].view(spec.shape)
+    else:
+        for name, tensor, _ in resident_param_specs(parts):
+            yield name, tensor.detach()
+    for index, flat in enumerate(block_flats):
+        for spec in parts.block_specs:
+            yield f"{parts.layer_prefix}{index}.{spec.name}", flat[spec.offset:spec.stop].view(spec.shape)
+
+
+def _save_config(parts, folder: Path, dtype):
+    """config.json: the run's model config, its dtype the saved one, its architectures
+    the *ForCausalLM class (as save_pretrained sets them)."""
+    config = parts.config.__class__.from_dict(parts.config.to_dict())
+    config.dtype = dtype
+    config.architectures = [type(parts.resident).__name__]
+    config.save_pretrained(folder)
+    return config
+
+
+def _save_generation_config(config, folder: Path, source: Path | None) -> None:
+    """generation_config.json: the source folder's, else the one transformers derives
+    from the model config (bos / eos / pad token ids)."""
+    given = Path(source) / GENERATION_CONFIG if source else None
+    if given is not None and given.is_file():
+        shutil.copy2(given, folder / GENERATION_CONFIG)
+        return
+    from transformers import GenerationConfig
+
+    GenerationConfig.from_model_config(config).save_pretrained(folder)
+
+
+def tokenizer_files(source: Path | None) -> list[Path]:
+    """The tokenizer files and folders of model folder `source` (none: [])."""
+    if source is None or not Path(source).is_dir():
+        return []
+    source = Path(source)
+    found = [source / name for name in TOKENIZER_FILES if (source / name).is_file()]
+    found += sorted(p for pattern in TOKENIZER_PATTERNS for p in source.glob(pattern) if p.is_file())
+    found += [source / name for name in TOKENIZER_DIRS if (source / name).is_dir()]
+    return found
+
+
+def copy_tokenizer(source: Path | None, folder: Path) -> list[str]:
+    """Copy the tokenizer of `source` into `folder`; the names copied."""
+    names = []
+    for path in tokenizer_files(source):
+        if path.is_dir():
+            shutil.copytree(path, folder / path.name)
+        else:
+            shutil.copy2(path, folder / path.name)
+        names.append(path.name)
+    return names
+
+
+# ---- safetensors, shard by shard, tensor by tensor -------------------------------------
+_SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
+                       "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
+                       "uint8": "U8", "bool": "BOOL"}
+
+
+def plan_shards(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
+    """Tensor names grouped into shards in order, as huggingface_hub splits a state dict:
+    a shard takes tensors until the next would pass `max_shard_bytes`; a tensor larger
+    than that has a shard of its own."""
+    shards: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for name, nbytes in sizes:
+        if nbytes > max_shard_bytes:
+            shards.append([name])
+            continue
+        if current and size + nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = [], 0
+        current.append(name)
+        size += nbytes
+    if current:
+        shards.append(current)
+    return shards
+
+
+def write_safetensors(tensors, folder: Path, *, dtype, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
+    """Write (name, tensor) pairs, each converted to `dtype`, as model.safetensors or as
+    HF shards + index; one tensor in memory at a time. The file names written."""
+    import torch
+
+    items = list(tensors)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    sizes = [(name, tensor.numel() * itemsize) for name, tensor in items]
+    groups = plan_shards(sizes, max_shard_bytes)
+    by_name = dict(items)
+    if len(groups) == 1:
+        names = [WEIGHTS]
+    else:
+        names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    for file_name, group in zip(names, groups):
+        _write_one(Path(folder) / file_name, [(n, by_name[n]) for n in group], dtype)
+    if len(groups) > 1:
+        index = {"metadata": {"total_parameters": sum(t.numel() for _, t in items),
+                              "total_size": sum(n for _, n in sizes)},
+                 "weight_map": {n: f for f, group in zip(names, groups) for n in group}}
+        (Path(folder) / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        names.append(WEIGHTS_INDEX)
+    return names
+
+
+def _write_one(path: Path, items: list, dtype) -> None:
+    """One safetensors file: an 8-byte header length, the JSON header (padded with
+    spaces to 8 bytes), then each tensor's bytes in order (little-endian, row-major)."""
+    import torch
+
+    code = _SAFETENSORS_DTYPES[str(dtype).removeprefix("torch.")]
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, tensor in items:
+        nbytes = tensor.numel() * itemsize
+        header[name] = {"dtype": code, "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as handle:
+        handle.write(struct.pack("<Q", len(raw)))
+        handle.write(raw)
+        for _, tensor in items:
+            data = tensor.detach().to("cpu", dtype).contiguous().reshape(-1)
+            handle.write(memoryview(data.view(torch.uint8).numpy()))
 
 
 def _check_finite(flat, what: str) -> None:

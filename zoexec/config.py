@@ -44,6 +44,16 @@ class RunConfig:
     lr_schedule: str = "constant"   # zoexec.schedule: constant, linear, cosine
     warmup_steps: int = 0
     source_dir: str | None = None   # the model folder the run started from (its tokenizer)
+    # what rank 0 reports (zoexec.report): metrics to "none" or "tensorboard" besides
+    # metrics.jsonl, a progress line every `log_every` steps off a terminal (None: ~30 s)
+    report_to: str = "none"
+    log_every: int | None = None
+    max_shard_bytes: int = 5 * 10**9   # saved weights: safetensors shards of at most this
+    # the task (zoexec.tasks.TaskSpec.to_dict(); None: text) and the evaluation: the
+    # eval set scored every `eval_every` steps (None: after the last step only)
+    task: dict | None = None
+    eval_data: str | None = None
+    eval_every: int | None = None
     fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`
     delay_h2d: tuple[int, int, float] | None = None   # for tests: (rank, block, seconds) slept before each h2d of it
 
@@ -56,8 +66,8 @@ class RunConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         if not self.eps > 0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
-        if not 0 <= self.start_step < self.steps:
-            raise ValueError(f"start_step must be in 0..{self.steps - 1}, got {self.start_step}")
+        if not 0 <= self.start_step <= self.steps:   # == steps: a resume that only saves
+            raise ValueError(f"start_step must be in 0..{self.steps}, got {self.start_step}")
         if self.save_every is not None and self.save_every < 1:
             raise ValueError(f"save_every must be >= 1 step, got {self.save_every}")
         if self.save_every_s is not None and not self.save_every_s > 0:
@@ -71,6 +81,14 @@ class RunConfig:
             raise ValueError(f"warmup_steps must be in 0..{self.steps - 1}, got {self.warmup_steps}")
         if self.on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
+        if self.report_to not in ("none", "tensorboard"):
+            raise ValueError(f"report_to must be 'none' or 'tensorboard', got {self.report_to!r}")
+        if self.log_every is not None and self.log_every < 1:
+            raise ValueError(f"log_every must be >= 1 step, got {self.log_every}")
+        if self.eval_every is not None and self.eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1 step, got {self.eval_every}")
+        if self.max_shard_bytes < 1:
+            raise ValueError(f"max_shard_bytes must be >= 1, got {self.max_shard_bytes}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 

@@ -1,8 +1,11 @@
-"""Training data: a built-in learnable synthetic task, JSONL files, and per-rank sharding.
+"""Training data: a built-in learnable synthetic task, packed text, and per-rank sharding
+(the prompt/completion and classification tasks: zoexec.tasks).
 
-Every source answers `batch(step, batch_size, seq) -> LongTensor [batch_size, seq]`,
-deterministic in (seed, step): every rank builds the same global batch and keeps its
-own rows with `shard`, so the layout never changes what the model sees.
+Every source answers `batch(step, batch_size, seq)` with a `Batch` (token ids and the
+labels the loss predicts, IGNORE where nothing is predicted) or a bare LongTensor
+[batch_size, seq] of packed text (every token predicted: `as_batch`), deterministic in
+(seed, step): every rank builds the same global batch and keeps its own rows with
+`shard`, so the layout never changes what the model sees.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,8 +21,41 @@ import torch
 from zoexec.zo import mix_seed
 from zoplan.errors import ZoError
 
+IGNORE = -100   # a label that is not predicted (prompt, padding): HF's ignore_index
 _TAG_SYNTHETIC = 0x5359      # separates the data streams' seeds from z's
 _TAG_JSONL = 0x4A53
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Rows of token ids [B, S] and their labels [B, S]: the token a position holds
+    where the loss predicts it, IGNORE (-100) elsewhere (a prompt, padding). The loss
+    of position i is that of predicting labels[i + 1] (zoexec.models.causal_lm_loss)."""
+
+    ids: torch.Tensor
+    labels: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.ids.shape != self.labels.shape or self.ids.dim() != 2:
+            raise ZoError(f"a batch needs ids and labels of one shape [rows, seq], got "
+                          f"{tuple(self.ids.shape)} and {tuple(self.labels.shape)}")
+
+    @property
+    def rows(self) -> int:
+        return self.ids.shape[0]
+
+    def select(self, start: int, stop: int) -> Batch:
+        return Batch(self.ids[start:stop], self.labels[start:stop])
+
+    def to(self, device) -> Batch:
+        return Batch(self.ids.to(device), self.labels.to(device))
+
+
+def as_batch(rows: torch.Tensor | Batch) -> Batch:
+    """A source's answer as a Batch: bare rows are packed text, every token a label."""
+    if isinstance(rows, Batch):
+        return rows
+    return Batch(rows, rows)
 
 
 def _generator(*parts: int) -> torch.Generator:
@@ -59,12 +96,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.j
 
 class JsonlReader:
     """The documents of a JSONL file as token ids, each line checked: {"text": "..."}
-    (tokenised with the tokenizer of `tokenizer_dir`, an EOS appended when the tokenizer
-    has one) or {"input_ids": [...]}; ids within the vocabulary. Every problem is a
-    ZoError naming the file and line."""
+    (the `column`; tokenised with the tokenizer of `tokenizer_dir`, an EOS appended
+    when the tokenizer has one) or {"input_ids": [...]}; ids within the vocabulary.
+    Every problem is a ZoError naming the file and line."""
 
-    def __init__(self, path, *, vocab: int, tokenizer_dir=None) -> None:
+    def __init__(self, path, *, vocab: int, tokenizer_dir=None, column: str = "text") -> None:
         self.path, self.vocab, self.tokenizer_dir = Path(path), vocab, tokenizer_dir
+        self.column = column
         self._tokenizer = None
 
     def documents(self) -> Iterator[list[int]]:
@@ -90,21 +128,28 @@ class JsonlReader:
             record = json.loads(line, parse_constant=_refuse_constant)
         except ValueError as exc:
             raise ZoError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
-        if isinstance(record, dict) and "input_ids" in record:
+        return self.record_ids(record, where)
+
+    def record_ids(self, record, where: str) -> list[int]:
+        """The ids of one record ({column: text} or {"input_ids": [...]}), checked."""
+        if isinstance(record, dict) and record.get("input_ids") is not None:
             ids = record["input_ids"]
             if not isinstance(ids, list) or not all(type(i) is int for i in ids):
                 raise ZoError(f"{where}: 'input_ids' must be a list of integers")
-        elif isinstance(record, dict) and isinstance(record.get("text"), str):
-            ids = self._tokenize(record["text"], where)
+        elif isinstance(record, dict) and isinstance(record.get(self.column), str):
+            ids = self._tokenize(record[self.column], where)
         else:
-            raise ZoError(f"{where}: expected an object with 'text' (string) or 'input_ids'")
+            raise ZoError(f"{where}: expected an object with {self.column!r} (string) or "
+                          f"'input_ids' (name the text's column with --text-column)")
         bad = [i for i in ids if not 0 <= i < self.vocab]
         if bad:
             raise ZoError(f"{where}: token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})")
         return ids
 
     def _tokenize(self, text: str, where: str) -> list[int]:
-        tokenizer = self._tokenizer or self._load_tokenizer(where)
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.tokenizer_dir, where=where)
+        tokenizer = self._tokenizer
         ids = list(tokenizer(text)["input_ids"])
         eos = tokenizer.eos_token_id
         if text.strip() and not [i for i in ids if i != eos]:
@@ -115,61 +160,103 @@ class JsonlReader:
             ids.append(eos)
         return ids
 
-    def _load_tokenizer(self, where: str):
-        if self.tokenizer_dir is None:
-            raise ZoError(f"{where}: text data needs a tokenizer; pass a model directory "
-                          f"(init) that holds one, or give 'input_ids'")
-        folder = Path(self.tokenizer_dir)
-        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-            raise ZoError(f"{where}: text data needs a tokenizer, and model folder {folder} "
-                          f"has none (no {', '.join(TOKENIZER_FILES)}); add the model's "
-                          f"tokenizer files or give 'input_ids'")
-        from transformers import AutoTokenizer
 
-        try:
-            self._tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        except Exception as exc:  # noqa: BLE001 - broken tokenizer files: the folder's problem
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ZoError(f"no usable tokenizer in {folder}: {reason}") from None
-        return self._tokenizer
+def load_tokenizer(folder, *, where):
+    """The tokenizer of model folder `folder` (ZoError, naming `where` needs it, when
+    there is no folder, or the folder holds no tokenizer files or a broken one)."""
+    if folder is None:
+        raise ZoError(f"{where}: text data needs a tokenizer; pass a model directory "
+                      f"(init) that holds one, or give 'input_ids'")
+    folder = Path(folder)
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ZoError(f"{where}: text data needs a tokenizer, and model folder {folder} "
+                      f"has none (no {', '.join(TOKENIZER_FILES)}); add the model's "
+                      f"tokenizer files or give 'input_ids'")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - broken tokenizer files: the folder's problem
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ZoError(f"no usable tokenizer in {folder}: {reason}") from None
 
 
 def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-class JsonlData:
-    """A JSONL file, one object per line: {"text": "..."} (tokenised with the tokenizer
-    of `tokenizer_dir`, an EOS appended when the tokenizer has one) or
-    {"input_ids": [...]} (JsonlReader checks each line). All documents are concatenated
-    and cut into rows of `seq` tokens (the tail shorter than `seq` is dropped); rows are
-    visited in a fresh random order each epoch, fixed by `seed`."""
+class TextData:
+    """Packed text (the `text` task): documents, one per JSONL line or row of a data
+    file ({"text": "..."} in the `column`, tokenised with the tokenizer of
+    `tokenizer_dir`, an EOS appended when the tokenizer has one, or {"input_ids":
+    [...]}), concatenated and cut into rows of `seq` tokens (the tail shorter than `seq`
+    is dropped); rows are visited in a fresh random order each epoch, fixed by `seed`.
+    Labels are the ids, but for the first token of every document (IGNORE): nothing
+    predicts a document's first token from the one before, so a document never
+    predicts the next one's tokens."""
 
-    def __init__(self, path, *, vocab: int, seed: int = 0, tokenizer_dir=None) -> None:
+    def __init__(self, path, *, vocab: int, seed: int = 0, tokenizer_dir=None,
+                 column: str = "text") -> None:
         self.path, self.vocab, self.seed = Path(path), vocab, seed
-        self.tokenizer_dir = tokenizer_dir
-        self.tokens = self._read()
-        self._rows: dict[int, torch.Tensor] = {}
+        self.tokenizer_dir, self.column = tokenizer_dir, column
+        self.tokens, self.starts = self._read()
+        self._rows: dict[int, Batch] = {}
         self._orders: dict[tuple[int, int], torch.Tensor] = {}
 
-    def _read(self) -> torch.Tensor:
-        reader = JsonlReader(self.path, vocab=self.vocab, tokenizer_dir=self.tokenizer_dir)
+    @classmethod
+    def from_path(cls, path, **kwargs) -> TextData:
+        return cls(path, **kwargs)
+
+    def documents(self) -> Iterator[list[int]]:
+        reader = JsonlReader(self.path, vocab=self.vocab, tokenizer_dir=self.tokenizer_dir,
+                             column=self.column)
+        if self.path.suffix.lower() == ".jsonl" and not self.path.is_dir():
+            yield from reader.documents()
+            return
+        from zoexec.tasks import load_records
+
+        for number, record in enumerate(load_records(self.path), start=1):
+            yield reader.record_ids(record, f"{self.path} row {number}")
+
+    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
         stream: list[int] = []
-        for ids in reader.documents():
+        starts: list[int] = []
+        for ids in self.documents():
+            if ids:
+                starts.append(len(stream))
             stream.extend(ids)
         if not stream:
             raise ZoError(f"data file {self.path} holds no tokens")
-        return torch.tensor(stream, dtype=torch.long)
+        first = torch.zeros(len(stream), dtype=torch.bool)
+        first[starts] = True
+        return torch.tensor(stream, dtype=torch.long), first
 
-    def rows(self, seq: int) -> torch.Tensor:
-        """All packed rows of length `seq`: [num_rows, seq]."""
+    def _labels(self, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        return ids.masked_fill(first, IGNORE)
+
+    def rows(self, seq: int) -> Batch:
+        """All packed rows of length `seq` (a Batch of [num_rows, seq])."""
         if seq not in self._rows:
             num_rows = self.tokens.numel() // seq
             if num_rows == 0:
                 raise ZoError(f"data file {self.path} has {self.tokens.numel()} tokens, "
                               f"fewer than one sequence of {seq}")
-            self._rows[seq] = self.tokens[:num_rows * seq].view(num_rows, seq)
+            ids = self.tokens[:num_rows * seq].view(num_rows, seq)
+            first = self.starts[:num_rows * seq].view(num_rows, seq)
+            self._rows[seq] = Batch(ids, self._labels(ids, first))
         return self._rows[seq]
+
+    def eval_examples(self, seq: int) -> list:
+        """Every token in rows of `seq` (the last one shorter), in order, for evaluation
+        (zoexec.tasks.Example: no prompt, the document starts skipped)."""
+        from zoexec.tasks import Example
+
+        out = []
+        for start in range(0, self.tokens.numel(), seq):
+            ids = self.tokens[start:start + seq].tolist()
+            skip = torch.nonzero(self.starts[start:start + seq]).flatten().tolist()
+            out.append(Example((), tuple(ids), tuple(skip)))
+        return out
 
     def _order(self, num_rows: int, epoch: int) -> torch.Tensor:
         key = (num_rows, epoch)
@@ -179,35 +266,49 @@ class JsonlData:
             self._orders[key] = torch.randperm(num_rows, generator=_generator(_TAG_JSONL, self.seed, epoch))
         return self._orders[key]
 
-    def batch(self, step: int, batch_size: int, seq: int) -> torch.Tensor:
+    def batch(self, step: int, batch_size: int, seq: int) -> Batch:
         rows = self.rows(seq)
-        num_rows = rows.shape[0]
+        num_rows = rows.rows
         picks = []
         for k in range(step * batch_size, (step + 1) * batch_size):
             picks.append(self._order(num_rows, k // num_rows)[k % num_rows])
-        return rows[torch.stack(picks)]
+        index = torch.stack(picks)
+        return Batch(rows.ids[index], rows.labels[index])
 
 
-def shard(batch: torch.Tensor, *, data_shard: int, num_shards: int) -> torch.Tensor:
-    """This rank's contiguous rows of the global batch (data_shard in 0..num_shards-1)."""
-    rows = batch.shape[0]
+JsonlData = TextData   # the name of the text source before tasks (tests, scripts)
+
+
+def shard(batch, *, data_shard: int, num_shards: int):
+    """This rank's contiguous rows of the global batch (a Batch or a tensor of rows;
+    data_shard in 0..num_shards-1)."""
+    rows = batch.rows if isinstance(batch, Batch) else batch.shape[0]
     if num_shards < 1 or not 0 <= data_shard < num_shards:
         raise ZoError(f"data shard {data_shard} is not in 0..{num_shards - 1}")
     if rows % num_shards:
         raise ZoError(f"global batch ({rows}) is not divisible by the data shards ({num_shards})")
     per = rows // num_shards
+    if isinstance(batch, Batch):
+        return batch.select(data_shard * per, (data_shard + 1) * per)
     return batch[data_shard * per:(data_shard + 1) * per]
 
 
-def check_data(source: str, *, vocab: int, batch: int, seq: int, tokenizer_dir=None) -> None:
-    """What a rank's data source would refuse, found before any rank starts (zoexec's
-    preflight): every line of a JSONL file read and checked as the ranks will (tokens
-    counted, not kept), and enough tokens for one global batch of `batch` rows of `seq`
-    tokens."""
+def check_data(source: str, *, vocab: int, batch: int, seq: int, tokenizer_dir=None,
+               column: str = "text") -> None:
+    """What a rank's text source would refuse, found before any rank starts (zoexec's
+    preflight): every line of a JSONL file (every row of another format) read and
+    checked as the ranks will (tokens counted, not kept), and enough tokens for one
+    global batch of `batch` rows of `seq` tokens."""
     if source == "synthetic":
         SyntheticTask(vocab=vocab)
         return
-    tokens = JsonlReader(source, vocab=vocab, tokenizer_dir=tokenizer_dir).count_tokens()
+    path = Path(source)
+    if path.suffix.lower() == ".jsonl" and not path.is_dir():
+        tokens = JsonlReader(source, vocab=vocab, tokenizer_dir=tokenizer_dir,
+                             column=column).count_tokens()
+    else:
+        tokens = TextData(source, vocab=vocab, tokenizer_dir=tokenizer_dir,
+                          column=column).tokens.numel()
     if tokens == 0:
         raise ZoError(f"data file {source} holds no tokens")
     if tokens < batch * seq:
@@ -215,8 +316,12 @@ def check_data(source: str, *, vocab: int, batch: int, seq: int, tokenizer_dir=N
                       f"plan ({batch} x {seq} = {batch * seq} tokens)")
 
 
-def make_source(source: str, *, vocab: int, seed: int = 0, tokenizer_dir=None):
-    """"synthetic" -> SyntheticTask, anything else -> JsonlData(path)."""
+def make_source(source: str, *, vocab: int, seed: int = 0, tokenizer_dir=None, task=None):
+    """"synthetic" -> SyntheticTask; a file or folder -> the source of `task` (a
+    zoexec.tasks.TaskSpec or its dict; default text: TextData)."""
     if source == "synthetic":
         return SyntheticTask(vocab=vocab, seed=seed)
-    return JsonlData(source, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir)
+    from zoexec.tasks import TaskSpec, make_task_source
+
+    spec = task if isinstance(task, TaskSpec) else TaskSpec.from_dict(task)
+    return make_task_source(source, spec, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir)

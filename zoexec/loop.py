@@ -12,6 +12,8 @@ at the next step) and rank 0 writes the weights of node 0's store.
 A non-finite loss or g is never applied: the run stops (the weights of the step before
 saved as a snapshot, exit 1), or with --on-nonfinite skip the step is logged as
 skipped and training goes on (at most MAX_SKIPS in a row).
+With --eval-data, every rank evaluates the held-out set (zoexec.evaluate) after every
+--eval-every steps and after the last step, in lock-step; rank 0 reports the metrics.
 At the end, rank 0 writes the weights (final/) first, then the trace.
 """
 
@@ -27,6 +29,7 @@ from zoexec.checkpoint import LossLog, StepRecord, export_weights
 from zoexec.engine import Trainer
 from zoexec.loading import fill_timeout_s
 from zoexec.node import monitored_barrier
+from zoexec.report import Reporter
 from zoexec.rundir import FINAL, RunDir
 
 MAX_SKIPS = 10
@@ -77,8 +80,10 @@ STOP = StopRequest()
 class TrainLoop:
     """Drive a Trainer from cfg.start_step to cfg.steps (see the module docstring)."""
 
-    def __init__(self, trainer: Trainer, rundir: RunDir | None, progress) -> None:
-        self.trainer, self.rundir, self.progress = trainer, rundir, progress
+    def __init__(self, trainer: Trainer, rundir: RunDir | None, reporter: Reporter,
+                 evaluator=None) -> None:
+        self.trainer, self.rundir, self.reporter = trainer, rundir, reporter
+        self.evaluator = evaluator   # zoexec.evaluate.Evaluator: --eval-data
         self.cfg, self.env = trainer.cfg, trainer.env
         self.log = LossLog(rundir.path) if rundir and self.env.rank == 0 else None
         self.last_save_s = time.monotonic()
@@ -90,6 +95,7 @@ class TrainLoop:
         try:
             if cfg.replay:
                 self.trainer.replay(cfg.replay)
+            self.reporter.begin()
             for step in range(cfg.start_step, cfg.steps):
                 record, (stop, save) = self.trainer.step(step, lr=cfg.lr_of(step),
                                                          flags=self._flags())
@@ -97,7 +103,9 @@ class TrainLoop:
                 self.records.append(record)
                 if self.log:
                     self.log.append(record)
-                self.progress.update(record)
+                self.reporter.train(record, epoch=self._epoch(step))
+                if self.evaluator is not None and self.evaluator.due(step, cfg.steps - 1):
+                    self.reporter.evaluate(step + 1, self.evaluator.run(self.trainer))
                 if stop:
                     self._stopped(step)
                 if self._save_due(step, save):
@@ -105,12 +113,18 @@ class TrainLoop:
                 if self.trainer.speed:
                     self.trainer.speed.after_step(step + 1, cfg.steps)
         finally:
-            self.progress.close()
+            self.reporter.close()
             if self.log:
                 self.log.close()
         return self.records
 
     # ---- per step ----------------------------------------------------------------------
+    def _epoch(self, step: int) -> float | None:
+        """Passes over the data after `step`, when the data source can tell
+        (`epoch_of(step)`), for the metrics."""
+        epoch_of = getattr(self.trainer.source, "epoch_of", None)
+        return epoch_of(step) if callable(epoch_of) else None
+
     def _flags(self) -> tuple[float, float]:
         """This rank's (stop, snapshot) requests for the step's all-reduce."""
         every = self.cfg.save_every_s
@@ -180,71 +194,25 @@ class TrainLoop:
     def finish(self) -> None:
         """The weights at the end: final/ (a snapshot of the last step too)."""
         self.trainer.flush()
-        if self.rundir is not None and self.records:
-            self._write_weights(self.rundir.path / FINAL, self.records[-1].step)
+        last = self.records[-1].step if self.records else self.cfg.start_step - 1
+        if self.rundir is not None and last >= 0:   # a resume that only saves: no records
+            self._write_weights(self.rundir.path / FINAL, last)
             if self.env.rank == 0:
                 self.rundir.prune(self.cfg.keep)
 
     def _write_weights(self, path: Path, step: int) -> None:
         trainer = self.trainer
         store = trainer.store
+        trainer.store_shards()   # resident blocks: node 0's first slice group into the store
         if self.env.rank == 0:
             export_weights(trainer.parts, [store.weights(b) for b in range(store.num_blocks)],
                            path, resident=trainer.clean_resident_cpu(),
                            extra_files=Path(self.cfg.source_dir) if self.cfg.source_dir else None,
                            state={"step": step, "seed": self.cfg.seed,
-                                  "update": self.cfg.workload.update})
+                                  "update": self.cfg.workload.update},
+                           max_shard_bytes=self.cfg.max_shard_bytes)
         monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the weights",
                           timeout_s=fill_timeout_s(store.nbytes, base_s=zdist.TIMEOUT_S))
-
-
-class Progress:
-    """Rank 0's progress on stderr: a rich bar on a terminal; elsewhere one line every
-    `every_s` seconds and at the end (step, loss, tokens/s, time left)."""
-
-    def __init__(self, cfg, *, every_s: float = 30.0) -> None:
-        self.first, self.total, self.every_s = cfg.start_step, cfg.steps, every_s
-        self.start_s = self.last_s = time.monotonic()
-        self.done = 0
-        self.bar = None
-        if sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("[bold]zoexec"), BarColumn(), MofNCompleteColumn(),
-                                TimeRemainingColumn(), TextColumn("{task.description}"),
-                                console=Console(stderr=True), transient=False)
-            self.task = self.bar.add_task("", total=self.total, completed=self.first)
-            self.bar.start()
-
-    @classmethod
-    def make(cls, cfg, env):
-        return cls(cfg) if env.rank == 0 and cfg.progress else _Silent()
-
-    def update(self, record: StepRecord) -> None:
-        self.done += 1
-        text = f"loss {record.loss:.4f}  g {record.g:+.3e}  {record.tokens_per_s:,.0f} tok/s"
-        if self.bar is not None:
-            self.bar.update(self.task, advance=1, description=text)
-            return
-        now = time.monotonic()
-        if now - self.last_s >= self.every_s or record.step == self.total - 1:
-            self.last_s = now
-            left = (now - self.start_s) / self.done * (self.total - 1 - record.step)
-            print(f"zoexec: step {record.step + 1}/{self.total}  {text}  {left:.0f} s left",
-                  file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
-class _Silent:
-    def update(self, record: StepRecord) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def prepare_rundir(cfg, env, plan_sha256: str) -> RunDir | None:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zoexec.data import IGNORE
 from zoexec.zo import RESIDENT_BLOCK, mix_seed
 from zoplan.errors import ZoError
 
@@ -113,9 +114,23 @@ class ModelParts:
         """Run the working block (whatever flat buffer is bound) on `hidden`."""
         return self.block(hidden, **ctx)
 
-    def head_loss(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """Final norm (+ OPT project_out) + LM head + mean next-token CE (fp32 scalar)."""
-        return causal_lm_loss(self.logits(hidden), input_ids)
+    def head_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Final norm (+ OPT project_out) + LM head + mean next-token CE over the
+        labelled positions (float64 scalar: the sum over the count, as the engine
+        divides the world's sums)."""
+        total, count = self.head_loss_sum(hidden, labels)
+        return total.double() / count
+
+    def head_loss_sum(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(sum of the next-token CE over the labelled positions (fp32 scalar), their
+        count). `labels` [B, S]: the token each position holds, -100 where it is not
+        predicted (HF's convention: the shift happens here)."""
+        return causal_lm_loss_sum(self.logits(hidden), labels)
+
+    def head_row_losses(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Per row: [sum of the next-token CE over its labelled positions, their count]
+        (float64 [B, 2]), for evaluation (a candidate's log-likelihood is -its sum)."""
+        return causal_lm_row_losses(self.logits(hidden), labels)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         body = self.resident.model
@@ -136,12 +151,35 @@ class ModelParts:
         return self
 
 
-def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """transformers' ForCausalLMLoss with labels = input_ids (same ops, same order)."""
+def _shifted(labels: torch.Tensor) -> torch.Tensor:
+    """Position i predicts the label of position i + 1 (the last predicts nothing)."""
+    return nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:].contiguous()
+
+
+def causal_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(sum of next-token CE over the labelled positions, count): transformers'
+    ForCausalLMLoss ops with reduction "sum" (its mean is this sum over the count)."""
+    logits = logits.float()    # rebinding frees 16-bit logits before the log-softmax
+    target = _shifted(labels)
+    per_token = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), target.view(-1),
+                                            ignore_index=IGNORE, reduction="none")
+    return per_token.double().sum(), int((target != IGNORE).sum())
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token CE over the labelled positions (float64 scalar)."""
+    total, count = causal_lm_loss_sum(logits, labels)
+    return total.double() / count
+
+
+def causal_lm_row_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[sum of next-token CE over each row's labelled positions, their count] per row."""
     logits = logits.float()
-    labels = nn.functional.pad(input_ids, (0, 1), value=-100)[..., 1:].contiguous()
-    return nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1),
-                                       ignore_index=-100, reduction="mean")
+    target = _shifted(labels)
+    per_token = nn.functional.cross_entropy(logits.transpose(1, 2), target,
+                                            ignore_index=IGNORE, reduction="none")
+    return torch.stack([per_token.double().sum(dim=1),
+                        (target != IGNORE).sum(dim=1).double()], dim=1)
 
 
 def _causal_mask(parts: ModelParts, inputs_embeds: torch.Tensor, position_ids=None):

@@ -1,6 +1,7 @@
 """One rank of `zoexec run`, from joining the job to leaving it: the device and groups,
 the data, the run folder (rank 0 owns it), the node's model, the training loop
-(zoexec.loop) around the engine's steps, and at the end the weights, then the trace."""
+(zoexec.loop) around the engine's steps, and at the end the weights, then the trace,
+then rank 0's summary (zoexec.report)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from zoexec.checkpoint import StepRecord
 from zoexec.config import RunConfig
 from zoexec.data import make_source
 from zoexec.engine import Trainer
+from zoexec.evaluate import make_evaluator
 from zoexec.hostenv import keep_freed_memory
-from zoexec.loop import STOP, Progress, TrainLoop, prepare_rundir
+from zoexec.loop import STOP, TrainLoop, prepare_rundir
 from zoexec.node import close_store, host_memory_probe, load_node_model, share_read_flags
 from zoexec.preflight import check_gpu_memory
+from zoexec.report import Reporter, quiet_libraries
 from zoexec.rundir import RunDir
 from zoexec.speed import SpeedMonitor
 from zoplan.io import sha256_json
@@ -38,7 +41,8 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
         env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
                                      tf32=cfg.workload.tf32)
         threads = zdist.set_threads(cfg.threads, cfg.layout.local_ranks)
-        with torch.no_grad():   # not inference_mode: zo's z threads would not inherit it
+        # not inference_mode: zo's z threads would not inherit it; -q: transformers quiet too
+        with torch.no_grad(), quiet_libraries(not cfg.progress):
             return _run(cfg, env, threads)
     except BaseException as exc:
         if on_failure is not None:
@@ -51,7 +55,9 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
 
 def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
     check_gpu_memory(cfg, env.device.index)
+    reporter = Reporter.make(cfg, env)   # its clock starts here: the summary's start-up
     source = _data_source(cfg)
+    evaluator = make_evaluator(cfg)   # the held-out data (--eval-data), read before the model
     owned = prepare_rundir(cfg, env, sha256_json(cfg.plan))
     try:
         run_id = zdist.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
@@ -65,8 +71,8 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
             trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
                               lanes=zdist.make_lanes(env, epoch_s=epoch_s), flags=flags,
                               speed=speed)
-            loop = TrainLoop(trainer, RunDir(cfg.out_dir) if cfg.out_dir else None,
-                             Progress.make(cfg, env))
+            loop = TrainLoop(trainer, RunDir(cfg.out_dir) if cfg.out_dir else None, reporter,
+                             evaluator)
             records = loop.run()
             speed.check()
             memory = host_memory_probe(store, env)
@@ -75,6 +81,7 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
                          {"clock": clock, "threads": threads, "start_step": cfg.start_step,
                           "records": [r.to_dict() for r in records], **speed.meta(),
                           **trainer.rounding.meta()})
+            reporter.summary()
             return records
         finally:
             close_store(store)
@@ -87,7 +94,8 @@ def _data_source(cfg: RunConfig):
     """The data (read before the model is built, so a bad file fails fast)."""
     tokenizer = cfg.source_dir or (cfg.init if cfg.init != "random" else None)
     vocab = ModelSpec.from_dict(cfg.plan["model"]["spec"]).vocab
-    return make_source(cfg.data, vocab=vocab, seed=cfg.seed, tokenizer_dir=tokenizer)
+    return make_source(cfg.data, vocab=vocab, seed=cfg.seed, tokenizer_dir=tokenizer,
+                       task=cfg.task)
 
 
 def _write_trace(cfg: RunConfig, env: zdist.DistEnv, trainer: Trainer, memory: dict,

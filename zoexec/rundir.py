@@ -38,7 +38,9 @@ SNAPSHOTS = "snapshots"
 FINAL = "final"
 LOCK = ".lock"
 # the settings a resume takes from run.json (an explicit different value is refused)
-SETTINGS = ("seed", "lr", "eps", "weight_decay", "data", "init")
+SETTINGS = ("seed", "lr", "eps", "weight_decay", "data", "init", "lr_schedule", "warmup_steps",
+            "task")
+TEXT_TASK = {"name": "text", "text_column": "text"}   # run.json without "task": zoexec.tasks' text
 _SNAPSHOT = re.compile(r"step-(\d+)")
 
 
@@ -114,6 +116,7 @@ class RunDir:
         data = {"schema_version": 1, "tool": f"zoexec {__version__}",
                 "plan_sha256": plan_sha256, "plan_path": str(cfg.plan_path),
                 "steps": cfg.steps, **{k: getattr(cfg, k) for k in SETTINGS}}
+        data["task"] = data["task"] or dict(TEXT_TASK)
         atomic_write_text(self.path / IDENTITY, json.dumps(data, indent=1) + "\n")
 
     def read_identity(self) -> dict:
@@ -121,6 +124,8 @@ class RunDir:
         if not path.is_file():
             raise ZoError(f"{self.path} holds no run to resume (no {IDENTITY})")
         data = load_json(path, what="run identity")
+        if isinstance(data, dict) and data.get("task") is None:
+            data["task"] = dict(TEXT_TASK)   # written before tasks: the text task
         missing = [k for k in ("plan_sha256", "steps", *SETTINGS) if k not in data]
         if not isinstance(data, dict) or missing:
             raise ZoError(f"{path} is not a run identity (missing {', '.join(missing)})")
@@ -170,6 +175,10 @@ class RunDir:
                           f"was {ident.get('plan_path', '?')})")
         for key in SETTINGS:
             if given.get(key) is not None and given[key] != ident[key]:
+                if key == "task":
+                    raise ZoError(f"the task {_task_text(given[key])} differs from the run being "
+                                  f"resumed ({_task_text(ident[key])}): a resumed run keeps its "
+                                  f"task")
                 raise ZoError(f"--{key.replace('_', '-')} {given[key]} differs from the run "
                               f"being resumed ({ident[key]}): a resumed run keeps its settings")
         records = self.records()
@@ -183,3 +192,11 @@ class RunDir:
         return ResumePlan(init=str(path) if path else ident["init"], snapshot_step=step,
                           replay=replay, start_step=records[-1].step + 1 if records else 0,
                           settings={k: ident[k] for k in (*SETTINGS, "steps")})
+
+
+def _task_text(task) -> str:
+    """A task dict of run.json in a line: "classification (template=..., ...)"."""
+    if not isinstance(task, dict):
+        return repr(task)
+    rest = ", ".join(f"{k}={v!r}" for k, v in task.items() if k != "name")
+    return f"{task.get('name')} ({rest})" if rest else str(task.get("name"))

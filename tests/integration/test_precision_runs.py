@@ -3,9 +3,14 @@
   DDP 2 and 2 x 2, sliced and unsliced, give the 1-rank run's losses and weights (bit
   for bit without DDP). With DDP each shard runs its bf16 GEMMs over fewer rows, which
   rounds differently (losses within 1e-3 relative, measured 7e-5), so g moves by up to
-  a few percent (it divides the loss difference by 2 eps): a weight may differ by one
-  16-bit step (rounding) plus the update's own difference, lr x |dg| x |z| per step
-  (3 steps x 1e-5 x 0.2 x 5 = 3e-5); at most 1% of the 16-bit weights differ at all;
+  a few percent (it divides the loss difference by 2 eps): each step's rounding of a
+  weight may go the other way, so a weight may differ by one 16-bit step per step
+  plus the update's own difference, lr x |dg| x |z| per step (3 steps x 1e-5 x 0.2 x 5
+  = 3e-5). How many weights differ grows with the g differences: a rounding goes the
+  other way with probability about lr x |dg| x |z| / (16-bit step) per weight and step
+  (1e-5 x 0.1 x 0.8 / 1.2e-4 = 0.7%), so at most 5% of the 16-bit weights may differ
+  (measured 1.7-3.5%); rounding noise that depended on the layout would change about
+  half of them;
 - "master": at least 99% of the fp32 master weights change every step, and final/
   holds the fp32 masters;
 - "stochastic": over 200 steps the loss tracks an fp32 run's (tolerance below), while
@@ -90,8 +95,8 @@ def test_every_update_mode_keeps_the_layout_invariance(layout_runs, update, name
         differ = a != b
         differing += int(differ.sum())
         step = (torch.nextafter(ref[key], torch.full_like(ref[key], torch.inf)).double() - a).abs()
-        assert bool(((a - b).abs() <= 1.01 * step + 3e-5)[differ].all()), key
-    assert differing <= 0.01 * sum(t.numel() for t in ref.values())
+        assert bool(((a - b).abs() <= 1.01 * STEPS * step + 3e-5)[differ].all()), key
+    assert differing <= 0.05 * sum(t.numel() for t in ref.values())
 
 
 @pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
@@ -114,8 +119,9 @@ def test_master_weights_change_every_step_and_final_holds_them(tmp_path, model):
 
 def test_stochastic_rounding_tracks_an_fp32_run_and_plain_falls_behind(tmp_path):
     """200 steps of tiny-opt at lr 3e-6 on the built-in task, same seeds and batches:
-    with bf16 storage and stochastic rounding, the loss stays within 0.002 of the fp32
-    run's at every step and its loss drop (first 20 steps' mean - last 20 steps') is
+    with bf16 storage and stochastic rounding, the loss stays within 0.003 of the fp32
+    run's at every step (measured 0.0015-0.0020: bf16 compute alone differs by about
+    1e-3) and its loss drop (first 20 steps' mean - last 20 steps') is
     within 25% of the fp32 run's; plain round-to-nearest at the same lr drops less than
     85% as much."""
     losses = {}
@@ -132,6 +138,6 @@ def test_stochastic_rounding_tracks_an_fp32_run_and_plain_falls_behind(tmp_path)
         return statistics.mean(curve[:20]) - statistics.mean(curve[-20:])
     fp32, sr, plain = losses["master"], losses["stochastic"], losses["plain"]
     assert drop(fp32) > 0.01          # the task is learned visibly in 200 steps
-    assert max(abs(a - b) for a, b in zip(fp32, sr)) < 0.002
+    assert max(abs(a - b) for a, b in zip(fp32, sr)) < 0.003
     assert drop(sr) == pytest.approx(drop(fp32), rel=0.25)
     assert drop(plain) < 0.85 * drop(fp32)

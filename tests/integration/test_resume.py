@@ -160,6 +160,18 @@ def test_an_older_snapshot_plus_the_log_gives_the_newer_ones_weights(plan, refer
     assert _same(_final(out), _final(newer)) and _same(_final(out), _final(reference))
 
 
+def test_a_run_killed_while_saving_final_resumes_to_write_it(plan, reference, tmp_path):
+    """Every step logged but final/ not whole (a kill while it was written): the resume
+    replays the log after the newest snapshot and writes final/, training no step."""
+    out = tmp_path / "unsaved"
+    shutil.copytree(reference, out)
+    shutil.rmtree(out / "final")
+    done = _zoexec(plan, "--resume", out, "-q")
+    assert done.returncode == 0, done.stderr
+    assert _same(_final(out), _final(reference))
+    assert len(_logged(out)) == STEPS
+
+
 def test_ctrl_c_saves_a_snapshot_and_the_run_resumes_from_it(plan, reference, tmp_path):
     out = tmp_path / "interrupted"
     proc = _start(plan, out)

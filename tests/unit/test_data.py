@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from zoexec.data import JsonlData, SyntheticTask, make_source, shard
+from zoexec.data import JsonlData, SyntheticTask, TextData, make_source, shard
 from zoplan.errors import ZoError
 
 
@@ -38,12 +38,14 @@ def test_jsonl_ids_packing_and_epoch_order(tmp_path):
     path = _write(tmp_path / "d.jsonl", [{"input_ids": list(range(0, 10))}, "",
                                          {"input_ids": list(range(10, 25))}])
     data = JsonlData(path, vocab=100, seed=1)
-    rows = data.rows(4)
+    rows = data.rows(4).ids
     assert rows.shape == (6, 4) and torch.equal(rows.flatten(), torch.arange(24))
-    epoch = torch.cat([data.batch(step, 2, 4) for step in range(3)])
+    epoch = torch.cat([data.batch(step, 2, 4).ids for step in range(3)])
     assert sorted(map(tuple, epoch.tolist())) == sorted(map(tuple, rows.tolist()))
-    assert torch.equal(data.batch(5, 2, 4), JsonlData(path, vocab=100, seed=1).batch(5, 2, 4))
-    assert not torch.equal(epoch, torch.cat([data.batch(s, 2, 4) for s in range(3, 6)]))
+    again = JsonlData(path, vocab=100, seed=1).batch(5, 2, 4)
+    assert torch.equal(data.batch(5, 2, 4).ids, again.ids)
+    assert torch.equal(data.batch(5, 2, 4).labels, again.labels)
+    assert not torch.equal(epoch, torch.cat([data.batch(s, 2, 4).ids for s in range(3, 6)]))
 
 
 def test_jsonl_errors_name_the_problem(tmp_path):
@@ -78,7 +80,7 @@ def test_jsonl_text_uses_the_model_directory_tokenizer(tmp_path):
     path = _write(tmp_path / "t.jsonl", [{"text": "hello world"}, {"text": "world what"}])
     data = JsonlData(path, vocab=4, tokenizer_dir=tmp_path / "model")
     assert data.tokens.tolist() == [2, 3, 1, 3, 0, 1]
-    assert isinstance(make_source(str(path), vocab=4, tokenizer_dir=tmp_path / "model"), JsonlData)
+    assert isinstance(make_source(str(path), vocab=4, tokenizer_dir=tmp_path / "model"), TextData)
     assert isinstance(make_source("synthetic", vocab=4), SyntheticTask)
 
 

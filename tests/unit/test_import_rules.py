@@ -20,7 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NEEDS_TORCH = ("torch", "transformers", "safetensors", "numpy", "psutil", "zoexec")
 CONTRACTS = {"zoplan", "zoplan.errors", "zoplan.io", "zoplan.models", "zoplan.workload",
-             "zoplan.layout", "zoplan.plan", "zoplan.trace", "zoplan.execrules", "zoplan.memory"}
+             "zoplan.layout", "zoplan.plan", "zoplan.trace", "zoplan.execrules", "zoplan.memory",
+             "zoplan.handplan"}
 EXCEPTIONS = {("zoplan.cli", "zoexec.profiler")}   # `zoplan profile` measures with torch
 
 

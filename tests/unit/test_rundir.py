@@ -152,3 +152,14 @@ def test_pruning_removes_half_written_snapshots(tmp_path):
     (half / "model.safetensors").write_bytes(b"x" * 10)
     rundir.prune(2)
     assert not half.exists() and [s for s, _ in rundir.snapshots()] == [3]
+
+
+def test_resume_refuses_another_schedule(tmp_path):
+    rundir = RunDir(tmp_path)
+    rundir.write_identity(_cfg(lr_schedule="cosine", warmup_steps=2), "abc")
+    with pytest.raises(ZoError, match=r"--lr-schedule linear differs from the run being resumed \(cosine\)"):
+        rundir.resume_plan(plan_sha256="abc", given={"lr_schedule": "linear"})
+    with pytest.raises(ZoError, match=r"--warmup-steps 3 differs"):
+        rundir.resume_plan(plan_sha256="abc", given={"warmup_steps": 3})
+    plan = rundir.resume_plan(plan_sha256="abc", given={"lr_schedule": "cosine", "warmup_steps": None})
+    assert plan.settings["lr_schedule"] == "cosine" and plan.settings["warmup_steps"] == 2

@@ -1,0 +1,490 @@
+"""Tasks: what a row of data holds and which of its tokens the loss counts.
+
+Data files are read with the `datasets` library from local files only (JSONL, JSON,
+CSV, Parquet, or a folder written by `Dataset.save_to_disk`); nothing is downloaded.
+A text task's JSONL file keeps zoexec.data's line-by-line reader (each line checked,
+problems named by line). Three tasks (`--task`):
+
+text            packed language modelling (zoexec.data.TextData): documents (column
+                `--text-column`, or `input_ids`) tokenised, an EOS after each, joined and
+                cut into rows of the plan's seq; every token is predicted except the
+                first token of each document, so a document's tokens (and the EOS that
+                ends it) never predict the next document's. Attention still sees the
+                earlier documents of a row, as in the HF Trainer's packing.
+completion      one example per row: the prompt (`--prompt-column`) tokenised with the
+                tokenizer's special tokens, then the completion (`--completion-column`)
+                without them and an EOS (when the tokenizer has one); the loss counts the
+                completion's tokens and that EOS only. Rows are padded to the longest row
+                of the batch (pad id: the tokenizer's pad, else EOS, else 0; never a label).
+                A row longer than the plan's seq loses tokens from the left of its prompt;
+                a completion that does not fit with one prompt token is refused.
+classification  MeZO's prompt style: `--template` (e.g. "{sentence} It was": each {name}
+                is a column) makes the prompt, and `--label-words` (e.g.
+                "terrible,great": label 0, 1, ...; a label is an index or one of the
+                words) the candidates, each scored as " " + word after the prompt
+                (a leading space, as MeZO's templates). Training loss: the LM loss of the
+                correct label word's tokens after the prompt (a completion row).
+                Evaluation: every candidate scored by the summed log-likelihood of its
+                tokens; accuracy = the argmax is the label; F1 of label 1 with two labels.
+
+Every source answers batch(step, batch_size, seq) with a Batch deterministic in
+(seed, step), the same on every rank (zoexec.data.shard keeps each rank's rows).
+"""
+
+from __future__ import annotations
+
+import math
+import string
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from zoplan.errors import ZoError
+
+TASKS = ("text", "completion", "classification")
+FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+_TAG_ROWS = 0x5257
+
+
+# ---- the task's options ------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    """The task and its columns (see the module docstring); `to_dict` is what run.json
+    records (a resume refuses another)."""
+
+    name: str = "text"
+    text_column: str = "text"
+    prompt_column: str = "prompt"
+    completion_column: str = "completion"
+    label_column: str = "label"
+    template: str | None = None
+    label_words: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.name not in TASKS:
+            raise ZoError(f"--task {self.name!r}: give one of {', '.join(TASKS)}")
+        if self.name != "classification" and (self.template is not None or self.label_words):
+            raise ZoError("--template and --label-words are options of --task classification")
+        if self.name != "classification":
+            return
+        if not self.template:
+            raise ZoError("--task classification needs --template, e.g. \"{sentence} It was\" "
+                          "(each {name} is a column of the data)")
+        if not template_fields(self.template):
+            raise ZoError(f"--template {self.template!r} names no column: put the text's "
+                          f"column in braces, e.g. \"{{sentence}} It was\"")
+        if len(self.label_words) < 2:
+            raise ZoError("--task classification needs --label-words with two or more words, "
+                          "comma-separated (label 0 first), e.g. \"terrible,great\"")
+        if any(not w.strip() for w in self.label_words):
+            raise ZoError(f"--label-words {','.join(self.label_words)!r}: a label word is empty")
+        if len(set(self.label_words)) != len(self.label_words):
+            raise ZoError(f"--label-words {','.join(self.label_words)!r}: a word appears twice")
+
+    def to_dict(self) -> dict:
+        keep = {"text": ("text_column",), "completion": ("prompt_column", "completion_column"),
+                "classification": ("template", "label_words", "label_column")}[self.name]
+        out = {"name": self.name}
+        for key in keep:
+            value = getattr(self, key)
+            out[key] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> TaskSpec:
+        if not data:
+            return cls()
+        data = dict(data)
+        if "label_words" in data:
+            data["label_words"] = tuple(data["label_words"])
+        return cls(**data)
+
+    def describe(self) -> str:
+        if self.name == "classification":
+            return (f"classification, template {self.template!r}, label words "
+                    f"{', '.join(self.label_words)}")
+        return self.name
+
+
+def parse_label_words(text: str | None) -> tuple[str, ...]:
+    """--label-words "terrible,great" -> ("terrible", "great") (each stripped)."""
+    if text is None:
+        return ()
+    return tuple(word.strip() for word in text.split(","))
+
+
+def template_fields(template: str) -> list[str]:
+    """The {name} fields of a template ({{ and }} are literal braces)."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ZoError(f"--template {template!r}: {exc}") from None
+    names = [name for _, name, _, _ in parsed if name is not None]
+    if any(not name or not name.isidentifier() for name in names):
+        raise ZoError(f"--template {template!r}: every field is a column name in braces, "
+                      f"e.g. {{sentence}}")
+    return names
+
+
+# ---- records from files ------------------------------------------------------------------------
+def load_records(path) -> list[dict]:
+    """The rows of a local data file or save_to_disk folder, as dicts (ZoError naming
+    the file when it cannot be read, holds no rows, or is not a table)."""
+    path = Path(path)
+    if path.is_dir():
+        data = _from_disk(path)
+    elif not path.is_file():
+        raise ZoError(f"data file {path} does not exist")
+    elif path.suffix.lower() not in FORMATS:
+        raise ZoError(f"data file {path}: unknown format {path.suffix or '(no suffix)'!r}; "
+                      f"give .jsonl, .json, .csv, .parquet or a save_to_disk folder")
+    else:
+        data = _from_file(path, FORMATS[path.suffix.lower()])
+    rows = data.to_list()
+    if not rows:
+        raise ZoError(f"data file {path} holds no rows")
+    return rows
+
+
+def _datasets():
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def _from_disk(path: Path):
+    datasets = _datasets()
+    try:
+        data = datasets.load_from_disk(str(path), keep_in_memory=True)
+    except Exception as exc:  # noqa: BLE001 - not a saved data set: the folder's problem
+        raise ZoError(f"data folder {path} is not a data set saved with save_to_disk "
+                      f"({_first_line(exc)})") from None
+    if isinstance(data, datasets.DatasetDict):
+        if list(data) != ["train"] and len(data) != 1:
+            raise ZoError(f"data folder {path} holds several splits ({', '.join(data)}); give "
+                          f"the folder of one (e.g. {path / list(data)[0]})")
+        data = next(iter(data.values()))
+    return data
+
+
+def _from_file(path: Path, builder: str):
+    datasets = _datasets()
+    try:
+        with tempfile.TemporaryDirectory(prefix="zoexec-data-") as cache:
+            return datasets.load_dataset(builder, data_files=str(path), split="train",
+                                         cache_dir=cache, keep_in_memory=True)
+    except Exception as exc:  # noqa: BLE001 - the file's problem, named below
+        if builder == "json":
+            _find_bad_json_line(path)
+        if isinstance(exc, StopIteration) or "empty" in str(exc).lower():
+            raise ZoError(f"data file {path} holds no rows") from None
+        cause = exc.__cause__ or exc
+        raise ZoError(f"cannot read data file {path}: {_first_line(cause)}") from None
+
+
+def _find_bad_json_line(path: Path) -> None:
+    """Name the first line of a JSONL file that is not one JSON object (when any)."""
+    import json
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ZoError(f"data file {path} is not UTF-8 text") from None
+    if path.suffix.lower() == ".json":
+        return
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise ZoError(f"{path}:{number}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
+        if not isinstance(record, dict):
+            raise ZoError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_columns(rows: list[dict], columns, where) -> None:
+    """ZoError naming the columns `rows` lack (and those they have)."""
+    have = list(rows[0])
+    missing = [c for c in dict.fromkeys(columns) if c not in have]
+    if missing:
+        raise ZoError(f"{where}: no column {', '.join(repr(c) for c in missing)} (it has "
+                      f"{', '.join(repr(c) for c in have)}); name the columns with "
+                      f"--prompt-column/--completion-column/--label-column/--text-column or "
+                      f"the template's {{fields}}")
+
+
+# ---- examples: a prompt and the tokens the loss counts after it --------------------------------
+@dataclass(frozen=True)
+class Example:
+    """One row: the prompt's ids (no loss) and the target's ids (the loss), but for
+    the target positions in `skip` (a packed text row's document starts)."""
+
+    prompt: tuple[int, ...]
+    target: tuple[int, ...]
+    skip: tuple[int, ...] = ()
+
+
+class Tokens:
+    """A tokenizer with the checks a task needs: ids within the model's vocabulary, text
+    that does not vanish."""
+
+    def __init__(self, tokenizer, *, vocab: int, where) -> None:
+        self.tokenizer, self.vocab, self.where = tokenizer, vocab, where
+        tok = tokenizer
+        self.eos = tok.eos_token_id
+        pad = tok.pad_token_id if tok.pad_token_id is not None else self.eos
+        self.pad = pad if pad is not None else 0
+
+    def encode(self, text: str, *, special: bool, what: str) -> list[int]:
+        ids = list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+        bad = [i for i in ids if not 0 <= i < self.vocab]
+        if bad:
+            raise ZoError(f"{self.where}: {what} has token id {bad[0]}, outside the model's "
+                          f"vocabulary (0..{self.vocab - 1}): the tokenizer is not the model's")
+        return ids
+
+
+def _text(value, column: str, where: str) -> str:
+    if value is None:
+        raise ZoError(f"{where}: column {column!r} is empty")
+    if isinstance(value, (list, dict)):
+        raise ZoError(f"{where}: column {column!r} holds a {type(value).__name__}, not text")
+    return str(value)
+
+
+def completion_examples(rows, spec: TaskSpec, tokens: Tokens, path) -> list[Example]:
+    check_columns(rows, (spec.prompt_column, spec.completion_column), path)
+    out = []
+    for number, row in enumerate(rows, start=1):
+        where = f"{path} row {number}"
+        prompt = tokens.encode(_text(row[spec.prompt_column], spec.prompt_column, where),
+                               special=True, what="the prompt")
+        target = tokens.encode(_text(row[spec.completion_column], spec.completion_column, where),
+                               special=False, what="the completion")
+        if not target:
+            raise ZoError(f"{where}: the completion tokenises to no tokens: nothing to learn")
+        if tokens.eos is not None:
+            target.append(tokens.eos)
+        out.append(Example(tuple(prompt), tuple(target)))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Labelled:
+    """A classification example: the prompt, every candidate's ids, the label's index."""
+
+    prompt: tuple[int, ...]
+    candidates: tuple[tuple[int, ...], ...]
+    label: int
+
+    def example(self, index: int | None = None) -> Example:
+        return Example(self.prompt, self.candidates[self.label if index is None else index])
+
+
+def label_word_ids(spec: TaskSpec, tokens: Tokens) -> tuple[tuple[int, ...], ...]:
+    out = []
+    for word in spec.label_words:
+        ids = tokens.encode(" " + word, special=False, what=f"label word {word!r}")
+        if not ids:
+            raise ZoError(f"label word {word!r} tokenises to no tokens with this tokenizer")
+        unk = tokens.tokenizer.unk_token_id
+        if unk is not None and unk in ids:
+            raise ZoError(f"label word {word!r} is not in the tokenizer's vocabulary (it "
+                          f"tokenises to the unknown token)")
+        out.append(tuple(ids))
+    if len(set(out)) != len(out):
+        raise ZoError(f"label words {', '.join(spec.label_words)} tokenise to the same tokens")
+    return tuple(out)
+
+
+def _label_index(value, spec: TaskSpec, where: str) -> int:
+    words = [w.strip() for w in spec.label_words]
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str):
+        if value.strip() in words:
+            return words.index(value.strip())
+        if value.strip().lstrip("-").isdigit():
+            value = int(value.strip())
+    if isinstance(value, int) and 0 <= value < len(words):
+        return value
+    raise ZoError(f"{where}: label {value!r} is neither 0..{len(words) - 1} nor one of the "
+                  f"label words ({', '.join(words)})")
+
+
+def classification_examples(rows, spec: TaskSpec, tokens: Tokens, path) -> list[Labelled]:
+    fields = template_fields(spec.template)
+    check_columns(rows, (*fields, spec.label_column), path)
+    candidates = label_word_ids(spec, tokens)
+    out = []
+    for number, row in enumerate(rows, start=1):
+        where = f"{path} row {number}"
+        values = {name: _text(row[name], name, where) for name in fields}
+        prompt = tokens.encode(spec.template.format(**values), special=True, what="the prompt")
+        out.append(Labelled(prompt=tuple(prompt), candidates=candidates,
+                            label=_label_index(row[spec.label_column], spec, where)))
+    return out
+
+
+# ---- rows of examples --------------------------------------------------------------------------
+def pack_examples(examples: list[Example], *, seq: int, pad: int, width: int | None = None,
+                  where="data"):
+    """A Batch of one example per row, right-padded to the longest row (or `width`),
+    at most `seq` tokens: labels IGNORE on the prompt and the padding. A row too long
+    loses prompt tokens from its left; a target longer than seq - 1 is refused."""
+    from zoexec.data import IGNORE, Batch
+
+    rows = []
+    for ex in examples:
+        if len(ex.target) > seq - (1 if ex.prompt else 0):
+            raise ZoError(f"{where}: a target of {len(ex.target)} tokens does not fit a "
+                          f"sequence of {seq} after one prompt token; give a plan with a "
+                          f"longer seq or shorter completions")
+        keep = min(len(ex.prompt), seq - len(ex.target))
+        rows.append((ex.prompt[len(ex.prompt) - keep:], ex.target))
+    longest = max(len(p) + len(t) for p, t in rows) if rows else 1
+    size = max(longest, width or 0)
+    ids = torch.full((len(rows), size), pad, dtype=torch.long)
+    labels = torch.full((len(rows), size), IGNORE, dtype=torch.long)
+    for i, (prompt, target) in enumerate(rows):
+        full = torch.tensor([*prompt, *target], dtype=torch.long)
+        ids[i, :full.numel()] = full
+        labels[i, len(prompt):full.numel()] = full[len(prompt):]
+        for j in examples[i].skip:
+            labels[i, len(prompt) + j] = IGNORE
+    return Batch(ids, labels)
+
+
+class ExampleRows:
+    """Training rows of a completion or classification task: one example per row,
+    visited in a fresh random order each epoch (fixed by `seed`), padded to the
+    batch's longest row (pack_examples)."""
+
+    def __init__(self, examples: list[Example], *, pad: int, seed: int, path) -> None:
+        self.examples, self.pad, self.seed, self.path = examples, pad, seed, path
+        self._orders: dict[int, torch.Tensor] = {}
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        from zoexec.data import _generator
+
+        if epoch not in self._orders:
+            if len(self._orders) > 4:
+                self._orders.clear()
+            self._orders[epoch] = torch.randperm(len(self.examples),
+                                                 generator=_generator(_TAG_ROWS, self.seed, epoch))
+        return self._orders[epoch]
+
+    def batch(self, step: int, batch_size: int, seq: int):
+        count = len(self.examples)
+        picks = [int(self._order(k // count)[k % count])
+                 for k in range(step * batch_size, (step + 1) * batch_size)]
+        return pack_examples([self.examples[i] for i in picks], seq=seq, pad=self.pad,
+                             where=self.path)
+
+
+# ---- evaluation sets ---------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class EvalSet:
+    """Rows to score and how to turn their losses into metrics: `rows` (Examples, in
+    order), and for classification `groups[i]` = (first row, candidates, label) of
+    example i (its candidates' rows are consecutive)."""
+
+    rows: list[Example]
+    pad: int
+    groups: list[tuple[int, int, int]] | None = None
+    scored: list[int] | None = None   # rows whose loss is eval_loss (None: all)
+
+    def metrics(self, losses: torch.Tensor) -> dict[str, float]:
+        """eval_loss (mean CE per labelled token of the scored rows), and for
+        classification eval_accuracy, and eval_f1 with two labels (label 1 positive).
+        `losses`: float64 [rows, 2] of (summed CE, labelled tokens) per row."""
+        scored = losses if self.scored is None else losses[self.scored]
+        total, count = float(scored[:, 0].sum()), float(scored[:, 1].sum())
+        out = {"eval_loss": total / count if count else math.nan}
+        if self.groups is None:
+            return out
+        picks, labels = [], []
+        for first, size, label in self.groups:
+            sums = losses[first:first + size, 0]
+            picks.append(int(torch.argmin(sums)))   # the largest summed log-likelihood
+            labels.append(label)
+        out["eval_accuracy"] = sum(p == t for p, t in zip(picks, labels)) / len(labels)
+        if all(size == 2 for _, size, _ in self.groups):
+            tp = sum(p == 1 and t == 1 for p, t in zip(picks, labels))
+            fp = sum(p == 1 and t == 0 for p, t in zip(picks, labels))
+            fn = sum(p == 0 and t == 1 for p, t in zip(picks, labels))
+            out["eval_f1"] = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
+        return out
+
+
+# ---- building sources and eval sets ------------------------------------------------------------
+def _tokens(tokenizer_dir, *, vocab: int, where) -> Tokens:
+    from zoexec.data import load_tokenizer
+
+    return Tokens(load_tokenizer(tokenizer_dir, where=where), vocab=vocab, where=where)
+
+
+def make_task_source(path, spec: TaskSpec, *, vocab: int, seed: int = 0, tokenizer_dir=None):
+    """The training source of `spec` over the file or folder `path`."""
+    from zoexec.data import TextData
+
+    if spec.name == "text":
+        return TextData.from_path(path, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir,
+                                  column=spec.text_column)
+    rows = load_records(path)
+    tokens = _tokens(tokenizer_dir, vocab=vocab, where=path)
+    if spec.name == "completion":
+        examples = completion_examples(rows, spec, tokens, path)
+    else:
+        examples = [ex.example() for ex in classification_examples(rows, spec, tokens, path)]
+    return ExampleRows(examples, pad=tokens.pad, seed=seed, path=path)
+
+
+def make_eval_set(path, spec: TaskSpec, *, vocab: int, seq: int, tokenizer_dir=None) -> EvalSet:
+    """The evaluation rows of `spec` over `path`: text cut into rows of `seq` (the
+    last shorter), a completion per row, or every candidate of every classification
+    example."""
+    from zoexec.data import TextData
+
+    if spec.name == "text":
+        data = TextData.from_path(path, vocab=vocab, seed=0, tokenizer_dir=tokenizer_dir,
+                                  column=spec.text_column)
+        return EvalSet(rows=data.eval_examples(seq), pad=0)
+    rows = load_records(path)
+    tokens = _tokens(tokenizer_dir, vocab=vocab, where=path)
+    if spec.name == "completion":
+        return EvalSet(rows=completion_examples(rows, spec, tokens, path), pad=tokens.pad)
+    out, groups, scored = [], [], []
+    for ex in classification_examples(rows, spec, tokens, path):
+        groups.append((len(out), len(ex.candidates), ex.label))
+        scored.append(len(out) + ex.label)
+        out.extend(ex.example(i) for i in range(len(ex.candidates)))
+    return EvalSet(rows=out, pad=tokens.pad, groups=groups, scored=scored)
+
+
+def check_task_data(path, spec: TaskSpec, *, vocab: int, batch: int, seq: int,
+                    tokenizer_dir=None) -> None:
+    """What a rank would refuse in a task's data, found before any rank starts: every
+    row read and tokenised, each fitting `seq` (the text task: zoexec.data.check_data)."""
+    from zoexec.data import check_data
+
+    if spec.name == "text":
+        check_data(str(path), vocab=vocab, batch=batch, seq=seq, tokenizer_dir=tokenizer_dir,
+                   column=spec.text_column)
+        return
+    source = make_task_source(path, spec, vocab=vocab, tokenizer_dir=tokenizer_dir)
+    for number, ex in enumerate(source.examples, start=1):
+        if len(ex.target) > seq - (1 if ex.prompt else 0):
+            pack_examples([ex], seq=seq, pad=source.pad, where=f"{path} row {number}")
