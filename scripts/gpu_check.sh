@@ -3,8 +3,10 @@
 # then for each update mode (master, stochastic, plain) plan OPT-1.3B (random weights)
 # for one GPU on that profile, run 30 steps with `zoexec run --trace` and print predicted
 # vs measured step time, planned vs peak GPU memory, tokens/s, the share of the first
-# update lost, and z time per block (scripts/gpu_check.py). About 5-8 minutes on one
-# GPU. Output: benchmarks/results/gpu_check-<UTC>/ (commit summary.txt and summary.json).
+# update lost, and z time per block; then the first mode's plan with every other block
+# resident (the same losses, bit for bit) and an on-device check that a slice's z and
+# update (the update on the slice) are the whole block's bits (scripts/gpu_check.py).
+# About 5-8 minutes on one GPU (not yet run on one). Output: benchmarks/results/gpu_check-<UTC>/ (commit summary.txt and summary.json).
 #   bash scripts/gpu_check.sh [--profile measure|NAME] [--steps 30] [--batch 8] ...
 # Uses .venv/bin/python when it exists, else python3 with the repo on PYTHONPATH
 # (machines with torch preinstalled and no network).
