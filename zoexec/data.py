@@ -269,11 +269,18 @@ class TextData:
     def batch(self, step: int, batch_size: int, seq: int) -> Batch:
         rows = self.rows(seq)
         num_rows = rows.rows
+        self._per_epoch = num_rows / batch_size
         picks = []
         for k in range(step * batch_size, (step + 1) * batch_size):
             picks.append(self._order(num_rows, k // num_rows)[k % num_rows])
         index = torch.stack(picks)
         return Batch(rows.ids[index], rows.labels[index])
+
+    def epoch_of(self, step: int) -> float | None:
+        """Passes over the packed rows after `step` (the metrics' "epoch"), once a batch
+        has been drawn (it gives the batch size and the rows' length)."""
+        per = getattr(self, "_per_epoch", None)
+        return (step + 1) / per if per else None
 
 
 JsonlData = TextData   # the name of the text source before tasks (tests, scripts)

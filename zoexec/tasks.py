@@ -388,10 +388,17 @@ class ExampleRows:
 
     def batch(self, step: int, batch_size: int, seq: int):
         count = len(self.examples)
+        self._per_epoch = count / batch_size
         picks = [int(self._order(k // count)[k % count])
                  for k in range(step * batch_size, (step + 1) * batch_size)]
         return pack_examples([self.examples[i] for i in picks], seq=seq, pad=self.pad,
                              where=self.path)
+
+    def epoch_of(self, step: int) -> float | None:
+        """Passes over the examples after `step` (the metrics' "epoch"), once a batch
+        has been drawn (it gives the batch size)."""
+        per = getattr(self, "_per_epoch", None)
+        return (step + 1) / per if per else None
 
 
 # ---- evaluation sets ---------------------------------------------------------------------------

@@ -46,6 +46,8 @@ def test_jsonl_ids_packing_and_epoch_order(tmp_path):
     assert torch.equal(data.batch(5, 2, 4).ids, again.ids)
     assert torch.equal(data.batch(5, 2, 4).labels, again.labels)
     assert not torch.equal(epoch, torch.cat([data.batch(s, 2, 4).ids for s in range(3, 6)]))
+    data.batch(3, 2, 4)
+    assert data.epoch_of(3) == pytest.approx(4 * 2 / 6)   # 8 of the 6 rows of seq 4 seen
 
 
 def test_jsonl_errors_name_the_problem(tmp_path):

@@ -89,6 +89,8 @@ def test_classification_trains_on_the_label_word_and_scores_every_candidate(tmp_
         assert labels == [IGNORE] * 6 + ids[6:]
     again = make_task_source(data, CLS, vocab=32, tokenizer_dir=tok_dir, seed=3).batch(0, 2, 16)
     assert torch.equal(again.ids, batch.ids)
+    source.batch(2, 1, 16)
+    assert source.epoch_of(2) == pytest.approx(1.5)   # 3 batches of 1 over 2 examples
     evals = make_eval_set(data, CLS, vocab=32, seq=16, tokenizer_dir=tok_dir)
     assert [ex.target for ex in evals.rows] == [tuple(_ids("terrible")), tuple(_ids("great"))] * 2
     assert evals.groups == [(0, 2, 1), (2, 2, 0)] and evals.scored == [1, 2]
