@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from zoexec.schedule import SCHEDULES, lr_at
 from zoplan.layout import Layout
+from zoplan.models import ModelSpec
 from zoplan.plan import Plan
 from zoplan.workload import Workload
 
@@ -109,3 +110,13 @@ class RunConfig:
     @property
     def device_kind(self) -> str:
         return Plan(self.plan).device_kind
+
+    @property
+    def model(self) -> ModelSpec:
+        return Plan(self.plan).model
+
+    @property
+    def tokenizer_dir(self) -> str | None:
+        """Where the run's tokenizer is: the model folder it started from, else the
+        weights it loads (None with random weights)."""
+        return self.source_dir or (self.init if self.init != "random" else None)

@@ -62,6 +62,36 @@ def _generator(*parts: int) -> torch.Generator:
     return torch.Generator().manual_seed(mix_seed(*parts))
 
 
+class EpochOrder:
+    """Which of `count` rows each step's batch takes: every epoch visits the rows in a
+    fresh random order fixed by (tag, seed, epoch), and a batch may run across an
+    epoch's end. Remembers the last batch's shape for `epoch_of`."""
+
+    def __init__(self, tag: int, seed: int) -> None:
+        self.tag, self.seed = tag, seed
+        self._orders: dict[tuple[int, int], torch.Tensor] = {}
+        self._per_epoch: float | None = None
+
+    def _order(self, count: int, epoch: int) -> torch.Tensor:
+        key = (count, epoch)
+        if key not in self._orders:
+            if len(self._orders) > 4:
+                self._orders.clear()
+            self._orders[key] = torch.randperm(count, generator=_generator(self.tag, self.seed, epoch))
+        return self._orders[key]
+
+    def picks(self, step: int, batch_size: int, count: int) -> list[int]:
+        """The rows of step `step`'s batch of `batch_size`, out of `count`."""
+        self._per_epoch = count / batch_size
+        return [int(self._order(count, k // count)[k % count])
+                for k in range(step * batch_size, (step + 1) * batch_size)]
+
+    def epoch_of(self, step: int) -> float | None:
+        """Passes over the rows after `step` (the metrics' "epoch"), once a batch has been
+        drawn (it gives the batch size)."""
+        return (step + 1) / self._per_epoch if self._per_epoch else None
+
+
 class SyntheticTask:
     """Walks around a fixed random cycle of `alphabet` tokens (chosen by `seed` among the
     vocabulary): every row starts at a random point of the cycle and follows it, so each
@@ -201,7 +231,7 @@ class TextData:
         self.tokenizer_dir, self.column = tokenizer_dir, column
         self.tokens, self.starts = self._read()
         self._rows: dict[int, Batch] = {}
-        self._orders: dict[tuple[int, int], torch.Tensor] = {}
+        self.order = EpochOrder(_TAG_JSONL, seed)
 
     @classmethod
     def from_path(cls, path, **kwargs) -> TextData:
@@ -258,29 +288,14 @@ class TextData:
             out.append(Example((), tuple(ids), tuple(skip)))
         return out
 
-    def _order(self, num_rows: int, epoch: int) -> torch.Tensor:
-        key = (num_rows, epoch)
-        if key not in self._orders:
-            if len(self._orders) > 4:
-                self._orders.clear()
-            self._orders[key] = torch.randperm(num_rows, generator=_generator(_TAG_JSONL, self.seed, epoch))
-        return self._orders[key]
-
     def batch(self, step: int, batch_size: int, seq: int) -> Batch:
         rows = self.rows(seq)
-        num_rows = rows.rows
-        self._per_epoch = num_rows / batch_size
-        picks = []
-        for k in range(step * batch_size, (step + 1) * batch_size):
-            picks.append(self._order(num_rows, k // num_rows)[k % num_rows])
-        index = torch.stack(picks)
+        index = torch.tensor(self.order.picks(step, batch_size, rows.rows))
         return Batch(rows.ids[index], rows.labels[index])
 
     def epoch_of(self, step: int) -> float | None:
-        """Passes over the packed rows after `step` (the metrics' "epoch"), once a batch
-        has been drawn (it gives the batch size and the rows' length)."""
-        per = getattr(self, "_per_epoch", None)
-        return (step + 1) / per if per else None
+        """Passes over the packed rows after `step` (the metrics' "epoch")."""
+        return self.order.epoch_of(step)
 
 
 JsonlData = TextData   # the name of the text source before tasks (tests, scripts)

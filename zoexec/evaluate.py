@@ -17,7 +17,6 @@ not fit on the device is evaluated the way it trains.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -73,13 +72,9 @@ def make_evaluator(cfg) -> Evaluator | None:
     """The run's Evaluator (None without --eval-data); the eval set is read here."""
     if not cfg.eval_data:
         return None
-    from zoplan.models import ModelSpec
-
     wl = cfg.workload
-    tokenizer = cfg.source_dir or (cfg.init if cfg.init != "random" else None)
-    vocab = ModelSpec.from_dict(cfg.plan["model"]["spec"]).vocab
-    eval_set = make_eval_set(cfg.eval_data, TaskSpec.from_dict(cfg.task), vocab=vocab,
-                             seq=wl.seq, tokenizer_dir=tokenizer)
+    eval_set = make_eval_set(cfg.eval_data, TaskSpec.from_dict(cfg.task), vocab=cfg.model.vocab,
+                             seq=wl.seq, tokenizer_dir=cfg.tokenizer_dir)
     return Evaluator(eval_set, batch=wl.batch, seq=wl.seq, every=cfg.eval_every)
 
 
@@ -125,38 +120,29 @@ def _device_kind() -> str:
 
 def eval_model(cfg) -> dict[str, float]:
     """Evaluate cfg.init on cfg.eval_data on one rank in this process: the metrics."""
-    import shutil
-    import uuid
-
     from zoexec import dist as zdist
+    from zoexec.launch import one_rank
     from zoexec.node import close_store, load_node_model, share_read_flags
     from zoexec.report import quiet_libraries
-    from zoexec.shmfiles import rendezvous_dir
-    from zoexec.store import remove_run_files
 
     evaluator = make_evaluator(cfg)   # the data first: a bad file fails before the model loads
-    cfg = replace(cfg, run_id=uuid.uuid4().hex[:12])
-    folder = rendezvous_dir()
-    place = zdist.RankPlace(rank=0, local_rank=0, world_size=1, local_world_size=1,
-                      init_file=f"{folder}/store")
-    env = store = None
-    try:
-        env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
-                                     tf32=cfg.workload.tf32)
-        zdist.set_threads(cfg.threads, 1)
-        with torch.no_grad(), quiet_libraries(True):
-            from zoexec.engine import Trainer
+    with one_rank(cfg) as (cfg, place):
+        env = store = None
+        try:
+            env = zdist.init_distributed(place=place, layout=cfg.layout,
+                                         device_kind=cfg.device_kind, tf32=cfg.workload.tf32)
+            zdist.set_threads(cfg.threads, 1)
+            with torch.no_grad(), quiet_libraries(True):
+                from zoexec.engine import Trainer
 
-            parts, store = load_node_model(cfg, env, cfg.run_id)
-            flags = share_read_flags(env, cfg.run_id, num_blocks=store.num_blocks)
-            trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=None,
-                              lanes=zdist.make_lanes(env, epoch_s=0.0), flags=flags)
-            metrics = evaluator.run(trainer)
-    finally:
-        close_store(store)
-        zdist.shutdown(env)
-        remove_run_files(cfg.run_id)
-        shutil.rmtree(folder, ignore_errors=True)
+                parts, store = load_node_model(cfg, env, cfg.run_id)
+                flags = share_read_flags(env, cfg.run_id, num_blocks=store.num_blocks)
+                trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=None,
+                                  lanes=zdist.make_lanes(env, epoch_s=0.0), flags=flags)
+                metrics = evaluator.run(trainer)
+        finally:
+            close_store(store)
+            zdist.shutdown(env)
     if not math.isfinite(metrics.get("eval_loss", math.nan)):
         raise ZoError(f"{cfg.eval_data}: no token to score (every label is ignored)")
     return metrics

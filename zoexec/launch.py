@@ -31,6 +31,7 @@ import shutil
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from zoexec import dist as zdist
@@ -254,16 +255,26 @@ def run_in_process(cfg, *, checked=None) -> list:
     preflight(cfg)
     if checked:
         checked()
+    with one_rank(cfg) as (cfg, place):
+        try:
+            return rank_main(cfg, place)
+        except (ZoError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            raise _one_line(exc, 0) from None
+
+
+@contextmanager
+def one_rank(cfg):
+    """A one-rank job in this process: (cfg with a fresh run id, its RankPlace on a
+    private file rendezvous); the run's shared-memory files and the rendezvous folder
+    are removed on the way out."""
     cfg = replace(cfg, run_id=uuid.uuid4().hex[:12])
     rendezvous = shmfiles.rendezvous_dir()
     place = RankPlace(rank=0, local_rank=0, world_size=1, local_world_size=1,
                       init_file=f"{rendezvous}/store")
     try:
-        return rank_main(cfg, place)
-    except (ZoError, KeyboardInterrupt):
-        raise
-    except Exception as exc:
-        raise _one_line(exc, 0) from None
+        yield cfg, place
     finally:
         remove_run_files(cfg.run_id)
         shutil.rmtree(rendezvous, ignore_errors=True)

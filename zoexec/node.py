@@ -37,14 +37,13 @@ from zoexec.store import (
 from zoplan.errors import ZoError
 from zoplan.layout import Layout
 from zoplan.memory import store_stride
-from zoplan.models import ModelSpec
 
 
 def load_node_model(cfg: RunConfig, env: zdist.DistEnv, run_id: str):
     """(parts, store). Local rank 0 fills the node's block store block by block and
     hands its resident weights over; the other local ranks build a skeleton and take
     the weights from shared memory, so a node makes (and holds) the model once."""
-    spec = ModelSpec.from_dict(cfg.plan["model"]["spec"])
+    spec = cfg.model
     builder = env.local_rank == 0
     wl = cfg.workload
     source = open_source(spec, init=cfg.init, param_dtype=wl.param_dtype,

@@ -18,7 +18,7 @@ from zoexec.loading import weight_files
 from zoexec.tasks import TaskSpec, check_task_data, make_eval_set
 from zoplan.errors import ZoError
 from zoplan.memory import fmt_bytes, node_host_memory, rank_memory
-from zoplan.models import ModelSpec, get_model
+from zoplan.models import get_model
 from zoplan.plan import Plan
 
 
@@ -70,8 +70,7 @@ def _check_data(cfg) -> None:
     a bad line, ids outside the vocabulary, text without a tokenizer or too few tokens
     for one batch fail here, before any rank starts."""
     workload = cfg.workload
-    vocab = ModelSpec.from_dict(cfg.plan["model"]["spec"]).vocab
-    tokenizer = cfg.init if cfg.init != "random" else None
+    vocab, tokenizer = cfg.model.vocab, cfg.tokenizer_dir
     if cfg.data == "synthetic":
         check_data(cfg.data, vocab=vocab, batch=workload.batch, seq=workload.seq)
     else:   # the task's rows (zoexec.tasks), then the held-out set
@@ -137,8 +136,8 @@ def check_gpu_memory(cfg, device_index: int | None) -> None:
 
 
 def _memory_shape(cfg) -> dict:
-    return dict(model=ModelSpec.from_dict(cfg.plan["model"]["spec"]), workload=cfg.workload,
-                layout=cfg.layout, device_kind=cfg.device_kind,
+    return dict(model=cfg.model, workload=cfg.workload, layout=cfg.layout,
+                device_kind=cfg.device_kind,
                 resident_blocks=len(Plan(cfg.plan).resident_blocks))
 
 
@@ -161,7 +160,7 @@ def _check_model(cfg) -> None:
     if not (path / "config.json").is_file():
         raise ZoError(f"model path {path} has no config.json")
     weight_files(path)   # safetensors weights, every shard there (before any rank starts)
-    have, want = get_model(str(path)), ModelSpec.from_dict(cfg.plan["model"]["spec"])
+    have, want = get_model(str(path)), cfg.model
     for key in ("family", "num_layers", "hidden", "vocab"):
         if getattr(have, key) != getattr(want, key):
             raise ZoError(f"model in {path} has {key} {getattr(have, key)} but the plan was "

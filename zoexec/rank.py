@@ -24,7 +24,6 @@ from zoexec.report import Reporter, quiet_libraries
 from zoexec.rundir import RunDir
 from zoexec.speed import SpeedMonitor
 from zoplan.io import sha256_json
-from zoplan.models import ModelSpec
 from zoplan.trace import Span, write_trace
 
 
@@ -92,10 +91,8 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
 
 def _data_source(cfg: RunConfig):
     """The data (read before the model is built, so a bad file fails fast)."""
-    tokenizer = cfg.source_dir or (cfg.init if cfg.init != "random" else None)
-    vocab = ModelSpec.from_dict(cfg.plan["model"]["spec"]).vocab
-    return make_source(cfg.data, vocab=vocab, seed=cfg.seed, tokenizer_dir=tokenizer,
-                       task=cfg.task)
+    return make_source(cfg.data, vocab=cfg.model.vocab, seed=cfg.seed,
+                       tokenizer_dir=cfg.tokenizer_dir, task=cfg.task)
 
 
 def _write_trace(cfg: RunConfig, env: zdist.DistEnv, trainer: Trainer, memory: dict,

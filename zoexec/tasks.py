@@ -374,31 +374,18 @@ class ExampleRows:
 
     def __init__(self, examples: list[Example], *, pad: int, seed: int, path) -> None:
         self.examples, self.pad, self.seed, self.path = examples, pad, seed, path
-        self._orders: dict[int, torch.Tensor] = {}
+        from zoexec.data import EpochOrder
 
-    def _order(self, epoch: int) -> torch.Tensor:
-        from zoexec.data import _generator
-
-        if epoch not in self._orders:
-            if len(self._orders) > 4:
-                self._orders.clear()
-            self._orders[epoch] = torch.randperm(len(self.examples),
-                                                 generator=_generator(_TAG_ROWS, self.seed, epoch))
-        return self._orders[epoch]
+        self.order = EpochOrder(_TAG_ROWS, seed)
 
     def batch(self, step: int, batch_size: int, seq: int):
-        count = len(self.examples)
-        self._per_epoch = count / batch_size
-        picks = [int(self._order(k // count)[k % count])
-                 for k in range(step * batch_size, (step + 1) * batch_size)]
+        picks = self.order.picks(step, batch_size, len(self.examples))
         return pack_examples([self.examples[i] for i in picks], seq=seq, pad=self.pad,
                              where=self.path)
 
     def epoch_of(self, step: int) -> float | None:
-        """Passes over the examples after `step` (the metrics' "epoch"), once a batch
-        has been drawn (it gives the batch size)."""
-        per = getattr(self, "_per_epoch", None)
-        return (step + 1) / per if per else None
+        """Passes over the examples after `step` (the metrics' "epoch")."""
+        return self.order.epoch_of(step)
 
 
 # ---- evaluation sets ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -130,9 +131,17 @@ def test_a_killed_2_rank_run_resumes_to_the_same_weights(plan2, reference2, tmp_
     proc = _start(plan, out)
     at = random.Random().randint(5, STEPS - 6)      # a random point after a snapshot
     _wait_for_steps(out, at, proc)
-    os.killpg(proc.pid, signal.SIGKILL)            # the launcher (its ranks follow it)
+    # the launcher and its ranks at once, as a machine that dies: a rank left to its
+    # watchdog (about 1 s) could finish the 16 short steps first
+    ranks = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for rank in ranks:
+        try:
+            rank.kill()
+        except psutil.NoSuchProcess:
+            pass
     proc.wait(30)
-    _wait_until_free(out)                          # the ranks' watchdogs end them in ~1 s
+    _wait_until_free(out)
     assert not (out / "final").exists()
     done = _zoexec(plan, "--resume", out, "-q")
     assert done.returncode == 0, done.stderr
