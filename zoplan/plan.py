@@ -176,6 +176,8 @@ Bytes = Annotated[float, Field(ge=0, le=MAX_BYTES)]
 StepSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 TokensPerS = Annotated[float, Field(ge=0, le=MAX_TOKENS_PER_S)]
 Share = Annotated[float, Field(ge=0, le=1e3)]       # a busy fraction (may pass 1 a little)
+Count = Annotated[int, Field(ge=0)]                   # blocks: an index or a number of them
+Headroom = Annotated[float, Field(ge=-MAX_BYTES, le=MAX_BYTES)]   # bytes left (negative: short)
 
 
 class _Tool(Checked):
@@ -197,7 +199,7 @@ class _ProfileRef(Checked):
 
 
 class _Block(Checked):
-    block: Annotated[int, Field(ge=0)]
+    block: Count
     placement: Literal["host", "resident"]
     bytes: Bytes
 
@@ -206,7 +208,7 @@ class _Memory(Checked):
     gpu: dict[str, Bytes] | None = None
     host: dict[str, Bytes] | None = None
     gpu_usable_bytes: Bytes | None = None
-    gpu_headroom_bytes: Annotated[float, Field(ge=-MAX_BYTES, le=MAX_BYTES)] | None = None
+    gpu_headroom_bytes: Headroom | None = None
     resident_margin_bytes: Bytes | None = None
     resident_margin: Share | None = None
     host_bytes_limit: Bytes | None = None
@@ -224,7 +226,7 @@ class _Predicted(Checked):
     internode_allreduce_s: Seconds | None = None
     node_step_s: Seconds | None = None
     straggler_s: Seconds | None = None
-    resident_blocks: Annotated[int, Field(ge=0)] | None = None
+    resident_blocks: Count | None = None
     utilisation: dict[str, Share] | None = None
     memory: _Memory | None = None
     simulated_ranks: list[Rank] | None = None
@@ -247,15 +249,15 @@ class _Entry(Checked):
     fits: bool | None = None
     reason: str | None = None
     workload: dict | None = None
-    resident_blocks: Annotated[int, Field(ge=0)] | None = None
-    gpu_headroom_bytes: Annotated[float, Field(ge=-MAX_BYTES, le=MAX_BYTES)] | None = None
+    resident_blocks: Count | None = None
+    gpu_headroom_bytes: Headroom | None = None
 
 
 class _Pruned(Checked):
     layout: dict
     reason: str
     update: str | None = None
-    resident_blocks: Annotated[int, Field(ge=0)] | None = None
+    resident_blocks: Count | None = None
 
 
 class _Ranks(Checked):
