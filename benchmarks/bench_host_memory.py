@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 
 from zoexec.config import RunConfig
-from zoexec.launch import _context, spawn_local
+from zoexec.launch.spawn import _context, spawn_local
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.memory import node_host_memory, rank_memory
@@ -43,7 +43,7 @@ MIB = 2**20
 def _baseline(queue) -> None:
     import psutil
 
-    import zoexec.engine  # noqa: F401 - what a rank has imported before it builds anything
+    import zoexec.train.engine  # noqa: F401 - what a rank has imported before it builds anything
 
     queue.put(psutil.Process().memory_full_info().pss)
 

@@ -4,7 +4,7 @@ the block store while it fills the store, from a checkpoint and by random init.
 Saves an HF checkpoint of a model with random weights (default opt-125m, fp32, in
 shards of `--shard-size` with save_pretrained), then for each source starts a fresh
 process that imports what a rank imports, loads the model into a block store exactly
-as a one-rank node does (zoexec.node.load_node_model), and reports:
+as a one-rank node does (zoexec.store.node.load_node_model), and reports:
 - peak RSS beyond the bare process (imports and a one-layer toy of the family made,
   as transformers imports a family's model code on first use; VmHWM after that, reset through
   /proc/self/clear_refs, minus the RSS at that moment), and that less the store's
@@ -64,7 +64,7 @@ class _PrivatePeak(threading.Thread):
 def _warm_up(model: str) -> None:
     """Make a one-layer toy of the model's family once: transformers imports a family's
     model code on first use (~80 MiB here), which belongs to the bare process."""
-    from zoexec.models import build_parts
+    from zoexec.store.loading import build_parts
     from zoplan.models import get_model
 
     config = dict(get_model(model).hf_config, num_hidden_layers=1, hidden_size=64,
@@ -78,11 +78,11 @@ def child(args) -> None:
     """One load, as a one-rank node's builder; prints a JSON object on stdout."""
     import torch
 
-    import zoexec.engine  # noqa: F401 - what a rank has imported before it builds anything
-    from zoexec import dist as zdist
+    import zoexec.train.engine  # noqa: F401 - what a rank has imported before it builds anything
     from zoexec.config import RunConfig
-    from zoexec.node import load_node_model
-    from zoexec.store import mapping_pss_bytes
+    from zoexec.runtime import dist as zdist
+    from zoexec.runtime.hostmem import mapping_pss_bytes
+    from zoexec.store.node import load_node_model
     from zoplan.handplan import hand_plan
     from zoplan.layout import Layout
     from zoplan.workload import Workload
@@ -123,7 +123,7 @@ def child(args) -> None:
 
 
 def save_checkpoint(model: str, folder: Path, shard_size: str, dtype: str) -> list[str]:
-    from zoexec.models import build_hf_model
+    from zoexec.model.families import build_hf_model
 
     hf = build_hf_model(model, seed=0, dtype=dtype)
     hf.save_pretrained(folder, max_shard_size=shard_size)

@@ -23,15 +23,15 @@ import argparse
 import statistics
 import time
 
-from zoexec.hostenv import quiet_openmp
+from zoexec.runtime.hostenv import quiet_openmp
 
 quiet_openmp()   # as `zoexec run` starts its ranks (both loops run in this process)
 import torch  # noqa: E402
 
 from zoexec.config import RunConfig
-from zoexec.data import SyntheticTask
-from zoexec.launch import run_in_process
-from zoexec.models import build_hf_model
+from zoexec.data.text import SyntheticTask
+from zoexec.launch.spawn import run_in_process
+from zoexec.model.families import build_hf_model
 from zoexec.reference import mezo_reference_train
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout

@@ -17,15 +17,15 @@ import time
 
 import torch
 
-from zoexec import zo
-from zoexec.models import TensorSpec
+from zoexec.maths import zo
+from zoexec.model.families import TensorSpec
 
 
 def block_specs(model: str) -> list[TensorSpec]:
     """Specs of one block from the HF module built on the meta device (no memory)."""
     from transformers import AutoModelForCausalLM
 
-    from zoexec.models import _config_from, layer_container, make_specs
+    from zoexec.model.families import _config_from, layer_container, make_specs
 
     config = _config_from(model, "random")
     config.num_hidden_layers = 1

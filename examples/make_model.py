@@ -62,7 +62,7 @@ def make_model(out, *, size: str = "micro", seed: int = 0) -> Path:
     """Write the model folder at `out` (created; an existing one is replaced file by file)."""
     from transformers import GenerationConfig
 
-    from zoexec.models import build_hf_model
+    from zoexec.model.families import build_hf_model
 
     out = Path(out)
     tokenizer = make_tokenizer(example_words())

@@ -10,13 +10,13 @@ OPT-1.3B-sized model with random weights in each update mode (docs/precision.md)
    calibrate `zoplan calibrate plan.json trace`: predicted vs measured per task kind
 2. resident  the first mode's plan again with every other block resident on the device
              (plan placement "resident": no h2d/d2h, updated in place), run in this
-             process (zoexec.launch.run_in_process, traced): its losses must be the
+             process (zoexec.launch.spawn.run_in_process, traced): its losses must be the
              offloaded run's bit for bit; its step time beside the offloaded one
 3. slice     the update on the slice on the device (Layout.slice_update's maths, which
              one GPU cannot run as a layout: it needs a slice group): for 2 and 8
              slices of one block, z_range and the update of each slice (plain and
              stochastic rounding) give exactly the whole block's bits, timed
-4. z         one block's z draw timed on the device (zoexec.zo.z_block, the run's rule)
+4. z         one block's z draw timed on the device (zoexec.maths.zo.z_block, the run's rule)
 5. report    per mode: predicted vs measured step time, planned vs peak GPU memory,
              tokens/s, the first update's changed and lost shares (rank 0, block 0),
              and the overlap of transfers with compute; the resident run and the
@@ -128,7 +128,7 @@ def summarise(mode: str, plan: Path, trace: Path) -> dict:
 def check_resident(args, mode: dict, folder: Path) -> dict:
     """The mode's plan with every other block resident, run here (traced, like the
     offloaded run: same seed, data and steps); the losses must be the same bits."""
-    from zoexec.launch import run_in_process
+    from zoexec.launch.spawn import run_in_process
     from zoexec.options import build_config
     from zoplan.handplan import hand_plan
     from zoplan.layout import Layout
@@ -162,13 +162,14 @@ def check_resident(args, mode: dict, folder: Path) -> dict:
 
 def check_slices(args) -> dict:
     """The update on the slice's maths on the device, for one block of the model: z of
-    each slice (zoexec.zo.z_range, cut chunks through one chunk of scratch) and the
+    each slice (zoexec.maths.zo.z_range, cut chunks through one chunk of scratch) and the
     slice's update in the 16-bit stored precision (round to nearest and stochastic)
     equal the whole block's, bit for bit; times of the whole block and a slice."""
     import torch
 
-    from zoexec.models import build_parts, torch_dtype
-    from zoexec.zo import apply_update, apply_update_stochastic, z_block, z_range
+    from zoexec.maths.zo import apply_update, apply_update_stochastic, z_block, z_range
+    from zoexec.model.families import torch_dtype
+    from zoexec.store.loading import build_parts
     from zoplan.execrules import z_chunk
     from zoplan.memory import store_stride
     from zoplan.models import get_model
@@ -217,8 +218,9 @@ def z_per_block(args) -> dict:
     """One block's z draw on the device, as a run draws it (median of 10, after 2)."""
     import torch
 
-    from zoexec.models import build_parts, torch_dtype
-    from zoexec.zo import z_block
+    from zoexec.maths.zo import z_block
+    from zoexec.model.families import torch_dtype
+    from zoexec.store.loading import build_parts
     from zoplan.execrules import z_draw_calls
     from zoplan.models import get_model
 
@@ -294,7 +296,7 @@ def main() -> None:
     parser.add_argument("--device-kind", default="cuda", help="cpu: dry run of this script")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from zoexec.hostenv import quiet_openmp
+    from zoexec.runtime.hostenv import quiet_openmp
 
     quiet_openmp()   # as `zoexec run` does, before this process loads torch (check_resident)
     args.results.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """`zoexec` command line: `zoexec run plan.json` executes a zoplan plan.
 
-Thin: parse, build a RunConfig, call zoexec.launch.run. A user-facing problem (bad plan,
+Thin: parse, build a RunConfig, call zoexec.launch.spawn.run. A user-facing problem (bad plan,
 wrong machine, missing model) is one red line on stderr and exit code 2, before any
 output is written; a rank that crashes is one red line naming the rank, exit code 1.
 """
@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from zoexec.hostenv import quiet_openmp
+from zoexec.runtime.hostenv import quiet_openmp
 from zoplan.errors import EXIT_USER_ERROR, ZoError, exit_with_error, need_exec_extra
 
 quiet_openmp()   # before torch is imported: the ranks inherit it
@@ -83,7 +83,7 @@ def run_cmd(
 ) -> None:
     """Run the plan's ranks (here, or one rank per process under torchrun)."""
     try:
-        from zoexec.launch import RankFailure, run  # torch: after quiet_openmp
+        from zoexec.launch.spawn import RankFailure, run  # torch: after quiet_openmp
         from zoexec.options import build_config, task_options
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec run")))
@@ -134,7 +134,7 @@ def eval_cmd(
     """Evaluate a saved model on a data set: eval_loss, and eval_accuracy (eval_f1 with
     two labels) for classification; the blocks stream from host memory as in a run."""
     try:
-        from zoexec.evaluate import eval_config, eval_model
+        from zoexec.launch.evaluate import eval_config, eval_model
         from zoexec.options import task_options
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec eval")))
@@ -142,7 +142,7 @@ def eval_cmd(
         spec = task_options(task=task, text_column=text_column, prompt_column=prompt_column,
                             completion_column=completion_column, label_column=label_column,
                             template=template, label_words=label_words)
-        from zoexec.tasks import TaskSpec
+        from zoexec.data.tasks import TaskSpec
 
         cfg = eval_config(model_dir, data, TaskSpec.from_dict(spec), batch=batch, seq=seq,
                           dtype=dtype, threads=threads)
@@ -171,7 +171,7 @@ def clean_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed; remove nothing")] = False,
 ) -> None:
     """Remove the shared-memory files of zoexec runs that died (never a live run's)."""
-    from zoexec.shmfiles import FOREIGN, LIVE, SHM_DIR, STALE, UNOWNED, freed_line, sweep
+    from zoexec.store.shmfiles import FOREIGN, LIVE, SHM_DIR, STALE, UNOWNED, freed_line, sweep
     from zoplan.memory import fmt_bytes
 
     found = sweep(dry_run=dry_run)

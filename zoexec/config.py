@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zoexec.schedule import SCHEDULES, lr_at
+from zoexec.maths.schedule import SCHEDULES, lr_at
 from zoplan.layout import Layout
 from zoplan.models import ModelSpec
 from zoplan.plan import Plan
@@ -32,7 +32,7 @@ class RunConfig:
     run_id: str = "run"
     progress: bool = True
     speed_checks: bool = True   # traced CPU runs: speed checks and probes (SpeedMonitor)
-    # checkpoints (zoexec.rundir): snapshots every `save_every` steps and/or every
+    # checkpoints (zoexec.run.folder): snapshots every `save_every` steps and/or every
     # `save_every_s` seconds, the newest `keep` kept; a resume starts at `start_step`
     # from `init` after applying `replay` ((seed, g, lr) of the logged updates)
     save_every: int | None = None
@@ -42,15 +42,15 @@ class RunConfig:
     replay: tuple = ()
     resumed: bool = False
     on_nonfinite: str = "stop"   # a non-finite loss or g: "stop" the run, or "skip" the step
-    lr_schedule: str = "constant"   # zoexec.schedule: constant, linear, cosine
+    lr_schedule: str = "constant"   # zoexec.maths.schedule: constant, linear, cosine
     warmup_steps: int = 0
     source_dir: str | None = None   # the model folder the run started from (its tokenizer)
-    # what rank 0 reports (zoexec.report): metrics to "none" or "tensorboard" besides
+    # what rank 0 reports (zoexec.run.report): metrics to "none" or "tensorboard" besides
     # metrics.jsonl, a progress line every `log_every` steps off a terminal (None: ~30 s)
     report_to: str = "none"
     log_every: int | None = None
     max_shard_bytes: int = 5 * 10**9   # saved weights: safetensors shards of at most this
-    # the task (zoexec.tasks.TaskSpec.to_dict(); None: text) and the evaluation: the
+    # the task (zoexec.data.tasks.TaskSpec.to_dict(); None: text) and the evaluation: the
     # eval set scored every `eval_every` steps (None: after the last step only)
     task: dict | None = None
     eval_data: str | None = None
@@ -94,7 +94,7 @@ class RunConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     def lr_of(self, step: int) -> float:
-        """The learning rate of `step` (zoexec.schedule)."""
+        """The learning rate of `step` (zoexec.maths.schedule)."""
         return lr_at(step, lr=self.lr, schedule=self.lr_schedule, warmup=self.warmup_steps,
                      total=self.steps)
 

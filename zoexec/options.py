@@ -8,11 +8,11 @@ import os
 import re
 from pathlib import Path
 
-from zoexec.checkpoint import MAX_SHARD_BYTES, parse_size
 from zoexec.config import RunConfig
-from zoexec.report import check_report_to
-from zoexec.rundir import RunDir
-from zoexec.tasks import TaskSpec, parse_label_words
+from zoexec.data.tasks import TaskSpec, parse_label_words
+from zoexec.model.export import MAX_SHARD_BYTES, parse_size
+from zoexec.run.folder import RunDir
+from zoexec.run.report import check_report_to
 from zoplan.errors import ZoError
 from zoplan.execrules import default_steps
 from zoplan.io import sha256_json

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from zoexec import zo
-from zoexec.models import ModelParts, bind_block, bind_resident, param_addresses, resident_flat
+from zoexec.maths import zo
+from zoexec.model.families import ModelParts, bind_block, bind_resident, param_addresses, resident_flat
 
 
 def _batch_at(batches, step: int) -> torch.Tensor:

@@ -3,7 +3,7 @@
 - threads per rank: a host's cores shared by its local ranks (zoexec sets it, the
   planner prices z and GEMMs with it, `zoplan profile` measures with it);
 - z chunking and balancing: z is drawn in independently seeded chunks of each tensor,
-  Z_CHUNK elements on the CPU (spread over a rank's threads largest first: zoexec.zo
+  Z_CHUNK elements on the CPU (spread over a rank's threads largest first: zoexec.maths.zo
   draws it so, the planner computes the busiest thread the same way) and Z_CHUNK_CUDA
   on CUDA (one generator launch each); a draw of a flat range of a block (the update on
   the slice) draws every chunk it touches whole (z_range_draws);
@@ -38,7 +38,7 @@ Z_CHUNK_CUDA = 1 << 24   # CUDA: the same, larger (one Philox launch per chunk; 
 
 
 def z_chunk(device_kind: str) -> int:
-    """Elements per z chunk on this kind of device (zoexec.zo's addressing)."""
+    """Elements per z chunk on this kind of device (zoexec.maths.zo's addressing)."""
     return Z_CHUNK_CUDA if device_kind == "cuda" else Z_CHUNK
 
 
@@ -62,7 +62,7 @@ def balance(sizes: list[int], parts: int) -> list[list[int]]:
 
 def z_makespan(tensor_numels: list[int], threads: int) -> tuple[int, int]:
     """(elements, chunks) of the busiest thread when a block's z is drawn with
-    `threads` threads (zoexec.zo.z_block's rule)."""
+    `threads` threads (zoexec.maths.zo.z_block's rule)."""
     sizes = [stop - start for numel in tensor_numels for start, stop in chunk_bounds(numel)]
     threads = max(1, min(threads, len(sizes)))
     groups = balance(sizes, threads)
@@ -82,7 +82,7 @@ def z_draw_calls(tensor_numels: list[int], device_kind: str) -> int:
 def z_range_draws(tensor_numels: list[int], start: int, stop: int,
                   device_kind: str) -> list[int]:
     """Sizes of the chunk draws that z of the flat range [start, stop) of a block costs
-    (its tensors laid end to end in this order, zoexec.zo.z_range): every chunk that
+    (its tensors laid end to end in this order, zoexec.maths.zo.z_range): every chunk that
     overlaps the range, whole (a chunk cannot be drawn from its middle)."""
     chunk, sizes, offset = z_chunk(device_kind), [], 0
     if stop <= start:

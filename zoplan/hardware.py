@@ -181,7 +181,7 @@ def gpu_forward_terms(figures: dict, *, rate_tflops: float, hbm_gbps: float, flo
 def gpu_block_bytes(*, attn_dim: int, kv_dim: int, elems_per_token: float, tokens: int,
                     dtype_bytes: int) -> tuple[float, float]:
     """(attention, element-wise) HBM bytes of one block forward over `tokens` tokens on a
-    GPU: the fused attention kernel (SDPA, zoexec.models' default) reads Q, K and V and
+    GPU: the fused attention kernel (SDPA, zoexec.model.families' default) reads Q, K and V and
     writes its output once; each element-wise output moves ELEM_RW dtype words."""
     attn = tokens * (2 * attn_dim + 2 * kv_dim) * dtype_bytes
     return float(attn), tokens * elems_per_token * ELEM_RW * dtype_bytes

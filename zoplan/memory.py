@@ -4,7 +4,7 @@ memory model, term by term, with labels. The planner prices layouts with it
 pre-flight checks a machine against it, and tests/unit/test_memory_model.py runs the
 executor on the CPU under an allocation tracker and compares (within 5%).
 
-Device of one rank (zoexec.engine.Trainer), n = block numel, r = resident numel,
+Device of one rank (zoexec.train.engine.Trainer), n = block numel, r = resident numel,
 p / c = bytes of the stored / compute precision, t = the rank's tokens (batch / ddp x
 seq), streams = 2 for role "+-" (pertp 1), else 1:
   held from set-up to the end (Trainer._allocate)
@@ -44,7 +44,7 @@ seq), streams = 2 for role "+-" (pertp 1), else 1:
     embed      the embeddings' temporaries, or the resident parts' update
   outside torch's allocator (CUDA only): the NCCL communicators' buffers.
 Terms marked kernel=True are scratch inside one CPU kernel call, not a live tensor
-(rank_memory(kernel_scratch=False) leaves them out: what zoexec.memtrack's tracker
+(rank_memory(kernel_scratch=False) leaves them out: what zoexec.runtime.memtrack's tracker
 sees). Tensors under 1 KiB (the fence token, the loss vector) are left out.
 
 Host of one node: the block store (shared), a resident master per CUDA rank, each rank
@@ -64,8 +64,8 @@ from zoplan.workload import Workload
 
 GIB = 2**30
 MIB = 2**20
-ALIGN_ELEMENTS = 64          # zoexec.store: every slice / share starts on a 64-element boundary
-LOST_UPDATE_SAMPLE = 1 << 20   # zoexec.precision.SAMPLE: weights the first-update check copies
+ALIGN_ELEMENTS = 64          # zoexec.store.blocks: every slice / share starts on a 64-element boundary
+LOST_UPDATE_SAMPLE = 1 << 20   # zoexec.model.precision.SAMPLE: weights the first-update check copies
 CPU_CAST_BYTES = 8           # fp32 + 16-bit -> 16-bit `out` on the CPU: z cast to fp32 (4) and
                              # the fp32 result (4), inside the kernel [torch profiler, measured]
 
@@ -98,7 +98,7 @@ def fmt_bytes(num_bytes: float) -> str:
 
 
 def store_stride(block_numel: int, *, slices: int, local_ranks: int) -> int:
-    """Elements per block in the node's store (zoexec.store.stride_for): block_numel
+    """Elements per block in the node's store (zoexec.store.blocks.stride_for): block_numel
     rounded up so that it splits into `slices` and into `local_ranks` equal, aligned
     pieces."""
     unit = math.lcm(slices, local_ranks) * ALIGN_ELEMENTS
@@ -199,7 +199,7 @@ def rank_memory(*, model: ModelSpec, workload: Workload, layout: Layout, device_
     """The device bytes of rank 0 of `layout` on a `device_kind` device (every rank
     alike, but for the check of the first update, which rank 0 alone runs).
     `kernel_scratch` False leaves out what CPU kernels allocate and free inside one call
-    (no live tensor: what zoexec.memtrack.AllocationTracker measures).
+    (no live tensor: what zoexec.runtime.memtrack.AllocationTracker measures).
     `resident_blocks`: how many blocks the rank keeps a shard of (placement "resident")."""
     if device_kind not in DEVICE_KINDS:
         raise ValueError(f"device_kind must be one of {', '.join(DEVICE_KINDS)}, got {device_kind!r}")
@@ -309,7 +309,7 @@ def _step(model: ModelSpec, workload: Workload, layout: Layout) -> list[Term]:
 def kernel_scratch_terms(workload: Workload, device_kind: str, numels: list[int], numel: int,
                          what: str) -> list[Term]:
     """What the CPU kernels of an update allocate and free inside one call (kernel=True:
-    no live tensor, so zoexec.memtrack's tracker cannot see it; kernel_peak_bytes can).
+    no live tensor, so zoexec.runtime.memtrack's tracker cannot see it; kernel_peak_bytes can).
     TensorIterator's CPU path casts a 16-bit z to fp32 before adding it to fp32 (the
     stochastic rounding's chunk: 4 bytes an element), and with fp32 masters and a 16-bit
     working copy also computes the result in fp32 before the cast (8 bytes an element).
@@ -328,7 +328,7 @@ def kernel_scratch_terms(workload: Workload, device_kind: str, numels: list[int]
 
 def _update(model, workload, device_kind, *, kernel: bool) -> list[Term]:
     """The deferred update and perturbation of one block; on rank 0's first update of
-    block 0, beside it, the check of what it did (zoexec.precision.LostUpdates: a copy
+    block 0, beside it, the check of what it did (zoexec.model.precision.LostUpdates: a copy
     of the first weights, then three byte masks)."""
     n, p = model.block_params, dtype_bytes(workload.param_dtype)
     scratch = kernel_scratch_terms(workload, device_kind, model.block_tensor_numels(), n,
@@ -402,7 +402,7 @@ def _setup(model, workload, layout, device_kind) -> list[Term]:
 
 
 def nccl_groups(layout: Layout) -> list[int]:
-    """Sizes of the NCCL communicators a rank joins (zoexec.dist._build_groups): the
+    """Sizes of the NCCL communicators a rank joins (zoexec.runtime.dist._build_groups): the
     world, its slice group and its node group, each only where it is not the world
     itself (a group of the whole world is the world group); the host groups are gloo.
     Groups of one rank run no collective and are left out."""
@@ -428,7 +428,7 @@ def node_host_memory(*, model: ModelSpec, workload: Workload, layout: Layout,
                      resident_blocks: int = 0) -> HostMemory:
     """The host bytes of one node of `layout`. Steady: the store once, each local rank's
     process, and its resident master (CUDA; on the CPU every rank's "device" bytes are
-    host memory, the master among them). Set-up (zoexec.node.load_node_model): the
+    host memory, the master among them). Set-up (zoexec.store.node.load_node_model): the
     store while the builder fills it block by block from a blueprint (resident parts
     and one template block, in fp32 for a random init, else in the compute precision,
     beside the resident master), the other local ranks' skeletons (modules bound to

@@ -154,7 +154,7 @@ class ModelSpec:
         """Final norm, and the loss over the vocabulary (one fused log-softmax pass)."""
         return 4.0 * self.hidden + 1.0 * self.vocab
 
-    # ---- tensors (the z chunks of zoexec.zo follow them) ---------------------------
+    # ---- tensors (the z chunks of zoexec.maths.zo follow them) ---------------------------
     def block_tensor_numels(self) -> list[int]:
         """Element counts of one block's parameter tensors (HF module order)."""
         h, f, a, kv = self.hidden, self.ffn, self.attn_dim, self.kv_dim
@@ -182,7 +182,7 @@ class ModelSpec:
         return out if self.tied_head else out + [self.vocab * h]
 
     # ---- activations: what zoexec's forward holds at its peak -------------------------
-    # Measured with zoexec.memtrack.AllocationTracker (live tensor storages) on one-block
+    # Measured with zoexec.runtime.memtrack.AllocationTracker (live tensor storages) on one-block
     # OPT, Llama and Qwen3 models (hidden 128-512, attention width 1-2x hidden, 1-4 query
     # heads per kv head, ffn 1-4x hidden, 32-256 tokens, fp32 and bf16; sdpa attention,
     # torch 2.13 CPU, transformers 5.23, CPython 3.11): the largest stage below is the
@@ -221,7 +221,7 @@ class ModelSpec:
     def head_activation_bytes(self, tokens: int, dtype: str) -> int:
         """Peak bytes of the head over `tokens` tokens of one stream: final norm (+ OPT's
         project_out), the logits in the compute precision, and in the loss their fp32
-        copy and fp32 log-softmax. zoexec.models.causal_lm_loss_sum rebinds `logits` to its
+        copy and fp32 log-softmax. zoexec.model.families.causal_lm_loss_sum rebinds `logits` to its
         fp32 copy, so the 16-bit logits are freed before the log-softmax: the peak is
         8 bytes per token and vocabulary entry in every precision (measured), plus the
         int64 labels."""

@@ -168,7 +168,7 @@ class _SpeedCheck(Checked):
 
 
 class _SpeedProbe(Checked):
-    """zoexec.speed.SpeedMonitor's probe: one time per reference shape."""
+    """zoexec.train.speed.SpeedMonitor's probe: one time per reference shape."""
 
     after_step: Annotated[int, Field(ge=-1)] | None = None
     gemm: CheckSeconds | None = None

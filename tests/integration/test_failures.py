@@ -22,13 +22,15 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from zoexec import dist as zdist
-from zoexec import failures, procwatch, shmfiles
 from zoexec.cli import app
 from zoexec.config import RunConfig
-from zoexec.failures import Report, failure_kind, failure_reason, job_failure
-from zoexec.launch import RankFailure, Stopped, spawn_local, sweep_stale_files
-from zoexec.procwatch import Outcome, ProcessId
+from zoexec.launch import failures
+from zoexec.launch.failures import Report, failure_kind, failure_reason, job_failure
+from zoexec.launch.spawn import RankFailure, Stopped, spawn_local, sweep_stale_files
+from zoexec.runtime import dist as zdist
+from zoexec.runtime import procwatch
+from zoexec.runtime.procwatch import Outcome, ProcessId
+from zoexec.store import shmfiles
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.models import ModelSpec, get_model

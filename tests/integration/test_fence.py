@@ -1,4 +1,4 @@
-"""The CPU write-back fence's read stamps (zoexec.fence): a wait returns only after
+"""The CPU write-back fence's read stamps (zoexec.store.fence): a wait returns only after
 every local rank stamped the block, across processes sharing the shm file, and gives
 up with a message naming the block and the late ranks."""
 
@@ -11,8 +11,8 @@ import uuid
 import pytest
 import torch
 
-from zoexec.fence import ReadFlags
-from zoexec.store import SHM_DIR, create_store
+from zoexec.store.blocks import SHM_DIR, create_store
+from zoexec.store.fence import ReadFlags
 from zoplan.errors import ZoError
 
 RANKS, BLOCKS = 2, 3

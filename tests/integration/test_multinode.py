@@ -26,9 +26,9 @@ import torch
 from safetensors.torch import load_file
 
 from zoexec.config import RunConfig
-from zoexec.dist import free_port
-from zoexec.launch import run_in_process
-from zoexec.store import SHM_DIR
+from zoexec.launch.spawn import run_in_process
+from zoexec.runtime.dist import free_port
+from zoexec.store.blocks import SHM_DIR
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.workload import Workload

@@ -19,10 +19,10 @@ import pytest
 import torch
 from torch.distributed import distributed_c10d
 
-from zoexec import dist as zdist
-from zoexec.models import build_hf_model
-from zoexec.node import monitored_barrier, share_on_node
-from zoexec.store import SHM_DIR
+from zoexec.model.families import build_hf_model
+from zoexec.runtime import dist as zdist
+from zoexec.store.blocks import SHM_DIR
+from zoexec.store.node import monitored_barrier, share_on_node
 from zoplan.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -44,8 +44,8 @@ def _replayed(model: Path, records: list[dict]) -> dict[str, torch.Tensor]:
     must hold, whatever the data."""
     from transformers import AutoModelForCausalLM
 
-    from zoexec import zo
-    from zoexec.models import param_addresses
+    from zoexec.maths import zo
+    from zoexec.model.families import param_addresses
 
     lm = AutoModelForCausalLM.from_pretrained(model)
     with torch.no_grad():

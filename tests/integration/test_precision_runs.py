@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 from zoexec.config import RunConfig
-from zoexec.launch import run_in_process, spawn_local
+from zoexec.launch.spawn import run_in_process, spawn_local
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.workload import Workload

@@ -22,10 +22,10 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from zoexec.checkpoint import read_log
 from zoexec.cli import app
-from zoexec.loop import MAX_SKIPS
-from zoexec.rundir import RunDir
+from zoexec.run.checkpoint import read_log
+from zoexec.run.folder import RunDir
+from zoexec.run.loop import MAX_SKIPS
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout

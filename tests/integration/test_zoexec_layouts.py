@@ -29,12 +29,13 @@ import torch
 from safetensors.torch import load_file
 
 from zoexec.config import RunConfig
-from zoexec.data import SyntheticTask
-from zoexec.launch import RankFailure, run_in_process, spawn_local
-from zoexec.models import build_parts, export_hf_model
+from zoexec.data.text import SyntheticTask
+from zoexec.launch.spawn import RankFailure, run_in_process, spawn_local
+from zoexec.model.families import export_hf_model
 from zoexec.reference import zo2_reference_train
-from zoexec.rundir import RunDir
-from zoexec.store import SHM_DIR
+from zoexec.run.folder import RunDir
+from zoexec.store.blocks import SHM_DIR
+from zoexec.store.loading import build_parts
 from zoplan.handplan import hand_plan
 from zoplan.io import sha256_json
 from zoplan.layout import Layout

@@ -1,4 +1,4 @@
-"""zoexec.checkpoint.export_weights writes what save_pretrained writes: config,
+"""zoexec.model.export.export_weights writes what save_pretrained writes: config,
 generation config (the source's, else derived), safetensors sharded by size with HF's
 names and index, and the source folder's tokenizer; it reloads with from_pretrained
 to the same weights."""
@@ -13,14 +13,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from zoexec.checkpoint import (
-    WEIGHTS_INDEX,
-    export_weights,
-    parse_size,
-    plan_shards,
-    write_safetensors,
-)
-from zoexec.models import build_parts, hf_state_dict
+from zoexec.model.export import WEIGHTS_INDEX, export_weights, parse_size, plan_shards, write_safetensors
+from zoexec.model.families import hf_state_dict
+from zoexec.store.loading import build_parts
 from zoplan.errors import ZoError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))

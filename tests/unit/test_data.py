@@ -1,11 +1,13 @@
-"""zoexec.data: synthetic task, JSONL files, sharding."""
+"""zoexec.data.text: synthetic task, JSONL files, sharding."""
 
 import json
 
 import pytest
 import torch
 
-from zoexec.data import JsonlData, SyntheticTask, TextData, make_source, shard
+from zoexec.data.batch import shard
+from zoexec.data.tasks import make_source
+from zoexec.data.text import JsonlData, SyntheticTask, TextData
 from zoplan.errors import ZoError
 
 

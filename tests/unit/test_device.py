@@ -14,12 +14,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from zoexec import devicemap, numa
-from zoexec import dist as zdist
-from zoexec import preflight as zpreflight
-from zoexec.devicemap import cuda_index, topo_gpu_matrix, visible_physical
+from zoexec.launch import preflight as zpreflight
 from zoexec.profiler.cuda import nvlink_matrix
-from zoexec.store import create_store, filesystem_type
+from zoexec.runtime import devicemap, numa
+from zoexec.runtime import dist as zdist
+from zoexec.runtime.devicemap import cuda_index, topo_gpu_matrix, visible_physical
+from zoexec.runtime.hostmem import filesystem_type
+from zoexec.store.blocks import create_store
 from zoplan.errors import ZoError
 from zoplan.layout import Layout
 

@@ -5,7 +5,10 @@ included):
 - its imports are at the top of each module (torch-free by construction, not by
   function-local imports);
 - zoexec, the executor, imports of zoplan only the contracts both halves share, and
-  those contracts import only each other.
+  those contracts import only each other;
+- zoexec's packages stand in layers (EXECUTOR_LAYERS): a module imports only from its
+  own layer or lower ones;
+- no module of zoplan or zoexec reaches itself through its imports (no import circle).
 """
 
 from __future__ import annotations
@@ -23,6 +26,23 @@ CONTRACTS = {"zoplan", "zoplan.errors", "zoplan.io", "zoplan.models", "zoplan.wo
              "zoplan.layout", "zoplan.plan", "zoplan.trace", "zoplan.execrules", "zoplan.memory",
              "zoplan.handplan"}
 EXCEPTIONS = {("zoplan.cli", "zoexec.profiler")}   # `zoplan profile` measures with torch
+# The executor's layers, lowest first: the maths every layer shares; data and the model
+# families; the run configuration and the oracle; the process runtime; the node's block
+# store; the torch profiler; one training step; the run on disk; starting the ranks; the
+# face. The longest prefix of a module's name decides its layer.
+EXECUTOR_LAYERS = (
+    ("zoexec.maths",),
+    ("zoexec.data",),
+    ("zoexec.model",),
+    ("zoexec.config", "zoexec.reference"),
+    ("zoexec.runtime",),
+    ("zoexec.store",),
+    ("zoexec.profiler",),
+    ("zoexec.train",),
+    ("zoexec.run",),
+    ("zoexec.launch",),
+    ("zoexec.options", "zoexec.cli", "zoexec"),
+)
 
 
 def module_name(path: Path) -> str:
@@ -85,6 +105,69 @@ def executor_violations() -> list[str]:
     return bad
 
 
+def layer_of(module: str) -> int:
+    best, layer = -1, None
+    for i, prefixes in enumerate(EXECUTOR_LAYERS):
+        for prefix in prefixes:
+            if under(module, (prefix,)) and len(prefix) > best:
+                best, layer = len(prefix), i
+    assert layer is not None, f"{module} is in no layer of EXECUTOR_LAYERS"
+    return layer
+
+
+def layer_violations() -> list[str]:
+    bad = []
+    for mod, path in modules("zoexec").items():
+        for name, line, _ in imports(path):
+            if under(name, ("zoexec",)) and layer_of(name) > layer_of(mod):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}, a higher layer")
+    return bad
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (package __init__s included)."""
+    mods = modules("zoplan") | modules("zoexec")
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        for name, _, _ in imports(path):
+            while name and name not in mods:      # `from a.b import C` names a.b
+                name = name.rpartition(".")[0]
+            if name and name != mod:
+                graph[mod].add(name)
+    return graph
+
+
+def import_circles() -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), sorted."""
+    graph, index, low, stack, on, out = import_graph(), {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
 def test_the_planner_needs_no_torch_and_no_executor():
     assert planner_violations() == []
 
@@ -95,7 +178,7 @@ def test_the_executor_uses_only_the_contracts_of_the_planner():
 
 @pytest.mark.parametrize("source,finds", [
     ("import torch\n", "imports torch"),
-    ("from zoexec.engine import RunConfig\n", "imports zoexec.engine"),
+    ("from zoexec.train.engine import RunConfig\n", "imports zoexec.train.engine"),
     ("def f():\n    import json\n", "imports json inside a function"),
 ])
 def test_the_rule_finds_what_breaks_it(tmp_path, monkeypatch, source, finds):
@@ -115,6 +198,35 @@ def test_a_contract_that_reaches_into_the_planner_is_found():
         assert any("imports zoplan.sim.graph" in v for v in executor_violations())
     finally:
         fake.unlink()
+
+
+def test_the_executor_imports_only_its_own_layer_or_lower_ones():
+    assert layer_violations() == []
+
+
+def test_no_module_imports_itself_through_others():
+    assert import_circles() == []
+
+
+def test_a_layer_broken_inside_a_function_is_found():
+    fake = ROOT / "zoexec" / "maths" / "_rule_probe.py"
+    fake.write_text("def f():\n    from zoexec.train.engine import Trainer\n")
+    try:
+        assert any("maths/_rule_probe.py:2 imports zoexec.train.engine" in v for v in layer_violations())
+    finally:
+        fake.unlink()
+
+
+def test_an_import_circle_is_found():
+    """Two modules that import each other (one inside a function) are a circle."""
+    one, two = ROOT / "zoexec" / "data" / "_probe_one.py", ROOT / "zoexec" / "data" / "_probe_two.py"
+    one.write_text("from zoexec.data import _probe_two\n")
+    two.write_text("def f():\n    from zoexec.data._probe_one import X\n")
+    try:
+        assert ["zoexec.data._probe_one", "zoexec.data._probe_two"] in import_circles()
+    finally:
+        one.unlink()
+        two.unlink()
 
 
 def test_importing_the_planner_loads_neither_torch_nor_the_executor():

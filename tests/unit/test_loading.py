@@ -1,4 +1,4 @@
-"""Weights made or read block by block (zoexec.loading): per-block random init, the same
+"""Weights made or read block by block (zoexec.store.loading): per-block random init, the same
 weights from every path (build_parts, build_hf_model, the node's store), safetensors
 checkpoints (sharded, converted, tied heads) and their refusals, loading progress."""
 
@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from zoexec import dist as zdist
-from zoexec import loading
 from zoexec.config import RunConfig
-from zoexec.loading import LoadProgress, fill_timeout_s, open_source
-from zoexec.models import build_hf_model, build_parts, export_hf_model, hf_state_dict
-from zoexec.node import load_node_model
+from zoexec.model.families import build_hf_model, export_hf_model, hf_state_dict
+from zoexec.runtime import dist as zdist
+from zoexec.store import loading
+from zoexec.store.loading import LoadProgress, build_parts, fill_timeout_s, open_source
+from zoexec.store.node import load_node_model
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout

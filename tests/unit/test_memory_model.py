@@ -1,6 +1,6 @@
 """zoplan.memory, the one memory model, against what zoexec really allocates.
 
-A one-rank plan runs in this process under zoexec.memtrack.AllocationTracker, which
+A one-rank plan runs in this process under zoexec.runtime.memtrack.AllocationTracker, which
 counts the live tensor storages torch's operators create. On the CPU the rank's
 "device" is host memory, so the tracker counts only what a CUDA rank would hold on its
 GPU: it starts once the node's model is built and the store filled (the build and the
@@ -17,16 +17,17 @@ import math
 import pytest
 import torch
 
-import zoexec.engine as engine
-import zoexec.rank as rank
+import zoexec.launch.rank as rank
+import zoexec.train.engine as engine
 from zoexec.config import RunConfig
-from zoexec.launch import run_in_process
-from zoexec.loop import TrainLoop
-from zoexec.memtrack import AllocationTracker, kernel_peak_bytes
-from zoexec.models import TensorSpec, build_parts
-from zoexec.precision import SAMPLE
-from zoexec.preflight import _check_memory, check_gpu_memory
-from zoexec.zo import apply_update, apply_update_stochastic, perturb_into
+from zoexec.launch.preflight import _check_memory, check_gpu_memory
+from zoexec.launch.spawn import run_in_process
+from zoexec.maths.zo import apply_update, apply_update_stochastic, perturb_into
+from zoexec.model.families import TensorSpec
+from zoexec.model.precision import SAMPLE
+from zoexec.run.loop import TrainLoop
+from zoexec.runtime.memtrack import AllocationTracker, kernel_peak_bytes
+from zoexec.store.loading import build_parts
 from zoplan.errors import ZoError
 from zoplan.execrules import SR_SCRATCH
 from zoplan.handplan import hand_plan
@@ -206,7 +207,7 @@ def _offsets(numels: list[int]) -> list[tuple[int, int]]:
 
 
 def test_the_store_stride_splits_into_aligned_slices_and_shares():
-    """zoplan.memory.store_stride is the store's layout (zoexec.node uses it): every
+    """zoplan.memory.store_stride is the store's layout (zoexec.store.node uses it): every
     slice and write-back share of a block starts on an ALIGN_ELEMENTS boundary."""
     assert LOST_UPDATE_SAMPLE == SAMPLE
     for numel in (1, 63, 64, 1000, 198_272, 10**7 + 3):
@@ -324,9 +325,9 @@ def test_preflight_checks_a_gpu_against_the_model_and_names_the_largest_term(mon
     cfg = _config("cuda", Layout(ddp=2))
     need = rank_memory(model=get_model("tiny-opt"), workload=cfg.workload, layout=cfg.layout,
                        device_kind="cuda").total_bytes
-    monkeypatch.setattr("zoexec.preflight.device_memory_bytes", lambda kind, index: need)
+    monkeypatch.setattr("zoexec.launch.preflight.device_memory_bytes", lambda kind, index: need)
     check_gpu_memory(cfg, 0)
-    monkeypatch.setattr("zoexec.preflight.device_memory_bytes", lambda kind, index: need - 1)
+    monkeypatch.setattr("zoexec.launch.preflight.device_memory_bytes", lambda kind, index: need - 1)
     with pytest.raises(ZoError, match=r"per GPU, GPU 0 has .* \(largest: NCCL buffers "
                                       r"\(1 communicator, \[D\]\), 0\.5 GiB; peak in "):
         check_gpu_memory(cfg, 0)
@@ -341,10 +342,10 @@ def test_preflight_counts_the_resident_shards(monkeypatch):
     offloaded = rank_memory(**shape).total_bytes
     need = rank_memory(**shape, resident_blocks=2).total_bytes
     assert need > offloaded
-    monkeypatch.setattr("zoexec.preflight.device_memory_bytes", lambda kind, index: need - 1)
+    monkeypatch.setattr("zoexec.launch.preflight.device_memory_bytes", lambda kind, index: need - 1)
     with pytest.raises(ZoError, match="per GPU"):
         check_gpu_memory(cfg, 0)
-    monkeypatch.setattr("zoexec.preflight.device_memory_bytes", lambda kind, index: need)
+    monkeypatch.setattr("zoexec.launch.preflight.device_memory_bytes", lambda kind, index: need)
     check_gpu_memory(cfg, 0)
 
 
@@ -356,7 +357,7 @@ def test_preflight_checks_the_host_against_the_model(monkeypatch):
     class Memory:
         available = host.total_bytes - 1
 
-    monkeypatch.setattr("zoexec.preflight.psutil.virtual_memory", lambda: Memory)
+    monkeypatch.setattr("zoexec.launch.preflight.psutil.virtual_memory", lambda: Memory)
     with pytest.raises(ZoError, match=r"of host memory per node, .* is available \(largest: "
                                       r"2 x 0\.3 GiB rank processes"):
         _check_memory(cfg)

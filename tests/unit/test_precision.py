@@ -11,9 +11,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from zoexec import zo
-from zoexec.models import TensorSpec, bind_block, build_parts, hf_state_dict, make_specs
-from zoexec.precision import LostUpdates
+from zoexec.maths import zo
+from zoexec.model.families import TensorSpec, bind_block, hf_state_dict, make_specs
+from zoexec.model.precision import LostUpdates
+from zoexec.store.loading import build_parts
 from zoplan.execrules import Z_CHUNK, Z_CHUNK_CUDA, chunk_bounds, z_chunk, z_draw_calls
 from zoplan.models import get_model
 

@@ -1,4 +1,4 @@
-"""zoexec.report: progress lines off a terminal, metrics.jsonl with the HF Trainer's
+"""zoexec.run.report: progress lines off a terminal, metrics.jsonl with the HF Trainer's
 names, TensorBoard (an optional extra) and its error when missing, the end-of-run
 summary, and -q."""
 
@@ -12,9 +12,9 @@ import types
 
 import pytest
 
-from zoexec.checkpoint import StepRecord
 from zoexec.config import RunConfig
-from zoexec.report import (
+from zoexec.maths.history import StepRecord
+from zoexec.run.report import (
     LOG_EVERY_S,
     Reporter,
     check_report_to,
@@ -184,7 +184,7 @@ def test_summary_of_a_run_with_evaluations(tmp_path):
 
 
 def test_summary_of_a_resumed_run_counts_the_whole_log(tmp_path):
-    from zoexec.checkpoint import LossLog
+    from zoexec.run.checkpoint import LossLog
 
     log = LossLog(tmp_path)
     for step in range(20):

@@ -1,4 +1,4 @@
-"""The run folder (zoexec.rundir, zoexec.checkpoint): a strict-JSON log that survives a
+"""The run folder (zoexec.run.folder, zoexec.run.checkpoint): a strict-JSON log that survives a
 torn last line, snapshots that count only when whole, a lock that keeps a second run
 out, and the resume plan (which snapshot, which logged updates, which next step)."""
 
@@ -10,9 +10,10 @@ import multiprocessing
 
 import pytest
 
-from zoexec.checkpoint import LossLog, StepRecord, read_log
 from zoexec.config import RunConfig
-from zoexec.rundir import RunDir
+from zoexec.maths.history import StepRecord
+from zoexec.run.checkpoint import LossLog, read_log
+from zoexec.run.folder import RunDir
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout

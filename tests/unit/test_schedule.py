@@ -1,10 +1,10 @@
-"""Learning-rate schedules (zoexec.schedule), literal values."""
+"""Learning-rate schedules (zoexec.maths.schedule), literal values."""
 
 from __future__ import annotations
 
 import pytest
 
-from zoexec.schedule import lr_at
+from zoexec.maths.schedule import lr_at
 
 
 @pytest.mark.parametrize("schedule,expected", [

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from zoexec import shmfiles
 from zoexec.cli import app
-from zoexec.procwatch import ProcessId
+from zoexec.runtime.procwatch import ProcessId
+from zoexec.store import shmfiles
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,7 +124,7 @@ def test_a_process_killed_after_creating_its_store_leaves_what_the_next_start_re
     owner's file stays."""
     run = f"t{uuid.uuid4().hex[:8]}"
     code = (f"import os, time, sys; sys.path.insert(0, {str(ROOT)!r})\n"
-            "from zoexec import shmfiles\n"
+            "from zoexec.store import shmfiles\n"
             f"path = shmfiles.store_path({run!r}, 0)\n"
             "fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)\n"
             "os.posix_fallocate(fd, 0, 1 << 22)\n"
@@ -149,7 +149,7 @@ def test_a_rank_dies_with_its_launcher_and_removes_its_files(shm):
     owner = ProcessId.of(launcher.pid)
     files = [_make(owner, "a"), _make(owner, "a", node=1)]
     code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-            "from zoexec import procwatch, shmfiles\n"
+            "from zoexec.runtime import procwatch\nfrom zoexec.store import shmfiles\n"
             f"owner = procwatch.ProcessId(pid={owner.pid}, start={owner.start})\n"
             "procwatch.die_with(owner, what='rank 0', period_s=0.1,\n"
             "                   cleanup=lambda: shmfiles.remove_owner_files(owner))\n"

@@ -1,4 +1,4 @@
-"""The machine's speed through a traced CPU run (zoexec.speed.SpeedMonitor) and a
+"""The machine's speed through a traced CPU run (zoexec.train.speed.SpeedMonitor) and a
 profile (zoexec.profiler.probe: SpeedProbe, merge_probes): probes between steps, so that
 `zoplan calibrate` knows the speed of the whole run, not only of its two ends."""
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from zoexec import speed
 from zoexec.profiler.probe import SPEED_CHECKS, SpeedProbe, merge_probes
+from zoexec.train import speed
 from zoplan.execrules import probe_every
 
 

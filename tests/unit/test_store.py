@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoexec.store import (
+from zoexec.runtime import hostmem
+from zoexec.runtime.hostmem import mapping_pss_bytes
+from zoexec.store.blocks import (
     attach_store,
     create_store,
     fill_store,
-    mapping_pss_bytes,
     remove_run_files,
     store_path,
 )
@@ -72,8 +73,7 @@ def test_remove_run_files_removes_only_that_run(path):
 
 
 def test_the_store_is_interleaved_before_its_pages_exist(path, monkeypatch):
-    from zoexec import store as zstore
-
+    from zoexec.store import blocks as zstore
     order = []
     monkeypatch.setattr(zstore.numa, "interleave",
                         lambda addr, nbytes, **kw: order.append(("interleave", addr, nbytes)))
@@ -86,13 +86,12 @@ def test_the_store_is_interleaved_before_its_pages_exist(path, monkeypatch):
 
 
 def test_a_regular_file_store_is_named_as_such(tmp_path, path, monkeypatch, capsys):
-    from zoexec import store as zstore
-
+    from zoexec.store import blocks as zstore
     shm = create_store(path, num_blocks=1, block_numel=64, stride=64, dtype=torch.float32)
     path.unlink()
-    assert zstore.mapped_file(shm.flat.data_ptr()) == path          # even once unlinked
-    assert zstore.filesystem_type(path) == zstore.filesystem_type(zstore.SHM_DIR / "x")
-    kind = zstore.filesystem_type(tmp_path / "x")
+    assert hostmem.mapped_file(shm.flat.data_ptr()) == path          # even once unlinked
+    assert hostmem.filesystem_type(path) == hostmem.filesystem_type(zstore.SHM_DIR / "x")
+    kind = hostmem.filesystem_type(tmp_path / "x")
     if kind in (None, "tmpfs"):
         pytest.skip(f"{tmp_path} is on {kind}")
     monkeypatch.setattr(zstore.numa, "interleave", lambda addr, nbytes, **kw: True)
@@ -100,11 +99,11 @@ def test_a_regular_file_store_is_named_as_such(tmp_path, path, monkeypatch, caps
     create_store(tmp_path / "blocks", num_blocks=1, block_numel=64, stride=64,
                  dtype=torch.float32)
     assert f"a file on {kind}, not tmpfs" in capsys.readouterr().err
-    assert zstore.mapped_file(torch.zeros(4).data_ptr()) is None     # anonymous memory
+    assert hostmem.mapped_file(torch.zeros(4).data_ptr()) is None     # anonymous memory
 
 
 def test_filesystem_type_takes_the_longest_mount_point(tmp_path):
-    from zoexec.store import filesystem_type
+    from zoexec.runtime.hostmem import filesystem_type
 
     mounts = tmp_path / "mounts"
     mounts.write_text("/dev/vda / ext4 rw 0 0\nshm /dev/shm tmpfs rw 0 0\n"

@@ -1,4 +1,4 @@
-"""zoexec.tasks: the rows each task builds (what the loss counts), the data formats
+"""zoexec.data.tasks: the rows each task builds (what the loss counts), the data formats
 read with `datasets`, the evaluation metrics, and the errors that name the problem."""
 
 from __future__ import annotations
@@ -11,17 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoexec.data import IGNORE, TextData, load_tokenizer
-from zoexec.models import causal_lm_loss_sum, causal_lm_row_losses
-from zoexec.tasks import (
-    EvalSet,
-    Example,
-    TaskSpec,
-    load_records,
-    make_eval_set,
-    make_task_source,
-    pack_examples,
-)
+from zoexec.data.batch import IGNORE, Example
+from zoexec.data.records import load_records
+from zoexec.data.tasks import EvalSet, TaskSpec, make_eval_set, make_task_source, pack_examples
+from zoexec.data.text import TextData, load_tokenizer
+from zoexec.model.families import causal_lm_loss_sum, causal_lm_row_losses
 from zoplan.errors import ZoError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -192,7 +186,7 @@ def test_option_and_file_errors(tmp_path, tok_dir):
 def test_the_task_is_recorded_and_a_resume_keeps_it(tmp_path):
     from zoexec.config import RunConfig
     from zoexec.options import task_options
-    from zoexec.rundir import RunDir
+    from zoexec.run.folder import RunDir
     from zoplan.handplan import hand_plan
     from zoplan.layout import Layout
     from zoplan.workload import Workload

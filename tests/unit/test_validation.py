@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from zoexec.data import JsonlData, check_data
-from zoexec.preflight import _check_output_folder
+from zoexec.data.text import JsonlData, check_data
+from zoexec.launch.preflight import _check_output_folder
 from zoplan.errors import ZoError
 from zoplan.hardware import HardwareProfile, load_profile, shipped_profiles
 from zoplan.io import load_json

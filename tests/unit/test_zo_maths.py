@@ -1,12 +1,13 @@
-"""zoexec.zo (seeded z, perturb, update, projected gradient) and the ZO2 schedule's
+"""zoexec.maths.zo (seeded z, perturb, update, projected gradient) and the ZO2 schedule's
 equivalence with plain MeZO (zoexec.reference)."""
 
 import pytest
 import torch
 
-from zoexec import zo
-from zoexec.models import TensorSpec, build_hf_model, build_parts, hf_state_dict, make_specs
+from zoexec.maths import zo
+from zoexec.model.families import TensorSpec, build_hf_model, hf_state_dict, make_specs
 from zoexec.reference import mezo_reference_train, zo2_reference_train
+from zoexec.store.loading import build_parts
 
 SPECS = make_specs([("w", torch.empty(6, 5)), ("b", torch.empty(5)), ("v", torch.empty(3, 7))])
 

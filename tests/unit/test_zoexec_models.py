@@ -1,18 +1,18 @@
-"""Block-wise model adapters (zoexec.models) against the HF models themselves, fp32 on CPU."""
+"""Block-wise model adapters (zoexec.model.families) against the HF models themselves, fp32 on CPU."""
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from zoexec.models import (
+from zoexec.model.families import (
     bind_block,
     bind_resident,
     build_hf_model,
-    build_parts,
     export_hf_model,
     resident_flat,
     resident_param_specs,
 )
+from zoexec.store.loading import build_parts
 from zoplan.errors import ZoError
 from zoplan.models import get_model, spec_from_hf_config
 

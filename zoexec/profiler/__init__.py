@@ -24,7 +24,7 @@ The samples (plain JSON types):
 
 from __future__ import annotations
 
-from zoexec.hostenv import quiet_openmp
+from zoexec.runtime.hostenv import quiet_openmp
 
 quiet_openmp()   # as zoexec runs its ranks: before torch (libgomp) is loaded
 

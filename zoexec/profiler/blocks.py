@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 
-from zoexec import zo
-from zoexec.models import bind_block, build_parts, torch_dtype
+from zoexec.maths import zo
+from zoexec.maths.zo import apply_update, perturb_into, z_block
+from zoexec.model.families import bind_block, torch_dtype
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import summarize, time_samples
-from zoexec.zo import apply_update, perturb_into, z_block
+from zoexec.store.loading import build_parts
 from zoplan.execrules import z_draw_calls, z_makespan
 from zoplan.models import block_forward_work, dtype_bytes, one_block_config
 
@@ -153,7 +154,7 @@ def z_chunk_cost(*, repeats: int, tensors: int = 256) -> dict:
 
 
 class _Spec:
-    """A tensor of a synthetic block (what zoexec.zo reads of a TensorSpec)."""
+    """A tensor of a synthetic block (what zoexec.maths.zo reads of a TensorSpec)."""
 
     def __init__(self, offset: int, numel: int) -> None:
         self.offset, self.numel, self.decay = offset, numel, False
@@ -161,7 +162,7 @@ class _Spec:
 
 def gpu_zo_costs(settings: Settings, *, device, sync, dtype: str = "bf16") -> dict:
     """The zo maths of zoexec's update task on a GPU, in the run's 16-bit dtype `dtype`:
-    z draws (zoexec.zo.z_block, one generator launch per tensor on CUDA) of a block of a
+    z draws (zoexec.maths.zo.z_block, one generator launch per tensor on CUDA) of a block of a
     few large tensors and one of many small ones (-> a cost per launch and per element,
     the fit is zoplan.profiling.fits.fit_gpu_z); the update and perturb passes
     (apply_update, perturb_into) over the large block with a 16-bit store (plain,

@@ -22,19 +22,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zoexec.hostenv import keep_freed_memory
 from zoexec.profiler.blocks import build_block, forward_grid, forward_point, zo_costs, zo_steps
 from zoexec.profiler.collectives import allgather_sweep, allreduce_small, collective_samples
 from zoexec.profiler.probe import SPEED_CHECKS, SpeedProbe, merge_probes
 from zoexec.profiler.ranks import rendezvous, spawn_ranks, write_rank_result
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import Guard, gbps, rank_samples, summarize, time_samples
-from zoexec.store import SHM_DIR, create_store
+from zoexec.runtime.hostenv import keep_freed_memory
+from zoexec.store.blocks import SHM_DIR, create_store
 from zoplan.execrules import threads_per_rank, z_makespan
 
 
 def shm_store(numel: int):
-    """A flat fp32 tensor mapped from a /dev/shm file, as zoexec.store maps the block store."""
+    """A flat fp32 tensor mapped from a /dev/shm file, as zoexec.store.blocks maps the block store."""
     path = Path(SHM_DIR) / f"zoplan-profile-{os.getpid()}-{time.monotonic_ns()}"
     try:
         store = create_store(path, num_blocks=1, block_numel=numel, stride=numel,

@@ -106,7 +106,7 @@ def nvlink_matrix(n: int) -> list[list[str]] | None:
     devices 0..n-1, or None. nvidia-smi lists PHYSICAL GPUs: the rows and columns read
     are those of the GPUs CUDA_VISIBLE_DEVICES maps to devices 0..n-1. Where it names
     GPUs by UUID (GPU-..., MIG-...) they cannot be matched to topo -m's indices: None."""
-    from zoexec.devicemap import topo_gpu_matrix, visible_env, visible_physical
+    from zoexec.runtime.devicemap import topo_gpu_matrix, visible_env, visible_physical
 
     physical = visible_physical(visible_env(), n)
     if physical is None:

@@ -4,7 +4,7 @@ A GEMM-bound and a memory-bound block forward (a shared machine's memory-bound w
 drifts far more than its GEMMs) and a z draw, built once and timed on demand.
 `zoplan profile` stores a check in the profile (with one-sample probes between its
 forward grid's passes); `zoexec run --trace` takes one before and after its steps and a
-probe between steps (zoexec.speed); `zoplan calibrate` compares them.
+probe between steps (zoexec.train.speed); `zoplan calibrate` compares them.
 """
 
 from __future__ import annotations

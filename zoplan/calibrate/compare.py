@@ -26,15 +26,27 @@ import dataclasses
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from zoplan.errors import ZoError
 from zoplan.execrules import STEADY_RUN_S, steps_for_seconds
 from zoplan.plan import Plan
 from zoplan.trace import KINDS, Span
 
-if TYPE_CHECKING:
-    from zoplan.calibrate.drift import Drift
+
+@dataclass(frozen=True, kw_only=True)
+class Drift:
+    """The machine's speed during the run over its speed when profiled (speed checks:
+    zoexec.profiler.probe.SpeedProbe; > 1: slower now) for GEMM-bound and memory-bound block
+    forwards and z draws, and the plan's layout simulated again on the profile with its
+    compute figures scaled by those ratios. `probes`: how many speed probes were taken
+    between the run's steps (zoexec.train.speed.SpeedMonitor; 0 in older traces, whose
+    checks are only snapshots before and after the run)."""
+
+    gemm: float
+    memory: float
+    z: float
+    adjusted_pred_s: float | None
+    probes: int = 0
 
 
 COLLECTIVES = ("allgather", "allreduce")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import copy
 import statistics
-from dataclasses import dataclass
 
+from zoplan.calibrate.compare import Drift
 from zoplan.calibrate.refit import resimulate
 from zoplan.execrules import SPEED_CHECK_KINDS, STEADY_RUN_S
 from zoplan.hardware import HardwareProfile
@@ -18,22 +18,6 @@ from zoplan.plan import Plan
 # fixed shapes alone on all cores, and a step's mix of work follows them only roughly
 # below it (docs/measurements.md).
 DRIFT_WARN = 0.25
-
-
-@dataclass(frozen=True, kw_only=True)
-class Drift:
-    """The machine's speed during the run over its speed when profiled (speed checks:
-    zoexec.profiler.probe.SpeedProbe; > 1: slower now) for GEMM-bound and memory-bound block
-    forwards and z draws, and the plan's layout simulated again on the profile with its
-    compute figures scaled by those ratios. `probes`: how many speed probes were taken
-    between the run's steps (zoexec.speed.SpeedMonitor; 0 in older traces, whose
-    checks are only snapshots before and after the run)."""
-
-    gemm: float
-    memory: float
-    z: float
-    adjusted_pred_s: float | None
-    probes: int = 0
 
 
 # A run with this many speed probes between its steps has its speed known over its whole

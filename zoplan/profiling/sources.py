@@ -57,7 +57,7 @@ def cpu_sources(settings, *, threads: int, fit: dict, date: str,
         "compute.rope_overhead_us": f"{c}same fit (a Llama-family block's dispatch beyond an "
                                     f"OPT block's: its norms, gated MLP and rotary embedding "
                                     f"are more operators)",
-        "compute.z_ns_per_elem": f"{c}z draws (zoexec.zo.z_block) of OPT blocks h={'/'.join(map(str, settings.z_hiddens))}, "
+        "compute.z_ns_per_elem": f"{c}z draws (zoexec.maths.zo.z_block) of OPT blocks h={'/'.join(map(str, settings.z_hiddens))}, "
                                  f"{threads} threads: per element of the busiest thread",
         "compute.z_call_us": f"{c}same fit (handing the chunks to the thread pool)",
         "compute.z_chunk_us": f"{c}z draw over 256 tiny tensors on one thread, per chunk",
@@ -117,7 +117,7 @@ def cuda_sources(settings, *, fit: dict, date: str, num_forwards: int,
         "compute.fp32_tflops": f"{c}same fit: fp32 GEMMs without TF32",
         "compute.m_half_tokens": f"{c}same fit (one efficiency term for every precision)",
         "compute.overhead_us": f"{c}same fit (launch cost per forward)",
-        "compute.z_launch_us": f"{c}z draws (zoexec.zo.z_block, one launch per 2**24-element chunk) of "
+        "compute.z_launch_us": f"{c}z draws (zoexec.maths.zo.z_block, one launch per 2**24-element chunk) of "
                                f"blocks of {draws} on GPU 0: per launch",
         "compute.z_ns_per_elem": f"{c}same fit: per element",
         "compute.rank_scaling": "[D] one GPU per rank: no sharing",

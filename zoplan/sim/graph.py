@@ -286,7 +286,7 @@ def slice_pieces(model: ModelSpec, layout: Layout, index: int) -> list[int]:
 def slice_z_numels(model: ModelSpec, layout: Layout, index: int, device_kind: str) -> list[int]:
     """Sizes of the z draws the owner of slice `index` makes to update its slice: every
     chunk of the block's tensors (laid end to end in the flat block) that overlaps the
-    slice, drawn whole (zoplan.execrules.z_range_draws, zoexec.zo.z_range)."""
+    slice, drawn whole (zoplan.execrules.z_range_draws, zoexec.maths.zo.z_range)."""
     lo, hi = _slice_bounds(model, layout, index)
     return z_range_draws(model.block_tensor_numels(), lo, hi, device_kind)
 

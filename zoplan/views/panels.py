@@ -4,7 +4,7 @@ capacity, speed-up over the baselines, the critical path's make-up)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.panel import Panel
 from rich.table import Table
@@ -16,14 +16,11 @@ from zoplan.plan import Plan
 from zoplan.trace import Span, step_time
 from zoplan.views.common import fmt_gib, fmt_time, layout_label
 from zoplan.views.gantt import critical_breakdown, span_label
+from zoplan.views.inputs import ShowInput
 
 
 def ranks_of(spans: list[Span]) -> list[int]:
     return sorted({s.rank for s in spans})
-
-
-if TYPE_CHECKING:
-    from zoplan.views.show import ShowInput
 
 
 def lane_busy(spans: list[Span], ranks: set[int]) -> dict[str, float]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import io
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,26 +32,12 @@ from zoplan.trace import LANES, Span, read_trace, step_time
 from zoplan.views.chrome import chrome_json, chrome_trace, measured_pid_offset
 from zoplan.views.common import fmt_time, parse_selection
 from zoplan.views.gantt import LABEL_WIDTH, Window, critical_path, draw_chart, legend, span_label
+from zoplan.views.inputs import MeasuredStep, ShowInput
 from zoplan.views.panels import lane_table, ranks_of, summary_panel
 
 MIN_CELLS = 20
 MAX_COLUMNS = 1000   # --width, and the terminal's width where it claims more
 
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeasuredStep:
-    """The trace's representative step, shifted to start at 0."""
-
-    step: int
-    spans: list[Span]
-    steps: list[int]
-    median_s: float
-    notes: list[str]
-
-    @property
-    def step_s(self) -> float:
-        return step_time(self.spans)
 
 
 def load_measured(directory: Path, plan: Plan, plan_path: Path) -> MeasuredStep:
@@ -92,17 +77,6 @@ def shift_to_zero(spans: list[Span]) -> list[Span]:
     t0 = min(s.start_s for s in spans)
     return [Span(kind=s.kind, rank=s.rank, start_s=s.start_s - t0, dur_s=s.dur_s,
                  block=s.block, step=s.step, lane=s.lane) for s in spans]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShowInput:
-    plan: Plan
-    path: Path
-    predicted: list[Span]
-    measured: MeasuredStep | None
-    ranks: list[int]
-    blocks: list[int] | None
-    cells: int
 
 
 def show_command(*, plan: Path, trace: Path | None, ranks: str | None, blocks: str | None,

@@ -1,35 +1,29 @@
-"""What a run writes: the per-step log and the weights (snapshots and final/).
+"""A model folder as save_pretrained writes it, from the flat block buffers.
 
-losses.jsonl: one strict-JSON object per completed step (StepRecord.to_dict): step,
-seed, loss_plus, loss_minus, g, loss, lr, data_position, tokens_per_s, step_time_s
-(non-finite values are written as null, with "nonfinite": true; a skipped step has
-"skipped": true and applied no update). Each line is flushed and fsynced before the
-step counts as done: the (seed, g, lr) triples are the whole training history of MeZO,
-so initial weights (or a snapshot) + this log rebuild the model exactly (seed replay,
-zoexec.rundir). A crash can leave at most a torn last line, which a resume drops.
-
-Weights (a snapshot or final/) are an HF folder as save_pretrained writes it:
-config.json, generation_config.json (the source folder's, else derived from the config
-as GenerationConfig.from_model_config does), the weights in safetensors (one
-model.safetensors, or shards model-00001-of-0000N.safetensors + model.safetensors.index.json
-when they pass max_shard_bytes), and the tokenizer files of the model folder the run
-started from. Shards are written tensor by tensor straight from the flat block buffers,
-so saving holds at most one converted tensor beside the store, never the model. A
-folder is written into a temporary folder and renamed, so it is either whole or absent;
-non-finite weights are refused, never saved.
+Weights (a snapshot or final/) are an HF folder: config.json, generation_config.json
+(the source folder's, else derived from the config as GenerationConfig.from_model_config
+does), the weights in safetensors (one model.safetensors, or shards
+model-00001-of-0000N.safetensors + model.safetensors.index.json when they pass
+max_shard_bytes), and the tokenizer files of the model folder the run started from.
+Shards are written tensor by tensor straight from the flat block buffers, so saving holds
+at most one converted tensor beside the store, never the model. A folder is written into
+a temporary folder and renamed, so it is either whole or absent; non-finite weights are
+refused, never saved.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
 import struct
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+from transformers import GenerationConfig
+
+from zoexec.model.families import resident_param_specs
 from zoplan.errors import ZoError
 
 # Files of a model folder that a saved model carries along for AutoTokenizer (fast and
@@ -46,106 +40,6 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 MAX_SHARD_BYTES = 5 * 10**9        # --max-shard-size default: 5GB (decimal, as HF counts)
 _SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]B)?", re.IGNORECASE)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepRecord:
-    """One training step as every rank knows it after the loss all-reduce."""
-
-    step: int
-    seed: int
-    loss_plus: float
-    loss_minus: float
-    g: float
-    lr: float = 0.0
-    tokens_per_s: float = 0.0
-    step_time_s: float = 0.0
-    skipped: bool = False          # a non-finite step skipped (--on-nonfinite skip): no update
-
-    @property
-    def loss(self) -> float:
-        return 0.5 * (self.loss_plus + self.loss_minus)
-
-    @property
-    def finite(self) -> bool:
-        return all(math.isfinite(v) for v in (self.loss_plus, self.loss_minus, self.g))
-
-    @property
-    def update(self) -> tuple[int, float, float] | None:
-        """(seed, g, lr) of the update this step applies later, or None."""
-        return None if self.skipped or not self.finite else (self.seed, self.g, self.lr)
-
-    def to_dict(self) -> dict:
-        out = {**asdict(self), "loss": self.loss, "data_position": self.step}
-        if not self.skipped:
-            out.pop("skipped")
-        bad = [k for k, v in out.items() if isinstance(v, float) and not math.isfinite(v)]
-        for key in bad:
-            out[key] = None
-        if bad:
-            out["nonfinite"] = True
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict) -> StepRecord:
-        """A logged line back (null: NaN); ValueError/KeyError/TypeError if malformed."""
-        def num(key: str) -> float:
-            value = data[key]
-            return math.nan if value is None else float(value)
-        return cls(step=int(data["step"]), seed=int(data["seed"]), loss_plus=num("loss_plus"),
-                   loss_minus=num("loss_minus"), g=num("g"), lr=num("lr"),
-                   tokens_per_s=float(data.get("tokens_per_s") or 0.0),
-                   step_time_s=float(data.get("step_time_s") or 0.0),
-                   skipped=bool(data.get("skipped", False)))
-
-
-class LossLog:
-    """Rank 0's log: losses.jsonl in the run folder, appended and fsynced step by step."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self.path = Path(out_dir) / "losses.jsonl"
-        self._handle = self.path.open("a")
-
-    def append(self, record: StepRecord) -> None:
-        self._handle.write(json.dumps(record.to_dict(), allow_nan=False) + "\n")
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
-
-    def close(self) -> None:
-        if not self._handle.closed:
-            self._handle.close()
-
-
-def read_log(path: Path) -> list[StepRecord]:
-    """The completed steps of a log: every whole line up to the first torn or malformed
-    one (a crash can tear the last line), which is cut off the file."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records, good = [], 0
-    with path.open("rb") as handle:
-        for raw in handle:
-            try:
-                if not raw.endswith(b"\n"):
-                    raise ValueError("torn line")
-                record = StepRecord.from_dict(json.loads(raw))
-            except (ValueError, KeyError, TypeError):
-                break
-            if records and record.step != records[-1].step + 1:
-                raise ZoError(f"{path}: step {record.step} follows step {records[-1].step}")
-            records.append(record)
-            good += len(raw)
-    if good < path.stat().st_size:
-        with path.open("r+b") as handle:
-            handle.truncate(good)
-    return records
-
-
-def read_losses(path: Path) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise ZoError(f"loss log {path} does not exist")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def parse_size(text: str | int) -> int:
@@ -198,7 +92,6 @@ def export_weights(parts, block_flats, folder: Path, *, resident=None,
 def _hf_tensors(parts, block_flats, resident):
     """(HF state-dict key, view) of every saved tensor, in save order (a tied head once):
     views into the flat buffers, nothing copied."""
-    from zoexec.models import resident_param_specs
 
     if resident is not None:
         for spec in parts.resident_specs:
@@ -228,7 +121,6 @@ def _save_generation_config(config, folder: Path, source: Path | None) -> None:
     if given is not None and given.is_file():
         shutil.copy2(given, folder / GENERATION_CONFIG)
         return
-    from transformers import GenerationConfig
 
     GenerationConfig.from_model_config(config).save_pretrained(folder)
 
@@ -286,7 +178,6 @@ def plan_shards(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list
 def write_safetensors(tensors, folder: Path, *, dtype, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
     """Write (name, tensor) pairs, each converted to `dtype`, as model.safetensors or as
     HF shards + index; one tensor in memory at a time. The file names written."""
-    import torch
 
     items = list(tensors)
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -311,7 +202,6 @@ def write_safetensors(tensors, folder: Path, *, dtype, max_shard_bytes: int = MA
 def _write_one(path: Path, items: list, dtype) -> None:
     """One safetensors file: an 8-byte header length, the JSON header (padded with
     spaces to 8 bytes), then each tensor's bytes in order (little-endian, row-major)."""
-    import torch
 
     code = _SAFETENSORS_DTYPES[str(dtype).removeprefix("torch.")]
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -333,7 +223,6 @@ def _write_one(path: Path, items: list, dtype) -> None:
 
 
 def _check_finite(flat, what: str) -> None:
-    import torch
 
     if not bool(torch.isfinite(flat).all()):
         raise ZoError(f"{what} hold non-finite weights: not saved (the run diverged; "

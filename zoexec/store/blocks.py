@@ -13,12 +13,12 @@ barrier local rank 0 unlinks the name. From then on nothing is left in /dev/shm:
 memory lives as long as some rank maps it and the kernel frees it when the last one
 exits, even on a crash. Local rank 0 also unlinks on any failure before that point, and
 the launcher removes `/dev/shm/zoexec-<run id>-*` after its ranks exit. The names carry
-their owner (zoexec.shmfiles: store_path, remove_run_files), so that what a killed run
+their owner (zoexec.store.shmfiles: store_path, remove_run_files), so that what a killed run
 left is recognised and removed at the next start or by `zoexec clean`.
 On CUDA each rank page-locks its own mapping (cudaHostRegister, dist.pin_host_memory).
 
 NUMA: local rank 0 sizes the file, maps it, interleaves the mapping over the machine's
-memory nodes (zoexec.numa.interleave) and only then allocates the pages (fallocate), so
+memory nodes (zoexec.runtime.numa.interleave) and only then allocates the pages (fallocate), so
 on a tmpfs they are spread over the sockets whoever touches them first. A store that
 is a regular file (ZOEXEC_SHM_DIR on a disk file system, the fallback of
 scripts/gpu_check.sh when /dev/shm is small) is shared through the page cache: the
@@ -36,11 +36,12 @@ from pathlib import Path
 
 import torch
 
-from zoexec import numa
-from zoexec.shmfiles import PREFIX as PREFIX
-from zoexec.shmfiles import SHM_DIR as SHM_DIR
-from zoexec.shmfiles import remove_run_files as remove_run_files
-from zoexec.shmfiles import store_path as store_path
+from zoexec.runtime import numa
+from zoexec.runtime.hostmem import filesystem_type
+from zoexec.store.shmfiles import PREFIX as PREFIX
+from zoexec.store.shmfiles import SHM_DIR as SHM_DIR
+from zoexec.store.shmfiles import remove_run_files as remove_run_files
+from zoexec.store.shmfiles import store_path as store_path
 from zoplan.errors import ZoError
 
 
@@ -151,51 +152,3 @@ def fill_store(store: BlockStore, flats: list[torch.Tensor]) -> None:
         raise ZoError(f"{len(flats)} blocks for a store of {store.num_blocks}")
     for index, flat in enumerate(flats):
         store.weights(index).copy_(flat)
-
-
-def mapping_pss_bytes(path: Path) -> tuple[int, int]:
-    """(PSS, RSS) in bytes of this process's mapping of `path` (psutil smaps)."""
-    import psutil
-
-    pss = rss = 0
-    names = (str(path), f"{path} (deleted)")
-    for region in psutil.Process().memory_maps(grouped=True):
-        if region.path in names:
-            pss += region.pss
-            rss += region.rss
-    return pss, rss
-
-
-def filesystem_type(path: Path, *, mounts: Path = Path("/proc/self/mounts")) -> str | None:
-    """The file system type (tmpfs, ext4, overlay, ...) that holds `path`: the longest
-    mount point of `mounts` above it; None where that cannot be read."""
-    target = os.path.realpath(path.parent) + "/"
-    best, kind = "", None
-    try:
-        lines = mounts.read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ").rstrip("/") + "/"
-        if target.startswith(point) and len(point) > len(best):
-            best, kind = point, fields[2]
-    return kind
-
-
-def mapped_file(addr: int) -> Path | None:
-    """The file this process maps at address `addr` (/proc/self/maps; a name already
-    unlinked is given without its ' (deleted)' mark), None for anonymous memory."""
-    try:
-        lines = Path("/proc/self/maps").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split(maxsplit=5)
-        low, _, high = fields[0].partition("-")
-        if int(low, 16) <= addr < int(high, 16):
-            name = fields[5].removesuffix(" (deleted)") if len(fields) == 6 else ""
-            return Path(name) if name.startswith("/") else None
-    return None

@@ -18,7 +18,7 @@ What this module decides for a CUDA rank (a CPU rank keeps torch's defaults):
 Groups (built identically on every rank, `new_group` being collective):
 - world: the default group (loss all-reduce, PertP exchange + DDP mean).
 - slice: the rank's slice group (all-gather of a block), None when slices == 1.
-- node: the node's local ranks (CUDA write-back fence; the CPU uses zoexec.fence), None
+- node: the node's local ranks (CUDA write-back fence; the CPU uses zoexec.store.fence), None
   with one local rank.
 - host_world / host_node: gloo twins used for host-side coordination (store name,
   store attach barriers, clock epoch, trace gather); the same groups on a CPU run.
@@ -47,9 +47,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zoexec import numa
-from zoexec.devicemap import ENV_VISIBLE, cuda_index, visible_env
-from zoexec.store import filesystem_type, mapped_file
+from zoexec.runtime import numa
+from zoexec.runtime.devicemap import ENV_VISIBLE, cuda_index, visible_env
+from zoexec.runtime.hostmem import filesystem_type, mapped_file
 from zoplan.errors import ZoError
 from zoplan.execrules import threads_per_rank, usable_cores
 from zoplan.layout import Layout

@@ -90,7 +90,7 @@ def failure_reason(exc: BaseException) -> str:
 def failure_kind(exc: BaseException) -> str:
     """PEER when the failure is a peer's absence (a collective that timed out or lost
     its connection, a wait that gave up), HALT for a run stopped on purpose by a signal
-    or on purpose (zoexec.loop.RunStopped: a signal, a non-finite step), else ERROR."""
+    or on purpose (zoexec.run.loop.RunStopped: a signal, a non-finite step), else ERROR."""
     if _exit_code(exc) in HALT_CODES or getattr(exc, "on_purpose", False):
         return HALT
     text = _first_line(exc)

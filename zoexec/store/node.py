@@ -1,6 +1,6 @@
 """The node's model, built once and shared by the node's ranks: local rank 0 (the
 builder) fills the node's block store (shared memory) block by block, straight from
-the seeded random init or the checkpoint (zoexec.loading), and a handover file of the
+the seeded random init or the checkpoint (zoexec.store.loading), and a handover file of the
 resident weights; the other local ranks build a skeleton (resident modules and one
 working block, no weights) and map them. Also the node's read stamps of the CPU
 write-back fence, and what a rank's memory looks like at the end of a run.
@@ -22,18 +22,18 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from zoexec import dist as zdist
 from zoexec.config import RunConfig
-from zoexec.fence import ReadFlags
-from zoexec.loading import LoadProgress, ModelSource, fill_timeout_s, open_source
-from zoexec.models import bind_resident
-from zoexec.store import (
+from zoexec.model.families import bind_resident
+from zoexec.runtime import dist as zdist
+from zoexec.runtime.hostmem import mapping_pss_bytes
+from zoexec.store.blocks import (
     BlockStore,
     attach_store,
     create_store,
-    mapping_pss_bytes,
     store_path,
 )
+from zoexec.store.fence import ReadFlags
+from zoexec.store.loading import LoadProgress, ModelSource, fill_timeout_s, open_source
 from zoplan.errors import ZoError
 from zoplan.layout import Layout
 from zoplan.memory import store_stride

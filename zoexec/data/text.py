@@ -1,5 +1,5 @@
 """Training data: a built-in learnable synthetic task, packed text, and per-rank sharding
-(the prompt/completion and classification tasks: zoexec.tasks).
+(the prompt/completion and classification tasks: zoexec.data.tasks).
 
 Every source answers `batch(step, batch_size, seq)` with a `Batch` (token ids and the
 labels the loss predicts, IGNORE where nothing is predicted) or a bare LongTensor
@@ -13,83 +13,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from zoexec.zo import mix_seed
+from zoexec.data.batch import IGNORE, Batch, EpochOrder, Example, generator
+from zoexec.data.records import load_records
 from zoplan.errors import ZoError
 
-IGNORE = -100   # a label that is not predicted (prompt, padding): HF's ignore_index
 _TAG_SYNTHETIC = 0x5359      # separates the data streams' seeds from z's
 _TAG_JSONL = 0x4A53
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Rows of token ids [B, S] and their labels [B, S]: the token a position holds
-    where the loss predicts it, IGNORE (-100) elsewhere (a prompt, padding). The loss
-    of position i is that of predicting labels[i + 1] (zoexec.models.causal_lm_loss)."""
-
-    ids: torch.Tensor
-    labels: torch.Tensor
-
-    def __post_init__(self) -> None:
-        if self.ids.shape != self.labels.shape or self.ids.dim() != 2:
-            raise ZoError(f"a batch needs ids and labels of one shape [rows, seq], got "
-                          f"{tuple(self.ids.shape)} and {tuple(self.labels.shape)}")
-
-    @property
-    def rows(self) -> int:
-        return self.ids.shape[0]
-
-    def select(self, start: int, stop: int) -> Batch:
-        return Batch(self.ids[start:stop], self.labels[start:stop])
-
-    def to(self, device) -> Batch:
-        return Batch(self.ids.to(device), self.labels.to(device))
-
-
-def as_batch(rows: torch.Tensor | Batch) -> Batch:
-    """A source's answer as a Batch: bare rows are packed text, every token a label."""
-    if isinstance(rows, Batch):
-        return rows
-    return Batch(rows, rows)
-
-
-def _generator(*parts: int) -> torch.Generator:
-    return torch.Generator().manual_seed(mix_seed(*parts))
-
-
-class EpochOrder:
-    """Which of `count` rows each step's batch takes: every epoch visits the rows in a
-    fresh random order fixed by (tag, seed, epoch), and a batch may run across an
-    epoch's end. Remembers the last batch's shape for `epoch_of`."""
-
-    def __init__(self, tag: int, seed: int) -> None:
-        self.tag, self.seed = tag, seed
-        self._orders: dict[tuple[int, int], torch.Tensor] = {}
-        self._per_epoch: float | None = None
-
-    def _order(self, count: int, epoch: int) -> torch.Tensor:
-        key = (count, epoch)
-        if key not in self._orders:
-            if len(self._orders) > 4:
-                self._orders.clear()
-            self._orders[key] = torch.randperm(count, generator=_generator(self.tag, self.seed, epoch))
-        return self._orders[key]
-
-    def picks(self, step: int, batch_size: int, count: int) -> list[int]:
-        """The rows of step `step`'s batch of `batch_size`, out of `count`."""
-        self._per_epoch = count / batch_size
-        return [int(self._order(count, k // count)[k % count])
-                for k in range(step * batch_size, (step + 1) * batch_size)]
-
-    def epoch_of(self, step: int) -> float | None:
-        """Passes over the rows after `step` (the metrics' "epoch"), once a batch has been
-        drawn (it gives the batch size)."""
-        return (step + 1) / self._per_epoch if self._per_epoch else None
 
 
 class SyntheticTask:
@@ -105,7 +38,7 @@ class SyntheticTask:
             raise ZoError(f"synthetic task needs vocab >= 2 and alphabet >= 2, got "
                           f"vocab {vocab}, alphabet {alphabet}")
         self.vocab, self.seed, self.alphabet = vocab, seed, min(alphabet, vocab)
-        self.cycle = torch.randperm(vocab, generator=_generator(_TAG_SYNTHETIC, seed, -1))[:self.alphabet]
+        self.cycle = torch.randperm(vocab, generator=generator(_TAG_SYNTHETIC, seed, -1))[:self.alphabet]
 
     @property
     def unigram_loss(self) -> float:
@@ -113,7 +46,7 @@ class SyntheticTask:
 
     def batch(self, step: int, batch_size: int, seq: int) -> torch.Tensor:
         starts = torch.randint(self.alphabet, (batch_size, 1),
-                               generator=_generator(_TAG_SYNTHETIC, self.seed, step))
+                               generator=generator(_TAG_SYNTHETIC, self.seed, step))
         return self.cycle[(starts + torch.arange(seq)) % self.alphabet]
 
 
@@ -243,8 +176,6 @@ class TextData:
         if self.path.suffix.lower() == ".jsonl" and not self.path.is_dir():
             yield from reader.documents()
             return
-        from zoexec.tasks import load_records
-
         for number, record in enumerate(load_records(self.path), start=1):
             yield reader.record_ids(record, f"{self.path} row {number}")
 
@@ -278,9 +209,7 @@ class TextData:
 
     def eval_examples(self, seq: int) -> list:
         """Every token in rows of `seq` (the last one shorter), in order, for evaluation
-        (zoexec.tasks.Example: no prompt, the document starts skipped)."""
-        from zoexec.tasks import Example
-
+        (zoexec.data.batch.Example: no prompt, the document starts skipped)."""
         out = []
         for start in range(0, self.tokens.numel(), seq):
             ids = self.tokens[start:start + seq].tolist()
@@ -299,20 +228,6 @@ class TextData:
 
 
 JsonlData = TextData   # the name of the text source before tasks (tests, scripts)
-
-
-def shard(batch, *, data_shard: int, num_shards: int):
-    """This rank's contiguous rows of the global batch (a Batch or a tensor of rows;
-    data_shard in 0..num_shards-1)."""
-    rows = batch.rows if isinstance(batch, Batch) else batch.shape[0]
-    if num_shards < 1 or not 0 <= data_shard < num_shards:
-        raise ZoError(f"data shard {data_shard} is not in 0..{num_shards - 1}")
-    if rows % num_shards:
-        raise ZoError(f"global batch ({rows}) is not divisible by the data shards ({num_shards})")
-    per = rows // num_shards
-    if isinstance(batch, Batch):
-        return batch.select(data_shard * per, (data_shard + 1) * per)
-    return batch[data_shard * per:(data_shard + 1) * per]
 
 
 def check_data(source: str, *, vocab: int, batch: int, seq: int, tokenizer_dir=None,
@@ -338,12 +253,3 @@ def check_data(source: str, *, vocab: int, batch: int, seq: int, tokenizer_dir=N
                       f"plan ({batch} x {seq} = {batch * seq} tokens)")
 
 
-def make_source(source: str, *, vocab: int, seed: int = 0, tokenizer_dir=None, task=None):
-    """"synthetic" -> SyntheticTask; a file or folder -> the source of `task` (a
-    zoexec.tasks.TaskSpec or its dict; default text: TextData)."""
-    if source == "synthetic":
-        return SyntheticTask(vocab=vocab, seed=seed)
-    from zoexec.tasks import TaskSpec, make_task_source
-
-    spec = task if isinstance(task, TaskSpec) else TaskSpec.from_dict(task)
-    return make_task_source(source, spec, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir)

@@ -1,7 +1,7 @@
 """One rank of `zoexec run`, from joining the job to leaving it: the device and groups,
 the data, the run folder (rank 0 owns it), the node's model, the training loop
-(zoexec.loop) around the engine's steps, and at the end the weights, then the trace,
-then rank 0's summary (zoexec.report)."""
+(zoexec.run.loop) around the engine's steps, and at the end the weights, then the trace,
+then rank 0's summary (zoexec.run.report)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,19 @@ from pathlib import Path
 
 import torch
 
-from zoexec import dist as zdist
-from zoexec.checkpoint import StepRecord
 from zoexec.config import RunConfig
-from zoexec.data import make_source
-from zoexec.engine import Trainer
-from zoexec.evaluate import make_evaluator
-from zoexec.hostenv import keep_freed_memory
-from zoexec.loop import STOP, TrainLoop, prepare_rundir
-from zoexec.node import close_store, host_memory_probe, load_node_model, share_read_flags
-from zoexec.preflight import check_gpu_memory
-from zoexec.report import Reporter, quiet_libraries
-from zoexec.rundir import RunDir
-from zoexec.speed import SpeedMonitor
+from zoexec.data.tasks import make_source
+from zoexec.launch.preflight import check_gpu_memory
+from zoexec.maths.history import StepRecord
+from zoexec.run.evaluate import make_evaluator
+from zoexec.run.folder import RunDir
+from zoexec.run.loop import STOP, TrainLoop, prepare_rundir
+from zoexec.run.report import Reporter, quiet_libraries
+from zoexec.runtime import dist as zdist
+from zoexec.runtime.hostenv import keep_freed_memory
+from zoexec.store.node import close_store, host_memory_probe, load_node_model, share_read_flags
+from zoexec.train.engine import Trainer
+from zoexec.train.speed import SpeedMonitor
 from zoplan.io import sha256_json
 from zoplan.trace import Span, write_trace
 
@@ -31,7 +31,7 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
     """Run one rank from join to exit; the process group is destroyed on the way out.
     `on_failure(exc)` runs before that, so the first rank to fail reports first (its
     peers fail only once its connections close). SIGINT and SIGTERM stop the run at
-    the next step boundary with a snapshot (zoexec.loop.RunStopped)."""
+    the next step boundary with a snapshot (zoexec.run.loop.RunStopped)."""
     env = None
     try:
         STOP.install()

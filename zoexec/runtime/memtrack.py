@@ -11,7 +11,7 @@ and still hold, at every moment, independent of the allocator's caching.
 What it does not see, by construction:
 - memory that operators allocate and free inside one kernel (e.g. a TensorIterator's
   cast buffer, sdpa's per-thread blocks): one kernel's scratch, not a live tensor;
-- operators run on other threads (dispatch modes are thread-local): zoexec.zo's z
+- operators run on other threads (dispatch modes are thread-local): zoexec.maths.zo's z
   threads only fill `out` in place, so nothing is missed there;
 - `torch.from_file` (the node's shared block store: host memory on every device);
 - storages made before `start` unless handed to `adopt`.

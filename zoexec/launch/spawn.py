@@ -9,17 +9,17 @@ plan of several nodes runs:
         -m zoexec.cli run plan.json ...
 
 Before anything starts, the stale shared-memory files of dead runs are removed
-(zoexec.shmfiles; one dim line) and `preflight` checks the plan against the machine
+(zoexec.store.shmfiles; one dim line) and `preflight` checks the plan against the machine
 (world size, devices, host and GPU memory, model directory, data file) and raises
 ZoError with the numbers.
 
 A local launch's ranks meet through a file in a private temporary folder and talk over
-the loopback interface only (zoexec.dist.rendezvous). Each runs in its own process
-group and dies with the launcher, even a SIGKILLed one (zoexec.procwatch). The launcher
+the loopback interface only (zoexec.runtime.dist.rendezvous). Each runs in its own process
+group and dies with the launcher, even a SIGKILLed one (zoexec.runtime.procwatch). The launcher
 forwards SIGINT / SIGTERM to them once and waits up to ZOEXEC_STOP_GRACE_S while they
 save a snapshot; a second signal kills them. A rank that fails reports a one-line
 reason; the launcher stops the others, removes the run's files and raises one line
-naming the rank that failed first and what happened (zoexec.failures.job_failure):
+naming the rank that failed first and what happened (zoexec.launch.failures.job_failure):
 RankFailure, ZoError for a user's error, Stopped for a stop.
 """
 
@@ -34,17 +34,19 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from zoexec import dist as zdist
-from zoexec import failures, procwatch, shmfiles
-from zoexec.dist import RankPlace, place_from_env
-from zoexec.preflight import preflight
-from zoexec.procwatch import ProcessId
-from zoexec.store import remove_run_files
+from zoexec.launch import failures
+from zoexec.launch.preflight import preflight
+from zoexec.runtime import dist as zdist
+from zoexec.runtime import procwatch
+from zoexec.runtime.dist import RankPlace, place_from_env
+from zoexec.runtime.procwatch import ProcessId
+from zoexec.store import shmfiles
+from zoexec.store.blocks import remove_run_files
 from zoplan.errors import EXIT_USER_ERROR, ZoError
 
 EXIT_RANK_FAILED = 1
 EXIT_SIGINT = 130
-PRELOAD = ["torch", "transformers", "zoexec.engine", "zoexec.rank"]   # the forkserver's imports
+PRELOAD = ["torch", "transformers", "zoexec.train.engine", "zoexec.launch.rank"]   # the forkserver's imports
 
 
 class RankFailure(Exception):
@@ -93,7 +95,7 @@ def run_torchrun_rank(cfg, place) -> None:
     """One rank started by torchrun: preflight, then run; failures leave this process
     with a one-line reason (torchrun stops the others). The node's files are named after
     torchrun's agent (this process's parent), and the rank dies with it."""
-    from zoexec.rank import rank_main
+    from zoexec.launch.rank import rank_main
 
     agent = ProcessId.of(os.getppid())
     shmfiles.set_owner(agent)
@@ -191,7 +193,7 @@ def _reports(readers: list) -> list:
 
 
 def _raise_failure(outcome, reports: list) -> None:
-    """Raise the one line of a job that did not end well (zoexec.failures.job_failure)."""
+    """Raise the one line of a job that did not end well (zoexec.launch.failures.job_failure)."""
     verdict = failures.job_failure(outcome, reports)
     if verdict is None:
         return
@@ -220,7 +222,7 @@ def _rank_entry(cfg, place, reasons, link: RankLink) -> None:
                               at=time.monotonic()))
 
     try:
-        from zoexec.rank import rank_main
+        from zoexec.launch.rank import rank_main
 
         rank_main(cfg, place, on_failure=report)
     except SystemExit:
@@ -247,7 +249,7 @@ def run_in_process(cfg, *, checked=None) -> list:
     """Run a one-rank plan in this process (`zoexec run` of a one-rank plan, tests,
     benchmarks); returns the StepRecords. A failure that is not the user's is a
     RankFailure with its one-line reason, as from a spawned rank; a stop is Stopped."""
-    from zoexec.rank import rank_main
+    from zoexec.launch.rank import rank_main
 
     if cfg.layout.world_size != 1:
         raise ZoError(f"run_in_process needs a one-rank plan, not {cfg.layout.label()}")

@@ -1,5 +1,5 @@
 """The training loop of one rank around the engine's steps: the log, snapshots, stops,
-non-finite steps, and the end of the run (zoexec.rundir describes the run folder).
+non-finite steps, and the end of the run (zoexec.run.folder describes the run folder).
 
 Every step's loss all-reduce also carries two flags summed over the world, so the
 ranks decide together, at the same step boundary:
@@ -12,7 +12,7 @@ at the next step) and rank 0 writes the weights of node 0's store.
 A non-finite loss or g is never applied: the run stops (the weights of the step before
 saved as a snapshot, exit 1), or with --on-nonfinite skip the step is logged as
 skipped and training goes on (at most MAX_SKIPS in a row).
-With --eval-data, every rank evaluates the held-out set (zoexec.evaluate) after every
+With --eval-data, every rank evaluates the held-out set (zoexec.run.evaluate) after every
 --eval-every steps and after the last step, in lock-step; rank 0 reports the metrics.
 At the end, rank 0 writes the weights (final/) first, then the trace.
 """
@@ -24,13 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-from zoexec import dist as zdist
-from zoexec.checkpoint import LossLog, StepRecord, export_weights
-from zoexec.engine import Trainer
-from zoexec.loading import fill_timeout_s
-from zoexec.node import monitored_barrier
-from zoexec.report import Reporter
-from zoexec.rundir import FINAL, RunDir
+from zoexec.maths.history import StepRecord
+from zoexec.model.export import export_weights
+from zoexec.run.checkpoint import LossLog
+from zoexec.run.folder import FINAL, RunDir
+from zoexec.run.report import Reporter
+from zoexec.runtime import dist as zdist
+from zoexec.store.loading import fill_timeout_s
+from zoexec.store.node import monitored_barrier
+from zoexec.train.engine import Trainer
 
 MAX_SKIPS = 10
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -83,7 +85,7 @@ class TrainLoop:
     def __init__(self, trainer: Trainer, rundir: RunDir | None, reporter: Reporter,
                  evaluator=None) -> None:
         self.trainer, self.rundir, self.reporter = trainer, rundir, reporter
-        self.evaluator = evaluator   # zoexec.evaluate.Evaluator: --eval-data
+        self.evaluator = evaluator   # zoexec.run.evaluate.Evaluator: --eval-data
         self.cfg, self.env = trainer.cfg, trainer.env
         self.log = LossLog(rundir.path) if rundir and self.env.rank == 0 else None
         self.last_save_s = time.monotonic()

@@ -23,7 +23,7 @@ layer index).
 
 Building never makes the whole model in one place: a Blueprint (the *ForCausalLM
 without decoder layers + one template decoder layer, uninitialised) is filled block by
-block (zoexec.loading). A random init is defined per block: block b is the model
+block (zoexec.store.loading). A random init is defined per block: block b is the model
 class's own _init_weights applied to one decoder layer from seed init_seed(seed, b),
 the resident parts likewise from init_seed(seed, -1), so build_parts, build_hf_model
 and the node's store hold the same weights. The resident modules are bound to
@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoexec.data import IGNORE
-from zoexec.zo import RESIDENT_BLOCK, mix_seed
+from zoexec.data.batch import IGNORE
+from zoexec.maths.zo import RESIDENT_BLOCK, mix_seed
 from zoplan.errors import ZoError
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -508,23 +508,6 @@ def parts_from_blueprint(bp: Blueprint, *, param_dtype: torch.dtype, compute_dty
             else first_block.to(compute_dtype, copy=True))
     bind_block(parts, work)
     return parts
-
-
-def build_parts(spec_or_config, *, init: str = "random", param_dtype: str = "fp32",
-                compute_dtype: str = "fp32", seed: int = 0,
-                attn_implementation: str = "sdpa") -> tuple[ModelParts, list[torch.Tensor]]:
-    """Resident parts + one flat CPU buffer per block (param dtype), made block by
-    block (zoexec.loading.ModelSource: random init, or a local directory's safetensors)
-    exactly as the node's store is filled. The working block is bound to a
-    compute-dtype copy of block 0."""
-    from zoexec.loading import open_source
-
-    source = open_source(spec_or_config, init=init, param_dtype=param_dtype,
-                         compute_dtype=compute_dtype, seed=seed,
-                         attn_implementation=attn_implementation)
-    flats = [source.block_into(b, torch.empty(source.block_numel, dtype=source.param_dtype))
-             for b in range(source.num_blocks)]
-    return source.finish(first_block=flats[0]), flats
 
 
 # ---- export ----------------------------------------------------------------------------

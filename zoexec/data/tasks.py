@@ -2,10 +2,10 @@
 
 Data files are read with the `datasets` library from local files only (JSONL, JSON,
 CSV, Parquet, or a folder written by `Dataset.save_to_disk`); nothing is downloaded.
-A text task's JSONL file keeps zoexec.data's line-by-line reader (each line checked,
+A text task's JSONL file keeps zoexec.data.text's line-by-line reader (each line checked,
 problems named by line). Three tasks (`--task`):
 
-text            packed language modelling (zoexec.data.TextData): documents (column
+text            packed language modelling (zoexec.data.text.TextData): documents (column
                 `--text-column`, or `input_ids`) tokenised, an EOS after each, joined and
                 cut into rows of the plan's seq; every token is predicted except the
                 first token of each document, so a document's tokens (and the EOS that
@@ -28,23 +28,23 @@ classification  MeZO's prompt style: `--template` (e.g. "{sentence} It was": eac
                 tokens; accuracy = the argmax is the label; F1 of label 1 with two labels.
 
 Every source answers batch(step, batch_size, seq) with a Batch deterministic in
-(seed, step), the same on every rank (zoexec.data.shard keeps each rank's rows).
+(seed, step), the same on every rank (zoexec.data.batch.shard keeps each rank's rows).
 """
 
 from __future__ import annotations
 
 import math
 import string
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
+from zoexec.data.batch import IGNORE, Batch, EpochOrder, Example
+from zoexec.data.records import check_columns, load_records
+from zoexec.data.text import SyntheticTask, TextData, check_data, load_tokenizer
 from zoplan.errors import ZoError
 
 TASKS = ("text", "completion", "classification")
-FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 _TAG_ROWS = 0x5257
 
 
@@ -128,112 +128,7 @@ def template_fields(template: str) -> list[str]:
     return names
 
 
-# ---- records from files ------------------------------------------------------------------------
-def load_records(path) -> list[dict]:
-    """The rows of a local data file or save_to_disk folder, as dicts (ZoError naming
-    the file when it cannot be read, holds no rows, or is not a table)."""
-    path = Path(path)
-    if path.is_dir():
-        data = _from_disk(path)
-    elif not path.is_file():
-        raise ZoError(f"data file {path} does not exist")
-    elif path.suffix.lower() not in FORMATS:
-        raise ZoError(f"data file {path}: unknown format {path.suffix or '(no suffix)'!r}; "
-                      f"give .jsonl, .json, .csv, .parquet or a save_to_disk folder")
-    else:
-        data = _from_file(path, FORMATS[path.suffix.lower()])
-    rows = data.to_list()
-    if not rows:
-        raise ZoError(f"data file {path} holds no rows")
-    return rows
-
-
-def _datasets():
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    return datasets
-
-
-def _from_disk(path: Path):
-    datasets = _datasets()
-    try:
-        data = datasets.load_from_disk(str(path), keep_in_memory=True)
-    except Exception as exc:  # noqa: BLE001 - not a saved data set: the folder's problem
-        raise ZoError(f"data folder {path} is not a data set saved with save_to_disk "
-                      f"({_first_line(exc)})") from None
-    if isinstance(data, datasets.DatasetDict):
-        if list(data) != ["train"] and len(data) != 1:
-            raise ZoError(f"data folder {path} holds several splits ({', '.join(data)}); give "
-                          f"the folder of one (e.g. {path / list(data)[0]})")
-        data = next(iter(data.values()))
-    return data
-
-
-def _from_file(path: Path, builder: str):
-    datasets = _datasets()
-    try:
-        with tempfile.TemporaryDirectory(prefix="zoexec-data-") as cache:
-            return datasets.load_dataset(builder, data_files=str(path), split="train",
-                                         cache_dir=cache, keep_in_memory=True)
-    except Exception as exc:  # noqa: BLE001 - the file's problem, named below
-        if builder == "json":
-            _find_bad_json_line(path)
-        if isinstance(exc, StopIteration) or "empty" in str(exc).lower():
-            raise ZoError(f"data file {path} holds no rows") from None
-        cause = exc.__cause__ or exc
-        raise ZoError(f"cannot read data file {path}: {_first_line(cause)}") from None
-
-
-def _find_bad_json_line(path: Path) -> None:
-    """Name the first line of a JSONL file that is not one JSON object (when any)."""
-    import json
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ZoError(f"data file {path} is not UTF-8 text") from None
-    if path.suffix.lower() == ".json":
-        return
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise ZoError(f"{path}:{number}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
-        if not isinstance(record, dict):
-            raise ZoError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def check_columns(rows: list[dict], columns, where) -> None:
-    """ZoError naming the columns `rows` lack (and those they have)."""
-    have = list(rows[0])
-    missing = [c for c in dict.fromkeys(columns) if c not in have]
-    if missing:
-        raise ZoError(f"{where}: no column {', '.join(repr(c) for c in missing)} (it has "
-                      f"{', '.join(repr(c) for c in have)}); name the columns with "
-                      f"--prompt-column/--completion-column/--label-column/--text-column or "
-                      f"the template's {{fields}}")
-
-
 # ---- examples: a prompt and the tokens the loss counts after it --------------------------------
-@dataclass(frozen=True)
-class Example:
-    """One row: the prompt's ids (no loss) and the target's ids (the loss), but for
-    the target positions in `skip` (a packed text row's document starts)."""
-
-    prompt: tuple[int, ...]
-    target: tuple[int, ...]
-    skip: tuple[int, ...] = ()
-
-
 class Tokens:
     """A tokenizer with the checks a task needs: ids within the model's vocabulary, text
     that does not vanish."""
@@ -344,8 +239,6 @@ def pack_examples(examples: list[Example], *, seq: int, pad: int, width: int | N
     """A Batch of one example per row, right-padded to the longest row (or `width`),
     at most `seq` tokens: labels IGNORE on the prompt and the padding. A row too long
     loses prompt tokens from its left; a target longer than seq - 1 is refused."""
-    from zoexec.data import IGNORE, Batch
-
     rows = []
     for ex in examples:
         if len(ex.target) > seq - (1 if ex.prompt else 0):
@@ -374,8 +267,6 @@ class ExampleRows:
 
     def __init__(self, examples: list[Example], *, pad: int, seed: int, path) -> None:
         self.examples, self.pad, self.seed, self.path = examples, pad, seed, path
-        from zoexec.data import EpochOrder
-
         self.order = EpochOrder(_TAG_ROWS, seed)
 
     def batch(self, step: int, batch_size: int, seq: int):
@@ -425,15 +316,11 @@ class EvalSet:
 
 # ---- building sources and eval sets ------------------------------------------------------------
 def _tokens(tokenizer_dir, *, vocab: int, where) -> Tokens:
-    from zoexec.data import load_tokenizer
-
     return Tokens(load_tokenizer(tokenizer_dir, where=where), vocab=vocab, where=where)
 
 
 def make_task_source(path, spec: TaskSpec, *, vocab: int, seed: int = 0, tokenizer_dir=None):
     """The training source of `spec` over the file or folder `path`."""
-    from zoexec.data import TextData
-
     if spec.name == "text":
         return TextData.from_path(path, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir,
                                   column=spec.text_column)
@@ -450,8 +337,6 @@ def make_eval_set(path, spec: TaskSpec, *, vocab: int, seq: int, tokenizer_dir=N
     """The evaluation rows of `spec` over `path`: text cut into rows of `seq` (the
     last shorter), a completion per row, or every candidate of every classification
     example."""
-    from zoexec.data import TextData
-
     if spec.name == "text":
         data = TextData.from_path(path, vocab=vocab, seed=0, tokenizer_dir=tokenizer_dir,
                                   column=spec.text_column)
@@ -471,9 +356,7 @@ def make_eval_set(path, spec: TaskSpec, *, vocab: int, seq: int, tokenizer_dir=N
 def check_task_data(path, spec: TaskSpec, *, vocab: int, batch: int, seq: int,
                     tokenizer_dir=None) -> None:
     """What a rank would refuse in a task's data, found before any rank starts: every
-    row read and tokenised, each fitting `seq` (the text task: zoexec.data.check_data)."""
-    from zoexec.data import check_data
-
+    row read and tokenised, each fitting `seq` (the text task: zoexec.data.text.check_data)."""
     if spec.name == "text":
         check_data(str(path), vocab=vocab, batch=batch, seq=seq, tokenizer_dir=tokenizer_dir,
                    column=spec.text_column)
@@ -482,3 +365,12 @@ def check_task_data(path, spec: TaskSpec, *, vocab: int, batch: int, seq: int,
     for number, ex in enumerate(source.examples, start=1):
         if len(ex.target) > seq - (1 if ex.prompt else 0):
             pack_examples([ex], seq=seq, pad=source.pad, where=f"{path} row {number}")
+
+
+def make_source(source: str, *, vocab: int, seed: int = 0, tokenizer_dir=None, task=None):
+    """"synthetic" -> SyntheticTask; a file or folder -> the source of `task` (a
+    zoexec.data.tasks.TaskSpec or its dict; default text: TextData)."""
+    if source == "synthetic":
+        return SyntheticTask(vocab=vocab, seed=seed)
+    spec = task if isinstance(task, TaskSpec) else TaskSpec.from_dict(task)
+    return make_task_source(source, spec, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir)

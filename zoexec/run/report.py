@@ -71,7 +71,7 @@ def check_report_to(report_to: str, out_dir) -> None:
 def quiet_libraries(quiet: bool):
     """With `quiet`: transformers' progress bars (model and tokenizer loading) off; its
     warnings and errors still print. Restored on the way out (a run inside another
-    program). (datasets' bars are off in any case: zoexec.tasks.)"""
+    program). (datasets' bars are off in any case: zoexec.data.tasks.)"""
     if not quiet:
         yield
         return
@@ -327,7 +327,7 @@ class Reporter:
         """Every step of the run: the log (a resumed run's earlier steps too), else this
         invocation's steps."""
         if self.out is not None:
-            from zoexec.checkpoint import read_log
+            from zoexec.run.checkpoint import read_log
 
             with contextlib.suppress(ZoError, OSError):
                 logged = read_log(self.out / "losses.jsonl")
@@ -453,7 +453,7 @@ def _weights_note(final: Path) -> str:
 
 
 def _tokenizer_note(cfg, final: Path) -> str:
-    from zoexec.checkpoint import tokenizer_files
+    from zoexec.model.export import tokenizer_files
 
     if tokenizer_files(final):
         return f"in {final} (AutoTokenizer.from_pretrained)"

@@ -14,7 +14,7 @@ Per step t with seed s_t (zo.step_seed) on every rank, in program order:
     [fence]    every local rank has read block b (only when slices < local ranks; the
                all-gather orders it otherwise). CUDA: a node-local all-reduce of a token
                after the h2d; CPU: no collective, a wait on the node's shared read
-               stamps right before d2h (zoexec.fence), not recorded as a task
+               stamps right before d2h (zoexec.store.fence), not recorded as a task
     update     apply step t-1's deferred update (regenerating its z; not with
                slice_update, done already), then draw z for s_t and build
                theta + sign*eps*z of the first perturbation in the working buffer the
@@ -51,7 +51,7 @@ block alike and rank 0 never holds a resident block beside the store.
 
 z is therefore drawn TWICE per block per step (update of t-1, perturbation of t), or
 1 + 1/slices times with slice_update, never stored, and addressed by (seed, block,
-tensor, chunk) only (zoexec.zo), so every layout, placement and slice_update setting
+tensor, chunk) only (zoexec.maths.zo), so every layout, placement and slice_update setting
 computes the same maths. Each step's StepRecord (seed, g, losses) is known on every
 rank; seed replay = running the update half of the schedule over a log.
 
@@ -69,17 +69,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from zoexec import dist as zdist
-from zoexec.checkpoint import StepRecord
 from zoexec.config import RunConfig
-from zoexec.data import Batch, as_batch, shard
-from zoexec.fence import ReadFlags
-from zoexec.models import bind_block, bind_resident, resident_flat
-from zoexec.node import fence_needed
-from zoexec.precision import LostUpdates
-from zoexec.speed import SpeedMonitor
-from zoexec.store import BlockStore
-from zoexec.zo import (
+from zoexec.data.batch import Batch, as_batch, shard
+from zoexec.maths.history import StepRecord
+from zoexec.maths.zo import (
     RESIDENT_BLOCK,
     apply_update,
     apply_update_stochastic,
@@ -89,6 +82,13 @@ from zoexec.zo import (
     z_block,
     z_range,
 )
+from zoexec.model.families import bind_block, bind_resident, resident_flat
+from zoexec.model.precision import LostUpdates
+from zoexec.runtime import dist as zdist
+from zoexec.store.blocks import BlockStore
+from zoexec.store.fence import ReadFlags
+from zoexec.store.node import fence_needed
+from zoexec.train.speed import SpeedMonitor
 from zoplan.errors import ZoError
 from zoplan.execrules import SR_SCRATCH, sr_chunk, z_chunk
 from zoplan.plan import Plan
@@ -187,7 +187,7 @@ class Trainer:
     def step(self, step: int, *, lr: float,
              flags: tuple[float, float] = (0.0, 0.0)) -> tuple[StepRecord, tuple]:
         """One training step: (its record, the world's sum of every rank's `flags`,
-        exchanged in the loss all-reduce: zoexec.loop's stop and snapshot requests).
+        exchanged in the loss all-reduce: zoexec.run.loop's stop and snapshot requests).
         The step's update becomes pending only when the loop says so (set_pending)."""
         if self.cfg.fail_at == (self.env.rank, step):
             raise RuntimeError(f"injected fault at step {step}")
@@ -500,7 +500,7 @@ class Trainer:
     def store_shards(self) -> None:
         """Before saving (collective on the node): the ranks of the node's first slice
         group write their resident shards into the store's slots of those blocks, so
-        the store holds every block (zoexec.loop saves from it). Call after `flush`."""
+        the store holds every block (zoexec.run.loop saves from it). Call after `flush`."""
         if not self.shards:
             return
         lay = self.env.layout

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zoexec import dist as zdist
 from zoexec.config import RunConfig
 from zoexec.profiler.probe import SpeedProbe
+from zoexec.runtime import dist as zdist
 from zoplan.execrules import probe_every, usable_cores
 from zoplan.plan import Plan
 

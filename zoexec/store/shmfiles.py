@@ -13,7 +13,7 @@ made on another boot, host or container (a shared ZOEXEC_SHM_DIR, docker --ipc=h
 is never judged from here.
 
 A file whose owner has exited is stale: a run killed before its builder unlinked the
-name (zoexec.store) left it, and it holds its memory until removed. Every start of a
+name (zoexec.store.blocks) left it, and it holds its memory until removed. Every start of a
 run removes the stale files of this machine (one dim line says how much it freed),
 `zoexec clean` lists and removes them (--dry-run: lists only), and a rank whose
 launcher has gone removes its launcher's files before it dies (procwatch.die_with).
@@ -33,7 +33,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from zoexec.procwatch import ProcessId
+from zoexec.runtime.procwatch import ProcessId
 from zoplan.memory import fmt_bytes
 
 SHM_DIR = Path(os.environ.get("ZOEXEC_SHM_DIR", "/dev/shm"))

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import psutil
 
-from zoexec.data import check_data
-from zoexec.devicemap import ENV_VISIBLE, cuda_index, visible_env
-from zoexec.dist import device_count, device_memory_bytes, place_from_env
-from zoexec.loading import weight_files
-from zoexec.tasks import TaskSpec, check_task_data, make_eval_set
+from zoexec.data.tasks import TaskSpec, check_task_data, make_eval_set
+from zoexec.data.text import check_data
+from zoexec.runtime.devicemap import ENV_VISIBLE, cuda_index, visible_env
+from zoexec.runtime.dist import device_count, device_memory_bytes, place_from_env
+from zoexec.store.loading import weight_files
 from zoplan.errors import ZoError
 from zoplan.memory import fmt_bytes, node_host_memory, rank_memory
 from zoplan.models import get_model
@@ -66,14 +66,14 @@ def _check_output_folder(option: str, path: Path) -> None:
 
 
 def _check_data(cfg) -> None:
-    """The data file read through as every rank will read it (zoexec.data.check_data):
+    """The data file read through as every rank will read it (zoexec.data.text.check_data):
     a bad line, ids outside the vocabulary, text without a tokenizer or too few tokens
     for one batch fail here, before any rank starts."""
     workload = cfg.workload
     vocab, tokenizer = cfg.model.vocab, cfg.tokenizer_dir
     if cfg.data == "synthetic":
         check_data(cfg.data, vocab=vocab, batch=workload.batch, seq=workload.seq)
-    else:   # the task's rows (zoexec.tasks), then the held-out set
+    else:   # the task's rows (zoexec.data.tasks), then the held-out set
         check_task_data(cfg.data, TaskSpec.from_dict(cfg.task), vocab=vocab,
                         batch=workload.batch, seq=workload.seq, tokenizer_dir=tokenizer)
     if cfg.eval_data:
@@ -85,7 +85,7 @@ def _check_devices(cfg) -> None:
     """The CUDA GPUs this process may use against the plan's ranks per node. A rank
     started by torchrun or srun (RANK set) runs alone in its process: it needs a GPU of
     its own among those it sees, or exactly one (per-task binding; the rule is
-    zoexec.devicemap.cuda_index). The ranks a local launch spawns see what this
+    zoexec.runtime.devicemap.cuda_index). The ranks a local launch spawns see what this
     process sees: it needs one visible GPU per rank."""
     if cfg.device_kind != "cuda":
         return
@@ -121,7 +121,7 @@ def _check_memory(cfg) -> None:
 def check_gpu_memory(cfg, device_index: int | None) -> None:
     """zoplan.memory's device bytes of a rank (torch's peak, NCCL's communicators, the
     cuBLAS workspace), or the plan's predicted figure where that is larger, fit the
-    rank's CUDA device `device_index` (zoexec.devicemap; no-op on the CPU)."""
+    rank's CUDA device `device_index` (zoexec.runtime.devicemap; no-op on the CPU)."""
     if device_index is None:
         return
     total = device_memory_bytes(cfg.device_kind, device_index)

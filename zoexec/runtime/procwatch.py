@@ -2,7 +2,7 @@
 
 - ProcessId: a process named by its pid AND its start time (/proc/<pid>/stat), so that
   a pid the kernel has given to another process since does not pass for the one that
-  exited. zoexec.shmfiles writes it into the names of a run's shared-memory files.
+  exited. zoexec.store.shmfiles writes it into the names of a run's shared-memory files.
 - become_rank / die_with, in a spawned rank: its own process group (a terminal's Ctrl-C
   reaches the launcher only, which forwards it exactly once), a process name
   `zoexec-rank<N>` (ps -o comm, pgrep), and a watchdog thread that polls the launcher

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from zoexec import models as zm
+from zoexec.model import families as zm
 from zoplan.errors import ZoError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -211,7 +211,7 @@ class ModelSource:
         return out
 
     def fill(self, store, progress: LoadProgress | None = None) -> None:
-        """Every block into the store (zoexec.store.BlockStore), one at a time."""
+        """Every block into the store (zoexec.store.blocks.BlockStore), one at a time."""
         for block in range(self.num_blocks):
             self.block_into(block, store.weights(block))
             if progress is not None:
@@ -295,3 +295,18 @@ class LoadProgress:
         end = "" if self.tty and self.done < self.total else "\n"
         self.stream.write(("\r" if self.tty else "") + line + end)
         self.stream.flush()
+
+
+def build_parts(spec_or_config, *, init: str = "random", param_dtype: str = "fp32",
+                compute_dtype: str = "fp32", seed: int = 0,
+                attn_implementation: str = "sdpa") -> tuple[zm.ModelParts, list[torch.Tensor]]:
+    """Resident parts + one flat CPU buffer per block (param dtype), made block by
+    block (ModelSource: random init, or a local directory's safetensors)
+    exactly as the node's store is filled. The working block is bound to a
+    compute-dtype copy of block 0."""
+    source = open_source(spec_or_config, init=init, param_dtype=param_dtype,
+                         compute_dtype=compute_dtype, seed=seed,
+                         attn_implementation=attn_implementation)
+    flats = [source.block_into(b, torch.empty(source.block_numel, dtype=source.param_dtype))
+             for b in range(source.num_blocks)]
+    return source.finish(first_block=flats[0]), flats

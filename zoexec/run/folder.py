@@ -2,7 +2,7 @@
 
     DIR/run.json                   the run's identity: plan sha256 and path, seed, lr,
                                    eps, weight decay, data, initial weights, steps
-    DIR/losses.jsonl               one line per completed step (zoexec.checkpoint)
+    DIR/losses.jsonl               one line per completed step (zoexec.run.checkpoint)
     DIR/snapshots/step-000120/     the weights after step 120 (HF folder + state.json)
     DIR/final/                     the weights at the end
     DIR/.lock                      held (flock) by the run that owns DIR
@@ -27,7 +27,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from zoexec.checkpoint import StepRecord, read_log
+from zoexec.maths.history import StepRecord
+from zoexec.run.checkpoint import read_log
 from zoplan import __version__
 from zoplan.errors import ZoError
 from zoplan.io import atomic_write_text, load_json
@@ -40,7 +41,7 @@ LOCK = ".lock"
 # the settings a resume takes from run.json (an explicit different value is refused)
 SETTINGS = ("seed", "lr", "eps", "weight_decay", "data", "init", "lr_schedule", "warmup_steps",
             "task")
-TEXT_TASK = {"name": "text", "text_column": "text"}   # run.json without "task": zoexec.tasks' text
+TEXT_TASK = {"name": "text", "text_column": "text"}   # run.json without "task": zoexec.data.tasks' text
 _SNAPSHOT = re.compile(r"step-(\d+)")
 
 

@@ -1,0 +1,1 @@
+"""Training and evaluation data: readers, text packing, tasks and their batches."""

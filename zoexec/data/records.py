@@ -1,0 +1,104 @@
+"""Records from local data files (JSONL, JSON, CSV, Parquet, or a folder written by
+`Dataset.save_to_disk`), read with the `datasets` library; nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from zoplan.errors import ZoError
+
+FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def load_records(path) -> list[dict]:
+    """The rows of a local data file or save_to_disk folder, as dicts (ZoError naming
+    the file when it cannot be read, holds no rows, or is not a table)."""
+    path = Path(path)
+    if path.is_dir():
+        data = _from_disk(path)
+    elif not path.is_file():
+        raise ZoError(f"data file {path} does not exist")
+    elif path.suffix.lower() not in FORMATS:
+        raise ZoError(f"data file {path}: unknown format {path.suffix or '(no suffix)'!r}; "
+                      f"give .jsonl, .json, .csv, .parquet or a save_to_disk folder")
+    else:
+        data = _from_file(path, FORMATS[path.suffix.lower()])
+    rows = data.to_list()
+    if not rows:
+        raise ZoError(f"data file {path} holds no rows")
+    return rows
+
+
+def _datasets():
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def _from_disk(path: Path):
+    datasets = _datasets()
+    try:
+        data = datasets.load_from_disk(str(path), keep_in_memory=True)
+    except Exception as exc:  # noqa: BLE001 - not a saved data set: the folder's problem
+        raise ZoError(f"data folder {path} is not a data set saved with save_to_disk "
+                      f"({_first_line(exc)})") from None
+    if isinstance(data, datasets.DatasetDict):
+        if list(data) != ["train"] and len(data) != 1:
+            raise ZoError(f"data folder {path} holds several splits ({', '.join(data)}); give "
+                          f"the folder of one (e.g. {path / list(data)[0]})")
+        data = next(iter(data.values()))
+    return data
+
+
+def _from_file(path: Path, builder: str):
+    datasets = _datasets()
+    try:
+        with tempfile.TemporaryDirectory(prefix="zoexec-data-") as cache:
+            return datasets.load_dataset(builder, data_files=str(path), split="train",
+                                         cache_dir=cache, keep_in_memory=True)
+    except Exception as exc:  # noqa: BLE001 - the file's problem, named below
+        if builder == "json":
+            _find_bad_json_line(path)
+        if isinstance(exc, StopIteration) or "empty" in str(exc).lower():
+            raise ZoError(f"data file {path} holds no rows") from None
+        cause = exc.__cause__ or exc
+        raise ZoError(f"cannot read data file {path}: {_first_line(cause)}") from None
+
+
+def _find_bad_json_line(path: Path) -> None:
+    """Name the first line of a JSONL file that is not one JSON object (when any)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ZoError(f"data file {path} is not UTF-8 text") from None
+    if path.suffix.lower() == ".json":
+        return
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise ZoError(f"{path}:{number}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
+        if not isinstance(record, dict):
+            raise ZoError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_columns(rows: list[dict], columns, where) -> None:
+    """ZoError naming the columns `rows` lack (and those they have)."""
+    have = list(rows[0])
+    missing = [c for c in dict.fromkeys(columns) if c not in have]
+    if missing:
+        raise ZoError(f"{where}: no column {', '.join(repr(c) for c in missing)} (it has "
+                      f"{', '.join(repr(c) for c in have)}); name the columns with "
+                      f"--prompt-column/--completion-column/--label-column/--text-column or "
+                      f"the template's {{fields}}")

@@ -1,0 +1,70 @@
+"""Evaluation: held-out loss, accuracy and F1 through the offloaded block pipeline.
+
+`Evaluator.run(trainer)` scores an EvalSet (zoexec.data.tasks) with Trainer.evaluate, on the
+clean weights (pending updates flushed), in calls of the plan's global batch: every
+rank of the job makes the same calls (the slice groups gather each block), each
+scores its data shard's rows of every call, and the rank that computes l+ for a data
+shard (one per shard) places its rows' (summed CE, labelled tokens) in a [rows, 2]
+tensor that is summed over the world, so every rank ends with every row's loss and
+the metrics are the same whatever the layout. Rows are padded to the call's longest
+row, and the last call with empty rows (no labels, no loss).
+
+`zoexec eval` runs the same path on one rank (zoexec.launch.evaluate).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zoexec.data.batch import Example
+from zoexec.data.tasks import EvalSet, TaskSpec, make_eval_set, pack_examples
+
+
+class Evaluator:
+    """Evaluation of `eval_set` every `every` steps (None: at the end only) and after
+    the last step; `batch`: rows per call over the whole job (the plan's batch)."""
+
+    def __init__(self, eval_set: EvalSet, *, batch: int, seq: int, every: int | None = None) -> None:
+        self.eval_set, self.batch, self.seq, self.every = eval_set, batch, seq, every
+
+    def due(self, step: int, last: int) -> bool:
+        """Evaluate after `step` (0-based) of a run whose last step is `last`?"""
+        return step == last or (self.every is not None and (step + 1) % self.every == 0)
+
+    def run(self, trainer) -> dict[str, float]:
+        """The metrics of the eval set with the trainer's clean weights (collective: every
+        rank calls it at the same step)."""
+        env = trainer.env
+        ddp = env.layout.ddp
+        per = max(1, self.batch // ddp)
+        call = per * ddp
+        rows = self.eval_set.rows
+        losses = torch.zeros(len(rows), 2, dtype=torch.float64)
+        counts = trainer.signs[0] > 0
+        for start in range(0, len(rows), call):
+            chunk = rows[start:start + call]
+            chunk = chunk + [Example((), ())] * (call - len(chunk))
+            batch = pack_examples(chunk, seq=self.seq, pad=self.eval_set.pad, where="eval data")
+            lo = trainer.data_shard * per
+            out = trainer.evaluate(batch.select(lo, lo + per))
+            if counts:
+                stop = min(per, len(rows) - start - lo)
+                if stop > 0:
+                    losses[start + lo:start + lo + stop] = out[:stop]
+        if env.place.world_size > 1:
+            import torch.distributed as dist
+
+            losses = losses.to(trainer.token.device)
+            dist.all_reduce(losses, group=env.world)
+            losses = losses.cpu()
+        return self.eval_set.metrics(losses)
+
+
+def make_evaluator(cfg) -> Evaluator | None:
+    """The run's Evaluator (None without --eval-data); the eval set is read here."""
+    if not cfg.eval_data:
+        return None
+    wl = cfg.workload
+    eval_set = make_eval_set(cfg.eval_data, TaskSpec.from_dict(cfg.task), vocab=cfg.model.vocab,
+                             seq=wl.seq, tokenizer_dir=cfg.tokenizer_dir)
+    return Evaluator(eval_set, batch=wl.batch, seq=wl.seq, every=cfg.eval_every)
