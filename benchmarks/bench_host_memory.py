@@ -69,8 +69,8 @@ def main() -> None:
     plan = hand_plan(model=spec, layout=layout, workload=workload)
     with tempfile.TemporaryDirectory() as tmp:
         # the trace carries the memory figures; the speed checks would add rank 0's probe
-        cfg = RunConfig(plan=plan.data, steps=args.steps, lr=1e-6, progress=False,
-                        trace_dir=str(Path(tmp) / "trace"), run_id=uuid.uuid4().hex[:12],
+        cfg = RunConfig.make(plan=plan.data, steps=args.steps, lr=1e-6, quiet=True,
+                        trace=str(Path(tmp) / "trace"), run_id=uuid.uuid4().hex[:12],
                         speed_checks=False)
         spawn_local(cfg)
         meta, _ = read_trace(Path(tmp) / "trace")

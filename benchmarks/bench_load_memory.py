@@ -90,7 +90,7 @@ def child(args) -> None:
     workload = Workload(batch=1, seq=16, param_dtype=args.param_dtype,
                         compute_dtype=args.compute_dtype)
     plan = hand_plan(model=args.model, layout=Layout(), workload=workload)
-    cfg = RunConfig(plan=plan.data, init=args.init, seed=0, progress=not args.quiet)
+    cfg = RunConfig.make(plan=plan.data, load_from=args.init, seed=0, quiet=args.quiet)
     _warm_up(args.model)
     env = zdist.DistEnv(place=zdist.RankPlace(rank=0, local_rank=0, world_size=1,
                                                local_world_size=1),

@@ -43,8 +43,8 @@ def ours(args) -> tuple[float, list]:
     plan = hand_plan(model=args.model, layout=Layout(prefetch=1),
                      workload=Workload(batch=args.batch, seq=args.seq, param_dtype="fp32",
                                        compute_dtype="fp32"))
-    cfg = RunConfig(plan=plan.data, steps=args.steps + 1, seed=args.seed, lr=args.lr,
-                    eps=1e-3, threads=args.threads, progress=False)
+    cfg = RunConfig.make(plan=plan.data, steps=args.steps + 1, seed=args.seed, lr=args.lr,
+                    eps=1e-3, threads=args.threads, quiet=True)
     records = run_in_process(cfg)
     return statistics.median(r.step_time_s for r in records[1:]), records
 

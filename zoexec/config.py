@@ -1,102 +1,467 @@
-"""A run's configuration: everything a rank needs, picklable (the launcher sends it to
-the ranks)."""
+"""A run's configuration: ONE typed declaration of every `zoexec run` option, and the
+bookkeeping a rank needs besides (the plan, where a resume starts).
+
+RunConfig is frozen and picklable (the launcher sends it to the ranks). Its options sit
+in sections (model, task, optim, checkpoint, logging, runtime), each a keyword-only
+dataclass whose fields are declared with `option(...)`: the field's name, type and
+default, the option's help, other names (HF Trainer's spellings), the check and, for
+settings with an environment default, the variable's name. zoexec.flags makes the
+command line from these fields; zoexec.options builds a RunConfig from what was given.
+A bad value raises FieldError (a ValueError naming the field and the value); the
+command line names the option instead. Torch-free (`zoexec --help` imports it).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+import re
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal
 
-from zoexec.maths.schedule import SCHEDULES, lr_at
+from zoexec.maths.schedule import lr_at
+from zoplan.execrules import DEFAULT_STEPS
 from zoplan.layout import Layout
 from zoplan.models import ModelSpec
 from zoplan.plan import Plan
 from zoplan.workload import Workload
 
 
+class FieldError(ValueError):
+    """A field's value fails its check: "lr must be a finite number >= 0, got -1"."""
+
+    def __init__(self, name: str, value: Any, must: str) -> None:
+        super().__init__(f"{name} must be {must}, got {value!r}")
+        self.name, self.value, self.must = name, value, must
+
+
+# ---- the declaration of an option ----------------------------------------------------------
+def option(default: Any, help: str, *, aliases: tuple[str, ...] = (), flag: str | None = None,
+           check=None, env: str | None = None, shown: str | None = None,
+           metavar: str | None = None, parse=None, hidden_aliases: tuple[str, ...] = ()):
+    """A field that is a command-line option. `flag`: its name when not --field-name;
+    `aliases`: other names shown in --help; `hidden_aliases`: other names accepted (old
+    spellings); `check(value)` -> what the value must be when it is wrong (None: fine;
+    not called on None); `env`: a variable whose value is the default when set;
+    `shown`: the default as --help shows it (else the default itself); `parse`: the
+    command line's text to the field's value."""
+    meta = {"help": help, "aliases": tuple(aliases), "flag": flag, "check": check, "env": env,
+            "shown": shown, "metavar": metavar, "parse": parse,
+            "hidden_aliases": tuple(hidden_aliases)}
+    return field(default=default, metadata=meta)
+
+
+def at_least(low: float, unit: str = ""):
+    return lambda v: None if v >= low else f">= {low}{unit}"
+
+
+def finite_at_least(low: float):
+    return lambda v: None if math.isfinite(v) and v >= low else f"a finite number >= {low}"
+
+
+def positive_finite(v: float) -> str | None:
+    return None if math.isfinite(v) and v > 0 else "a finite number > 0"
+
+
+def check_fields(obj) -> None:
+    """Each option field's value: its fixed set, its check."""
+    hints = typing.get_type_hints(type(obj))
+    for f in option_fields(type(obj)):
+        check_value(f, hints[f.name], getattr(obj, f.name))
+
+
+def check_value(f, hint, value) -> None:
+    """FieldError unless `value` is in the field's fixed set (a Literal type) and passes
+    its check (None passes: "not set")."""
+    if value is None:
+        return
+    choices = literal_choices(hint)
+    if choices and value not in choices:
+        raise FieldError(f.name, value, f"one of {', '.join(map(str, choices))}")
+    check = f.metadata["check"]
+    must = check(value) if check is not None else None
+    if must:
+        raise FieldError(f.name, value, must)
+
+
+def check_given(values: dict) -> None:
+    """Each option's own check on its own (no check across fields): the builder runs it
+    before it touches the run folder."""
+    for section in (*SECTIONS.values(), EvalOptions):
+        hints = typing.get_type_hints(section)
+        for f in option_fields(section):
+            if f.name in values:
+                check_value(f, hints[f.name], values[f.name])
+
+
+def literal_choices(hint) -> tuple:
+    """The values of a Literal[...] type (inside Optional too); () for other types."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    for arg in typing.get_args(hint):
+        if typing.get_origin(arg) is Literal:
+            return typing.get_args(arg)
+    return ()
+
+
+class Section:
+    """A group of options: its panel in --help; its fields are checked on creation."""
+
+    PANEL: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+# ---- the sections ------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions(Section):
+    PANEL: ClassVar[str] = "Model"
+
+    model_path: str | None = option(
+        None, "Local HF model directory (config.json + weights); default: random init",
+        metavar="DIR")
+    init: Literal["random"] | None = option(
+        None, "'random': seeded random weights (the default without --model-path)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.model_path is not None and self.init is not None:
+            raise FieldError("init", self.init, "unset when model_path is given (not both)")
+
+    @property
+    def start(self) -> str:
+        """What run.json records as the run's start: the model folder or "random"."""
+        return self.model_path or "random"
+
+
+TaskName = Literal["text", "completion", "classification"]
+
+
+def _label_words(text: str) -> tuple[str, ...]:
+    return tuple(word.strip() for word in text.split(","))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskOptions(Section):
+    PANEL: ClassVar[str] = "Data and task"
+
+    data: str = option(
+        "synthetic", "Training data: JSONL, JSON, CSV, Parquet or a save_to_disk folder, in "
+        "the --task's columns", shown="the built-in synthetic task", metavar="FILE")
+    name: TaskName = option(
+        "text", "text (packed LM loss), completion (loss on the completion only) or "
+        "classification (label words after a template)", flag="--task")
+    text_column: str = option("text", "text task: the documents' column (or 'input_ids')")
+    prompt_column: str = option("prompt", "completion task: the prompt's column")
+    completion_column: str = option("completion", "completion task: the completion's column")
+    label_column: str = option(
+        "label", "classification: the label's column (an index or a label word)")
+    template: str | None = option(
+        None, "classification: the prompt, each {column} filled from the row, e.g. "
+        "'{sentence} It was'")
+    label_words: tuple[str, ...] = option(
+        (), "classification: the candidates, comma-separated, label 0 first, e.g. "
+        "'terrible,great' (each scored with a space before it)", parse=_label_words)
+    eval_data: str | None = option(
+        None, "Held-out data (the task's format): eval_loss (and eval_accuracy, eval_f1 for "
+        "classification) after the last step", metavar="FILE")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        assert self.spec is not None   # the task's own checks (zoexec.data.tasks.TaskSpec)
+
+    @property
+    def spec(self):
+        """The task as zoexec.data.tasks.TaskSpec."""
+        from zoexec.data.tasks import TaskSpec
+
+        return TaskSpec(name=self.name, text_column=self.text_column,
+                        prompt_column=self.prompt_column,
+                        completion_column=self.completion_column,
+                        label_column=self.label_column, template=self.template,
+                        label_words=tuple(self.label_words))
+
+    @staticmethod
+    def task_fields(task: dict) -> dict:
+        """The fields of a task dict (TaskSpec.to_dict(), as run.json records it)."""
+        return {k: tuple(v) if k == "label_words" else v for k, v in task.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimOptions(Section):
+    PANEL: ClassVar[str] = "Optimisation"
+
+    steps: int = option(
+        DEFAULT_STEPS, "Training steps in all (with --trace, enough of the plan's predicted "
+        "steps for 25 s; with --resume, the run's)", aliases=("--max-steps", "--max_steps"),
+        check=at_least(1))
+    seed: int = option(0, "Base seed: z, data order and random init")
+    lr: float = option(1e-6, "Learning rate", aliases=("--learning-rate", "--learning_rate"),
+                       check=finite_at_least(0))
+    lr_schedule: Literal["constant", "linear", "cosine"] = option(
+        "constant", "The learning rate over the steps (linear, cosine: decay to 0)",
+        aliases=("--lr-scheduler-type", "--lr_scheduler_type"))
+    warmup_steps: int = option(0, "Steps of linear warm-up from 0", aliases=("--warmup_steps",),
+                               check=at_least(0))
+    eps: float = option(1e-3, "Perturbation scale", check=positive_finite)
+    weight_decay: float = option(0.0, "Weight decay, not on biases and norms",
+                                 aliases=("--weight_decay",), check=finite_at_least(0))
+    on_nonfinite: Literal["stop", "skip"] = option(
+        "stop", "A non-finite loss: 'stop' the run (saving the weights before it) or 'skip' "
+        "the step")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.warmup_steps < self.steps:
+            raise FieldError("warmup_steps", self.warmup_steps, f"< steps ({self.steps})")
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h)")
+
+
+def parse_every(text: str) -> tuple[int | None, float | None]:
+    """--save-every: (N, None) for N steps ("500"), (None, seconds) for a duration ("30m",
+    "900s", "2h"); ValueError for anything else."""
+    text = text.strip().lower()
+    if text.isdigit() and int(text) >= 1:
+        return int(text), None
+    match = _DURATION.fullmatch(text)
+    if match and float(match[1]) > 0:
+        return None, float(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2]]
+    raise ValueError(f"not a number of steps or a duration: {text!r}")
+
+
+def _every(text: str) -> str | None:
+    try:
+        parse_every(text)
+    except ValueError:
+        return "N steps (500) or a duration (30m, 900s, 2h)"
+    return None
+
+
+def parse_size(text: str) -> int:
+    """--max-shard-size in bytes (zoexec.model.export.parse_size: "5GB", "500MB")."""
+    from zoexec.model.export import parse_size as parse
+
+    return parse(text)
+
+
+def _size(text: str) -> str | None:
+    from zoplan.errors import ZoError
+
+    try:
+        parse_size(text)
+    except ZoError:
+        return "a size such as 5GB, 500MB or a number of bytes"
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointOptions(Section):
+    PANEL: ClassVar[str] = "Run folder and checkpoints"
+
+    out: str | None = option(
+        None, "Run folder: run.json, losses.jsonl, metrics.jsonl, snapshots/, final/ (HF "
+        "model + tokenizer)", aliases=("--output-dir", "--output_dir"), metavar="DIR")
+    resume: str | None = option(
+        None, "Continue the run in this folder from its newest snapshot and log", metavar="DIR")
+    overwrite: bool = option(False, "Replace the run an existing --out folder holds")
+    save_every: str = option(
+        "30m", "Snapshot every N steps (500) or every duration (30m, 2h)", check=_every)
+    save_steps: int | None = option(
+        None, "Snapshot every N steps (HF Trainer's name; instead of --save-every)",
+        aliases=("--save_steps",), check=at_least(1))
+    keep: int = option(2, "Snapshots kept (the newest)",
+                       aliases=("--save-total-limit", "--save_total_limit"), check=at_least(1))
+    max_shard_size: str = option(
+        "5GB", "Saved weights in safetensors shards of at most this size", check=_size)
+
+    @property
+    def every_steps(self) -> int | None:
+        """Snapshots every this many steps (None: by time)."""
+        return self.save_steps if self.save_steps is not None else self._every()[0]
+
+    @property
+    def every_s(self) -> float | None:
+        """Snapshots every this many seconds (None: by steps)."""
+        return None if self.save_steps is not None else self._every()[1]
+
+    def _every(self) -> tuple[int | None, float | None]:
+        return parse_every(self.save_every)
+
+    @property
+    def max_shard_bytes(self) -> int:
+        return parse_size(self.max_shard_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingOptions(Section):
+    PANEL: ClassVar[str] = "Logging and evaluation"
+
+    trace: str | None = option(
+        None, "Trace folder: measured spans (zoplan show/calibrate)", metavar="DIR")
+    report_to: Literal["none", "tensorboard"] = option(
+        "none", "Metrics besides OUT/metrics.jsonl: 'none' or 'tensorboard' (OUT/runs/; needs "
+        "the tensorboard package)")
+    log_every: int | None = option(
+        None, "Off a terminal, a progress line every N steps (default: about every 30 s)",
+        aliases=("--logging-steps", "--logging_steps"), check=at_least(1))
+    eval_every: int | None = option(
+        None, "Evaluate --eval-data every N steps too (default: after the last step only)",
+        aliases=("--eval-steps", "--eval_steps"), check=at_least(1))
+    quiet: bool = option(
+        False, "No progress and no summary (errors and warnings only); silences "
+        "transformers' bars too", aliases=("-q",))
+
+    @property
+    def progress(self) -> bool:
+        return not self.quiet
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeOptions(Section):
+    PANEL: ClassVar[str] = "Runtime"
+
+    threads: int | None = option(
+        None, "torch threads per rank (default: cores / local ranks)", check=at_least(1))
+    timeout_s: float = option(
+        600.0, "Seconds any wait of a rank may take (process groups, collectives, the node's "
+        "loading) before the run fails", env="ZOEXEC_TIMEOUT_S", check=positive_finite)
+    stop_grace_s: float = option(
+        120.0, "After SIGINT / SIGTERM, seconds the ranks get to save a snapshot and exit",
+        env="ZOEXEC_STOP_GRACE_S", check=finite_at_least(0))
+    shm_dir: str = option(
+        "/dev/shm", "Folder of the node's shared block store (tmpfs; a disk folder works, "
+        "slower)", env="ZOEXEC_SHM_DIR", metavar="DIR")
+    start_method: Literal["forkserver", "spawn", "fork"] = option(
+        "forkserver", "How local ranks are started (multiprocessing)",
+        env="ZOEXEC_START_METHOD")
+    debug: bool = option(False, "A failing rank prints its traceback too", env="ZOEXEC_DEBUG")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalOptions(Section):
+    """`zoexec eval`'s own options (besides the task's and --threads)."""
+
+    PANEL: ClassVar[str] = "Evaluation"
+
+    eval_batch: int = option(8, "Rows per forward pass", aliases=("--batch",),
+                             check=at_least(1))
+    seq: int | None = option(
+        None, "Longest row in tokens (default: the model's positions, at most 512)",
+        check=at_least(2))
+    precision: Literal["fp32", "bf16", "fp16"] = option(
+        "fp32", "Precision of the weights and the forward", aliases=("--dtype",))
+
+
+SECTIONS = {"model": ModelOptions, "task": TaskOptions, "optim": OptimOptions,
+            "checkpoint": CheckpointOptions, "logging": LoggingOptions,
+            "runtime": RuntimeOptions}
+
+
+def option_fields(section: type) -> list:
+    """The fields of `section` that are options."""
+    return [f for f in fields(section) if "help" in f.metadata]
+
+
+def field_named(name: str):
+    """The option field `name` (any section), None if none is."""
+    for section in (*SECTIONS.values(), EvalOptions):
+        for f in option_fields(section):
+            if f.name == name:
+                return f
+    return None
+
+
+def flag_of(f) -> str:
+    """A field's option name: --field-name unless the field names another."""
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+def option_error(exc: FieldError) -> str:
+    """A field's error as the command line's: "--lr -1.0: must be a finite number >= 0"."""
+    f = field_named(exc.name)
+    if f is None:
+        return str(exc)
+    value = ",".join(exc.value) if isinstance(exc.value, tuple) else exc.value
+    return f"{flag_of(f)} {value}: must be {exc.must}"
+
+
+# ---- the run's configuration ----------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """Everything a rank needs; picklable (the launcher sends it to the ranks)."""
+    """The options (by section) and what the builder derived; picklable."""
 
     plan: dict
+    model: ModelOptions = field(default_factory=ModelOptions)
+    task: TaskOptions = field(default_factory=TaskOptions)
+    optim: OptimOptions = field(default_factory=OptimOptions)
+    checkpoint: CheckpointOptions = field(default_factory=CheckpointOptions)
+    logging: LoggingOptions = field(default_factory=LoggingOptions)
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
+    # bookkeeping, not options: a resume starts at `start_step` from `load_from` (a
+    # snapshot; None: the model or random weights) after applying `replay` ((seed, g, lr)
+    # of the logged updates)
     plan_path: str = "plan.json"
-    init: str = "random"
-    data: str = "synthetic"
-    steps: int = 10
-    seed: int = 0
-    lr: float = 1e-6
-    eps: float = 1e-3
-    weight_decay: float = 0.0
-    out_dir: str | None = None
-    trace_dir: str | None = None
-    threads: int | None = None
     run_id: str = "run"
-    progress: bool = True
-    speed_checks: bool = True   # traced CPU runs: speed checks and probes (SpeedMonitor)
-    # checkpoints (zoexec.run.folder): snapshots every `save_every` steps and/or every
-    # `save_every_s` seconds, the newest `keep` kept; a resume starts at `start_step`
-    # from `init` after applying `replay` ((seed, g, lr) of the logged updates)
-    save_every: int | None = None
-    save_every_s: float | None = None
-    keep: int = 2
+    load_from: str | None = None
     start_step: int = 0
     replay: tuple = ()
     resumed: bool = False
-    on_nonfinite: str = "stop"   # a non-finite loss or g: "stop" the run, or "skip" the step
-    lr_schedule: str = "constant"   # zoexec.maths.schedule: constant, linear, cosine
-    warmup_steps: int = 0
-    source_dir: str | None = None   # the model folder the run started from (its tokenizer)
-    # what rank 0 reports (zoexec.run.report): metrics to "none" or "tensorboard" besides
-    # metrics.jsonl, a progress line every `log_every` steps off a terminal (None: ~30 s)
-    report_to: str = "none"
-    log_every: int | None = None
-    max_shard_bytes: int = 5 * 10**9   # saved weights: safetensors shards of at most this
-    # the task (zoexec.data.tasks.TaskSpec.to_dict(); None: text) and the evaluation: the
-    # eval set scored every `eval_every` steps (None: after the last step only)
-    task: dict | None = None
-    eval_data: str | None = None
-    eval_every: int | None = None
+    speed_checks: bool = True   # traced CPU runs: speed checks and probes (SpeedMonitor)
     fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`
     delay_h2d: tuple[int, int, float] | None = None   # for tests: (rank, block, seconds) slept before each h2d of it
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
-        for name in ("lr", "eps", "weight_decay"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be > 0, got {self.eps}")
-        if not 0 <= self.start_step <= self.steps:   # == steps: a resume that only saves
-            raise ValueError(f"start_step must be in 0..{self.steps}, got {self.start_step}")
-        if self.save_every is not None and self.save_every < 1:
-            raise ValueError(f"save_every must be >= 1 step, got {self.save_every}")
-        if self.save_every_s is not None and not self.save_every_s > 0:
-            raise ValueError(f"save_every_s must be > 0 seconds, got {self.save_every_s}")
-        if self.keep < 1:
-            raise ValueError(f"keep must be >= 1, got {self.keep}")
-        if self.lr_schedule not in SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {', '.join(SCHEDULES)}, "
-                             f"got {self.lr_schedule!r}")
-        if not 0 <= self.warmup_steps < self.steps:
-            raise ValueError(f"warmup_steps must be in 0..{self.steps - 1}, got {self.warmup_steps}")
-        if self.on_nonfinite not in ("stop", "skip"):
-            raise ValueError(f"on_nonfinite must be 'stop' or 'skip', got {self.on_nonfinite!r}")
-        if self.report_to not in ("none", "tensorboard"):
-            raise ValueError(f"report_to must be 'none' or 'tensorboard', got {self.report_to!r}")
-        if self.log_every is not None and self.log_every < 1:
-            raise ValueError(f"log_every must be >= 1 step, got {self.log_every}")
-        if self.eval_every is not None and self.eval_every < 1:
-            raise ValueError(f"eval_every must be >= 1 step, got {self.eval_every}")
-        if self.max_shard_bytes < 1:
-            raise ValueError(f"max_shard_bytes must be >= 1, got {self.max_shard_bytes}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        steps = self.optim.steps
+        if not 0 <= self.start_step <= steps:   # == steps: a resume that only saves
+            raise FieldError("start_step", self.start_step, f"in 0..{steps}")
+
+    @classmethod
+    def make(cls, *, plan: dict, **values) -> RunConfig:
+        """A RunConfig from flat names (the builder, tests, benchmarks): each option goes
+        to its section, the rest to the bookkeeping fields."""
+        parts, rest = _by_section(values)
+        return cls(plan=plan, **{name: SECTIONS[name](**kw) for name, kw in parts.items()},
+                   **rest)
+
+    def replaced(self, **values) -> RunConfig:
+        """This config with the named fields (flat names, as `make`) changed."""
+        parts, rest = _by_section(values)
+        return dataclasses.replace(self, **rest, **{
+            name: dataclasses.replace(getattr(self, name), **kw) for name, kw in parts.items()})
 
     def lr_of(self, step: int) -> float:
         """The learning rate of `step` (zoexec.maths.schedule)."""
-        return lr_at(step, lr=self.lr, schedule=self.lr_schedule, warmup=self.warmup_steps,
-                     total=self.steps)
+        o = self.optim
+        return lr_at(step, lr=o.lr, schedule=o.lr_schedule, warmup=o.warmup_steps,
+                     total=o.steps)
+
+    def settings(self) -> dict:
+        """The settings run.json records (a resume keeps them; zoexec.run.folder.SETTINGS)."""
+        o = self.optim
+        return {"seed": o.seed, "lr": o.lr, "eps": o.eps, "weight_decay": o.weight_decay,
+                "data": self.task.data, "init": self.model.start,
+                "lr_schedule": o.lr_schedule, "warmup_steps": o.warmup_steps,
+                "task": self.task.spec.to_dict()}
+
+    @property
+    def weights(self) -> str:
+        """What the ranks load: a snapshot, the model folder, or "random"."""
+        return self.load_from or self.model.start
+
+    @property
+    def source_dir(self) -> str | None:
+        """The model folder the run started from (its tokenizer; None: random weights)."""
+        return self.model.model_path
+
+    @property
+    def tokenizer_dir(self) -> str | None:
+        """Where the run's tokenizer is: the model folder it started from, else the
+        weights it loads (None with random weights)."""
+        return self.source_dir or (self.weights if self.weights != "random" else None)
 
     # typed views of the plan: zoplan.plan.Plan reads them (the plan is validated on load)
     @property
@@ -112,11 +477,26 @@ class RunConfig:
         return Plan(self.plan).device_kind
 
     @property
-    def model(self) -> ModelSpec:
+    def model_spec(self) -> ModelSpec:
         return Plan(self.plan).model
 
-    @property
-    def tokenizer_dir(self) -> str | None:
-        """Where the run's tokenizer is: the model folder it started from, else the
-        weights it loads (None with random weights)."""
-        return self.source_dir or (self.init if self.init != "random" else None)
+
+def _by_section(values: dict) -> tuple[dict[str, dict], dict]:
+    """Flat names split into ({section: {field: value}}, {bookkeeping field: value})."""
+    parts: dict[str, dict] = {}
+    rest = {}
+    for key, value in values.items():
+        section = section_of(key)
+        if section is None:
+            rest[key] = value
+        else:
+            parts.setdefault(section, {})[key] = value
+    return parts, rest
+
+
+def section_of(name: str) -> str | None:
+    """The section holding the option field `name` (None: not an option)."""
+    for section, cls in SECTIONS.items():
+        if any(f.name == name for f in option_fields(cls)):
+            return section
+    return None

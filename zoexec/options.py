@@ -1,110 +1,105 @@
-"""`zoexec run`'s options turned into a checked RunConfig: defaults, the run folder
-(a new run, --overwrite, or --resume with its snapshot and the log to replay), and
-checkpoint intervals. Every problem is a ZoError before anything is written."""
+"""`zoexec run`'s options turned into a checked RunConfig: what is derived when the
+config is built, in one place. The names, defaults and checks are the fields'
+(zoexec.config); here: --model-path vs --init, the environment defaults of the runtime
+options, the trace's default steps, the run folder (a new run, --overwrite, or --resume
+with its snapshot and the log to replay). Every problem is a ZoError before anything
+is written."""
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
-from zoexec.config import RunConfig
-from zoexec.data.tasks import TaskSpec, parse_label_words
-from zoexec.model.export import MAX_SHARD_BYTES, parse_size
-from zoexec.run.folder import RunDir
+from zoexec.config import (
+    SECTIONS,
+    FieldError,
+    RunConfig,
+    TaskOptions,
+    check_given,
+    option_error,
+    option_fields,
+    section_of,
+)
+from zoexec.run.folder import SETTINGS, RunDir
 from zoexec.run.report import check_report_to
 from zoplan.errors import ZoError
 from zoplan.execrules import default_steps
 from zoplan.io import sha256_json
 from zoplan.plan import Plan
 
-DEFAULTS = {"seed": 0, "lr": 1e-6, "eps": 1e-3, "weight_decay": 0.0, "lr_schedule": "constant",
-            "warmup_steps": 0}
-SAVE_EVERY_S = 1800.0   # snapshots by default: every 30 minutes of training
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h)")
+TASK_FIELDS = tuple(f.name for f in option_fields(TaskOptions) if f.name not in ("data", "eval_data"))
 
 
-def parse_every(text: str | None) -> tuple[int | None, float | None]:
-    """--save-every: N steps ("500") or a duration ("30m", "900s", "2h"); default 30m."""
-    if text is None:
-        return None, SAVE_EVERY_S
-    text = text.strip().lower()
-    if text.isdigit() and int(text) >= 1:
-        return int(text), None
-    match = _DURATION.fullmatch(text)
-    if match and float(match[1]) > 0:
-        return None, float(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2]]
-    raise ZoError(f"--save-every {text!r}: give a number of steps (500) or a duration "
-                  f"(30m, 900s, 2h)")
-
-
-def build_config(*, plan: Path, model_path: Path | None = None, init: str | None = None,
-                 data: Path | None = None, steps: int | None = None, seed: int | None = None,
-                 lr: float | None = None, eps: float | None = None,
-                 weight_decay: float | None = None, out: Path | None = None,
-                 trace: Path | None = None, threads: int | None = None, quiet: bool = False,
-                 resume: Path | None = None, overwrite: bool = False,
-                 save_every: str | None = None, keep: int = 2, on_nonfinite: str = "stop",
-                 lr_schedule: str | None = None, warmup_steps: int | None = None,
-                 report_to: str = "none", log_every: int | None = None,
-                 max_shard_size: str | None = None, task: dict | None = None,
-                 eval_data: Path | None = None, eval_every: int | None = None) -> RunConfig:
-    """A checked RunConfig from the command line's values (None: not given); `task`:
-    the task options given (task_options), None when none was."""
+def build_config(*, plan: Path | str, **values) -> RunConfig:
+    """A checked RunConfig from the options given ({field: value}; None, False: not
+    given). A field's bad value is one line naming its --option."""
+    given = {k: str(v) if isinstance(v, Path) else v for k, v in values.items()
+             if v is not None and v is not False}
+    unknown = [k for k in given if section_of(k) is None]
+    if unknown:
+        raise TypeError(f"build_config: no option field {', '.join(unknown)}")
     loaded = Plan.load(plan)
-    if model_path is not None and init is not None:
-        raise ZoError("give either --model-path DIR or --init random, not both")
-    if init not in (None, "random"):
-        raise ZoError(f"--init accepts only 'random' (got {init!r}); use --model-path DIR "
-                      f"for weights from a folder")
-    if resume is not None and out is not None and Path(out) != Path(resume):
-        raise ZoError("--resume DIR continues the run in DIR: give no other --out")
-    given = {"seed": seed, "lr": lr, "eps": eps, "weight_decay": weight_decay,
-             "lr_schedule": lr_schedule, "warmup_steps": warmup_steps,
-             "data": str(data) if data else None,
-             "init": str(model_path) if model_path else init,
-             "task": TaskSpec.from_dict(task).to_dict() if task is not None else None}
-    every, every_s = parse_every(save_every)
-    common = dict(plan=loaded.data, plan_path=str(plan), trace_dir=str(trace) if trace else None,
-                  threads=threads, progress=not quiet, save_every=every, save_every_s=every_s,
-                  keep=keep, on_nonfinite=on_nonfinite, report_to=report_to, log_every=log_every,
-                  max_shard_bytes=MAX_SHARD_BYTES if max_shard_size is None
-                  else parse_size(max_shard_size),
-                  eval_data=str(eval_data) if eval_data else None, eval_every=eval_every)
-    if eval_every is not None and eval_data is None:
-        raise ZoError("--eval-every needs --eval-data FILE (the held-out data to evaluate)")
-    if eval_every is not None and eval_every < 1:
-        raise ZoError(f"--eval-every {eval_every}: give a number of steps >= 1")
-    if eval_data is not None and not Path(eval_data).exists():
-        raise ZoError(f"--eval-data {eval_data}: no such file or folder")
-    if log_every is not None and log_every < 1:
-        raise ZoError(f"--log-every {log_every}: give a number of steps >= 1")
-    check_report_to(report_to, out or resume)
+    given = {**env_defaults(given), **given}
     try:
-        if resume is not None or _restarted_by_torchrun(out, loaded):
-            return _resumed(Path(resume or out), loaded, given, steps, common)
-        _claim(out, overwrite)
-        settings = {k: DEFAULTS[k] if v is None else v for k, v in given.items()
-                    if k in DEFAULTS}
-        start = str(model_path) if model_path else "random"
-        spec = given["task"] or TaskSpec().to_dict()
-        if data is None and spec["name"] != "text":
-            raise ZoError(f"--task {spec['name']} needs --data FILE (the built-in synthetic "
-                          f"task is text)")
-        if data is None and eval_data is not None:
-            raise ZoError("--eval-data needs --data FILE (the built-in synthetic task has no "
-                          "held-out set)")
-        return RunConfig(**common, **settings, init=start,
-                         data=str(data) if data else "synthetic",
-                         steps=steps or default_steps(loaded.step_time_s,
-                                                      traced=trace is not None),
-                         out_dir=str(out) if out else None,
-                         source_dir=start if start != "random" else None, task=spec)
+        check_given(given)
+        _check_together(given)
+        check_report_to(given.get("report_to", "none"), given.get("out") or given.get("resume"))
+        if "resume" in given or _restarted_by_torchrun(given.get("out"), loaded):
+            return _resumed(Path(given.get("resume") or given["out"]), loaded, given,
+                            plan_path=str(plan))
+        _claim(given.get("out"), given.get("overwrite", False))
+        _check_new_run(given)
+        if "steps" not in given and "trace" in given:
+            given["steps"] = default_steps(loaded.step_time_s, traced=True)
+        return RunConfig.make(plan=loaded.data, plan_path=str(plan), **given)
+    except FieldError as exc:
+        raise ZoError(option_error(exc)) from None
     except ValueError as exc:
         raise ZoError(str(exc)) from None
 
 
-def _claim(out: Path | None, overwrite: bool) -> None:
+def _check_together(given: dict) -> None:
+    """The options given that do not go together."""
+    if "model_path" in given and "init" in given:
+        raise ZoError("give either --model-path DIR or --init random, not both")
+    if "resume" in given and "out" in given and Path(given["out"]) != Path(given["resume"]):
+        raise ZoError("--resume DIR continues the run in DIR: give no other --out")
+    if "save_steps" in given and "save_every" in given:
+        raise ZoError("give either --save-every or --save-steps, not both")
+    if "eval_every" in given and "eval_data" not in given:
+        raise ZoError("--eval-every needs --eval-data FILE (the held-out data to evaluate)")
+    if "eval_data" in given and not Path(given["eval_data"]).exists():
+        raise ZoError(f"--eval-data {given['eval_data']}: no such file or folder")
+
+
+def _check_new_run(given: dict) -> None:
+    task = given.get("name", "text")
+    if "data" not in given and task != "text":
+        raise ZoError(f"--task {task} needs --data FILE (the built-in synthetic task is text)")
+    if "data" not in given and "eval_data" in given:
+        raise ZoError("--eval-data needs --data FILE (the built-in synthetic task has no "
+                      "held-out set)")
+
+
+def env_defaults(given: dict) -> dict:
+    """The runtime options not given whose environment variable is set, parsed and
+    checked as the option would be."""
+    out = {}
+    for f in option_fields(SECTIONS["runtime"]):
+        name = f.metadata["env"]
+        if f.name in given or not name or not os.environ.get(name):
+            continue
+        text = os.environ[name]
+        try:
+            out[f.name] = (text not in ("0", "false", "no") if isinstance(f.default, bool)
+                           else type(f.default)(text))
+        except ValueError:
+            raise ZoError(f"${name} {text!r}: not a {type(f.default).__name__} "
+                          f"(the default of --{f.name.replace('_', '-')})") from None
+    return out
+
+
+def _claim(out: str | None, overwrite: bool) -> None:
     """A new run's folder: free, or emptied with --overwrite."""
     if out is None:
         if overwrite:
@@ -122,26 +117,40 @@ def _claim(out: Path | None, overwrite: bool) -> None:
     rundir.clear()
 
 
-def _resumed(folder: Path, plan: Plan, given: dict, steps: int | None, common: dict) -> RunConfig:
+def given_settings(given: dict) -> dict:
+    """The settings run.json records (zoexec.run.folder.SETTINGS) as given: None where
+    not given."""
+    out = {key: given.get(key) for key in SETTINGS}
+    out["init"] = given.get("model_path") or given.get("init")
+    task = {k: given[k] for k in TASK_FIELDS if k in given}
+    out["task"] = TaskOptions(**task).spec.to_dict() if task else None
+    return out
+
+
+def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str) -> RunConfig:
     rundir = RunDir(folder)
     rundir.check_free()
-    start = rundir.resume_plan(plan_sha256=sha256_json(plan.data), given=given)
+    start = rundir.resume_plan(plan_sha256=sha256_json(plan.data), given=given_settings(given))
     settings = start.settings
-    total = steps or settings["steps"]
+    total = given.get("steps", settings["steps"])
     final = rundir.final()
     if start.start_step > total or (start.start_step == total and final and final[0] >= total - 1):
         raise ZoError(f"{folder} has run all {start.start_step} steps; give --steps N (more "
                       f"than {start.start_step}) to train further")
     # start_step == total without a whole final/: killed while saving it; the resume
     # replays the log and writes final/
-    source = settings["init"] if settings["init"] != "random" else None
-    return RunConfig(**common, **{k: settings[k] for k in DEFAULTS}, data=settings["data"],
-                     init=start.init, steps=total, out_dir=str(folder),
-                     start_step=start.start_step, replay=start.replay, resumed=True,
-                     source_dir=source, task=settings["task"])
+    kept = {k: settings[k] for k in SETTINGS if k not in ("init", "task")}
+    kept.update(TaskOptions.task_fields(settings["task"]))
+    if settings["init"] != "random":
+        kept["model_path"] = settings["init"]
+    others = {k: v for k, v in given.items()
+              if k not in (*SETTINGS, *TASK_FIELDS, "model_path", "init", "resume", "out", "steps")}
+    return RunConfig.make(plan=plan.data, plan_path=plan_path, **{**others, **kept},
+                          steps=total, out=str(folder), load_from=start.init,
+                          start_step=start.start_step, replay=start.replay, resumed=True)
 
 
-def _restarted_by_torchrun(out: Path | None, plan: Plan) -> bool:
+def _restarted_by_torchrun(out: str | None, plan: Plan) -> bool:
     """Under `torchrun --max-restarts`, a restarted job (TORCHELASTIC_RESTART_COUNT > 0)
     resumes its run folder by itself when it holds a run of this plan."""
     if out is None or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) < 1:
@@ -151,19 +160,3 @@ def _restarted_by_torchrun(out: Path | None, plan: Plan) -> bool:
         return rundir.read_identity()["plan_sha256"] == sha256_json(plan.data)
     except ZoError:
         return False
-
-
-def task_options(*, task: str | None = None, text_column: str | None = None,
-                 prompt_column: str | None = None, completion_column: str | None = None,
-                 label_column: str | None = None, template: str | None = None,
-                 label_words: str | None = None) -> dict | None:
-    """The task options given on the command line as a TaskSpec dict (checked), None
-    when none was given (a resume keeps its run's task)."""
-    given = {"name": task, "text_column": text_column, "prompt_column": prompt_column,
-             "completion_column": completion_column, "label_column": label_column,
-             "template": template,
-             "label_words": parse_label_words(label_words) if label_words is not None else None}
-    given = {k: v for k, v in given.items() if v is not None}
-    if not given:
-        return None
-    return TaskSpec(**given).to_dict()

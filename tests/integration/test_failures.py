@@ -178,8 +178,8 @@ def test_a_stopped_rank_is_killed_at_once_when_another_fails():
 # ---- real ranks: spawned from this process -----------------------------------------------------
 def _config(tmp_path, **kw) -> RunConfig:
     plan = hand_plan(model="tiny-opt", layout=LAYOUT, workload=WORKLOAD)
-    return RunConfig(plan=plan.data, steps=100_000, seed=0, lr=1e-3, eps=1e-3, threads=1,
-                     progress=False, out_dir=str(tmp_path / "out"),
+    return RunConfig.make(plan=plan.data, steps=100_000, seed=0, lr=1e-3, eps=1e-3, threads=1,
+                     quiet=True, out=str(tmp_path / "out"),
                      run_id=f"t{uuid.uuid4().hex[:10]}", **kw)
 
 

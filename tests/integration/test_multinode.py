@@ -49,8 +49,8 @@ def _losses(out: Path) -> list[dict]:
 def _one_rank(tmp: Path) -> tuple[list, dict]:
     plan = hand_plan(model=MODEL, layout=Layout(), workload=WORKLOAD)
     out = tmp / "one"
-    run_in_process(RunConfig(plan=plan.data, plan_path="one.json", steps=STEPS, seed=SEED,
-                             lr=LR, threads=1, progress=False, out_dir=str(out)))
+    run_in_process(RunConfig.make(plan=plan.data, plan_path="one.json", steps=STEPS, seed=SEED,
+                             lr=LR, threads=1, quiet=True, out=str(out)))
     return _losses(out), load_file(str(out / "final" / "model.safetensors"))
 
 

@@ -47,9 +47,9 @@ def _workload(update: str, *, batch: int = 4, seq: int = 16) -> Workload:
 def _config(tmp, name: str, layout: Layout, workload: Workload, *, model="tiny-opt", **kw):
     plan = hand_plan(model=model, layout=layout, workload=workload)
     args = {"plan": plan.data, "plan_path": f"{name}.json", "seed": SEED, "eps": EPS,
-            "threads": 1, "progress": False, "out_dir": str(tmp / name),
+            "threads": 1, "quiet": True, "out": str(tmp / name),
             "run_id": f"t{uuid.uuid4().hex[:10]}", "steps": STEPS, "lr": LR}
-    return RunConfig(**{**args, **kw})
+    return RunConfig.make(**{**args, **kw})
 
 
 def _final(tmp, name: str) -> dict:
@@ -131,7 +131,7 @@ def test_stochastic_rounding_tracks_an_fp32_run_and_plain_falls_behind(tmp_path)
         workload = Workload(batch=4, seq=32, param_dtype=param, compute_dtype=compute,
                             update=update)
         records = run_in_process(_config(tmp_path, update, Layout(), workload, steps=200,
-                                         lr=3e-6, out_dir=None))
+                                         lr=3e-6, out=None))
         losses[update] = [r.loss for r in records]
 
     def drop(curve):

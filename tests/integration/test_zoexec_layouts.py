@@ -22,7 +22,6 @@ import glob
 import json
 import shutil
 import uuid
-from dataclasses import replace
 
 import pytest
 import torch
@@ -59,9 +58,9 @@ LAYOUTS = {
 
 def _config(tmp, name, layout, *, workload=WORKLOAD, resident=(), **kw) -> RunConfig:
     plan = hand_plan(model=MODEL, layout=layout, workload=workload, resident=resident)
-    return RunConfig(plan=plan.data, plan_path=f"{name}.json", steps=STEPS, seed=SEED, lr=LR,
-                     eps=EPS, threads=1, progress=False, out_dir=str(tmp / name / "out"),
-                     trace_dir=str(tmp / name / "trace"), run_id=f"t{uuid.uuid4().hex[:10]}", **kw)
+    return RunConfig.make(plan=plan.data, plan_path=f"{name}.json", steps=STEPS, seed=SEED, lr=LR,
+                     eps=EPS, threads=1, quiet=True, out=str(tmp / name / "out"),
+                     trace=str(tmp / name / "trace"), run_id=f"t{uuid.uuid4().hex[:10]}", **kw)
 
 
 def _leftovers(run_id: str) -> list[str]:
@@ -82,7 +81,7 @@ def runs(tmp_path_factory):
     export_hf_model(parts, flats, tmp / "init")
     out = {}
     for name, layout in LAYOUTS.items():
-        cfg = _config(tmp, name, layout, init=str(tmp / "init") if name == INIT_FROM_DIR else "random")
+        cfg = _config(tmp, name, layout, model_path=str(tmp / "init") if name == INIT_FROM_DIR else None)
         spawn_local(cfg)
         out[name] = {"cfg": cfg, "leftovers": _leftovers(cfg.run_id),
                      "losses": _losses(tmp / name / "out"),
@@ -229,8 +228,8 @@ def test_training_the_synthetic_task_lowers_the_loss():
     error in the update would raise it, a missing update leave it at ~6.2."""
     plan = hand_plan(model=MODEL, layout=Layout(),
                      workload=Workload(batch=8, seq=32, param_dtype="fp32", compute_dtype="fp32"))
-    records = run_in_process(RunConfig(plan=plan.data, steps=200, seed=0, lr=2e-3, eps=EPS,
-                                       threads=1, progress=False))
+    records = run_in_process(RunConfig.make(plan=plan.data, steps=200, seed=0, lr=2e-3, eps=EPS,
+                                       threads=1, quiet=True))
     first = sum(r.loss for r in records[:10]) / 10
     last = sum(r.loss for r in records[-20:]) / 20
     assert first > 6.0 and last < first - 0.8, (first, last)
@@ -374,10 +373,10 @@ def test_a_mixed_run_resumed_from_a_snapshot_ends_with_the_same_weights(placed, 
     log = folder / "losses.jsonl"
     log.write_text("".join(log.read_text().splitlines(keepends=True)[:2]))
     start = RunDir(folder).resume_plan(plan_sha256=sha256_json(run["cfg"].plan), given={})
-    cfg = replace(run["cfg"], init=start.init, start_step=start.start_step, replay=start.replay,
-                  resumed=True, out_dir=str(folder), trace_dir=None, save_every=None,
-                  run_id=f"t{uuid.uuid4().hex[:10]}")
-    assert cfg.start_step == 2 and len(cfg.replay) == 1 and cfg.init.endswith("step-000000")
+    cfg = run["cfg"].replaced(load_from=start.init, start_step=start.start_step,
+                              replay=start.replay, resumed=True, out=str(folder), trace=None,
+                              run_id=f"t{uuid.uuid4().hex[:10]}")
+    assert cfg.start_step == 2 and len(cfg.replay) == 1 and cfg.weights.endswith("step-000000")
     spawn_local(cfg)
     weights = load_file(str(folder / "final" / "model.safetensors"))
     for key, tensor in run["weights"].items():

@@ -32,7 +32,7 @@ def _load_one_rank(model, *, init="random", seed=0, param_dtype="fp32", compute_
     """load_node_model as the builder of a one-rank node does it (no process group)."""
     workload = Workload(batch=1, seq=8, param_dtype=param_dtype, compute_dtype=compute_dtype)
     plan = hand_plan(model=model, layout=Layout(), workload=workload)
-    cfg = RunConfig(plan=plan.data, init=str(init), seed=seed, progress=progress)
+    cfg = RunConfig.make(plan=plan.data, load_from=str(init), seed=seed, quiet=not progress)
     env = zdist.DistEnv(place=zdist.RankPlace(rank=0, local_rank=0, world_size=1, local_world_size=1),
                         layout=Layout(), device=torch.device("cpu"), backend="gloo")
     return load_node_model(cfg, env, f"t{uuid.uuid4().hex[:10]}")

@@ -85,7 +85,7 @@ def tracked_run(monkeypatch, model: str, workload, layout: Layout,
                 return _method(self, *args, **kwargs)
         monkeypatch.setattr(engine.Trainer, name, in_phase)
     plan = hand_plan(model=model, layout=layout, workload=workload, resident=resident)
-    cfg = RunConfig(plan=plan.data, steps=2, lr=1e-3, weight_decay=0.1, progress=False,
+    cfg = RunConfig.make(plan=plan.data, steps=2, lr=1e-3, weight_decay=0.1, quiet=True,
                     speed_checks=False)
     with tracker:
         run_in_process(cfg)
@@ -318,7 +318,7 @@ def _config(device_kind: str, layout: Layout = Layout(), resident: tuple = ()) -
     plan = hand_plan(model="tiny-opt", layout=layout, workload=_workload("stochastic"),
                      device_kind=device_kind, resident=resident)
     plan.data["predicted"].update(gpu_mem_bytes=0, host_mem_bytes=0)
-    return RunConfig(plan=plan.data)
+    return RunConfig.make(plan=plan.data)
 
 
 def test_preflight_checks_a_gpu_against_the_model_and_names_the_largest_term(monkeypatch):

@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from zoexec.config import RunConfig
+from zoexec.config import FieldError, RunConfig
 from zoexec.maths.history import StepRecord
 from zoexec.run.report import (
     LOG_EVERY_S,
@@ -34,7 +34,7 @@ class Clock:
 
 
 def _cfg(**kw) -> RunConfig:
-    return RunConfig(plan={}, **{"steps": 12, **kw})
+    return RunConfig.make(plan={}, **{"steps": 12, **kw})
 
 
 def _record(step: int, loss: float = 2.0, **kw) -> StepRecord:
@@ -94,7 +94,7 @@ def test_a_bar_on_a_terminal():
 
 def test_quiet_shows_nothing_but_writes_metrics(tmp_path):
     stream, clock = io.StringIO(), Clock()
-    rep = Reporter(_cfg(progress=False, out_dir=str(tmp_path)), stream=stream, clock=clock)
+    rep = Reporter(_cfg(quiet=True, out=str(tmp_path)), stream=stream, clock=clock)
     _drive(rep, clock, range(12))
     rep.evaluate(12, {"eval_loss": 1.5})
     rep.close()
@@ -105,7 +105,7 @@ def test_quiet_shows_nothing_but_writes_metrics(tmp_path):
 
 def test_metrics_jsonl_names_and_strict_json(tmp_path):
     clock = Clock()
-    rep = Reporter(_cfg(steps=3, out_dir=str(tmp_path), progress=False), clock=clock)
+    rep = Reporter(_cfg(steps=3, out=str(tmp_path), quiet=True), clock=clock)
     rep.evaluate(0, {"eval_loss": 3.0, "eval_accuracy": 0.5})
     rep.begin()
     rep.train(_record(0), epoch=0.25)
@@ -130,7 +130,7 @@ def test_a_resumed_run_keeps_its_metrics_up_to_its_start(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 7))
                     + '{"step": 7, "lo')                     # a torn last line
-    rep = Reporter(_cfg(out_dir=str(tmp_path), start_step=4, resumed=True, progress=False))
+    rep = Reporter(_cfg(out=str(tmp_path), start_step=4, resumed=True, quiet=True))
     rep.begin()
     rep.train(_record(4))
     rep.close()
@@ -139,7 +139,7 @@ def test_a_resumed_run_keeps_its_metrics_up_to_its_start(tmp_path):
 
 def test_a_new_run_replaces_old_metrics(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 99}\n')
-    rep = Reporter(_cfg(out_dir=str(tmp_path), progress=False))
+    rep = Reporter(_cfg(out=str(tmp_path), quiet=True))
     rep.train(_record(0))
     rep.close()
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
@@ -147,7 +147,7 @@ def test_a_new_run_replaces_old_metrics(tmp_path):
 
 def test_only_rank_0_writes_and_shows(tmp_path):
     stream = io.StringIO()
-    rep = Reporter(_cfg(out_dir=str(tmp_path)), lead=False, stream=stream)
+    rep = Reporter(_cfg(out=str(tmp_path)), lead=False, stream=stream)
     rep.begin()
     rep.train(_record(0))
     rep.evaluate(1, {"eval_loss": 1.0})
@@ -161,7 +161,7 @@ def test_summary_of_a_run_with_evaluations(tmp_path):
     (tmp_path / "final" / "model.safetensors").write_bytes(b"")
     (tmp_path / "snapshots" / "step-000007").mkdir(parents=True)
     stream, clock = io.StringIO(), Clock()
-    rep = Reporter(_cfg(steps=30, out_dir=str(tmp_path), trace_dir="tr", log_every=100),
+    rep = Reporter(_cfg(steps=30, out=str(tmp_path), trace="tr", log_every=100),
                    stream=stream, clock=clock)
     clock.now += 3.0                                           # loading
     _drive(rep, clock, range(30), loss=lambda s: 5.0 - 0.1 * s)
@@ -191,7 +191,7 @@ def test_summary_of_a_resumed_run_counts_the_whole_log(tmp_path):
         log.append(_record(step, 9.0 if step < 10 else 1.0))
     log.close()
     clock = Clock()
-    rep = Reporter(_cfg(steps=20, start_step=16, resumed=True, out_dir=str(tmp_path)),
+    rep = Reporter(_cfg(steps=20, start_step=16, resumed=True, out=str(tmp_path)),
                    stream=io.StringIO(), clock=clock)
     _drive(rep, clock, range(16, 20), loss=lambda s: 1.0)
     rep.close()
@@ -210,8 +210,8 @@ def test_summary_without_out():
 
 def test_report_to_checks():
     check_report_to("none", None)
-    with pytest.raises(ZoError, match="use one of none, tensorboard"):
-        check_report_to("wandb", "out")
+    with pytest.raises(FieldError, match="report_to must be one of none, tensorboard, got 'wandb'"):
+        _cfg(report_to="wandb")
     with pytest.raises(ZoError, match="give --out DIR"):
         check_report_to("tensorboard", None)
 
@@ -266,7 +266,7 @@ def test_tensorboard_scalars(tmp_path, fake_tensorboard):
     board = tmp_path / "runs"
     board.mkdir()
     (board / "events.out.tfevents.old").write_text("")          # an earlier run's
-    rep = Reporter(_cfg(steps=3, out_dir=str(tmp_path), report_to="tensorboard", progress=False))
+    rep = Reporter(_cfg(steps=3, out=str(tmp_path), report_to="tensorboard", quiet=True))
     rep.begin()
     for step in range(3):
         rep.train(_record(step, math.nan if step == 1 else 3.0 - step))
@@ -290,8 +290,8 @@ def test_tensorboard_scalars(tmp_path, fake_tensorboard):
 def test_tensorboard_of_a_resumed_run_purges_after_its_start(tmp_path, fake_tensorboard):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "events.out.tfevents.1").write_text("")
-    rep = Reporter(_cfg(out_dir=str(tmp_path), start_step=4, resumed=True, report_to="tensorboard",
-                        progress=False))
+    rep = Reporter(_cfg(out=str(tmp_path), start_step=4, resumed=True, report_to="tensorboard",
+                        quiet=True))
     rep.train(_record(4))
     rep.close()
     assert fake_tensorboard[0].purge_step == 5 and (tmp_path / "runs" / "events.out.tfevents.1").exists()
@@ -311,7 +311,7 @@ def test_quiet_libraries_silences_the_bars_not_the_warnings_and_restores():
 
 def test_evaluate_prefixes_keys_and_picks_the_best(tmp_path):
     stream = io.StringIO()
-    rep = Reporter(_cfg(steps=30, out_dir=str(tmp_path)), stream=stream)
+    rep = Reporter(_cfg(steps=30, out=str(tmp_path)), stream=stream)
     assert rep.best_eval() is None
     rep.evaluate(0, {"loss": 2.0, "eval_f1": 0.5, "samples": 80})
     rep.evaluate(10, {"loss": 1.5})
@@ -329,7 +329,7 @@ def test_evaluate_prefixes_keys_and_picks_the_best(tmp_path):
 
 
 def test_an_evaluation_after_close_appends(tmp_path):
-    rep = Reporter(_cfg(steps=2, out_dir=str(tmp_path), progress=False))
+    rep = Reporter(_cfg(steps=2, out=str(tmp_path), quiet=True))
     rep.train(_record(0))
     rep.train(_record(1))
     rep.close()

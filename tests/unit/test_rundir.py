@@ -58,7 +58,7 @@ def test_a_torn_last_line_is_cut_off(tmp_path):
 def _cfg(**kw) -> RunConfig:
     plan = hand_plan(model="tiny-opt", layout=Layout(),
                      workload=Workload(batch=2, seq=8, param_dtype="fp32", compute_dtype="fp32"))
-    return RunConfig(plan=plan.data, steps=10, lr=1e-3, **kw)
+    return RunConfig.make(plan=plan.data, steps=10, lr=1e-3, **kw)
 
 
 def _snapshot(rundir: RunDir, step: int, *, whole: bool = True) -> None:

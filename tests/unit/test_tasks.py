@@ -184,8 +184,8 @@ def test_option_and_file_errors(tmp_path, tok_dir):
 
 
 def test_the_task_is_recorded_and_a_resume_keeps_it(tmp_path):
-    from zoexec.config import RunConfig
-    from zoexec.options import task_options
+    from zoexec.config import RunConfig, TaskOptions
+    from zoexec.options import given_settings
     from zoexec.run.folder import RunDir
     from zoplan.handplan import hand_plan
     from zoplan.layout import Layout
@@ -193,12 +193,13 @@ def test_the_task_is_recorded_and_a_resume_keeps_it(tmp_path):
 
     plan = hand_plan(model="tiny-opt", layout=Layout(), workload=Workload(batch=2, seq=8))
     rundir = RunDir(tmp_path)
-    rundir.write_identity(RunConfig(plan=plan.data, task=CLS.to_dict(), data="d.jsonl"), "abc")
+    rundir.write_identity(RunConfig.make(plan=plan.data, data="d.jsonl",
+                                         **TaskOptions.task_fields(CLS.to_dict())), "abc")
     assert json.loads((tmp_path / "run.json").read_text())["task"] == CLS.to_dict()
-    same = task_options(task="classification", template="{sentence} It was",
-                        label_words="terrible, great")
+    same = given_settings({"name": "classification", "template": "{sentence} It was",
+                           "label_words": ("terrible", "great")})["task"]
     assert rundir.resume_plan(plan_sha256="abc", given={"task": same}).settings["task"] == same
-    other = task_options(task="completion")
+    other = given_settings({"name": "completion"})["task"]
     with pytest.raises(ZoError, match=r"the task completion .* differs from the run being resumed "
                                       r"\(classification"):
         rundir.resume_plan(plan_sha256="abc", given={"task": other})
@@ -206,4 +207,4 @@ def test_the_task_is_recorded_and_a_resume_keeps_it(tmp_path):
     del ident["task"]                      # a run folder written before tasks: text
     (tmp_path / "run.json").write_text(json.dumps(ident))
     assert rundir.read_identity()["task"] == TaskSpec().to_dict()
-    assert task_options() is None
+    assert given_settings({})["task"] is None

@@ -86,10 +86,9 @@ def test_world_size_mismatch_under_torchrun(tmp_path, monkeypatch):
 def test_a_trace_without_steps_runs_25_seconds_of_predicted_steps(tmp_path):
     def steps(trace, step_s):
         path = Path(_plan(tmp_path, step_time_s=step_s))
-        return build_config(plan=path, model_path=None, init=None, data=None, steps=None,
-                            seed=0, lr=1e-6, eps=1e-3, weight_decay=0.0, out=None,
-                            trace=tmp_path / "t" if trace else None, threads=None,
-                            quiet=True).steps
+        return build_config(plan=path, seed=0, lr=1e-6, eps=1e-3, weight_decay=0.0,
+                            trace=str(tmp_path / "t") if trace else None,
+                            quiet=True).optim.steps
     assert steps(False, 0.1) == 10       # untraced: 10 steps
     assert steps(True, 0.1) == 251       # 25 s of 0.1 s steps, + the step calibrate skips
     assert steps(True, 0.3) == 85        # ceil(25 / 0.3) + 1

@@ -10,8 +10,16 @@ from pathlib import Path
 
 import torch
 
-from zoexec.config import RunConfig
-from zoexec.data.tasks import TaskSpec
+from zoexec.config import (
+    EvalOptions,
+    LoggingOptions,
+    ModelOptions,
+    OptimOptions,
+    RunConfig,
+    RuntimeOptions,
+    TaskOptions,
+    option_fields,
+)
 from zoexec.data.text import TOKENIZER_FILES
 from zoexec.launch.spawn import one_rank
 from zoexec.run.evaluate import make_evaluator
@@ -25,34 +33,34 @@ from zoplan.layout import Layout
 from zoplan.models import get_model
 from zoplan.workload import Workload
 
-EVAL_BATCH = 8     # zoexec eval: rows per call (one rank)
-EVAL_SEQ = 512     # zoexec eval: longest row (tokens), capped by the model's positions
+EVAL_SEQ = 512     # zoexec eval: longest row (tokens) when not given, capped by the model's positions
 
 
-def eval_config(model_dir: Path, data: Path, spec: TaskSpec, *, batch: int = EVAL_BATCH,
-                seq: int | None = None, dtype: str = "fp32", threads: int | None = None):
-    """A one-rank RunConfig that evaluates `model_dir` on `data` (a hand-built plan)."""
+def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
+    """A one-rank RunConfig that evaluates `model_dir` on `data` (a hand-built plan);
+    `values`: the options given (zoexec.config.EvalOptions, TaskOptions, --threads)."""
+    ev = EvalOptions(**{f.name: values.pop(f.name) for f in option_fields(EvalOptions)
+                        if f.name in values})
+    runtime = RuntimeOptions(threads=values.pop("threads", None))
+    task = TaskOptions(data=str(data), eval_data=str(data), **values)
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ZoError(f"{model_dir} is not a model folder (no config.json)")
-    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES) and spec.name != "text":
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES) and task.name != "text":
         raise ZoError(f"{model_dir} holds no tokenizer (no {', '.join(TOKENIZER_FILES)}): "
-                      f"--task {spec.name} needs one")
+                      f"--task {task.name} needs one")
     if not Path(data).exists():
         raise ZoError(f"data file {data} does not exist")
-    if batch < 1:
-        raise ZoError(f"--batch {batch}: give 1 or more rows")
     model = get_model(str(model_dir))
-    seq = seq or min(EVAL_SEQ, model.max_positions)
-    if seq < 2:
-        raise ZoError(f"--seq {seq}: give 2 or more tokens")
-    workload = Workload(batch=batch, seq=seq, param_dtype=dtype, compute_dtype=dtype)
+    seq = min(EVAL_SEQ, model.max_positions) if ev.seq is None else ev.seq
+    workload = Workload(batch=ev.eval_batch, seq=seq, param_dtype=ev.precision,
+                        compute_dtype=ev.precision)
     plan = hand_plan(model=model, layout=Layout(), workload=workload, device_kind=_device_kind(),
                      profile_name="zoexec-eval")
-    return RunConfig(plan=plan.data, plan_path="(zoexec eval)", init=str(model_dir),
-                     data=str(data), steps=1, task=spec.to_dict(), eval_data=str(data),
-                     source_dir=str(model_dir), progress=False, speed_checks=False,
-                     threads=threads)
+    return RunConfig(plan=plan.data, plan_path="(zoexec eval)",
+                     model=ModelOptions(model_path=str(model_dir)), task=task,
+                     optim=OptimOptions(steps=1), logging=LoggingOptions(quiet=True),
+                     runtime=runtime, speed_checks=False)
 
 
 def _device_kind() -> str:
@@ -60,14 +68,14 @@ def _device_kind() -> str:
 
 
 def eval_model(cfg) -> dict[str, float]:
-    """Evaluate cfg.init on cfg.eval_data on one rank in this process: the metrics."""
+    """Evaluate cfg.weights on cfg.task.eval_data on one rank in this process: the metrics."""
     evaluator = make_evaluator(cfg)   # the data first: a bad file fails before the model loads
     with one_rank(cfg) as (cfg, place):
         env = store = None
         try:
             env = zdist.init_distributed(place=place, layout=cfg.layout,
                                          device_kind=cfg.device_kind, tf32=cfg.workload.tf32)
-            zdist.set_threads(cfg.threads, 1)
+            zdist.set_threads(cfg.runtime.threads, 1)
             with torch.no_grad(), quiet_libraries(True):
                 parts, store = load_node_model(cfg, env, cfg.run_id)
                 flags = share_read_flags(env, cfg.run_id, num_blocks=store.num_blocks)
@@ -78,5 +86,5 @@ def eval_model(cfg) -> dict[str, float]:
             close_store(store)
             zdist.shutdown(env)
     if not math.isfinite(metrics.get("eval_loss", math.nan)):
-        raise ZoError(f"{cfg.eval_data}: no token to score (every label is ignored)")
+        raise ZoError(f"{cfg.task.eval_data}: no token to score (every label is ignored)")
     return metrics

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from zoexec.data.tasks import TaskSpec, check_task_data, make_eval_set
+from zoexec.data.tasks import check_task_data, make_eval_set
 from zoexec.data.text import check_data
 from zoexec.runtime.devicemap import ENV_VISIBLE, cuda_index, visible_env
 from zoexec.runtime.dist import device_count, device_memory_bytes, place_from_env
@@ -38,9 +38,9 @@ def preflight(cfg, *, world_size: int | None = None, local_world_size: int | Non
     _check_devices(cfg)
     _check_memory(cfg)
     _check_model(cfg)
-    if cfg.data != "synthetic" and not Path(cfg.data).is_file():
-        raise ZoError(f"data file {cfg.data} does not exist")
-    for what, where in (("--out", cfg.out_dir), ("--trace", cfg.trace_dir)):
+    if cfg.task.data != "synthetic" and not Path(cfg.task.data).is_file():
+        raise ZoError(f"data file {cfg.task.data} does not exist")
+    for what, where in (("--out", cfg.checkpoint.out), ("--trace", cfg.logging.trace)):
         if where:
             _check_output_folder(what, Path(where))
     _check_data(cfg)
@@ -70,14 +70,14 @@ def _check_data(cfg) -> None:
     a bad line, ids outside the vocabulary, text without a tokenizer or too few tokens
     for one batch fail here, before any rank starts."""
     workload = cfg.workload
-    vocab, tokenizer = cfg.model.vocab, cfg.tokenizer_dir
-    if cfg.data == "synthetic":
-        check_data(cfg.data, vocab=vocab, batch=workload.batch, seq=workload.seq)
+    vocab, tokenizer = cfg.model_spec.vocab, cfg.tokenizer_dir
+    if cfg.task.data == "synthetic":
+        check_data(cfg.task.data, vocab=vocab, batch=workload.batch, seq=workload.seq)
     else:   # the task's rows (zoexec.data.tasks), then the held-out set
-        check_task_data(cfg.data, TaskSpec.from_dict(cfg.task), vocab=vocab,
+        check_task_data(cfg.task.data, cfg.task.spec, vocab=vocab,
                         batch=workload.batch, seq=workload.seq, tokenizer_dir=tokenizer)
-    if cfg.eval_data:
-        make_eval_set(cfg.eval_data, TaskSpec.from_dict(cfg.task), vocab=vocab,
+    if cfg.task.eval_data:
+        make_eval_set(cfg.task.eval_data, cfg.task.spec, vocab=vocab,
                       seq=workload.seq, tokenizer_dir=tokenizer)
 
 
@@ -110,7 +110,7 @@ def _check_memory(cfg) -> None:
     builder's set-up peak), or the plan's predicted figure where that is larger; GPU
     memory is checked by each rank on its own GPU (check_gpu_memory), so that the
     launcher never creates a CUDA context."""
-    host = node_host_memory(**_memory_shape(cfg), random_init=cfg.init == "random")
+    host = node_host_memory(**_memory_shape(cfg), random_init=cfg.weights == "random")
     stored = float(cfg.plan["predicted"].get("host_mem_bytes") or 0)
     need, available = max(host.total_bytes, stored), psutil.virtual_memory().available
     if need > available:
@@ -136,7 +136,7 @@ def check_gpu_memory(cfg, device_index: int | None) -> None:
 
 
 def _memory_shape(cfg) -> dict:
-    return dict(model=cfg.model, workload=cfg.workload, layout=cfg.layout,
+    return dict(model=cfg.model_spec, workload=cfg.workload, layout=cfg.layout,
                 device_kind=cfg.device_kind,
                 resident_blocks=len(Plan(cfg.plan).resident_blocks))
 
@@ -152,15 +152,15 @@ def _why(memory, stored: float) -> str:
 
 def _check_model(cfg) -> None:
     """--model-path: a directory with a config.json whose shape matches the plan's."""
-    if cfg.init == "random":
+    if cfg.weights == "random":
         return
-    path = Path(cfg.init)
+    path = Path(cfg.weights)
     if not path.is_dir():
         raise ZoError(f"model path {path} is not a directory")
     if not (path / "config.json").is_file():
         raise ZoError(f"model path {path} has no config.json")
     weight_files(path)   # safetensors weights, every shard there (before any rank starts)
-    have, want = get_model(str(path)), cfg.model
+    have, want = get_model(str(path)), cfg.model_spec
     for key in ("family", "num_layers", "hidden", "vocab"):
         if getattr(have, key) != getattr(want, key):
             raise ZoError(f"model in {path} has {key} {getattr(have, key)} but the plan was "

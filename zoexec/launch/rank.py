@@ -39,9 +39,9 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
             keep_freed_memory()   # activations are reused, not page-faulted in every block
         env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
                                      tf32=cfg.workload.tf32)
-        threads = zdist.set_threads(cfg.threads, cfg.layout.local_ranks)
+        threads = zdist.set_threads(cfg.runtime.threads, cfg.layout.local_ranks)
         # not inference_mode: zo's z threads would not inherit it; -q: transformers quiet too
-        with torch.no_grad(), quiet_libraries(not cfg.progress):
+        with torch.no_grad(), quiet_libraries(not cfg.logging.progress):
             return _run(cfg, env, threads)
     except BaseException as exc:
         if on_failure is not None:
@@ -70,7 +70,8 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
             trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
                               lanes=zdist.make_lanes(env, epoch_s=epoch_s), flags=flags,
                               speed=speed)
-            loop = TrainLoop(trainer, RunDir(cfg.out_dir) if cfg.out_dir else None, reporter,
+            out = cfg.checkpoint.out
+            loop = TrainLoop(trainer, RunDir(out) if out else None, reporter,
                              evaluator)
             records = loop.run()
             speed.check()
@@ -91,8 +92,8 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
 
 def _data_source(cfg: RunConfig):
     """The data (read before the model is built, so a bad file fails fast)."""
-    return make_source(cfg.data, vocab=cfg.model.vocab, seed=cfg.seed,
-                       tokenizer_dir=cfg.tokenizer_dir, task=cfg.task)
+    return make_source(cfg.task.data, vocab=cfg.model_spec.vocab, seed=cfg.optim.seed,
+                       tokenizer_dir=cfg.tokenizer_dir, task=cfg.task.spec)
 
 
 def _write_trace(cfg: RunConfig, env: zdist.DistEnv, trainer: Trainer, memory: dict,
@@ -100,12 +101,12 @@ def _write_trace(cfg: RunConfig, env: zdist.DistEnv, trainer: Trainer, memory: d
     """Every rank's spans and memory, gathered to rank 0, which writes the trace."""
     spans = zdist.gather_objects(env, [s.to_dict() for s in trainer.lanes.spans])
     memories = zdist.gather_objects(env, memory)
-    if env.rank != 0 or not cfg.trace_dir:
+    if env.rank != 0 or not cfg.logging.trace:
         return
     flat = [Span.from_dict(s) for rank_spans in spans for s in rank_spans]
     meta = {"plan_sha256": sha256_json(cfg.plan), "plan_path": str(cfg.plan_path),
-            "world_size": env.layout.world_size, "steps": cfg.steps,
+            "world_size": env.layout.world_size, "steps": cfg.optim.steps,
             "layout": env.layout.to_dict(), "device_kind": cfg.device_kind,
             "model": cfg.plan["model"]["name"], "workload": cfg.plan["workload"],
             "source": "zoexec", "host_memory": memories, **meta_extra}
-    write_trace(Path(cfg.trace_dir), flat, meta)
+    write_trace(Path(cfg.logging.trace), flat, meta)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from zoexec.data.batch import Example
-from zoexec.data.tasks import EvalSet, TaskSpec, make_eval_set, pack_examples
+from zoexec.data.tasks import EvalSet, make_eval_set, pack_examples
 
 
 class Evaluator:
@@ -62,9 +62,9 @@ class Evaluator:
 
 def make_evaluator(cfg) -> Evaluator | None:
     """The run's Evaluator (None without --eval-data); the eval set is read here."""
-    if not cfg.eval_data:
+    if not cfg.task.eval_data:
         return None
     wl = cfg.workload
-    eval_set = make_eval_set(cfg.eval_data, TaskSpec.from_dict(cfg.task), vocab=cfg.model.vocab,
+    eval_set = make_eval_set(cfg.task.eval_data, cfg.task.spec, vocab=cfg.model_spec.vocab,
                              seq=wl.seq, tokenizer_dir=cfg.tokenizer_dir)
-    return Evaluator(eval_set, batch=wl.batch, seq=wl.seq, every=cfg.eval_every)
+    return Evaluator(eval_set, batch=wl.batch, seq=wl.seq, every=cfg.logging.eval_every)

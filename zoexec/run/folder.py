@@ -116,8 +116,7 @@ class RunDir:
     def write_identity(self, cfg, plan_sha256: str) -> None:
         data = {"schema_version": 1, "tool": f"zoexec {__version__}",
                 "plan_sha256": plan_sha256, "plan_path": str(cfg.plan_path),
-                "steps": cfg.steps, **{k: getattr(cfg, k) for k in SETTINGS}}
-        data["task"] = data["task"] or dict(TEXT_TASK)
+                "steps": cfg.optim.steps, **cfg.settings()}
         atomic_write_text(self.path / IDENTITY, json.dumps(data, indent=1) + "\n")
 
     def read_identity(self) -> dict:

@@ -80,7 +80,7 @@ STOP = StopRequest()
 
 
 class TrainLoop:
-    """Drive a Trainer from cfg.start_step to cfg.steps (see the module docstring)."""
+    """Drive a Trainer from cfg.start_step to cfg.optim.steps (see the module docstring)."""
 
     def __init__(self, trainer: Trainer, rundir: RunDir | None, reporter: Reporter,
                  evaluator=None) -> None:
@@ -98,7 +98,7 @@ class TrainLoop:
             if cfg.replay:
                 self.trainer.replay(cfg.replay)
             self.reporter.begin()
-            for step in range(cfg.start_step, cfg.steps):
+            for step in range(cfg.start_step, cfg.optim.steps):
                 record, (stop, save) = self.trainer.step(step, lr=cfg.lr_of(step),
                                                          flags=self._flags())
                 record = self._checked(record)
@@ -106,14 +106,14 @@ class TrainLoop:
                 if self.log:
                     self.log.append(record)
                 self.reporter.train(record, epoch=self._epoch(step))
-                if self.evaluator is not None and self.evaluator.due(step, cfg.steps - 1):
+                if self.evaluator is not None and self.evaluator.due(step, cfg.optim.steps - 1):
                     self.reporter.evaluate(step + 1, self.evaluator.run(self.trainer))
                 if stop:
                     self._stopped(step)
                 if self._save_due(step, save):
                     self.snapshot(step)
                 if self.trainer.speed:
-                    self.trainer.speed.after_step(step + 1, cfg.steps)
+                    self.trainer.speed.after_step(step + 1, cfg.optim.steps)
         finally:
             self.reporter.close()
             if self.log:
@@ -129,15 +129,15 @@ class TrainLoop:
 
     def _flags(self) -> tuple[float, float]:
         """This rank's (stop, snapshot) requests for the step's all-reduce."""
-        every = self.cfg.save_every_s
+        every = self.cfg.checkpoint.every_s
         due = (self.rundir is not None and every is not None and self.env.rank == 0
                and time.monotonic() - self.last_save_s >= every)
         return float(STOP.signum is not None), float(due)
 
     def _save_due(self, step: int, clock: float) -> bool:
-        if self.rundir is None or step == self.cfg.steps - 1:
+        if self.rundir is None or step == self.cfg.optim.steps - 1:
             return False   # the last step's weights are final/
-        every = self.cfg.save_every
+        every = self.cfg.checkpoint.every_steps
         return bool(clock) or (every is not None and (step + 1) % every == 0)
 
     def _checked(self, record: StepRecord) -> StepRecord:
@@ -149,7 +149,7 @@ class TrainLoop:
         self.skips += 1
         what = (f"step {record.step}: the loss is not finite (loss+ {record.loss_plus}, "
                 f"loss- {record.loss_minus}, g {record.g})")
-        if self.cfg.on_nonfinite == "skip" and self.skips <= MAX_SKIPS:
+        if self.cfg.optim.on_nonfinite == "skip" and self.skips <= MAX_SKIPS:
             self._say(f"zoexec: warning: {what}: skipped, no update")
             record = StepRecord(**{**record.__dict__, "skipped": True})
             self.trainer.set_pending(record)
@@ -158,7 +158,7 @@ class TrainLoop:
             self.log.append(record)
         self.trainer.set_pending(record)   # nothing: a non-finite update is never applied
         saved = self.snapshot(record.step - 1) if record.step > self.cfg.start_step else None
-        hint = (f"; {self.skips} in a row" if self.cfg.on_nonfinite == "skip"
+        hint = (f"; {self.skips} in a row" if self.cfg.optim.on_nonfinite == "skip"
                 else "; --on-nonfinite skip would skip such steps")
         raise RunStopped(f"{what}: stopped without applying it{self._where(saved)}{hint}", 1)
 
@@ -181,7 +181,7 @@ class TrainLoop:
     # ---- snapshots and the end -----------------------------------------------------------
     def snapshot(self, step: int) -> Path | None:
         """Every update through `step` flushed into the blocks; rank 0 writes them to
-        snapshots/step-N (the newest cfg.keep kept). Collective: every rank has the
+        snapshots/step-N (the newest cfg.checkpoint.keep kept). Collective: every rank has the
         RunDir (rank 0 alone owns and writes it)."""
         self.trainer.flush()
         self.last_save_s = time.monotonic()
@@ -190,7 +190,7 @@ class TrainLoop:
         path = self.rundir.snapshot_path(step)
         self._write_weights(path, step)
         if self.env.rank == 0:
-            self.rundir.prune(self.cfg.keep)
+            self.rundir.prune(self.cfg.checkpoint.keep)
         return path
 
     def finish(self) -> None:
@@ -200,7 +200,7 @@ class TrainLoop:
         if self.rundir is not None and last >= 0:   # a resume that only saves: no records
             self._write_weights(self.rundir.path / FINAL, last)
             if self.env.rank == 0:
-                self.rundir.prune(self.cfg.keep)
+                self.rundir.prune(self.cfg.checkpoint.keep)
 
     def _write_weights(self, path: Path, step: int) -> None:
         trainer = self.trainer
@@ -210,9 +210,9 @@ class TrainLoop:
             export_weights(trainer.parts, [store.weights(b) for b in range(store.num_blocks)],
                            path, resident=trainer.clean_resident_cpu(),
                            extra_files=Path(self.cfg.source_dir) if self.cfg.source_dir else None,
-                           state={"step": step, "seed": self.cfg.seed,
+                           state={"step": step, "seed": self.cfg.optim.seed,
                                   "update": self.cfg.workload.update},
-                           max_shard_bytes=self.cfg.max_shard_bytes)
+                           max_shard_bytes=self.cfg.checkpoint.max_shard_bytes)
         monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the weights",
                           timeout_s=fill_timeout_s(store.nbytes, base_s=zdist.TIMEOUT_S))
 
@@ -220,9 +220,9 @@ class TrainLoop:
 def prepare_rundir(cfg, env, plan_sha256: str) -> RunDir | None:
     """Rank 0 owns the run folder (the lock) and writes a new run's identity; the
     other ranks get None. A ZoError (the folder in use) before anything is written."""
-    if cfg.out_dir is None or env.rank != 0:
+    if cfg.checkpoint.out is None or env.rank != 0:
         return None
-    rundir = RunDir(cfg.out_dir)
+    rundir = RunDir(cfg.checkpoint.out)
     rundir.lock()
     if not cfg.resumed:
         rundir.write_identity(cfg, plan_sha256)

@@ -45,17 +45,14 @@ from zoplan.errors import ZoError
 
 METRICS = "metrics.jsonl"
 TENSORBOARD_DIR = "runs"
-REPORT_TO = ("none", "tensorboard")
 LOG_EVERY_S = 30.0        # progress lines without --log-every: about this often
 LOSS_WINDOW = 10          # the summary's first and last loss: means of this many steps
 
 
 # ---- options -------------------------------------------------------------------------------
 def check_report_to(report_to: str, out_dir) -> None:
-    """--report-to: 'none' or 'tensorboard' (which needs --out and the tensorboard
-    package); a ZoError before the run starts otherwise."""
-    if report_to not in REPORT_TO:
-        raise ZoError(f"--report-to {report_to!r}: use one of {', '.join(REPORT_TO)}")
+    """--report-to tensorboard needs --out and the tensorboard package (the choice itself
+    is checked by zoexec.config.LoggingOptions); a ZoError before the run starts."""
     if report_to != "tensorboard":
         return
     if out_dir is None:
@@ -125,12 +122,12 @@ class Reporter:
 
     def __init__(self, cfg, *, lead: bool = True, stream=None, clock=time.monotonic) -> None:
         self.cfg, self.lead, self.clock = cfg, lead, clock
-        self.show = lead and cfg.progress
+        self.show = lead and cfg.logging.progress
         self._stream = stream
-        self.out = Path(cfg.out_dir) if lead and cfg.out_dir else None
-        self.log_every = getattr(cfg, "log_every", None)
-        self.report_to = getattr(cfg, "report_to", "none")
-        self.first, self.total = cfg.start_step, cfg.steps
+        self.out = Path(cfg.checkpoint.out) if lead and cfg.checkpoint.out else None
+        self.log_every = cfg.logging.log_every
+        self.report_to = cfg.logging.report_to
+        self.first, self.total = cfg.start_step, cfg.optim.steps
         self.records: list = []                 # this invocation's steps (StepRecord)
         self.evals: list[tuple[int, dict]] = []
         self.created_s = clock()
@@ -375,7 +372,7 @@ def summary_lines(rep: Reporter, history: list) -> list[str]:
     end = rep.end_s if rep.end_s is not None else now
     steps = len(rep.records)
     first = rep.records[0].step + 1 if rep.records else cfg.start_step
-    span = f"steps {first}-{first + steps - 1} of {cfg.steps}" if steps else "no steps"
+    span = f"steps {first}-{first + steps - 1} of {cfg.optim.steps}" if steps else "no steps"
     resumed = f", resumed after step {cfg.start_step}" if cfg.resumed else ""
     step_s = sum(r.step_time_s for r in rep.records)
     tokens = sum(r.tokens_per_s * r.step_time_s for r in rep.records)
@@ -441,8 +438,8 @@ def _output_lines(rep: Reporter) -> list[str]:
         if rep.report_to == "tensorboard":
             board = rep.out / TENSORBOARD_DIR
             lines.append(f"  tensorboard: {board}  (tensorboard --logdir {board})")
-    if cfg.trace_dir:
-        lines.append(f"  trace: {cfg.trace_dir}  (zoplan show / zoplan calibrate)")
+    if cfg.logging.trace:
+        lines.append(f"  trace: {cfg.logging.trace}  (zoplan show / zoplan calibrate)")
     return lines
 
 

@@ -43,11 +43,11 @@ def load_node_model(cfg: RunConfig, env: zdist.DistEnv, run_id: str):
     """(parts, store). Local rank 0 fills the node's block store block by block and
     hands its resident weights over; the other local ranks build a skeleton and take
     the weights from shared memory, so a node makes (and holds) the model once."""
-    spec = cfg.model
+    spec = cfg.model_spec
     builder = env.local_rank == 0
     wl = cfg.workload
-    source = open_source(spec, init=cfg.init, param_dtype=wl.param_dtype,
-                         compute_dtype=wl.compute_dtype, seed=cfg.seed, weights=builder)
+    source = open_source(spec, init=cfg.weights, param_dtype=wl.param_dtype,
+                         compute_dtype=wl.compute_dtype, seed=cfg.optim.seed, weights=builder)
     lay = env.layout
     stride = store_stride(source.block_numel, slices=lay.slices, local_ranks=lay.local_ranks)
     shape = dict(num_blocks=source.num_blocks, block_numel=source.block_numel, stride=stride,
@@ -71,8 +71,8 @@ def load_node_model(cfg: RunConfig, env: zdist.DistEnv, run_id: str):
 
 
 def _progress(cfg: RunConfig, env: zdist.DistEnv, source: ModelSource) -> LoadProgress | None:
-    """Rank 0's loading progress on stderr (None elsewhere and with cfg.progress False)."""
-    if env.rank != 0 or not cfg.progress:
+    """Rank 0's loading progress on stderr (None elsewhere and with cfg.logging.progress False)."""
+    if env.rank != 0 or not cfg.logging.progress:
         return None
     what = "initialising blocks" if source.checkpoint is None else "loading blocks"
     return LoadProgress(total=source.num_blocks, what=what)

@@ -135,8 +135,8 @@ class Trainer:
             raise ZoError(f"{lay.local_ranks} local ranks with {lay.slices} slices on the "
                           f"CPU need the node's read stamps (share_read_flags)")
         wl = self.cfg.workload
-        self.rounding = LostUpdates(enabled=rank == 0, update=wl.update, lr=self.cfg.lr,
-                                    dtype=self.parts.param_dtype, quiet=not self.cfg.progress)
+        self.rounding = LostUpdates(enabled=rank == 0, update=wl.update, lr=self.cfg.optim.lr,
+                                    dtype=self.parts.param_dtype, quiet=not self.cfg.logging.progress)
         self._allocate()
 
     def _allocate(self) -> None:
@@ -191,7 +191,7 @@ class Trainer:
         The step's update becomes pending only when the loop says so (set_pending)."""
         if self.cfg.fail_at == (self.env.rank, step):
             raise RuntimeError(f"injected fault at step {step}")
-        seed = step_seed(self.cfg.seed, step)
+        seed = step_seed(self.cfg.optim.seed, step)
         self.lanes.begin_step(step)
         start = time.monotonic()
         batch = self._batch(step)
@@ -209,7 +209,7 @@ class Trainer:
             raise ZoError(f"step {step}: the batch has no labelled token (every label is "
                           f"ignored): nothing to train on")
         loss_plus, loss_minus = (v / total[2] for v in total[:2])
-        g = projected_grad(loss_plus, loss_minus, self.cfg.eps)
+        g = projected_grad(loss_plus, loss_minus, self.cfg.optim.eps)
         elapsed = time.monotonic() - start
         record = StepRecord(step=step, seed=seed, loss_plus=loss_plus, loss_minus=loss_minus,
                             g=g, lr=lr, step_time_s=elapsed,
@@ -231,7 +231,7 @@ class Trainer:
         """Apply the pending updates to every block and the resident parts."""
         if not self.pending:
             return
-        self.lanes.begin_step(self.cfg.steps, record=False)
+        self.lanes.begin_step(self.cfg.optim.steps, record=False)
         with self.lanes.task("embed"):
             self._apply_pending(self.theta_r, RESIDENT_BLOCK, self.parts.resident_specs, self.z_r)
         self._blocks(None, None)
@@ -253,7 +253,7 @@ class Trainer:
         pipeline as a step. Every rank of the job must call it the same number of times
         (the slice groups gather each block); rows may differ per rank."""
         self.flush()
-        self.lanes.begin_step(self.cfg.steps, record=False)
+        self.lanes.begin_step(self.cfg.optim.steps, record=False)
         batch = batch.to(self.env.device)
         with self.lanes.task("embed"):
             self.work_r.copy_(self.theta_r)
@@ -285,7 +285,7 @@ class Trainer:
         [start, start + len) of the block (the update on the slice): z is drawn for it
         alone (zo.z_range, cut chunks through `edge`), the same bits land there as with
         the whole block; `scratch`: the rounding's (default the compute stream's)."""
-        wd = self.cfg.weight_decay
+        wd = self.cfg.optim.weight_decay
         stop = None if start is None else start + theta.numel()
         z = z if start is None else z[:theta.numel()]
         for pend in self.pending:
@@ -311,7 +311,7 @@ class Trainer:
         z_block(seed, RESIDENT_BLOCK, specs, out=self.z_r)
         acts = []
         for sign in self.signs:
-            perturb_into(self.work_r, self.theta_r, self.z_r, sign * self.cfg.eps)
+            perturb_into(self.work_r, self.theta_r, self.z_r, sign * self.cfg.optim.eps)
             acts.append(self.parts.embed(ids))
         return acts
 
@@ -323,7 +323,7 @@ class Trainer:
         for turn, index in enumerate(reversed(range(len(self.signs)))):
             sign = self.signs[index]
             if turn:
-                perturb_into(self.work_r, self.theta_r, self.z_r, sign * self.cfg.eps)
+                perturb_into(self.work_r, self.theta_r, self.z_r, sign * self.cfg.optim.eps)
             total, count = self.parts.head_loss_sum(acts[index][0], labels)
             vec[0 if sign > 0 else 1] = total.double()
             if sign > 0:
@@ -478,12 +478,12 @@ class Trainer:
             self._apply_pending(theta, block, specs, self.z)
         if seed is not None:
             z_block(seed, block, specs, out=self.z)
-            perturb_into(self.work, theta, self.z, self.signs[0] * self.cfg.eps)
+            perturb_into(self.work, theta, self.z, self.signs[0] * self.cfg.optim.eps)
 
     def _forward_block(self, theta: torch.Tensor, acts: list, signs: tuple | None = None) -> None:
         for index, sign in enumerate(signs or self.signs):
             if index:
-                perturb_into(self.work, theta, self.z, sign * self.cfg.eps)
+                perturb_into(self.work, theta, self.z, sign * self.cfg.optim.eps)
             hidden, ctx = acts[index]
             acts[index] = (self.parts.block_forward(hidden, ctx), ctx)
 

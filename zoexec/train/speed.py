@@ -35,7 +35,7 @@ class SpeedMonitor:
 
     @classmethod
     def make(cls, cfg: RunConfig, env: zdist.DistEnv, threads: int) -> SpeedMonitor:
-        if not cfg.trace_dir or env.is_cuda or not cfg.speed_checks:
+        if not cfg.logging.trace or env.is_cuda or not cfg.speed_checks:
             return cls(env=env, threads=threads)
         every = probe_every(Plan(cfg.plan).step_time_s)
         probe = None
