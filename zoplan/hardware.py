@@ -42,7 +42,7 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
   kernel's Q, K, V and output, when above its FLOPs), element-wise operators, and the zo
   passes. z: one generator launch per chunk of a tensor (Z_CHUNK_CUDA elements,
   zoplan.execrules.z_draw_calls), z_launch_us each, plus z_ns_per_elem per element (the stochastic update's noise and kernels are priced
-  with the same two figures, zoplan.sim.graph).
+  with the same two figures, zoplan.sim.taskwork).
 - compute, CPU: forward time of a block = overhead_us + max(flops / (peak_tflops *
   m / (m + m_half_tokens)), weight bytes / mem_gbps) (forward_terms); zo_ns_per_param:
   deferred update + perturbation cost per block parameter.
@@ -64,7 +64,7 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
   the attention and element-wise terms share the host by compute.mem_rank_scaling
   (memory-bound work shares cores worse than GEMMs), the GEMMs by rank_scaling.
   compute.rank_jitter: how far the slowest of several ranks running at once is above
-  their mean (zoplan.sim.graph.rank_factors spreads the ranks' compute speeds by it).
+  their mean (zoplan.sim.costs.rank_factors spreads the ranks' compute speeds by it).
 """
 
 from __future__ import annotations
