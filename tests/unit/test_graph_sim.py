@@ -20,8 +20,10 @@ from zoplan.hardware import load_profile
 from zoplan.layout import Layout
 from zoplan.models import get_model
 from zoplan.sim.bounds import link_bytes, step_bounds
-from zoplan.sim.graph import build_step_graph, internode_allreduce_s, step_costs, task_times
+from zoplan.sim.costs import internode_allreduce_s, step_costs
+from zoplan.sim.graph import build_step_graph
 from zoplan.sim.simulate import FairShareNetwork, simulate
+from zoplan.sim.taskwork import task_times
 from zoplan.workload import Workload
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -283,7 +285,7 @@ def _measured_cpu(**extra):
 
 def test_measured_cpu_task_times_follow_the_schedule():
     from zoplan.execrules import z_makespan
-    from zoplan.sim.graph import task_times
+    from zoplan.sim.taskwork import task_times
 
     hw, model = _measured_cpu(), get_model("tiny-opt")
     wl = Workload(batch=8, seq=64, param_dtype="fp32", compute_dtype="fp32")
@@ -382,7 +384,7 @@ def test_gpu_z_and_update_modes_follow_the_precision_table():
     speed (docs/precision.md): plain 16-bit update + perturb, master fp32 update and a
     perturb pass reading fp32 and writing 16 bits, stochastic the fp32 update per chunk
     with its noise and rounding kernels."""
-    from zoplan.sim.graph import sr_chunks
+    from zoplan.sim.taskwork import sr_chunks
 
     hw, model = load_profile("dgx-a100-80gb"), get_model("opt-1.3b")
     numels, n = model.block_tensor_numels(), model.block_params
@@ -407,7 +409,7 @@ def test_cpu_update_task_is_priced_as_before_and_stochastic_above_it():
     """The CPU's master update stays 2 x (z + pass); stochastic (bf16 on a CPU) replaces
     the update pass by its noise (one thread, chunk by chunk) and 42/12 passes of
     rounding; a profile without the z model prices it at twice the task."""
-    from zoplan.sim.graph import sr_chunks
+    from zoplan.sim.taskwork import sr_chunks
 
     hw, model = _measured_cpu(), get_model("tiny-opt")
     numels, n = model.block_tensor_numels(), model.block_params
@@ -449,7 +451,7 @@ def test_duplex_lowers_each_direction_while_the_other_runs():
 def test_contended_links_of_a_dgx_a100():
     """Each GPU's PCIe link and each switch uplink drop to the duplex figures while the
     opposite direction is busy; a CPU profile has none (a rank copies one way at a time)."""
-    from zoplan.sim.graph import contended_links, node_links
+    from zoplan.sim.links import contended_links, node_links
 
     hw = load_profile("dgx-a100-80gb")
     links = node_links(hw, 8)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from zoplan.calibrate.compare import Calibration
 from zoplan.hardware import HardwareProfile
 from zoplan.plan import Plan
-from zoplan.sim import graph
+from zoplan.sim import costs as sim_costs
+from zoplan.sim import graph, taskwork
 from zoplan.sim.nodes import job_step_s
 from zoplan.sim.simulate import simulate
 
@@ -46,9 +47,9 @@ class Refit:
 
 
 def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
-    """The plan's per-task times on `profile` (zoplan.sim.graph.task_times)."""
+    """The plan's per-task times on `profile` (zoplan.sim.taskwork.task_times)."""
     lay, wl = plan.layout, plan.workload
-    return graph.task_times(model=plan.model, profile=profile, workload=wl,
+    return taskwork.task_times(model=plan.model, profile=profile, workload=wl,
                             tokens=wl.batch // lay.ddp * wl.seq,
                             streams=2 if lay.pertp == 1 else 1, local_ranks=lay.local_ranks)
 
@@ -77,10 +78,10 @@ def refit_forward(fit: Refit, plan: Plan, measured_task_s: float) -> None:
             fit.set(f"compute.{key}", c[key] * ratio, why)
 
 
-def plan_costs(plan: Plan, profile: HardwareProfile) -> graph.StepCosts:
+def plan_costs(plan: Plan, profile: HardwareProfile) -> sim_costs.StepCosts:
     """The plan's step costs on `profile`: its layout and its blocks' placement."""
     resident = tuple(b["placement"] == "resident" for b in plan.data["blocks"])
-    return graph.step_costs(model=plan.model, profile=profile, workload=plan.workload,
+    return sim_costs.step_costs(model=plan.model, profile=profile, workload=plan.workload,
                             layout=plan.layout, resident=resident, period=0)
 
 

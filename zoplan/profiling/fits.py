@@ -25,7 +25,7 @@ import statistics
 from zoplan.errors import ZoError
 from zoplan.hardware import forward_terms, gpu_block_bytes
 from zoplan.models import one_block_config, spec_from_hf_config
-from zoplan.sim.graph import zo_pass_bytes  # the one formula of a pass's bytes
+from zoplan.sim.taskwork import zo_pass_bytes  # the one formula of a pass's bytes
 
 SHARE_THRESHOLD = 0.75        # two GPUs share an uplink when each gets < 75% of alone
 
@@ -261,7 +261,7 @@ def fit_gpu_z(draws: list[dict]) -> dict:
 
 def hbm_from_passes(passes: list[dict]) -> dict:
     """device.hbm_gbps from the timed zo passes (apply_update, perturb_into) with a
-    16-bit and an fp32 store: each pass's bytes (zoplan.sim.graph.zo_pass_bytes) over its
+    16-bit and an fp32 store: each pass's bytes (zoplan.sim.taskwork.zo_pass_bytes) over its
     time; the median of the passes. Returns the figure and each pass's rate."""
     rates = []
     for entry in passes:

@@ -12,7 +12,7 @@ from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, compact_ranks, tool_info
 from zoplan.search.evaluate import UNSLICED_TOLERANCE, SearchResult
 from zoplan.search.space import Candidate
 from zoplan.sim.bounds import StepBounds
-from zoplan.sim.graph import internode_allreduce_s
+from zoplan.sim.costs import internode_allreduce_s
 from zoplan.sim.memory import RESIDENT_MARGIN, resident_margin_bytes
 from zoplan.sim.nodes import job_step_s, one_node_step_s, scaling_efficiency, sweep_counts
 from zoplan.trace import Span

@@ -22,7 +22,8 @@ from zoplan.errors import ZoError
 from zoplan.layout import Layout, axes_label
 from zoplan.search.space import Candidate, Pruned, Request, enumerate_space, make_candidate
 from zoplan.sim.bounds import step_bounds
-from zoplan.sim.graph import StepCosts, build_step_graph, step_costs
+from zoplan.sim.costs import StepCosts, step_costs
+from zoplan.sim.graph import build_step_graph
 from zoplan.sim.simulate import SimResult, simulate
 from zoplan.workload import Workload
 
@@ -244,7 +245,7 @@ def zo2_baseline(req: Request, workload: Workload) -> Candidate:
     winner's precision and update mode, with ZO2's own zo maths: it perturbs +eps,
     -2eps, +eps (restore) in place and updates, drawing z four times per block and step
     (zo-algorithms.md; zoexec.reference.mezo_reference_train), where zoexec draws it
-    twice (zoplan.sim.graph.task_times, schedule "zo2")."""
+    twice (zoplan.sim.taskwork.task_times, schedule "zo2")."""
     layout = Layout(pertp=1, ddp=1, nodes=1, slices=1, prefetch=ZO2_PREFETCH)
     cand = make_candidate(req, layout, workload)
     cand.costs = step_costs(model=req.model, profile=req.profile, workload=workload,

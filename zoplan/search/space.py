@@ -27,7 +27,7 @@ from zoplan.layout import Layout
 from zoplan.models import DTYPE_BYTES, ModelSpec, get_model
 from zoplan.search.placement import PLACEMENTS, resident_pattern
 from zoplan.sim.bounds import StepBounds, step_bounds
-from zoplan.sim.graph import StepCosts, step_costs
+from zoplan.sim.costs import StepCosts, step_costs
 from zoplan.sim.memory import MemoryEstimate, estimate_memory, resident_capacity
 from zoplan.sim.nodes import straggler_factor
 from zoplan.sim.simulate import SimResult

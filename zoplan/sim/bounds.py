@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zoplan.sim.graph import PCIE_DUPLEX, PCIE_H2D, UPLINK_H2D, StepCosts, link_class
+from zoplan.sim.costs import StepCosts
+from zoplan.sim.links import PCIE_DUPLEX, PCIE_H2D, UPLINK_H2D, link_class
 
 COMPUTE = "compute"
 COLLECTIVE = "collective"

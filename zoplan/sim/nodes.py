@@ -15,7 +15,7 @@ Estimates and Transformed Beta-Variables", 1958). Against the exact value (the i
 of x N phi(x) Phi(x)^(N-1), checked by tests/unit/test_sim_nodes.py) it is 4.5% high
 for 2 nodes, 2.7% for 3, and within 1% from 8 nodes on (3.787 against 3.802 for 8,192
 nodes), where the classic sqrt(2 ln N) overstates it (4.245). T_node is the simulated node step (the inter-node all-reduce's latency
-included, zoplan.sim.graph.internode_allreduce_s).
+included, zoplan.sim.costs.internode_allreduce_s).
 
 Scaling efficiency (weak scaling: the per-node batch held) = the step of one node
 running the same per-node plan alone / the step of the job: what the inter-node

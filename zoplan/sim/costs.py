@@ -1,0 +1,265 @@
+"""StepCosts: every figure the graph, the simulator and the bounds need for one
+layout, and `step_costs`, which gathers them: the task times (zoplan.sim.taskwork), the
+links and flows (zoplan.sim.links), the placement of blocks on the devices, the slice
+updates, the ranks' speed factors and the CUDA write-back fence.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from zoplan.execrules import chunk_bounds, sr_chunk, z_range_draws
+from zoplan.hardware import HardwareProfile
+from zoplan.layout import Layout
+from zoplan.memory import store_stride
+from zoplan.models import ModelSpec, dtype_bytes
+from zoplan.sim.links import GBPS, Flow, contended_links, node_links, transfer_flows
+from zoplan.sim.taskwork import task_times
+from zoplan.workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCosts:
+    """Every figure the graph, the simulator and the bounds need for one layout."""
+
+    layout: Layout
+    concurrent: bool                 # device.concurrent_engines
+    num_blocks: int
+    block_bytes: float               # one block in the stored precision
+    tokens_per_rank: int
+    streams: int                     # forward passes per rank (2 for "+-", 1 for PertP)
+    embed_s: float
+    update_s: float                  # update task of an offloaded block (see module doc)
+    forward_s: float                 # all streams of one block on one rank
+    head_s: float
+    allreduce_s: float               # includes internode_s
+    internode_s: float
+    allgather_latency_s: float
+    links: dict[str, float]          # link name -> capacity in bytes/s
+    h2d: tuple[tuple[Flow, ...], ...]        # per local rank: flows of one block's h2d
+    d2h: tuple[tuple[Flow, ...], ...]
+    allgather: tuple[tuple[Flow, ...], ...]  # per local rank (empty when slices == 1)
+    rank_factors: tuple[float, ...] = ()     # per local rank: its compute tasks' time factor
+    fence_s: float = 0.0             # CUDA write-back fence collective per block (0: none)
+    contended: dict[str, tuple[str, float]] = field(default_factory=dict)  # contended_links
+    resident: tuple[bool, ...] = ()  # per block: kept on the devices (() = every block offloaded)
+    period: int = 1                  # blocks after which `resident` repeats (0: it does not)
+    resident_update_s: float = 0.0   # update task of a resident block
+    slice_update_s: tuple[float, ...] = ()   # per local rank: its slice update (() = none)
+
+    def factor(self, local_rank: int) -> float:
+        return self.rank_factors[local_rank] if self.rank_factors else 1.0
+
+    def is_resident(self, block: int) -> bool:
+        return bool(self.resident) and self.resident[block]
+
+    @property
+    def split_update(self) -> bool:
+        """Whether the deferred update is applied to the slice before the all-gather."""
+        return bool(self.slice_update_s)
+
+    def uses_buffer(self, block: int) -> bool:
+        """Whether the block passes through a block buffer (every offloaded block; a
+        resident one when the slice group all-gathers it)."""
+        return not self.is_resident(block) or self.layout.slices > 1
+
+    def update_task_s(self, block: int) -> float:
+        return self.resident_update_s if self.is_resident(block) else self.update_s
+
+    def compute_s(self, block: int) -> float:
+        """The compute engine's work for one block on one rank (before its factor)."""
+        return self.update_task_s(block) + self.forward_s
+
+    def slice_s(self, local_rank: int) -> float:
+        """The rank's slice update of one block (0 without slice_update)."""
+        return self.slice_update_s[local_rank] if self.slice_update_s else 0.0
+
+    def num_resident(self, num_blocks: int | None = None) -> int:
+        blocks = self.num_blocks if num_blocks is None else num_blocks
+        return sum(self.resident[:blocks]) if self.resident else 0
+
+    @property
+    def local_ranks(self) -> int:
+        return self.layout.local_ranks
+
+    def alone_s(self, flows: tuple[Flow, ...]) -> float:
+        """Time of a set of flows that start together with the links to themselves
+        (a lower bound on their time in any schedule)."""
+        return max((f.num_bytes / self.flow_rate_alone(f) for f in flows), default=0.0)
+
+    def flow_rate_alone(self, flow: Flow) -> float:
+        return min([flow.cap_Bps] + [self.links[name] for name in flow.route])
+
+    def flow_rate_worst(self, flow: Flow) -> float:
+        """A flow's rate alone on links whose opposite direction is busy (contended)."""
+        return min([flow.cap_Bps] + [self.contended.get(name, (None, self.links[name]))[1]
+                                     for name in flow.route])
+
+    def allgather_alone_s(self, local_rank: int) -> float:
+        """All-gather of the rank's group with the fabric to itself (latency + bytes)."""
+        flows = [f for lr in self.slice_group(local_rank) for f in self.allgather[lr]]
+        if not flows:
+            return 0.0
+        return self.allgather_latency_s + self.alone_s(tuple(flows))
+
+    def slice_group(self, local_rank: int) -> range:
+        """Local ranks of the rank's slice group."""
+        s = self.layout.slices
+        first = local_rank // s * s
+        return range(first, first + s)
+
+
+# ---- costs ------------------------------------------------------------------------
+def internode_allreduce_s(profile: HardwareProfile, nodes: int) -> float:
+    """Inter-node part of the scalar all-reduce: latency-bound recursive doubling,
+    ceil(log2(nodes)) rounds of one network latency each (Thakur, Rabenseifner and
+    Gropp, "Optimization of Collective Communication Operations in MPICH", 2005)."""
+    if nodes <= 1:
+        return 0.0
+    return profile.network["latency_us"] * 1e-6 * math.ceil(math.log2(nodes))
+
+
+def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+               layout: Layout, schedule: str = "zoexec", resident: tuple[bool, ...] = (),
+               period: int | None = None) -> StepCosts:
+    """Per-task times and per-transfer flows of one step of `layout` (`schedule`: see
+    task_times; "zo2" prices ZO2's four z draws per block). `resident`: per block,
+    whether it stays on the devices (() or all False: every block offloaded); `period`:
+    after how many blocks that pattern repeats (None: work it out; 0: it does not)."""
+    lr = layout.local_ranks
+    tokens = workload.batch // layout.ddp * workload.seq
+    streams = 2 if layout.pertp == 1 else 1
+    block = float(model.block_bytes(workload.param_dtype))
+    work = task_times(model=model, profile=profile, workload=workload, tokens=tokens,
+                      streams=streams, local_ranks=lr, schedule=schedule)
+    parts = work.pop("parts")
+    work.update(_placement_work(model=model, profile=profile, workload=workload,
+                                layout=layout, parts=parts, resident=resident,
+                                period=period, update_s=work["update_s"]))
+    links = node_links(profile, lr)
+    internode = internode_allreduce_s(profile, layout.nodes)
+    small_s = profile.collective["allreduce_small_us"] * 1e-6
+    return StepCosts(
+        layout=layout, concurrent=bool(profile.device.get("concurrent_engines", True)),
+        num_blocks=model.num_layers, block_bytes=block, tokens_per_rank=tokens,
+        streams=streams, **work,
+        allreduce_s=(small_s + internode if layout.world_size > 1 else 0.0),  # zoexec skips a world of one
+        internode_s=internode, allgather_latency_s=profile.collective["latency_us"] * 1e-6,
+        links=links, rank_factors=rank_factors(profile, lr),
+        fence_s=small_s if fence_needed(profile, layout) else 0.0,
+        contended=contended_links(profile, links), **transfer_flows(profile, layout, block))
+
+
+def _placement_work(*, model, profile, workload, layout, parts, resident, period,
+                    update_s) -> dict:
+    """The tasks that placement and slice_update change: the update task of offloaded
+    and resident blocks, the slice update per local rank, and the pattern."""
+    resident = tuple(bool(r) for r in resident) if any(resident) else ()
+    if resident and len(resident) != model.num_layers:
+        raise ValueError(f"resident has {len(resident)} entries for {model.num_layers} blocks")
+    out = {"resident": resident,
+           "period": (placement_period(resident) if period is None else period)
+           if resident else 1}
+    split = layout.slice_update and layout.slices > 1 and parts is not None
+    if split:
+        out["update_s"] = parts["perturb"]
+        one = [parts["deferred"](*draws) for draws in
+               _slice_draws(model, layout.slices, layout.local_ranks, profile.device["kind"])]
+        out["slice_update_s"] = tuple(one[lr % layout.slices] for lr in range(layout.local_ranks))
+        out["resident_update_s"] = parts["perturb"]
+    else:   # the owner copies its slice of the updated block back into its shard
+        out["resident_update_s"] = update_s + shard_copy_s(model, profile, workload, layout)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _slice_draws(model: ModelSpec, slices: int, local_ranks: int, device_kind: str) -> tuple:
+    """Per slice: (z draw sizes, tensor pieces, rounding noise draw sizes) of its update
+    (the same for every layout of these slices and local ranks: cached for the search)."""
+    layout = Layout(pertp=1, ddp=local_ranks, slices=slices)
+    return tuple((slice_z_numels(model, layout, k, device_kind), slice_pieces(model, layout, k),
+                  slice_noise_numels(model, layout, k, device_kind)) for k in range(slices))
+
+
+def placement_period(resident: tuple[bool, ...]) -> int:
+    """The smallest p such that resident[b] == resident[b % p] for every block (0 when
+    only the whole model repeats: no shorter pattern to extrapolate from)."""
+    n = len(resident)
+    for p in range(1, n // 2 + 1):
+        if all(resident[b] == resident[b % p] for b in range(n)):
+            return p
+    return 0
+
+
+def _slice_bounds(model: ModelSpec, layout: Layout, index: int) -> tuple[int, int]:
+    """[start, stop) of slice `index` in the flat block (store_stride's slices; the
+    last one ends in the padding)."""
+    size = store_stride(model.block_params, slices=layout.slices,
+                        local_ranks=layout.local_ranks) // layout.slices
+    return index * size, (index + 1) * size
+
+
+def slice_pieces(model: ModelSpec, layout: Layout, index: int) -> list[int]:
+    """Elements of each of the block's tensors (laid end to end) in slice `index`."""
+    lo, hi = _slice_bounds(model, layout, index)
+    out, offset = [], 0
+    for numel in model.block_tensor_numels():
+        piece = min(hi, offset + numel) - max(lo, offset)
+        if piece > 0:
+            out.append(piece)
+        offset += numel
+    return out
+
+
+def slice_z_numels(model: ModelSpec, layout: Layout, index: int, device_kind: str) -> list[int]:
+    """Sizes of the z draws the owner of slice `index` makes to update its slice: every
+    chunk of the block's tensors (laid end to end in the flat block) that overlaps the
+    slice, drawn whole (zoplan.execrules.z_range_draws, zoexec.maths.zo.z_range)."""
+    lo, hi = _slice_bounds(model, layout, index)
+    return z_range_draws(model.block_tensor_numels(), lo, hi, device_kind)
+
+
+def slice_noise_numels(model: ModelSpec, layout: Layout, index: int,
+                       device_kind: str) -> list[int]:
+    """Sizes of the stochastic rounding's noise draws of slice `index`'s update: every
+    rounding chunk (execrules.sr_chunk) that overlaps the slice, drawn whole."""
+    lo, hi = _slice_bounds(model, layout, index)
+    chunk, out, offset = sr_chunk(device_kind), [], 0
+    for numel in model.block_tensor_numels():
+        out += [b - a for a, b in chunk_bounds(numel, chunk) if offset + a < hi and offset + b > lo]
+        offset += numel
+    return out
+
+
+def shard_copy_s(model: ModelSpec, profile: HardwareProfile, workload: Workload,
+                 layout: Layout) -> float:
+    """Copy of the rank's slice of an updated, gathered block back into its resident
+    shard (read and write, stored precision) at the device's memory bandwidth."""
+    nbytes = 2 * dtype_bytes(workload.param_dtype) * model.block_params / layout.slices
+    if profile.is_cpu:
+        return nbytes / (profile.compute["mem_gbps"] * GBPS)
+    return profile.hbm_time_s(nbytes)
+
+
+def rank_factors(profile: HardwareProfile, local_ranks: int) -> tuple[float, ...]:
+    """Ranks that run at once do not run alike: on a CPU profile with
+    compute.rank_jitter (j: how far the slowest of the node's ranks runs above their
+    mean, measured by `zoplan profile`), local rank r's compute tasks take
+    1 + j * (2r / (k - 1) - 1) of their time (the slowest +j, the mean 1), so the
+    simulator's ranks wait for each other at the write-back fence and the collectives
+    as measured ranks do. 1 for every rank elsewhere."""
+    jitter = profile.compute.get("rank_jitter", 0.0) if profile.is_cpu else 0.0
+    if local_ranks < 2 or not jitter:
+        return ()
+    return tuple(1.0 + jitter * (2 * r / (local_ranks - 1) - 1) for r in range(local_ranks))
+
+
+def fence_needed(profile: HardwareProfile, layout: Layout) -> bool:
+    """Whether each block's write-back waits for a CUDA fence collective (zoexec's
+    Trainer._fence: a node all-reduce of a token after every local rank's h2d, when
+    1 < local ranks and slices < local ranks; the all-gather orders it otherwise; CPU
+    ranks wait on read stamps in shared memory instead, no collective)."""
+    return (not profile.is_cpu and 1 < layout.local_ranks
+            and layout.slices < layout.local_ranks)
