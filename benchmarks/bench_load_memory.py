@@ -80,7 +80,7 @@ def child(args) -> None:
 
     import zoexec.train.engine  # noqa: F401 - what a rank has imported before it builds anything
     from zoexec.config import RunConfig
-    from zoexec.runtime import dist as zdist
+    from zoexec.runtime import groups as zgroups
     from zoexec.runtime.hostmem import mapping_pss_bytes
     from zoexec.store.node import load_node_model
     from zoplan.handplan import hand_plan
@@ -92,7 +92,7 @@ def child(args) -> None:
     plan = hand_plan(model=args.model, layout=Layout(), workload=workload)
     cfg = RunConfig.make(plan=plan.data, load_from=args.init, seed=0, quiet=args.quiet)
     _warm_up(args.model)
-    env = zdist.DistEnv(place=zdist.RankPlace(rank=0, local_rank=0, world_size=1,
+    env = zgroups.DistEnv(place=zgroups.RankPlace(rank=0, local_rank=0, world_size=1,
                                                local_world_size=1),
                         layout=Layout(), device=torch.device("cpu"), backend="gloo")
     Path("/proc/self/clear_refs").write_text("5")         # VmHWM := VmRSS from here

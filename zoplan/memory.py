@@ -402,7 +402,7 @@ def _setup(model, workload, layout, device_kind) -> list[Term]:
 
 
 def nccl_groups(layout: Layout) -> list[int]:
-    """Sizes of the NCCL communicators a rank joins (zoexec.runtime.dist._build_groups): the
+    """Sizes of the NCCL communicators a rank joins (zoexec.runtime.groups._build_groups): the
     world, its slice group and its node group, each only where it is not the world
     itself (a group of the whole world is the world group); the host groups are gloo.
     Groups of one rank run no collective and are left out."""

@@ -27,7 +27,7 @@ from zoexec.config import RunConfig
 from zoexec.launch import failures
 from zoexec.launch.failures import Report, failure_kind, failure_reason, job_failure
 from zoexec.launch.spawn import RankFailure, Stopped, spawn_local, sweep_stale_files
-from zoexec.runtime import dist as zdist
+from zoexec.runtime import groups as zgroups
 from zoexec.runtime import procwatch
 from zoexec.runtime.procwatch import Outcome, ProcessId
 from zoexec.store import shmfiles
@@ -68,7 +68,7 @@ def test_a_collective_failure_says_which_collective_of_which_step():
     assert failure_kind(timeout) == failures.PEER
     reset = _raise_in("engine.py", "_upload", GLOO_RESET, block=2)
     assert failure_reason(reset) == "the all-gather of block 2 lost its connection to a peer (Connection reset by peer)"
-    barrier = _raise_in("dist.py", "clock_epoch", "Rank 1 failed to pass monitoredBarrier in 4000 ms")
+    barrier = _raise_in("lanes.py", "clock_epoch", "Rank 1 failed to pass monitoredBarrier in 4000 ms")
     assert failure_reason(barrier) == "agreeing on the clock timed out after 4 s waiting for rank 1"
     own = _raise_in("engine.py", "step", "injected fault at step 1", step=1)
     assert failure_reason(own) == "RuntimeError: injected fault at step 1 (engine.py:2)"
@@ -251,7 +251,7 @@ def _spawn_and(tmp_path, act) -> tuple[BaseException | None, float]:
 
 @pytest.fixture
 def short_timeout(monkeypatch):
-    monkeypatch.setattr(zdist, "TIMEOUT_S", TIMEOUT_S)   # the launcher passes it to its ranks
+    monkeypatch.setattr(zgroups, "TIMEOUT_S", TIMEOUT_S)   # the launcher passes it to its ranks
 
 
 def test_a_killed_rank_ends_the_job_at_once_naming_it(tmp_path, short_timeout):

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from zoexec.config import RunConfig
 from zoexec.launch.spawn import run_in_process
-from zoexec.runtime.dist import free_port
+from zoexec.runtime.groups import free_port
 from zoexec.store.blocks import SHM_DIR
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout

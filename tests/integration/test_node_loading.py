@@ -20,7 +20,7 @@ import torch
 from torch.distributed import distributed_c10d
 
 from zoexec.model.families import build_hf_model
-from zoexec.runtime import dist as zdist
+from zoexec.runtime import groups as zgroups
 from zoexec.store.blocks import SHM_DIR
 from zoexec.store.node import monitored_barrier, share_on_node
 from zoplan.layout import Layout
@@ -33,9 +33,9 @@ def _rank(rank: int, port: int, path: Path, what: str, sleep_s: float, timeout_s
     """One of two local ranks; reports (rank, "ok", sum of the store) or (rank, "error", text)."""
     result = (rank, "error", "did not finish")
     try:
-        place = zdist.RankPlace(rank=rank, local_rank=rank, world_size=2, local_world_size=2,
+        place = zgroups.RankPlace(rank=rank, local_rank=rank, world_size=2, local_world_size=2,
                                 master_port=port)
-        env = zdist.init_distributed(place=place, layout=Layout(pertp=2), device_kind="cpu")
+        env = zgroups.init_distributed(place=place, layout=Layout(pertp=2), device_kind="cpu")
         if what == "store":
             def fill(store):
                 time.sleep(sleep_s)
@@ -58,13 +58,13 @@ def _rank(rank: int, port: int, path: Path, what: str, sleep_s: float, timeout_s
 
 
 def _two_ranks(monkeypatch, what: str, *, sleep_s: float, timeout_s: float) -> tuple[dict, Path]:
-    # the process groups' own timeouts: 1 s (the world's from zdist, the others' torch's default)
-    monkeypatch.setattr(zdist, "TIMEOUT_S", 1.0)
+    # the process groups' own timeouts: 1 s (the world's from zgroups, the others' torch's default)
+    monkeypatch.setattr(zgroups, "TIMEOUT_S", 1.0)
     monkeypatch.setattr(distributed_c10d, "default_pg_timeout", timedelta(seconds=1))
     path = SHM_DIR / f"zoexec-test{uuid.uuid4().hex[:8]}-n0"
     ctx = multiprocessing.get_context("fork")
     out = ctx.SimpleQueue()
-    port = zdist.free_port()
+    port = zgroups.free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, path, what, sleep_s, timeout_s, out))
              for r in range(2)]
     for proc in procs:

@@ -16,8 +16,10 @@ import torch
 
 from zoexec.launch import preflight as zpreflight
 from zoexec.profiler.cuda import nvlink_matrix
+from zoexec.runtime import device as zdevice
 from zoexec.runtime import devicemap, numa
-from zoexec.runtime import dist as zdist
+from zoexec.runtime import groups as zgroups
+from zoexec.runtime import pinning as zpinning
 from zoexec.runtime.devicemap import cuda_index, topo_gpu_matrix, visible_physical
 from zoexec.runtime.hostmem import filesystem_type
 from zoexec.store.blocks import create_store
@@ -56,15 +58,15 @@ def _fake_cuda(monkeypatch, count: int) -> list[int]:
 
 def test_select_device_per_task_binding_and_subsets(monkeypatch):
     chosen = _fake_cuda(monkeypatch, 1)
-    assert zdist.select_device("cuda", 3, local_world_size=4) == (torch.device("cuda", 0), "nccl")
+    assert zdevice.select_device("cuda", 3, local_world_size=4, world_size=4) == (torch.device("cuda", 0), "nccl")
     chosen = _fake_cuda(monkeypatch, 4)
-    assert zdist.select_device("cuda", 3, local_world_size=4)[0] == torch.device("cuda", 3)
+    assert zdevice.select_device("cuda", 3, local_world_size=4, world_size=4)[0] == torch.device("cuda", 3)
     assert chosen == [3]
     _fake_cuda(monkeypatch, 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
     with pytest.raises(ZoError, match=r"2 CUDA GPU\(s\) visible.*'6,7'.*4 local ranks"):
-        zdist.select_device("cuda", 1, local_world_size=4)
-    assert zdist.select_device("cpu", 5, local_world_size=8) == (torch.device("cpu"), "gloo")
+        zdevice.select_device("cuda", 1, local_world_size=4, world_size=4)
+    assert zdevice.select_device("cpu", 5, local_world_size=8, world_size=8) == (torch.device("cpu"), "gloo")
 
 
 def _cfg(local_ranks: int):
@@ -139,17 +141,17 @@ def tf32_flags():
     torch.set_float32_matmul_precision(saved[2])
 
 
-def _init(monkeypatch, device: torch.device, **kw) -> zdist.DistEnv:
+def _init(monkeypatch, device: torch.device, **kw) -> zgroups.DistEnv:
     """init_distributed with the device choice, the process group and the groups faked."""
-    monkeypatch.setattr(zdist, "select_device",
-                        lambda kind, rank, *, local_world_size: (device, "nccl"))
-    monkeypatch.setattr(zdist.dist, "init_process_group", lambda *a, **k: None)
-    monkeypatch.setattr(zdist, "_build_groups", lambda env: None)
+    monkeypatch.setattr(zgroups, "select_device",
+                        lambda kind, rank, *, local_world_size, world_size: (device, "nccl"))
+    monkeypatch.setattr(zgroups.dist, "init_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(zgroups, "_build_groups", lambda env: None)
     monkeypatch.setattr(numa, "bind_near_pci", lambda address, **k: "0-7")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(
         pci_domain_id=0, pci_bus_id=0x18, pci_device_id=0))
-    place = zdist.RankPlace(rank=0, local_rank=0, world_size=1, local_world_size=1)
-    return zdist.init_distributed(place=place, layout=Layout(), device_kind="cuda", **kw)
+    place = zgroups.RankPlace(rank=0, local_rank=0, world_size=1, local_world_size=1)
+    return zgroups.init_distributed(place=place, layout=Layout(), device_kind="cuda", **kw)
 
 
 def test_tf32_follows_the_plan_on_cuda_and_the_cpu_is_untouched(monkeypatch, tf32_flags):
@@ -190,9 +192,9 @@ class FakeCudart:
         return err
 
 
-def _cuda_env(rank: int = 0, local_rank: int = 0) -> zdist.DistEnv:
-    place = zdist.RankPlace(rank=rank, local_rank=local_rank, world_size=8, local_world_size=4)
-    return zdist.DistEnv(place=place, layout=Layout(ddp=4, nodes=2),
+def _cuda_env(rank: int = 0, local_rank: int = 0) -> zgroups.DistEnv:
+    place = zgroups.RankPlace(rank=rank, local_rank=local_rank, world_size=8, local_world_size=4)
+    return zgroups.DistEnv(place=place, layout=Layout(ddp=4, nodes=2),
                          device=torch.device("cuda", local_rank), backend="nccl")
 
 
@@ -200,12 +202,12 @@ def test_failed_pin_clears_the_error_and_warns_on_every_rank(monkeypatch, capsys
     fake = FakeCudart(fail=712)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
     buf = torch.zeros(3000, dtype=torch.float32)
-    assert zdist.pin_host_memory(_cuda_env(rank=5, local_rank=1), buf) is False
+    assert zpinning.pin_host_memory(_cuda_env(rank=5, local_rank=1), buf) is False
     assert fake.pending == 0                              # the next launch sees no error
     err = capsys.readouterr().err
-    assert "rank 5 (local 1)" in err and "12000 bytes" in err
+    assert "rank 5 (local 1)" in err and "call 1 of 1" in err
     assert "cudaError 712 (cudaErrorHostMemoryAlreadyRegistered)" in err
-    assert zdist.unpin_host_memory(buf) is False          # never pinned: nothing undone
+    assert zpinning.unpin_host_memory(buf) is False          # never pinned: nothing undone
     assert [c[0] for c in fake.calls] == ["register"]
 
 
@@ -216,15 +218,15 @@ def test_failed_pin_of_a_regular_file_store_says_why(tmp_path, monkeypatch, caps
     monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart(fail=1))
     store = create_store(tmp_path / "blocks", num_blocks=1, block_numel=PAGE, stride=PAGE,
                          dtype=torch.uint8)
-    assert zdist.pin_host_memory(_cuda_env(), store.flat) is False
+    assert zpinning.pin_host_memory(_cuda_env(), store.flat) is False
     assert f"blocks, a file on {kind}, not tmpfs" in capsys.readouterr().err
 
 
 def test_failed_pin_reaches_the_runtime_when_torch_binds_no_get_last_error(monkeypatch):
     fake = FakeCudart(fail=2, last_error=False)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
-    monkeypatch.setattr(zdist, "_runtime_get_last_error", lambda: fake._get_last_error)
-    assert zdist.pin_host_memory(_cuda_env(), torch.zeros(16)) is False
+    monkeypatch.setattr(zpinning, "_runtime_get_last_error", lambda: fake._get_last_error)
+    assert zpinning.pin_host_memory(_cuda_env(), torch.zeros(16)) is False
     assert fake.pending == 0
 
 
@@ -234,16 +236,16 @@ def test_pin_registers_whole_pages_and_unpins_only_what_it_pinned(monkeypatch):
     buf = torch.zeros(4 * PAGE, dtype=torch.uint8)
     view = buf[100:100 + PAGE]                            # starts and ends inside pages
     env = _cuda_env()
-    assert zdist.pin_host_memory(env, view) is True
+    assert zpinning.pin_host_memory(env, view) is True
     _, ptr, size, flags = fake.calls[0]
     assert ptr % PAGE == 0 and size % PAGE == 0 and flags == 1
     assert ptr <= view.data_ptr() and view.data_ptr() + PAGE <= ptr + size <= ptr + 2 * PAGE
-    assert zdist.unpin_host_memory(buf) is False          # another range: not pinned
-    assert zdist.unpin_host_memory(view) is True and fake.calls[-1] == ("unregister", ptr)
-    assert zdist.unpin_host_memory(view) is False and len(fake.calls) == 2
-    cpu = zdist.DistEnv(place=env.place, layout=env.layout, device=torch.device("cpu"),
+    assert zpinning.unpin_host_memory(buf) is False          # another range: not pinned
+    assert zpinning.unpin_host_memory(view) is True and fake.calls[-1] == ("unregister", ptr)
+    assert zpinning.unpin_host_memory(view) is False and len(fake.calls) == 2
+    cpu = zgroups.DistEnv(place=env.place, layout=env.layout, device=torch.device("cpu"),
                         backend="gloo")
-    assert zdist.pin_host_memory(cpu, buf) is False and len(fake.calls) == 2
+    assert zpinning.pin_host_memory(cpu, buf) is False and len(fake.calls) == 2
 
 
 # ---- NUMA ---------------------------------------------------------------------------------------
@@ -368,11 +370,11 @@ def test_bind_near_gpu_finds_the_pci_address(monkeypatch):
     monkeypatch.setattr(numa, "bind_near_pci", lambda address, **k: asked.append(address) or "")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(
         pci_domain_id=1, pci_bus_id=0xC1, pci_device_id=3))
-    zdist.bind_near_gpu(torch.device("cuda", 2))
+    zdevice.bind_near_gpu(torch.device("cuda", 2))
     assert asked == ["0001:c1:03.0"]
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda index: pytest.fail("the CPU path asks nothing"))
-    assert zdist.bind_near_gpu(torch.device("cpu")) == ""
+    assert zdevice.bind_near_gpu(torch.device("cpu")) == ""
 
 
 def test_devicemap_stays_torch_free():

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from zoexec.config import RunConfig
 from zoexec.model.families import build_hf_model, export_hf_model, hf_state_dict
-from zoexec.runtime import dist as zdist
+from zoexec.runtime import groups as zgroups
 from zoexec.store import loading
 from zoexec.store.loading import LoadProgress, build_parts, fill_timeout_s, open_source
 from zoexec.store.node import load_node_model
@@ -33,7 +33,7 @@ def _load_one_rank(model, *, init="random", seed=0, param_dtype="fp32", compute_
     workload = Workload(batch=1, seq=8, param_dtype=param_dtype, compute_dtype=compute_dtype)
     plan = hand_plan(model=model, layout=Layout(), workload=workload)
     cfg = RunConfig.make(plan=plan.data, load_from=str(init), seed=seed, quiet=not progress)
-    env = zdist.DistEnv(place=zdist.RankPlace(rank=0, local_rank=0, world_size=1, local_world_size=1),
+    env = zgroups.DistEnv(place=zgroups.RankPlace(rank=0, local_rank=0, world_size=1, local_world_size=1),
                         layout=Layout(), device=torch.device("cpu"), backend="gloo")
     return load_node_model(cfg, env, f"t{uuid.uuid4().hex[:10]}")
 

@@ -20,7 +20,7 @@ import torch
 import zoexec.launch.rank as rank
 import zoexec.train.engine as engine
 from zoexec.config import RunConfig
-from zoexec.launch.preflight import _check_memory, check_gpu_memory
+from zoexec.launch.preflight import CUDA_CONTEXT_BYTES, _check_memory, check_gpu_memory
 from zoexec.launch.spawn import run_in_process
 from zoexec.maths.zo import apply_update, apply_update_stochastic, perturb_into
 from zoexec.model.families import TensorSpec
@@ -321,15 +321,33 @@ def _config(device_kind: str, layout: Layout = Layout(), resident: tuple = ()) -
     return RunConfig.make(plan=plan.data)
 
 
+def _gpu(monkeypatch, free: int, total: int) -> None:
+    """A faked CUDA device: (free, total) bytes as the driver would say."""
+    monkeypatch.setattr("zoexec.launch.preflight.device_memory_free",
+                        lambda kind, index: (free, total))
+
+
 def test_preflight_checks_a_gpu_against_the_model_and_names_the_largest_term(monkeypatch):
     cfg = _config("cuda", Layout(ddp=2))
     need = rank_memory(model=get_model("tiny-opt"), workload=cfg.workload, layout=cfg.layout,
                        device_kind="cuda").total_bytes
-    monkeypatch.setattr("zoexec.launch.preflight.device_memory_bytes", lambda kind, index: need)
+    _gpu(monkeypatch, need, need + CUDA_CONTEXT_BYTES)
     check_gpu_memory(cfg, 0)
-    monkeypatch.setattr("zoexec.launch.preflight.device_memory_bytes", lambda kind, index: need - 1)
-    with pytest.raises(ZoError, match=r"per GPU, GPU 0 has .* \(largest: NCCL buffers "
-                                      r"\(1 communicator, \[D\]\), 0\.5 GiB; peak in "):
+    _gpu(monkeypatch, need - 1, need + CUDA_CONTEXT_BYTES)
+    with pytest.raises(ZoError, match=r"per GPU, GPU 0 has .* free of .* \(other processes .*"
+                                      r"largest: NCCL buffers \(1 communicator, \[D\]\), "
+                                      r"0\.5 GiB; peak in "):
+        check_gpu_memory(cfg, 0)
+
+
+def test_preflight_counts_the_cuda_context_against_the_gpu_total(monkeypatch):
+    """A GPU whose total holds the plan but not the plan and the CUDA context is refused
+    even when the driver's free figure (read after this rank's context) looks enough."""
+    cfg = _config("cuda", Layout(ddp=2))
+    need = rank_memory(model=get_model("tiny-opt"), workload=cfg.workload, layout=cfg.layout,
+                       device_kind="cuda").total_bytes
+    _gpu(monkeypatch, need + CUDA_CONTEXT_BYTES, need + CUDA_CONTEXT_BYTES - 1)
+    with pytest.raises(ZoError, match=r"and the CUDA context about 0\.8 GiB, GPU 0 has"):
         check_gpu_memory(cfg, 0)
 
 
@@ -342,10 +360,10 @@ def test_preflight_counts_the_resident_shards(monkeypatch):
     offloaded = rank_memory(**shape).total_bytes
     need = rank_memory(**shape, resident_blocks=2).total_bytes
     assert need > offloaded
-    monkeypatch.setattr("zoexec.launch.preflight.device_memory_bytes", lambda kind, index: need - 1)
+    _gpu(monkeypatch, need - 1, 2 * need + CUDA_CONTEXT_BYTES)
     with pytest.raises(ZoError, match="per GPU"):
         check_gpu_memory(cfg, 0)
-    monkeypatch.setattr("zoexec.launch.preflight.device_memory_bytes", lambda kind, index: need)
+    _gpu(monkeypatch, need, need + CUDA_CONTEXT_BYTES)
     check_gpu_memory(cfg, 0)
 
 

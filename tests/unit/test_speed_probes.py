@@ -21,7 +21,7 @@ def test_probe_every_follows_the_plans_step():
 
 
 def test_monitor_probes_between_steps_on_rank_0(monkeypatch):
-    monkeypatch.setattr(speed.zdist, "host_barrier", lambda env: None)
+    monkeypatch.setattr(speed.zgroups, "host_barrier", lambda env: None)
     env = SimpleNamespace(rank=0)
     monitor = speed.SpeedMonitor(env=env, threads=1, every=3, probe=SpeedProbe())
     steps = 10

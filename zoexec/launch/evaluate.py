@@ -24,7 +24,9 @@ from zoexec.data.text import TOKENIZER_FILES
 from zoexec.launch.spawn import one_rank
 from zoexec.run.evaluate import make_evaluator
 from zoexec.run.report import quiet_libraries
-from zoexec.runtime import dist as zdist
+from zoexec.runtime import device as zdevice
+from zoexec.runtime import groups as zgroups
+from zoexec.runtime import lanes as zlanes
 from zoexec.store.node import close_store, load_node_model, share_read_flags
 from zoexec.train.engine import Trainer
 from zoplan.errors import ZoError
@@ -64,7 +66,7 @@ def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
 
 
 def _device_kind() -> str:
-    return "cuda" if zdist.device_count("cuda") > 0 else "cpu"
+    return "cuda" if zdevice.device_count("cuda") > 0 else "cpu"
 
 
 def eval_model(cfg) -> dict[str, float]:
@@ -73,18 +75,18 @@ def eval_model(cfg) -> dict[str, float]:
     with one_rank(cfg) as (cfg, place):
         env = store = None
         try:
-            env = zdist.init_distributed(place=place, layout=cfg.layout,
+            env = zgroups.init_distributed(place=place, layout=cfg.layout,
                                          device_kind=cfg.device_kind, tf32=cfg.workload.tf32)
-            zdist.set_threads(cfg.runtime.threads, 1)
+            zgroups.set_threads(cfg.runtime.threads, 1)
             with torch.no_grad(), quiet_libraries(True):
                 parts, store = load_node_model(cfg, env, cfg.run_id)
                 flags = share_read_flags(env, cfg.run_id, num_blocks=store.num_blocks)
                 trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=None,
-                                  lanes=zdist.make_lanes(env, epoch_s=0.0), flags=flags)
+                                  lanes=zlanes.make_lanes(env, epoch_s=0.0), flags=flags)
                 metrics = evaluator.run(trainer)
         finally:
             close_store(store)
-            zdist.shutdown(env)
+            zgroups.shutdown(env)
     if not math.isfinite(metrics.get("eval_loss", math.nan)):
         raise ZoError(f"{cfg.task.eval_data}: no token to score (every label is ignored)")
     return metrics

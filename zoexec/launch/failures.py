@@ -64,9 +64,9 @@ OPERATIONS = {   # (module file, function) -> what a collective there does
     ("rank.py", "_write_trace"): "the gather of the trace",
     ("loop.py", "snapshot"): "saving a snapshot",
     ("loop.py", "finish"): "saving the weights",
-    ("dist.py", "init_distributed"): "joining the job",
-    ("dist.py", "_build_groups"): "creating the process groups",
-    ("dist.py", "clock_epoch"): "agreeing on the clock",
+    ("groups.py", "init_distributed"): "joining the job",
+    ("groups.py", "_build_groups"): "creating the process groups",
+    ("lanes.py", "clock_epoch"): "agreeing on the clock",
 }
 SIGNAL_HINTS = {signal.SIGKILL: "kill -9 or the out-of-memory killer",
                 signal.SIGSEGV: "a crash in native code", signal.SIGABRT: "an abort in native code",

@@ -13,13 +13,20 @@ import psutil
 
 from zoexec.data.tasks import check_task_data, make_eval_set
 from zoexec.data.text import check_data
+from zoexec.runtime.device import device_count, device_memory_free
 from zoexec.runtime.devicemap import ENV_VISIBLE, cuda_index, visible_env
-from zoexec.runtime.dist import device_count, device_memory_bytes, place_from_env
+from zoexec.runtime.groups import place_from_env
 from zoexec.store.loading import weight_files
 from zoplan.errors import ZoError
 from zoplan.memory import fmt_bytes, node_host_memory, rank_memory
 from zoplan.models import get_model
 from zoplan.plan import Plan
+
+# The CUDA context of a process (the driver's and the runtime's state, the kernels'
+# code, cuBLAS/cuDNN handles): 0.5-1 GiB on current GPUs and drivers, outside torch's
+# allocator and outside zoplan.memory's figure (NVIDIA's CUDA C++ best practices on
+# lazy loading; PyTorch's CUDA semantics notes). The middle of that range is counted.
+CUDA_CONTEXT_BYTES = 768 << 20
 
 
 def preflight(cfg, *, world_size: int | None = None, local_world_size: int | None = None) -> None:
@@ -120,19 +127,29 @@ def _check_memory(cfg) -> None:
 
 def check_gpu_memory(cfg, device_index: int | None) -> None:
     """zoplan.memory's device bytes of a rank (torch's peak, NCCL's communicators, the
-    cuBLAS workspace), or the plan's predicted figure where that is larger, fit the
-    rank's CUDA device `device_index` (zoexec.runtime.devicemap; no-op on the CPU)."""
+    cuBLAS workspace), or the plan's predicted figure where that is larger, against the
+    rank's CUDA device `device_index` (zoexec.runtime.devicemap; no-op on the CPU): with
+    the CUDA context (CUDA_CONTEXT_BYTES) they fit its total memory, and they fit the
+    memory free now (the driver's figure: other processes' use and this rank's own
+    context already taken out of it)."""
     if device_index is None:
         return
-    total = device_memory_bytes(cfg.device_kind, device_index)
-    if total is None:
+    memory = device_memory_free(cfg.device_kind, device_index)
+    if memory is None:
         return
+    free, total = memory
     rank = rank_memory(**_memory_shape(cfg))
     stored = float(cfg.plan["predicted"].get("gpu_mem_bytes") or 0)
     need = max(rank.total_bytes, stored)
-    if need > total:
+    why = f"{_why(rank, stored)}; peak in {rank.peak_phase}"
+    if need + CUDA_CONTEXT_BYTES > total:
+        raise ZoError(f"the plan needs {fmt_bytes(need)} per GPU and the CUDA context about "
+                      f"{fmt_bytes(CUDA_CONTEXT_BYTES)}, GPU {device_index} has "
+                      f"{fmt_bytes(total)} ({why})")
+    if need > free:
         raise ZoError(f"the plan needs {fmt_bytes(need)} per GPU, GPU {device_index} has "
-                      f"{fmt_bytes(total)} ({_why(rank, stored)}; peak in {rank.peak_phase})")
+                      f"{fmt_bytes(free)} free of {fmt_bytes(total)} (other processes and "
+                      f"this rank's CUDA context hold the rest; {why})")
 
 
 def _memory_shape(cfg) -> dict:

@@ -18,7 +18,8 @@ from zoexec.run.evaluate import make_evaluator
 from zoexec.run.folder import RunDir
 from zoexec.run.loop import STOP, TrainLoop, prepare_rundir
 from zoexec.run.report import Reporter, quiet_libraries
-from zoexec.runtime import dist as zdist
+from zoexec.runtime import groups as zgroups
+from zoexec.runtime import lanes as zlanes
 from zoexec.runtime.hostenv import keep_freed_memory
 from zoexec.store.node import close_store, host_memory_probe, load_node_model, share_read_flags
 from zoexec.train.engine import Trainer
@@ -27,7 +28,7 @@ from zoplan.io import sha256_json
 from zoplan.trace import Span, write_trace
 
 
-def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> list[StepRecord]:
+def rank_main(cfg: RunConfig, place: zgroups.RankPlace, *, on_failure=None) -> list[StepRecord]:
     """Run one rank from join to exit; the process group is destroyed on the way out.
     `on_failure(exc)` runs before that, so the first rank to fail reports first (its
     peers fail only once its connections close). SIGINT and SIGTERM stop the run at
@@ -37,9 +38,9 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
         STOP.install()
         if cfg.device_kind == "cpu":
             keep_freed_memory()   # activations are reused, not page-faulted in every block
-        env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
+        env = zgroups.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
                                      tf32=cfg.workload.tf32)
-        threads = zdist.set_threads(cfg.runtime.threads, cfg.layout.local_ranks)
+        threads = zgroups.set_threads(cfg.runtime.threads, cfg.layout.local_ranks)
         # not inference_mode: zo's z threads would not inherit it; -q: transformers quiet too
         with torch.no_grad(), quiet_libraries(not cfg.logging.progress):
             return _run(cfg, env, threads)
@@ -49,26 +50,26 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
         raise
     finally:
         STOP.restore()
-        zdist.shutdown(env)
+        zgroups.shutdown(env)
 
 
-def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
+def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int) -> list[StepRecord]:
     check_gpu_memory(cfg, env.device.index)
     reporter = Reporter.make(cfg, env)   # its clock starts here: the summary's start-up
     source = _data_source(cfg)
     evaluator = make_evaluator(cfg)   # the held-out data (--eval-data), read before the model
     owned = prepare_rundir(cfg, env, sha256_json(cfg.plan))
     try:
-        run_id = zdist.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
+        run_id = zgroups.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
                                         else uuid.uuid4().hex[:12])
         parts, store = load_node_model(cfg, env, run_id)
         try:
             flags = share_read_flags(env, run_id, num_blocks=store.num_blocks)
             speed = SpeedMonitor.make(cfg, env, threads)
             speed.check()
-            epoch_s, clock = zdist.clock_epoch(env)
+            epoch_s, clock = zlanes.clock_epoch(env)
             trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
-                              lanes=zdist.make_lanes(env, epoch_s=epoch_s), flags=flags,
+                              lanes=zlanes.make_lanes(env, epoch_s=epoch_s), flags=flags,
                               speed=speed)
             out = cfg.checkpoint.out
             loop = TrainLoop(trainer, RunDir(out) if out else None, reporter,
@@ -96,11 +97,11 @@ def _data_source(cfg: RunConfig):
                        tokenizer_dir=cfg.tokenizer_dir, task=cfg.task.spec)
 
 
-def _write_trace(cfg: RunConfig, env: zdist.DistEnv, trainer: Trainer, memory: dict,
+def _write_trace(cfg: RunConfig, env: zgroups.DistEnv, trainer: Trainer, memory: dict,
                  meta_extra: dict) -> None:
     """Every rank's spans and memory, gathered to rank 0, which writes the trace."""
-    spans = zdist.gather_objects(env, [s.to_dict() for s in trainer.lanes.spans])
-    memories = zdist.gather_objects(env, memory)
+    spans = zgroups.gather_objects(env, [s.to_dict() for s in trainer.lanes.spans])
+    memories = zgroups.gather_objects(env, memory)
     if env.rank != 0 or not cfg.logging.trace:
         return
     flat = [Span.from_dict(s) for rank_spans in spans for s in rank_spans]

@@ -14,7 +14,7 @@ Before anything starts, the stale shared-memory files of dead runs are removed
 ZoError with the numbers.
 
 A local launch's ranks meet through a file in a private temporary folder and talk over
-the loopback interface only (zoexec.runtime.dist.rendezvous). Each runs in its own process
+the loopback interface only (zoexec.runtime.groups.rendezvous). Each runs in its own process
 group and dies with the launcher, even a SIGKILLed one (zoexec.runtime.procwatch). The launcher
 forwards SIGINT / SIGTERM to them once and waits up to ZOEXEC_STOP_GRACE_S while they
 save a snapshot; a second signal kills them. A rank that fails reports a one-line
@@ -36,9 +36,9 @@ from dataclasses import dataclass, replace
 
 from zoexec.launch import failures
 from zoexec.launch.preflight import preflight
-from zoexec.runtime import dist as zdist
+from zoexec.runtime import groups as zgroups
 from zoexec.runtime import procwatch
-from zoexec.runtime.dist import RankPlace, place_from_env
+from zoexec.runtime.groups import RankPlace, place_from_env
 from zoexec.runtime.procwatch import ProcessId
 from zoexec.store import shmfiles
 from zoexec.store.blocks import remove_run_files
@@ -142,7 +142,7 @@ def spawn_local(cfg) -> None:
     ctx = _context(cfg.plan["model"]["spec"]["family"])
     world = cfg.layout.world_size
     rendezvous = shmfiles.rendezvous_dir()
-    link = RankLink(launcher=ProcessId.me(), timeout_s=zdist.TIMEOUT_S)
+    link = RankLink(launcher=ProcessId.me(), timeout_s=zgroups.TIMEOUT_S)
     procs: list = []
     reasons: list = []   # one pipe per rank (a queue's semaphores would outlive a SIGKILL)
     try:
@@ -208,7 +208,7 @@ def _rank_entry(cfg, place, reasons, link: RankLink) -> None:
     engine handles SIGINT / SIGTERM (rank_main); the rank dies with its launcher."""
     procwatch.become_rank(place.rank)
     shmfiles.set_owner(link.launcher)
-    zdist.set_timeout_s(link.timeout_s)
+    zgroups.set_timeout_s(link.timeout_s)
 
     procwatch.die_with(link.launcher, what=f"rank {place.rank}" if place.local_rank == 0 else None,
                        cleanup=lambda: shmfiles.remove_owner_files(link.launcher))

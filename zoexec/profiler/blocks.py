@@ -61,7 +61,7 @@ def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None
     grid = list(shapes or settings.forward_grid)
     blocks, jobs = {}, []
     longest = max(s for *_, s in grid)
-    with torch.inference_mode():
+    with torch.no_grad():   # as runs do (zoexec.launch.rank), not inference_mode
         for family, hidden, batch, seq in grid:
             if (family, hidden) not in blocks:
                 blocks[(family, hidden)] = build_block(hidden, longest, dtype=dtype,

@@ -1,4 +1,4 @@
-"""Collectives as a run calls them, timed: `all_gather_single` over sizes and the loss
+"""Collectives as a run calls them, timed: `all_gather_into_tensor` over sizes and the loss
 all-reduce (two float64 scalars), on gloo ranks (CPU) or NCCL ranks (CUDA), both timed
 from the last rank's arrival (collective_samples)."""
 
@@ -59,7 +59,7 @@ def _barrier_sampler(dist, sync=None):
 
 
 def allgather_sweep(settings: Settings, dist, *, device, sample=None) -> list[dict]:
-    """dist.all_gather_single (zoexec's call) over the world for each total size."""
+    """dist.all_gather_into_tensor (zoexec's call) over the world for each total size."""
     world = dist.get_world_size()
     cuda = str(device).startswith("cuda")
     sample = sample or _barrier_sampler(dist, torch.cuda.synchronize if cuda else None)
@@ -68,7 +68,7 @@ def allgather_sweep(settings: Settings, dist, *, device, sample=None) -> list[di
         piece = max(1, size // 4 // world)
         inp = torch.ones(piece, device=device)
         res = torch.empty(piece * world, device=device)
-        samples = sample(lambda: dist.all_gather_single(res, inp), repeats=settings.repeats,
+        samples = sample(lambda: dist.all_gather_into_tensor(res, inp), repeats=settings.repeats,
                          warmup=2)
         out.append({"bytes": piece * world * 4, **summarize(samples)})
     return out

@@ -1,5 +1,6 @@
 """The CUDA path of the profiler (one rank per GPU, GPUs 0..ranks-1 of this machine):
-pinned H2D / D2H per GPU alone, both directions at once (per-direction rates), pairs of
+H2D / D2H per GPU alone from a page-locked tmpfs mapping, as runs copy from their
+store (and from cudaHostAlloc buffers, for comparison), both directions at once (per-direction rates), pairs of
 GPUs at once, all GPUs at once one way and both ways; device-to-device and GPU-to-GPU
 copies; block forwards over the grid in bf16, TF32 and fp32, z draws and the zo passes
 on GPU 0; NCCL all-gathers and the small all-reduce on spawned ranks, timed from the
@@ -9,7 +10,9 @@ compute fit and the z model."""
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
 import statistics
 import subprocess
 from collections.abc import Callable
@@ -23,19 +26,45 @@ from zoexec.profiler.collectives import allgather_sweep, allreduce_small, collec
 from zoexec.profiler.ranks import rendezvous, spawn_ranks, write_rank_result
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import gbps, summarize, time_samples
+from zoexec.runtime.pinning import pin_tensor, unpin_host_memory
+from zoexec.store.blocks import SHM_DIR, create_store
 
 COPY_PIECES = 8   # a copy is timed piece by piece (CUDA events): rates while all copies run
 
 
-def _cuda_copy_jobs(devices: list[int], num_bytes: int, directions: tuple[str, ...]):
-    """One pinned host buffer, one device buffer and one stream per (device, direction)."""
+def host_buffer(num_bytes: int, host: str) -> tuple[torch.Tensor, bool]:
+    """(a host buffer, whether it is a registered store mapping). "store": a file on
+    the block store's tmpfs (zoexec.store.blocks.SHM_DIR), mapped shared and
+    page-locked with cudaHostRegister as a run's store is (zoexec.runtime.pinning);
+    "alloc": cudaHostAlloc memory (torch's pin_memory). A mapping that cannot be
+    registered falls back to "alloc" (the caller records which it got)."""
+    if host == "store":
+        path = SHM_DIR / f"zoexec-profile-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            store = create_store(path, num_blocks=1, block_numel=num_bytes, stride=num_bytes,
+                                 dtype=torch.uint8)
+        finally:
+            path.unlink(missing_ok=True)
+        if pin_tensor(store.flat, who="zoplan profile"):
+            return store.flat, True
+    return _alloc_pinned(num_bytes), False
+
+
+def _alloc_pinned(num_bytes: int) -> torch.Tensor:
+    return torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True)
+
+
+def _cuda_copy_jobs(devices: list[int], num_bytes: int, directions: tuple[str, ...],
+                    host: str = "store"):
+    """One host buffer (host_buffer), one device buffer and one stream per (device,
+    direction)."""
     jobs = []
     for dev in devices:
         for direction in directions:
-            host = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True)
+            buf, registered = host_buffer(num_bytes, host)
             gpu = torch.empty(num_bytes, dtype=torch.uint8, device=f"cuda:{dev}")
-            dst, src = (gpu, host) if direction == "h2d" else (host, gpu)
-            jobs.append((dst, src, torch.cuda.Stream(device=dev), dev, direction))
+            dst, src = (gpu, buf) if direction == "h2d" else (buf, gpu)
+            jobs.append((dst, src, torch.cuda.Stream(device=dev), dev, direction, registered))
     return jobs
 
 
@@ -53,13 +82,24 @@ def overlap_rates(piece_bytes: int, ends_ms: list[list[float]]) -> list[float]:
 
 
 def cuda_copy(devices: list[int], num_bytes: int, directions: tuple[str, ...],
-              repeats: int) -> dict:
+              repeats: int, host: str = "store") -> dict:
     """Copies on several GPUs / directions launched together, each on its own stream
     and timed piece by piece with CUDA events: each copy's GB/s while all copies of its
     GPU still ran (overlap_rates; with both directions on a GPU: the per-direction rates
     under duplex), medians over the repeats; total_gbps = their sum. The wall time of
-    the whole set is kept too."""
-    jobs = _cuda_copy_jobs(devices, num_bytes, directions)
+    the whole set is kept too. `host`: where the host side lives (host_buffer): the
+    registered store mapping by default, as in a run."""
+    jobs = _cuda_copy_jobs(devices, num_bytes, directions, host)
+    try:
+        return _timed_copies(jobs, devices, num_bytes, directions, repeats)
+    finally:
+        for job in jobs:
+            if job[5]:
+                unpin_host_memory(job[0] if job[4] == "d2h" else job[1])
+
+
+def _timed_copies(jobs, devices, num_bytes, directions, repeats) -> dict:
+    """cuda_copy's timing of prepared jobs."""
     piece = num_bytes // COPY_PIECES
     marks: list = []
 
@@ -69,7 +109,7 @@ def cuda_copy(devices: list[int], num_bytes: int, directions: tuple[str, ...],
             starts[dev] = torch.cuda.Event(enable_timing=True)
             starts[dev].record(torch.cuda.current_stream(dev))
         ends = []
-        for dst, src, stream, dev, _ in jobs:
+        for dst, src, stream, dev, *_ in jobs:
             stream.wait_event(starts[dev])
             events = []
             with torch.cuda.stream(stream):
@@ -79,7 +119,7 @@ def cuda_copy(devices: list[int], num_bytes: int, directions: tuple[str, ...],
                     events.append(torch.cuda.Event(enable_timing=True))
                     events[-1].record(stream)
             ends.append(events)
-        for _, _, stream, _, _ in jobs:
+        for _, _, stream, *_ in jobs:
             stream.synchronize()
         marks.append((starts, ends))
     stats = summarize(time_samples(run, repeats=repeats))
@@ -95,6 +135,7 @@ def cuda_copy(devices: list[int], num_bytes: int, directions: tuple[str, ...],
     by_dir = {d: statistics.median(j["gbps"] for j in per_job if j["direction"] == d)
               for d in directions}
     return {"devices": devices, "directions": list(directions), "bytes": num_bytes,
+            "host": "store" if all(job[5] for job in jobs) else "alloc",
             "per_copy_gbps": statistics.median(j["gbps"] for j in per_job),
             "per_direction_gbps": by_dir, "per_job": per_job,
             "total_gbps": sum(j["gbps"] for j in per_job),
@@ -127,6 +168,8 @@ def measure_cuda(settings: Settings, tick: Callable[[str], None]) -> dict:
     m["h2d"] = [cuda_copy([i], size, ("h2d",), reps) for i in range(n)]
     m["d2h"] = [cuda_copy([i], size, ("d2h",), reps) for i in range(n)]
     m["duplex"] = [cuda_copy([i], size, ("h2d", "d2h"), reps) for i in range(n)]
+    m["h2d_alloc"] = cuda_copy([0], size, ("h2d",), reps, host="alloc")   # for comparison
+    m["d2h_alloc"] = cuda_copy([0], size, ("d2h",), reps, host="alloc")
     m["sweep"] = [cuda_copy([0], s, ("h2d",), reps) for s in settings.copy_sweep]
     dup = m["duplex"][0]["per_direction_gbps"]
     tick(f"host copies, GPU alone: {m['h2d'][0]['per_copy_gbps']:.1f} GB/s H2D; both ways "

@@ -44,13 +44,13 @@ class SpeedProbe:
                 self.jobs[name] = steps["z"]
                 continue
             parts = build_block(shape["hidden"], shape["seq"], dtype="fp32", device="cpu")
-            with torch.inference_mode():
+            with torch.no_grad():
                 hidden, ctx = parts.embed(torch.randint(0, 64, (shape["batch"], shape["seq"])))
             self.jobs[name] = partial(self._forward, parts, hidden, ctx)
 
     @staticmethod
     def _forward(parts, hidden, ctx) -> None:
-        with torch.inference_mode():
+        with torch.no_grad():
             parts.block_forward(hidden, ctx)
 
     def check(self, *, repeats: int = 5) -> dict:

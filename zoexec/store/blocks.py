@@ -15,7 +15,8 @@ exits, even on a crash. Local rank 0 also unlinks on any failure before that poi
 the launcher removes `/dev/shm/zoexec-<run id>-*` after its ranks exit. The names carry
 their owner (zoexec.store.shmfiles: store_path, remove_run_files), so that what a killed run
 left is recognised and removed at the next start or by `zoexec clean`.
-On CUDA each rank page-locks its own mapping (cudaHostRegister, dist.pin_host_memory).
+On CUDA each rank page-locks the pieces of its mapping it copies (cudaHostRegister,
+zoexec.runtime.pinning; zoexec.store.node.rank_copy_spans).
 
 NUMA: local rank 0 sizes the file, maps it, interleaves the mapping over the machine's
 memory nodes (zoexec.runtime.numa.interleave) and only then allocates the pages (fallocate), so
@@ -23,8 +24,8 @@ on a tmpfs they are spread over the sockets whoever touches them first. A store 
 is a regular file (ZOEXEC_SHM_DIR on a disk file system, the fallback of
 scripts/gpu_check.sh when /dev/shm is small) is shared through the page cache: the
 same code path, but the page cache ignores the mapping's NUMA policy (said once where
-there are several nodes), and the kernel may refuse to page-lock it (see
-dist.pin_host_memory).
+there are several nodes), and the kernel may refuse to page-lock it (then the copies go
+through pinned staging slots: zoexec.runtime.pinning.Staging).
 """
 
 from __future__ import annotations

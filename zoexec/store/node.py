@@ -24,7 +24,8 @@ import torch.distributed as dist
 
 from zoexec.config import RunConfig
 from zoexec.model.families import bind_resident
-from zoexec.runtime import dist as zdist
+from zoexec.runtime import groups as zgroups
+from zoexec.runtime import pinning as zpinning
 from zoexec.runtime.hostmem import mapping_pss_bytes
 from zoexec.store.blocks import (
     BlockStore,
@@ -37,9 +38,10 @@ from zoexec.store.loading import LoadProgress, ModelSource, fill_timeout_s, open
 from zoplan.errors import ZoError
 from zoplan.layout import Layout
 from zoplan.memory import store_stride
+from zoplan.plan import Plan
 
 
-def load_node_model(cfg: RunConfig, env: zdist.DistEnv, run_id: str):
+def load_node_model(cfg: RunConfig, env: zgroups.DistEnv, run_id: str):
     """(parts, store). Local rank 0 fills the node's block store block by block and
     hands its resident weights over; the other local ranks build a skeleton and take
     the weights from shared memory, so a node makes (and holds) the model once."""
@@ -54,7 +56,7 @@ def load_node_model(cfg: RunConfig, env: zdist.DistEnv, run_id: str):
                  dtype=source.param_dtype)
     item = torch.empty(0, dtype=source.param_dtype).element_size()
     nbytes = (source.num_blocks * stride + source.resident_numel) * item
-    timeout_s = fill_timeout_s(nbytes, base_s=zdist.TIMEOUT_S)
+    timeout_s = fill_timeout_s(nbytes, base_s=zgroups.TIMEOUT_S)
     progress = _progress(cfg, env, source)
     store = share_on_node(env, store_path(run_id, env.place.node),
                           (lambda store: source.fill(store, progress)) if builder else None,
@@ -66,11 +68,35 @@ def load_node_model(cfg: RunConfig, env: zdist.DistEnv, run_id: str):
     if env.place.world_size > 1:
         monitored_barrier(env, env.host_world, timeout_s=timeout_s,
                           what=f"every node to load its model ({nbytes / 2**30:.2f} GiB each)")
-    store.pinned = zdist.pin_host_memory(env, store.flat)
+    store.pinned = zpinning.pin_host_memory(env, store.flat,
+                                            rank_copy_spans(store, env.layout, env.rank,
+                                                            resident=Plan(cfg.plan).resident_blocks))
     return parts, store
 
 
-def _progress(cfg: RunConfig, env: zdist.DistEnv, source: ModelSource) -> LoadProgress | None:
+def store_staging(env: zgroups.DistEnv, store: BlockStore):
+    """The pinned staging ring a CUDA rank's copies take when its pieces of the store
+    could not be page-locked (zoexec.runtime.pinning.Staging); None otherwise (a pinned
+    store, or the CPU, which copies directly)."""
+    if not env.is_cuda or store.pinned:
+        return None
+    return zpinning.Staging(dtype=store.flat.dtype)
+
+
+def rank_copy_spans(store: BlockStore, layout: Layout, rank: int, *, resident) -> list:
+    """The byte spans of the node's store that `rank` copies (what it page-locks): its
+    slice of every block (h2d, or its resident shard read once and written at a save)
+    and its share of every offloaded block (d2h write-back)."""
+    item = store.flat.element_size()
+    slices, local = layout.slices, layout.local_ranks
+    offloaded = [b for b in range(store.num_blocks) if b not in set(resident)]
+    return zpinning.copy_spans(store.flat.data_ptr(), item, stride=store.stride,
+                               blocks=range(store.num_blocks),
+                               reads=(layout.slice_index_of(rank), slices),
+                               writes=(layout.local_rank_of(rank), local), written_blocks=offloaded)
+
+
+def _progress(cfg: RunConfig, env: zgroups.DistEnv, source: ModelSource) -> LoadProgress | None:
     """Rank 0's loading progress on stderr (None elsewhere and with cfg.logging.progress False)."""
     if env.rank != 0 or not cfg.logging.progress:
         return None
@@ -78,7 +104,7 @@ def _progress(cfg: RunConfig, env: zdist.DistEnv, source: ModelSource) -> LoadPr
     return LoadProgress(total=source.num_blocks, what=what)
 
 
-def _share_resident(env: zdist.DistEnv, run_id: str, parts, builder: bool) -> None:
+def _share_resident(env: zgroups.DistEnv, run_id: str, parts, builder: bool) -> None:
     """Hand local rank 0's resident weights (resident_master, param dtype) to the other
     local ranks; they bind their modules to its compute-dtype cast, as rank 0 did."""
     blocks = store_path(run_id, env.place.node)
@@ -101,7 +127,7 @@ def fence_needed(layout: Layout) -> bool:
     return 1 < layout.local_ranks and layout.slices < layout.local_ranks
 
 
-def share_read_flags(env: zdist.DistEnv, run_id: str, *, num_blocks: int) -> ReadFlags | None:
+def share_read_flags(env: zgroups.DistEnv, run_id: str, *, num_blocks: int) -> ReadFlags | None:
     """The node's read stamps of the CPU write-back fence (None on CUDA, or when no
     fence is needed): a zeroed [local_ranks, num_blocks] int64 shm file, shared and
     unlinked like the block store."""
@@ -115,15 +141,15 @@ def share_read_flags(env: zdist.DistEnv, run_id: str, *, num_blocks: int) -> Rea
                            stride=num_blocks, dtype=torch.int64)
     return ReadFlags(stamps=shared.flat.view(lay.local_ranks, num_blocks),
                      local_rank=env.local_rank, first_rank=env.rank - env.local_rank,
-                     timeout_s=zdist.TIMEOUT_S)
+                     timeout_s=zgroups.TIMEOUT_S)
 
 
-def share_on_node(env: zdist.DistEnv, path: Path, fill, *, what: str = "a shared file",
+def share_on_node(env: zgroups.DistEnv, path: Path, fill, *, what: str = "a shared file",
                   timeout_s: float | None = None, **shape) -> BlockStore:
     """The builder (fill not None, local rank 0) creates and fills a shared file, the
-    other local ranks wait for it (at most timeout_s, default zdist.TIMEOUT_S) and map
+    other local ranks wait for it (at most timeout_s, default zgroups.TIMEOUT_S) and map
     it, then the name is unlinked (mappings live on). `what`: the file, for errors."""
-    timeout_s = zdist.TIMEOUT_S if timeout_s is None else timeout_s
+    timeout_s = zgroups.TIMEOUT_S if timeout_s is None else timeout_s
     store = None
     try:
         if fill is not None:
@@ -142,7 +168,7 @@ def share_on_node(env: zdist.DistEnv, path: Path, fill, *, what: str = "a shared
     return store
 
 
-def wait_for_builder(env: zdist.DistEnv, *, timeout_s: float, what: str) -> None:
+def wait_for_builder(env: zgroups.DistEnv, *, timeout_s: float, what: str) -> None:
     """Local rank 0 tells the node's other ranks that `what` is ready (a message on the
     host node group); they wait for it at most `timeout_s`. A no-op alone on a node."""
     lay = env.layout
@@ -166,7 +192,7 @@ def wait_for_builder(env: zdist.DistEnv, *, timeout_s: float, what: str) -> None
                       f"and {ending} (timeout {timeout_s:g} s): {cause}") from None
 
 
-def monitored_barrier(env: zdist.DistEnv, group, *, timeout_s: float, what: str) -> None:
+def monitored_barrier(env: zgroups.DistEnv, group, *, timeout_s: float, what: str) -> None:
     """torch.distributed.monitored_barrier on a host (gloo) group: its first rank
     reports a rank that did not arrive within `timeout_s`; a ZoError saying `what`."""
     try:
@@ -183,11 +209,11 @@ def _first_line(exc: BaseException) -> str:
 
 def close_store(store: BlockStore | None) -> None:
     if store is not None and store.pinned:
-        zdist.unpin_host_memory(store.flat)
+        zpinning.unpin_host_memory(store.flat)
         store.pinned = False
 
 
-def host_memory_probe(store: BlockStore, env: zdist.DistEnv) -> dict:
+def host_memory_probe(store: BlockStore, env: zgroups.DistEnv) -> dict:
     """This process's memory, its share of the store and its GPU peak (bytes)."""
     info = psutil.Process().memory_full_info()
     store_pss, store_rss = mapping_pss_bytes(store.path)
@@ -195,4 +221,4 @@ def host_memory_probe(store: BlockStore, env: zdist.DistEnv) -> dict:
             "uss": info.uss, "store_pss": store_pss, "store_rss": store_rss,
             "store_bytes": store.nbytes, "store_inode": store.inode,
             "store_path": str(store.path), "store_pinned": store.pinned,
-            **zdist.device_memory_peak(env)}
+            **zgroups.device_memory_peak(env)}

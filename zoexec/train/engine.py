@@ -6,7 +6,7 @@ Per step t with seed s_t (zo.step_seed) on every rank, in program order:
              resident weights and embed the rank's shard once per perturbation.
   per block b (prefetch buffers, taken in turn by the blocks that use one):
     h2d        copy this rank's slice (1/slices) of block b from the node's shared store
-               into the rank's block buffer (on CUDA: async DMA from pinned memory)
+               into the rank's block buffer (on CUDA: async DMA from the page-locked store, or through pinned staging slots)
     slice_update  Layout.slice_update with slices > 1: apply step t-1's deferred update
                to the rank's own slice only (z drawn for its 1/slices of the block,
                zo.z_range), bit for bit what the whole block's update gives there
@@ -84,10 +84,10 @@ from zoexec.maths.zo import (
 )
 from zoexec.model.families import bind_block, bind_resident, resident_flat
 from zoexec.model.precision import LostUpdates
-from zoexec.runtime import dist as zdist
+from zoexec.runtime import groups as zgroups
 from zoexec.store.blocks import BlockStore
 from zoexec.store.fence import ReadFlags
-from zoexec.store.node import fence_needed
+from zoexec.store.node import fence_needed, store_staging
 from zoexec.train.speed import SpeedMonitor
 from zoplan.errors import ZoError
 from zoplan.execrules import SR_SCRATCH, sr_chunk, z_chunk
@@ -115,7 +115,7 @@ class Trainer:
     `pending` is the deferred update; `history` the StepRecords, the same on all ranks."""
 
     cfg: RunConfig
-    env: zdist.DistEnv
+    env: zgroups.DistEnv
     parts: object
     store: BlockStore
     source: object
@@ -159,6 +159,7 @@ class Trainer:
         self.z_r = torch.empty_like(self.work_r)
         bind_resident(parts, self.work_r)
         self.scratch = self._update_scratch()
+        self.staging = store_staging(self.env, self.store)
         self.token = torch.zeros(1, device=dev)
         self._allocate_shards()
 
@@ -204,6 +205,7 @@ class Trainer:
             if self.env.place.world_size > 1:   # a world of one already holds the sum
                 _wait(dist.all_reduce(vec, group=self.env.world, async_op=True))
         self.lanes.end_step()
+        self._settle_copies()
         total = vec.tolist()
         if not total[2]:
             raise ZoError(f"step {step}: the batch has no labelled token (every label is "
@@ -236,8 +238,9 @@ class Trainer:
             self._apply_pending(self.theta_r, RESIDENT_BLOCK, self.parts.resident_specs, self.z_r)
         self._blocks(None, None)
         self.lanes.end_step()
+        self._settle_copies()
         self.pending = ()
-        zdist.host_barrier(self.env)
+        zgroups.host_barrier(self.env)
 
     def _batch(self, step: int) -> Batch:
         wl = self.cfg.workload
@@ -262,6 +265,7 @@ class Trainer:
         with self.lanes.task("head"):
             out = self.parts.head_row_losses(acts[0][0], batch.labels)
         self.lanes.end_step()
+        self._settle_copies()
         return out.cpu()
 
     # ---- resident parts ----------------------------------------------------------------
@@ -395,7 +399,7 @@ class Trainer:
                 return after
             ready = sliced.done
         with self.lanes.task("allgather", block, after=(after, ready)) as gather:
-            _wait(dist.all_gather_single(buf, shard, group=self.env.slice, async_op=True))
+            _wait(dist.all_gather_into_tensor(buf, shard, group=self.env.slice, async_op=True))
         theta = buf[:self.parts.block_numel]
         if evaluating:
             return self._clean_forward(block, theta, acts, after=gather.done)
@@ -438,7 +442,7 @@ class Trainer:
             time.sleep(self.cfg.delay_h2d[2])
         with self.lanes.task("h2d", block, after=(after,)) as h2d:
             mine = _piece(buf, self.slice_index, slices)
-            mine.copy_(self.store.piece(block, self.slice_index, slices), non_blocking=True)
+            self._copy(mine, self.store.piece(block, self.slice_index, slices), "h2d")
         if self.flags is not None:
             self.flags.mark(block, stamp)
         ready = h2d.done
@@ -449,7 +453,7 @@ class Trainer:
         if slices == 1:
             return ready
         with self.lanes.task("allgather", block, after=(ready,)) as gather:
-            _wait(dist.all_gather_single(buf, mine, group=self.env.slice, async_op=True))
+            _wait(dist.all_gather_into_tensor(buf, mine, group=self.env.slice, async_op=True))
         return gather.done
 
     def _slice_update(self, block: int, piece: torch.Tensor) -> None:
@@ -490,8 +494,24 @@ class Trainer:
     def _write_back(self, block: int, buf: torch.Tensor) -> None:
         lay = self.env.layout
         share = self.env.local_rank
-        self.store.piece(block, share, lay.local_ranks).copy_(
-            _piece(buf, share, lay.local_ranks), non_blocking=True)
+        self._copy(self.store.piece(block, share, lay.local_ranks),
+                   _piece(buf, share, lay.local_ranks), "d2h")
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, direction: str) -> None:
+        """An h2d or d2h between the store and the device on the current (copy) stream:
+        asynchronous DMA from the page-locked store, or through the pinned staging ring
+        where the store could not be locked (zoexec.runtime.pinning.Staging)."""
+        if self.staging is None:
+            dst.copy_(src, non_blocking=True)
+        else:
+            getattr(self.staging, direction)(dst, src)
+
+    def _settle_copies(self) -> None:
+        """After a pass (the device idle): every staged write-back in the store, and,
+        with several local ranks, every rank's before any reads the next pass's."""
+        if self.staging is not None:
+            self.staging.drain()
+            zgroups.host_barrier(self.env, node_only=True)
 
     # ---- results -----------------------------------------------------------------------
     def clean_resident_cpu(self) -> torch.Tensor:
@@ -507,7 +527,7 @@ class Trainer:
         if self.env.local_rank < lay.slices:
             for block, shard in self.shards.items():
                 self.store.piece(block, self.slice_index, lay.slices).copy_(shard)
-        zdist.host_barrier(self.env, node_only=True)
+        zgroups.host_barrier(self.env, node_only=True)
 
 
 def _piece(flat: torch.Tensor, part: int, parts: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 
 from zoexec.config import RunConfig
 from zoexec.profiler.probe import SpeedProbe
-from zoexec.runtime import dist as zdist
+from zoexec.runtime import groups as zgroups
 from zoplan.execrules import probe_every, usable_cores
 from zoplan.plan import Plan
 
@@ -26,7 +26,7 @@ class SpeedMonitor:
     blocks and the allocator keeps their activations: about 90 MiB of host memory on
     an opt-125m run, which benchmarks/bench_host_memory.py leaves out)."""
 
-    env: zdist.DistEnv
+    env: zgroups.DistEnv
     threads: int
     every: int = 0                    # steps between probes (0: no probes, no checks)
     probe: object = None              # rank 0's SpeedProbe
@@ -34,7 +34,7 @@ class SpeedMonitor:
     probes: list = field(default_factory=list)
 
     @classmethod
-    def make(cls, cfg: RunConfig, env: zdist.DistEnv, threads: int) -> SpeedMonitor:
+    def make(cls, cfg: RunConfig, env: zgroups.DistEnv, threads: int) -> SpeedMonitor:
         if not cfg.logging.trace or env.is_cuda or not cfg.speed_checks:
             return cls(env=env, threads=threads)
         every = probe_every(Plan(cfg.plan).step_time_s)
@@ -58,7 +58,7 @@ class SpeedMonitor:
                 self.probes.append({"after_step": done - 1, **result})
 
     def _on_rank0(self, job):
-        zdist.host_barrier(self.env)
+        zgroups.host_barrier(self.env)
         result = None
         if self.env.rank == 0:
             torch.set_num_threads(usable_cores())
@@ -66,7 +66,7 @@ class SpeedMonitor:
                 result = job()
             finally:
                 torch.set_num_threads(self.threads)
-        zdist.host_barrier(self.env)
+        zgroups.host_barrier(self.env)
         return result
 
     def meta(self) -> dict:
