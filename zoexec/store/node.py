@@ -34,8 +34,8 @@ from zoexec.store.blocks import (
 )
 from zoexec.store.fence import ReadFlags
 from zoexec.store.loading import LoadProgress, ModelSource, fill_timeout_s, open_source
-from zoplan.errors import ZoError
-from zoplan.layout import Layout
+from zoplan.errors import ZoError, first_line
+from zoplan.execrules import fence_needed
 from zoplan.memory import store_stride
 
 
@@ -94,11 +94,6 @@ def _share_resident(env: zdist.DistEnv, run_id: str, parts, builder: bool) -> No
     if not builder:
         parts.resident_master = handover.flat.clone()
         bind_resident(parts, parts.resident_master.to(parts.dtype, copy=True))
-
-
-def fence_needed(layout: Layout) -> bool:
-    """Whether d2h needs the write-back fence (the all-gather orders it otherwise)."""
-    return 1 < layout.local_ranks and layout.slices < layout.local_ranks
 
 
 def share_read_flags(env: zdist.DistEnv, run_id: str, *, num_blocks: int) -> ReadFlags | None:
@@ -160,7 +155,7 @@ def wait_for_builder(env: zdist.DistEnv, *, timeout_s: float, what: str) -> None
     except RuntimeError as exc:
         whom = ("the node's other ranks to take" if env.local_rank == 0
                 else "local rank 0 to fill")
-        cause = _first_line(exc)
+        cause = first_line(exc)
         ending = "gave up" if "timed out" in cause.lower() else "lost it"
         raise ZoError(f"rank {env.rank} (node {env.place.node}) waited for {whom} {what} "
                       f"and {ending} (timeout {timeout_s:g} s): {cause}") from None
@@ -173,12 +168,7 @@ def monitored_barrier(env: zdist.DistEnv, group, *, timeout_s: float, what: str)
         dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_s))
     except RuntimeError as exc:
         raise ZoError(f"rank {env.rank} waited for {what} and gave up (timeout "
-                      f"{timeout_s:g} s): {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+                      f"{timeout_s:g} s): {first_line(exc)}") from None
 
 
 def close_store(store: BlockStore | None) -> None:

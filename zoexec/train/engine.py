@@ -87,10 +87,9 @@ from zoexec.model.precision import LostUpdates
 from zoexec.runtime import dist as zdist
 from zoexec.store.blocks import BlockStore
 from zoexec.store.fence import ReadFlags
-from zoexec.store.node import fence_needed
 from zoexec.train.speed import SpeedMonitor
 from zoplan.errors import ZoError
-from zoplan.execrules import SR_SCRATCH, sr_chunk, z_chunk
+from zoplan.execrules import SR_SCRATCH, fence_needed, sr_chunk, z_chunk
 from zoplan.plan import Plan
 
 SIGNS = {"+-": (1.0, -1.0), "+": (1.0,), "-": (-1.0,)}

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from zoplan.execrules import chunk_bounds, sr_chunk, z_range_draws
+from zoplan.execrules import chunk_bounds, fence_needed, sr_chunk, z_range_draws
 from zoplan.hardware import HardwareProfile, gpu_block_bytes
 from zoplan.layout import Layout
 from zoplan.memory import store_stride
@@ -218,7 +218,7 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
         allreduce_s=(small_s + internode if layout.world_size > 1 else 0.0),  # zoexec skips a world of one
         internode_s=internode, allgather_latency_s=profile.collective["latency_us"] * 1e-6,
         links=links, rank_factors=rank_factors(profile, lr),
-        fence_s=small_s if fence_needed(profile, layout) else 0.0,
+        fence_s=small_s if not profile.is_cpu and fence_needed(layout) else 0.0,
         contended=contended_links(profile, links), **_transfer_flows(profile, layout, block))
 
 
@@ -557,15 +557,6 @@ def contended_links(profile: HardwareProfile, links: dict[str, float]
             out[name] = (other, min(links[name], rates[0] * GBPS))
             out[other] = (name, min(links[other], rates[1] * GBPS))
     return out
-
-
-def fence_needed(profile: HardwareProfile, layout: Layout) -> bool:
-    """Whether each block's write-back waits for a CUDA fence collective (zoexec's
-    Trainer._fence: a node all-reduce of a token after every local rank's h2d, when
-    1 < local ranks and slices < local ranks; the all-gather orders it otherwise; CPU
-    ranks wait on read stamps in shared memory instead, no collective)."""
-    return (not profile.is_cpu and 1 < layout.local_ranks
-            and layout.slices < layout.local_ranks)
 
 
 def _switch_index(profile: HardwareProfile, local_rank: int) -> int | None:
