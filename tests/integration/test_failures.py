@@ -8,6 +8,7 @@ handling on stand-in processes, without torch."""
 from __future__ import annotations
 
 import glob
+import inspect
 import multiprocessing as mp
 import os
 import signal
@@ -29,8 +30,10 @@ from zoexec.launch.failures import Report, failure_kind, failure_reason, job_fai
 from zoexec.launch.spawn import RankFailure, Stopped, spawn_local, sweep_stale_files
 from zoexec.runtime import dist as zdist
 from zoexec.runtime import procwatch
+from zoexec.runtime.errors import LaneFailure, PeerGone, failing
 from zoexec.runtime.procwatch import Outcome, ProcessId
 from zoexec.store import shmfiles
+from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.models import ModelSpec, get_model
@@ -43,36 +46,76 @@ TIMEOUT_S = 4.0
 
 
 # ---- the lines, from synthetic failures -------------------------------------------------------
-def _raise_in(module: str, function: str, message: str, **frame_locals):
-    """An exception raised in `function` of a file zoexec/<module>, with those locals."""
-    args = ", ".join(frame_locals)
-    source = f"def {function}({args}):\n    raise RuntimeError({message!r})\n"
-    scope: dict = {}
-    exec(compile(source, f"/x/zoexec/{module}", "exec"), scope)
+def _caught(what: str, message: str, **fields) -> LaneFailure:
+    """The LaneFailure a rank raises when `message` comes out of the task or collective
+    `what` (as zoexec.runtime.errors.failing wraps it where it runs)."""
     try:
-        scope[function](**frame_locals)
-    except RuntimeError as exc:
+        with failing(what, rank=0, **fields):
+            raise RuntimeError(message)
+    except LaneFailure as exc:
         return exc
     raise AssertionError("did not raise")
+
+
+def _raised(message: str) -> RuntimeError:
+    try:
+        raise RuntimeError(message)
+    except RuntimeError as exc:
+        return exc
 
 
 GLOO_TIMEOUT = ("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 4000ms for "
                 "recv operation to complete")
 GLOO_RESET = ("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1234: Connection "
               "reset by peer. This is typically caused by a remote worker hanging")
+HERE = Path(__file__).name
 
 
 def test_a_collective_failure_says_which_collective_of_which_step():
-    timeout = _raise_in("engine.py", "step", GLOO_TIMEOUT, step=3)
+    timeout = _caught("allreduce", GLOO_TIMEOUT, step=3)
     assert failure_reason(timeout) == "the loss all-reduce of step 3 timed out after 4 s"
     assert failure_kind(timeout) == failures.PEER
-    reset = _raise_in("engine.py", "_upload", GLOO_RESET, block=2)
+    reset = _caught("allgather", GLOO_RESET, block=2)
     assert failure_reason(reset) == "the all-gather of block 2 lost its connection to a peer (Connection reset by peer)"
-    barrier = _raise_in("dist.py", "clock_epoch", "Rank 1 failed to pass monitoredBarrier in 4000 ms")
+    fence = _caught("allgather", GLOO_RESET, block=2, step=5).renamed("fence")
+    assert failure_reason(fence) == ("the write-back fence of block 2 in step 5 lost its "
+                                     "connection to a peer (Connection reset by peer)")
+    barrier = _caught("clock", "Rank 1 failed to pass monitoredBarrier in 4000 ms")
     assert failure_reason(barrier) == "agreeing on the clock timed out after 4 s waiting for rank 1"
-    own = _raise_in("engine.py", "step", "injected fault at step 1", step=1)
-    assert failure_reason(own) == "RuntimeError: injected fault at step 1 (engine.py:2)"
+    own = _raised("injected fault at step 1")
+    assert failure_reason(own) == f"RuntimeError: injected fault at step 1 ({HERE}:{own.__traceback__.tb_lineno})"
     assert failure_kind(own) == failures.ERROR
+
+
+def test_a_task_that_fails_by_itself_is_the_ranks_own_error():
+    forward = _caught("forward", "shapes cannot be multiplied", block=1, step=0)
+    lines, first = inspect.getsourcelines(_caught)
+    raised = first + next(i for i, text in enumerate(lines) if "raise RuntimeError" in text)
+    assert failure_reason(forward) == ("the forward of block 1 in step 0 failed: RuntimeError: "
+                                       f"shapes cannot be multiplied ({HERE}:{raised})")
+    assert failure_kind(forward) == failures.ERROR
+    bad_call = _caught("allgather", "output tensor size must be equal to world_size times input size", block=0)
+    assert failure_kind(bad_call) == failures.ERROR and "failed: RuntimeError: output tensor" in failure_reason(bad_call)
+    # a wait that gave up on a peer is typed so; the same words in a user's error are not
+    assert failure_kind(PeerGone("rank 1 waited for rank 0 and gave up")) == failures.PEER
+    assert failure_kind(ZoError("rank 1 waited for rank 0 and gave up")) == failures.ERROR
+
+
+def test_the_lanes_name_the_task_that_failed():
+    lanes = zdist.CpuLanes(rank=1)
+    lanes.begin_step(7)
+    with pytest.raises(LaneFailure) as caught, lanes.task("allgather", 4):
+        raise RuntimeError(GLOO_TIMEOUT)
+    failure = caught.value
+    assert (failure.what, failure.block, failure.step, failure.rank) == ("allgather", 4, 7, 1)
+    assert failure.__cause__ is failure.cause and str(failure) == "the all-gather of block 4 in step 7 timed out after 4 s"
+    lanes.begin_step(8, record=False)     # the flush of the updates, an evaluation: no step
+    with pytest.raises(LaneFailure) as caught, lanes.task("embed"):
+        raise ValueError("bad value")
+    assert (caught.value.what, caught.value.block, caught.value.step) == ("embed", None, None)
+    with pytest.raises(ZoError, match="^the user's$"), lanes.task("head"):    # as it is
+        raise ZoError("the user's")
+    assert lanes.spans == []     # a task that failed leaves no span
 
 
 def _outcome(exitcodes, *, first=None, killed=None, signum=None):

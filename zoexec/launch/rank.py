@@ -19,6 +19,7 @@ from zoexec.run.folder import RunDir
 from zoexec.run.loop import STOP, TrainLoop, prepare_rundir
 from zoexec.run.report import Reporter, quiet_libraries
 from zoexec.runtime import dist as zdist
+from zoexec.runtime.errors import failing
 from zoexec.runtime.hostenv import keep_freed_memory
 from zoexec.store.node import close_store, host_memory_probe, load_node_model, share_read_flags
 from zoexec.train.engine import Trainer
@@ -37,8 +38,9 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
         STOP.install()
         if cfg.device_kind == "cpu":
             keep_freed_memory()   # activations are reused, not page-faulted in every block
-        env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
-                                     tf32=cfg.workload.tf32)
+        with failing("join", rank=place.rank):
+            env = zdist.init_distributed(place=place, layout=cfg.layout,
+                                         device_kind=cfg.device_kind, tf32=cfg.workload.tf32)
         threads = zdist.set_threads(cfg.threads, cfg.layout.local_ranks)
         # not inference_mode: zo's z threads would not inherit it; -q: transformers quiet too
         with torch.no_grad(), quiet_libraries(not cfg.progress):
@@ -59,14 +61,16 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
     evaluator = make_evaluator(cfg)   # the held-out data (--eval-data), read before the model
     owned = prepare_rundir(cfg, env, sha256_json(cfg.plan))
     try:
-        run_id = zdist.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
-                                        else uuid.uuid4().hex[:12])
+        with failing("run_id", rank=env.rank):
+            run_id = zdist.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
+                                            else uuid.uuid4().hex[:12])
         parts, store = load_node_model(cfg, env, run_id)
         try:
             flags = share_read_flags(env, run_id, num_blocks=store.num_blocks)
             speed = SpeedMonitor.make(cfg, env, threads)
             speed.check()
-            epoch_s, clock = zdist.clock_epoch(env)
+            with failing("clock", rank=env.rank):
+                epoch_s, clock = zdist.clock_epoch(env)
             trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
                               lanes=zdist.make_lanes(env, epoch_s=epoch_s), flags=flags,
                               speed=speed)
@@ -98,8 +102,9 @@ def _data_source(cfg: RunConfig):
 def _write_trace(cfg: RunConfig, env: zdist.DistEnv, trainer: Trainer, memory: dict,
                  meta_extra: dict) -> None:
     """Every rank's spans and memory, gathered to rank 0, which writes the trace."""
-    spans = zdist.gather_objects(env, [s.to_dict() for s in trainer.lanes.spans])
-    memories = zdist.gather_objects(env, memory)
+    with failing("trace", rank=env.rank):
+        spans = zdist.gather_objects(env, [s.to_dict() for s in trainer.lanes.spans])
+        memories = zdist.gather_objects(env, memory)
     if env.rank != 0 or not cfg.trace_dir:
         return
     flat = [Span.from_dict(s) for rank_spans in spans for s in rank_spans]

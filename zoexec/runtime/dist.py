@@ -49,6 +49,7 @@ import torch.distributed as dist
 
 from zoexec.runtime import numa
 from zoexec.runtime.devicemap import ENV_VISIBLE, cuda_index, visible_env
+from zoexec.runtime.errors import failing
 from zoexec.runtime.hostmem import filesystem_type, mapped_file
 from zoplan.errors import ZoError
 from zoplan.execrules import threads_per_rank, usable_cores
@@ -439,7 +440,8 @@ class CpuLanes:
              record: bool = True) -> Iterator[Task]:
         handle = Task(kind=kind, block=block)
         start = time.monotonic()
-        yield handle
+        with failing(kind, rank=self.rank, block=block, step=self._step if self._record else None):
+            yield handle
         end = time.monotonic()
         if record and self._record:
             self.spans.append(Span(kind=kind, rank=self.rank, start_s=start - self.epoch_s,
@@ -488,7 +490,9 @@ class CudaLanes:
         handle = Task(kind=kind, block=block, done=end, start=start)
         with torch.cuda.stream(stream):
             start.record(stream)
-            yield handle
+            with failing(kind, rank=self.rank, block=block,
+                         step=self._step if self._record else None):
+                yield handle
             end.record(stream)
         if record and self._record:
             self._pending.append(handle)

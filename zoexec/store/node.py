@@ -25,6 +25,7 @@ import torch.distributed as dist
 from zoexec.config import RunConfig
 from zoexec.model.families import bind_resident
 from zoexec.runtime import dist as zdist
+from zoexec.runtime.errors import PeerGone
 from zoexec.runtime.hostmem import mapping_pss_bytes
 from zoexec.store.blocks import (
     BlockStore,
@@ -34,7 +35,7 @@ from zoexec.store.blocks import (
 )
 from zoexec.store.fence import ReadFlags
 from zoexec.store.loading import LoadProgress, ModelSource, fill_timeout_s, open_source
-from zoplan.errors import ZoError, first_line
+from zoplan.errors import first_line
 from zoplan.execrules import fence_needed
 from zoplan.memory import store_stride
 
@@ -157,18 +158,19 @@ def wait_for_builder(env: zdist.DistEnv, *, timeout_s: float, what: str) -> None
                 else "local rank 0 to fill")
         cause = first_line(exc)
         ending = "gave up" if "timed out" in cause.lower() else "lost it"
-        raise ZoError(f"rank {env.rank} (node {env.place.node}) waited for {whom} {what} "
-                      f"and {ending} (timeout {timeout_s:g} s): {cause}") from None
+        raise PeerGone(f"rank {env.rank} (node {env.place.node}) waited for {whom} {what} "
+                       f"and {ending} (timeout {timeout_s:g} s): {cause}") from None
 
 
 def monitored_barrier(env: zdist.DistEnv, group, *, timeout_s: float, what: str) -> None:
     """torch.distributed.monitored_barrier on a host (gloo) group: its first rank
-    reports a rank that did not arrive within `timeout_s`; a ZoError saying `what`."""
+    reports a rank that did not arrive within `timeout_s`; a PeerGone (a ZoError)
+    saying `what`."""
     try:
         dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_s))
     except RuntimeError as exc:
-        raise ZoError(f"rank {env.rank} waited for {what} and gave up (timeout "
-                      f"{timeout_s:g} s): {first_line(exc)}") from None
+        raise PeerGone(f"rank {env.rank} waited for {what} and gave up (timeout "
+                       f"{timeout_s:g} s): {first_line(exc)}") from None
 
 
 def close_store(store: BlockStore | None) -> None:
