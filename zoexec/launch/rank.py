@@ -16,9 +16,10 @@ from zoexec.launch.preflight import check_gpu_memory
 from zoexec.maths.history import StepRecord
 from zoexec.run.evaluate import make_evaluator
 from zoexec.run.folder import RunDir
-from zoexec.run.loop import STOP, TrainLoop, prepare_rundir
+from zoexec.run.loop import EXIT_CODES, TrainLoop, prepare_rundir
 from zoexec.run.report import Reporter, quiet_libraries
 from zoexec.runtime import dist as zdist
+from zoexec.runtime import procwatch
 from zoexec.runtime.errors import failing
 from zoexec.runtime.hostenv import keep_freed_memory
 from zoexec.store.node import close_store, host_memory_probe, load_node_model, share_read_flags
@@ -34,27 +35,27 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
     peers fail only once its connections close). SIGINT and SIGTERM stop the run at
     the next step boundary with a snapshot (zoexec.run.loop.RunStopped)."""
     env = None
-    try:
-        STOP.install()
-        if cfg.device_kind == "cpu":
-            keep_freed_memory()   # activations are reused, not page-faulted in every block
-        with failing("join", rank=place.rank):
-            env = zdist.init_distributed(place=place, layout=cfg.layout,
-                                         device_kind=cfg.device_kind, tf32=cfg.workload.tf32)
-        threads = zdist.set_threads(cfg.threads, cfg.layout.local_ranks)
-        # not inference_mode: zo's z threads would not inherit it; -q: transformers quiet too
-        with torch.no_grad(), quiet_libraries(not cfg.progress):
-            return _run(cfg, env, threads)
-    except BaseException as exc:
-        if on_failure is not None:
-            on_failure(exc)
-        raise
-    finally:
-        STOP.restore()
-        zdist.shutdown(env)
+    with procwatch.stop_signals(None, signals=tuple(EXIT_CODES)) as stop:
+        try:
+            if cfg.device_kind == "cpu":
+                keep_freed_memory()   # activations are reused, not page-faulted in every block
+            with failing("join", rank=place.rank):
+                env = zdist.init_distributed(place=place, layout=cfg.layout,
+                                             device_kind=cfg.device_kind, tf32=cfg.workload.tf32)
+            threads = zdist.set_threads(cfg.threads, cfg.layout.local_ranks)
+            # not inference_mode: zo's z threads would not inherit it; -q: transformers quiet too
+            with torch.no_grad(), quiet_libraries(not cfg.progress):
+                return _run(cfg, env, threads, stop)
+        except BaseException as exc:
+            if on_failure is not None:
+                on_failure(exc)
+            raise
+        finally:
+            zdist.shutdown(env)
 
 
-def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
+def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int,
+         stop: procwatch.StopRequest) -> list[StepRecord]:
     check_gpu_memory(cfg, env.device.index)
     reporter = Reporter.make(cfg, env)   # its clock starts here: the summary's start-up
     source = _data_source(cfg)
@@ -75,7 +76,7 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
                               lanes=zdist.make_lanes(env, epoch_s=epoch_s), flags=flags,
                               speed=speed)
             loop = TrainLoop(trainer, RunDir(cfg.out_dir) if cfg.out_dir else None, reporter,
-                             evaluator)
+                             evaluator, stop=stop)
             records = loop.run()
             speed.check()
             memory = host_memory_probe(store, env)
