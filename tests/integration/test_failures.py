@@ -201,6 +201,26 @@ def test_a_second_stop_signal_kills_at_once():
     assert took < 3
 
 
+def test_a_ranks_stop_request_waits_for_the_step_boundary_and_a_second_ctrl_c_interrupts():
+    stop = procwatch.StopRequest()                # a rank's: no processes to forward to
+    stop.handle(signal.SIGTERM)
+    stop.handle(signal.SIGINT)                    # remembered once: the first one counts
+    assert stop.signum == signal.SIGTERM and stop.forced is None
+    ctrl_c = procwatch.StopRequest()
+    ctrl_c.handle(signal.SIGINT)
+    ctrl_c.handle(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c.handle(signal.SIGINT)
+    with procwatch.stop_signals(None, signals=(signal.SIGINT,)) as installed:
+        assert signal.getsignal(signal.SIGINT) == installed.handle
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while installed.signum is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert installed.signum == signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_stopped_rank_is_killed_at_once_when_another_fails():
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=sys.exit, args=(1,)), ctx.Process(target=_stubborn)]
