@@ -19,6 +19,13 @@ class ZoError(Exception):
     """A problem the user can fix; the message is shown as one line."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, stripped (its type's name when the
+    message is empty): what a one-line report quotes of a library's error."""
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
+
+
 EXEC_PACKAGES = ("torch", "transformers", "safetensors", "psutil", "numpy")
 
 

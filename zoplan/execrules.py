@@ -9,13 +9,19 @@
   the slice) draws every chunk it touches whole (z_range_draws);
 - run lengths: how many steps a traced run takes by default, and how many make a run
   of a given length (zoexec's default, `zoplan calibrate`'s advice, the benchmarks);
-- speed probes: how often a traced CPU run probes the machine between steps.
+- speed probes: how often a traced CPU run probes the machine between steps;
+- the write-back fence: when a block's write-back must wait for the node's other ranks
+  to have read it (fence_needed).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zoplan.layout import Layout
 
 
 # ---- threads ---------------------------------------------------------------------------------
@@ -29,6 +35,17 @@ def usable_cores() -> int:
 def threads_per_rank(cores: int, local_ranks: int) -> int:
     """The host's cores shared by its local ranks, at least one each."""
     return max(1, cores // local_ranks)
+
+
+# ---- the write-back fence ---------------------------------------------------------------------
+def fence_needed(layout: Layout) -> bool:
+    """Whether a block's write-back (d2h) must wait until every local rank has read it:
+    several local ranks share the node's store and a slice group does not span them
+    (the slice group's all-gather orders the reads before the writes otherwise). CUDA
+    ranks fence with a node all-reduce of a token after their h2d (zoexec's
+    Trainer._fence, a task the planner prices); CPU ranks wait on read stamps in shared
+    memory instead (zoexec.store.fence), no collective."""
+    return 1 < layout.local_ranks and layout.slices < layout.local_ranks
 
 
 # ---- how z's chunks are spread over a rank's threads -----------------------------------------

@@ -8,6 +8,7 @@ handling on stand-in processes, without torch."""
 from __future__ import annotations
 
 import glob
+import inspect
 import multiprocessing as mp
 import os
 import signal
@@ -28,9 +29,12 @@ from zoexec.launch import failures
 from zoexec.launch.failures import Report, failure_kind, failure_reason, job_failure
 from zoexec.launch.spawn import RankFailure, Stopped, spawn_local, sweep_stale_files
 from zoexec.runtime import groups as zgroups
+from zoexec.runtime import lanes as zlanes
 from zoexec.runtime import procwatch
+from zoexec.runtime.errors import LaneFailure, PeerGone, failing
 from zoexec.runtime.procwatch import Outcome, ProcessId
 from zoexec.store import shmfiles
+from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.models import ModelSpec, get_model
@@ -43,36 +47,76 @@ TIMEOUT_S = 4.0
 
 
 # ---- the lines, from synthetic failures -------------------------------------------------------
-def _raise_in(module: str, function: str, message: str, **frame_locals):
-    """An exception raised in `function` of a file zoexec/<module>, with those locals."""
-    args = ", ".join(frame_locals)
-    source = f"def {function}({args}):\n    raise RuntimeError({message!r})\n"
-    scope: dict = {}
-    exec(compile(source, f"/x/zoexec/{module}", "exec"), scope)
+def _caught(what: str, message: str, **fields) -> LaneFailure:
+    """The LaneFailure a rank raises when `message` comes out of the task or collective
+    `what` (as zoexec.runtime.errors.failing wraps it where it runs)."""
     try:
-        scope[function](**frame_locals)
-    except RuntimeError as exc:
+        with failing(what, rank=0, **fields):
+            raise RuntimeError(message)
+    except LaneFailure as exc:
         return exc
     raise AssertionError("did not raise")
+
+
+def _raised(message: str) -> RuntimeError:
+    try:
+        raise RuntimeError(message)
+    except RuntimeError as exc:
+        return exc
 
 
 GLOO_TIMEOUT = ("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 4000ms for "
                 "recv operation to complete")
 GLOO_RESET = ("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1234: Connection "
               "reset by peer. This is typically caused by a remote worker hanging")
+HERE = Path(__file__).name
 
 
 def test_a_collective_failure_says_which_collective_of_which_step():
-    timeout = _raise_in("engine.py", "step", GLOO_TIMEOUT, step=3)
+    timeout = _caught("allreduce", GLOO_TIMEOUT, step=3)
     assert failure_reason(timeout) == "the loss all-reduce of step 3 timed out after 4 s"
     assert failure_kind(timeout) == failures.PEER
-    reset = _raise_in("engine.py", "_upload", GLOO_RESET, block=2)
+    reset = _caught("allgather", GLOO_RESET, block=2)
     assert failure_reason(reset) == "the all-gather of block 2 lost its connection to a peer (Connection reset by peer)"
-    barrier = _raise_in("lanes.py", "clock_epoch", "Rank 1 failed to pass monitoredBarrier in 4000 ms")
+    fence = _caught("allgather", GLOO_RESET, block=2, step=5).renamed("fence")
+    assert failure_reason(fence) == ("the write-back fence of block 2 in step 5 lost its "
+                                     "connection to a peer (Connection reset by peer)")
+    barrier = _caught("clock", "Rank 1 failed to pass monitoredBarrier in 4000 ms")
     assert failure_reason(barrier) == "agreeing on the clock timed out after 4 s waiting for rank 1"
-    own = _raise_in("engine.py", "step", "injected fault at step 1", step=1)
-    assert failure_reason(own) == "RuntimeError: injected fault at step 1 (engine.py:2)"
+    own = _raised("injected fault at step 1")
+    assert failure_reason(own) == f"RuntimeError: injected fault at step 1 ({HERE}:{own.__traceback__.tb_lineno})"
     assert failure_kind(own) == failures.ERROR
+
+
+def test_a_task_that_fails_by_itself_is_the_ranks_own_error():
+    forward = _caught("forward", "shapes cannot be multiplied", block=1, step=0)
+    lines, first = inspect.getsourcelines(_caught)
+    raised = first + next(i for i, text in enumerate(lines) if "raise RuntimeError" in text)
+    assert failure_reason(forward) == ("the forward of block 1 in step 0 failed: RuntimeError: "
+                                       f"shapes cannot be multiplied ({HERE}:{raised})")
+    assert failure_kind(forward) == failures.ERROR
+    bad_call = _caught("allgather", "output tensor size must be equal to world_size times input size", block=0)
+    assert failure_kind(bad_call) == failures.ERROR and "failed: RuntimeError: output tensor" in failure_reason(bad_call)
+    # a wait that gave up on a peer is typed so; the same words in a user's error are not
+    assert failure_kind(PeerGone("rank 1 waited for rank 0 and gave up")) == failures.PEER
+    assert failure_kind(ZoError("rank 1 waited for rank 0 and gave up")) == failures.ERROR
+
+
+def test_the_lanes_name_the_task_that_failed():
+    lanes = zlanes.CpuLanes(rank=1)
+    lanes.begin_step(7)
+    with pytest.raises(LaneFailure) as caught, lanes.task("allgather", 4):
+        raise RuntimeError(GLOO_TIMEOUT)
+    failure = caught.value
+    assert (failure.what, failure.block, failure.step, failure.rank) == ("allgather", 4, 7, 1)
+    assert failure.__cause__ is failure.cause and str(failure) == "the all-gather of block 4 in step 7 timed out after 4 s"
+    lanes.begin_step(8, record=False)     # the flush of the updates, an evaluation: no step
+    with pytest.raises(LaneFailure) as caught, lanes.task("embed"):
+        raise ValueError("bad value")
+    assert (caught.value.what, caught.value.block, caught.value.step) == ("embed", None, None)
+    with pytest.raises(ZoError, match="^the user's$"), lanes.task("head"):    # as it is
+        raise ZoError("the user's")
+    assert lanes.spans == []     # a task that failed leaves no span
 
 
 def _outcome(exitcodes, *, first=None, killed=None, signum=None):
@@ -156,6 +200,26 @@ def test_a_second_stop_signal_kills_at_once():
     outcome, took = _supervised([signal.SIGINT, signal.SIGINT], grace_s=60)
     assert outcome.signum == signal.SIGINT and set(outcome.killed.values()) == {"forced"}
     assert took < 3
+
+
+def test_a_ranks_stop_request_waits_for_the_step_boundary_and_a_second_ctrl_c_interrupts():
+    stop = procwatch.StopRequest()                # a rank's: no processes to forward to
+    stop.handle(signal.SIGTERM)
+    stop.handle(signal.SIGINT)                    # remembered once: the first one counts
+    assert stop.signum == signal.SIGTERM and stop.forced is None
+    ctrl_c = procwatch.StopRequest()
+    ctrl_c.handle(signal.SIGINT)
+    ctrl_c.handle(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c.handle(signal.SIGINT)
+    with procwatch.stop_signals(None, signals=(signal.SIGINT,)) as installed:
+        assert signal.getsignal(signal.SIGINT) == installed.handle
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while installed.signum is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert installed.signum == signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_stopped_rank_is_killed_at_once_when_another_fails():

@@ -33,7 +33,8 @@ from zoplan.workload import Workload
 
 BIN = Path(sys.executable).parent
 STEPS = 16
-COMMON = ["--steps", str(STEPS), "--lr", "1e-3", "--seed", "7", "--save-every", "4", "-q"]
+SETTINGS = ["--lr", "1e-3", "--seed", "7", "--save-every", "4", "-q"]   # constant lr
+COMMON = ["--steps", str(STEPS), *SETTINGS]
 
 
 def _plan(folder: Path, layout: Layout) -> Path:
@@ -97,8 +98,9 @@ def test_the_same_plan_seed_and_data_give_the_same_run(plan, reference, tmp_path
     assert _same(_final(again), _final(reference))
 
 
-def _start(plan, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "zoexec"), "run", str(plan), "--out", str(out), *COMMON],
+def _start(plan, out: Path, *, steps: int = STEPS) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "zoexec"), "run", str(plan), "--out", str(out),
+                             "--steps", str(steps), *SETTINGS],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
@@ -182,17 +184,23 @@ def test_a_run_killed_while_saving_final_resumes_to_write_it(plan, reference, tm
 
 
 def test_ctrl_c_saves_a_snapshot_and_the_run_resumes_from_it(plan, reference, tmp_path):
+    """SIGINT after 5 logged steps of a run far longer than that (it cannot end first,
+    however fast the machine: it stops at the step boundary after the signal); resumed
+    for the reference's STEPS steps (the learning rate is constant: the planned length
+    changes no step), it ends with the reference's weights."""
     out = tmp_path / "interrupted"
-    proc = _start(plan, out)
+    proc = _start(plan, out, steps=100_000)
     _wait_for_steps(out, 5, proc)
     os.killpg(proc.pid, signal.SIGINT)              # what Ctrl-C does in a terminal
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "stopped by SIGINT after step" in err and "--resume" in err, err
     stopped_at = _logged(out)[-1][0]
+    assert stopped_at < STEPS - 1, f"the signal was acted on only after step {stopped_at}"
     assert (out / "snapshots" / f"step-{stopped_at:06d}" / "state.json").is_file()
-    done = _zoexec(plan, "--resume", out, "-q")
+    done = _zoexec(plan, "--resume", out, "--steps", STEPS, "-q")
     assert done.returncode == 0, done.stderr
+    assert _logged(out) == _logged(reference)
     assert _same(_final(out), _final(reference))
 
 

@@ -7,7 +7,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from zoplan.errors import ZoError
+from zoplan.errors import ZoError, first_line
 
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -45,7 +45,7 @@ def _from_disk(path: Path):
         data = datasets.load_from_disk(str(path), keep_in_memory=True)
     except Exception as exc:  # noqa: BLE001 - not a saved data set: the folder's problem
         raise ZoError(f"data folder {path} is not a data set saved with save_to_disk "
-                      f"({_first_line(exc)})") from None
+                      f"({first_line(exc)})") from None
     if isinstance(data, datasets.DatasetDict):
         if list(data) != ["train"] and len(data) != 1:
             raise ZoError(f"data folder {path} holds several splits ({', '.join(data)}); give "
@@ -66,7 +66,7 @@ def _from_file(path: Path, builder: str):
         if isinstance(exc, StopIteration) or "empty" in str(exc).lower():
             raise ZoError(f"data file {path} holds no rows") from None
         cause = exc.__cause__ or exc
-        raise ZoError(f"cannot read data file {path}: {_first_line(cause)}") from None
+        raise ZoError(f"cannot read data file {path}: {first_line(cause)}") from None
 
 
 def _find_bad_json_line(path: Path) -> None:
@@ -86,11 +86,6 @@ def _find_bad_json_line(path: Path) -> None:
             raise ZoError(f"{path}:{number}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
         if not isinstance(record, dict):
             raise ZoError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_columns(rows: list[dict], columns, where) -> None:

@@ -23,51 +23,25 @@ rank that failed FIRST (`job_failure`), from what it saw of every rank:
 A job the launcher stopped (a signal to it) says so: the engine's line, else "stopped
 by SIGINT", with the ranks that did not exit within the grace period.
 
-Collective failures are read from the error's text (gloo: "Timed out waiting 10000ms
-for recv operation to complete", "Connection reset by peer", "Connection closed by
-peer"; NCCL's watchdog: "Timeout(ms)=600000"; monitored_barrier: "Rank 1 failed to
-pass monitoredBarrier in 10000 ms") and the operation from the traceback: the
-innermost zoexec function that ran it, the step and block of its frames.
+A rank's failure comes typed from where it happened (zoexec.runtime.errors): a
+LaneFailure names the task or collective (what, block, step) and, for a collective
+whose peer went away, how (timed out, lost its connection); a PeerGone is a wait for a
+peer that gave up. Nothing here reads an exception's text or its frames' variables;
+any other exception is quoted with its type, first line and where it was raised.
 """
 
 from __future__ import annotations
 
-import re
 import signal
 from dataclasses import dataclass
-from pathlib import Path
 
-from zoplan.errors import EXIT_USER_ERROR, ZoError
+from zoexec.runtime.errors import LaneFailure, PeerGone, error_line
+from zoplan.errors import EXIT_USER_ERROR, ZoError, first_line
 
 ERROR, PEER, HALT = "error", "peer", "halt"      # what a rank's failure was (HALT: on purpose)
 USER, RANK, STOPPED = "user", "rank", "stopped"    # what job_failure's line is
 EXIT_RANK_FAILED = 1
 HALT_CODES = (130, 143)                            # a rank that stopped on SIGINT / SIGTERM
-
-_TIMEOUT_MS = (r"Timed out waiting (\d+) ?ms", r"Timeout\(ms\)=(\d+)", r"in (\d+) ?ms",
-               r"timed out after (\d+) ?ms", r"timeout of (\d+) ?ms")
-_LOST = (r"Connection reset by peer", r"Connection closed by peer", r"Broken pipe",
-         r"Connection refused", r"Remote peer closed the connection", r"Socket closed",
-         r"NCCL communicator was aborted", r"ncclRemoteError", r"Read error", r"Write error")
-_PEER_RANK = r"\bRank (\d+) failed to pass monitoredBarrier"
-_PEER_ZOERROR = ("gave up", "lost it", "stuck or dead", "timed out")
-_HELPERS = {"_wait", "task", "host_barrier", "broadcast_object", "gather_objects",
-            "monitored_barrier", "__enter__", "__exit__", "wait"}
-OPERATIONS = {   # (module file, function) -> what a collective there does
-    ("engine.py", "step"): "the loss all-reduce",
-    ("engine.py", "_upload"): "the all-gather of block {block}",
-    ("engine.py", "_fence"): "the write-back fence of block {block}",
-    ("engine.py", "flush"): "the barrier after the last update",
-    ("engine.py", "_finish"): "the gather of the trace",
-    ("engine.py", "_run"): "the broadcast of the run id",
-    ("rank.py", "_run"): "the broadcast of the run id",
-    ("rank.py", "_write_trace"): "the gather of the trace",
-    ("loop.py", "snapshot"): "saving a snapshot",
-    ("loop.py", "finish"): "saving the weights",
-    ("groups.py", "init_distributed"): "joining the job",
-    ("groups.py", "_build_groups"): "creating the process groups",
-    ("lanes.py", "clock_epoch"): "agreeing on the clock",
-}
 SIGNAL_HINTS = {signal.SIGKILL: "kill -9 or the out-of-memory killer",
                 signal.SIGSEGV: "a crash in native code", signal.SIGABRT: "an abort in native code",
                 signal.SIGBUS: "shared memory ran out? see df /dev/shm",
@@ -78,13 +52,10 @@ SIGNAL_HINTS = {signal.SIGKILL: "kill -9 or the out-of-memory killer",
 def failure_reason(exc: BaseException) -> str:
     """One line saying why a rank stopped."""
     if isinstance(exc, ZoError) or _exit_code(exc) is not None:
-        return _first_line(exc) or type(exc).__name__
-    text = _first_line(exc)
-    frames = _frames(exc)
-    if _is_collective(text):
-        return _collective(text, frames)
-    where = f" ({Path(frames[-1][0]).name}:{frames[-1][1]})" if frames else ""
-    return f"{type(exc).__name__}: {text}{where}"
+        return first_line(exc)
+    if isinstance(exc, LaneFailure):
+        return exc.line()
+    return error_line(exc)
 
 
 def failure_kind(exc: BaseException) -> str:
@@ -93,10 +64,9 @@ def failure_kind(exc: BaseException) -> str:
     or on purpose (zoexec.run.loop.RunStopped: a signal, a non-finite step), else ERROR."""
     if _exit_code(exc) in HALT_CODES or getattr(exc, "on_purpose", False):
         return HALT
-    text = _first_line(exc)
-    if isinstance(exc, ZoError):
-        return PEER if any(word in text for word in _PEER_ZOERROR) else ERROR
-    return PEER if _is_collective(text) else ERROR
+    if isinstance(exc, PeerGone) or (isinstance(exc, LaneFailure) and exc.peer is not None):
+        return PEER
+    return ERROR
 
 
 def exit_code(exc: BaseException) -> int:
@@ -111,74 +81,6 @@ def exit_code(exc: BaseException) -> int:
 def _exit_code(exc: BaseException) -> int | None:
     code = getattr(exc, "exit_code", None)
     return code if isinstance(code, int) and not isinstance(exc, SystemExit) else None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else ""
-
-
-def _is_collective(text: str) -> bool:
-    return _timeout_ms(text) is not None or _lost(text) is not None or "timed out" in text.lower()
-
-
-def _timeout_ms(text: str) -> int | None:
-    for pattern in _TIMEOUT_MS:
-        match = re.search(pattern, text)
-        if match:
-            return int(match[1])
-    return None
-
-
-def _lost(text: str) -> str | None:
-    for pattern in _LOST:
-        match = re.search(pattern, text, re.IGNORECASE)
-        if match:
-            return match[0]
-    return None
-
-
-def _frames(exc: BaseException) -> list[tuple[str, int, str, dict]]:
-    """(file, line, function, the frame's int locals) from outermost to innermost."""
-    out, tb = [], exc.__traceback__
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        ints = {k: v for k, v in tb.tb_frame.f_locals.items()
-                if k in ("step", "block") and isinstance(v, int)}
-        out.append((code.co_filename, tb.tb_lineno, code.co_name, ints))
-        tb = tb.tb_next
-    return out
-
-
-def _collective(text: str, frames) -> str:
-    """'the all-gather of block 2 in step 3 timed out after 10 s' and the like."""
-    what = _operation(frames)
-    millis, lost = _timeout_ms(text), _lost(text)
-    if millis is not None:
-        how = f"timed out after {millis / 1000:g} s"
-    elif lost is not None:
-        how = f"lost its connection to a peer ({lost})"
-    else:
-        how = f"failed: {text}"
-    peer = re.search(_PEER_RANK, text)
-    if peer and millis is not None:
-        how += f" waiting for rank {peer[1]}"
-    return f"{what} {how}"
-
-
-def _operation(frames) -> str:
-    ours = [f for f in frames if Path(f[0]).parent.name == "zoexec"]
-    step = next((f[3]["step"] for f in reversed(ours) if "step" in f[3]), None)
-    for file, line, function, ints in reversed(ours):
-        if function in _HELPERS:
-            continue
-        known = OPERATIONS.get((Path(file).name, function))
-        what = (known.format(block=ints.get("block", "?")) if known
-                else f"a collective in {function} ({Path(file).name}:{line})")
-        if step is not None:
-            what += f" in step {step}" if "block" in what else f" of step {step}"
-        return what
-    return "a collective"
 
 
 # ---- the launcher's side ---------------------------------------------------------------------

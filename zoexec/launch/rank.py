@@ -16,10 +16,12 @@ from zoexec.launch.preflight import check_gpu_memory
 from zoexec.maths.history import StepRecord
 from zoexec.run.evaluate import make_evaluator
 from zoexec.run.folder import RunDir
-from zoexec.run.loop import STOP, TrainLoop, prepare_rundir
+from zoexec.run.loop import EXIT_CODES, TrainLoop, prepare_rundir
 from zoexec.run.report import Reporter, quiet_libraries
 from zoexec.runtime import groups as zgroups
 from zoexec.runtime import lanes as zlanes
+from zoexec.runtime import procwatch
+from zoexec.runtime.errors import failing
 from zoexec.runtime.hostenv import keep_freed_memory
 from zoexec.store.node import close_store, host_memory_probe, load_node_model, share_read_flags
 from zoexec.train.engine import Trainer
@@ -34,46 +36,48 @@ def rank_main(cfg: RunConfig, place: zgroups.RankPlace, *, on_failure=None) -> l
     peers fail only once its connections close). SIGINT and SIGTERM stop the run at
     the next step boundary with a snapshot (zoexec.run.loop.RunStopped)."""
     env = None
-    try:
-        STOP.install()
-        if cfg.device_kind == "cpu":
-            keep_freed_memory()   # activations are reused, not page-faulted in every block
-        env = zgroups.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
-                                     tf32=cfg.workload.tf32)
-        threads = zgroups.set_threads(cfg.runtime.threads, cfg.layout.local_ranks)
-        # not inference_mode: zo's z threads would not inherit it; -q: transformers quiet too
-        with torch.no_grad(), quiet_libraries(not cfg.logging.progress):
-            return _run(cfg, env, threads)
-    except BaseException as exc:
-        if on_failure is not None:
-            on_failure(exc)
-        raise
-    finally:
-        STOP.restore()
-        zgroups.shutdown(env)
+    with procwatch.stop_signals(None, signals=tuple(EXIT_CODES)) as stop:
+        try:
+            if cfg.device_kind == "cpu":
+                keep_freed_memory()   # activations are reused, not page-faulted in every block
+            with failing("join", rank=place.rank):
+                env = zgroups.init_distributed(place=place, layout=cfg.layout,
+                                             device_kind=cfg.device_kind, tf32=cfg.workload.tf32)
+            threads = zgroups.set_threads(cfg.runtime.threads, cfg.layout.local_ranks)
+            # not inference_mode: zo's z threads would not inherit it; -q: transformers quiet too
+            with torch.no_grad(), quiet_libraries(not cfg.logging.progress):
+                return _run(cfg, env, threads, stop)
+        except BaseException as exc:
+            if on_failure is not None:
+                on_failure(exc)
+            raise
+        finally:
+            zgroups.shutdown(env)
 
 
-def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int) -> list[StepRecord]:
+def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
+         stop: procwatch.StopRequest) -> list[StepRecord]:
     check_gpu_memory(cfg, env.device.index)
     reporter = Reporter.make(cfg, env)   # its clock starts here: the summary's start-up
     source = _data_source(cfg)
     evaluator = make_evaluator(cfg)   # the held-out data (--eval-data), read before the model
     owned = prepare_rundir(cfg, env, sha256_json(cfg.plan))
     try:
-        run_id = zgroups.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
-                                        else uuid.uuid4().hex[:12])
+        with failing("run_id", rank=env.rank):
+            run_id = zgroups.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
+                                            else uuid.uuid4().hex[:12])
         parts, store = load_node_model(cfg, env, run_id)
         try:
             flags = share_read_flags(env, run_id, num_blocks=store.num_blocks)
             speed = SpeedMonitor.make(cfg, env, threads)
             speed.check()
-            epoch_s, clock = zlanes.clock_epoch(env)
+            with failing("clock", rank=env.rank):
+                epoch_s, clock = zlanes.clock_epoch(env)
             trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
                               lanes=zlanes.make_lanes(env, epoch_s=epoch_s), flags=flags,
                               speed=speed)
-            out = cfg.checkpoint.out
-            loop = TrainLoop(trainer, RunDir(out) if out else None, reporter,
-                             evaluator)
+            loop = TrainLoop(trainer, RunDir(cfg.checkpoint.out) if cfg.checkpoint.out else None, reporter,
+                             evaluator, stop=stop)
             records = loop.run()
             speed.check()
             memory = host_memory_probe(store, env)
@@ -100,8 +104,9 @@ def _data_source(cfg: RunConfig):
 def _write_trace(cfg: RunConfig, env: zgroups.DistEnv, trainer: Trainer, memory: dict,
                  meta_extra: dict) -> None:
     """Every rank's spans and memory, gathered to rank 0, which writes the trace."""
-    spans = zgroups.gather_objects(env, [s.to_dict() for s in trainer.lanes.spans])
-    memories = zgroups.gather_objects(env, memory)
+    with failing("trace", rank=env.rank):
+        spans = zgroups.gather_objects(env, [s.to_dict() for s in trainer.lanes.spans])
+        memories = zgroups.gather_objects(env, memory)
     if env.rank != 0 or not cfg.logging.trace:
         return
     flat = [Span.from_dict(s) for rank_spans in spans for s in rank_spans]

@@ -18,6 +18,7 @@ import torch
 
 from zoexec.data.batch import Example
 from zoexec.data.tasks import EvalSet, make_eval_set, pack_examples
+from zoexec.runtime.errors import failing
 
 
 class Evaluator:
@@ -55,7 +56,8 @@ class Evaluator:
             import torch.distributed as dist
 
             losses = losses.to(trainer.token.device)
-            dist.all_reduce(losses, group=env.world)
+            with failing("eval", rank=env.rank):
+                dist.all_reduce(losses, group=env.world)
             losses = losses.cpu()
         return self.eval_set.metrics(losses)
 

@@ -30,6 +30,7 @@ from zoexec.run.checkpoint import LossLog
 from zoexec.run.folder import FINAL, RunDir
 from zoexec.run.report import Reporter
 from zoexec.runtime import groups as zgroups
+from zoexec.runtime.procwatch import StopRequest
 from zoexec.store.loading import fill_timeout_s
 from zoexec.store.node import monitored_barrier
 from zoexec.train.engine import Trainer
@@ -50,42 +51,14 @@ class RunStopped(Exception):
         self.exit_code = exit_code
 
 
-class StopRequest:
-    """SIGINT / SIGTERM received by this process: remembered, acted on at the next
-    step boundary (a second SIGINT while stopping interrupts at once)."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict = {}
-
-    def install(self) -> None:
-        """Catch SIGINT and SIGTERM (main thread only) until `restore`."""
-        self.signum = None
-        for signum in EXIT_CODES:
-            self._previous[signum] = signal.signal(signum, self._handle)
-
-    def restore(self) -> None:
-        """The handlers from before `install` (a run inside another program)."""
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum == signal.SIGINT and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = self.signum or signum
-
-
-STOP = StopRequest()
-
-
 class TrainLoop:
     """Drive a Trainer from cfg.start_step to cfg.optim.steps (see the module docstring)."""
 
     def __init__(self, trainer: Trainer, rundir: RunDir | None, reporter: Reporter,
-                 evaluator=None) -> None:
+                 evaluator=None, *, stop: StopRequest | None = None) -> None:
         self.trainer, self.rundir, self.reporter = trainer, rundir, reporter
         self.evaluator = evaluator   # zoexec.run.evaluate.Evaluator: --eval-data
+        self.stop = stop             # the rank's stop signals (rank_main installs them)
         self.cfg, self.env = trainer.cfg, trainer.env
         self.log = LossLog(rundir.path) if rundir and self.env.rank == 0 else None
         self.last_save_s = time.monotonic()
@@ -132,7 +105,7 @@ class TrainLoop:
         every = self.cfg.checkpoint.every_s
         due = (self.rundir is not None and every is not None and self.env.rank == 0
                and time.monotonic() - self.last_save_s >= every)
-        return float(STOP.signum is not None), float(due)
+        return float(self._signum() is not None), float(due)
 
     def _save_due(self, step: int, clock: float) -> bool:
         if self.rundir is None or step == self.cfg.optim.steps - 1:
@@ -163,10 +136,14 @@ class TrainLoop:
         raise RunStopped(f"{what}: stopped without applying it{self._where(saved)}{hint}", 1)
 
     def _stopped(self, step: int) -> None:
-        signum = STOP.signum or signal.SIGTERM
+        signum = self._signum() or signal.SIGTERM
         saved = self.snapshot(step)
         raise RunStopped(f"stopped by {signal.Signals(signum).name} after step "
                          f"{step}{self._where(saved)}", EXIT_CODES[signum])
+
+    def _signum(self) -> int | None:
+        """The stop signal this rank got (None: none)."""
+        return self.stop.signum if self.stop is not None else None
 
     def _where(self, saved: Path | None) -> str:
         if saved is None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from zoexec.runtime.errors import failing
 from zoexec.runtime.groups import DistEnv, broadcast_object, gather_objects, host_barrier
 from zoplan.trace import KIND_LANE, LANE_COMPUTE, LANES, NO_BLOCK, Span
 
@@ -68,7 +69,8 @@ class CpuLanes:
              record: bool = True) -> Iterator[Task]:
         handle = Task(kind=kind, block=block)
         start = time.monotonic()
-        yield handle
+        with failing(kind, rank=self.rank, block=block, step=self._step if self._record else None):
+            yield handle
         end = time.monotonic()
         if record and self._record:
             self.spans.append(Span(kind=kind, rank=self.rank, start_s=start - self.epoch_s,
@@ -117,7 +119,9 @@ class CudaLanes:
         handle = Task(kind=kind, block=block, done=end, start=start)
         with torch.cuda.stream(stream):
             start.record(stream)
-            yield handle
+            with failing(kind, rank=self.rank, block=block,
+                         step=self._step if self._record else None):
+                yield handle
             end.record(stream)
         if record and self._record:
             self._pending.append(handle)

@@ -10,7 +10,9 @@
   and kills the rank: no orphan trains on and writes outputs later. prctl's
   PR_SET_PDEATHSIG would not do: a forkserver child's parent is the forkserver.
 - start_forkserver: the forkserver outlives a SIGTERM to the launcher's process group.
-- StopRequest / supervise, in the launcher: SIGINT, SIGTERM (and SIGHUP, as SIGTERM)
+- StopRequest / stop_signals: a process's stop signals. In a rank: remembered until
+  the next step boundary (zoexec.run.loop). supervise, in the launcher: SIGINT, SIGTERM
+  (and SIGHUP, as SIGTERM)
   are forwarded to the ranks once, with one line on stderr; the launcher then waits for
   them up to a grace period (ZOEXEC_STOP_GRACE_S, 120 s: the engine saves a snapshot
   at the next step boundary and exits 130 or 143) and kills what is left; a second
@@ -168,12 +170,14 @@ def stop_grace_s() -> float:
 
 @dataclass(kw_only=True, eq=False)
 class StopRequest:
-    """The launcher's stop signals. The first is forwarded to the ranks started so far
-    (`procs`, shared with the caller) and starts the grace period; a second one kills
-    them at once."""
+    """The stop signals this process got (installed by `stop_signals`). In the launcher
+    (`procs`: its ranks, shared with the caller) the first is forwarded to the ranks
+    started so far and starts the grace period; a second one kills them at once. In a
+    rank (`procs` None) the first is remembered and acted on at the next step boundary
+    (zoexec.run.loop); a SIGINT after a SIGINT interrupts at once (KeyboardInterrupt)."""
 
-    procs: list
-    grace_s: float
+    procs: list | None = None
+    grace_s: float = math.inf
     signum: int | None = None
     forced: list[int] | None = None    # the indexes a second signal killed
     deadline: float = math.inf
@@ -189,9 +193,13 @@ class StopRequest:
     def handle(self, signum: int, _frame=None) -> None:
         if self.signum is None:
             self.signum, self.deadline = signum, time.monotonic() + self.grace_s
-            say(f"zoexec: stopping: the ranks save a snapshot (up to {self.grace_s:g} s)")
-            signal_all(self.procs, FORWARD[signum])
-            self.told = len(self.procs)
+            if self.procs is not None:
+                say(f"zoexec: stopping: the ranks save a snapshot (up to {self.grace_s:g} s)")
+                signal_all(self.procs, FORWARD[signum])
+                self.told = len(self.procs)
+        elif self.procs is None:
+            if self.signum == signal.SIGINT and signum == signal.SIGINT:
+                raise KeyboardInterrupt
         elif self.forced is None:
             self.forced = [i for i, proc in enumerate(self.procs)
                            if proc.pid is not None and proc.exitcode is None]
@@ -203,14 +211,16 @@ class StopRequest:
 
 
 @contextmanager
-def stop_signals(procs: list, *, grace_s: float) -> Iterator[StopRequest]:
-    """Handle SIGINT, SIGTERM and SIGHUP with a StopRequest while the block runs (main
-    thread only: elsewhere signals stay as they are)."""
+def stop_signals(procs: list | None, *, grace_s: float = math.inf,
+                 signals=tuple(FORWARD)) -> Iterator[StopRequest]:
+    """Handle `signals` (the launcher's: SIGINT, SIGTERM and SIGHUP) with a StopRequest
+    while the block runs (main thread only: elsewhere signals stay as they are); the
+    handlers from before come back at the end (a run inside another program)."""
     stop = StopRequest(procs=procs, grace_s=grace_s)
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
-    previous = {signum: signal.signal(signum, stop.handle) for signum in FORWARD}
+    previous = {signum: signal.signal(signum, stop.handle) for signum in signals}
     try:
         yield stop
     finally:

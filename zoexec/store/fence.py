@@ -16,8 +16,9 @@ it stores into the block; x86 (TSO) keeps those orders, as do the locks the Pyth
 runtime takes between the two statements on weaker memory models.
 
 Waiting: spin a few polls, then sleep 50 us doubling to 1 ms; after `timeout_s` raise
-a ZoError naming the block, the pass and the ranks that have not read it (a crashed
-peer normally stops the job sooner: the launchers stop all ranks on a failure).
+a PeerGone (a ZoError) naming the block, the pass and the ranks that have not read it
+(a crashed peer normally stops the job sooner: the launchers stop all ranks on a
+failure).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from zoexec.runtime.errors import PeerGone
 from zoplan.errors import ZoError
 
 SPIN_POLLS = 32
@@ -64,7 +66,7 @@ class ReadFlags:
         sleep_s = SLEEP_FIRST_S
         while not (column >= stamp).all():
             if time.monotonic() > deadline:
-                raise ZoError(self._timeout_message(block, stamp, column))
+                raise PeerGone(self._timeout_message(block, stamp, column))
             time.sleep(sleep_s)
             sleep_s = min(2 * sleep_s, SLEEP_MAX_S)
 

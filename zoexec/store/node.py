@@ -26,6 +26,7 @@ from zoexec.config import RunConfig
 from zoexec.model.families import bind_resident
 from zoexec.runtime import groups as zgroups
 from zoexec.runtime import pinning as zpinning
+from zoexec.runtime.errors import PeerGone
 from zoexec.runtime.hostmem import mapping_pss_bytes
 from zoexec.store.blocks import (
     BlockStore,
@@ -35,7 +36,8 @@ from zoexec.store.blocks import (
 )
 from zoexec.store.fence import ReadFlags
 from zoexec.store.loading import LoadProgress, ModelSource, fill_timeout_s, open_source
-from zoplan.errors import ZoError
+from zoplan.errors import first_line
+from zoplan.execrules import fence_needed
 from zoplan.layout import Layout
 from zoplan.memory import store_stride
 from zoplan.plan import Plan
@@ -122,11 +124,6 @@ def _share_resident(env: zgroups.DistEnv, run_id: str, parts, builder: bool) -> 
         bind_resident(parts, parts.resident_master.to(parts.dtype, copy=True))
 
 
-def fence_needed(layout: Layout) -> bool:
-    """Whether d2h needs the write-back fence (the all-gather orders it otherwise)."""
-    return 1 < layout.local_ranks and layout.slices < layout.local_ranks
-
-
 def share_read_flags(env: zgroups.DistEnv, run_id: str, *, num_blocks: int) -> ReadFlags | None:
     """The node's read stamps of the CPU write-back fence (None on CUDA, or when no
     fence is needed): a zeroed [local_ranks, num_blocks] int64 shm file, shared and
@@ -186,25 +183,21 @@ def wait_for_builder(env: zgroups.DistEnv, *, timeout_s: float, what: str) -> No
     except RuntimeError as exc:
         whom = ("the node's other ranks to take" if env.local_rank == 0
                 else "local rank 0 to fill")
-        cause = _first_line(exc)
+        cause = first_line(exc)
         ending = "gave up" if "timed out" in cause.lower() else "lost it"
-        raise ZoError(f"rank {env.rank} (node {env.place.node}) waited for {whom} {what} "
-                      f"and {ending} (timeout {timeout_s:g} s): {cause}") from None
+        raise PeerGone(f"rank {env.rank} (node {env.place.node}) waited for {whom} {what} "
+                       f"and {ending} (timeout {timeout_s:g} s): {cause}") from None
 
 
 def monitored_barrier(env: zgroups.DistEnv, group, *, timeout_s: float, what: str) -> None:
     """torch.distributed.monitored_barrier on a host (gloo) group: its first rank
-    reports a rank that did not arrive within `timeout_s`; a ZoError saying `what`."""
+    reports a rank that did not arrive within `timeout_s`; a PeerGone (a ZoError)
+    saying `what`."""
     try:
         dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_s))
     except RuntimeError as exc:
-        raise ZoError(f"rank {env.rank} waited for {what} and gave up (timeout "
-                      f"{timeout_s:g} s): {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        raise PeerGone(f"rank {env.rank} waited for {what} and gave up (timeout "
+                       f"{timeout_s:g} s): {first_line(exc)}") from None
 
 
 def close_store(store: BlockStore | None) -> None:

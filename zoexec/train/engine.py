@@ -85,12 +85,13 @@ from zoexec.maths.zo import (
 from zoexec.model.families import bind_block, bind_resident, resident_flat
 from zoexec.model.precision import LostUpdates
 from zoexec.runtime import groups as zgroups
+from zoexec.runtime.errors import LaneFailure, failing
 from zoexec.store.blocks import BlockStore
 from zoexec.store.fence import ReadFlags
-from zoexec.store.node import fence_needed, store_staging
+from zoexec.store.node import store_staging
 from zoexec.train.speed import SpeedMonitor
 from zoplan.errors import ZoError
-from zoplan.execrules import SR_SCRATCH, sr_chunk, z_chunk
+from zoplan.execrules import SR_SCRATCH, fence_needed, sr_chunk, z_chunk
 from zoplan.plan import Plan
 
 SIGNS = {"+-": (1.0, -1.0), "+": (1.0,), "-": (-1.0,)}
@@ -240,7 +241,8 @@ class Trainer:
         self.lanes.end_step()
         self._settle_copies()
         self.pending = ()
-        zgroups.host_barrier(self.env)
+        with failing("flush", rank=self.env.rank):
+            zgroups.host_barrier(self.env)
 
     def _batch(self, step: int) -> Batch:
         wl = self.cfg.workload
@@ -470,8 +472,11 @@ class Trainer:
         The CPU waits on the read stamps before d2h instead (_offloaded_pass)."""
         if not self.fence_needed or self.flags is not None:
             return None
-        with self.lanes.task("allgather", block, after=(after,), record=False) as fence:
-            _wait(dist.all_reduce(self.token, group=self.env.node, async_op=True))
+        try:
+            with self.lanes.task("allgather", block, after=(after,), record=False) as fence:
+                _wait(dist.all_reduce(self.token, group=self.env.node, async_op=True))
+        except LaneFailure as exc:   # the fence runs on the all-gather's lane, unrecorded
+            raise exc.renamed("fence") from exc.cause
         return fence.done
 
     def _update_block(self, theta: torch.Tensor, block: int, seed: int | None, *,
@@ -527,7 +532,8 @@ class Trainer:
         if self.env.local_rank < lay.slices:
             for block, shard in self.shards.items():
                 self.store.piece(block, self.slice_index, lay.slices).copy_(shard)
-        zgroups.host_barrier(self.env, node_only=True)
+        with failing("shards", rank=self.env.rank):
+            zgroups.host_barrier(self.env, node_only=True)
 
 
 def _piece(flat: torch.Tensor, part: int, parts: int) -> torch.Tensor:

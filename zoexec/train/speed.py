@@ -11,6 +11,7 @@ import torch
 from zoexec.config import RunConfig
 from zoexec.profiler.probe import SpeedProbe
 from zoexec.runtime import groups as zgroups
+from zoexec.runtime.errors import failing
 from zoplan.execrules import probe_every, usable_cores
 from zoplan.plan import Plan
 
@@ -58,7 +59,7 @@ class SpeedMonitor:
                 self.probes.append({"after_step": done - 1, **result})
 
     def _on_rank0(self, job):
-        zgroups.host_barrier(self.env)
+        self._barrier()
         result = None
         if self.env.rank == 0:
             torch.set_num_threads(usable_cores())
@@ -66,8 +67,12 @@ class SpeedMonitor:
                 result = job()
             finally:
                 torch.set_num_threads(self.threads)
-        zgroups.host_barrier(self.env)
+        self._barrier()
         return result
+
+    def _barrier(self) -> None:
+        with failing("speed", rank=self.env.rank):
+            zgroups.host_barrier(self.env)
 
     def meta(self) -> dict:
         """The trace's meta entries: speed_check (before, after) and speed_probes."""

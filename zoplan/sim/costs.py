@@ -10,7 +10,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from zoplan.execrules import chunk_bounds, sr_chunk, z_range_draws
+from zoplan.execrules import chunk_bounds, fence_needed, sr_chunk, z_range_draws
 from zoplan.hardware import HardwareProfile
 from zoplan.layout import Layout
 from zoplan.memory import store_stride
@@ -148,7 +148,7 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
         allreduce_s=(small_s + internode if layout.world_size > 1 else 0.0),  # zoexec skips a world of one
         internode_s=internode, allgather_latency_s=profile.collective["latency_us"] * 1e-6,
         links=links, rank_factors=rank_factors(profile, lr),
-        fence_s=small_s if fence_needed(profile, layout) else 0.0,
+        fence_s=small_s if not profile.is_cpu and fence_needed(layout) else 0.0,
         contended=contended_links(profile, links), **transfer_flows(profile, layout, block))
 
 
@@ -254,12 +254,3 @@ def rank_factors(profile: HardwareProfile, local_ranks: int) -> tuple[float, ...
     if local_ranks < 2 or not jitter:
         return ()
     return tuple(1.0 + jitter * (2 * r / (local_ranks - 1) - 1) for r in range(local_ranks))
-
-
-def fence_needed(profile: HardwareProfile, layout: Layout) -> bool:
-    """Whether each block's write-back waits for a CUDA fence collective (zoexec's
-    Trainer._fence: a node all-reduce of a token after every local rank's h2d, when
-    1 < local ranks and slices < local ranks; the all-gather orders it otherwise; CPU
-    ranks wait on read stamps in shared memory instead, no collective)."""
-    return (not profile.is_cpu and 1 < layout.local_ranks
-            and layout.slices < layout.local_ranks)
