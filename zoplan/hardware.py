@@ -37,12 +37,13 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
 - compute, CUDA (gpu_forward_terms): GEMM rates per precision, peak_tflops (fp16 and
   bf16: one tensor-core rate), tf32_tflops (fp32 with TF32 allowed, Workload.tf32) and
   fp32_tflops (fp32 without TF32), each reached at m / (m + m_half_tokens) for a GEMM of
-  m token rows; overhead_us: the launches of one block forward. Memory-bound work is
-  bytes over device.hbm_gbps: the weights' floor of a forward, attention (the fused
+  m token rows; overhead_us: the host time of one block forward's launches. Memory-bound
+  work is bytes over device.hbm_gbps x hbm_fraction: the weights' floor of a forward, attention (the fused
   kernel's Q, K, V and output, when above its FLOPs), element-wise operators, and the zo
   passes. z: one generator launch per chunk of a tensor (Z_CHUNK_CUDA elements,
-  zoplan.execrules.z_draw_calls), z_launch_us each, plus z_ns_per_elem per element (the stochastic update's noise and kernels are priced
-  with the same two figures, zoplan.sim.taskwork).
+  zoplan.execrules.z_draw_calls), z_launch_us of host time each, plus z_ns_per_elem of
+  device time per element (arithmetic-bound; the stochastic update's noise and kernels
+  are priced with the same two figures, zoplan.sim.taskwork).
 - compute, CPU: forward time of a block = overhead_us + max(flops / (peak_tflops *
   m / (m + m_half_tokens)), weight bytes / mem_gbps) (forward_terms); zo_ns_per_param:
   deferred update + perturbation cost per block parameter.
@@ -63,8 +64,20 @@ Semantics the simulator relies on (units: GB/s = 1e9 bytes/s, one direction):
   ranks; each perturb or update pass costs zo_pass_ns per element. With several ranks
   the attention and element-wise terms share the host by compute.mem_rank_scaling
   (memory-bound work shares cores worse than GEMMs), the GEMMs by rank_scaling.
-  compute.rank_jitter: how far the slowest of several ranks running at once is above
-  their mean (zoplan.sim.costs.rank_factors spreads the ranks' compute speeds by it).
+  compute.rank_jitter (CPU and CUDA): how far the slowest of several ranks running at
+  once is above their mean (zoplan.sim.costs.rank_factors spreads the ranks' compute
+  speeds by it; on a GPU node the slowest GPU then paces every all-gather).
+- CUDA, the priced physics (docs/costs.md), each optional and neutral where absent:
+  device.hbm_fraction (memory-bound kernels reach this share of hbm_gbps);
+  compute.launch_us (host time of one launch or event from Python: the host lane, with
+  z_launch_us per z chunk and overhead_us per layer call); compute.overlap_slowdown (a
+  GEMM and a memory-bound kernel on two streams each run this much slower while both
+  run); host.sockets + host.socket_link_gbps (the store's pages spread over the
+  sockets: a GPU reads (sockets - 1) / sockets of its bytes across the socket link);
+  host.batch_us (a rank assembles its batch on the host before each step);
+  host.disk_write_gbps (a snapshot's write; reported, not part of a step);
+  compute.slow_node_fraction + slow_node_penalty (CPU too: the heavy tail of node
+  speeds, zoplan.sim.nodes).
 """
 
 from __future__ import annotations
@@ -246,14 +259,14 @@ class HardwareProfile:
         `overhead_share`: the call's operators as a share of a block forward's
         (compute.overhead_us is the dispatch cost of one block forward)."""
         c = self.compute
-        if not self.is_cpu:
+        if not self.is_cpu:   # the dispatch is host time (forward_issue_s, the host lane)
             dsize = DTYPE_BYTES[compute_dtype]
-            dispatch, gemm, rest = gpu_forward_terms(
+            _, gemm, rest = gpu_forward_terms(
                 c, rate_tflops=self.gemm_tflops(compute_dtype, tf32),
-                hbm_gbps=self.device["hbm_gbps"], flops=flops, attn_flops=attn_flops,
+                hbm_gbps=self.hbm_gbps, flops=flops, attn_flops=attn_flops,
                 attn_bytes=attn_bytes, elem_bytes=elems * ELEM_RW * dsize,
                 weight_bytes=weight_bytes, tokens=tokens)
-            return overhead_share * dispatch + gemm + rest
+            return gemm + rest
         share = self.compute_share(local_ranks)
         mem_share = self.compute_share(local_ranks, key="mem_rank_scaling")
         dispatch, gemm, rest = forward_terms(c, flops=flops, attn_flops=attn_flops,
@@ -281,17 +294,19 @@ class HardwareProfile:
         share = self.compute_share(local_ranks, key="zo_rank_scaling")
         return num_params * self.compute["zo_ns_per_param"] * 1e-9 / share
 
-    def z_time_s(self, tensor_numels: list[int], local_ranks: int = 1) -> float:
-        """One z draw over these tensors. GPU: one generator launch per chunk of
-        Z_CHUNK_CUDA elements of each tensor (zoplan.execrules.z_draw_calls) at
-        z_launch_us, and z_ns_per_elem per element. CPU
+    def z_time_s(self, tensor_numels: list[int], local_ranks: int = 1,
+                 elem_bytes: int = 4) -> float:
+        """One z draw over these tensors. GPU: the device's time, z_ns_per_elem per
+        element (Philox normal draws are arithmetic-bound: hardware.md), never below
+        writing `elem_bytes` per element at the achieved HBM bandwidth; its launches are
+        host time (z_issue_s). CPU
         (has_z_model): the rank's threads split the chunks (zoplan.execrules.balance), so
         the busiest thread sets the time; handing the chunks to a thread pool costs
         z_call_us (one thread draws them itself)."""
         c = self.compute
         if not self.is_cpu:
-            return (z_draw_calls(tensor_numels, "cuda") * c["z_launch_us"] * 1e-6
-                    + sum(tensor_numels) * c["z_ns_per_elem"] * 1e-9)
+            return max(sum(tensor_numels) * c["z_ns_per_elem"] * 1e-9,
+                       self.hbm_time_s(sum(tensor_numels) * elem_bytes))
         threads = threads_per_rank(self.host["cores"], local_ranks)
         elems, chunks = z_makespan(tensor_numels, threads)
         scale = c.get("z_rank_scaling", 1.0) if local_ranks > 1 else 1.0
@@ -305,9 +320,47 @@ class HardwareProfile:
         share = self.compute_share(local_ranks, key="mem_rank_scaling")
         return num_elems * self.compute["zo_pass_ns"] * 1e-9 / share
 
+    def z_issue_s(self, tensor_numels: list[int]) -> float:
+        """Host time to issue one z draw on a GPU: one seeded generator launch per chunk
+        of Z_CHUNK_CUDA elements of each tensor (zoplan.execrules.z_draw_calls) at
+        compute.z_launch_us."""
+        return z_draw_calls(tensor_numels, "cuda") * self.compute["z_launch_us"] * 1e-6
+
+    @property
+    def hbm_gbps(self) -> float:
+        """What memory-bound GPU kernels reach: device.hbm_gbps x device.hbm_fraction
+        (1 where the profile has none: a measured hbm_gbps is already achieved)."""
+        return self.device["hbm_gbps"] * self.device.get("hbm_fraction", 1.0)
+
     def hbm_time_s(self, num_bytes: float) -> float:
-        """Memory-bound GPU work: bytes over device.hbm_gbps."""
-        return num_bytes / (self.device["hbm_gbps"] * 1e9)
+        """Memory-bound GPU work: bytes over the achieved HBM bandwidth (hbm_gbps)."""
+        return num_bytes / (self.hbm_gbps * 1e9)
+
+    # ---- the host lane and the shared GPU (CUDA; neutral where a profile has none) ----
+    @property
+    def launch_s(self) -> float:
+        """Host time of one kernel launch or CUDA event record from Python
+        (compute.launch_us; 0 on CPU profiles and where absent)."""
+        return self.compute.get("launch_us", 0.0) * 1e-6 if not self.is_cpu else 0.0
+
+    def forward_issue_s(self, overhead_share: float = 1.0) -> float:
+        """Host time to call one block forward (its share for embed and head) on a GPU:
+        compute.overhead_us, the launches of one HF layer call."""
+        return overhead_share * self.compute["overhead_us"] * 1e-6
+
+    @property
+    def overlap_slowdown(self) -> float:
+        """How much a GEMM and a memory-bound kernel on another stream slow each other
+        while both run (compute.overlap_slowdown; 0 where absent)."""
+        return self.compute.get("overlap_slowdown", 0.0) if not self.is_cpu else 0.0
+
+    @property
+    def remote_share(self) -> float:
+        """Share of the node store's bytes a GPU reads from the other socket(s): the
+        store's pages spread over host.sockets sockets (0 without host.socket_link_gbps)."""
+        if "socket_link_gbps" not in self.host:
+            return 0.0
+        return (self.host["sockets"] - 1) / self.host["sockets"]
 
     # ---- host links -------------------------------------------------------------------
     @property

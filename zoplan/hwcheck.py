@@ -38,18 +38,31 @@ _OPTIONAL_BY_KIND = {
     "cpu": ("compute.zo_rank_scaling", "compute.attn_tflops", "compute.elem_ns",
             "compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns",
             "compute.z_rank_scaling", "compute.mem_rank_scaling", "compute.z_chunk_us",
-            "compute.rank_jitter", "compute.rope_overhead_us", "compute.node_spread"),
+            "compute.rank_jitter", "compute.rope_overhead_us", "compute.node_spread",
+            "compute.slow_node_fraction", "compute.slow_node_penalty"),
     "cuda": ("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps",
-             "compute.node_spread"),
+             "compute.node_spread", "compute.rank_jitter", "compute.slow_node_fraction",
+             "compute.slow_node_penalty", "device.hbm_fraction", "compute.launch_us",
+             "compute.overlap_slowdown", "host.sockets", "host.socket_link_gbps", "host.batch_us",
+             "host.disk_write_gbps"),
 }
 _NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens",
            "compute.elem_ns", "compute.rope_overhead_us", "compute.z_call_us", "compute.z_chunk_us",
-           "compute.rank_jitter", "compute.z_launch_us", "compute.node_spread"}
-# A node's step-time spread where a profile gives none: an ASSUMPTION, not a
+           "compute.rank_jitter", "compute.z_launch_us", "compute.node_spread",
+           "compute.launch_us", "compute.overlap_slowdown", "host.batch_us",
+           "compute.slow_node_fraction", "compute.slow_node_penalty"}
+# The GPU figures of the priced physics (docs/costs.md): each, where a profile has it,
+# must say where it came from (a source note of its own).
+NEEDS_SOURCE = ("device.hbm_fraction", "compute.launch_us", "compute.overlap_slowdown",
+                "host.sockets", "host.socket_link_gbps",
+                "host.batch_us", "host.disk_write_gbps", "compute.slow_node_fraction",
+                "compute.slow_node_penalty")
 _OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check"}
 Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")   # CPU
-_TOGETHER = {"cuda": [("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps")],
-             "cpu": [Z_MODEL]}   # figures that come all together or not at all
+_SLOW_NODES = ("compute.slow_node_fraction", "compute.slow_node_penalty")
+_TOGETHER = {"cuda": [("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps"),
+                      ("host.sockets", "host.socket_link_gbps"), _SLOW_NODES],
+             "cpu": [Z_MODEL, _SLOW_NODES]}   # figures that come all together or not at all
 
 
 # ---- validation ---------------------------------------------------------------------
@@ -67,8 +80,11 @@ _RANGES_BY_SUFFIX = (
     ("scaling", (0.01, 100.0, "x")),               # how k ranks share the host
 )
 _RANGES_BY_KEY = {"cores": (1, 100_000, "cores"), "m_half_tokens": (0.01, 1e7, "tokens"),
-                  "rank_jitter": (1e-6, 10.0, "x"), "node_spread": (0.0, 1.0, "x")}
-_INTEGER = {"host.cores"}
+                  "rank_jitter": (1e-6, 10.0, "x"), "node_spread": (0.0, 1.0, "x"),
+                  "hbm_fraction": (0.05, 1.0, "x"), "overlap_slowdown": (0.0, 1.0, "x"),
+                  "sockets": (1, 16, "sockets"), "slow_node_fraction": (0.0, 1.0, "x"),
+                  "slow_node_penalty": (0.0, 1.0, "x")}
+_INTEGER = {"host.cores", "host.sockets"}
 _MESSAGE_BYTES = (1.0, 2.0**50, "bytes")           # all-gather table sizes
 _SPEED_CHECK_S = (1e-7, 1e4, "s")
 MAX_GPUS_PER_NODE = 1024
@@ -249,6 +265,10 @@ def _check_speed_check(origin: str, check: Any) -> None:
 def _check_sources(origin: str, sections: dict, sources: dict) -> None:
     paths = [f"{section}.{key}" for section, fields in _REQUIRED.items() for key in fields]
     paths += list(_REQUIRED_BY_KIND[sections["device"]["kind"]])
+    present = {f"{sec}.{key}" for sec, block in sections.items() for key in block}
+    for path in [p for p in NEEDS_SOURCE if p in present]:
+        if not isinstance(sources.get(path), str):
+            raise _fail(origin, f"{path} has no source note of its own in `sources`")
     for path in paths:
         section = path.split(".")[0]
         if not (isinstance(sources.get(path), str) or isinstance(sources.get(section), str)):

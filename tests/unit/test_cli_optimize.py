@@ -54,8 +54,10 @@ def test_fixed_axes_plan_that_layout(tmp_path):
                     "--prefetch", "1", "-q")
     assert result.exit_code == 0, result.output
     layout = Plan.load(out).data["layout"]
-    assert {k: layout[k] for k in ("pertp", "ddp", "nodes", "slices", "prefetch")} == {
-        "pertp": 2, "ddp": 2, "nodes": 1, "slices": 2, "prefetch": 1}
+    assert {k: layout[k] for k in ("pertp", "nodes", "slices", "prefetch")} == {
+        "pertp": 2, "nodes": 1, "slices": 2, "prefetch": 1}
+    # tiny-opt's blocks are host-bound (the host lane): 2 GPUs run it as fast as 4
+    assert layout["ddp"] in (1, 2)
 
 
 def _write(tmp_path: Path, name: str, text: str) -> str:

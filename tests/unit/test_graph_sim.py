@@ -337,8 +337,8 @@ def test_rank_jitter_makes_ranks_wait_and_keeps_the_bounds():
 
 
 # ---- the GPU cost model ------------------------------------------------------------------
-A100_HBM = 2039e9   # dgx-a100-80gb device.hbm_gbps
-A100_Z = 0.001962e-9, 10e-6   # compute.z_ns_per_elem, z_launch_us (in s)
+A100_HBM = 2039e9 * 0.85   # dgx-a100-80gb device.hbm_gbps x hbm_fraction (achieved)
+A100_Z = 0.0038e-9, 10e-6   # compute.z_ns_per_elem (device), z_launch_us (host), in s
 
 
 def test_gpu_gemm_rate_follows_the_precision():
@@ -351,7 +351,8 @@ def test_gpu_gemm_rate_follows_the_precision():
                               ("fp32", True, 135.5), ("fp32", False, 18.07)):
         t = hw.forward_time_s(flops=flops, weight_bytes=0, tokens=4096, compute_dtype=dtype,
                               tf32=tf32)
-        assert t == pytest.approx(100e-6 + flops / (rate * 1e12 * eff)), (dtype, tf32)
+        assert t == pytest.approx(flops / (rate * 1e12 * eff)), (dtype, tf32)
+    assert hw.forward_issue_s() == pytest.approx(100e-6)   # the layer call: host time
     slow = Workload(batch=16, seq=256, param_dtype="fp32", compute_dtype="fp32", tf32=False)
     fast = Workload(batch=16, seq=256, param_dtype="fp16", compute_dtype="fp16")
     t = {w.compute_dtype: task_times(model=model, profile=hw, workload=w, tokens=4096,
@@ -380,16 +381,17 @@ def test_gpu_attention_and_elementwise_work_cost_hbm_time():
 
 
 def test_gpu_z_and_update_modes_follow_the_precision_table():
-    """z: a launch per tensor + a cost per element; the passes by their bytes at HBM
-    speed (docs/precision.md): plain 16-bit update + perturb, master fp32 update and a
+    """z: a cost per element on the device (arithmetic-bound), a launch per chunk on
+    the host; the passes by their bytes at the achieved HBM speed (docs/precision.md): plain 16-bit update + perturb, master fp32 update and a
     perturb pass reading fp32 and writing 16 bits, stochastic the fp32 update per chunk
     with its noise and rounding kernels."""
     from zoplan.sim.taskwork import sr_chunks
 
     hw, model = load_profile("dgx-a100-80gb"), get_model("opt-1.3b")
     numels, n = model.block_tensor_numels(), model.block_params
-    z = len(numels) * A100_Z[1] + n * A100_Z[0]
+    z = n * A100_Z[0]
     assert hw.z_time_s(numels) == pytest.approx(z)
+    assert hw.z_issue_s(numels) == pytest.approx(len(numels) * A100_Z[1])
     t = {}
     for update, param in (("plain", "fp16"), ("stochastic", "fp16"), ("master", "fp32")):
         wl = Workload(batch=8, seq=256, param_dtype=param, compute_dtype="fp16", update=update)
@@ -398,8 +400,8 @@ def test_gpu_z_and_update_modes_follow_the_precision_table():
     assert t["plain"]["update_s"] == pytest.approx(2 * z + (6 + 6) * n / A100_HBM)
     assert t["master"]["update_s"] == pytest.approx(2 * z + (10 + 8) * n / A100_HBM)
     # noise launch + 5 kernels a chunk, the noise's elements, 42 bytes per element
-    rounding = (6 * sr_chunks(numels, "cuda") * A100_Z[1] + n * A100_Z[0]
-                + 42 * n / A100_HBM)
+    rounding = n * A100_Z[0] + 42 * n / A100_HBM
+    assert sr_chunks(numels, "cuda") >= len(numels)   # its launches: host time
     assert t["stochastic"]["update_s"] == pytest.approx(2 * z + rounding + 6 * n / A100_HBM)
     # the second stream's perturbation pass is in the forward task
     assert t["master"]["forward_s"] - t["plain"]["forward_s"] == pytest.approx(2 * n / A100_HBM)

@@ -59,8 +59,10 @@ def test_one_node_waits_for_nobody_and_more_nodes_wait_longer():
     assert expected_max_normal(1) == 0.0 and straggler_factor(DGX, 1) == 1.0
     factors = [straggler_factor(DGX, n) for n in (2, 8, 128, 8192)]
     assert factors == sorted(factors) and factors[0] > 1
+    core = DGX.node_spread * expected_max_normal(8192)
+    tail = 1 - (1 - DGX.compute["slow_node_fraction"]) ** 8191   # another node is a slow one
     assert job_step_s(DGX, 8192, 2.0) == pytest.approx(
-        2.0 * (1 + DGX.node_spread * expected_max_normal(8192)))
+        2.0 * (1 + (1 - tail) * core + tail * max(DGX.compute["slow_node_penalty"], core)))
 
 
 def test_the_spread_comes_from_the_profile_else_the_default():

@@ -54,13 +54,17 @@ def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
                             streams=2 if lay.pertp == 1 else 1, local_ranks=lay.local_ranks)
 
 
-def refit_forward(fit: Refit, plan: Plan, measured_task_s: float) -> None:
+def refit_forward(fit: Refit, plan: Plan, measured_task_s: float,
+                  predicted_span_s: float = 0.0) -> None:
     """Scale the compute model so the forward task takes its measured time:
     compute.rank_scaling with several CPU ranks, else every term of the forward model
-    (on GPUs: the GEMM rate of the plan's precision and the HBM bandwidth)."""
+    (on GPUs: the GEMM rate of the plan's precision and the HBM bandwidth).
+    `predicted_span_s` (GPU plans): the plan's own span of the task, which the host
+    lane and the shared GPU may stretch beyond its device time: the ratio is taken
+    against it."""
     hw, lay, wl = fit.profile, plan.layout, plan.workload
     t_pred = _task_times(plan, hw)["forward_s"]
-    ratio = measured_task_s / t_pred
+    ratio = measured_task_s / (predicted_span_s or t_pred)
     c = hw.compute
     why = f"forward task {measured_task_s * 1e3:.3f} ms measured vs {t_pred * 1e3:.3f} ms"
     if hw.is_cpu and lay.local_ranks > 1:
@@ -85,7 +89,8 @@ def plan_costs(plan: Plan, profile: HardwareProfile) -> sim_costs.StepCosts:
                             layout=plan.layout, resident=resident, period=0)
 
 
-def refit_update(fit: Refit, plan: Plan, measured_task_s: float) -> None:
+def refit_update(fit: Refit, plan: Plan, measured_task_s: float,
+                 predicted_span_s: float = 0.0) -> None:
     """Scale the zo cost so the update task takes its measured time: the z model's
     figures (or zo_ns_per_param; on GPUs the z launch and element costs) for one rank
     per device, the z (zo) rank scaling for several CPU ranks. On GPUs the passes are
@@ -94,7 +99,7 @@ def refit_update(fit: Refit, plan: Plan, measured_task_s: float) -> None:
     hw, lr = fit.profile, plan.layout.local_ranks
     costs = plan_costs(plan, hw)
     t_pred = statistics.median(costs.update_task_s(b) for b in range(costs.num_blocks))
-    ratio = measured_task_s / t_pred
+    ratio = measured_task_s / (predicted_span_s or t_pred)   # see refit_forward
     why = f"update task {measured_task_s * 1e3:.3f} ms measured vs {t_pred * 1e3:.3f} ms"
     c = hw.compute
     if hw.is_cpu and lr > 1:
@@ -168,10 +173,11 @@ def refit_profile(profile: HardwareProfile, plan: Plan, cal: Calibration, *,
     data = copy.deepcopy(profile.to_dict())
     fit = Refit(data=data, date=date, trace=trace)
     fwd, upd = cal.row("forward"), cal.row("update")
+    gpu = not profile.is_cpu   # spans that the host lane and the shared GPU stretch
     if fwd and fwd.meas_task_s > 0:
-        refit_forward(fit, plan, fwd.meas_task_s)
+        refit_forward(fit, plan, fwd.meas_task_s, fwd.pred_task_s if gpu else 0.0)
     if upd and upd.meas_task_s > 0:
-        refit_update(fit, plan, upd.meas_task_s)
+        refit_update(fit, plan, upd.meas_task_s, upd.pred_task_s if gpu else 0.0)
     refit_copies(fit, cal, plan)
     refit_collectives(fit, cal, plan)
     if cal.node_spread is not None:

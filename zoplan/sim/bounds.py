@@ -9,6 +9,8 @@ Lower bounds (the simulated step can never beat any of them):
 - each rank's collective engine: the blocks' slice updates and all-gathers alone + the
   CUDA write-back fence's latency of each offloaded block + all-reduce;
 - on CPU profiles (one engine per rank): the sum of all the rank's tasks, each alone;
+- on GPU profiles, each rank's host lane: the issue of all its tasks (no task ends
+  before its issue, the last one's included);
 - the dependency chain through the block buffers: with `prefetch` buffers, the block
   `prefetch` buffer-using blocks later waits for a block to release its buffer, so
   each chain of every p-th such block runs its pipelines (h2d, slice update,
@@ -17,7 +19,8 @@ Lower bounds (the simulated step can never beat any of them):
   all-reduce.
 Offloaded and resident blocks (StepCosts.resident) are counted apart: a resident block
 moves no bytes over PCIe or host memory.
-Upper bound: every task and every flow of the node one after the other, each alone
+Upper bound: the busiest host lane's issue, then every task and every flow of the node
+one after the other, each alone
 (max-min fair sharing gives each of k concurrent flows at least 1/k of its rate alone,
 so the work done per second never falls below one task's worth); a flow on a PCIe
 direction whose capacity drops while the other direction runs counts at that lower
@@ -30,11 +33,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zoplan.sim.costs import StepCosts
+from zoplan.sim.graph import rank_order
 from zoplan.sim.links import PCIE_DUPLEX, PCIE_H2D, UPLINK_H2D, link_class
 
 COMPUTE = "compute"
 COLLECTIVE = "collective"
 SERIAL = "serial engine"
+HOST = "host"        # a GPU rank's host thread, issuing every task (zoplan.sim.gpushare)
 CHAIN = "pipeline"   # the dependency chain through the prefetch buffers
 # Both directions of a GPU's PCIe link / of a switch uplink, where they contend: the
 # resource class their duplex_pair_s bound counts under.
@@ -124,8 +129,19 @@ def step_bounds(costs: StepCosts, num_blocks: int | None = None) -> StepBounds:
     for busy in engines:
         for name, seconds in busy.items():
             resources[name] = max(resources.get(name, 0.0), seconds)
+    host = [host_lane_s(costs, lr, blocks) for lr in range(costs.local_ranks)]
+    if costs.issue_s:
+        resources[HOST] = max(host)
     chain = max(_chain_s(costs, lr, blocks, alone[lr]) for lr in range(costs.local_ranks))
-    return StepBounds(resources=resources, chain_s=chain, serial_s=_serial_s(costs, blocks))
+    return StepBounds(resources=resources, chain_s=chain,
+                      serial_s=_serial_s(costs, blocks) + max(host))
+
+
+def host_lane_s(costs: StepCosts, lr: int, blocks: int) -> float:
+    """The rank's host thread issuing every task of the step (0 without a host lane)."""
+    if not costs.issue_s:
+        return 0.0
+    return sum(costs.issue(kind, b, lr) for kind, b in rank_order(costs, blocks))
 
 
 def _task_alone(costs: StepCosts, lr: int) -> dict[str, float]:

@@ -15,8 +15,9 @@ from zoplan.hardware import HardwareProfile
 from zoplan.layout import Layout
 from zoplan.memory import store_stride
 from zoplan.models import ModelSpec, dtype_bytes
+from zoplan.sim.gpushare import host_issue, shared_gpu
 from zoplan.sim.links import GBPS, Flow, contended_links, node_links, transfer_flows
-from zoplan.sim.taskwork import task_times
+from zoplan.sim.taskwork import Work, task_times
 from zoplan.workload import Workload
 
 
@@ -48,6 +49,11 @@ class StepCosts:
     period: int = 1                  # blocks after which `resident` repeats (0: it does not)
     resident_update_s: float = 0.0   # update task of a resident block
     slice_update_s: tuple[float, ...] = ()   # per local rank: its slice update (() = none)
+    # the host lane (CUDA; {} on CPUs): host seconds to issue each task kind (the batch
+    # before "embed"), and per local rank its slice update's (zoplan.sim.gpushare)
+    issue_s: dict = field(default_factory=dict)
+    allgather_slowdown_s: float = 0.0   # an all-gather beside the compute stream's work
+    overlap: tuple[float, float] = (1.0, 1.0)   # (compute, collective) sharing factors
 
     def factor(self, local_rank: int) -> float:
         return self.rank_factors[local_rank] if self.rank_factors else 1.0
@@ -102,7 +108,17 @@ class StepCosts:
         flows = [f for lr in self.slice_group(local_rank) for f in self.allgather[lr]]
         if not flows:
             return 0.0
-        return self.allgather_latency_s + self.alone_s(tuple(flows))
+        return self.allgather_latency_s + self.allgather_slowdown_s + self.alone_s(tuple(flows))
+
+    def issue(self, kind: str, block: int, local_rank: int) -> float:
+        """Host seconds to issue one task (0 without a host lane)."""
+        if not self.issue_s:
+            return 0.0
+        if kind == "update" and self.is_resident(block):
+            kind = "resident_update"
+        if kind == "slice_update":
+            return self.issue_s["slice_update"][local_rank]
+        return self.issue_s.get(kind, 0.0)
 
     def slice_group(self, local_rank: int) -> range:
         """Local ranks of the rank's slice group."""
@@ -138,24 +154,27 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     work.update(_placement_work(model=model, profile=profile, workload=workload,
                                 layout=layout, parts=parts, resident=resident,
                                 period=period, update_s=work["update_s"]))
+    issue = host_issue(profile, layout, work.pop("issue"), work.pop("issue_parts"))
     links = node_links(profile, lr)
     internode = internode_allreduce_s(profile, layout.nodes)
     small_s = profile.collective["allreduce_small_us"] * 1e-6
-    return StepCosts(
+    costs = StepCosts(
         layout=layout, concurrent=bool(profile.device.get("concurrent_engines", True)),
         num_blocks=model.num_layers, block_bytes=block, tokens_per_rank=tokens,
-        streams=streams, **work,
+        streams=streams, **work, issue_s=issue,
         allreduce_s=(small_s + internode if layout.world_size > 1 else 0.0),  # zoexec skips a world of one
         internode_s=internode, allgather_latency_s=profile.collective["latency_us"] * 1e-6,
         links=links, rank_factors=rank_factors(profile, lr),
         fence_s=small_s if not profile.is_cpu and fence_needed(layout) else 0.0,
         contended=contended_links(profile, links), **transfer_flows(profile, layout, block))
+    return shared_gpu(costs, profile.overlap_slowdown)
 
 
 def _placement_work(*, model, profile, workload, layout, parts, resident, period,
                     update_s) -> dict:
     """The tasks that placement and slice_update change: the update task of offloaded
-    and resident blocks, the slice update per local rank, and the pattern."""
+    and resident blocks, the slice update per local rank, and the pattern (GPU parts
+    are Work: device and host seconds; "issue" keeps the host's)."""
     resident = tuple(bool(r) for r in resident) if any(resident) else ()
     if resident and len(resident) != model.num_layers:
         raise ValueError(f"resident has {len(resident)} entries for {model.num_layers} blocks")
@@ -163,15 +182,25 @@ def _placement_work(*, model, profile, workload, layout, parts, resident, period
            "period": (placement_period(resident) if period is None else period)
            if resident else 1}
     split = layout.slice_update and layout.slices > 1 and parts is not None
+    issue: dict = {}
     if split:
-        out["update_s"] = parts["perturb"]
-        one = [parts["deferred"](*draws) for draws in
+        out["update_s"], issue["update"] = _device_host(parts["perturb"])
+        one = [_device_host(parts["deferred"](*draws)) for draws in
                _slice_draws(model, layout.slices, layout.local_ranks, profile.device["kind"])]
-        out["slice_update_s"] = tuple(one[lr % layout.slices] for lr in range(layout.local_ranks))
-        out["resident_update_s"] = parts["perturb"]
+        mine = [one[lr % layout.slices] for lr in range(layout.local_ranks)]
+        out["slice_update_s"] = tuple(d for d, _ in mine)
+        issue["slice_update"] = tuple(h for _, h in mine)
+        out["resident_update_s"], issue["resident_update"] = out["update_s"], issue["update"]
     else:   # the owner copies its slice of the updated block back into its shard
         out["resident_update_s"] = update_s + shard_copy_s(model, profile, workload, layout)
+        issue["resident_copy"] = profile.launch_s if layout.slices > 1 else 0.0
+    out["issue_parts"] = issue
     return out
+
+
+def _device_host(work) -> tuple[float, float]:
+    """(device, host) seconds of a part: a GPU part is a Work, a CPU part one float."""
+    return (work.device_s, work.host_s) if isinstance(work, Work) else (work, 0.0)
 
 
 @functools.lru_cache(maxsize=256)
@@ -244,13 +273,15 @@ def shard_copy_s(model: ModelSpec, profile: HardwareProfile, workload: Workload,
 
 
 def rank_factors(profile: HardwareProfile, local_ranks: int) -> tuple[float, ...]:
-    """Ranks that run at once do not run alike: on a CPU profile with
+    """Ranks that run at once do not run alike: on a profile with
     compute.rank_jitter (j: how far the slowest of the node's ranks runs above their
     mean, measured by `zoplan profile`), local rank r's compute tasks take
     1 + j * (2r / (k - 1) - 1) of their time (the slowest +j, the mean 1), so the
     simulator's ranks wait for each other at the write-back fence and the collectives
-    as measured ranks do. 1 for every rank elsewhere."""
-    jitter = profile.compute.get("rank_jitter", 0.0) if profile.is_cpu else 0.0
+    as measured ranks do. On a GPU profile with compute.rank_jitter the GPUs of a node
+    differ the same way (the slowest then paces every all-gather of its slice group).
+    1 for every rank elsewhere."""
+    jitter = profile.compute.get("rank_jitter", 0.0)
     if local_ranks < 2 or not jitter:
         return ()
     return tuple(1.0 + jitter * (2 * r / (local_ranks - 1) - 1) for r in range(local_ranks))

@@ -31,13 +31,14 @@ Edges carry `why`:
               (CPU), or through the fence collective (CUDA)
     "order"   program order on one engine (an engine does one thing at a time)
 The slice update runs where the executor issues it: on a CUDA rank's collective stream,
-right before the block's all-gather (it overlaps the compute stream's work; the HBM
-bandwidth the two share is not priced), on a CPU rank in its serial order.
+right before the block's all-gather (it overlaps the compute stream's work; what the
+two streams share is priced by zoplan.sim.gpushare), on a CPU rank in its serial order.
 Collectives (allgather, allreduce) are one node per member rank with a shared `group`;
 the simulator starts a group when all members have reached it.
 
 Each node carries the work of the task: `dur_s` (compute time, or the fixed latency of
-a collective) and `flows` ((bytes, route of link names, private cap in bytes/s), ...):
+a collective), `issue` ((start, end) of its issue on the rank's host lane, CUDA:
+zoplan.sim.gpushare; (0, 0) on CPUs) and `flows` ((bytes, route of link names, private cap in bytes/s), ...):
 transfers whose rate the simulator decides by max-min fair sharing of the links. The
 graph's `links` give each link's capacity, `contended` the capacity of a direction link
 while the opposite direction of the same PCIe link or switch uplink is busy.
@@ -103,13 +104,16 @@ def _rank_nodes(costs: StepCosts, lr: int, order: list[tuple[str, int]]) -> list
     work = {kind: _work(costs, lr, kind) for kind in LANE_OF}
     resident_update = {**work["update"], "dur_s": costs.resident_update_s * costs.factor(lr)}
     nodes, seq = [], dict.fromkeys(engines.values(), -1)
+    issued = 0.0   # the host lane: when the rank's thread has issued the tasks so far
     for kind, block in order:
         engine = engines[kind]
         seq[engine] += 1
         task = (resident_update if kind == "update" and costs.is_resident(block)
                 else work[kind])
+        start, issued = issued, issued + costs.issue(kind, block, lr)
         attrs = {"kind": kind, "rank": lr, "block": block, "lane": LANE_OF[kind],
-                 "engine": engine, "seq": seq[engine], "record": kind != FENCE, **task}
+                 "engine": engine, "seq": seq[engine], "record": kind != FENCE,
+                 "issue": (start, issued), **task}
         if kind == "allgather":
             attrs["group"] = ("allgather", block, lr // costs.layout.slices)
         elif kind == FENCE:

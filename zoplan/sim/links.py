@@ -27,6 +27,12 @@ PCIE_DUPLEX = "pcie.duplex"
 UPLINK_H2D = "pcie.uplink_h2d"
 UPLINK_D2H = "pcie.uplink_d2h"
 NVLINK = "fabric.nvlink"
+# The link between the sockets of a two-socket host, per direction: the store's pages
+# spread over the sockets, so every host<->device flow sends HardwareProfile.remote_share
+# of its bytes across it; its capacity is counted in the flows' bytes (the link's own
+# GB/s / remote_share), so fair sharing among those flows stays exact.
+SOCKET_H2D = "host.socket_h2d"
+SOCKET_D2H = "host.socket_d2h"
 
 
 def link_class(name: str) -> str:
@@ -55,6 +61,9 @@ def node_links(profile: HardwareProfile, local_ranks: int) -> dict[str, float]:
         if profile.fabric["kind"] in ("nvswitch", "bridge"):
             links[f"{NVLINK}/out{lr}"] = profile.fabric["p2p_gbps"] * GBPS
             links[f"{NVLINK}/in{lr}"] = profile.fabric["p2p_gbps"] * GBPS
+    if profile.remote_share:
+        cap = profile.host["socket_link_gbps"] * GBPS / profile.remote_share
+        links[SOCKET_H2D] = links[SOCKET_D2H] = cap
     for g, group in enumerate(p.get("switch_groups") or []):
         if any(r < local_ranks for r in group):
             links[f"{UPLINK_H2D}/{g}"] = p["switch_uplink_gbps"] * GBPS
@@ -98,6 +107,8 @@ def host_route(profile: HardwareProfile, local_rank: int, direction: str) -> tup
     g = _switch_index(profile, local_rank)
     if g is not None:
         route.append(f"{UPLINK_H2D if direction == 'h2d' else UPLINK_D2H}/{g}")
+    if profile.remote_share:
+        route.append(SOCKET_H2D if direction == "h2d" else SOCKET_D2H)
     return tuple(route)
 
 

@@ -10,6 +10,8 @@ compute.node_spread [D], or a calibration's) the step of N nodes is, in expectat
 
     T_N = T_node * (1 + sigma * E[max of N standard normals])
 
+plus, where the profile gives it, a heavy tail: a share of nodes carries a persistent
+slow GPU (Sinha et al., SC'22: 8% slower on average, 22% at worst; straggler_factor).
 E[max] by Blom's formula, Phi^-1((N - 0.375) / (N + 0.25)) (G. Blom, "Statistical
 Estimates and Transformed Beta-Variables", 1958). Against the exact value (the integral
 of x N phi(x) Phi(x)^(N-1), checked by tests/unit/test_sim_nodes.py) it is 4.5% high
@@ -41,8 +43,17 @@ def expected_max_normal(count: int) -> float:
 
 
 def straggler_factor(profile: HardwareProfile, nodes: int) -> float:
-    """The job's step over one node's: 1 + spread x E[max of `nodes` normals]."""
-    return 1.0 + profile.node_spread * expected_max_normal(nodes)
+    """The job's step over one node's: 1 + spread x E[max of `nodes` normals], with the
+    heavy tail where the profile gives it (compute.slow_node_fraction q and
+    slow_node_penalty s): with probability P = 1 - (1 - q)^(nodes - 1) another node of
+    the job carries a persistent slow GPU and paces the job at 1 + max(s, the Gaussian
+    core's lead)."""
+    core = profile.node_spread * expected_max_normal(nodes)
+    q = profile.compute.get("slow_node_fraction", 0.0)
+    if nodes <= 1 or not q:
+        return 1.0 + core
+    tail = 1.0 - (1.0 - q) ** (nodes - 1)
+    return 1.0 + (1.0 - tail) * core + tail * max(profile.compute["slow_node_penalty"], core)
 
 
 def job_step_s(profile: HardwareProfile, nodes: int, node_step_s: float) -> float:

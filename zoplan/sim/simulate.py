@@ -3,7 +3,9 @@ links whose bandwidth concurrent transfers share max-min fairly.
 
 Engines: one SimPy process per engine of the graph (per rank: compute, h2d, collective,
 d2h on CUDA; one serial engine per rank on CPU profiles). A process walks its tasks in
-program order; a task starts when its dependencies are done. A collective starts when
+program order; a task starts when its dependencies are done and its rank's host has
+begun issuing it (a copy or collective: finished issuing it), and ends no sooner than
+its issue (the node's `issue` window, zoplan.sim.gpushare). A collective starts when
 its last member reaches it and ends for all members at once.
 
 Links (`FairShareNetwork`): a transfer is a set of flows, each crossing a route of links
@@ -275,6 +277,7 @@ class _Sim:
                                     link_components(len(links), list(routes.values()) + pairs),
                                     contended)
         self.dur = [a["dur_s"] for a in self.attrs]
+        self.issue = [a.get("issue", (0.0, 0.0)) for a in self.attrs]
         self.finished = [False] * len(names)
         self.waiters: dict[int, Event] = {}   # task -> event, made only when waited for
         self.start = [0.0] * len(names)
@@ -317,12 +320,20 @@ class _Sim:
                 if not finished[j]:
                     yield self._waiter(j)
             group = self.group_of[i]
+            issue_start, issue_end = self.issue[i]
+            # the host lane: a task starts once its issue starts (a copy or a collective
+            # once it is issued) and ends no sooner than its issue
+            ready = issue_end if flows[i] or group is not None else issue_start
+            if env.now < ready:
+                yield env.timeout(ready - env.now)
             if group is None:
                 start = env.now
                 if dur[i] > 0:
                     yield env.timeout(dur[i])
                 if flows[i]:
                     yield self.net.transfer(flows[i])
+                if env.now < issue_end:
+                    yield env.timeout(issue_end - env.now)
             else:
                 yield from self._collective(group)
                 start = group.start

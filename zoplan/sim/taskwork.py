@@ -10,6 +10,8 @@ the one figure compute.zo_ns_per_param.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from zoplan.execrules import chunk_bounds, sr_chunk
 from zoplan.hardware import HardwareProfile, gpu_block_bytes
 from zoplan.models import ModelSpec, dtype_bytes
@@ -36,6 +38,20 @@ SR_BYTES = 6 + 10 + 12 + 8 + 6
 SR_KERNELS = 5
 CPU_PASS_BYTES = 12   # an fp32 pass, what compute.zo_pass_ns is measured on (CPU profiles)
 SCHEDULES = ("zoexec", "zo2")   # z twice per block and step, or ZO2's four times
+
+
+class Work(NamedTuple):
+    """A GPU task's work: seconds on the device and seconds its host thread takes to
+    issue it (launches, seeds, layer calls; the host lane)."""
+
+    device_s: float
+    host_s: float
+
+    def __add__(self, other: Work) -> Work:   # type: ignore[override]
+        return Work(self.device_s + other.device_s, self.host_s + other.host_s)
+
+    def __mul__(self, k: float) -> Work:   # type: ignore[override]
+        return Work(self.device_s * k, self.host_s * k)
 
 
 def zo_pass_bytes(*, param_bytes: int, compute_bytes: int) -> tuple[int, int]:
@@ -65,7 +81,8 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     per stream, and one embedding lookup per stream; head: one final norm + LM head +
     loss per stream and the resident perturbation pass between them. The update mode
     stochastic replaces the update pass by the fp32 update, its noise and the rounding's
-    passes (SR_BYTES).
+    passes (SR_BYTES). "issue" (GPU profiles; None on CPUs): the host seconds to issue
+    each of those tasks (layer calls at compute.overhead_us, the zo maths' launches).
     schedule "zo2": ZO2 as published (zo-algorithms.md; zoexec.reference) perturbs
     +eps, -2eps, +eps (restore) in place and updates, each with a fresh z draw: four
     draws and four in-place passes per block and step."""
@@ -102,9 +119,17 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     zo = (_gpu_zo if not hw.is_cpu else _cpu_zo_z_model if hw.has_z_model
           else _cpu_zo_per_param)(**args)
     lookups = streams * lookup if per_call else lookup
-    return {"embed_s": zo["embed"] + lookups, "update_s": zo["update"],
-            "forward_s": streams * fwd + zo["forward"],
-            "head_s": streams * head_fwd + zo["head"], "parts": zo.get("parts")}
+    out = {"embed_s": zo["embed"] + lookups, "update_s": zo["update"],
+           "forward_s": streams * fwd + zo["forward"],
+           "head_s": streams * head_fwd + zo["head"], "parts": zo.get("parts"),
+           "issue": None}
+    if not hw.is_cpu:   # the host lane: layer calls and the zo maths' launches
+        issue = zo["issue"]
+        out["issue"] = {"embed": issue["embed"] + streams * hw.forward_issue_s(EMBED_OPS),
+                        "update": issue["update"],
+                        "forward": issue["forward"] + streams * hw.forward_issue_s(),
+                        "head": issue["head"] + streams * hw.forward_issue_s(HEAD_OPS)}
+    return out
 
 
 def _cpu_zo_per_param(*, model, profile, workload, local_ranks, streams, schedule) -> dict:
@@ -172,41 +197,55 @@ def _cpu_zo_z_model(*, model, profile, workload, local_ranks, streams, schedule)
 
 
 def _gpu_zo(*, model, profile, workload, local_ranks, streams, schedule) -> dict:
-    """GPU: z draws at z_launch_us per launch + z_ns_per_elem per element (one launch
-    per 2**24-element chunk of a tensor, zoplan.execrules.z_draw_calls), passes by their bytes at HBM bandwidth
-    (zo_pass_bytes), the stochastic update as SR_BYTES at HBM bandwidth, its noise drawn
-    like z and SR_KERNELS launches a chunk (sr_chunks)."""
-    hw = profile
-    p, c = dtype_bytes(workload.param_dtype), dtype_bytes(workload.compute_dtype)
-    upd, pert = zo_pass_bytes(param_bytes=p, compute_bytes=c)
+    """GPU: each term a pair (device seconds, host seconds to issue it). A z draw: its
+    elements at z_ns_per_elem on the device (HardwareProfile.z_time_s), one seeded launch
+    per 2**24-element chunk of a tensor on the host (z_issue_s); a pass: its bytes
+    (zo_pass_bytes) at the achieved HBM bandwidth, one launch; the stochastic update:
+    SR_BYTES at HBM bandwidth, its noise drawn like z, SR_KERNELS launches a chunk
+    (sr_chunks). "issue" holds the host seconds of each task's zo maths."""
+    hw, c = profile, dtype_bytes(workload.compute_dtype)
+    upd, pert = zo_pass_bytes(param_bytes=dtype_bytes(workload.param_dtype), compute_bytes=c)
     block, resident = model.block_tensor_numels(), model.resident_tensor_numels()
-    z_block, z_res = hw.z_time_s(block), hw.z_time_s(resident)
 
-    def update(numels: list[int]) -> float:
+    def z(numels: list[int]) -> Work:
+        return Work(hw.z_time_s(numels, elem_bytes=c), hw.z_issue_s(numels))
+
+    def passes(num_bytes: float, count: float = 1.0) -> Work:
+        return Work(hw.hbm_time_s(num_bytes), count * hw.launch_s)
+
+    def noise(chunks: int, numels: float) -> Work:   # the rounding's draws and kernels
+        return Work(numels * hw.compute["z_ns_per_elem"] * 1e-9,
+                    (1 + SR_KERNELS) * chunks * hw.compute["z_launch_us"] * 1e-6)
+
+    def update(numels: list[int]) -> Work:
         if workload.update != "stochastic":
-            return hw.hbm_time_s(upd * sum(numels))
-        chunks = sr_chunks(numels, "cuda")
-        return ((1 + SR_KERNELS) * chunks * hw.compute["z_launch_us"] * 1e-6
-                + sum(numels) * hw.compute["z_ns_per_elem"] * 1e-9
-                + hw.hbm_time_s(SR_BYTES * sum(numels)))
-    upd_block, upd_res = update(block), update(resident)
-    def deferred(z_numels: list[int], pieces: list[int], noise: list[int]) -> float:
+            return passes(upd * sum(numels))
+        return noise(sr_chunks(numels, "cuda"), sum(numels)) + passes(SR_BYTES * sum(numels), 0)
+
+    def deferred(z_numels: list[int], pieces: list[int], draws: list[int]) -> Work:
         """A slice's deferred update: z of every chunk it touches (drawn whole); the
         stochastic update's noise of every rounding chunk it touches (whole), its passes
         over the slice's elements."""
         if workload.update != "stochastic":
-            return hw.z_time_s(z_numels) + update(pieces)
-        return (hw.z_time_s(z_numels) + (1 + SR_KERNELS) * len(noise) * hw.compute["z_launch_us"] * 1e-6
-                + sum(noise) * hw.compute["z_ns_per_elem"] * 1e-9
-                + hw.hbm_time_s(SR_BYTES * sum(pieces)))
-    parts = {"deferred": deferred, "perturb": z_block + hw.hbm_time_s(pert * model.block_params)}
+            return z(z_numels) + update(pieces)
+        return z(z_numels) + noise(len(draws), sum(draws)) + passes(SR_BYTES * sum(pieces), 0)
+    z_block, z_res = z(block), z(resident)
+    pert_block = passes(pert * model.block_params)
+    parts = {"deferred": deferred, "perturb": z_block + pert_block}
     if schedule == "zo2":   # in place: perturb, -2 eps, restore; a cast per stream
+        p = dtype_bytes(workload.param_dtype)
         extra = 3 * (2 * p + c) + (streams * (p + c) if p != c else 0)
-        return {"embed": 4 * z_res + upd_res + hw.hbm_time_s(extra * model.resident_params),
-                "update": 4 * z_block + upd_block + hw.hbm_time_s(extra * model.block_params),
-                "forward": 0.0, "head": 0.0}
-    return {"embed": 2 * z_res + upd_res + hw.hbm_time_s(streams * pert * model.resident_params),
-            "update": 2 * z_block + upd_block + hw.hbm_time_s(pert * model.block_params),
-            "forward": (streams - 1) * hw.hbm_time_s(pert * model.block_params),
-            "head": (streams - 1) * hw.hbm_time_s(pert * model.resident_params),
-            "parts": parts}
+        work = {"embed": z_res * 4 + update(resident) + passes(extra * model.resident_params, 3),
+                "update": z_block * 4 + update(block) + passes(extra * model.block_params, 3),
+                "forward": Work(0.0, 0.0), "head": Work(0.0, 0.0)}
+    else:
+        work = {"embed": z_res * 2 + update(resident)
+                + passes(streams * pert * model.resident_params, streams),
+                "update": z_block * 2 + update(block) + pert_block,
+                "forward": pert_block * (streams - 1),
+                "head": passes(pert * model.resident_params) * (streams - 1)}
+    out = {kind: w.device_s for kind, w in work.items()}
+    out["issue"] = {kind: w.host_s for kind, w in work.items()}
+    if schedule != "zo2":
+        out["parts"] = parts
+    return out

@@ -1,0 +1,129 @@
+"""The priced GPU physics (zoplan.sim.gpushare, docs/costs.md): the host lane, the
+streams sharing a GPU, z arithmetic-bound per GPU generation, the socket link, the
+heavy tail of slow nodes, and their figures' source notes; CPU profiles unchanged."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from zoplan.errors import ZoError
+from zoplan.hardware import HardwareProfile, load_profile
+from zoplan.layout import Layout
+from zoplan.models import get_model
+from zoplan.sim.bounds import HOST, host_lane_s, step_bounds
+from zoplan.sim.costs import step_costs
+from zoplan.sim.gpushare import overlap_factors
+from zoplan.sim.graph import build_step_graph
+from zoplan.sim.links import SOCKET_H2D
+from zoplan.sim.nodes import expected_max_normal, straggler_factor
+from zoplan.sim.simulate import simulate
+from zoplan.workload import Workload
+
+A100 = load_profile("dgx-a100-80gb")
+WL = Workload(batch=16, seq=512, param_dtype="fp16", compute_dtype="fp16", update="stochastic")
+
+
+def _costs(model: str, layout: Layout, *, profile=A100, workload=WL, resident=True):
+    spec = get_model(model)
+    return step_costs(model=spec, profile=profile, workload=workload, layout=layout,
+                      resident=(resident,) * spec.num_layers)
+
+
+def test_a_small_resident_model_is_host_bound_and_a_big_one_is_not():
+    """opt-125m resident on one GPU: a block's device time is well under a millisecond,
+    its issue (layer call, z reseeds, events) longer: the host lane binds, the simulated
+    step is no shorter than it. OPT-175B's blocks (tens of ms) are compute-bound."""
+    small = _costs("opt-125m", Layout(pertp=1, ddp=1, slices=1, prefetch=1),
+                   workload=Workload(batch=1, seq=128, param_dtype="fp16",
+                                     compute_dtype="fp16", update="plain"))
+    bounds = step_bounds(small)
+    assert bounds.binding == HOST, bounds.resources
+    sim = simulate(build_step_graph(small))
+    assert sim.step_time_s >= host_lane_s(small, 0, small.num_blocks) * (1 - 1e-9)
+    assert small.forward_s < small.issue_s["forward"]
+    big = _costs("opt-175b", Layout(pertp=2, ddp=4, slices=8, prefetch=2, slice_update=True))
+    big_bounds = step_bounds(big)
+    assert big_bounds.binding != HOST
+    assert big_bounds.resources[HOST] < 0.1 * big_bounds.lower_bound_s
+
+
+def test_the_simulator_holds_a_task_to_its_issue_window():
+    """No task starts before its issue starts nor ends before it ends."""
+    costs = _costs("opt-125m", Layout(pertp=1, ddp=2, slices=2, prefetch=1), resident=False)
+    graph = build_step_graph(costs)
+    sim = simulate(graph)
+    for name, (start, end) in sim.times.items():
+        issue = graph.nodes[name]["issue"]
+        assert start >= issue[0] - 1e-12 and end >= issue[1] - 1e-12, name
+
+
+def test_the_streams_sharing_a_gpu_slow_each_other():
+    """With a slice update and an all-gather beside the compute stream, compute tasks run
+    1 + k min(1, L / C) slower and the collective's 1 + k min(1, C / L); k = 0: none."""
+    lay = Layout(pertp=2, ddp=4, slices=8, prefetch=2, slice_update=True)
+    shared = _costs("opt-175b", lay)
+    data = copy.deepcopy(A100.to_dict())
+    data["compute"]["overlap_slowdown"] = 0.0
+    alone = _costs("opt-175b", lay, profile=HardwareProfile.from_dict(data))
+    k = A100.compute["overlap_slowdown"]
+    comp, coll = shared.overlap
+    assert alone.overlap == (1.0, 1.0) and overlap_factors(alone, 0.0) == (1.0, 1.0)
+    assert 1.0 < comp <= 1 + k and 1.0 < coll <= 1 + k and max(comp, coll) == pytest.approx(1 + k)
+    assert shared.forward_s == pytest.approx(alone.forward_s * comp)
+    assert shared.slice_s(0) == pytest.approx(alone.slice_s(0) * coll)
+    assert shared.allgather_alone_s(0) > alone.allgather_alone_s(0)
+    lone = _costs("opt-175b", Layout(pertp=1, ddp=1, slices=1, prefetch=2), resident=False)
+    assert lone.overlap == (1.0, 1.0)   # one GPU: no collective-stream work to share with
+
+
+def test_z_is_arithmetic_bound_and_the_h200_draws_like_the_h100():
+    """Philox draws cost the generation's figure per value, not bytes over HBM: the
+    H200 (the H100's SMs, faster HBM) costs what the H100 does; the A100's z is above
+    its bytes at HBM."""
+    h100, h200 = load_profile("dgx-h100"), load_profile("hgx-h200")
+    numels = get_model("opt-13b").block_tensor_numels()
+    assert h200.z_time_s(numels, elem_bytes=2) == pytest.approx(h100.z_time_s(numels, elem_bytes=2))
+    assert h200.hbm_gbps > h100.hbm_gbps
+    n = sum(numels)
+    assert A100.z_time_s(numels) > 4 * n / (A100.device["hbm_gbps"] * 1e9)
+    assert A100.z_issue_s(numels) > 0   # its launches are the host's
+
+
+def test_a_two_socket_host_sends_half_the_store_across_the_socket_link():
+    costs = _costs("opt-13b", Layout(pertp=1, ddp=8, slices=1, prefetch=2), resident=False)
+    assert all(SOCKET_H2D in f.route for flows in costs.h2d for f in flows)
+    assert costs.links[SOCKET_H2D] == pytest.approx(128e9 / 0.5)
+    one = _costs("opt-13b", Layout(pertp=1, ddp=1, slices=1, prefetch=2),
+                 profile=load_profile("gh200"), resident=False)
+    assert SOCKET_H2D not in one.links
+
+
+def test_slow_nodes_make_a_heavy_tail():
+    """With a share of nodes carrying a slow GPU the job's expected lead grows toward
+    its penalty; one node waits for nobody."""
+    assert straggler_factor(A100, 1) == 1.0
+    gauss = 1 + A100.node_spread * expected_max_normal(4096)
+    assert straggler_factor(A100, 4096) > gauss
+    assert straggler_factor(A100, 4096) == pytest.approx(
+        1 + A100.compute["slow_node_penalty"], rel=1e-3)
+
+
+def test_a_new_figure_needs_its_own_source_note():
+    data = copy.deepcopy(A100.to_dict())
+    del data["sources"]["compute.overlap_slowdown"]
+    with pytest.raises(ZoError, match="compute.overlap_slowdown has no source note"):
+        HardwareProfile.from_dict(data)
+    data = copy.deepcopy(A100.to_dict())
+    data["device"]["hbm_fraction"] = 1.5
+    with pytest.raises(ZoError, match="device.hbm_fraction is 1.5"):
+        HardwareProfile.from_dict(data)
+
+
+def test_cpu_profiles_have_no_host_lane_and_no_sharing():
+    cpu = load_profile("cpu")
+    costs = _costs("tiny-opt", Layout(pertp=1, ddp=2, slices=2, prefetch=1), profile=cpu,
+                   workload=Workload(batch=4, seq=64), resident=False)
+    assert costs.issue_s == {} and costs.overlap == (1.0, 1.0)
+    assert HOST not in step_bounds(costs).resources
