@@ -17,7 +17,7 @@ stages     (each with a time budget; one that fails or overruns is recorded and 
   overlap    a slice update on another stream beside a forward: each alone and both
   context    the CUDA context's bytes (a fresh process: total - free after init)
   profile    `zoplan profile --quick` of this machine
-  run-MODE   plan OPT-1.3B for one GPU on that profile, `zoexec run --trace`, calibrate
+  run-MODE   (--modes, default master) plan OPT-1.3B for one GPU on that profile, `zoexec run --trace`, calibrate
   issue      host issue time per step against the GPU's time (an in-process run)
   oracle     zoexec.reference on the device against `zoexec run`: losses and weights
   slices     the update on the slice's z and update: the whole block's bits
@@ -193,7 +193,8 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16", help="compute precision of the runs")
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--lr", type=float, default=1e-6)
-    parser.add_argument("--modes", default="master,stochastic")
+    parser.add_argument("--modes", default="master",
+                        help="update modes to run, comma-separated (each adds up to 80 s)")
     parser.add_argument("--device-kind", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: the dry run of this script (tiny shapes, the cpu profile)")
     args = parser.parse_args()

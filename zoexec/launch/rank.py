@@ -39,7 +39,7 @@ def rank_main(cfg: RunConfig, place: zgroups.RankPlace, *, on_failure=None) -> l
         if cfg.device_kind == "cpu":
             keep_freed_memory()   # activations are reused, not page-faulted in every block
         env = zgroups.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
-                                     tf32=cfg.workload.tf32)
+                                       tf32=cfg.workload.tf32)
         threads = zgroups.set_threads(cfg.threads, cfg.layout.local_ranks)
         # not inference_mode: zo's z threads would not inherit it; -q: transformers quiet too
         with torch.no_grad(), quiet_libraries(not cfg.progress):
