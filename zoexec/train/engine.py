@@ -400,7 +400,7 @@ class Trainer:
                 return after
             ready = sliced.done
         with self.lanes.task("allgather", block, after=(after, ready)) as gather:
-            _wait(dist.all_gather_into_tensor(buf, shard, group=self.env.slice, async_op=True))
+            _wait(zgroups.all_gather_flat(buf, shard, group=self.env.slice))
         theta = buf[:self.parts.block_numel]
         if evaluating:
             return self._clean_forward(block, theta, acts, after=gather.done)
@@ -454,7 +454,7 @@ class Trainer:
         if slices == 1:
             return ready
         with self.lanes.task("allgather", block, after=(ready,)) as gather:
-            _wait(dist.all_gather_into_tensor(buf, mine, group=self.env.slice, async_op=True))
+            _wait(zgroups.all_gather_flat(buf, mine, group=self.env.slice))
         return gather.done
 
     def _slice_update(self, block: int, piece: torch.Tensor) -> None:
