@@ -93,8 +93,8 @@ def child(args) -> None:
     cfg = RunConfig.make(plan=plan.data, load_from=args.init, seed=0, quiet=args.quiet)
     _warm_up(args.model)
     env = zgroups.DistEnv(place=zgroups.RankPlace(rank=0, local_rank=0, world_size=1,
-                                               local_world_size=1),
-                        layout=Layout(), device=torch.device("cpu"), backend="gloo")
+                                                  local_world_size=1),
+                          layout=Layout(), device=torch.device("cpu"), backend="gloo")
     Path("/proc/self/clear_refs").write_text("5")         # VmHWM := VmRSS from here
     bare_kib = _status_kib("VmRSS")
     private_bare_kib = _status_kib("RssAnon") + _status_kib("RssFile")

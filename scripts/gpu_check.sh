@@ -1,28 +1,39 @@
 #!/usr/bin/env bash
-# GPU check on a machine with one CUDA GPU: profile the GPU (`zoplan profile --quick`),
-# then for each update mode (master, stochastic, plain) plan OPT-1.3B (random weights)
-# for one GPU on that profile, run 30 steps with `zoexec run --trace` and print predicted
-# vs measured step time, planned vs peak GPU memory, tokens/s, the share of the first
-# update lost, and z time per block; then the first mode's plan with every other block
-# resident (the same losses, bit for bit) and an on-device check that a slice's z and
-# update (the update on the slice) are the whole block's bits (scripts/gpu_check.py).
-# About 5-8 minutes on one GPU (not yet run on one). Output: benchmarks/results/gpu_check-<UTC>/ (commit summary.txt and summary.json).
-#   bash scripts/gpu_check.sh [--profile measure|NAME] [--steps 30] [--batch 8] ...
-# Uses .venv/bin/python when it exists, else python3 with the repo on PYTHONPATH
-# (machines with torch preinstalled and no network).
+# GPU check on a machine with one CUDA GPU, as it is (docs/gpu.md): about 8 minutes on one
+# H200. Uses .venv/bin/python where it exists, else python3 with the repo on PYTHONPATH;
+# --wheels DIR (default .whl/cp<python version> where it exists) installs the wheels
+# scripts/device_wheels.sh downloaded into a private folder put first on PYTHONPATH
+# (the image lacks pydantic and simpy; nothing else is installed).
+#   bash scripts/gpu_check.sh --out DIR [--wheels DIR] [--device-kind cpu] [gpu_check.py options]
+# Out: DIR/summary.txt, DIR/summary.json, DIR/gpu_check-files.tar.gz. A missing package,
+# no CUDA GPU, no tmpfs with room or a store that cannot be page-locked stop it with one
+# `error:` line (exit 2) before anything is measured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=${PYTHON:-python3}; fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-RESULTS=${RESULTS:-benchmarks/results/gpu_check-$(date -u +%Y%m%dT%H%M%SZ)}
-mkdir -p "$RESULTS"
-# the block store lives in /dev/shm; containers often give it 64 MiB: use a file under
-# /tmp (shared through the page cache, same code path) when it has less than 8 GiB free
-if [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1 || echo 0)" -lt 8388608 ]; then
-  export ZOEXEC_SHM_DIR=$(mktemp -d /tmp/zoexec-shm.XXXXXX)
-  echo "small /dev/shm: block store in $ZOEXEC_SHM_DIR"
+WHEELS=""
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --wheels) WHEELS=$2; shift 2 ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+if [ -z "$WHEELS" ]; then
+  guess=.whl/cp$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')
+  [ -d "$guess" ] && WHEELS=$guess
 fi
-df -h /dev/shm "${ZOEXEC_SHM_DIR:-/dev/shm}" > "$RESULTS/shm.txt" 2>&1 || true
-"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU'; print(torch.__version__, torch.cuda.get_device_name(0))" | tee "$RESULTS/device.txt"
-"$PY" scripts/gpu_check.py --results "$RESULTS" "$@" 2>&1 | tee "$RESULTS/gpu_check.log"
-echo "results in $RESULTS"
+SITE=""
+if [ -n "$WHEELS" ]; then
+  if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    echo "error: --wheels $WHEELS holds no wheels (make them: bash scripts/device_wheels.sh $WHEELS)" >&2
+    exit 2
+  fi
+  SITE=$(mktemp -d /tmp/gpu_check-site.XXXXXX)
+  trap 'rm -rf "$SITE"' EXIT
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
+      --target "$SITE" "$WHEELS"/*.whl \
+    || { echo "error: pip could not install the wheels of $WHEELS into $SITE" >&2; exit 2; }
+fi
+export PYTHONPATH="${SITE:+$SITE:}$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+"$PY" scripts/gpu_check.py ${ARGS[@]+"${ARGS[@]}"}

@@ -3,6 +3,6 @@
 Modules: models (HF adapters: resident parts + one working decoder block bound to a
 flat buffer), zo (seeded z, perturb, deferred update, projected gradient), data
 (synthetic task, JSONL data, sharding), reference (plain MeZO-SGD loop, the oracle),
-store / dist / engine / checkpoint / cli (the distributed runtime).
+store / runtime / engine / checkpoint / cli (the distributed runtime).
 Importing the package imports nothing heavy.
 """

@@ -34,7 +34,7 @@ def _rank(rank: int, port: int, path: Path, what: str, sleep_s: float, timeout_s
     result = (rank, "error", "did not finish")
     try:
         place = zgroups.RankPlace(rank=rank, local_rank=rank, world_size=2, local_world_size=2,
-                                master_port=port)
+                                  master_port=port)
         env = zgroups.init_distributed(place=place, layout=Layout(pertp=2), device_kind="cpu")
         if what == "store":
             def fill(store):

@@ -91,6 +91,14 @@ def test_nvls_is_off_by_default_and_the_user_can_turn_it_on(monkeypatch):
     assert zdevice.nccl_defaults("gloo", environ={}) == {}
 
 
+def test_the_all_gather_is_the_one_this_torch_has():
+    """torch 2.13 has all_gather_single (all_gather_into_tensor deprecated); torch 2.11,
+    the GPU machine's, only all_gather_into_tensor."""
+    both = SimpleNamespace(all_gather_single="single", all_gather_into_tensor="into")
+    assert zgroups.all_gather_call(both) == "single"
+    assert zgroups.all_gather_call(SimpleNamespace(all_gather_into_tensor="into")) == "into"
+
+
 # ---- page-locking ---------------------------------------------------------------------------------
 def _env(world: int = 1) -> zgroups.DistEnv:
     place = zgroups.RankPlace(rank=0, local_rank=0, world_size=world, local_world_size=world)

@@ -195,7 +195,7 @@ class FakeCudart:
 def _cuda_env(rank: int = 0, local_rank: int = 0) -> zgroups.DistEnv:
     place = zgroups.RankPlace(rank=rank, local_rank=local_rank, world_size=8, local_world_size=4)
     return zgroups.DistEnv(place=place, layout=Layout(ddp=4, nodes=2),
-                         device=torch.device("cuda", local_rank), backend="nccl")
+                           device=torch.device("cuda", local_rank), backend="nccl")
 
 
 def test_failed_pin_clears_the_error_and_warns_on_every_rank(monkeypatch, capsys):
@@ -244,7 +244,7 @@ def test_pin_registers_whole_pages_and_unpins_only_what_it_pinned(monkeypatch):
     assert zpinning.unpin_host_memory(view) is True and fake.calls[-1] == ("unregister", ptr)
     assert zpinning.unpin_host_memory(view) is False and len(fake.calls) == 2
     cpu = zgroups.DistEnv(place=env.place, layout=env.layout, device=torch.device("cpu"),
-                        backend="gloo")
+                          backend="gloo")
     assert zpinning.pin_host_memory(cpu, buf) is False and len(fake.calls) == 2
 
 

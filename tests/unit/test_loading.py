@@ -34,7 +34,7 @@ def _load_one_rank(model, *, init="random", seed=0, param_dtype="fp32", compute_
     plan = hand_plan(model=model, layout=Layout(), workload=workload)
     cfg = RunConfig.make(plan=plan.data, load_from=str(init), seed=seed, quiet=not progress)
     env = zgroups.DistEnv(place=zgroups.RankPlace(rank=0, local_rank=0, world_size=1, local_world_size=1),
-                        layout=Layout(), device=torch.device("cpu"), backend="gloo")
+                          layout=Layout(), device=torch.device("cpu"), backend="gloo")
     return load_node_model(cfg, env, f"t{uuid.uuid4().hex[:10]}")
 
 

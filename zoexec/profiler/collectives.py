@@ -1,4 +1,4 @@
-"""Collectives as a run calls them, timed: `all_gather_into_tensor` over sizes and the loss
+"""Collectives as a run calls them, timed: `all_gather_flat` over sizes and the loss
 all-reduce (two float64 scalars), on gloo ranks (CPU) or NCCL ranks (CUDA), both timed
 from the last rank's arrival (collective_samples)."""
 
@@ -13,6 +13,7 @@ import torch
 
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import summarize, time_samples
+from zoexec.runtime.groups import all_gather_flat
 
 ALLREDUCE_ITERS = 30          # the loss all-reduce is ~100 us: many samples are cheap
 
@@ -59,7 +60,8 @@ def _barrier_sampler(dist, sync=None):
 
 
 def allgather_sweep(settings: Settings, dist, *, device, sample=None) -> list[dict]:
-    """dist.all_gather_into_tensor (zoexec's call) over the world for each total size."""
+    """zoexec.runtime.groups.all_gather_flat (zoexec's call) over the world for each
+    total size."""
     world = dist.get_world_size()
     cuda = str(device).startswith("cuda")
     sample = sample or _barrier_sampler(dist, torch.cuda.synchronize if cuda else None)
@@ -68,7 +70,8 @@ def allgather_sweep(settings: Settings, dist, *, device, sample=None) -> list[di
         piece = max(1, size // 4 // world)
         inp = torch.ones(piece, device=device)
         res = torch.empty(piece * world, device=device)
-        samples = sample(lambda: dist.all_gather_into_tensor(res, inp), repeats=settings.repeats,
+        samples = sample(lambda: all_gather_flat(res, inp, group=None, async_op=False),
+                         repeats=settings.repeats,
                          warmup=2)
         out.append({"bytes": piece * world * 4, **summarize(samples)})
     return out

@@ -213,6 +213,18 @@ def gather_objects(env: DistEnv, value: Any) -> list[Any] | None:
     return out
 
 
+def all_gather_call(module=dist):
+    """torch's one-tensor all-gather: all_gather_single where torch has it (2.12+, where
+    all_gather_into_tensor stays, deprecated, with a FutureWarning), else
+    all_gather_into_tensor (torch 2.11, the GPU machine's). The same collective."""
+    return getattr(module, "all_gather_single", None) or module.all_gather_into_tensor
+
+
+def all_gather_flat(out: torch.Tensor, mine: torch.Tensor, *, group, async_op: bool = True):
+    """`out` <- every member's `mine`, in rank order (group size x mine's length)."""
+    return all_gather_call()(out, mine, group=group, async_op=async_op)
+
+
 def device_memory_peak(env: DistEnv) -> dict:
     """Peak memory the rank's GPU allocator held (empty on the CPU)."""
     return zdevice.device_memory_peak(env.device)

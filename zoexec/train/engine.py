@@ -6,7 +6,8 @@ Per step t with seed s_t (zo.step_seed) on every rank, in program order:
              resident weights and embed the rank's shard once per perturbation.
   per block b (prefetch buffers, taken in turn by the blocks that use one):
     h2d        copy this rank's slice (1/slices) of block b from the node's shared store
-               into the rank's block buffer (on CUDA: async DMA from the page-locked store, or through pinned staging slots)
+               into the rank's block buffer (on CUDA: async DMA from the page-locked
+               store, or through pinned staging slots)
     slice_update  Layout.slice_update with slices > 1: apply step t-1's deferred update
                to the rank's own slice only (z drawn for its 1/slices of the block,
                zo.z_range), bit for bit what the whole block's update gives there
@@ -401,7 +402,7 @@ class Trainer:
                 return after
             ready = sliced.done
         with self.lanes.task("allgather", block, after=(after, ready)) as gather:
-            _wait(dist.all_gather_into_tensor(buf, shard, group=self.env.slice, async_op=True))
+            _wait(zgroups.all_gather_flat(buf, shard, group=self.env.slice))
         theta = buf[:self.parts.block_numel]
         if evaluating:
             return self._clean_forward(block, theta, acts, after=gather.done)
@@ -455,7 +456,7 @@ class Trainer:
         if slices == 1:
             return ready
         with self.lanes.task("allgather", block, after=(ready,)) as gather:
-            _wait(dist.all_gather_into_tensor(buf, mine, group=self.env.slice, async_op=True))
+            _wait(zgroups.all_gather_flat(buf, mine, group=self.env.slice))
         return gather.done
 
     def _slice_update(self, block: int, piece: torch.Tensor) -> None:
