@@ -25,6 +25,9 @@ from zoexec.store.blocks import SHM_DIR
 from zoexec.store.node import monitored_barrier, share_on_node
 from zoplan.layout import Layout
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from ports import free_port  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_load_memory.py"
 
@@ -64,7 +67,7 @@ def _two_ranks(monkeypatch, what: str, *, sleep_s: float, timeout_s: float) -> t
     path = SHM_DIR / f"zoexec-test{uuid.uuid4().hex[:8]}-n0"
     ctx = multiprocessing.get_context("fork")
     out = ctx.SimpleQueue()
-    port = zdist.free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, path, what, sleep_s, timeout_s, out))
              for r in range(2)]
     for proc in procs:

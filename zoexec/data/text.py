@@ -11,7 +11,6 @@ labels the loss predicts, IGNORE where nothing is predicted) or a bare LongTenso
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +28,7 @@ class SyntheticTask:
     """Walks around a fixed random cycle of `alphabet` tokens (chosen by `seed` among the
     vocabulary): every row starts at a random point of the cycle and follows it, so each
     next token is determined by the current one. A model that knows only which tokens
-    occur reaches ln(alphabet) (`unigram_loss`, 2.77 for 16); one that learned the cycle
+    occur reaches ln(alphabet) (2.77 for 16); one that learned the cycle
     approaches 0; an untrained one sits near ln(vocab). A tiny model trained with MeZO
     goes clearly below ln(vocab) within a few hundred steps (tests/test_data.py)."""
 
@@ -39,10 +38,6 @@ class SyntheticTask:
                           f"vocab {vocab}, alphabet {alphabet}")
         self.vocab, self.seed, self.alphabet = vocab, seed, min(alphabet, vocab)
         self.cycle = torch.randperm(vocab, generator=generator(_TAG_SYNTHETIC, seed, -1))[:self.alphabet]
-
-    @property
-    def unigram_loss(self) -> float:
-        return math.log(self.alphabet)
 
     def batch(self, step: int, batch_size: int, seq: int) -> torch.Tensor:
         starts = torch.randint(self.alphabet, (batch_size, 1),

@@ -261,13 +261,6 @@ def _runtime_get_last_error():
     return None
 
 
-def free_port() -> int:
-    """A TCP port free on this host right now (for the spawned ranks' rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def place_from_env() -> RankPlace | None:
     """The place torchrun gives a rank (RANK, LOCAL_RANK, WORLD_SIZE, ...), or None."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
