@@ -93,7 +93,7 @@ def test_a_lost_builder_is_named_in_the_error(monkeypatch):
     results, path = _two_ranks(monkeypatch, "store", sleep_s=2.5, timeout_s=0.5)
     status, text = results[1]
     assert status == "error" and text.startswith(
-        "ZoError: rank 1 (node 0) waited for local rank 0 to fill the test store and gave up "
+        "PeerGone: rank 1 (node 0) waited for local rank 0 to fill the test store and gave up "
         "(timeout 0.5 s)"), text
     assert results[0][0] == "error", results
     assert not path.exists()
@@ -108,7 +108,7 @@ def test_a_late_rank_fails_the_monitored_barrier_with_what_it_waited_for(monkeyp
     results, _ = _two_ranks(monkeypatch, "barrier", sleep_s=2.5, timeout_s=0.5)
     status, text = results[0]
     assert status == "error" and text.startswith(
-        "ZoError: rank 0 waited for every node's test and gave up (timeout 0.5 s): "), text
+        "PeerGone: rank 0 waited for every node's test and gave up (timeout 0.5 s): "), text
     assert "Rank 1 failed to pass monitoredBarrier" in text, text
 
 
