@@ -322,7 +322,7 @@ def test_text_with_a_model_folder_without_a_tokenizer_is_refused(tmp_path):
     ((), "holds no tokens"),
     (({"input_ids": list(range(10))},), "has 10 tokens, fewer than one batch of the plan (2 x 8 = 16 tokens)"),
     (({"input_ids": [1, 2]}, "{oops"), "d.jsonl:2: not valid JSON"),
-    (({"input_ids": [1, float("nan")]},), "d.jsonl:1: not valid JSON (NaN is not a number JSON allows)"),
+    (({"input_ids": [1, float("nan")]},), "d.jsonl:1: not valid JSON (NaN is not a finite number)"),
     (({"input_ids": [1, 2.5]},), "'input_ids' must be a list of integers"),
     (({"input_ids": [1, 600]},), "token id 600 is outside the vocabulary (0..511)"),
     (({"label": 1},), "expected an object with 'text' (string) or 'input_ids'"),

@@ -10,7 +10,6 @@ labels the loss predicts, IGNORE where nothing is predicted) or a bare LongTenso
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 from zoexec.data.batch import IGNORE, Batch, EpochOrder, Example, generator
 from zoexec.data.records import load_records
 from zoplan.errors import ZoError
+from zoplan.io import loads_strict
 
 _TAG_SYNTHETIC = 0x5359      # separates the data streams' seeds from z's
 _TAG_JSONL = 0x4A53
@@ -83,7 +83,7 @@ class JsonlReader:
     def _line_ids(self, line: str, number: int) -> list[int]:
         where = f"{self.path}:{number}"
         try:
-            record = json.loads(line, parse_constant=_refuse_constant)
+            record = loads_strict(line)
         except ValueError as exc:
             raise ZoError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
         return self.record_ids(record, where)
@@ -137,10 +137,6 @@ def load_tokenizer(folder, *, where):
     except Exception as exc:  # noqa: BLE001 - broken tokenizer files: the folder's problem
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ZoError(f"no usable tokenizer in {folder}: {reason}") from None
-
-
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number JSON allows")
 
 
 class TextData:
