@@ -220,12 +220,6 @@ class HardwareProfile:
         sizes = [len([r for r in g if r < local_ranks]) for g in self.fabric_groups]
         return max([s for s in sizes if s] or [1])
 
-    def switch_group_of(self, local_rank: int) -> tuple[int, ...]:
-        for group in self.pcie.get("switch_groups") or []:
-            if local_rank in group:
-                return tuple(group)
-        return (local_rank,)
-
     def allgather_busbw_gbps(self, message_bytes: float) -> float:
         """Bus bandwidth for an all-gather whose total output is message_bytes."""
         return interpolate_log(self.collective["allgather_busbw"], message_bytes)

@@ -81,12 +81,23 @@ def sha256_json(data: Any) -> str:
     return sha256_text(json.dumps(data, sort_keys=True, separators=(",", ":")))
 
 
-class _NotFinite(ValueError):
-    pass
+class NotFinite(ValueError):
+    """NaN, Infinity or -Infinity in a JSON text (Python's json module accepts them,
+    strict JSON does not)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name} is not a finite number")
+        self.name = name
 
 
 def _refuse_constant(name: str) -> float:
-    raise _NotFinite(name)
+    raise NotFinite(name)
+
+
+def loads_strict(text: str) -> Any:
+    """json.loads that refuses NaN and the infinities (NotFinite, a ValueError): every
+    JSON text the tools read goes through it."""
+    return json.loads(text, parse_constant=_refuse_constant)
 
 
 def load_json(path: Path | str, *, what: str = "file") -> Any:
@@ -99,9 +110,9 @@ def load_json(path: Path | str, *, what: str = "file") -> Any:
     if not path.is_file():
         raise ZoError(f"{what} {path} is not a file")
     try:
-        return json.loads(path.read_text(), parse_constant=_refuse_constant)
-    except _NotFinite as exc:
-        raise ZoError(f"{what} {path} holds {exc}, which is not a finite number") from None
+        return loads_strict(path.read_text())
+    except NotFinite as exc:
+        raise ZoError(f"{what} {path} holds {exc.name}, which is not a finite number") from None
     except json.JSONDecodeError as exc:
         raise ZoError(f"{what} {path} is not valid JSON: {exc}") from None
     except UnicodeDecodeError:

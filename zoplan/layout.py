@@ -95,10 +95,6 @@ class Layout:
     def local_ranks(self) -> int:
         return self.world_size // self.nodes
 
-    @property
-    def slice_groups_per_node(self) -> int:
-        return self.local_ranks // self.slices
-
     def node_of(self, rank: int) -> int:
         return rank // self.local_ranks
 
@@ -142,20 +138,3 @@ class Layout:
             return cls(**data)
         except (TypeError, ValueError) as exc:
             raise ZoError(f"malformed layout {data!r}: {exc}") from None
-
-
-def layout_for_gpus(*, gpus: int, gpus_per_node: int, pertp: int, slices: int,
-                    prefetch: int) -> Layout:
-    """The layout that uses `gpus` GPUs, filling nodes of `gpus_per_node` first."""
-    if gpus < 1:
-        raise ZoError(f"gpus must be >= 1, got {gpus}")
-    if gpus % pertp:
-        raise ZoError(f"gpus ({gpus}) is not divisible by pertp ({pertp})")
-    nodes = 1 if gpus <= gpus_per_node else gpus // gpus_per_node
-    if nodes * min(gpus, gpus_per_node) != gpus:
-        raise ZoError(f"gpus ({gpus}) is not a multiple of the {gpus_per_node} GPUs of a node")
-    try:
-        return Layout(pertp=pertp, ddp=gpus // pertp, nodes=nodes, slices=slices,
-                      prefetch=prefetch)
-    except ValueError as exc:
-        raise ZoError(str(exc)) from None

@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from zoplan.errors import ZoError
-from zoplan.io import atomic_write_text, load_json
+from zoplan.io import atomic_write_text, load_json, loads_strict
 from zoplan.layout import MAX_RANKS, Layout
 from zoplan.models import SHAPE_BOUNDS
 
@@ -294,7 +294,7 @@ def _read_spans(path: Path) -> list[Span]:
         raise ZoError(f"cannot read {path}: {exc.strerror}") from None
     numbered = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     try:  # one parse per file; on failure, find the bad line for the message
-        rows = _loads("[" + ",".join(line for _, line in numbered) + "]")
+        rows = loads_strict("[" + ",".join(line for _, line in numbered) + "]")
     except ValueError:
         rows = [_parse_line(path, n, line) for n, line in numbered]
     try:
@@ -310,16 +310,8 @@ def _read_spans(path: Path) -> list[Span]:
     return [Span.from_record(rec) for rec in records]
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a finite number")
-
-
-def _loads(text: str) -> Any:
-    return json.loads(text, parse_constant=_refuse_constant)
-
-
 def _parse_line(path: Path, lineno: int, line: str) -> Any:
     try:
-        return _loads(line)
+        return loads_strict(line)
     except ValueError as exc:
         raise ZoError(f"{path}:{lineno} is not valid JSON: {exc}") from None

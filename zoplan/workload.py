@@ -77,11 +77,6 @@ class Workload:
     def tokens_per_step(self) -> int:
         return self.batch * self.seq
 
-    @property
-    def rounds_updates(self) -> bool:
-        """Whether updates are rounded to a 16-bit store (stochastic or plain)."""
-        return self.update != "master"
-
     def to_dict(self) -> dict:
         return asdict(self)
 

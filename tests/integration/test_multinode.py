@@ -27,11 +27,13 @@ from safetensors.torch import load_file
 
 from zoexec.config import RunConfig
 from zoexec.launch.spawn import run_in_process
-from zoexec.runtime.groups import free_port
 from zoexec.store.blocks import SHM_DIR
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from ports import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
 MODEL, SEED, STEPS, LR = "tiny-opt", 3, 3, 1e-3

@@ -25,6 +25,9 @@ from zoexec.store.blocks import SHM_DIR
 from zoexec.store.node import monitored_barrier, share_on_node
 from zoplan.layout import Layout
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from ports import free_port  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_load_memory.py"
 
@@ -64,7 +67,7 @@ def _two_ranks(monkeypatch, what: str, *, sleep_s: float, timeout_s: float) -> t
     path = SHM_DIR / f"zoexec-test{uuid.uuid4().hex[:8]}-n0"
     ctx = multiprocessing.get_context("fork")
     out = ctx.SimpleQueue()
-    port = zgroups.free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, path, what, sleep_s, timeout_s, out))
              for r in range(2)]
     for proc in procs:
@@ -90,7 +93,7 @@ def test_a_lost_builder_is_named_in_the_error(monkeypatch):
     results, path = _two_ranks(monkeypatch, "store", sleep_s=2.5, timeout_s=0.5)
     status, text = results[1]
     assert status == "error" and text.startswith(
-        "ZoError: rank 1 (node 0) waited for local rank 0 to fill the test store and gave up "
+        "PeerGone: rank 1 (node 0) waited for local rank 0 to fill the test store and gave up "
         "(timeout 0.5 s)"), text
     assert results[0][0] == "error", results
     assert not path.exists()
@@ -105,7 +108,7 @@ def test_a_late_rank_fails_the_monitored_barrier_with_what_it_waited_for(monkeyp
     results, _ = _two_ranks(monkeypatch, "barrier", sleep_s=2.5, timeout_s=0.5)
     status, text = results[0]
     assert status == "error" and text.startswith(
-        "ZoError: rank 0 waited for every node's test and gave up (timeout 0.5 s): "), text
+        "PeerGone: rank 0 waited for every node's test and gave up (timeout 0.5 s): "), text
     assert "Rank 1 failed to pass monitoredBarrier" in text, text
 
 

@@ -198,11 +198,16 @@ def test_tensors_must_match_the_config(tmp_path, change, message):
 
 
 def test_rotary_buffers_in_a_checkpoint_are_ignored(tmp_path):
+    """Older checkpoints hold the rotary embedding's inv_freq buffers: not weights,
+    skipped; the model loads the weights it would load without them."""
     folder, path = _exported(tmp_path)
+    plain, plain_blocks = build_parts("tiny-llama", init=str(folder))
     tensors = load_file(str(path))
     tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(16)
     save_file(tensors, str(path))
-    build_parts("tiny-llama", init=str(folder))
+    parts, blocks = build_parts("tiny-llama", init=str(folder))
+    assert torch.equal(parts.resident_master, plain.resident_master)
+    assert len(blocks) == len(plain_blocks) and all(map(torch.equal, blocks, plain_blocks))
 
 
 def test_a_skeleton_reads_nothing(tmp_path):

@@ -4,16 +4,23 @@ OPT-175B sanity figures on the default profile."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from zoplan.errors import ZoError
 from zoplan.hardware import GIB
-from zoplan.layout import Layout
+from zoplan.layout import Layout, axes_label
 from zoplan.search import resolve_request, search
 from zoplan.search.evaluate import branch_and_bound, estimate_step_s, evaluate, rank_key
-from zoplan.search.space import Request, enumerate_space, make_candidate
+from zoplan.search.space import (
+    Request,
+    enumerate_space,
+    invalid_reason,
+    layout_axes,
+    make_candidate,
+)
 from zoplan.sim.graph import build_step_graph
 from zoplan.sim.simulate import simulate
 
@@ -75,11 +82,30 @@ def test_layout_that_does_not_fit_host_memory_is_pruned(tmp_path):
 
 
 def test_nothing_fits_names_the_closest_layout():
-    with pytest.raises(ZoError, match=r"no layout of opt-175b on 4 GPUs .* the closest, "
-                                      r"pertp\dxddp\d s\d p1 (master|stochastic): does not "
-                                      r"fit GPU memory: "
-                                      r"\d+\.\d GiB needed > 15\.0 GiB usable"):
-        search(request(model="opt-175b", seq=2048))
+    """No layout fits: the error names the one that comes closest (the least memory
+    needed for the memory there), found here from every layout's own estimate."""
+    req = request(model="opt-175b", seq=2048)
+    needs = {}
+    for gpus, nodes in req.world_sizes:
+        for workload in req.workloads:
+            for pertp, slices, prefetch, su in layout_axes(req, {}, gpus, nodes):
+                axes = {"pertp": pertp, "ddp": gpus // pertp, "nodes": nodes, "slices": slices,
+                        "prefetch": prefetch, "slice_update": su}
+                if invalid_reason(req, axes, gpus=gpus) is None:
+                    memory = make_candidate(req, Layout(**axes), workload).memory
+                    needs[f"{axes_label(axes)} {workload.update}"] = (memory.overshoot,
+                                                                      memory.gpu_bytes)
+    least = min(needs.values())
+    closest = sorted(name for name, need in needs.items() if need == least)
+    assert len(closest) < len(needs) and least[0] > 1
+    with pytest.raises(ZoError) as info:
+        search(req)
+    named = re.fullmatch(r"no layout of opt-175b on 4 GPUs \(node4-nvswitch\) can run; the "
+                         r"closest, (.+?): does not fit GPU memory: (\d+\.\d) GiB needed > "
+                         r"15\.0 GiB usable .*", str(info.value))
+    assert named, str(info.value)
+    assert named[1] in closest, (named[1], closest)
+    assert float(named[2]) == pytest.approx(least[1] / GIB, abs=0.05)
 
 
 def test_bound_prunes_only_layouts_that_cannot_win():

@@ -101,13 +101,6 @@ class TaskSpec:
             data["label_words"] = tuple(data["label_words"])
         return cls(**data)
 
-    def describe(self) -> str:
-        if self.name == "classification":
-            return (f"classification, template {self.template!r}, label words "
-                    f"{', '.join(self.label_words)}")
-        return self.name
-
-
 def parse_label_words(text: str | None) -> tuple[str, ...]:
     """--label-words "terrible,great" -> ("terrible", "great") (each stripped)."""
     if text is None:

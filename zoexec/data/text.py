@@ -10,8 +10,6 @@ labels the loss predicts, IGNORE where nothing is predicted) or a bare LongTenso
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import torch
 from zoexec.data.batch import IGNORE, Batch, EpochOrder, Example, generator
 from zoexec.data.records import load_records
 from zoplan.errors import ZoError
+from zoplan.io import loads_strict
 
 _TAG_SYNTHETIC = 0x5359      # separates the data streams' seeds from z's
 _TAG_JSONL = 0x4A53
@@ -29,7 +28,7 @@ class SyntheticTask:
     """Walks around a fixed random cycle of `alphabet` tokens (chosen by `seed` among the
     vocabulary): every row starts at a random point of the cycle and follows it, so each
     next token is determined by the current one. A model that knows only which tokens
-    occur reaches ln(alphabet) (`unigram_loss`, 2.77 for 16); one that learned the cycle
+    occur reaches ln(alphabet) (2.77 for 16); one that learned the cycle
     approaches 0; an untrained one sits near ln(vocab). A tiny model trained with MeZO
     goes clearly below ln(vocab) within a few hundred steps (tests/test_data.py)."""
 
@@ -39,10 +38,6 @@ class SyntheticTask:
                           f"vocab {vocab}, alphabet {alphabet}")
         self.vocab, self.seed, self.alphabet = vocab, seed, min(alphabet, vocab)
         self.cycle = torch.randperm(vocab, generator=generator(_TAG_SYNTHETIC, seed, -1))[:self.alphabet]
-
-    @property
-    def unigram_loss(self) -> float:
-        return math.log(self.alphabet)
 
     def batch(self, step: int, batch_size: int, seq: int) -> torch.Tensor:
         starts = torch.randint(self.alphabet, (batch_size, 1),
@@ -88,7 +83,7 @@ class JsonlReader:
     def _line_ids(self, line: str, number: int) -> list[int]:
         where = f"{self.path}:{number}"
         try:
-            record = json.loads(line, parse_constant=_refuse_constant)
+            record = loads_strict(line)
         except ValueError as exc:
             raise ZoError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
         return self.record_ids(record, where)
@@ -142,10 +137,6 @@ def load_tokenizer(folder, *, where):
     except Exception as exc:  # noqa: BLE001 - broken tokenizer files: the folder's problem
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ZoError(f"no usable tokenizer in {folder}: {reason}") from None
-
-
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number JSON allows")
 
 
 class TextData:

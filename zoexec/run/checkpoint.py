@@ -59,10 +59,3 @@ def read_log(path: Path) -> list[StepRecord]:
         with path.open("r+b") as handle:
             handle.truncate(good)
     return records
-
-
-def read_losses(path: Path) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise ZoError(f"loss log {path} does not exist")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -15,7 +15,6 @@ Groups (built identically on every rank, `new_group` being collective):
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -73,13 +72,6 @@ class DistEnv:
     @property
     def local_rank(self) -> int:
         return self.place.local_rank
-
-
-def free_port() -> int:
-    """A TCP port free on this host right now (for the spawned ranks' rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def place_from_env() -> RankPlace | None:

@@ -145,11 +145,3 @@ def attach_store(path: Path, *, num_blocks: int, block_numel: int, stride: int,
         raise ZoError(f"block store {path} is missing or not {nbytes} bytes")
     return BlockStore(path=path, flat=_map(path, numel, dtype), num_blocks=num_blocks,
                       block_numel=block_numel, stride=stride)
-
-
-def fill_store(store: BlockStore, flats: list[torch.Tensor]) -> None:
-    """Copy the model's block buffers into the store (padding stays zero)."""
-    if len(flats) != store.num_blocks:
-        raise ZoError(f"{len(flats)} blocks for a store of {store.num_blocks}")
-    for index, flat in enumerate(flats):
-        store.weights(index).copy_(flat)

@@ -308,11 +308,6 @@ def axis_values(req: Request, fixed: dict, *, gpus: int | None = None,
             [fixed["prefetch"]] if "prefetch" in fixed else list(SEARCH_PREFETCH))
 
 
-def pertp_pairs(req: Request) -> bool:
-    """Whether PertP 2 can pair the ranks: an even number of GPUs on every node."""
-    return req.gpus % 2 == 0 and req.local_ranks % 2 == 0
-
-
 def invalid_reason(req: Request, axes: dict, *, gpus: int | None = None) -> str | None:
     """Why these axes are not a runnable layout on `gpus` devices (None when they are)."""
     gpus = gpus or axes["pertp"] * axes["ddp"]

@@ -81,11 +81,6 @@ def link_bytes(costs: StepCosts, num_blocks: int | None = None) -> dict[str, flo
     return out
 
 
-def link_busy_s(costs: StepCosts, num_blocks: int | None = None) -> dict[str, float]:
-    return {name: nbytes / costs.links[name]
-            for name, nbytes in link_bytes(costs, num_blocks).items()}
-
-
 def duplex_pair_s(a_bytes: float, b_bytes: float, *, alone: tuple[float, float],
                   contended: tuple[float, float]) -> float:
     """Least time two opposite directions of one link need for their bytes when each

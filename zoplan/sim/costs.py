@@ -74,10 +74,6 @@ class StepCosts:
     def update_task_s(self, block: int) -> float:
         return self.resident_update_s if self.is_resident(block) else self.update_s
 
-    def compute_s(self, block: int) -> float:
-        """The compute engine's work for one block on one rank (before its factor)."""
-        return self.update_task_s(block) + self.forward_s
-
     def slice_s(self, local_rank: int) -> float:
         """The rank's slice update of one block (0 without slice_update)."""
         return self.slice_update_s[local_rank] if self.slice_update_s else 0.0
