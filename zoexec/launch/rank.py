@@ -38,7 +38,7 @@ def rank_main(cfg: RunConfig, place: zdist.RankPlace, *, on_failure=None) -> lis
         if cfg.device_kind == "cpu":
             keep_freed_memory()   # activations are reused, not page-faulted in every block
         env = zdist.init_distributed(place=place, layout=cfg.layout, device_kind=cfg.device_kind,
-                                     tf32=cfg.workload.tf32)
+                                     tf32=cfg.workload.tf32, runtime=cfg.runtime)
         threads = zdist.set_threads(cfg.runtime.threads, cfg.layout.local_ranks)
         # not inference_mode: zo's z threads would not inherit it; -q: transformers quiet too
         with torch.no_grad(), quiet_libraries(not cfg.logging.progress):

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zoexec.config import RuntimeOptions
 from zoexec.runtime import numa
 from zoexec.runtime.devicemap import ENV_VISIBLE, cuda_index, visible_env
 from zoexec.runtime.hostmem import filesystem_type, mapped_file
@@ -54,8 +55,6 @@ from zoplan.errors import ZoError
 from zoplan.execrules import threads_per_rank, usable_cores
 from zoplan.layout import Layout
 from zoplan.trace import KIND_LANE, LANE_COMPUTE, LANES, NO_BLOCK, Span
-
-TIMEOUT_S = float(os.environ.get("ZOEXEC_TIMEOUT_S", "600"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +86,8 @@ class DistEnv:
     host_world: Any = None
     host_node: Any = None
     cpus: str = ""             # CPU list the rank's threads were bound to ('' unchanged)
+    timeout_s: float = RuntimeOptions.timeout_s   # every wait of this rank (--timeout-s)
+    shm_dir: str = RuntimeOptions.shm_dir         # the node's shared files (--shm-dir)
 
     @property
     def is_cuda(self) -> bool:
@@ -226,7 +227,7 @@ def _backing_note(addr: int) -> str:
     kind = filesystem_type(path) if path is not None else None
     if kind in (None, "tmpfs"):
         return ""
-    return (f" (it maps {path}, a file on {kind}, not tmpfs: put ZOEXEC_SHM_DIR on a "
+    return (f" (it maps {path}, a file on {kind}, not tmpfs: give a --shm-dir on a "
             f"tmpfs with room to page-lock it)")
 
 
@@ -281,20 +282,23 @@ def place_from_env() -> RankPlace | None:
 
 # ---- process groups --------------------------------------------------------------------
 def init_distributed(*, place: RankPlace, layout: Layout, device_kind: str,
-                     tf32: bool = True) -> DistEnv:
+                     tf32: bool = True, runtime: RuntimeOptions | None = None) -> DistEnv:
     """Join the job: pick device/backend, set TF32 (`tf32`: the plan's workload.tf32)
     and bind the threads near the GPU (CUDA only), init the default group, build the
-    groups. Threads are bound before the backends start theirs, which inherit it."""
+    groups. Threads are bound before the backends start theirs, which inherit it.
+    `runtime`: the run's --timeout-s and --shm-dir (None: their defaults)."""
+    runtime = runtime or RuntimeOptions()
     device, backend = select_device(device_kind, place.local_rank,
                                     local_world_size=place.local_world_size)
     set_tf32(device, tf32)
     cpus = bind_near_gpu(device)
     dist.init_process_group(
         backend, init_method=rendezvous(place),
-        rank=place.rank, world_size=place.world_size, timeout=timedelta(seconds=TIMEOUT_S),
+        rank=place.rank, world_size=place.world_size, timeout=timedelta(seconds=runtime.timeout_s),
         device_id=device if device.type == "cuda" else None)
     env = DistEnv(place=place, layout=layout, device=device, backend=backend,
-                  world=dist.group.WORLD, cpus=cpus)
+                  world=dist.group.WORLD, cpus=cpus, timeout_s=runtime.timeout_s,
+                  shm_dir=runtime.shm_dir)
     _build_groups(env)
     return env
 
@@ -330,21 +334,13 @@ def loopback_interface(root: Path = Path("/sys/class/net")) -> str | None:
     return None
 
 
-def set_timeout_s(seconds: float) -> None:
-    """The timeout of every wait of this rank (groups, collectives, node waits); a
-    spawned rank takes its launcher's ZOEXEC_TIMEOUT_S (a forkserver may have read an
-    older environment)."""
-    global TIMEOUT_S
-    TIMEOUT_S = float(seconds)
-
-
 def _build_groups(env: DistEnv) -> None:
     """Slice, node and host groups; every rank creates every group in the same order.
     A group whose members are the whole world is the world group itself (on NCCL each
     group is a communicator of its own, hundreds of MiB of device memory)."""
     lay, rank = env.layout, env.rank
     host_backend = None if env.backend == "gloo" else "gloo"
-    timeout = timedelta(seconds=TIMEOUT_S)   # new_group's default is 30 minutes
+    timeout = timedelta(seconds=env.timeout_s)   # new_group's default is 30 minutes
     env.host_world = (dist.new_group(backend=host_backend, timeout=timeout) if host_backend
                       else env.world)
     if lay.slices == lay.world_size > 1:
