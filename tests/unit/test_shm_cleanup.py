@@ -111,6 +111,23 @@ def test_zoexec_clean_lists_then_removes(shm, dead):
     assert not stale.exists() and live.exists()
 
 
+def test_zoexec_clean_sweeps_the_shm_dir_given_or_named_by_the_environment(shm, dead, monkeypatch):
+    other = shm / "other"
+    other.mkdir()
+    shmfiles.set_owner(dead)
+    stale = shmfiles.store_path("a", 0, directory=other)
+    shmfiles.set_owner(None)
+    stale.write_bytes(b"x")
+    result = CliRunner().invoke(app, ["clean", "--dry-run"])
+    assert str(stale) not in " ".join(result.output.split())       # not in the default folder
+    monkeypatch.setenv("ZOEXEC_SHM_DIR", str(other))
+    result = CliRunner().invoke(app, ["clean", "--dry-run"])
+    assert f"would remove {stale}" in " ".join(result.output.split()), result.output
+    monkeypatch.delenv("ZOEXEC_SHM_DIR")
+    result = CliRunner().invoke(app, ["clean", "--shm-dir", str(other)])
+    assert result.exit_code == 0 and not stale.exists(), result.output
+
+
 def test_remove_owner_files_takes_that_owner_only(shm, dead):
     mine, other = _make(dead, "a"), _make(None, "a")
     assert shmfiles.remove_owner_files(dead) == [str(mine)]
