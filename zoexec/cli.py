@@ -14,7 +14,15 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from zoexec.config import SECTIONS, EvalOptions, FieldError, RuntimeOptions, TaskOptions, option_error
+from zoexec.config import (
+    SECTIONS,
+    EvalOptions,
+    FieldError,
+    RuntimeOptions,
+    TaskOptions,
+    env_defaults,
+    option_error,
+)
 from zoexec.flags import given, section_params, with_params
 from zoexec.runtime.hostenv import quiet_openmp
 from zoplan.errors import EXIT_USER_ERROR, ZoError, exit_with_error, need_exec_extra
@@ -106,15 +114,17 @@ def main() -> None:
     app()
 
 
-@app.command("clean")
-def clean_cmd(
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed; remove nothing")] = False,
-) -> None:
+def clean_cmd(dry_run: bool = False, **values) -> None:
     """Remove the shared-memory files of zoexec runs that died (never a live run's)."""
-    from zoexec.store.shmfiles import FOREIGN, LIVE, SHM_DIR, STALE, UNOWNED, freed_line, sweep
+    from zoexec.store.shmfiles import FOREIGN, LIVE, STALE, UNOWNED, freed_line, shm_dir, sweep
     from zoplan.memory import fmt_bytes
 
-    found = sweep(dry_run=dry_run)
+    try:
+        options = {**env_defaults(given(values), keep=("shm_dir",)), **given(values)}
+    except ZoError as exc:
+        exit_with_error(str(exc), EXIT_USER_ERROR)
+    directory = shm_dir(options.get("shm_dir"))
+    found = sweep(dry_run=dry_run, directory=directory)
     console = Console(highlight=False, soft_wrap=True)
     notes = {STALE: ("would remove" if dry_run else "removed", "its owner, pid {pid}, has exited"),
              LIVE: ("kept", "in use: its owner, pid {pid}, is running"),
@@ -124,8 +134,15 @@ def clean_cmd(
         verb, why = notes[item.state]
         pid = item.owner.pid if item.owner else "?"
         console.print(f"{verb:12} {item.path}  ({fmt_bytes(item.nbytes)}; {why.format(pid=pid)})")
-    console.print(freed_line(found, dry_run=dry_run) or f"zoexec: no stale files in {SHM_DIR}",
+    console.print(freed_line(found, dry_run=dry_run) or f"zoexec: no stale files in {directory}",
                   style="dim")
+
+
+CLEAN_PARAMS = [
+    inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
+        bool, typer.Option("--dry-run", help="List what would be removed; remove nothing")]),
+    *section_params(RuntimeOptions, keep=("shm_dir",))]
+app.command("clean")(with_params(clean_cmd, CLEAN_PARAMS))
 
 
 if __name__ == "__main__":

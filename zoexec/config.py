@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 from zoexec.maths.schedule import lr_at
+from zoplan.errors import ZoError
 from zoplan.execrules import DEFAULT_STEPS
 from zoplan.layout import Layout
 from zoplan.models import ModelSpec
@@ -249,8 +251,6 @@ def parse_size(text: str) -> int:
 
 
 def _size(text: str) -> str | None:
-    from zoplan.errors import ZoError
-
     try:
         parse_size(text)
     except ZoError:
@@ -479,6 +479,26 @@ class RunConfig:
     @property
     def model_spec(self) -> ModelSpec:
         return Plan(self.plan).model
+
+
+def env_defaults(given: dict, *, keep: tuple[str, ...] | None = None) -> dict:
+    """The runtime options (those in `keep`) not given whose environment variable is
+    set, read as the option's type."""
+    out = {}
+    for f in option_fields(SECTIONS["runtime"]):
+        name = f.metadata["env"]
+        if keep is not None and f.name not in keep:
+            continue
+        if f.name in given or not name or not os.environ.get(name):
+            continue
+        text = os.environ[name]
+        try:
+            out[f.name] = (text not in ("0", "false", "no") if isinstance(f.default, bool)
+                           else type(f.default)(text))
+        except ValueError:
+            raise ZoError(f"${name} {text!r}: not a {type(f.default).__name__} "
+                          f"(the default of --{f.name.replace('_', '-')})") from None
+    return out
 
 
 def _by_section(values: dict) -> tuple[dict[str, dict], dict]:

@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 
 from zoexec.config import (
-    SECTIONS,
     FieldError,
     RunConfig,
     TaskOptions,
     check_given,
+    env_defaults,
     option_error,
     option_fields,
     section_of,
@@ -43,6 +43,8 @@ def build_config(*, plan: Path | str, **values) -> RunConfig:
     try:
         check_given(given)
         _check_together(given)
+        if "save_steps" in given:   # HF Trainer's name: --save-every N, steps only
+            given["save_every"] = str(given.pop("save_steps"))
         check_report_to(given.get("report_to", "none"), given.get("out") or given.get("resume"))
         if "resume" in given or _restarted_by_torchrun(given.get("out"), loaded):
             return _resumed(Path(given.get("resume") or given["out"]), loaded, given,
@@ -79,24 +81,6 @@ def _check_new_run(given: dict) -> None:
     if "data" not in given and "eval_data" in given:
         raise ZoError("--eval-data needs --data FILE (the built-in synthetic task has no "
                       "held-out set)")
-
-
-def env_defaults(given: dict) -> dict:
-    """The runtime options not given whose environment variable is set, parsed and
-    checked as the option would be."""
-    out = {}
-    for f in option_fields(SECTIONS["runtime"]):
-        name = f.metadata["env"]
-        if f.name in given or not name or not os.environ.get(name):
-            continue
-        text = os.environ[name]
-        try:
-            out[f.name] = (text not in ("0", "false", "no") if isinstance(f.default, bool)
-                           else type(f.default)(text))
-        except ValueError:
-            raise ZoError(f"${name} {text!r}: not a {type(f.default).__name__} "
-                          f"(the default of --{f.name.replace('_', '-')})") from None
-    return out
 
 
 def _claim(out: str | None, overwrite: bool) -> None:

@@ -72,7 +72,7 @@ def optimize_cmd(
     prefetch: Annotated[Optional[int], typer.Option(help="Fix prefetch depth (block buffers per GPU)")] = None,
     placement: Annotated[str, typer.Option(help="Where the blocks live: host (every block offloaded, streamed each step) or auto (the search keeps as many resident on the GPUs as fit)")] = "auto",
     sweep_nodes: Annotated[bool, typer.Option("--sweep-nodes", help="Also print throughput against node count (the winner's per-node plan)")] = False,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the plan")] = Path("plan.json"),
+    output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Where to write the plan")] = Path("plan.json"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan JSON to stdout instead of the tables")] = False,
     top: Annotated[int, typer.Option(help="Candidates shown in the table")] = 8,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No tables, no timeline: just write the plan")] = False,
@@ -98,7 +98,7 @@ def optimize_cmd(
 
 @command("profile")
 def profile_cmd(
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Where to write the profile (default hwprofiles/<name>.json)")] = None,
+    output: Annotated[Optional[Path], typer.Option("-o", "--out", "--output", help="Where to write the profile (default hwprofiles/<name>.json)")] = None,
     name: Annotated[Optional[str], typer.Option(help="Profile name (default: derived from the host)")] = None,
     ranks: Annotated[Optional[int], typer.Option(help="CPU only: gloo ranks to measure with (default: cores)")] = None,
     repeats: Annotated[int, typer.Option(help="Repetitions of each measurement")] = 5,
@@ -122,7 +122,7 @@ def calibrate_cmd(
     plan: Annotated[Path, typer.Argument(help="plan.json that was run")],
     trace: Annotated[Path, typer.Argument(help="Trace directory written by `zoexec run --trace`")],
     fit: Annotated[bool, typer.Option("--fit", help="Refit the profile's constants to the measurement")] = False,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="With --fit: where to write the refitted profile")] = None,
+    output: Annotated[Optional[Path], typer.Option("-o", "--out", "--output", help="With --fit: where to write the refitted profile")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Profile the plan was made with (default: the plan's profile name)")] = None,
     skip: Annotated[int, typer.Option(help="First steps excluded from the medians")] = 1,
 ) -> None:

@@ -28,7 +28,6 @@ from zoexec.config import RunConfig
 from zoexec.launch import failures
 from zoexec.launch.failures import Report, failure_kind, failure_reason, job_failure
 from zoexec.launch.spawn import RankFailure, Stopped, spawn_local, sweep_stale_files
-from zoexec.runtime import groups as zgroups
 from zoexec.runtime import lanes as zlanes
 from zoexec.runtime import procwatch
 from zoexec.runtime.errors import LaneFailure, PeerGone, failing
@@ -287,7 +286,7 @@ def _logged(out: Path) -> bool:
 def _spawn_and(tmp_path, act) -> tuple[BaseException | None, float]:
     """spawn_local here (the main thread: its signal handlers), `act(ranks)` from a
     helper thread once the ranks train; (what spawn_local raised, seconds since act)."""
-    cfg = _config(tmp_path)
+    cfg = _config(tmp_path, timeout_s=TIMEOUT_S)   # the ranks' waits (--timeout-s)
     acted, done = {}, threading.Event()
 
     def helper() -> None:
@@ -313,19 +312,14 @@ def _spawn_and(tmp_path, act) -> tuple[BaseException | None, float]:
     return caught, took
 
 
-@pytest.fixture
-def short_timeout(monkeypatch):
-    monkeypatch.setattr(zgroups, "TIMEOUT_S", TIMEOUT_S)   # the launcher passes it to its ranks
-
-
-def test_a_killed_rank_ends_the_job_at_once_naming_it(tmp_path, short_timeout):
+def test_a_killed_rank_ends_the_job_at_once_naming_it(tmp_path):
     caught, took = _spawn_and(tmp_path, lambda ranks: ranks[1].send_signal(signal.SIGKILL))
     assert isinstance(caught, RankFailure) and "\n" not in str(caught)
     assert str(caught).startswith("rank 1 was killed by signal 9 (SIGKILL"), str(caught)
     assert took < 4, took
 
 
-def test_a_stopped_rank_ends_the_job_after_the_timeout(tmp_path, short_timeout):
+def test_a_stopped_rank_ends_the_job_after_the_timeout(tmp_path):
     caught, took = _spawn_and(tmp_path, lambda ranks: ranks[1].send_signal(signal.SIGSTOP))
     assert isinstance(caught, RankFailure) and "\n" not in str(caught)
     assert str(caught).startswith("rank 1 was stopped (SIGSTOP or a debugger) and was killed; "
@@ -334,7 +328,7 @@ def test_a_stopped_rank_ends_the_job_after_the_timeout(tmp_path, short_timeout):
     assert TIMEOUT_S - 0.5 < took < TIMEOUT_S + 4, took
 
 
-def test_sigterm_to_the_launcher_stops_the_ranks(tmp_path, short_timeout):
+def test_sigterm_to_the_launcher_stops_the_ranks(tmp_path):
     received = []
 
     def unhandled(*_):     # the launcher did not take the signal: end the run, fail the test

@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch.distributed import distributed_c10d
 
+from zoexec.config import RuntimeOptions
 from zoexec.model.families import build_hf_model
 from zoexec.runtime import groups as zgroups
 from zoexec.store.blocks import SHM_DIR
@@ -37,8 +38,9 @@ def _rank(rank: int, port: int, path: Path, what: str, sleep_s: float, timeout_s
     result = (rank, "error", "did not finish")
     try:
         place = zgroups.RankPlace(rank=rank, local_rank=rank, world_size=2, local_world_size=2,
-                                  master_port=port)
-        env = zgroups.init_distributed(place=place, layout=Layout(pertp=2), device_kind="cpu")
+                                master_port=port)
+        env = zgroups.init_distributed(place=place, layout=Layout(pertp=2), device_kind="cpu",
+                                     runtime=RuntimeOptions(timeout_s=1.0))
         if what == "store":
             def fill(store):
                 time.sleep(sleep_s)
@@ -61,8 +63,7 @@ def _rank(rank: int, port: int, path: Path, what: str, sleep_s: float, timeout_s
 
 
 def _two_ranks(monkeypatch, what: str, *, sleep_s: float, timeout_s: float) -> tuple[dict, Path]:
-    # the process groups' own timeouts: 1 s (the world's from zgroups, the others' torch's default)
-    monkeypatch.setattr(zgroups, "TIMEOUT_S", 1.0)
+    # the process groups' own timeouts: 1 s (the world's from --timeout-s, the others' torch's default)
     monkeypatch.setattr(distributed_c10d, "default_pg_timeout", timedelta(seconds=1))
     path = SHM_DIR / f"zoexec-test{uuid.uuid4().hex[:8]}-n0"
     ctx = multiprocessing.get_context("fork")

@@ -4,7 +4,6 @@ launcher), and a live owner's files are never touched. Torch-free."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -112,6 +111,23 @@ def test_zoexec_clean_lists_then_removes(shm, dead):
     assert not stale.exists() and live.exists()
 
 
+def test_zoexec_clean_sweeps_the_shm_dir_given_or_named_by_the_environment(shm, dead, monkeypatch):
+    other = shm / "other"
+    other.mkdir()
+    shmfiles.set_owner(dead)
+    stale = shmfiles.store_path("a", 0, directory=other)
+    shmfiles.set_owner(None)
+    stale.write_bytes(b"x")
+    result = CliRunner().invoke(app, ["clean", "--dry-run"])
+    assert str(stale) not in " ".join(result.output.split())       # not in the default folder
+    monkeypatch.setenv("ZOEXEC_SHM_DIR", str(other))
+    result = CliRunner().invoke(app, ["clean", "--dry-run"])
+    assert f"would remove {stale}" in " ".join(result.output.split()), result.output
+    monkeypatch.delenv("ZOEXEC_SHM_DIR")
+    result = CliRunner().invoke(app, ["clean", "--shm-dir", str(other)])
+    assert result.exit_code == 0 and not stale.exists(), result.output
+
+
 def test_remove_owner_files_takes_that_owner_only(shm, dead):
     mine, other = _make(dead, "a"), _make(None, "a")
     assert shmfiles.remove_owner_files(dead) == [str(mine)]
@@ -125,13 +141,12 @@ def test_a_process_killed_after_creating_its_store_leaves_what_the_next_start_re
     run = f"t{uuid.uuid4().hex[:8]}"
     code = (f"import os, time, sys; sys.path.insert(0, {str(ROOT)!r})\n"
             "from zoexec.store import shmfiles\n"
-            f"path = shmfiles.store_path({run!r}, 0)\n"
+            f"path = shmfiles.store_path({run!r}, 0, directory={str(shm)!r})\n"
             "fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)\n"
             "os.posix_fallocate(fd, 0, 1 << 22)\n"
             "print(path, flush=True)\n"
             "time.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "ZOEXEC_SHM_DIR": str(shm)})
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     left = Path(proc.stdout.readline().strip())
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -152,12 +167,11 @@ def test_a_rank_dies_with_its_launcher_and_removes_its_files(shm):
             "from zoexec.runtime import procwatch\nfrom zoexec.store import shmfiles\n"
             f"owner = procwatch.ProcessId(pid={owner.pid}, start={owner.start})\n"
             "procwatch.die_with(owner, what='rank 0', period_s=0.1,\n"
-            "                   cleanup=lambda: shmfiles.remove_owner_files(owner))\n"
+            f"                   cleanup=lambda: shmfiles.remove_owner_files(owner, directory={str(shm)!r}))\n"
             "print('watching', flush=True)\n"
             "time.sleep(60)\n")
     rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "ZOEXEC_SHM_DIR": str(shm)})
+                            stderr=subprocess.PIPE, text=True)
     try:
         assert rank.stdout.readline().strip() == "watching"
         time.sleep(0.3)

@@ -76,7 +76,8 @@ def eval_model(cfg) -> dict[str, float]:
         env = store = None
         try:
             env = zgroups.init_distributed(place=place, layout=cfg.layout,
-                                         device_kind=cfg.device_kind, tf32=cfg.workload.tf32)
+                                         device_kind=cfg.device_kind, tf32=cfg.workload.tf32,
+                                         runtime=cfg.runtime)
             zgroups.set_threads(cfg.runtime.threads, 1)
             with torch.no_grad(), quiet_libraries(True):
                 parts, store = load_node_model(cfg, env, cfg.run_id)

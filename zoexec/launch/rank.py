@@ -42,7 +42,8 @@ def rank_main(cfg: RunConfig, place: zgroups.RankPlace, *, on_failure=None) -> l
                 keep_freed_memory()   # activations are reused, not page-faulted in every block
             with failing("join", rank=place.rank):
                 env = zgroups.init_distributed(place=place, layout=cfg.layout,
-                                             device_kind=cfg.device_kind, tf32=cfg.workload.tf32)
+                                             device_kind=cfg.device_kind, tf32=cfg.workload.tf32,
+                                               runtime=cfg.runtime)
             threads = zgroups.set_threads(cfg.runtime.threads, cfg.layout.local_ranks)
             # not inference_mode: zo's z threads would not inherit it; -q: transformers quiet too
             with torch.no_grad(), quiet_libraries(not cfg.logging.progress):

@@ -16,7 +16,7 @@ ZoError with the numbers.
 A local launch's ranks meet through a file in a private temporary folder and talk over
 the loopback interface only (zoexec.runtime.groups.rendezvous). Each runs in its own process
 group and dies with the launcher, even a SIGKILLed one (zoexec.runtime.procwatch). The launcher
-forwards SIGINT / SIGTERM to them once and waits up to ZOEXEC_STOP_GRACE_S while they
+forwards SIGINT / SIGTERM to them once and waits up to --stop-grace-s while they
 save a snapshot; a second signal kills them. A rank that fails reports a one-line
 reason; the launcher stops the others, removes the run's files and raises one line
 naming the rank that failed first and what happened (zoexec.launch.failures.job_failure):
@@ -36,7 +36,6 @@ from dataclasses import dataclass, replace
 
 from zoexec.launch import failures
 from zoexec.launch.preflight import preflight
-from zoexec.runtime import groups as zgroups
 from zoexec.runtime import procwatch
 from zoexec.runtime.groups import RankPlace, place_from_env
 from zoexec.runtime.procwatch import ProcessId
@@ -72,7 +71,7 @@ def run(cfg, *, checked=None) -> None:
     if place is not None:
         run_torchrun_rank(cfg, place)
         return
-    sweep_stale_files()   # before preflight: stale files hold memory it counts as used
+    sweep_stale_files(cfg.runtime.shm_dir)   # before preflight: stale files hold memory it counts as used
     if cfg.layout.world_size == 1:   # one rank: no process to start, no forkserver
         run_in_process(cfg, checked=checked)
         return
@@ -82,9 +81,10 @@ def run(cfg, *, checked=None) -> None:
     spawn_local(cfg)
 
 
-def sweep_stale_files() -> None:
-    """Remove the shared-memory files of dead runs, with one dim line if there were any."""
-    line = shmfiles.freed_line(shmfiles.sweep())
+def sweep_stale_files(directory) -> None:
+    """Remove the shared-memory files of dead runs in `directory` (--shm-dir), with one
+    dim line if there were any."""
+    line = shmfiles.freed_line(shmfiles.sweep(directory=directory))
     if line:
         from rich.console import Console
 
@@ -100,7 +100,7 @@ def run_torchrun_rank(cfg, place) -> None:
     agent = ProcessId.of(os.getppid())
     shmfiles.set_owner(agent)
     if place.local_rank == 0:
-        sweep_stale_files()
+        sweep_stale_files(cfg.runtime.shm_dir)
     try:
         preflight(cfg, world_size=place.world_size, local_world_size=place.local_world_size)
     except ZoError:
@@ -109,18 +109,19 @@ def run_torchrun_rank(cfg, place) -> None:
         raise
     if agent is not None and agent.pid != 1:
         procwatch.die_with(agent, what=f"rank {place.rank}",
-                           cleanup=lambda: shmfiles.remove_owner_files(agent))
+                           cleanup=lambda: shmfiles.remove_owner_files(agent, directory=cfg.runtime.shm_dir))
     try:
         rank_main(cfg, place)
     except ZoError:
         raise
     except Exception as exc:
-        raise _one_line(exc, place.rank) from None
+        raise _one_line(exc, place.rank, debug=cfg.runtime.debug) from None
 
 
-def _one_line(exc: Exception, rank: int) -> RankFailure:
-    """The exception a rank's failure leaves the command line with."""
-    _debug_traceback()
+def _one_line(exc: Exception, rank: int, *, debug: bool) -> RankFailure:
+    """The exception a rank's failure leaves the command line with (`debug`: its
+    traceback printed first)."""
+    _debug_traceback(debug)
     code = failures.exit_code(exc)
     if failures.failure_kind(exc) == failures.HALT:
         return Stopped(failures.failure_reason(exc), code)
@@ -132,21 +133,20 @@ class RankLink:
     """What a spawned rank takes from its launcher besides its config and place."""
 
     launcher: ProcessId
-    timeout_s: float
 
 
 def spawn_local(cfg) -> None:
     """Start the plan's ranks on this machine and wait; the first failure stops all."""
     cfg = replace(cfg, run_id=cfg.run_id if cfg.run_id not in ("", "run") else uuid.uuid4().hex[:12])
-    sweep_stale_files()
-    ctx = _context(cfg.plan["model"]["spec"]["family"])
+    sweep_stale_files(cfg.runtime.shm_dir)
+    ctx = _context(cfg.plan["model"]["spec"]["family"], cfg.runtime.start_method)
     world = cfg.layout.world_size
     rendezvous = shmfiles.rendezvous_dir()
-    link = RankLink(launcher=ProcessId.me(), timeout_s=zgroups.TIMEOUT_S)
+    link = RankLink(launcher=ProcessId.me())
     procs: list = []
     reasons: list = []   # one pipe per rank (a queue's semaphores would outlive a SIGKILL)
     try:
-        with procwatch.stop_signals(procs, grace_s=procwatch.stop_grace_s()) as stop:
+        with procwatch.stop_signals(procs, grace_s=cfg.runtime.stop_grace_s) as stop:
             for rank in range(world):
                 if stop.signum is not None:
                     break
@@ -162,16 +162,15 @@ def spawn_local(cfg) -> None:
             outcome = procwatch.supervise(procs, stop)
     finally:
         procwatch.end_all(procs)
-        remove_run_files(cfg.run_id)
+        remove_run_files(cfg.run_id, directory=cfg.runtime.shm_dir)
         shutil.rmtree(rendezvous, ignore_errors=True)
     _raise_failure(outcome, _reports(reasons))
 
 
-def _context(family: str):
-    """The multiprocessing context; a forkserver imports torch, transformers and the
-    model family's module once (effective when the server starts, here if it is not
-    running: procwatch.start_forkserver)."""
-    method = os.environ.get("ZOEXEC_START_METHOD", "forkserver")
+def _context(family: str, method: str):
+    """The multiprocessing context of `method` (--start-method); a forkserver imports
+    torch, transformers and the model family's module once (effective when the server
+    starts, here if it is not running: procwatch.start_forkserver)."""
     ctx = mp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD + [f"transformers.models.{family}.modeling_{family}"])
@@ -208,10 +207,10 @@ def _rank_entry(cfg, place, reasons, link: RankLink) -> None:
     engine handles SIGINT / SIGTERM (rank_main); the rank dies with its launcher."""
     procwatch.become_rank(place.rank)
     shmfiles.set_owner(link.launcher)
-    zgroups.set_timeout_s(link.timeout_s)
 
     procwatch.die_with(link.launcher, what=f"rank {place.rank}" if place.local_rank == 0 else None,
-                       cleanup=lambda: shmfiles.remove_owner_files(link.launcher))
+                       cleanup=lambda: shmfiles.remove_owner_files(link.launcher,
+                                                                   directory=cfg.runtime.shm_dir))
     sent = []
 
     def report(exc: BaseException) -> None:
@@ -230,13 +229,13 @@ def _rank_entry(cfg, place, reasons, link: RankLink) -> None:
     except KeyboardInterrupt:
         sys.exit(EXIT_SIGINT)      # interrupted before the engine took over its signals
     except BaseException as exc:  # noqa: BLE001 - reported (once), then exit
-        _debug_traceback()
+        _debug_traceback(cfg.runtime.debug)
         report(exc)
         sys.exit(failures.exit_code(exc))
 
 
-def _debug_traceback() -> None:
-    if os.environ.get("ZOEXEC_DEBUG"):
+def _debug_traceback(debug: bool) -> None:
+    if debug:
         import traceback
 
         traceback.print_exc()
@@ -253,7 +252,7 @@ def run_in_process(cfg, *, checked=None) -> list:
 
     if cfg.layout.world_size != 1:
         raise ZoError(f"run_in_process needs a one-rank plan, not {cfg.layout.label()}")
-    sweep_stale_files()
+    sweep_stale_files(cfg.runtime.shm_dir)
     preflight(cfg)
     if checked:
         checked()
@@ -263,7 +262,7 @@ def run_in_process(cfg, *, checked=None) -> list:
         except (ZoError, KeyboardInterrupt):
             raise
         except Exception as exc:
-            raise _one_line(exc, 0) from None
+            raise _one_line(exc, 0, debug=cfg.runtime.debug) from None
 
 
 @contextmanager
@@ -278,5 +277,5 @@ def one_rank(cfg):
     try:
         yield cfg, place
     finally:
-        remove_run_files(cfg.run_id)
+        remove_run_files(cfg.run_id, directory=cfg.runtime.shm_dir)
         shutil.rmtree(rendezvous, ignore_errors=True)

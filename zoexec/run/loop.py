@@ -29,7 +29,6 @@ from zoexec.model.export import export_weights
 from zoexec.run.checkpoint import LossLog
 from zoexec.run.folder import FINAL, RunDir
 from zoexec.run.report import Reporter
-from zoexec.runtime import groups as zgroups
 from zoexec.runtime.procwatch import StopRequest
 from zoexec.store.loading import fill_timeout_s
 from zoexec.store.node import monitored_barrier
@@ -191,7 +190,7 @@ class TrainLoop:
                                   "update": self.cfg.workload.update},
                            max_shard_bytes=self.cfg.checkpoint.max_shard_bytes)
         monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the weights",
-                          timeout_s=fill_timeout_s(store.nbytes, base_s=zgroups.TIMEOUT_S))
+                          timeout_s=fill_timeout_s(store.nbytes, base_s=self.env.timeout_s))
 
 
 def prepare_rundir(cfg, env, plan_sha256: str) -> RunDir | None:

@@ -23,12 +23,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zoexec.config import RuntimeOptions
 from zoexec.runtime import device as zdevice
 from zoexec.runtime.device import bind_near_gpu, nccl_defaults, select_device, set_tf32
 from zoplan.execrules import threads_per_rank, usable_cores
 from zoplan.layout import Layout
-
-TIMEOUT_S = float(os.environ.get("ZOEXEC_TIMEOUT_S", "600"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +59,8 @@ class DistEnv:
     host_world: Any = None
     host_node: Any = None
     cpus: str = ""             # CPU list the rank's threads were bound to ('' unchanged)
+    timeout_s: float = RuntimeOptions.timeout_s   # every wait of this rank (--timeout-s)
+    shm_dir: str = RuntimeOptions.shm_dir         # the node's shared files (--shm-dir)
 
     @property
     def is_cuda(self) -> bool:
@@ -88,13 +89,12 @@ def place_from_env() -> RankPlace | None:
 
 # ---- process groups --------------------------------------------------------------------
 def init_distributed(*, place: RankPlace, layout: Layout, device_kind: str,
-                     tf32: bool = True, timeout_s: float | None = None) -> DistEnv:
+                     tf32: bool = True, runtime: RuntimeOptions | None = None) -> DistEnv:
     """Join the job: pick device/backend, set TF32 (`tf32`: the plan's workload.tf32)
     and bind the threads near the GPU (CUDA only), NCCL's defaults, init the default
     group, build the groups. Threads are bound before the backends start theirs, which
-    inherit it. `timeout_s`: every wait's timeout (default: TIMEOUT_S)."""
-    if timeout_s is not None:
-        set_timeout_s(timeout_s)
+    inherit it. `runtime`: the run's --timeout-s and --shm-dir (None: their defaults)."""
+    runtime = runtime or RuntimeOptions()
     device, backend = select_device(device_kind, place.local_rank,
                                     local_world_size=place.local_world_size,
                                     world_size=place.world_size)
@@ -103,10 +103,11 @@ def init_distributed(*, place: RankPlace, layout: Layout, device_kind: str,
     nccl_defaults(backend)
     dist.init_process_group(
         backend, init_method=rendezvous(place),
-        rank=place.rank, world_size=place.world_size, timeout=timedelta(seconds=TIMEOUT_S),
+        rank=place.rank, world_size=place.world_size, timeout=timedelta(seconds=runtime.timeout_s),
         device_id=device if backend == "nccl" else None)
     env = DistEnv(place=place, layout=layout, device=device, backend=backend,
-                  world=dist.group.WORLD, cpus=cpus)
+                  world=dist.group.WORLD, cpus=cpus, timeout_s=runtime.timeout_s,
+                  shm_dir=runtime.shm_dir)
     _build_groups(env)
     return env
 
@@ -142,21 +143,13 @@ def loopback_interface(root: Path = Path("/sys/class/net")) -> str | None:
     return None
 
 
-def set_timeout_s(seconds: float) -> None:
-    """The timeout of every wait of this rank (groups, collectives, node waits); a
-    spawned rank takes its launcher's ZOEXEC_TIMEOUT_S (a forkserver may have read an
-    older environment)."""
-    global TIMEOUT_S
-    TIMEOUT_S = float(seconds)
-
-
 def _build_groups(env: DistEnv) -> None:
     """Slice, node and host groups; every rank creates every group in the same order.
     A group whose members are the whole world is the world group itself (on NCCL each
     group is a communicator of its own, hundreds of MiB of device memory)."""
     lay, rank = env.layout, env.rank
     host_backend = None if env.backend == "gloo" else "gloo"
-    timeout = timedelta(seconds=TIMEOUT_S)   # new_group's default is 30 minutes
+    timeout = timedelta(seconds=env.timeout_s)   # new_group's default is 30 minutes
     env.host_world = (dist.new_group(backend=host_backend, timeout=timeout) if host_backend
                       else env.world)
     if lay.slices == lay.world_size > 1:

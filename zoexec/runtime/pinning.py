@@ -141,7 +141,7 @@ def _backing_note(addr: int) -> str:
     kind = filesystem_type(path) if path is not None else None
     if kind in (None, "tmpfs"):
         return ""
-    return (f" (it maps {path}, a file on {kind}, not tmpfs: put ZOEXEC_SHM_DIR on a "
+    return (f" (it maps {path}, a file on {kind}, not tmpfs: give a --shm-dir on a "
             f"tmpfs with room to page-lock it)")
 
 

@@ -14,7 +14,7 @@
   the next step boundary (zoexec.run.loop). supervise, in the launcher: SIGINT, SIGTERM
   (and SIGHUP, as SIGTERM)
   are forwarded to the ranks once, with one line on stderr; the launcher then waits for
-  them up to a grace period (ZOEXEC_STOP_GRACE_S, 120 s: the engine saves a snapshot
+  them up to a grace period (--stop-grace-s, 120 s: the engine saves a snapshot
   at the next step boundary and exits 130 or 143) and kills what is left; a second
   signal kills at once. Without a stop, the first rank that exits non-zero ends the
   job: a stopped rank (SIGSTOP, a debugger) is SIGKILLed at once (a SIGTERM would stay
@@ -37,9 +37,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zoexec.config import RuntimeOptions
+
 KILL_GRACE_S = 3.0          # a rank told to stop after a failure: SIGTERM, then SIGKILL
 SETTLE_S = 1.0              # after a failure, the others' time to exit on their own first
-STOP_GRACE_S = 120.0        # default of ZOEXEC_STOP_GRACE_S: time to save a snapshot
 POLL_S = 0.2                # the launcher's wait between looks at a stop request
 WATCH_PERIOD_S = 1.0        # a rank's look at its launcher
 FORWARD = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
@@ -163,11 +164,6 @@ def start_forkserver() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def stop_grace_s() -> float:
-    """ZOEXEC_STOP_GRACE_S: how long a stopped job's ranks get to save and exit."""
-    return float(os.environ.get("ZOEXEC_STOP_GRACE_S", STOP_GRACE_S))
-
-
 @dataclass(kw_only=True, eq=False)
 class StopRequest:
     """The stop signals this process got (installed by `stop_signals`). In the launcher
@@ -247,7 +243,7 @@ class Outcome:
 
     first: int | None = None
     signum: int | None = None
-    grace_s: float = STOP_GRACE_S
+    grace_s: float = RuntimeOptions.stop_grace_s   # --stop-grace-s
     exitcodes: list = field(default_factory=list)
     killed: dict[int, str] = field(default_factory=dict)
 

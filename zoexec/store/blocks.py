@@ -21,7 +21,7 @@ zoexec.runtime.pinning; zoexec.store.node.rank_copy_spans).
 NUMA: local rank 0 sizes the file, maps it, interleaves the mapping over the machine's
 memory nodes (zoexec.runtime.numa.interleave) and only then allocates the pages (fallocate), so
 on a tmpfs they are spread over the sockets whoever touches them first. A store that
-is a regular file (ZOEXEC_SHM_DIR on a disk file system, the fallback of
+is a regular file (--shm-dir on a disk file system, the fallback of
 scripts/gpu_check.sh when /dev/shm is small) is shared through the page cache: the
 same code path, but the page cache ignores the mapping's NUMA policy (said once where
 there are several nodes), and the kernel may refuse to page-lock it (then the copies go
@@ -98,7 +98,7 @@ def create_store(path: Path, *, num_blocks: int, block_numel: int, stride: int,
     except OSError as exc:
         path.unlink(missing_ok=True)
         raise ZoError(f"cannot size the block store {path} to {nbytes} bytes: "
-                      f"{exc.strerror}; set ZOEXEC_SHM_DIR to a folder with room") from None
+                      f"{exc.strerror}; give --shm-dir a folder with room") from None
     finally:
         os.close(fd)
     return BlockStore(path=path, flat=flat, num_blocks=num_blocks,
@@ -122,7 +122,7 @@ def _check_room(path: Path, nbytes: int) -> None:
     free = stat.f_bavail * stat.f_frsize
     if free < nbytes:
         raise ZoError(f"{path.parent} has {free / 2**30:.2f} GiB free but the block store "
-                      f"needs {nbytes / 2**30:.2f} GiB; enlarge it or set ZOEXEC_SHM_DIR")
+                      f"needs {nbytes / 2**30:.2f} GiB; enlarge it or give --shm-dir another folder")
 
 
 def _reserve(fd: int, nbytes: int) -> None:

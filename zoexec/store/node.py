@@ -58,9 +58,9 @@ def load_node_model(cfg: RunConfig, env: zgroups.DistEnv, run_id: str):
                  dtype=source.param_dtype)
     item = torch.empty(0, dtype=source.param_dtype).element_size()
     nbytes = (source.num_blocks * stride + source.resident_numel) * item
-    timeout_s = fill_timeout_s(nbytes, base_s=zgroups.TIMEOUT_S)
+    timeout_s = fill_timeout_s(nbytes, base_s=env.timeout_s)
     progress = _progress(cfg, env, source)
-    store = share_on_node(env, store_path(run_id, env.place.node),
+    store = share_on_node(env, store_path(run_id, env.place.node, directory=env.shm_dir),
                           (lambda store: source.fill(store, progress)) if builder else None,
                           what=f"the node's block store ({nbytes / 2**30:.2f} GiB)",
                           timeout_s=timeout_s, **shape)
@@ -109,7 +109,7 @@ def _progress(cfg: RunConfig, env: zgroups.DistEnv, source: ModelSource) -> Load
 def _share_resident(env: zgroups.DistEnv, run_id: str, parts, builder: bool) -> None:
     """Hand local rank 0's resident weights (resident_master, param dtype) to the other
     local ranks; they bind their modules to its compute-dtype cast, as rank 0 did."""
-    blocks = store_path(run_id, env.place.node)
+    blocks = store_path(run_id, env.place.node, directory=env.shm_dir)
     path = blocks.with_name(f"{blocks.name}-resident")
     numel = parts.resident_numel
 
@@ -131,22 +131,22 @@ def share_read_flags(env: zgroups.DistEnv, run_id: str, *, num_blocks: int) -> R
     lay = env.layout
     if env.is_cuda or not fence_needed(lay):
         return None
-    blocks = store_path(run_id, env.place.node)
+    blocks = store_path(run_id, env.place.node, directory=env.shm_dir)
     shared = share_on_node(env, blocks.with_name(f"{blocks.name}-fence"),
                            (lambda _: None) if env.local_rank == 0 else None,
                            num_blocks=lay.local_ranks, block_numel=num_blocks,
                            stride=num_blocks, dtype=torch.int64)
     return ReadFlags(stamps=shared.flat.view(lay.local_ranks, num_blocks),
                      local_rank=env.local_rank, first_rank=env.rank - env.local_rank,
-                     timeout_s=zgroups.TIMEOUT_S)
+                     timeout_s=env.timeout_s)
 
 
 def share_on_node(env: zgroups.DistEnv, path: Path, fill, *, what: str = "a shared file",
                   timeout_s: float | None = None, **shape) -> BlockStore:
     """The builder (fill not None, local rank 0) creates and fills a shared file, the
-    other local ranks wait for it (at most timeout_s, default zgroups.TIMEOUT_S) and map
+    other local ranks wait for it (at most timeout_s, default env.timeout_s) and map
     it, then the name is unlinked (mappings live on). `what`: the file, for errors."""
-    timeout_s = zgroups.TIMEOUT_S if timeout_s is None else timeout_s
+    timeout_s = env.timeout_s if timeout_s is None else timeout_s
     store = None
     try:
         if fill is not None:

@@ -1,7 +1,8 @@
 """The names of the files zoexec keeps in shared memory, and the sweep of stale ones.
 
-Torch-free (`zoexec clean` runs it). Every file of a run in SHM_DIR (/dev/shm, or
-ZOEXEC_SHM_DIR) is named
+Torch-free (`zoexec clean` runs it). Every file of a run in the shared-memory folder
+(`--shm-dir`: SHM_DIR, /dev/shm, unless given; every function takes the folder as
+`directory`) is named
 
     zoexec-<run id>-o<machine>.<pid>.<start>-n<node>[-resident|-fence]
 
@@ -9,7 +10,7 @@ after the process that owns it: the launcher of a local run (`zoexec run`), torc
 agent under torchrun (the parent of every rank of the node), the process itself for a
 one-rank run. <pid>.<start> is a procwatch.ProcessId (the start time tells a reused pid
 from the owner), <machine> a hash of the boot and the pid namespace, so that a file
-made on another boot, host or container (a shared ZOEXEC_SHM_DIR, docker --ipc=host)
+made on another boot, host or container (a shared --shm-dir, docker --ipc=host)
 is never judged from here.
 
 A file whose owner has exited is stale: a run killed before its builder unlinked the
@@ -33,10 +34,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from zoexec.config import RuntimeOptions
 from zoexec.runtime.procwatch import ProcessId
 from zoplan.memory import fmt_bytes
 
-SHM_DIR = Path(os.environ.get("ZOEXEC_SHM_DIR", "/dev/shm"))
+SHM_DIR = Path(RuntimeOptions.shm_dir)   # the default of --shm-dir
 PREFIX = "zoexec-"
 _NAME = re.compile(r"^zoexec-(?P<run>.+)-o(?P<machine>[0-9a-f]{8})\.(?P<pid>\d+)\.(?P<start>\d+)"
                    r"-n\d+(-[a-z]+)?$")
@@ -74,10 +76,15 @@ def owner_tag(process: ProcessId) -> str:
     return f"o{machine_id()}.{process.pid}.{process.start}"
 
 
-def store_path(run_id: str, node: int) -> Path:
+def shm_dir(directory: Path | str | None = None) -> Path:
+    """The shared-memory folder: `directory` (--shm-dir), else SHM_DIR."""
+    return Path(directory) if directory else SHM_DIR
+
+
+def store_path(run_id: str, node: int, *, directory: Path | str | None = None) -> Path:
     """The block store of `node` in run `run_id`, named after this process's owner
     (node.py derives the -resident and -fence files from it)."""
-    return SHM_DIR / f"{PREFIX}{run_id}-{owner_tag(owner())}-n{node}"
+    return shm_dir(directory) / f"{PREFIX}{run_id}-{owner_tag(owner())}-n{node}"
 
 
 def rendezvous_dir() -> Path:
@@ -86,18 +93,18 @@ def rendezvous_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{RDZV_PREFIX}{owner_tag(owner())}-", dir=RDZV_DIR))
 
 
-def remove_run_files(run_id: str) -> list[str]:
-    """Remove every file of a run still named in SHM_DIR; returns what it removed."""
-    return _remove(glob.glob(str(SHM_DIR / f"{glob.escape(PREFIX + run_id)}-*")))
+def remove_run_files(run_id: str, *, directory: Path | str | None = None) -> list[str]:
+    """Remove every file of a run still named in the folder; returns what it removed."""
+    return _remove(glob.glob(str(shm_dir(directory) / f"{glob.escape(PREFIX + run_id)}-*")))
 
 
-def remove_owner_files(process: ProcessId) -> list[str]:
+def remove_owner_files(process: ProcessId, *, directory: Path | str | None = None) -> list[str]:
     """Remove every file `process` owns (a dead launcher's, from its last rank), and
     its rendezvous folders."""
     tag = owner_tag(process)
     for folder in glob.glob(str(RDZV_DIR / f"{RDZV_PREFIX}{tag}-*")):
         shutil.rmtree(folder, ignore_errors=True)
-    return _remove(glob.glob(str(SHM_DIR / f"{PREFIX}*-{tag}-n*")))
+    return _remove(glob.glob(str(shm_dir(directory) / f"{PREFIX}*-{tag}-n*")))
 
 
 def _remove(names: list[str]) -> list[str]:
@@ -123,11 +130,11 @@ class ShmFile:
     owner: ProcessId | None = None
 
 
-def scan(directory: Path | None = None) -> list[ShmFile]:
+def scan(directory: Path | str | None = None) -> list[ShmFile]:
     """Every zoexec file in `directory` (default SHM_DIR) and every rendezvous folder
     in RDZV_DIR, by name."""
     found = []
-    for path in sorted((SHM_DIR if directory is None else Path(directory)).glob(f"{PREFIX}*")):
+    for path in sorted(shm_dir(directory).glob(f"{PREFIX}*")):
         found.append(_judge(path, _NAME.match(path.name), _allocated(path)))
     for path in sorted(RDZV_DIR.glob(f"{RDZV_PREFIX}*")):
         match = _RDZV_NAME.match(path.name)
@@ -153,7 +160,7 @@ def _judge(path: Path, match, nbytes: int) -> ShmFile:
                    owner=process)
 
 
-def sweep(*, dry_run: bool = False, directory: Path | None = None) -> list[ShmFile]:
+def sweep(*, dry_run: bool = False, directory: Path | str | None = None) -> list[ShmFile]:
     """Remove the stale files (none with `dry_run`); returns every file scanned, the
     stale ones being those removed (or that would be)."""
     found = scan(directory)
