@@ -81,7 +81,7 @@ def run(cfg, *, checked=None) -> None:
     spawn_local(cfg)
 
 
-def sweep_stale_files(directory) -> None:
+def sweep_stale_files(directory=None) -> None:
     """Remove the shared-memory files of dead runs in `directory` (--shm-dir), with one
     dim line if there were any."""
     line = shmfiles.freed_line(shmfiles.sweep(directory=directory))
