@@ -75,7 +75,7 @@ def export_weights(parts, block_flats, folder: Path, *, resident=None,
         dtype = block_flats[0].dtype
         config = _save_config(parts, tmp, dtype)
         _save_generation_config(config, tmp, extra_files)
-        write_safetensors(_hf_tensors(parts, block_flats, resident), tmp, dtype=dtype,
+        write_safetensors(hf_tensors(parts, block_flats, resident=resident), tmp, dtype=dtype,
                           max_shard_bytes=max_shard_bytes)
         copy_tokenizer(extra_files, tmp)
         if state is not None:
@@ -89,10 +89,14 @@ def export_weights(parts, block_flats, folder: Path, *, resident=None,
     return folder
 
 
-def _hf_tensors(parts, block_flats, resident):
-    """(HF state-dict key, view) of every saved tensor, in save order (a tied head once):
-    views into the flat buffers, nothing copied."""
-
+def hf_tensors(parts, block_flats, *, resident=None):
+    """(HF state-dict key, view) of every tensor of the model, in save order (a tied
+    head once, as save_pretrained writes it): views into the flat buffers, nothing
+    copied. `resident`: the resident weights as one flat tensor (resident_specs order:
+    a run's clean copy, fp32 masters with update "master"), else the resident modules'
+    own weights. The ONE rule from flat buffers to HF names (export_weights and the
+    tests' state dicts use it)."""
+    assert len(block_flats) == parts.num_blocks, (len(block_flats), parts.num_blocks)
     if resident is not None:
         for spec in parts.resident_specs:
             yield spec.name, resident[spec.offset:spec.stop].view(spec.shape)
