@@ -51,6 +51,7 @@ from zoexec.maths.zo import RESIDENT_BLOCK, mix_seed
 from zoexec.model import gemma, gpt2, gptneox, llama, mistral, opt, qwen2, qwen3
 from zoexec.model.adapter import Adapter
 from zoplan.errors import ZoError
+from zoplan.models import UNSUPPORTED
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
@@ -248,14 +249,6 @@ def _config_from(spec_or_config, init: str):
     if model_type is None:
         raise ZoError("model config has no 'model_type'")
     return AutoConfig.for_model(model_type, **data)
-
-
-# Families transformers has and zoexec refuses, with what they would need.
-UNSUPPORTED = {
-    "gemma3": "a vision tower, and rotary bases that differ between local and global layers",
-    "gemma3_text": "rotary bases that differ between local and global layers (one working "
-                   "block runs every layer)",
-}
 
 
 def adapter_for(config) -> Adapter:
