@@ -19,7 +19,7 @@ class ZoError(Exception):
     """A problem the user can fix; the message is shown as one line."""
 
 
-EXEC_PACKAGES = ("torch", "transformers", "safetensors", "psutil", "numpy")
+EXEC_PACKAGES = ("torch", "transformers", "safetensors", "psutil", "numpy", "gguf")
 
 
 def need_exec_extra(exc: ModuleNotFoundError, what: str) -> ZoError:
