@@ -502,7 +502,9 @@ def _config_shape(config: dict, family: str) -> dict:
     shape["num_kv_heads"] = heads if own_heads else get("num_key_value_heads", heads)
     if family == "opt":
         shape["word_embed_proj_dim"] = get("word_embed_proj_dim", hidden)
-    head_dim = None if own_heads else config.get("head_dim") or HEAD_DIM_DEFAULT.get(family)
+    head_dim = None if own_heads else config.get("head_dim")
+    if head_dim is None and not own_heads:
+        head_dim = HEAD_DIM_DEFAULT.get(family)    # transformers' config class default
     if head_dim is None and hidden % heads:
         raise ValueError(f"{hf_key(family, 'hidden_size')} ({hidden}) is not a multiple of "
                          f"{hf_key(family, 'num_attention_heads')} ({heads})")

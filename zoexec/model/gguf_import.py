@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 from pathlib import Path
 
 import torch
@@ -73,17 +72,22 @@ def _reader(path: Path):
         raise ZoError(f"cannot read the GGUF file {path}: {exc}") from None
 
 
+@contextlib.contextmanager
 def _quiet():
     """transformers' GGUF reader logs and draws a progress bar; the command prints its
-    own one line."""
+    own one line. Both are as they were afterwards."""
     from transformers.utils import logging as hf_logging
 
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    stack = contextlib.ExitStack()
-    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-    stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
-    return stack
+    hf_logging.set_verbosity_error()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _config(path: Path, reader):
