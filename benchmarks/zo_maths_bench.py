@@ -25,14 +25,14 @@ def block_specs(model: str) -> list[TensorSpec]:
     """Specs of one block from the HF module built on the meta device (no memory)."""
     from transformers import AutoModelForCausalLM
 
-    from zoexec.model.families import _config_from, layer_container, make_specs
+    from zoexec.model.families import _config_from, adapter_for, make_specs
 
     config = _config_from(model, "random")
     config.num_hidden_layers = 1
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(config)
-    holder, _ = layer_container(hf, config.model_type)
-    return make_specs(list(holder.layers[0].named_parameters()))
+    layers = adapter_for(config).get_layers(hf)
+    return make_specs(list(layers[0].named_parameters()))
 
 
 def timed_ms(fn, reps: int) -> float:

@@ -278,7 +278,7 @@ def oracle(args) -> dict:
     from zoexec.config import RunConfig
     from zoexec.data.text import SyntheticTask
     from zoexec.launch.spawn import run_in_process
-    from zoexec.model.families import export_hf_model
+    from zoexec.model.export import export_weights
     from zoexec.reference import zo2_reference_train
     from zoexec.store.loading import build_parts
     from zoplan.handplan import hand_plan
@@ -297,12 +297,12 @@ def oracle(args) -> dict:
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         parts.to("cpu")
-        export_hf_model(parts, [f.cpu() for f in flats], Path(tmp) / "ref")
+        export_weights(parts, [f.cpu() for f in flats], Path(tmp) / "ref")
         want = load_file(str(Path(tmp) / "ref" / "model.safetensors"))
         plan = hand_plan(model=model, layout=Layout(), workload=wl, device_kind=args.device_kind)
-        records = run_in_process(RunConfig(plan=plan.data, steps=steps, seed=seed, lr=lr, eps=eps,
-                                           progress=False, out_dir=str(Path(tmp) / "run"),
-                                           speed_checks=False))
+        records = run_in_process(RunConfig.make(plan=plan.data, steps=steps, seed=seed, lr=lr,
+                                                eps=eps, quiet=True, out=str(Path(tmp) / "run"),
+                                                speed_checks=False))
         got = load_file(str(Path(tmp) / "run" / "final" / "model.safetensors"))
     loss_diff = max(abs(r.loss_plus - h[0]) for r, h in zip(records, history))
     weight_diff = max(float((got[k] - want[k]).abs().max()) for k in want)

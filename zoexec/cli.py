@@ -145,5 +145,24 @@ CLEAN_PARAMS = [
 app.command("clean")(with_params(clean_cmd, CLEAN_PARAMS))
 
 
+@app.command("import-gguf")
+def import_gguf_cmd(
+    gguf_file: Annotated[Path, typer.Argument(help="A GGUF file (llama.cpp's format) of a family zoexec runs")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="The HF model folder to write (must not exist)")],
+    dtype: Annotated[str, typer.Option(help="Precision of the saved weights: auto (F32 -> fp32, F16 -> fp16, else bf16), fp32, bf16 or fp16")] = "auto",
+) -> None:
+    """Rebuild an ordinary HF model folder (config, safetensors, tokenizer) from a GGUF
+    file, quantised weights dequantised: `zoexec run --model-path DIR` then reads it."""
+    try:
+        from zoexec.model.gguf_import import import_gguf
+    except ModuleNotFoundError as exc:
+        exit_with_error(str(need_exec_extra(exc, "zoexec import-gguf")))
+    try:
+        folder = import_gguf(gguf_file, out, dtype=dtype)
+    except ZoError as exc:
+        exit_with_error(str(exc), EXIT_USER_ERROR)
+    print(f"zoexec: wrote {folder} from {gguf_file}")
+
+
 if __name__ == "__main__":
     main()

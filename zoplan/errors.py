@@ -26,7 +26,7 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0].strip() if text else type(exc).__name__
 
 
-EXEC_PACKAGES = ("torch", "transformers", "safetensors", "psutil", "numpy")
+EXEC_PACKAGES = ("torch", "transformers", "safetensors", "psutil", "numpy", "gguf")
 
 
 def need_exec_extra(exc: ModuleNotFoundError, what: str) -> ZoError:

@@ -97,7 +97,7 @@ from zoplan.execrules import (
 )
 from zoplan.hwcheck import PROFILE_SCHEMA_VERSION, Z_MODEL, validate
 from zoplan.io import dumps_canonical, load_json, sha256_json
-from zoplan.models import DTYPE_BYTES
+from zoplan.models import DTYPE_BYTES, LEARNED_POSITIONS
 from zoplan.workload import HALF_DTYPES
 
 GIB = 2**30
@@ -134,7 +134,7 @@ def forward_terms(figures: dict, *, flops: float, attn_flops: float, elems: floa
     rest = attn_flops / (attn_rate * 1e12) if attn_rate else 0.0
     rest += elems * figures.get("elem_ns", 0.0) * 1e-9
     dispatch = figures["overhead_us"] + (figures.get("rope_overhead_us", 0.0)
-                                         if family != "opt" else 0.0)
+                                         if family not in LEARNED_POSITIONS else 0.0)
     return dispatch * 1e-6, gemm, rest
 
 

@@ -298,12 +298,12 @@ def _tokens(workload: Workload, layout: Layout) -> tuple[int, int]:
 def _step(model: ModelSpec, workload: Workload, layout: Layout) -> list[Term]:
     tokens, streams = _tokens(workload, layout)
     c, seq = dtype_bytes(workload.compute_dtype), workload.seq
-    ctx = seq * 8 + (2 * seq * model.head_dim * c if model.family != "opt" else 0)
+    ctx = seq * 8 + (2 * seq * model.head_dim * c if model.rotary else 0)
     return [Term(key="token_ids", bytes=tokens * 8, label=f"token ids ({tokens} tokens)"),
             Term(key="hidden_states", bytes=streams * tokens * model.hidden * c,
                  label=f"hidden states ({streams} x {tokens} tokens)"),
             Term(key="block_context", bytes=streams * ctx,
-                 label="positions" + (" and rotary cos, sin" if model.family != "opt" else ""))]
+                 label="positions" + (" and rotary cos, sin" if model.rotary else ""))]
 
 
 def kernel_scratch_terms(workload: Workload, device_kind: str, numels: list[int], numel: int,
@@ -372,7 +372,7 @@ def _embed(model, workload, layout, device_kind, step: list[Term], *,
     (before any hidden state exists), whichever is larger."""
     tokens, _ = _tokens(workload, layout)
     c, seq, h = dtype_bytes(workload.compute_dtype), workload.seq, model.hidden
-    if model.family == "opt":
+    if not model.rotary:
         wdim = model.word_embed_proj_dim or h
         temps = (tokens * max(wdim, h) + (tokens * h if wdim != h else 0) + seq * h) * c
     else:

@@ -1,12 +1,14 @@
 """Model catalogue: parameter bytes, FLOPs and activation sizes of each block.
 
-Covers OPT, Llama (2 and 3) and Qwen3 by name, and any Hugging Face `config.json` of
-those families by path. Figures come from the architecture formulas below; a test checks
+Covers OPT, Llama (2 and 3), Qwen3, Qwen2/2.5, Mistral, Gemma (1 and 2), GPT-2 and
+GPT-NeoX (Pythia) by name, and any Hugging Face `config.json` of those families by path
+(FAMILIES; each has an adapter in zoexec/model/). Figures come from the architecture formulas below; a test checks
 the parameter counts against transformers' own classes built on the meta device.
 Sources: each catalogue entry's shape (hidden size, layers, heads, key-value heads,
 FFN size, vocabulary, positions, tied embeddings) is copied from the model's published
 config.json on the Hugging Face Hub (facebook/opt-*, meta-llama/Llama-2-*-hf and
-Meta-Llama-3-*, Qwen/Qwen3-*), OPT-175B's (not on the Hub) from table 1 of the OPT
+Meta-Llama-3-*, Qwen/Qwen3-*, Qwen/Qwen2.5-*, mistralai/Mistral-7B-v0.1 and -v0.3,
+google/gemma-*, openai-community/gpt2*, EleutherAI/pythia-*), OPT-175B's (not on the Hub) from table 1 of the OPT
 paper (Zhang et al., arXiv 2205.01068); the tiny and small test models are our own
 shapes, built with random weights.
 """
@@ -20,7 +22,23 @@ from zoplan.errors import ZoError
 from zoplan.io import load_json
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-FAMILIES = ("opt", "llama", "qwen3")
+FAMILIES = ("opt", "llama", "qwen3", "qwen2", "mistral", "gemma", "gemma2", "gpt2", "gpt_neox")
+LAYER_NORM = ("opt", "gpt2", "gpt_neox")    # LayerNorm (weight, bias) and a plain MLP; else RMSNorm, gated
+LEARNED_POSITIONS = ("opt", "gpt2")         # position embeddings; the others turn q and k (rotary)
+# Families transformers has that zoexec does not take apart, and what they would need.
+UNSUPPORTED = {
+    "gemma3": "a vision tower, and rotary bases that differ between local and global layers",
+    "gemma3_text": "rotary bases that differ between local and global layers (one working "
+                   "block runs every layer)",
+}
+# config.json keys that a family spells its own way (GPT-2: n_*; OPT: ffn_dim), and the
+# defaults of transformers' config classes for keys a config.json may leave out.
+HF_KEYS = {"gpt2": {"num_hidden_layers": "n_layer", "hidden_size": "n_embd",
+                    "num_attention_heads": "n_head", "max_position_embeddings": "n_positions",
+                    "intermediate_size": "n_inner"},
+           "opt": {"intermediate_size": "ffn_dim"}}
+HEAD_DIM_DEFAULT = {"gemma": 256, "gemma2": 256, "qwen3": 128}
+TIED_DEFAULT = ("opt", "gpt2", "gemma", "gemma2")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +58,9 @@ class ModelSpec:
     tied_head: bool
     word_embed_proj_dim: int = 0   # OPT-350m projects embeddings 512 <-> hidden
     final_norm: bool = True        # OPT-350m (post-LN) has no final layer norm
+    qkv_bias: bool = False         # biases on q, k, v (Qwen2, GPT-2, GPT-NeoX, attention_bias)
+    out_bias: bool = False         # a bias on the attention output projection
+    mlp_bias: bool = False         # biases in the MLP (GPT-2, GPT-NeoX, Llama's mlp_bias)
     hf_config: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -63,45 +84,80 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def layer_norm(self) -> bool:
+        """LayerNorms (weight and bias) and a plain two-matrix MLP (OPT, GPT-2,
+        GPT-NeoX); else RMSNorms (weight only) and a gated three-matrix MLP."""
+        return self.family in LAYER_NORM
+
+    @property
+    def rotary(self) -> bool:
+        """Rotary positions (q and k turned in every block), not position embeddings."""
+        return self.family not in LEARNED_POSITIONS
+
+    def _block_tensors(self) -> list[tuple[int, bool]]:
+        """(elements, is a matrix) of one block's tensors in the HF module's order."""
+        h, f, a, kv = self.hidden, self.ffn, self.attn_dim, self.kv_dim
+        def linear(n_in, n_out, bias):
+            return [(n_in * n_out, True)] + ([(n_out, False)] if bias else [])
+        if self.family == "opt":
+            attn = [t for _ in range(4) for t in linear(h, h, True)]
+            return attn + [(h, False)] * 2 + linear(h, f, True) + linear(f, h, True) + [(h, False)] * 2
+        if self.family == "gpt2":          # ln_1, c_attn (fused q,k,v), c_proj, ln_2, c_fc, c_proj
+            return ([(h, False)] * 2 + linear(h, 3 * h, True) + linear(h, h, True) + [(h, False)] * 2
+                    + linear(h, f, True) + linear(f, h, True))
+        if self.family == "gpt_neox":      # two LayerNorms first, then fused qkv, dense, MLP
+            return ([(h, False)] * 4 + linear(h, 3 * h, self.qkv_bias) + linear(h, h, self.out_bias)
+                    + linear(h, f, True) + linear(f, h, True))
+        out = (linear(h, a, self.qkv_bias) + linear(h, kv, self.qkv_bias) + linear(h, kv, self.qkv_bias)
+               + linear(a, h, self.out_bias))
+        if self.family == "qwen3":         # per-head RMSNorm of q and k
+            out += [(self.head_dim, False)] * 2
+        out += linear(h, f, self.mlp_bias) + linear(h, f, self.mlp_bias) + linear(f, h, self.mlp_bias)
+        return out + [(h, False)] * (4 if self.family == "gemma2" else 2)   # Gemma 2: sandwich norms
+
+    def _resident_tensors(self) -> list[tuple[int, bool]]:
+        """(elements, is a matrix) of the resident tensors in named_parameters order
+        (embeddings, final norm, an untied head)."""
+        h, v = self.hidden, self.vocab
+        norm = [(h, False)] * (2 if self.layer_norm else 1)
+        head = [] if self.tied_head else [(v * (self.word_embed_proj_dim or h), True)]
+        if self.family == "opt":
+            wdim = self.word_embed_proj_dim or h
+            out = [(v * wdim, True), ((self.max_positions + 2) * h, True)]
+            out += norm if self.final_norm else []
+            out += [(wdim * h, True), (h * wdim, True)] if wdim != h else []
+            return out + head
+        if self.family == "gpt2":
+            return [(v * h, True), (self.max_positions * h, True)] + norm + head
+        return [(v * h, True)] + norm + head
+
+    @property
     def block_params(self) -> int:
         """Parameters of one decoder block (HF module layout)."""
-        h, f = self.hidden, self.ffn
-        if self.family == "opt":
-            # q,k,v,out with biases; fc1, fc2 with biases; two LayerNorms (w + b)
-            return 4 * (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
-        attn = h * self.attn_dim + 2 * h * self.kv_dim + self.attn_dim * h
-        mlp = 3 * h * f
-        norms = 2 * h + (2 * self.head_dim if self.family == "qwen3" else 0)
-        return attn + mlp + norms
+        return sum(n for n, _ in self._block_tensors())
 
     @property
     def matmul_params_per_block(self) -> int:
         """Weights that take part in a GEMM (drives FLOPs)."""
-        h, f = self.hidden, self.ffn
-        if self.family == "opt":
-            return 4 * h * h + 2 * h * f
-        return h * self.attn_dim + 2 * h * self.kv_dim + self.attn_dim * h + 3 * h * f
+        return sum(n for n, matrix in self._block_tensors() if matrix)
 
     @property
     def embed_params(self) -> int:
+        """Token (and learned position) embeddings, OPT's projections."""
         h = self.hidden
-        if self.family == "opt":
-            wdim = self.word_embed_proj_dim or h
-            proj = 2 * wdim * h if wdim != h else 0
-            return self.vocab * wdim + (self.max_positions + 2) * h + proj
-        return self.vocab * h
+        wdim = self.word_embed_proj_dim or h
+        proj = 2 * wdim * h if self.family == "opt" and wdim != h else 0
+        positions = {"opt": self.max_positions + 2, "gpt2": self.max_positions}.get(self.family, 0)
+        return self.vocab * wdim + positions * h + proj
 
     @property
     def head_params(self) -> int:
         """Final norm + LM head (zero extra for a head tied to the embeddings)."""
-        h = self.hidden
-        norm = (2 * h if self.family == "opt" else h) if self.final_norm else 0
-        head = 0 if self.tied_head else self.vocab * h
-        return norm + head
+        return self.resident_params - self.embed_params
 
     @property
     def resident_params(self) -> int:
-        return self.embed_params + self.head_params
+        return sum(n for n, _ in self._resident_tensors())
 
     @property
     def total_params(self) -> int:
@@ -136,7 +192,7 @@ class ModelSpec:
     # Llama blocks, so only the relative sizes matter here.
     def block_elems_per_token(self) -> float:
         h, f = self.hidden, self.ffn
-        if self.family == "opt":
+        if self.layer_norm:
             # 2 LayerNorms, 6 bias broadcasts (q,k,v,out,fc1,fc2), 2 residual adds,
             # ReLU, the query scaling and the attention output's transpose
             return 2 * h + (5 * h + f) + 2 * h + f + h + h
@@ -147,8 +203,8 @@ class ModelSpec:
         return 8 * h + 4 * qk + 2 * h + 2 * f + h + extra
 
     def embed_elems_per_token(self) -> float:
-        """Token (and OPT position) embedding lookups and their sum."""
-        return 3.0 * self.hidden if self.family == "opt" else float(self.hidden)
+        """Token (and learned position) embedding lookups and their sum."""
+        return float(self.hidden) if self.rotary else 3.0 * self.hidden
 
     def head_elems_per_token(self) -> float:
         """Final norm, and the loss over the vocabulary (one fused log-softmax pass)."""
@@ -157,29 +213,11 @@ class ModelSpec:
     # ---- tensors (the z chunks of zoexec.maths.zo follow them) ---------------------------
     def block_tensor_numels(self) -> list[int]:
         """Element counts of one block's parameter tensors (HF module order)."""
-        h, f, a, kv = self.hidden, self.ffn, self.attn_dim, self.kv_dim
-        if self.family == "opt":
-            return [h * h, h] * 4 + [h, h] + [f * h, f, h * f, h] + [h, h]
-        out = [a * h, kv * h, kv * h, h * a]
-        if self.family == "qwen3":
-            out += [self.head_dim, self.head_dim]
-        return out + [f * h, f * h, h * f, h, h]
+        return [n for n, _ in self._block_tensors()]
 
     def resident_tensor_numels(self) -> list[int]:
         """Element counts of the resident tensors (embeddings, final norm, untied head)."""
-        h = self.hidden
-        if self.family == "opt":
-            wdim = self.word_embed_proj_dim or h
-            out = [self.vocab * wdim, (self.max_positions + 2) * h]
-            if self.final_norm:
-                out += [h, h]
-            if wdim != h:
-                out += [wdim * h, h * wdim]
-            if not self.tied_head:
-                out.append(self.vocab * wdim)
-            return out
-        out = [self.vocab * h, h]
-        return out if self.tied_head else out + [self.vocab * h]
+        return [n for n, _ in self._resident_tensors()]
 
     # ---- activations: what zoexec's forward holds at its peak -------------------------
     # Measured with zoexec.runtime.memtrack.AllocationTracker (live tensor storages) on one-block
@@ -188,13 +226,16 @@ class ModelSpec:
     # torch 2.13 CPU, transformers 5.23, CPython 3.11): the largest stage below is the
     # tracked peak to within 1% (tests/unit/test_memory_model.py repeats it on a grid).
     # The eager S x S attention scores of the old formula never exist: sdpa's kernels
-    # keep them per tile.
+    # keep them per tile. The other families take the stages of the closest measured
+    # one (GPT-2 and GPT-NeoX: OPT's; Qwen2, Mistral, Gemma: Llama's), not measured;
+    # Gemma 2 runs eager attention, whose scores are added (an estimate: three
+    # [heads, seq] rows per token alive at once).
     def block_stage_bytes(self, dtype: str) -> dict[str, float]:
         """Bytes per token one block's forward holds beyond its input at the peak of
         each stage (compute precision `dtype`; RMSNorm works in fp32 whatever it is)."""
         b = dtype_bytes(dtype)
         h, f, a, kv = self.hidden, self.ffn, self.attn_dim, self.kv_dim
-        if self.family == "opt":
+        if self.layer_norm:
             # LayerNorm out, q and its scaled copy, k, v, the attention output and its
             # contiguous copy; the MLP: the residual, fc1's output and the ReLU's
             return {"attention": 6 * h * b, "mlp": (h + 2 * f) * b}
@@ -214,9 +255,12 @@ class ModelSpec:
     def block_activation_bytes(self, tokens: int, seq: int, dtype: str) -> int:
         """Peak bytes one block's forward over `tokens` tokens of one perturbation stream
         allocates beyond its input (block_stage_bytes' largest stage; the output is part
-        of it). `seq` is kept for the callers: sdpa holds nothing of seq x seq size."""
-        del seq
-        return int(tokens * max(self.block_stage_bytes(dtype).values()))
+        of it). sdpa holds nothing of seq x seq size; eager attention (Gemma 2) does."""
+        peak = max(self.block_stage_bytes(dtype).values())
+        if self.family == "gemma2":
+            peak = max(peak, (self.hidden + self.attn_dim + 2 * self.kv_dim) * dtype_bytes(dtype)
+                       + 3 * self.num_heads * seq * 4)
+        return int(tokens * peak)
 
     def head_activation_bytes(self, tokens: int, dtype: str) -> int:
         """Peak bytes of the head over `tokens` tokens of one stream: final norm (+ OPT's
@@ -228,7 +272,7 @@ class ModelSpec:
         b = dtype_bytes(dtype)
         h, v = self.hidden, self.vocab
         width = self.word_embed_proj_dim or h
-        if self.family == "opt":
+        if self.layer_norm:
             norm = h * b + (width * b if width != h else 0)
         else:
             norm = 8.0 * h + 8
@@ -280,21 +324,66 @@ def _qwen3(name, layers, hidden, ffn, heads, kv, *, tied):
     return {name: cfg}
 
 
+def _qwen2(name, layers, hidden, ffn, heads, kv, *, tied, vocab=151936, max_pos=32768):
+    cfg = {"model_type": "qwen2", "num_hidden_layers": layers, "hidden_size": hidden,
+           "intermediate_size": ffn, "num_attention_heads": heads,
+           "num_key_value_heads": kv, "vocab_size": vocab, "max_position_embeddings": max_pos,
+           "rope_theta": 1000000.0, "tie_word_embeddings": tied, "rms_norm_eps": 1e-6,
+           "use_sliding_window": False}
+    return {name: cfg}
+
+
+def _gemma(name, family, layers, hidden, ffn, heads, kv, *, head_dim=256):
+    cfg = {"model_type": family, "num_hidden_layers": layers, "hidden_size": hidden,
+           "intermediate_size": ffn, "num_attention_heads": heads, "num_key_value_heads": kv,
+           "head_dim": head_dim, "vocab_size": 256000, "max_position_embeddings": 8192,
+           "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
+    if family == "gemma2":
+        cfg.update(sliding_window=4096, query_pre_attn_scalar=head_dim,
+                   attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    return {name: cfg}
+
+
+def _gpt2(name, layers, hidden, heads):
+    cfg = {"model_type": "gpt2", "n_layer": layers, "n_embd": hidden, "n_head": heads,
+           "n_positions": 1024, "vocab_size": 50257, "tie_word_embeddings": True}
+    return {name: cfg}
+
+
+def _pythia(name, layers, hidden, heads):
+    cfg = {"model_type": "gpt_neox", "num_hidden_layers": layers, "hidden_size": hidden,
+           "intermediate_size": 4 * hidden, "num_attention_heads": heads, "vocab_size": 50304,
+           "max_position_embeddings": 2048, "rotary_pct": 0.25, "rotary_emb_base": 10000,
+           "use_parallel_residual": True, "tie_word_embeddings": False}
+    return {name: cfg}
+
+
 def _tiny(name: str, family: str) -> dict:
     """Small random-weight models for tests, demos and CPU runs (not published models)."""
     cfg = {"model_type": family, "num_hidden_layers": 4, "hidden_size": 128,
            "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 512,
-           "tie_word_embeddings": family != "llama"}
+           "tie_word_embeddings": family not in ("llama", "mistral", "gpt_neox")}
     if family == "opt":
         cfg.update(ffn_dim=512, word_embed_proj_dim=128, do_layer_norm_before=True)
+    elif family == "gpt2":
+        cfg = {"model_type": "gpt2", "n_layer": 4, "n_embd": 128, "n_head": 4, "n_inner": 512,
+               "vocab_size": 512, "n_positions": 512, "tie_word_embeddings": True}
+    elif family == "gpt_neox":
+        cfg.update(intermediate_size=512, rotary_pct=0.25, use_parallel_residual=True)
     else:
         cfg.update(intermediate_size=384, num_key_value_heads=2, head_dim=32,
                    rope_theta=10000.0, rms_norm_eps=1e-6)
+    if family == "gemma2":
+        cfg.update(sliding_window=256, query_pre_attn_scalar=32, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0)
     return {name: cfg}
 
 
 CATALOGUE_CONFIGS: dict[str, dict] = {
     **_tiny("tiny-opt", "opt"), **_tiny("tiny-llama", "llama"), **_tiny("tiny-qwen3", "qwen3"),
+    **_tiny("tiny-qwen2", "qwen2"), **_tiny("tiny-mistral", "mistral"),
+    **_tiny("tiny-gemma", "gemma"), **_tiny("tiny-gemma2", "gemma2"),
+    **_tiny("tiny-gpt2", "gpt2"), **_tiny("tiny-gptneox", "gpt_neox"),
     # a CPU demo model: big enough that a step is compute, not overhead (~20M params)
     "small-opt": {"model_type": "opt", "num_hidden_layers": 6, "hidden_size": 512,
                   "ffn_dim": 2048, "num_attention_heads": 8, "vocab_size": 2048,
@@ -316,6 +405,29 @@ CATALOGUE_CONFIGS: dict[str, dict] = {
     **_qwen3("qwen3-8b", 36, 4096, 12288, 32, 8, tied=False),
     **_qwen3("qwen3-14b", 40, 5120, 17408, 40, 8, tied=False),
     **_qwen3("qwen3-32b", 64, 5120, 25600, 64, 8, tied=False),
+    **_qwen2("qwen2.5-0.5b", 24, 896, 4864, 14, 2, tied=True),
+    **_qwen2("qwen2.5-1.5b", 28, 1536, 8960, 12, 2, tied=True),
+    **_qwen2("qwen2.5-3b", 36, 2048, 11008, 16, 2, tied=True),
+    **_qwen2("qwen2.5-7b", 28, 3584, 18944, 28, 4, tied=False, vocab=152064, max_pos=131072),
+    "mistral-7b-v0.1": {"model_type": "mistral", "num_hidden_layers": 32, "hidden_size": 4096,
+                        "intermediate_size": 14336, "num_attention_heads": 32,
+                        "num_key_value_heads": 8, "vocab_size": 32000,
+                        "max_position_embeddings": 32768, "rope_theta": 10000.0,
+                        "sliding_window": 4096, "rms_norm_eps": 1e-5, "tie_word_embeddings": False},
+    "mistral-7b-v0.3": {"model_type": "mistral", "num_hidden_layers": 32, "hidden_size": 4096,
+                        "intermediate_size": 14336, "num_attention_heads": 32,
+                        "num_key_value_heads": 8, "vocab_size": 32768,
+                        "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+                        "sliding_window": None, "rms_norm_eps": 1e-5, "tie_word_embeddings": False},
+    **_gemma("gemma-2b", "gemma", 18, 2048, 16384, 8, 1),
+    **_gemma("gemma-7b", "gemma", 28, 3072, 24576, 16, 16),
+    **_gemma("gemma-2-2b", "gemma2", 26, 2304, 9216, 8, 4),
+    **_gemma("gemma-2-9b", "gemma2", 42, 3584, 14336, 16, 8),
+    **_gpt2("gpt2", 12, 768, 12), **_gpt2("gpt2-medium", 24, 1024, 16),
+    **_gpt2("gpt2-large", 36, 1280, 20), **_gpt2("gpt2-xl", 48, 1600, 25),
+    **_pythia("pythia-70m", 6, 512, 8), **_pythia("pythia-160m", 12, 768, 12),
+    **_pythia("pythia-410m", 24, 1024, 16), **_pythia("pythia-1b", 16, 2048, 8),
+    **_pythia("pythia-1.4b", 24, 2048, 16),
 }
 
 
@@ -325,7 +437,7 @@ CATALOGUE_CONFIGS: dict[str, dict] = {
 SHAPE_BOUNDS = {
     "num_layers": ("num_hidden_layers", 1, 10_000),
     "hidden": ("hidden_size", 1, 2**20),
-    "ffn": ("intermediate_size", 1, 2**22),      # OPT: ffn_dim
+    "ffn": ("intermediate_size", 1, 2**22),      # OPT: ffn_dim, GPT-2: n_inner
     "num_heads": ("num_attention_heads", 1, 2**14),
     "num_kv_heads": ("num_key_value_heads", 1, 2**14),
     "head_dim": ("head_dim", 1, 2**14),
@@ -333,7 +445,13 @@ SHAPE_BOUNDS = {
     "max_positions": ("max_position_embeddings", 1, 2**24),
     "word_embed_proj_dim": ("word_embed_proj_dim", 0, 2**20),
 }
-_FLAGS = ("tie_word_embeddings", "do_layer_norm_before", "_remove_final_layer_norm")
+_FLAGS = ("tie_word_embeddings", "do_layer_norm_before", "_remove_final_layer_norm",
+          "attention_bias", "mlp_bias")
+
+
+def hf_key(family: str, key: str) -> str:
+    """The config.json key of figure `key` (an HF common name) in `family`'s configs."""
+    return HF_KEYS.get(family, {}).get(key, key)
 
 
 def check_shape(values: dict, *, hf_family: str = "") -> None:
@@ -341,13 +459,13 @@ def check_shape(values: dict, *, hf_family: str = "") -> None:
     `hf_family` its config.json key) that is not a whole number within SHAPE_BOUNDS, and
     the heads that do not divide what they split."""
     hf_names = bool(hf_family)
-    for field_name, (hf_key, low, high) in SHAPE_BOUNDS.items():
+    for field_name, (hf_key_name, low, high) in SHAPE_BOUNDS.items():
         if field_name not in values:
             continue
         value = values[field_name]
         label = field_name
         if hf_names:
-            label = "ffn_dim" if field_name == "ffn" and hf_family == "opt" else hf_key
+            label = hf_key(hf_family, hf_key_name)
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"{label} must be a whole number, got {value!r}")
         if not low <= value <= high:
@@ -371,25 +489,26 @@ def _config_int(config: dict, key: str, default: int | None = None) -> object:
 
 def _config_shape(config: dict, family: str) -> dict:
     """The ModelSpec shape figures of an HF config, checked (ValueError, KeyError)."""
-    shape = {"num_layers": _config_int(config, "num_hidden_layers"),
-             "hidden": _config_int(config, "hidden_size"),
-             "num_heads": _config_int(config, "num_attention_heads"),
-             "vocab": _config_int(config, "vocab_size"),
-             "max_positions": _config_int(config, "max_position_embeddings")}
+    def get(key, default=None):
+        return _config_int(config, hf_key(family, key), default)
+
+    shape = {"num_layers": get("num_hidden_layers"), "hidden": get("hidden_size"),
+             "num_heads": get("num_attention_heads"), "vocab": get("vocab_size"),
+             "max_positions": get("max_position_embeddings")}
     check_shape(shape, hf_family=family)
     hidden, heads = shape["hidden"], shape["num_heads"]
+    own_heads = family in LAYER_NORM       # no grouped-query attention, head_dim = hidden / heads
+    shape["ffn"] = get("intermediate_size", 4 * hidden if family == "gpt2" else None)
+    shape["num_kv_heads"] = heads if own_heads else get("num_key_value_heads", heads)
     if family == "opt":
-        shape["ffn"] = _config_int(config, "ffn_dim")
-        shape["num_kv_heads"] = heads
-        shape["word_embed_proj_dim"] = _config_int(config, "word_embed_proj_dim", hidden)
-    else:
-        shape["ffn"] = _config_int(config, "intermediate_size")
-        shape["num_kv_heads"] = _config_int(config, "num_key_value_heads", heads)
-    if (family == "opt" or config.get("head_dim") is None) and hidden % heads:
-        raise ValueError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads "
-                         f"({heads})")
-    shape["head_dim"] = (hidden // heads if family == "opt"
-                         else _config_int(config, "head_dim", hidden // heads))
+        shape["word_embed_proj_dim"] = get("word_embed_proj_dim", hidden)
+    head_dim = None if own_heads else config.get("head_dim")
+    if head_dim is None and not own_heads:
+        head_dim = HEAD_DIM_DEFAULT.get(family)    # transformers' config class default
+    if head_dim is None and hidden % heads:
+        raise ValueError(f"{hf_key(family, 'hidden_size')} ({hidden}) is not a multiple of "
+                         f"{hf_key(family, 'num_attention_heads')} ({heads})")
+    shape["head_dim"] = hidden // heads if head_dim is None else head_dim
     check_shape(shape, hf_family=family)
     for flag in _FLAGS:
         if config.get(flag) is not None and not isinstance(config[flag], bool):
@@ -397,17 +516,33 @@ def _config_shape(config: dict, family: str) -> dict:
     return shape
 
 
+def _biases(config: dict, family: str) -> dict:
+    """qkv_bias, out_bias, mlp_bias of a family's config (fixed or attention_bias and
+    mlp_bias as transformers' config classes default them)."""
+    if family in ("opt", "gpt2"):
+        return {"qkv_bias": True, "out_bias": True, "mlp_bias": True}
+    if family == "qwen2":
+        return {"qkv_bias": True, "out_bias": False, "mlp_bias": False}
+    attention = bool(config.get("attention_bias", family == "gpt_neox"))
+    if family == "mistral":
+        attention = False
+    mlp = family == "gpt_neox" or (family == "llama" and bool(config.get("mlp_bias", False)))
+    return {"qkv_bias": attention, "out_bias": attention, "mlp_bias": mlp}
+
+
 def spec_from_hf_config(config: dict, *, name: str) -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face config dict (OPT, Llama, Qwen3). Every shape
+    """Build a ModelSpec from a Hugging Face config dict (FAMILIES). Every shape
     figure must be a whole number within SHAPE_BOUNDS and the heads must divide what
     they split: anything else is one ZoError naming the config key."""
     family = config.get("model_type")
     if family not in FAMILIES:
-        raise ZoError(f"model {name}: model_type {family!r} is not supported "
-                      f"(supported: {', '.join(FAMILIES)})")
+        lacks = UNSUPPORTED.get(family, "no adapter for this family in zoexec/model/")
+        raise ZoError(f"model {name}: model_type {family!r} is not supported ({lacks}); "
+                      f"supported: {', '.join(FAMILIES)}")
     try:
         shape = _config_shape(config, family)
-        common = dict(name=name, family=family, hf_config=dict(config),
+        common = dict(name=name, family=family, hf_config=dict(config), **_biases(config, family),
+                      tied_head=bool(config.get("tie_word_embeddings", family in TIED_DEFAULT)),
                       **{k: shape[k] for k in ("num_layers", "hidden", "num_heads", "vocab",
                                                "max_positions", "ffn", "num_kv_heads",
                                                "head_dim")})
@@ -415,10 +550,9 @@ def spec_from_hf_config(config: dict, *, name: str) -> ModelSpec:
             wdim = shape["word_embed_proj_dim"]
             pre_ln = bool(config.get("do_layer_norm_before", True))
             remove_final = bool(config.get("_remove_final_layer_norm", False))
-            return ModelSpec(**common, tied_head=bool(config.get("tie_word_embeddings", True)),
-                             word_embed_proj_dim=wdim if wdim != shape["hidden"] else 0,
+            return ModelSpec(**common, word_embed_proj_dim=wdim if wdim != shape["hidden"] else 0,
                              final_norm=pre_ln and not remove_final)
-        return ModelSpec(**common, tied_head=bool(config.get("tie_word_embeddings", False)))
+        return ModelSpec(**common)
     except KeyError as exc:
         raise ZoError(f"model {name}: config has no {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:

@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 from zoexec.config import RunConfig
 from zoexec.data.text import SyntheticTask
 from zoexec.launch.spawn import RankFailure, run_in_process, spawn_local
-from zoexec.model.families import export_hf_model
+from zoexec.model.export import export_weights
 from zoexec.reference import zo2_reference_train
 from zoexec.run.folder import RunDir
 from zoexec.store.blocks import SHM_DIR
@@ -78,7 +78,7 @@ INIT_FROM_DIR = "ddp2-s2"     # this layout loads the same initial weights with 
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("layouts")
     parts, flats = build_parts(MODEL, seed=SEED)
-    export_hf_model(parts, flats, tmp / "init")
+    export_weights(parts, flats, tmp / "init")
     out = {}
     for name, layout in LAYOUTS.items():
         cfg = _config(tmp, name, layout, model_path=str(tmp / "init") if name == INIT_FROM_DIR else None)
@@ -109,7 +109,7 @@ def _oracle(tmp_path_factory):
     history = zo2_reference_train(parts, flats, lambda s: task.batch(s, WORKLOAD.batch, WORKLOAD.seq),
                                   seed=SEED, lr=LR, eps=EPS, weight_decay=0.0, steps=STEPS)
     out = tmp_path_factory.mktemp("oracle")
-    export_hf_model(parts, flats, out)
+    export_weights(parts, flats, out)
     fc1 = next(s for s in parts.block_specs if s.name == "fc1.weight")
     before = [f[fc1.offset:fc1.stop].view(fc1.shape) for f in initial]
     return history, load_file(str(out / "model.safetensors")), before

@@ -13,8 +13,14 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from zoexec.model.export import WEIGHTS_INDEX, export_weights, parse_size, plan_shards, write_safetensors
-from zoexec.model.families import hf_state_dict
+from zoexec.model.export import (
+    WEIGHTS_INDEX,
+    export_weights,
+    hf_tensors,
+    parse_size,
+    plan_shards,
+    write_safetensors,
+)
 from zoexec.store.loading import build_parts
 from zoplan.errors import ZoError
 
@@ -42,7 +48,7 @@ def test_sharded_export_reloads_to_equal_weights(tiny, tmp_path):
                                    for i in range(1, count + 1)]
     assert not (tmp_path / "m" / "model.safetensors").exists()
     index = json.loads((tmp_path / "m" / WEIGHTS_INDEX).read_text())
-    reference = hf_state_dict(parts, flats)
+    reference = dict(hf_tensors(parts, flats))
     assert set(index["weight_map"]) == set(reference)
     assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in reference.values())
     for name in files:   # no shard past the limit unless it holds one tensor
@@ -63,7 +69,7 @@ def test_zoexec_reads_a_sharded_export_back(tiny, tmp_path):
     assert (tmp_path / "m" / WEIGHTS_INDEX).is_file()
     again, again_flats = build_parts("tiny-llama", init=str(tmp_path / "m"))
     assert all(torch.equal(a, b) for a, b in zip(again_flats, flats, strict=True))
-    mine, theirs = hf_state_dict(parts, flats), hf_state_dict(again, again_flats)
+    mine, theirs = dict(hf_tensors(parts, flats)), dict(hf_tensors(again, again_flats))
     assert all(torch.equal(mine[k], theirs[k]) for k in mine) and set(mine) == set(theirs)
 
 
@@ -108,7 +114,7 @@ def test_plan_shards_like_huggingface_hub(tiny):
     sizes = [("a", 4), ("b", 4), ("c", 3), ("big", 20), ("d", 1), ("e", 9)]
     assert plan_shards(sizes, 10) == [["a", "b"], ["big"], ["c", "d"], ["e"]]
     assert plan_shards(sizes, 100) == [["a", "b", "c", "big", "d", "e"]]
-    state = hf_state_dict(*tiny)
+    state = {k: t.clone() for k, t in hf_tensors(*tiny)}   # standalone: hub groups views by storage
     for limit in (100_000, 400_000, 10**9):
         theirs = split_torch_state_dict_into_shards(state, max_shard_size=limit)
         mine = plan_shards([(k, t.numel() * t.element_size()) for k, t in state.items()], limit)

@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from zoexec.config import RunConfig
-from zoexec.model.families import build_hf_model, export_hf_model, hf_state_dict
+from zoexec.model.export import export_weights, hf_tensors
+from zoexec.model.families import build_hf_model
 from zoexec.runtime import groups as zgroups
 from zoexec.store import loading
 from zoexec.store.loading import LoadProgress, build_parts, fill_timeout_s, open_source
@@ -66,7 +67,7 @@ def test_every_path_builds_the_same_weights(name):
     block by block hold bit-identical weights."""
     parts, flats = build_parts(name, seed=5)
     reference = build_hf_model(name, seed=5).state_dict()
-    mine = hf_state_dict(parts, flats)
+    mine = dict(hf_tensors(parts, flats))
     for key, tensor in mine.items():
         assert torch.equal(tensor, reference[key]), key
     assert set(reference) - set(mine) <= {"lm_head.weight"}
@@ -78,7 +79,7 @@ def test_every_path_builds_the_same_weights(name):
 def test_random_init_is_the_model_classes_own():
     """Matrices ~ N(0, 0.02), norms 1, biases 0, OPT's padding embedding row 0."""
     parts, flats = build_parts("tiny-opt", seed=1)
-    tensors = hf_state_dict(parts, flats)
+    tensors = dict(hf_tensors(parts, flats))
     for key, tensor in tensors.items():
         if key.endswith(("fc1.weight", "q_proj.weight", "embed_tokens.weight")):
             assert 0.018 < tensor.std().item() < 0.022, key
@@ -117,7 +118,7 @@ def test_a_sharded_checkpoint_fills_the_store_converted(name, tmp_path, monkeypa
 
 def test_a_tied_head_may_be_in_the_checkpoint_or_not(tmp_path):
     parts, flats = build_parts("tiny-qwen3", seed=2)
-    export_hf_model(parts, flats, tmp_path / "m")                   # no lm_head.weight
+    export_weights(parts, flats, tmp_path / "m")                   # no lm_head.weight
     tensors = load_file(str(tmp_path / "m" / "model.safetensors"))
     assert "lm_head.weight" not in tensors
     again, flats2 = build_parts("tiny-qwen3", init=str(tmp_path / "m"))
@@ -131,7 +132,7 @@ def test_a_tied_head_may_be_in_the_checkpoint_or_not(tmp_path):
 
 def test_a_base_model_checkpoint_without_the_model_prefix_loads(tmp_path):
     parts, flats = build_parts("tiny-opt", seed=4)
-    export_hf_model(parts, flats, tmp_path / "m")
+    export_weights(parts, flats, tmp_path / "m")
     path = tmp_path / "m" / "model.safetensors"
     tensors = load_file(str(path))
     save_file({k.removeprefix("model."): v for k, v in tensors.items()}, str(path))
@@ -141,7 +142,7 @@ def test_a_base_model_checkpoint_without_the_model_prefix_loads(tmp_path):
 
 def _exported(tmp_path, name="tiny-llama"):
     parts, flats = build_parts(name, seed=0)
-    export_hf_model(parts, flats, tmp_path / "m")
+    export_weights(parts, flats, tmp_path / "m")
     return tmp_path / "m", tmp_path / "m" / "model.safetensors"
 
 

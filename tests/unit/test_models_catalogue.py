@@ -17,7 +17,9 @@ def build_meta(config: dict):
 
 
 def decoder_layers(model, family: str):
-    return model.model.decoder.layers if family == "opt" else model.model.layers
+    from zoexec.model.families import ADAPTERS
+
+    return ADAPTERS[family].get_layers(model)
 
 
 @pytest.mark.parametrize("name", sorted(CATALOGUE_CONFIGS))

@@ -12,7 +12,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from zoexec.maths import zo
-from zoexec.model.families import TensorSpec, bind_block, hf_state_dict, make_specs
+from zoexec.model.export import hf_tensors
+from zoexec.model.families import TensorSpec, bind_block, make_specs
 from zoexec.model.precision import LostUpdates
 from zoexec.store.loading import build_parts
 from zoplan.execrules import Z_CHUNK, Z_CHUNK_CUDA, chunk_bounds, z_chunk, z_draw_calls
@@ -194,7 +195,7 @@ def test_llama_in_bf16_equals_transformers_own_bf16_forward():
     config = dict(spec.hf_config)
     hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(config.pop("model_type"), **config),
                                           dtype=torch.bfloat16, attn_implementation="sdpa")
-    missing, unexpected = hf.load_state_dict(hf_state_dict(parts, flats), strict=False)
+    missing, unexpected = hf.load_state_dict(dict(hf_tensors(parts, flats)), strict=False)
     assert not unexpected and all("rotary" in k for k in missing)
     hf.eval()
     ids = torch.randint(0, spec.vocab, (1, spec.max_positions), generator=torch.Generator().manual_seed(0))

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from zoexec.maths import zo
-from zoexec.model.families import TensorSpec, build_hf_model, hf_state_dict, make_specs
+from zoexec.model.export import hf_tensors
+from zoexec.model.families import TensorSpec, build_hf_model, make_specs
 from zoexec.reference import mezo_reference_train, zo2_reference_train
 from zoexec.store.loading import build_parts
 
@@ -105,7 +106,7 @@ def test_deferred_update_schedule_equals_plain_mezo(name):
         assert lp == pytest.approx(rp, rel=1e-5) and lm == pytest.approx(rm, rel=1e-5)
         assert g == pytest.approx(rg, abs=1e-2)
     ref = model.state_dict()
-    mine = hf_state_dict(parts, flats)
+    mine = dict(hf_tensors(parts, flats))
     moved = max((ref[k] - start[k]).abs().max().item() for k in mine)
     assert moved > 1e-3
     for key, tensor in mine.items():

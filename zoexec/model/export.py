@@ -13,6 +13,7 @@ refused, never saved.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -67,32 +68,45 @@ def export_weights(parts, block_flats, folder: Path, *, resident=None,
         _check_finite(flat, f"block {index}")
     if resident is not None:
         _check_finite(resident, "the resident parts (embeddings, norm, head)")
+    with atomic_folder(folder) as tmp:
+        dtype = block_flats[0].dtype
+        config = save_config(parts.config, type(parts.resident).__name__, tmp, dtype)
+        save_generation_config(config, tmp, extra_files)
+        write_safetensors(hf_tensors(parts, block_flats, resident=resident), tmp, dtype=dtype,
+                          max_shard_bytes=max_shard_bytes)
+        copy_tokenizer(extra_files, tmp)
+        if state is not None:
+            (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=False) + "\n")
+    return Path(folder)
+
+
+@contextlib.contextmanager
+def atomic_folder(folder: Path):
+    """Yield a temporary folder beside `folder` to write into; on success its files are
+    synced and it replaces `folder`; on any error it is removed: `folder` is either
+    whole or as it was."""
     folder = Path(folder)
     tmp = folder.with_name(f".{folder.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        dtype = block_flats[0].dtype
-        config = _save_config(parts, tmp, dtype)
-        _save_generation_config(config, tmp, extra_files)
-        write_safetensors(_hf_tensors(parts, block_flats, resident), tmp, dtype=dtype,
-                          max_shard_bytes=max_shard_bytes)
-        copy_tokenizer(extra_files, tmp)
-        if state is not None:
-            (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=False) + "\n")
+        yield tmp
         _fsync_tree(tmp)
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return folder
 
 
-def _hf_tensors(parts, block_flats, resident):
-    """(HF state-dict key, view) of every saved tensor, in save order (a tied head once):
-    views into the flat buffers, nothing copied."""
-
+def hf_tensors(parts, block_flats, *, resident=None):
+    """(HF state-dict key, view) of every tensor of the model, in save order (a tied
+    head once, as save_pretrained writes it): views into the flat buffers, nothing
+    copied. `resident`: the resident weights as one flat tensor (resident_specs order:
+    a run's clean copy, fp32 masters with update "master"), else the resident modules'
+    own weights. The ONE rule from flat buffers to HF names (export_weights and the
+    tests' state dicts use it)."""
+    assert len(block_flats) == parts.num_blocks, (len(block_flats), parts.num_blocks)
     if resident is not None:
         for spec in parts.resident_specs:
             yield spec.name, resident[spec.offset:spec.stop].view(spec.shape)
@@ -104,17 +118,17 @@ def _hf_tensors(parts, block_flats, resident):
             yield f"{parts.layer_prefix}{index}.{spec.name}", flat[spec.offset:spec.stop].view(spec.shape)
 
 
-def _save_config(parts, folder: Path, dtype):
-    """config.json: the run's model config, its dtype the saved one, its architectures
-    the *ForCausalLM class (as save_pretrained sets them)."""
-    config = parts.config.__class__.from_dict(parts.config.to_dict())
+def save_config(model_config, architecture: str, folder: Path, dtype):
+    """config.json: a copy of the model config, its dtype the saved one, its
+    architectures the *ForCausalLM class (as save_pretrained sets them)."""
+    config = model_config.__class__.from_dict(model_config.to_dict())
     config.dtype = dtype
-    config.architectures = [type(parts.resident).__name__]
+    config.architectures = [architecture]
     config.save_pretrained(folder)
     return config
 
 
-def _save_generation_config(config, folder: Path, source: Path | None) -> None:
+def save_generation_config(config, folder: Path, source: Path | None) -> None:
     """generation_config.json: the source folder's, else the one transformers derives
     from the model config (bos / eos / pad token ids)."""
     given = Path(source) / GENERATION_CONFIG if source else None

@@ -1,25 +1,30 @@
-"""HF model adapters: the resident parts plus ONE working decoder block bound to flat buffers.
+"""The common core of the model families: the resident parts plus ONE working decoder
+block bound to flat buffers; what differs between families is in one adapter file each
+(adapter.py says what an adapter declares; opt.py, llama.py, qwen3.py, qwen2.py,
+mistral.py, gemma.py, gpt2.py, gptneox.py), registered in ADAPTERS here.
 
 A model is split into
 - `resident`: the HF *ForCausalLM module with its decoder layers removed; it keeps the
-  token (and OPT position) embeddings, OPT's project_in/out, the final norm, the LM head
-  (tied to the embeddings where the config says so) and the rotary embedding. It lives
-  on the compute device in the compute dtype and is trained too (z block id -1).
+  token (and learned position) embeddings, OPT's project_in/out, the final norm, the LM
+  head (tied to the embeddings where the config says so) and the rotary embedding. It
+  lives on the compute device in the compute dtype and is trained too (z block id -1).
 - the decoder blocks: one flat 1-D tensor per block (param dtype) holding its tensors in
   `block_specs` order, and ONE decoder-layer module, `block`, whose parameters are made
   views into whichever flat buffer is bound (`bind_block`), so a rank needs a single
   module however many blocks it streams.
 
-The forward runs the transformers 5.x modules themselves (OPTDecoderLayer,
-LlamaDecoderLayer, Qwen3DecoderLayer) with the inputs their *Model.forward builds:
-a causal mask from transformers' `create_causal_mask`, position ids, and for
-Llama/Qwen3 the rotary (cos, sin). Attention is "sdpa" by default, for the HF
-reference model as well: with no padding the causal mask is then None (sdpa's
-is_causal), so the block context does not depend on the batch size ("eager" also
-works; its mask is [batch, 1, seq, seq]). Dropout is off (eval mode); no KV cache.
-The loss is transformers' ForCausalLMLoss (fp32 logits, shift by one, mean).
-Qwen3 configs with sliding-window layers are refused (the mask would depend on the
-layer index).
+The forward runs the transformers 5.x layer modules themselves with the inputs their
+*Model.forward builds (the adapter's `embed`: a causal mask from transformers' own
+mask functions, position ids, rotary (cos, sin) where the family has them).
+Attention is "sdpa" where the family allows it ("auto"), for the HF reference model as
+well: with no padding the causal mask is then None (sdpa's is_causal), so the block
+context does not depend on the batch size ("eager" also works; its mask is
+[batch, 1, seq, seq]; Gemma 2 runs eager only). Dropout is off (eval mode); no KV cache.
+The loss is transformers' ForCausalLMLoss (fp32 logits, shift by one, mean). One
+working block runs every layer, so a layer must not behave by its index: configs that
+would (GPT-2's scale_attn_by_inverse_layer_idx, Gemma 3's per-layer rotary bases) are
+refused, and a model mixing sliding-window and full layers runs only sequences that fit
+in the window (adapter.one_mask).
 
 Building never makes the whole model in one place: a Blueprint (the *ForCausalLM
 without decoder layers + one template decoder layer, uninitialised) is filled block by
@@ -43,10 +48,15 @@ from torch import nn
 
 from zoexec.data.batch import IGNORE
 from zoexec.maths.zo import RESIDENT_BLOCK, mix_seed
+from zoexec.model import gemma, gpt2, gptneox, llama, mistral, opt, qwen2, qwen3
+from zoexec.model.adapter import Adapter
 from zoplan.errors import ZoError
+from zoplan.models import UNSUPPORTED
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
+    opt.ADAPTER, llama.ADAPTER, qwen3.ADAPTER, qwen2.ADAPTER, mistral.ADAPTER,
+    gemma.GEMMA, gemma.GEMMA2, gpt2.ADAPTER, gptneox.ADAPTER)}
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -90,6 +100,7 @@ class ModelParts:
     """Resident modules + one working block; see the module docstring."""
 
     family: str
+    adapter: Adapter
     config: Any
     dtype: torch.dtype
     resident: nn.Module
@@ -100,22 +111,19 @@ class ModelParts:
     param_dtype: torch.dtype = torch.float32
     resident_specs: list[TensorSpec] = field(default_factory=list)
     resident_numel: int = 0
-    layer_prefix: str = "model.layers."
     resident_master: torch.Tensor | None = None   # flat resident weights, param dtype
 
     # ---- the forward, piece by piece ---------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Hidden states entering block 0 and the ctx every block needs (a kwargs dict)."""
-        if self.family == "opt":
-            return _embed_opt(self, input_ids)
-        return _embed_rope(self, input_ids)
+        return self.adapter.embed(self.adapter.decoder(self.resident), self.config, input_ids)
 
     def block_forward(self, hidden: torch.Tensor, ctx: Any) -> torch.Tensor:
         """Run the working block (whatever flat buffer is bound) on `hidden`."""
         return self.block(hidden, **ctx)
 
     def head_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Final norm (+ OPT project_out) + LM head + mean next-token CE over the
+        """Final norm (+ OPT's project_out) + LM head + mean next-token CE over the
         labelled positions (float64 scalar: the sum over the count, as the engine
         divides the world's sums)."""
         total, count = self.head_loss_sum(hidden, labels)
@@ -133,16 +141,12 @@ class ModelParts:
         return causal_lm_row_losses(self.logits(hidden), labels)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        body = self.resident.model
-        if self.family == "opt":
-            dec = body.decoder
-            if dec.final_layer_norm is not None:
-                hidden = dec.final_layer_norm(hidden)
-            if dec.project_out is not None:
-                hidden = dec.project_out(hidden)
-        else:
-            hidden = body.norm(hidden)
-        return self.resident.lm_head(hidden)
+        """The final norm, the LM head and any soft cap (the adapter's)."""
+        return self.adapter.logits(self.resident, hidden)
+
+    @property
+    def layer_prefix(self) -> str:
+        return self.adapter.layer_prefix
 
     def to(self, device: torch.device | str) -> ModelParts:
         """Move resident and block modules (rebind flat buffers afterwards)."""
@@ -166,12 +170,6 @@ def causal_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torc
     return per_token.double().sum(), int((target != IGNORE).sum())
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token CE over the labelled positions (float64 scalar)."""
-    total, count = causal_lm_loss_sum(logits, labels)
-    return total.double() / count
-
-
 def causal_lm_row_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """[sum of next-token CE over each row's labelled positions, their count] per row."""
     logits = logits.float()
@@ -180,36 +178,6 @@ def causal_lm_row_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
                                             ignore_index=IGNORE, reduction="none")
     return torch.stack([per_token.double().sum(dim=1),
                         (target != IGNORE).sum(dim=1).double()], dim=1)
-
-
-def _causal_mask(parts: ModelParts, inputs_embeds: torch.Tensor, position_ids=None):
-    from transformers.masking_utils import create_causal_mask
-
-    return create_causal_mask(config=parts.config, inputs_embeds=inputs_embeds,
-                              attention_mask=None, past_key_values=None,
-                              position_ids=position_ids)
-
-
-def _embed_opt(parts: ModelParts, input_ids: torch.Tensor):
-    dec = parts.resident.model.decoder
-    inputs_embeds = dec.embed_tokens(input_ids)
-    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-    mask = _causal_mask(parts, inputs_embeds)
-    pos_embeds = dec.embed_positions(None, 0, position_ids=position_ids)
-    if dec.project_in is not None:
-        inputs_embeds = dec.project_in(inputs_embeds)
-    hidden = inputs_embeds + pos_embeds
-    return hidden, {"attention_mask": mask, "position_ids": position_ids}
-
-
-def _embed_rope(parts: ModelParts, input_ids: torch.Tensor):
-    body = parts.resident.model
-    inputs_embeds = body.embed_tokens(input_ids)
-    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-    mask = _causal_mask(parts, inputs_embeds, position_ids)
-    position_embeddings = body.rotary_emb(inputs_embeds, position_ids)
-    return inputs_embeds, {"attention_mask": mask, "position_ids": position_ids,
-                           "position_embeddings": position_embeddings}
 
 
 # ---- binding flat buffers -------------------------------------------------------------
@@ -250,12 +218,6 @@ def resident_param_specs(parts: ModelParts) -> list[tuple[str, torch.Tensor, boo
             zip(parts.resident_specs, parts.resident.parameters())]
 
 
-def block_flat_from_module(parts: ModelParts, *, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A new flat copy of the working block's current weights."""
-    return torch.cat([p.detach().reshape(-1).to(dtype or parts.dtype)
-                      for p in parts.block.parameters()])
-
-
 # ---- building --------------------------------------------------------------------------
 INIT_TAG = 0x696E6974   # "init": keeps random-init seeds apart from step seeds (zo.step_seed)
 
@@ -289,22 +251,30 @@ def _config_from(spec_or_config, init: str):
     return AutoConfig.for_model(model_type, **data)
 
 
-def _check_config(config) -> str:
+def adapter_for(config) -> Adapter:
+    """The family's adapter; a ZoError naming what the model needs that zoexec lacks."""
     family = config.model_type
-    if family not in ("opt", "llama", "qwen3"):
-        raise ZoError(f"model_type {family!r} is not supported (opt, llama, qwen3)")
-    layer_types = getattr(config, "layer_types", None) or []
-    sliding = sum(t != "full_attention" for t in layer_types)
-    if sliding:
-        raise ZoError(f"{sliding} of {len(layer_types)} layers use sliding-window "
-                      f"attention; only full-attention models are supported")
-    return family
+    adapter = ADAPTERS.get(family)
+    if adapter is None:
+        lacks = UNSUPPORTED.get(family, "no adapter for this family in zoexec/model/")
+        raise ZoError(f"model_type {family!r} is not supported ({lacks}); supported: "
+                      f"{', '.join(ADAPTERS)}")
+    reason = adapter.refuse(config)
+    if reason:
+        raise ZoError(f"model_type {family!r}: {reason} is not supported")
+    return adapter
 
 
-def _check_attn(attn_implementation: str) -> None:
-    if attn_implementation not in ATTN_IMPLEMENTATIONS:
-        raise ZoError(f"attn_implementation {attn_implementation!r}: use one of "
-                      f"{', '.join(ATTN_IMPLEMENTATIONS)}")
+def attn_for(adapter: Adapter, attn_implementation: str) -> str:
+    """The attention kernel to run: "auto" is the family's first; one the family
+    cannot run (a ZoError) would not give the HF model's forward."""
+    if attn_implementation == "auto":
+        return adapter.attn_implementations[0]
+    if attn_implementation not in adapter.attn_implementations:
+        choices = ", ".join(("auto", *adapter.attn_implementations))
+        raise ZoError(f"attn_implementation {attn_implementation!r} for {adapter.model_type}: "
+                      f"use one of {choices}")
+    return attn_implementation
 
 
 @dataclass(kw_only=True, eq=False)
@@ -314,11 +284,18 @@ class Blueprint:
     without initialising their weights. Nothing here holds more than one block."""
 
     config: Any
-    family: str
+    adapter: Adapter
     resident: nn.Module
     template: nn.Module
     block_specs: list[TensorSpec]
-    layer_prefix: str
+
+    @property
+    def family(self) -> str:
+        return self.adapter.model_type
+
+    @property
+    def layer_prefix(self) -> str:
+        return self.adapter.layer_prefix
 
     @property
     def num_blocks(self) -> int:
@@ -332,7 +309,7 @@ class Blueprint:
         return make_specs(list(self.resident.named_parameters()))
 
 
-def make_blueprint(config, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
+def make_blueprint(config, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "auto",
                    tie: bool = True) -> Blueprint:
     """The resident model and a template decoder layer of `config` in `dtype` (rotary
     frequencies fp32), weights left uninitialised (transformers' no_init_weights).
@@ -342,8 +319,8 @@ def make_blueprint(config, *, dtype: torch.dtype = torch.float32, attn_implement
     from transformers.initialization import no_init_weights
     from transformers.modeling_utils import local_torch_dtype
 
-    family = _check_config(config)
-    _check_attn(attn_implementation)
+    adapter = adapter_for(config)
+    attn_implementation = attn_for(adapter, attn_implementation)
     config = copy.deepcopy(config)
     config._attn_implementation = attn_implementation
     bare = copy.deepcopy(config)
@@ -353,21 +330,23 @@ def make_blueprint(config, *, dtype: torch.dtype = torch.float32, attn_implement
     with no_init_weights():
         resident = AutoModelForCausalLM.from_config(bare, attn_implementation=attn_implementation,
                                                     dtype=dtype)
-        layer_cls = getattr(sys.modules[type(resident).__module__],
-                            type(resident).__name__.removesuffix("ForCausalLM") + "DecoderLayer")
+        layer_cls = getattr(sys.modules[type(resident).__module__], adapter.layer_class)
         with local_torch_dtype(dtype):
             template = layer_cls(config, layer_idx=0)
+    # built without layers, the resident model knows the real count (GPT-2 scales its
+    # init by it) and layer types from here on
+    bare.num_hidden_layers = config.num_hidden_layers
+    if getattr(config, "layer_types", None):
+        bare.layer_types = list(config.layer_types)
     if tie:
         resident.tie_weights()     # init_weights (which ties) was skipped
     elif resident.config.tie_word_embeddings:
-        head = resident.lm_head    # to be tied by init_weights: no storage meanwhile
+        head = resident.get_output_embeddings()    # to be tied by init_weights: no storage meanwhile
         head.weight = nn.Parameter(torch.empty_like(head.weight, device="meta"), requires_grad=False)
     resident.eval().requires_grad_(False)
     template.eval().requires_grad_(False)
-    _, prefix = layer_container(resident, family)
-    return Blueprint(config=config, family=family, resident=resident, template=template,
-                     block_specs=make_specs(list(template.named_parameters())),
-                     layer_prefix=prefix)
+    return Blueprint(config=config, adapter=adapter, resident=resident, template=template,
+                     block_specs=make_specs(list(template.named_parameters())))
 
 
 def init_resident_random(model: nn.Module, seed: int) -> None:
@@ -392,13 +371,13 @@ def init_layer_random(model: nn.Module, layer: nn.Module, seed: int, block: int)
 def init_model_random(model: nn.Module, seed: int) -> None:
     """Every weight of a full *ForCausalLM, block by block (init_resident_random and
     init_layer_random: the same weights as a blueprint filled block by block)."""
-    holder, _ = layer_container(model, _check_config(model.config))
-    layers = holder.layers
-    holder.layers = nn.ModuleList()
+    adapter = adapter_for(model.config)
+    layers = adapter.get_layers(model)
+    adapter.set_layers(model, nn.ModuleList())
     try:
         init_resident_random(model, seed)
     finally:
-        holder.layers = layers
+        adapter.set_layers(model, layers)
     for block, layer in enumerate(layers):
         init_layer_random(model, layer, seed, block)
 
@@ -422,7 +401,7 @@ def release_params(module: nn.Module, dtype: torch.dtype) -> None:
 
 
 def build_hf_model(spec_or_config, *, init: str = "random", seed: int = 0,
-                   dtype: str | torch.dtype = "fp32", attn_implementation: str = "sdpa"):
+                   dtype: str | torch.dtype = "fp32", attn_implementation: str = "auto"):
     """The full HF *ForCausalLM in eval mode without grads: random weights made block by
     block in fp32 (init_model_random: the weights build_parts and the node's store get)
     and then cast (same seed, same weights, whatever the precision), or the local
@@ -431,8 +410,7 @@ def build_hf_model(spec_or_config, *, init: str = "random", seed: int = 0,
     from transformers.initialization import no_init_weights
 
     config = _config_from(spec_or_config, str(init))
-    _check_config(config)
-    _check_attn(attn_implementation)
+    attn_implementation = attn_for(adapter_for(config), attn_implementation)
     if str(init) == "random":
         with no_init_weights():
             model = AutoModelForCausalLM.from_config(
@@ -466,13 +444,6 @@ def cast_keeping_fp32_buffers(module: nn.Module, dtype: torch.dtype) -> nn.Modul
     return module
 
 
-def layer_container(model: nn.Module, family: str) -> tuple[nn.Module, str]:
-    """(module holding `.layers`, state-dict prefix of the layers) of a *ForCausalLM."""
-    if family == "opt":
-        return model.model.decoder, "model.decoder.layers."
-    return model.model, "model.layers."
-
-
 def check_matches(spec, config, init) -> None:
     """A model directory must hold the model the plan was made for (a ModelSpec)."""
     if str(init) == "random" or not hasattr(spec, "num_layers"):
@@ -497,10 +468,10 @@ def parts_from_blueprint(bp: Blueprint, *, param_dtype: torch.dtype, compute_dty
     release_params(block, compute_dtype)
     resident = cast_keeping_fp32_buffers(resident, compute_dtype)
     block = block.to(compute_dtype)
-    parts = ModelParts(family=bp.family, config=bp.config, dtype=compute_dtype, resident=resident,
+    parts = ModelParts(family=bp.family, adapter=bp.adapter, config=bp.config, dtype=compute_dtype, resident=resident,
                        block=block, block_specs=bp.block_specs, block_numel=bp.block_numel,
                        num_blocks=bp.num_blocks, param_dtype=param_dtype, resident_specs=specs,
-                       resident_numel=numel, layer_prefix=bp.layer_prefix, resident_master=master)
+                       resident_numel=numel, resident_master=master)
     flat = (torch.zeros(numel, dtype=compute_dtype) if master is None
             else master.to(compute_dtype, copy=True))
     bind_resident(parts, flat)
@@ -510,52 +481,11 @@ def parts_from_blueprint(bp: Blueprint, *, param_dtype: torch.dtype, compute_dty
     return parts
 
 
-# ---- export ----------------------------------------------------------------------------
-def hf_state_dict(parts: ModelParts, block_flats: list[torch.Tensor], *,
-                  dtype: torch.dtype | None = None,
-                  resident: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """The HF model's state dict rebuilt from resident + flat buffers (tied head once,
-    as save_pretrained writes it); standalone contiguous tensors. `resident`: the
-    resident weights as a flat tensor (resident_specs order: the run's clean copy, fp32
-    masters with update "master"), else the resident modules' own weights."""
-    assert len(block_flats) == parts.num_blocks, (len(block_flats), parts.num_blocks)
-    dtype = dtype or block_flats[0].dtype
-    if resident is not None:
-        out = {spec.name: resident[spec.offset:spec.stop].view(spec.shape).to(dtype).clone()
-               for spec in parts.resident_specs}
-    else:
-        out = {name: tensor.detach().to(dtype).contiguous().clone()
-               for name, tensor, _ in resident_param_specs(parts)}
-    for index, flat in enumerate(block_flats):
-        for spec in parts.block_specs:
-            view = flat[spec.offset:spec.stop].view(spec.shape)
-            out[f"{parts.layer_prefix}{index}.{spec.name}"] = view.to(dtype).contiguous().clone()
-    return out
-
-
-def export_hf_model(parts: ModelParts, block_flats: list[torch.Tensor], out_dir, *,
-                    resident: torch.Tensor | None = None) -> Path:
-    """Write config.json + model.safetensors (dtype of the flat buffers) into `out_dir`,
-    loadable by AutoModelForCausalLM.from_pretrained(out_dir); `resident` as in
-    hf_state_dict."""
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = hf_state_dict(parts, block_flats, resident=resident)
-    config = parts.config.__class__.from_dict(parts.config.to_dict())
-    config.dtype = block_flats[0].dtype
-    config.save_pretrained(out)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return out
-
-
 def param_addresses(model: nn.Module) -> list[tuple[str, nn.Parameter, int, int]]:
     """(name, parameter, block, tensor index) of every trainable parameter of a full HF
     *ForCausalLM, in the z addressing of zo.py: layer i -> block i with its tensors in
     module order; everything else -> block -1 in named_parameters order (tied once)."""
-    family = _check_config(model.config)
-    _, prefix = layer_container(model, family)
+    prefix = adapter_for(model.config).layer_prefix
     counters: dict[int, int] = {}
     out = []
     for name, param in model.named_parameters():

@@ -56,15 +56,20 @@ def fill_timeout_s(nbytes: int, *, base_s: float) -> float:
 
 # ---- the checkpoint -----------------------------------------------------------------------------
 class Checkpoint:
-    """The tensors of a local HF safetensors checkpoint: name -> (file, shape)."""
+    """The tensors of a local HF safetensors checkpoint: name -> (file, shape).
+    `adapter`: the family's (its body prefix, older checkpoints' names and the mask
+    buffers they carry); None: a "model." body, no renames."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, adapter: zm.Adapter | None = None) -> None:
         self.folder = Path(folder)
         self.files = weight_files(self.folder)
         self.where: dict[str, tuple[Path, tuple[int, ...]]] = {}
         for path, names in self.files.items():
             self._read_header(path, names)
-        self.strip = not any(name.startswith("model.") for name in self.where)
+        self.body = adapter.body.split(".")[0] + "." if adapter else "model."
+        self.renames = dict(adapter.renames) if adapter else {}
+        self.ignored = IGNORED_SUFFIXES + (adapter.ignored if adapter else ())
+        self.strip = not any(name.startswith(self.body) for name in self.where)
 
     def _read_header(self, path: Path, names: set[str] | None) -> None:
         from safetensors import safe_open
@@ -83,8 +88,12 @@ class Checkpoint:
 
     def name_of(self, name: str) -> str:
         """The checkpoint's name of a *ForCausalLM tensor (a base model's checkpoint
-        has no 'model.' prefix)."""
-        return name.removeprefix("model.") if self.strip else name
+        has no 'model.' (GPT-2: 'transformer.') prefix; older ones may name a tensor
+        otherwise: the adapter's renames)."""
+        old = self.renames.get(name)
+        if old is not None and old in self.where and name not in self.where:
+            return old
+        return name.removeprefix(self.body) if self.strip else name
 
     def check(self, expected: list[tuple[str, tuple[int, ...]]], *, tied_head: bool) -> None:
         """Every expected (name, shape) is there with its shape, nothing else is."""
@@ -100,7 +109,7 @@ class Checkpoint:
         known = {self.name_of(name) for name, _ in expected}
         if tied_head:
             known.add("lm_head.weight")
-        extra = sorted(n for n in self.where if n not in known and not n.endswith(IGNORED_SUFFIXES))
+        extra = sorted(n for n in self.where if n not in known and not n.endswith(self.ignored))
         if extra:
             raise ZoError(f"checkpoint {self.folder} does not match its config: it holds "
                           f"{extra[0]}, which the config's model does not have "
@@ -225,7 +234,7 @@ class ModelSource:
 
 
 def open_source(spec_or_config, *, init: str = "random", param_dtype="fp32",
-                compute_dtype="fp32", seed: int = 0, attn_implementation: str = "sdpa",
+                compute_dtype="fp32", seed: int = 0, attn_implementation: str = "auto",
                 weights: bool = True) -> ModelSource:
     """The model's blueprint with its resident weights made (random init) or read
     (a checkpoint folder `init`, checked against its config first); `weights` False:
@@ -233,7 +242,7 @@ def open_source(spec_or_config, *, init: str = "random", param_dtype="fp32",
     p_dtype, c_dtype = zm.torch_dtype(param_dtype), zm.torch_dtype(compute_dtype)
     init = str(init)
     config = zm._config_from(spec_or_config, init)
-    zm._check_config(config)
+    zm.adapter_for(config)
     zm.check_matches(spec_or_config, config, init)
     random = init == "random"
     made_here = random and weights     # random init: in fp32, tied by init_resident_random
@@ -246,7 +255,7 @@ def open_source(spec_or_config, *, init: str = "random", param_dtype="fp32",
         zm.init_resident_random(bp.resident, seed)
         source.master = zm.write_params(bp.resident, torch.empty(source.resident_numel, dtype=p_dtype))
         return source
-    source.checkpoint = Checkpoint(Path(init))
+    source.checkpoint = Checkpoint(Path(init), bp.adapter)
     specs = bp.resident_specs()
     expected = [(s.name, s.shape) for s in specs]
     for block in range(bp.num_blocks):
@@ -260,7 +269,7 @@ def open_source(spec_or_config, *, init: str = "random", param_dtype="fp32",
 
 def _tied(bp: zm.Blueprint) -> bool:
     resident = bp.resident
-    return resident.lm_head.weight is resident.get_input_embeddings().weight
+    return resident.get_output_embeddings().weight is resident.get_input_embeddings().weight
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -299,7 +308,7 @@ class LoadProgress:
 
 def build_parts(spec_or_config, *, init: str = "random", param_dtype: str = "fp32",
                 compute_dtype: str = "fp32", seed: int = 0,
-                attn_implementation: str = "sdpa") -> tuple[zm.ModelParts, list[torch.Tensor]]:
+                attn_implementation: str = "auto") -> tuple[zm.ModelParts, list[torch.Tensor]]:
     """Resident parts + one flat CPU buffer per block (param dtype), made block by
     block (ModelSource: random init, or a local directory's safetensors)
     exactly as the node's store is filled. The working block is bound to a

@@ -35,7 +35,9 @@ from zoplan.workload import UPDATE_MODES, Workload
 
 SEARCH_PREFETCH = (1, 2, 3, 4)
 # Published dtype of each family's checkpoints: the one of fp16/bf16 that is searched.
-FAMILY_PRECISION = {"opt": "fp16", "llama": "bf16", "qwen3": "bf16"}
+FAMILY_PRECISION = {"opt": "fp16", "llama": "bf16", "qwen3": "bf16", "qwen2": "bf16",
+                    "mistral": "bf16", "gemma": "bf16", "gemma2": "bf16", "gpt2": "fp16",
+                    "gpt_neox": "fp16"}
 CPU_PRECISION = "fp32"
 TRAINING_UPDATES = ("master", "stochastic")   # the update modes that train (searched)
 
