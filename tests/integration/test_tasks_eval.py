@@ -72,7 +72,7 @@ def _losses(out: Path) -> list[dict]:
 
 def test_eval_during_a_run_is_the_same_on_one_rank_pertp2_and_ddp2(tmp_path, model):
     """The candidate loss (the default) trains alike on every layout (losses to float
-    summation order with DDP), evaluations agree, best/ holds the best evaluation."""
+    summation order with DDP), evaluations agree, best/ holds the chosen evaluation's weights."""
     test = tmp_path / "test.jsonl"      # 40 of the held-out examples: one row each
     test.write_text("".join(TEST.read_text().splitlines(keepends=True)[:40]))
     outs, losses = {}, {}
@@ -82,7 +82,7 @@ def test_eval_during_a_run_is_the_same_on_one_rank_pertp2_and_ddp2(tmp_path, mod
                                           "--model-path", str(model), "--data", str(TRAIN),
                                           *TASK, "--eval-data", str(test), "--eval-every", "2",
                                           "--steps", "6", "--lr", "1e-3", "--out", str(out),
-                                          "--save-best", "eval_loss:min",
+                                          "--save-best", "eval_loss:max",
                                           "--threads", "1", "-q"])
         assert result.exit_code == 0, result.output
         outs[layout.label()], losses[layout.label()] = _evals(out), _losses(out)
@@ -112,8 +112,10 @@ def test_eval_during_a_run_is_the_same_on_one_rank_pertp2_and_ddp2(tmp_path, mod
 
 
 def _check_best(out: Path, evals: list[dict], test: Path) -> None:
-    """best/ is the lowest eval_loss's step, reloads, and scores that evaluation."""
-    best = min(evals, key=lambda r: r["eval_loss"])
+    """best/ is the step of the highest eval_loss (--save-best eval_loss:max: not the
+    last evaluation, as the loss falls), reloads, and scores that evaluation."""
+    best = max(evals, key=lambda r: r["eval_loss"])
+    assert best is not evals[-1]
     state = json.loads((out / "best" / "state.json").read_text())
     assert (state["step"] + 1, state["metric"]) == (best["step"], "eval_loss")
     assert math.isclose(state["value"], best["eval_loss"], rel_tol=1e-12)
