@@ -166,9 +166,16 @@ class TaskOptions(Section):
     label_words: tuple[str, ...] = option(
         (), "classification: the candidates, comma-separated, label 0 first, e.g. "
         "'terrible,great' (each scored with a space before it)", parse=_label_words)
+    classification_loss: Literal["candidates", "vocabulary"] = option(
+        "candidates", "classification: the training loss, 'candidates' (MeZO's: cross-entropy "
+        "over the label words' scores at the answer position) or 'vocabulary' (the label "
+        "word's LM loss over the whole vocabulary)")
     eval_data: str | None = option(
         None, "Held-out data (the task's format): eval_loss (and eval_accuracy, eval_f1 for "
         "classification) after the last step", metavar="FILE")
+    eval_samples: int | None = option(
+        None, "Evaluate this many examples of the held-out data (text: rows), drawn with a "
+        "fixed seed (the same ones every time); default: all", check=at_least(1))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -183,11 +190,16 @@ class TaskOptions(Section):
                         prompt_column=self.prompt_column,
                         completion_column=self.completion_column,
                         label_column=self.label_column, template=self.template,
-                        label_words=tuple(self.label_words))
+                        label_words=tuple(self.label_words),
+                        classification_loss=self.classification_loss)
 
     @staticmethod
     def task_fields(task: dict) -> dict:
-        """The fields of a task dict (TaskSpec.to_dict(), as run.json records it)."""
+        """The fields of a task dict (TaskSpec.to_dict(), as run.json records it; an
+        older run's read as it ran: zoexec.data.tasks.TaskSpec.from_dict)."""
+        from zoexec.data.tasks import TaskSpec
+
+        task = TaskSpec.from_dict(task).to_dict() if task else task
         return {k: tuple(v) if k == "label_words" else v for k, v in task.items()}
 
 
@@ -213,6 +225,12 @@ class OptimOptions(Section):
     on_nonfinite: Literal["stop", "skip"] = option(
         "stop", "A non-finite loss: 'stop' the run (saving the weights before it) or 'skip' "
         "the step")
+    on_divergence: Literal["stop", "warn"] = option(
+        "stop", "A climbing loss (the mean of the last --divergence-window steps above twice "
+        "the first window's and 1.0 above it): 'stop' the run (saving a snapshot) or 'warn' "
+        "once and go on")
+    divergence_window: int = option(
+        20, "Steps in each of the windows the divergence check compares", check=at_least(2))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -258,6 +276,25 @@ def _size(text: str) -> str | None:
     return None
 
 
+BEST_METRICS = ("eval_loss", "eval_accuracy", "eval_f1")
+
+
+def parse_best(text: str) -> tuple[str, bool]:
+    """--save-best "eval_accuracy:max" -> ("eval_accuracy", True); ValueError if bad."""
+    name, _, way = text.strip().partition(":")
+    if name not in BEST_METRICS or way not in ("", "max", "min"):
+        raise ValueError(f"not a metric[:max|min]: {text!r}")
+    return name, (way == "max") if way else name != "eval_loss"
+
+
+def _best(text: str) -> str | None:
+    try:
+        parse_best(text)
+    except ValueError:
+        return f"one of {', '.join(BEST_METRICS)}, then :max or :min (e.g. eval_accuracy:max)"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class CheckpointOptions(Section):
     PANEL: ClassVar[str] = "Run folder and checkpoints"
@@ -277,6 +314,17 @@ class CheckpointOptions(Section):
                        aliases=("--save-total-limit", "--save_total_limit"), check=at_least(1))
     max_shard_size: str = option(
         "5GB", "Saved weights in safetensors shards of at most this size", check=_size)
+    save_best: str | None = option(
+        None, "Keep the weights of the best evaluation as OUT/best/ (needs --eval-data): a "
+        "metric and a direction, e.g. eval_accuracy:max, eval_loss:min (the direction may "
+        "be left out: min for eval_loss, max otherwise)",
+        aliases=("--metric-for-best-model", "--metric_for_best_model"), check=_best,
+        metavar="METRIC[:max|min]")
+
+    @property
+    def best(self) -> tuple[str, bool] | None:
+        """(metric, greater is better) of --save-best; None without it."""
+        return None if self.save_best is None else parse_best(self.save_best)
 
     @property
     def every_steps(self) -> int | None:

@@ -18,16 +18,19 @@ from zoexec.config import (
     env_defaults,
     option_error,
     option_fields,
+    parse_best,
     section_of,
 )
 from zoexec.run.folder import SETTINGS, RunDir
 from zoexec.run.report import check_report_to
+from zoexec.run.watch import BestMetric
 from zoplan.errors import ZoError
 from zoplan.execrules import default_steps
 from zoplan.io import sha256_json
 from zoplan.plan import Plan
 
-TASK_FIELDS = tuple(f.name for f in option_fields(TaskOptions) if f.name not in ("data", "eval_data"))
+TASK_FIELDS = tuple(f.name for f in option_fields(TaskOptions)
+                    if f.name not in ("data", "eval_data", "eval_samples"))
 
 
 def build_config(*, plan: Path | str, **values) -> RunConfig:
@@ -68,14 +71,23 @@ def _check_together(given: dict) -> None:
         raise ZoError("--resume DIR continues the run in DIR: give no other --out")
     if "save_steps" in given and "save_every" in given:
         raise ZoError("give either --save-every or --save-steps, not both")
-    if "eval_every" in given and "eval_data" not in given:
-        raise ZoError("--eval-every needs --eval-data FILE (the held-out data to evaluate)")
+    for name in ("eval_every", "eval_samples", "save_best"):
+        if name in given and "eval_data" not in given:
+            raise ZoError(f"--{name.replace('_', '-')} needs --eval-data FILE (the held-out "
+                          f"data to evaluate)")
+    if "save_best" in given and "out" not in given and "resume" not in given:
+        raise ZoError("--save-best writes OUT/best/: give --out DIR")
     if "eval_data" in given and not Path(given["eval_data"]).exists():
         raise ZoError(f"--eval-data {given['eval_data']}: no such file or folder")
 
 
 def _check_new_run(given: dict) -> None:
     task = given.get("name", "text")
+    best = given.get("save_best")
+    if best and parse_best(best)[0] != "eval_loss" and task != "classification":
+        raise ZoError(f"--save-best {best}: --task {task} reports eval_loss only")
+    if best and parse_best(best)[0] == "eval_f1" and len(given.get("label_words", ())) != 2:
+        raise ZoError(f"--save-best {best}: eval_f1 needs two label words")
     if "data" not in given and task != "text":
         raise ZoError(f"--task {task} needs --data FILE (the built-in synthetic task is text)")
     if "data" not in given and "eval_data" in given:
@@ -114,6 +126,8 @@ def given_settings(given: dict) -> dict:
 def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str) -> RunConfig:
     rundir = RunDir(folder)
     rundir.check_free()
+    if given.get("save_best"):   # best/state.json read (and checked) before any rank starts
+        BestMetric(*parse_best(given["save_best"]), folder)
     start = rundir.resume_plan(plan_sha256=sha256_json(plan.data), given=given_settings(given))
     settings = start.settings
     total = given.get("steps", settings["steps"])

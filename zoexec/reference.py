@@ -21,7 +21,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from zoexec.data.batch import as_batch
 from zoexec.maths import zo
+from zoexec.model import heads
 from zoexec.model.families import ModelParts, bind_block, bind_resident, param_addresses, resident_flat
 
 
@@ -93,7 +95,9 @@ def _resident_call(parts, st: _Zo2State, eps: float, fn):
     return out
 
 
-def _zo2_step(parts, st, flats, ids, *, seed, pending, lr, eps, weight_decay):
+def _zo2_step(parts, st, flats, batch, *, seed, pending, lr, eps, weight_decay):
+    batch = as_batch(batch)
+    ids = batch.ids
     kw = dict(pending=pending, lr=lr, weight_decay=weight_decay)
     _refresh(st.resident, st.resident_z, parts.resident_specs, zo.RESIDENT_BLOCK, seed=seed, **kw)
     bind_resident(parts, st.resident_work)
@@ -106,9 +110,14 @@ def _zo2_step(parts, st, flats, ids, *, seed, pending, lr, eps, weight_decay):
         zo.perturb_into(st.block_work, theta, z, -eps)
         h_minus = parts.block_forward(h_minus, ctx)
     losses = iter((h_plus, h_minus))
-    loss_plus, loss_minus = _resident_call(parts, st, eps,
-                                           lambda: float(parts.head_loss(next(losses), ids)))
+    loss_plus, loss_minus = _resident_call(parts, st, eps, lambda: _loss(parts, next(losses), batch))
     return loss_plus, loss_minus, zo.projected_grad(loss_plus, loss_minus, eps)
+
+
+def _loss(parts, hidden, batch) -> float:
+    """The batch's mean loss, computed as the engine's head does (zoexec.model.heads)."""
+    total, count = heads.loss_sum(parts, hidden, batch)
+    return float(total / count)
 
 
 def flush_pending(parts: ModelParts, resident: torch.Tensor, flats: list[torch.Tensor],
@@ -130,7 +139,9 @@ def zo2_reference_train(parts: ModelParts, flats: list[torch.Tensor], batches, *
                         lr: float, eps: float, weight_decay: float, steps: int,
                         flush: bool = True) -> list[tuple[float, float, float]]:
     """The deferred-update schedule on `parts` + `flats` (updated in place; at the end
-    the resident modules hold the trained resident weights). Returns (l+, l-, g)."""
+    the resident modules hold the trained resident weights); batches[step] (or
+    batches(step)) gives the input ids or a zoexec.data.batch.Batch (its labels and
+    choices: the loss the engine computes, zoexec.model.heads). Returns (l+, l-, g)."""
     st = _Zo2State(parts)
     history, pending = [], None
     for step in range(steps):

@@ -86,8 +86,9 @@ def test_classification_trains_on_the_label_word_and_scores_every_candidate(tmp_
     source.batch(2, 1, 16)
     assert source.epoch_of(2) == pytest.approx(1.5)   # 3 batches of 1 over 2 examples
     evals = make_eval_set(data, CLS, vocab=32, seq=16, tokenizer_dir=tok_dir)
-    assert [ex.target for ex in evals.rows] == [tuple(_ids("terrible")), tuple(_ids("great"))] * 2
-    assert evals.groups == [(0, 2, 1), (2, 2, 0)] and evals.scored == [1, 2]
+    # single-token label words: one row per example, every candidate scored from it
+    assert [ex.target for ex in evals.rows] == [tuple(_ids("great")), tuple(_ids("terrible"))]
+    assert evals.tokens == tuple(_ids("terrible", "great")) and evals.labels == [1, 0]
 
 
 def test_metrics_accuracy_f1_and_loss():
@@ -180,7 +181,8 @@ def test_option_and_file_errors(tmp_path, tok_dir):
         load_tokenizer(None, where="d.jsonl")
     assert TaskSpec.from_dict(CLS.to_dict()) == CLS
     assert CLS.to_dict() == {"name": "classification", "template": "{sentence} It was",
-                             "label_words": ["terrible", "great"], "label_column": "label"}
+                             "label_words": ["terrible", "great"], "label_column": "label",
+                             "classification_loss": "candidates"}
 
 
 def test_the_task_is_recorded_and_a_resume_keeps_it(tmp_path):

@@ -14,28 +14,73 @@ IGNORE = -100   # a label that is not predicted (prompt, padding): HF's ignore_i
 
 
 @dataclass(frozen=True)
+class Choices:
+    """The candidate loss's view of a batch (zoexec.model.heads): the examples its rows
+    make. `answers` [E]: the correct candidate of each example. `tokens` [E, C]:
+    single-token candidates, one row per example, scored at the row's one labelled
+    position (the answer position: the prompt's last token predicts it); None: `size`
+    rows per example, one per candidate, each labelled on its candidate's tokens."""
+
+    answers: torch.Tensor
+    tokens: torch.Tensor | None = None
+    size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or (self.tokens is not None and self.size != 1):
+            raise ValueError(f"size must be 1 with tokens, >= 1 without, got {self.size}")
+        if self.tokens is not None and self.tokens.shape[0] != self.answers.shape[0]:
+            raise ValueError(f"tokens must have a row per answer, got {tuple(self.tokens.shape)} "
+                             f"for {self.answers.shape[0]} answers")
+
+    def select(self, start: int, stop: int) -> Choices:
+        """Examples start..stop."""
+        tokens = None if self.tokens is None else self.tokens[start:stop]
+        return Choices(self.answers[start:stop], tokens, self.size)
+
+    def to(self, device) -> Choices:
+        tokens = None if self.tokens is None else self.tokens.to(device)
+        return Choices(self.answers.to(device), tokens, self.size)
+
+
+@dataclass(frozen=True)
 class Batch:
     """Rows of token ids [B, S] and their labels [B, S]: the token a position holds
     where the loss predicts it, IGNORE (-100) elsewhere (a prompt, padding). The loss
-    of position i is that of predicting labels[i + 1] (zoexec.model.families.causal_lm_loss)."""
+    of position i is that of predicting labels[i + 1] (zoexec.model.heads). `choices`:
+    the rows are candidates of examples and the loss is the candidate loss."""
 
     ids: torch.Tensor
     labels: torch.Tensor
+    choices: Choices | None = None
 
     def __post_init__(self) -> None:
         if self.ids.shape != self.labels.shape or self.ids.dim() != 2:
             raise ZoError(f"a batch needs ids and labels of one shape [rows, seq], got "
                           f"{tuple(self.ids.shape)} and {tuple(self.labels.shape)}")
+        if self.choices is not None and self.choices.answers.shape[0] * self.per_example != self.rows:
+            raise ValueError(f"choices must cover the {self.rows} rows, got "
+                             f"{self.choices.answers.shape[0]} examples of {self.per_example}")
 
     @property
     def rows(self) -> int:
         return self.ids.shape[0]
 
+    @property
+    def per_example(self) -> int:
+        """Rows per example (candidates with a row each: their number; else 1)."""
+        return 1 if self.choices is None else self.choices.size
+
     def select(self, start: int, stop: int) -> Batch:
-        return Batch(self.ids[start:stop], self.labels[start:stop])
+        """Rows start..stop (whole examples)."""
+        k = self.per_example
+        if start % k or stop % k:
+            raise ValueError(f"rows {start}..{stop} split an example of {k} rows")
+        choices = None if self.choices is None else self.choices.select(start // k, stop // k)
+        return Batch(self.ids[start:stop], self.labels[start:stop], choices)
 
     def to(self, device) -> Batch:
-        return Batch(self.ids.to(device), self.labels.to(device))
+        choices = None if self.choices is None else self.choices.to(device)
+        return Batch(self.ids.to(device), self.labels.to(device), choices)
 
 
 def as_batch(rows: torch.Tensor | Batch) -> Batch:
@@ -89,14 +134,41 @@ class Example:
     skip: tuple[int, ...] = ()
 
 
+def pack_examples(examples: list[Example], *, seq: int, pad: int, width: int | None = None,
+                  where="data"):
+    """A Batch of one example per row, right-padded to the longest row (or `width`),
+    at most `seq` tokens: labels IGNORE on the prompt and the padding. A row too long
+    loses prompt tokens from its left; a target longer than seq - 1 is refused."""
+    rows = []
+    for ex in examples:
+        if len(ex.target) > seq - (1 if ex.prompt else 0):
+            raise ZoError(f"{where}: a target of {len(ex.target)} tokens does not fit a "
+                          f"sequence of {seq} after one prompt token; give a plan with a "
+                          f"longer seq or shorter completions")
+        keep = min(len(ex.prompt), seq - len(ex.target))
+        rows.append((ex.prompt[len(ex.prompt) - keep:], ex.target))
+    longest = max(len(p) + len(t) for p, t in rows) if rows else 1
+    size = max(longest, width or 0)
+    ids = torch.full((len(rows), size), pad, dtype=torch.long)
+    labels = torch.full((len(rows), size), IGNORE, dtype=torch.long)
+    for i, (prompt, target) in enumerate(rows):
+        full = torch.tensor([*prompt, *target], dtype=torch.long)
+        ids[i, :full.numel()] = full
+        labels[i, len(prompt):full.numel()] = full[len(prompt):]
+        for j in examples[i].skip:
+            labels[i, len(prompt) + j] = IGNORE
+    return Batch(ids, labels)
+
+
 def shard(batch, *, data_shard: int, num_shards: int):
     """This rank's contiguous rows of the global batch (a Batch or a tensor of rows;
-    data_shard in 0..num_shards-1)."""
+    data_shard in 0..num_shards-1); a Batch of candidate rows is cut between examples."""
     rows = batch.rows if isinstance(batch, Batch) else batch.shape[0]
     if num_shards < 1 or not 0 <= data_shard < num_shards:
         raise ZoError(f"data shard {data_shard} is not in 0..{num_shards - 1}")
-    if rows % num_shards:
-        raise ZoError(f"global batch ({rows}) is not divisible by the data shards ({num_shards})")
+    k = batch.per_example if isinstance(batch, Batch) else 1
+    if (rows // k) % num_shards:
+        raise ZoError(f"global batch ({rows // k}) is not divisible by the data shards ({num_shards})")
     per = rows // num_shards
     if isinstance(batch, Batch):
         return batch.select(data_shard * per, (data_shard + 1) * per)

@@ -22,10 +22,17 @@ classification  MeZO's prompt style: `--template` (e.g. "{sentence} It was": eac
                 is a column) makes the prompt, and `--label-words` (e.g.
                 "terrible,great": label 0, 1, ...; a label is an index or one of the
                 words) the candidates, each scored as " " + word after the prompt
-                (a leading space, as MeZO's templates). Training loss: the LM loss of the
-                correct label word's tokens after the prompt (a completion row).
-                Evaluation: every candidate scored by the summed log-likelihood of its
-                tokens; accuracy = the argmax is the label; F1 of label 1 with two labels.
+                (a leading space, as MeZO's templates). Training loss
+                (`--classification-loss`): "candidates" (the default, MeZO's: the
+                cross-entropy of the correct candidate among the candidates' scores at
+                the answer position) or "vocabulary" (the LM loss of the correct label
+                word's tokens over the whole vocabulary: a completion row); rows and
+                scores: zoexec.data.choices. Evaluation: every candidate scored by its
+                log-likelihood after the prompt (single tokens: all from one forward of
+                the example; longer ones: the mean per token, a row each); accuracy =
+                the argmax is the label; F1 of label 1 with two labels; eval_loss = the
+                training loss on the data.
+`--eval-samples N` evaluates N examples (text: rows) drawn with a fixed seed.
 
 Every source answers batch(step, batch_size, seq) with a Batch deterministic in
 (seed, step), the same on every rank (zoexec.data.batch.shard keeps each rank's rows).
@@ -39,7 +46,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zoexec.data.batch import IGNORE, Batch, EpochOrder, Example
+from zoexec.data.batch import Batch, Choices, EpochOrder, Example, pack_examples
+from zoexec.data.choices import LOSSES, ChoiceRows, classification_metrics, subset
 from zoexec.data.records import check_columns, load_records
 from zoexec.data.text import SyntheticTask, TextData, check_data, load_tokenizer
 from zoplan.errors import ZoError
@@ -61,6 +69,7 @@ class TaskSpec:
     label_column: str = "label"
     template: str | None = None
     label_words: tuple[str, ...] = field(default=())
+    classification_loss: str = "candidates"
 
     def __post_init__(self) -> None:
         if self.name not in TASKS:
@@ -82,10 +91,14 @@ class TaskSpec:
             raise ZoError(f"--label-words {','.join(self.label_words)!r}: a label word is empty")
         if len(set(self.label_words)) != len(self.label_words):
             raise ZoError(f"--label-words {','.join(self.label_words)!r}: a word appears twice")
+        if self.classification_loss not in LOSSES:
+            raise ZoError(f"--classification-loss {self.classification_loss!r}: give one of "
+                          f"{', '.join(LOSSES)}")
 
     def to_dict(self) -> dict:
         keep = {"text": ("text_column",), "completion": ("prompt_column", "completion_column"),
-                "classification": ("template", "label_words", "label_column")}[self.name]
+                "classification": ("template", "label_words", "label_column",
+                                   "classification_loss")}[self.name]
         out = {"name": self.name}
         for key in keep:
             value = getattr(self, key)
@@ -97,6 +110,8 @@ class TaskSpec:
         if not data:
             return cls()
         data = dict(data)
+        if data.get("name") == "classification":   # runs from before the candidate loss
+            data.setdefault("classification_loss", "vocabulary")
         if "label_words" in data:
             data["label_words"] = tuple(data["label_words"])
         return cls(**data)
@@ -227,32 +242,6 @@ def classification_examples(rows, spec: TaskSpec, tokens: Tokens, path) -> list[
 
 
 # ---- rows of examples --------------------------------------------------------------------------
-def pack_examples(examples: list[Example], *, seq: int, pad: int, width: int | None = None,
-                  where="data"):
-    """A Batch of one example per row, right-padded to the longest row (or `width`),
-    at most `seq` tokens: labels IGNORE on the prompt and the padding. A row too long
-    loses prompt tokens from its left; a target longer than seq - 1 is refused."""
-    rows = []
-    for ex in examples:
-        if len(ex.target) > seq - (1 if ex.prompt else 0):
-            raise ZoError(f"{where}: a target of {len(ex.target)} tokens does not fit a "
-                          f"sequence of {seq} after one prompt token; give a plan with a "
-                          f"longer seq or shorter completions")
-        keep = min(len(ex.prompt), seq - len(ex.target))
-        rows.append((ex.prompt[len(ex.prompt) - keep:], ex.target))
-    longest = max(len(p) + len(t) for p, t in rows) if rows else 1
-    size = max(longest, width or 0)
-    ids = torch.full((len(rows), size), pad, dtype=torch.long)
-    labels = torch.full((len(rows), size), IGNORE, dtype=torch.long)
-    for i, (prompt, target) in enumerate(rows):
-        full = torch.tensor([*prompt, *target], dtype=torch.long)
-        ids[i, :full.numel()] = full
-        labels[i, len(prompt):full.numel()] = full[len(prompt):]
-        for j in examples[i].skip:
-            labels[i, len(prompt) + j] = IGNORE
-    return Batch(ids, labels)
-
-
 class ExampleRows:
     """Training rows of a completion or classification task: one example per row,
     visited in a fresh random order each epoch (fixed by `seed`), padded to the
@@ -275,36 +264,56 @@ class ExampleRows:
 # ---- evaluation sets ---------------------------------------------------------------------------
 @dataclass(kw_only=True)
 class EvalSet:
-    """Rows to score and how to turn their losses into metrics: `rows` (Examples, in
-    order), and for classification `groups[i]` = (first row, candidates, label) of
-    example i (its candidates' rows are consecutive)."""
+    """Rows to score and how to turn their scores into metrics: `rows` (Examples, in
+    order). Classification: `labels[e]`, the label of example e, and either `tokens`
+    (single-token candidates: row e is example e, each candidate scored at its answer
+    position) or `groups[e]` = (first row, candidates, label) (a row per candidate,
+    consecutive); `loss`: the training loss, whose value on the data is eval_loss."""
 
     rows: list[Example]
     pad: int
     groups: list[tuple[int, int, int]] | None = None
-    scored: list[int] | None = None   # rows whose loss is eval_loss (None: all)
+    scored: list[int] | None = None   # rows whose loss is the vocabulary loss (None: all)
+    tokens: tuple[int, ...] | None = None
+    labels: list[int] | None = None
+    loss: str = "vocabulary"
 
-    def metrics(self, losses: torch.Tensor) -> dict[str, float]:
-        """eval_loss (mean CE per labelled token of the scored rows), and for
-        classification eval_accuracy, and eval_f1 with two labels (label 1 positive).
-        `losses`: float64 [rows, 2] of (summed CE, labelled tokens) per row."""
-        scored = losses if self.scored is None else losses[self.scored]
+    @property
+    def width(self) -> int:
+        """Figures per row that Trainer.evaluate returns (zoexec.model.heads.row_scores)."""
+        return 2 if self.tokens is None else len(self.tokens)
+
+    def pack(self, start: int, stop: int, *, rows: int, seq: int) -> Batch:
+        """Rows start..stop as a Batch of `rows` rows (empty rows after them: no label)."""
+        chunk = self.rows[start:stop]
+        chunk = chunk + [Example((), ())] * (rows - len(chunk))
+        batch = pack_examples(chunk, seq=seq, pad=self.pad, where="eval data")
+        if self.tokens is None:
+            return batch
+        tokens = torch.tensor(self.tokens, dtype=torch.long).expand(rows, -1)
+        return Batch(batch.ids, batch.labels,
+                     Choices(torch.zeros(rows, dtype=torch.long), tokens=tokens))
+
+    def metrics(self, out: torch.Tensor) -> dict[str, float]:
+        """eval_loss, and for classification eval_accuracy and eval_f1 (two labels, label
+        1 positive), from `out` (float64, a row of `width` figures per row: [summed CE,
+        labelled tokens], or the candidates' log-probabilities)."""
+        if self.tokens is not None:
+            right = out[torch.arange(len(self.labels)), self.labels]
+            return classification_metrics(out, self.labels, loss=self.loss,
+                                          vocabulary_loss=float(-right.mean()))
+        scored = out if self.scored is None else out[self.scored]
         total, count = float(scored[:, 0].sum()), float(scored[:, 1].sum())
-        out = {"eval_loss": total / count if count else math.nan}
+        vocabulary = total / count if count else math.nan
         if self.groups is None:
-            return out
-        picks, labels = [], []
-        for first, size, label in self.groups:
-            sums = losses[first:first + size, 0]
-            picks.append(int(torch.argmin(sums)))   # the largest summed log-likelihood
-            labels.append(label)
-        out["eval_accuracy"] = sum(p == t for p, t in zip(picks, labels)) / len(labels)
-        if all(size == 2 for _, size, _ in self.groups):
-            tp = sum(p == 1 and t == 1 for p, t in zip(picks, labels))
-            fp = sum(p == 1 and t == 0 for p, t in zip(picks, labels))
-            fn = sum(p == 0 and t == 1 for p, t in zip(picks, labels))
-            out["eval_f1"] = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
-        return out
+            return {"eval_loss": vocabulary}
+        widest = max(size for _, size, _ in self.groups)
+        scores = torch.full((len(self.groups), widest), -math.inf, dtype=torch.float64)
+        for e, (first, size, _) in enumerate(self.groups):
+            rows = out[first:first + size]
+            scores[e, :size] = -rows[:, 0] / rows[:, 1]   # mean log-likelihood per token
+        return classification_metrics(scores, [label for _, _, label in self.groups],
+                                      loss=self.loss, vocabulary_loss=vocabulary)
 
 
 # ---- building sources and eval sets ------------------------------------------------------------
@@ -321,29 +330,44 @@ def make_task_source(path, spec: TaskSpec, *, vocab: int, seed: int = 0, tokeniz
     tokens = _tokens(tokenizer_dir, vocab=vocab, where=path)
     if spec.name == "completion":
         examples = completion_examples(rows, spec, tokens, path)
-    else:
-        examples = [ex.example() for ex in classification_examples(rows, spec, tokens, path)]
-    return ExampleRows(examples, pad=tokens.pad, seed=seed, path=path)
+        return ExampleRows(examples, pad=tokens.pad, seed=seed, path=path)
+    return ChoiceRows(classification_examples(rows, spec, tokens, path),
+                      loss=spec.classification_loss, pad=tokens.pad, seed=seed, tag=_TAG_ROWS,
+                      path=path)
 
 
-def make_eval_set(path, spec: TaskSpec, *, vocab: int, seq: int, tokenizer_dir=None) -> EvalSet:
+def make_eval_set(path, spec: TaskSpec, *, vocab: int, seq: int, tokenizer_dir=None,
+                  samples: int | None = None) -> EvalSet:
     """The evaluation rows of `spec` over `path`: text cut into rows of `seq` (the
-    last shorter), a completion per row, or every candidate of every classification
-    example."""
+    last shorter), a completion per row, or the classification examples (a row each
+    with single-token candidates, else a row per candidate); `samples`: that many of
+    them, drawn with a fixed seed (zoexec.data.choices.subset)."""
     if spec.name == "text":
         data = TextData.from_path(path, vocab=vocab, seed=0, tokenizer_dir=tokenizer_dir,
                                   column=spec.text_column)
-        return EvalSet(rows=data.eval_examples(seq), pad=0)
+        return EvalSet(rows=_some(data.eval_examples(seq), samples), pad=0)
     rows = load_records(path)
     tokens = _tokens(tokenizer_dir, vocab=vocab, where=path)
     if spec.name == "completion":
-        return EvalSet(rows=completion_examples(rows, spec, tokens, path), pad=tokens.pad)
+        return EvalSet(rows=_some(completion_examples(rows, spec, tokens, path), samples),
+                       pad=tokens.pad)
+    examples = _some(classification_examples(rows, spec, tokens, path), samples)
+    labels = [ex.label for ex in examples]
+    if all(len(c) == 1 for c in examples[0].candidates):   # the label words: all alike
+        return EvalSet(rows=[ex.example() for ex in examples], pad=tokens.pad, labels=labels,
+                       tokens=tuple(c[0] for c in examples[0].candidates),
+                       loss=spec.classification_loss)
     out, groups, scored = [], [], []
-    for ex in classification_examples(rows, spec, tokens, path):
+    for ex in examples:
         groups.append((len(out), len(ex.candidates), ex.label))
         scored.append(len(out) + ex.label)
         out.extend(ex.example(i) for i in range(len(ex.candidates)))
-    return EvalSet(rows=out, pad=tokens.pad, groups=groups, scored=scored)
+    return EvalSet(rows=out, pad=tokens.pad, groups=groups, scored=scored, labels=labels,
+                   loss=spec.classification_loss)
+
+
+def _some(items: list, samples: int | None) -> list:
+    return [items[i] for i in subset(len(items), samples)]
 
 
 def check_task_data(path, spec: TaskSpec, *, vocab: int, batch: int, seq: int,
@@ -355,6 +379,9 @@ def check_task_data(path, spec: TaskSpec, *, vocab: int, batch: int, seq: int,
                    column=spec.text_column)
         return
     source = make_task_source(path, spec, vocab=vocab, tokenizer_dir=tokenizer_dir)
+    if isinstance(source, ChoiceRows):
+        source.check(seq)
+        return
     for number, ex in enumerate(source.examples, start=1):
         if len(ex.target) > seq - (1 if ex.prompt else 0):
             pack_examples([ex], seq=seq, pad=source.pad, where=f"{path} row {number}")

@@ -7,7 +7,10 @@ scores its data shard's rows of every call, and the rank that computes l+ for a 
 shard (one per shard) places its rows' (summed CE, labelled tokens) in a [rows, 2]
 tensor that is summed over the world, so every rank ends with every row's loss and
 the metrics are the same whatever the layout. Rows are padded to the call's longest
-row, and the last call with empty rows (no labels, no loss).
+row, and the last call with empty rows (no labels, no loss). A classification example
+with single-token candidates is one row: its candidates are all scored from the
+logits at its answer position (zoexec.data.choices); `--eval-samples N` scores N
+examples drawn with a fixed seed.
 
 `zoexec eval` runs the same path on one rank (zoexec.launch.evaluate).
 """
@@ -16,8 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from zoexec.data.batch import Example
-from zoexec.data.tasks import EvalSet, make_eval_set, pack_examples
+from zoexec.data.tasks import EvalSet, make_eval_set
 from zoexec.runtime.errors import failing
 
 
@@ -39,27 +41,24 @@ class Evaluator:
         ddp = env.layout.ddp
         per = max(1, self.batch // ddp)
         call = per * ddp
-        rows = self.eval_set.rows
-        losses = torch.zeros(len(rows), 2, dtype=torch.float64)
+        count = len(self.eval_set.rows)
+        out = torch.zeros(count, self.eval_set.width, dtype=torch.float64)
         counts = trainer.signs[0] > 0
-        for start in range(0, len(rows), call):
-            chunk = rows[start:start + call]
-            chunk = chunk + [Example((), ())] * (call - len(chunk))
-            batch = pack_examples(chunk, seq=self.seq, pad=self.eval_set.pad, where="eval data")
+        for start in range(0, count, call):
+            batch = self.eval_set.pack(start, min(start + call, count), rows=call, seq=self.seq)
             lo = trainer.data_shard * per
-            out = trainer.evaluate(batch.select(lo, lo + per))
-            if counts:
-                stop = min(per, len(rows) - start - lo)
-                if stop > 0:
-                    losses[start + lo:start + lo + stop] = out[:stop]
+            scores = trainer.evaluate(batch.select(lo, lo + per))
+            stop = min(per, count - start - lo)
+            if counts and stop > 0:
+                out[start + lo:start + lo + stop] = scores[:stop]
         if env.place.world_size > 1:
             import torch.distributed as dist
 
-            losses = losses.to(trainer.token.device)
+            out = out.to(trainer.token.device)
             with failing("eval", rank=env.rank):
-                dist.all_reduce(losses, group=env.world)
-            losses = losses.cpu()
-        return self.eval_set.metrics(losses)
+                dist.all_reduce(out, group=env.world)
+            out = out.cpu()
+        return self.eval_set.metrics(out)
 
 
 def make_evaluator(cfg) -> Evaluator | None:
@@ -68,5 +67,6 @@ def make_evaluator(cfg) -> Evaluator | None:
         return None
     wl = cfg.workload
     eval_set = make_eval_set(cfg.task.eval_data, cfg.task.spec, vocab=cfg.model_spec.vocab,
-                             seq=wl.seq, tokenizer_dir=cfg.tokenizer_dir)
+                             seq=wl.seq, tokenizer_dir=cfg.tokenizer_dir,
+                             samples=cfg.task.eval_samples)
     return Evaluator(eval_set, batch=wl.batch, seq=wl.seq, every=cfg.logging.eval_every)

@@ -5,6 +5,7 @@
     DIR/losses.jsonl               one line per completed step (zoexec.run.checkpoint)
     DIR/snapshots/step-000120/     the weights after step 120 (HF folder + state.json)
     DIR/final/                     the weights at the end
+    DIR/best/                      --save-best: the best evaluation's weights (zoexec.run.watch)
     DIR/.lock                      held (flock) by the run that owns DIR
 
 A snapshot holds every update up to its step (the pending one flushed). Resuming
@@ -105,7 +106,7 @@ class RunDir:
 
     def clear(self) -> None:
         """Remove a previous run's files (--overwrite): only what a run writes."""
-        for name in (IDENTITY, LOG, SNAPSHOTS, "final"):
+        for name in (IDENTITY, LOG, SNAPSHOTS, "final", "best"):
             target = self.path / name
             if target.is_dir():
                 shutil.rmtree(target)

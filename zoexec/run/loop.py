@@ -13,7 +13,9 @@ A non-finite loss or g is never applied: the run stops (the weights of the step 
 saved as a snapshot, exit 1), or with --on-nonfinite skip the step is logged as
 skipped and training goes on (at most MAX_SKIPS in a row).
 With --eval-data, every rank evaluates the held-out set (zoexec.run.evaluate) after every
---eval-every steps and after the last step, in lock-step; rank 0 reports the metrics.
+--eval-every steps and after the last step, in lock-step; rank 0 reports the metrics,
+and with --save-best writes a better evaluation's weights as best/. A climbing loss
+warns or stops the run (--on-divergence; the rule: zoexec.run.watch).
 At the end, rank 0 writes the weights (final/) first, then the trace.
 """
 
@@ -29,6 +31,7 @@ from zoexec.model.export import export_weights
 from zoexec.run.checkpoint import LossLog
 from zoexec.run.folder import FINAL, RunDir
 from zoexec.run.report import Reporter
+from zoexec.run.watch import BEST, BestMetric, Divergence
 from zoexec.runtime.procwatch import StopRequest
 from zoexec.store.loading import fill_timeout_s
 from zoexec.store.node import monitored_barrier
@@ -63,6 +66,9 @@ class TrainLoop:
         self.last_save_s = time.monotonic()
         self.records: list[StepRecord] = []
         self.skips = 0
+        self.divergence = Divergence(self.cfg.optim.divergence_window)
+        best, out = self.cfg.checkpoint.best, self.cfg.checkpoint.out
+        self.best = best and BestMetric(*best, Path(out) if self.cfg.resumed else None)
 
     def run(self) -> list[StepRecord]:
         cfg = self.cfg
@@ -79,7 +85,8 @@ class TrainLoop:
                     self.log.append(record)
                 self.reporter.train(record, epoch=self._epoch(step))
                 if self.evaluator is not None and self.evaluator.due(step, cfg.optim.steps - 1):
-                    self.reporter.evaluate(step + 1, self.evaluator.run(self.trainer))
+                    self._evaluate(step)
+                self._watch(record)
                 if stop:
                     self._stopped(step)
                 if self._save_due(step, save):
@@ -134,6 +141,27 @@ class TrainLoop:
                 else "; --on-nonfinite skip would skip such steps")
         raise RunStopped(f"{what}: stopped without applying it{self._where(saved)}{hint}", 1)
 
+    def _evaluate(self, step: int) -> None:
+        """Evaluate after `step`; with --save-best, a better evaluation's weights as best/."""
+        metrics = self.evaluator.run(self.trainer)
+        self.reporter.evaluate(step + 1, metrics)
+        if self.best and self.best.improved(metrics):   # the same on every rank
+            folder = self.rundir.path / BEST if self.rundir else None   # rank 0 writes
+            self._write_weights(folder, step, **self.best.state())
+
+    def _watch(self, record: StepRecord) -> None:
+        """A climbing loss (zoexec.run.watch): a warning, or the run stops (a snapshot)."""
+        what = self.divergence.add(record)
+        if what is None:
+            return
+        if self.cfg.optim.on_divergence == "warn":
+            self._say(f"zoexec: warning: step {record.step}: {what}; lower --lr (now "
+                      f"{record.lr:g})")
+            return
+        saved = self.snapshot(record.step)
+        raise RunStopped(f"step {record.step}: {what}: stopped{self._where(saved)}; lower "
+                         f"--lr (now {record.lr:g}), or give --on-divergence warn", 1)
+
     def _stopped(self, step: int) -> None:
         signum = self._signum() or signal.SIGTERM
         saved = self.snapshot(step)
@@ -178,7 +206,7 @@ class TrainLoop:
             if self.env.rank == 0:
                 self.rundir.prune(self.cfg.checkpoint.keep)
 
-    def _write_weights(self, path: Path, step: int) -> None:
+    def _write_weights(self, path: Path | None, step: int, **state) -> None:
         trainer = self.trainer
         store = trainer.store
         trainer.store_shards()   # resident blocks: node 0's first slice group into the store
@@ -187,7 +215,7 @@ class TrainLoop:
                            path, resident=trainer.clean_resident_cpu(),
                            extra_files=Path(self.cfg.source_dir) if self.cfg.source_dir else None,
                            state={"step": step, "seed": self.cfg.optim.seed,
-                                  "update": self.cfg.workload.update},
+                                  "update": self.cfg.workload.update, **state},
                            max_shard_bytes=self.cfg.checkpoint.max_shard_bytes)
         monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the weights",
                           timeout_s=fill_timeout_s(store.nbytes, base_s=self.env.timeout_s))

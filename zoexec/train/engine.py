@@ -23,11 +23,11 @@ Per step t with seed s_t (zo.step_seed) on every rank, in program order:
     forward    the block on each perturbation's activations ("+-": both, the second
                perturbation built from the clean theta first; PertP: one)
     d2h        write this rank's 1/local_ranks share of the updated block back
-  head       final norm + LM head + summed loss over the labelled tokens per
-             perturbation (resident weights rebuilt)
-  allreduce  [sum l+, sum l-, labelled tokens] over the world: PertP exchange and DDP
-             sum in one; l+- = sum / tokens, the mean over the global batch's labelled
-             tokens whatever the layout
+  head       final norm + LM head at the positions the loss looks at + the summed
+             loss per perturbation (zoexec.model.heads; resident weights rebuilt)
+  allreduce  [sum l+, sum l-, count] over the world: PertP exchange and DDP sum in
+             one; l+- = sum / count, the mean over the global batch's labelled tokens
+             (the candidate loss: its examples) whatever the layout
 Then g = (l+ - l-) / (2 eps) is known on every rank and becomes the pending update.
 After the last step (and before a snapshot or an evaluation) a flush pass applies it:
 offloaded blocks h2d, [slice_update], allgather, update, d2h; resident ones with
@@ -83,6 +83,7 @@ from zoexec.maths.zo import (
     z_block,
     z_range,
 )
+from zoexec.model import heads
 from zoexec.model.families import bind_block, bind_resident, resident_flat
 from zoexec.model.precision import LostUpdates
 from zoexec.runtime import groups as zgroups
@@ -202,7 +203,7 @@ class Trainer:
             acts = self._embed(seed, batch.ids)
         last_d2h = self._blocks(seed, acts)
         with self.lanes.task("head") as head:
-            vec = self._head(acts, batch.labels, flags)
+            vec = self._head(acts, batch, flags)
         with self.lanes.task("allreduce", after=(head.done, last_d2h)):
             if self.env.place.world_size > 1:   # a world of one already holds the sum
                 _wait(dist.all_reduce(vec, group=self.env.world, async_op=True))
@@ -253,9 +254,10 @@ class Trainer:
 
     # ---- evaluation --------------------------------------------------------------------
     def evaluate(self, batch: Batch) -> torch.Tensor:
-        """Per row of this rank's `batch`: [summed next-token CE over its labelled
-        positions, their count] (float64 [rows, 2], on the CPU), computed with the
-        clean weights (the pending updates applied first) through the same block
+        """Per row of this rank's `batch` (zoexec.model.heads.row_scores, float64, on
+        the CPU): [summed next-token CE over its labelled positions, their count], or
+        with single-token candidates each candidate's log-probability at the row's
+        answer position; computed with the clean weights (the pending updates applied first) through the same block
         pipeline as a step. Every rank of the job must call it the same number of times
         (the slice groups gather each block); rows may differ per rank."""
         self.flush()
@@ -266,7 +268,7 @@ class Trainer:
             acts = [self.parts.embed(batch.ids)]
         self._blocks(None, acts)
         with self.lanes.task("head"):
-            out = self.parts.head_row_losses(acts[0][0], batch.labels)
+            out = heads.row_scores(self.parts, acts[0][0], batch)
         self.lanes.end_step()
         self._settle_copies()
         return out.cpu()
@@ -322,16 +324,18 @@ class Trainer:
             acts.append(self.parts.embed(ids))
         return acts
 
-    def _head(self, acts: list, labels: torch.Tensor, flags: tuple) -> torch.Tensor:
-        """Summed loss of each perturbation, last-built first (saves one rebuild), placed
-        in the all-reduce vector [sum l+, sum l-, labelled tokens, *flags] (float64).
-        The tokens are counted once per data shard (by the rank that computes l+)."""
+    def _head(self, acts: list, batch: Batch, flags: tuple) -> torch.Tensor:
+        """Summed loss of each perturbation (zoexec.model.heads.loss_sum: the head at
+        the labelled positions only), last-built first (saves one rebuild), placed in
+        the all-reduce vector [sum l+, sum l-, count, *flags] (float64); the count (the
+        labelled tokens, or the examples of the candidate loss) is counted once per
+        data shard (by the rank that computes l+)."""
         vec = torch.tensor([0.0, 0.0, 0.0, *flags], dtype=torch.float64, device=self.env.device)
         for turn, index in enumerate(reversed(range(len(self.signs)))):
             sign = self.signs[index]
             if turn:
                 perturb_into(self.work_r, self.theta_r, self.z_r, sign * self.cfg.optim.eps)
-            total, count = self.parts.head_loss_sum(acts[index][0], labels)
+            total, count = heads.loss_sum(self.parts, acts[index][0], batch)
             vec[0 if sign > 0 else 1] = total.double()
             if sign > 0:
                 vec[2] = count

@@ -1,0 +1,111 @@
+"""The head only where the loss or the metric looks, and the losses computed from it.
+
+The last block leaves hidden states [rows, seq, hidden]; position i predicts the label
+of position i + 1 (labels IGNORE where nothing is predicted: a prompt, padding). The
+final norm and the LM head act on each position alone, so the hidden states of the
+positions that predict a label are gathered first and only those go through the norm
+and the head (ModelParts.logits): for a classification row that is one position (the
+answer position, the prompt's last token), for a completion its completion's tokens,
+for packed text nearly all. The figures equal the full computation's up to float
+rounding (the head's matrix product over fewer rows).
+
+Losses (a sum and what it is counted over, so that the engine's all-reduce of sums
+gives the mean over the global batch whatever the layout):
+- the vocabulary loss (no `Batch.choices`): next-token cross-entropy over the whole
+  vocabulary, summed over the labelled tokens, counted in tokens (transformers'
+  ForCausalLMLoss with reduction "sum");
+- the candidate loss (`Batch.choices`, MeZO's classification loss): per example, the
+  cross-entropy of the correct candidate among the candidates' scores, summed over the
+  examples, counted in examples. A candidate's score is its log-likelihood after the
+  prompt: with single-token candidates (`Choices.tokens`) the logits of the candidate
+  tokens at the answer position, the softmax over the vocabulary's normaliser cancels
+  in the softmax over the candidates; with a row per candidate the mean log-probability
+  of its tokens (MeZO's large-model code: forward_wrap_with_option_len in utils.py
+  normalises by the candidate's length).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zoexec.data.batch import IGNORE, Batch
+from zoplan.errors import ZoError
+
+
+def shifted(labels: torch.Tensor) -> torch.Tensor:
+    """The label each position predicts: position i that of i + 1 (the last, nothing)."""
+    return nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]
+
+
+def gathered_logits(parts, hidden: torch.Tensor, labels: torch.Tensor):
+    """(row of each predicting position [N], its target token [N], its logits [N, vocab]
+    in fp32): the final norm and the head on the N positions that predict a label only."""
+    target = shifted(labels)
+    rows, pos = (target != IGNORE).nonzero(as_tuple=True)
+    logits = parts.logits(hidden[rows, pos]).float()
+    return rows, target[rows, pos], logits
+
+
+def token_losses(parts, hidden: torch.Tensor, labels: torch.Tensor):
+    """(row of each labelled token [N], its next-token cross-entropy [N], fp32)."""
+    rows, target, logits = gathered_logits(parts, hidden, labels)
+    return rows, nn.functional.cross_entropy(logits, target, reduction="none")
+
+
+def row_losses(parts, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per row: [summed next-token CE over its labelled tokens, their count] (float64
+    [rows, 2]; a row without a label: zeros)."""
+    rows, nll = token_losses(parts, hidden, labels)
+    out = torch.zeros(labels.shape[0], 2, dtype=torch.float64, device=labels.device)
+    out[:, 0].index_add_(0, rows, nll.double())
+    out[:, 1].index_add_(0, rows, torch.ones_like(nll, dtype=torch.float64))
+    return out
+
+
+def loss_sum(parts, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
+    """(summed loss (float64 scalar), what it counts): the vocabulary loss over the
+    labelled tokens, or with `batch.choices` the candidate loss over the examples."""
+    if batch.choices is None:
+        _, nll = token_losses(parts, hidden, batch.labels)
+        return nll.double().sum(), int(nll.numel())
+    scores = candidate_logits(parts, hidden, batch)
+    ce = nn.functional.cross_entropy(scores, batch.choices.answers, reduction="none")
+    return ce.double().sum(), int(ce.numel())
+
+
+def candidate_logits(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """[examples, candidates] fp32 scores whose softmax is the candidate distribution:
+    the candidate tokens' logits at each row's answer position (single tokens), or
+    the candidates' mean log-probability per token (a row each)."""
+    choices = batch.choices
+    if choices.tokens is not None:
+        rows, _, logits = gathered_logits(parts, hidden, batch.labels)
+        _one_position_per_row(rows, batch.rows)
+        return logits.gather(1, choices.tokens)
+    sums = row_losses(parts, hidden, batch.labels)
+    if bool((sums[:, 1] == 0).any()):
+        raise ZoError("a candidate row has no labelled token: a candidate lost its tokens")
+    return (-sums[:, 0] / sums[:, 1]).float().view(-1, choices.size)
+
+
+def row_scores(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Evaluation, per row (float64): with single-token `choices`, the log-probability
+    (over the vocabulary) of each candidate token at the row's answer position
+    [rows, candidates] (a row without a label: zeros); otherwise [summed next-token CE
+    over the row's labelled tokens, their count] [rows, 2]."""
+    if batch.choices is None or batch.choices.tokens is None:
+        return row_losses(parts, hidden, batch.labels)
+    rows, _, logits = gathered_logits(parts, hidden, batch.labels)
+    logp = torch.log_softmax(logits, dim=-1).gather(1, batch.choices.tokens[rows])
+    out = torch.zeros(batch.rows, batch.choices.tokens.shape[1], dtype=torch.float64,
+                      device=logits.device)
+    out[rows] = logp.double()
+    return out
+
+
+def _one_position_per_row(rows: torch.Tensor, count: int) -> None:
+    expected = torch.arange(count, device=rows.device)
+    if rows.shape != expected.shape or not torch.equal(rows, expected):
+        raise ZoError(f"single-token candidates need one labelled position per row; the "
+                      f"batch's {count} rows have {rows.numel()}")
