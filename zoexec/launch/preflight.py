@@ -38,8 +38,8 @@ def preflight(cfg, *, world_size: int | None = None, local_world_size: int | Non
     _check_devices(cfg)
     _check_memory(cfg)
     _check_model(cfg)
-    if cfg.task.data != "synthetic" and not Path(cfg.task.data).is_file():
-        raise ZoError(f"data file {cfg.task.data} does not exist")
+    if cfg.task.data != "synthetic" and not Path(cfg.task.data).exists():
+        raise ZoError(f"data file {cfg.task.data} does not exist")   # a file or a save_to_disk folder
     for what, where in (("--out", cfg.checkpoint.out), ("--trace", cfg.logging.trace)):
         if where:
             _check_output_folder(what, Path(where))

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 
 from zoexec.launch import failures
 from zoexec.launch.preflight import preflight
+from zoexec.run.folder import undone_on_failure
 from zoexec.runtime import dist as zdist
 from zoexec.runtime import procwatch
 from zoexec.runtime.dist import RankPlace, place_from_env
@@ -70,7 +71,8 @@ def run(cfg, *, checked=None) -> None:
     `checked()` runs once the plan passed preflight (the CLI's notes)."""
     place = place_from_env()
     if place is not None:
-        run_torchrun_rank(cfg, place)
+        with undone_on_failure(cfg if place.rank == 0 else None):
+            run_torchrun_rank(cfg, place)
         return
     sweep_stale_files()   # before preflight: stale files hold memory it counts as used
     if cfg.layout.world_size == 1:   # one rank: no process to start, no forkserver
@@ -79,7 +81,8 @@ def run(cfg, *, checked=None) -> None:
     preflight(cfg)
     if checked:
         checked()
-    spawn_local(cfg)
+    with undone_on_failure(cfg):   # a new run that failed before a step: its folder goes
+        spawn_local(cfg)
 
 
 def sweep_stale_files() -> None:
@@ -257,7 +260,7 @@ def run_in_process(cfg, *, checked=None) -> list:
     preflight(cfg)
     if checked:
         checked()
-    with one_rank(cfg) as (cfg, place):
+    with undone_on_failure(cfg), one_rank(cfg) as (cfg, place):
         try:
             return rank_main(cfg, place)
         except (ZoError, KeyboardInterrupt):
