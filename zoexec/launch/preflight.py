@@ -13,6 +13,7 @@ import psutil
 
 from zoexec.data.tasks import check_task_data, make_eval_set
 from zoexec.data.text import check_data
+from zoexec.run.verify import check_safetensors
 from zoexec.runtime.devicemap import ENV_VISIBLE, cuda_index, visible_env
 from zoexec.runtime.dist import device_count, device_memory_bytes, place_from_env
 from zoexec.store.loading import weight_files
@@ -159,7 +160,10 @@ def _check_model(cfg) -> None:
         raise ZoError(f"model path {path} is not a directory")
     if not (path / "config.json").is_file():
         raise ZoError(f"model path {path} has no config.json")
-    weight_files(path)   # safetensors weights, every shard there (before any rank starts)
+    for shard in weight_files(path):   # safetensors weights, every shard there and whole
+        problem = check_safetensors(shard)
+        if problem:
+            raise ZoError(f"model path {path}: {problem}")
     have, want = get_model(str(path)), cfg.model_spec
     for key in ("family", "num_layers", "hidden", "vocab"):
         if getattr(have, key) != getattr(want, key):

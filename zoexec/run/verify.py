@@ -222,3 +222,30 @@ def z_problem(every: list[dict], *, recorded: dict | None, resumed: bool,
         return (f"the ranks would draw different z: {where} has {diff.replace('(the run', '(rank 0')}; "
                 f"a run needs one device model and one torch/CUDA version on every node")
     return None
+
+
+def check_safetensors(path: Path) -> str | None:
+    """What is wrong with a safetensors file's framing (None: its header parses and its
+    tensors' bytes fill the file exactly): a truncated or damaged shard, found before
+    any rank loads it."""
+    path = Path(path)
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return f"{path} is {size} bytes, too short for a safetensors header"
+        (length,) = struct.unpack("<Q", head)
+        if 8 + length > size:
+            return (f"{path} is truncated: its header alone needs {8 + length} bytes, the "
+                    f"file has {size}")
+        try:
+            header = json.loads(handle.read(length))
+            ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return f"{path} has a damaged safetensors header"
+    have, need = size - 8 - length, max(ends, default=0)
+    if have != need:
+        what = "truncated" if have < need else "longer than its header says"
+        return (f"{path} is {what}: its tensors need {need} bytes after the header, the file "
+                f"holds {have}")
+    return None
