@@ -69,11 +69,12 @@ def world(tmp_path_factory) -> dict:
     data.write_text("".join(json.dumps({"input_ids": [(i * 7 + j) % 500 + 4 for j in range(40)]})
                             + "\n" for i in range(40)))
     model = make_model_dir(where / "model", seed=3)
-    base = ["--data", data, "--model-path", model, *COMMON]
+    base = ["--data", "data.jsonl", "--model-path", "model", *COMMON]   # relative, as typed
     runs = {}
     for name, steps, extra in (("reference", STEPS, ()), ("short", 9, ()),
                                ("linear", 4, ("--lr-schedule", "linear"))):
-        code, _, err, exc = _zoexec(plan, "--out", where / name, "--steps", steps, *base, *extra)
+        code, _, err, exc = _zoexec("plan.json", "--out", name, "--steps", steps, *base, *extra,
+                                    cwd=where)
         assert code == 0, f"{name}: {err} {exc!r}"
         runs[name] = where / name
     interrupted = where / "interrupted"
@@ -221,7 +222,7 @@ ROWS = [
     Row("data-moved-accepted", _args(), EXACT, "data moved:"),
     Row("model-changed", _args(), REFUSED, "changed since the run started (its weights"),
     Row("model-shard-truncated", _args(), REFUSED, "changed since the run started (its weights"),
-    Row("moved-run-folder", _args(), EXACT),
+    Row("moved-run-folder", _args(), EXACT),   # resumed from another folder: absolute inputs
     Row("resumed-with-another-lr", _args("--lr", "0.01"), REFUSED,
         "--lr 0.01 differs from the run being resumed"),
     Row("extended-steps-constant", _args("--steps", STEPS), EXACT,
