@@ -264,3 +264,14 @@ def test_nodes_whose_copies_differ_are_named():
     three = [{0: "a", "resident": "r"}, {0: "x", "resident": "y"}, {0: "a", "resident": "r"}]
     assert diverged(three, local_ranks=1) == ("differ from node 0's: node 1 (block 0, the "
                                               "resident parts)")
+
+
+def test_the_step_history_keeps_records_as_numbers_and_gives_them_back():
+    from zoexec.maths.history import StepHistory
+
+    records = [_record(0), _record(1, loss_plus=math.nan, g=math.nan), _record(2, skipped=True)]
+    history = StepHistory(records)
+    assert len(history) == 3 and history[-1] == records[2] and history[0] == records[0]
+    back = list(history)
+    assert back[1].step == 1 and math.isnan(back[1].g) and back[1].seed == records[1].seed
+    assert [r.update for r in back] == [r.update for r in records]

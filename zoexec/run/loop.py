@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from zoexec.maths.history import StepRecord
+from zoexec.maths.history import StepHistory, StepRecord
 from zoexec.model.export import export_weights
 from zoexec.run.agree import check_nodes
 from zoexec.run.checkpoint import LossLog
@@ -96,7 +96,7 @@ class TrainLoop:
         self.log = (LossLog(rundir.path, keep_bytes=self.cfg.log_bytes)
                     if rundir and self.env.rank == 0 else None)
         self.last_save_s = time.monotonic()
-        self.records: list[StepRecord] = []
+        self.records = StepHistory()   # compact: a long run's history stays small
         self.skips = 0
 
     def run(self) -> list[StepRecord]:
@@ -128,7 +128,7 @@ class TrainLoop:
             self.reporter.close()
             if self.log:
                 self.log.close()
-        return self.records
+        return list(self.records)
 
     # ---- per step ----------------------------------------------------------------------
     def _epoch(self, step: int) -> float | None:

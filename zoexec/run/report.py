@@ -41,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+from zoexec.maths.history import StepHistory
 from zoplan.errors import ZoError
 
 METRICS = "metrics.jsonl"
@@ -128,7 +129,7 @@ class Reporter:
         self.log_every = cfg.logging.log_every
         self.report_to = cfg.logging.report_to
         self.first, self.total = cfg.start_step, cfg.optim.steps
-        self.records: list = []                 # this invocation's steps (StepRecord)
+        self.records = StepHistory()            # this invocation's steps (StepRecords, compact)
         self.evals: list[tuple[int, dict]] = []
         self.created_s = clock()
         self.begin_s: float | None = None
