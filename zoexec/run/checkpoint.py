@@ -20,6 +20,8 @@ from pathlib import Path
 from zoexec.maths.history import StepRecord
 from zoplan.errors import ZoError
 
+_STRICT_JSON = json.JSONEncoder(allow_nan=False)   # one encoder (zoexec.run.report.STRICT_JSON)
+
 
 class LossLog:
     """Rank 0's log: losses.jsonl in the run folder, appended and fsynced step by step.
@@ -35,7 +37,7 @@ class LossLog:
         self._handle = self.path.open("a")
 
     def append(self, record: StepRecord) -> None:
-        self._handle.write(json.dumps(record.to_dict(), allow_nan=False) + "\n")
+        self._handle.write(_STRICT_JSON.encode(record.to_dict()) + "\n")
         self._handle.flush()
         os.fsync(self._handle.fileno())
 

@@ -96,8 +96,12 @@ class TrainLoop:
         self.log = (LossLog(rundir.path, keep_bytes=self.cfg.log_bytes)
                     if rundir and self.env.rank == 0 else None)
         self.last_save_s = time.monotonic()
-        self.records = StepHistory()   # compact: a long run's history stays small
         self.skips = 0
+
+    @property
+    def records(self) -> StepHistory:
+        """This invocation's steps (the reporter's compact history: kept once)."""
+        return self.reporter.records
 
     def run(self) -> list[StepRecord]:
         cfg = self.cfg
@@ -109,7 +113,6 @@ class TrainLoop:
                 record, (stop, save) = self.trainer.step(step, lr=cfg.lr_of(step),
                                                          flags=self._flags())
                 record = self._checked(record)
-                self.records.append(record)
                 if self.log:
                     self.log.append(record)
                 self.reporter.train(record, epoch=self._epoch(step))
