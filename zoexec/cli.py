@@ -51,6 +51,8 @@ def run_cmd(plan: Path, **values) -> None:
         cfg = build_config(plan=plan, **options)
 
         def note() -> None:
+            for line in cfg.notes:   # the run folder's: a damaged snapshot passed over, ...
+                err_console.print(line, highlight=False, soft_wrap=True)
             if "steps" not in options and "trace" in options and cfg.logging.progress \
                     and not cfg.resumed:
                 step_s = cfg.plan["predicted"]["step_time_s"]

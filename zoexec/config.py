@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
-from zoexec.maths.schedule import lr_at
+from zoexec.maths.schedule import lr_from
 from zoplan.errors import ZoError
 from zoplan.execrules import DEFAULT_STEPS
 from zoplan.layout import Layout
@@ -203,6 +203,13 @@ class TaskOptions(Section):
         return {k: tuple(v) if k == "label_words" else v for k, v in task.items()}
 
 
+MAX_SEED = 2**64 - 1
+
+
+def _seed_range(v: int) -> str | None:
+    return None if 0 <= v <= MAX_SEED else f"a whole number in 0..2^64-1 ({MAX_SEED})"
+
+
 @dataclass(frozen=True, kw_only=True)
 class OptimOptions(Section):
     PANEL: ClassVar[str] = "Optimisation"
@@ -211,7 +218,7 @@ class OptimOptions(Section):
         DEFAULT_STEPS, "Training steps in all (with --trace, enough of the plan's predicted "
         "steps for 25 s; with --resume, the run's)", aliases=("--max-steps", "--max_steps"),
         check=at_least(1))
-    seed: int = option(0, "Base seed: z, data order and random init")
+    seed: int = option(0, "Base seed: z, data order and random init", check=_seed_range)
     lr: float = option(1e-6, "Learning rate", aliases=("--learning-rate", "--learning_rate"),
                        check=finite_at_least(0))
     lr_schedule: Literal["constant", "linear", "cosine"] = option(
@@ -231,6 +238,10 @@ class OptimOptions(Section):
         "once and go on")
     divergence_window: int = option(
         20, "Steps in each of the windows the divergence check compares", check=at_least(2))
+    new_schedule: bool = option(
+        False, "With --resume and another --steps: a new linear or cosine schedule from the "
+        "step the run resumes at, over the steps left, from --lr (a constant lr just "
+        "continues; a decaying one is refused without this)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -325,6 +336,13 @@ class CheckpointOptions(Section):
     def best(self) -> tuple[str, bool] | None:
         """(metric, greater is better) of --save-best; None without it."""
         return None if self.save_best is None else parse_best(self.save_best)
+    check_nodes_every: int | None = option(
+        None, "Several nodes: every node checksums its block store every N steps too (always "
+        "at each snapshot and at the end); a mismatch stops the run naming the nodes",
+        check=at_least(1))
+    accept_moved_inputs: bool = option(
+        False, "With --resume: take a --data or --model-path at another path than the run "
+        "recorded when its content fingerprint is the recorded one")
 
     @property
     def every_steps(self) -> int | None:
@@ -458,8 +476,15 @@ class RunConfig:
     start_step: int = 0
     replay: tuple = ()
     resumed: bool = False
+    inputs: dict | None = None     # run.json's inputs: absolute paths and fingerprints
+    schedule: tuple = ()           # run.json's lr schedule segments ((start, total), ...)
+    extensions: tuple = ()         # run.json's record of --steps changes on resumes
+    identity: dict | None = None   # a resume: run.json as rank 0 rewrites it (unsealed)
+    log_bytes: int | None = None   # a resume: the log's whole lines (a torn one after: cut)
+    notes: tuple[str, ...] = ()    # lines for the terminal once the checks passed
     speed_checks: bool = True   # traced CPU runs: speed checks and probes (SpeedMonitor)
     fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`
+    alter_store_at: tuple[int, int] | None = None   # for tests: (node, step): a bit of that node's store flipped after it
     delay_h2d: tuple[int, int, float] | None = None   # for tests: (rank, block, seconds) slept before each h2d of it
 
     def __post_init__(self) -> None:
@@ -481,11 +506,16 @@ class RunConfig:
         return dataclasses.replace(self, **rest, **{
             name: dataclasses.replace(getattr(self, name), **kw) for name, kw in parts.items()})
 
+    @property
+    def schedule_start(self) -> int:
+        """The step the current lr schedule starts at (0; later after --new-schedule)."""
+        return self.schedule[-1][0] if self.schedule else 0
+
     def lr_of(self, step: int) -> float:
         """The learning rate of `step` (zoexec.maths.schedule)."""
         o = self.optim
-        return lr_at(step, lr=o.lr, schedule=o.lr_schedule, warmup=o.warmup_steps,
-                     total=o.steps)
+        return lr_from(step, start=self.schedule_start, lr=o.lr, schedule=o.lr_schedule,
+                       warmup=o.warmup_steps, total=o.steps)
 
     def settings(self) -> dict:
         """The settings run.json records (a resume keeps them; zoexec.run.folder.SETTINGS)."""

@@ -21,8 +21,9 @@ from zoexec.config import (
     parse_best,
     section_of,
 )
-from zoexec.run.folder import SETTINGS, RunDir
+from zoexec.run.folder import KEPT, SETTINGS, RunDir, extend
 from zoexec.run.report import check_report_to
+from zoexec.run.verify import fingerprints
 from zoexec.run.watch import BestMetric
 from zoplan.errors import ZoError
 from zoplan.execrules import default_steps
@@ -52,15 +53,27 @@ def build_config(*, plan: Path | str, **values) -> RunConfig:
         if "resume" in given or _restarted_by_torchrun(given.get("out"), loaded):
             return _resumed(Path(given.get("resume") or given["out"]), loaded, given,
                             plan_path=str(plan))
-        _claim(given.get("out"), given.get("overwrite", False))
         _check_new_run(given)
+        _claim(given.get("out"), given.get("overwrite", False))
         if "steps" not in given and "trace" in given:
             given["steps"] = default_steps(loaded.step_time_s, traced=True)
-        return RunConfig.make(plan=loaded.data, plan_path=str(plan), **given)
+        return RunConfig.make(plan=loaded.data, plan_path=str(plan), **given,
+                              inputs=_fingerprints(given) if "out" in given else None)
     except FieldError as exc:
         raise ZoError(option_error(exc)) from None
     except ValueError as exc:
         raise ZoError(str(exc)) from None
+    except OSError as exc:   # a path the OS refuses (a name too long, a loop of links)
+        raise ZoError(f"{exc.filename or 'a path given'}: {exc.strerror or exc}") from None
+
+
+def _fingerprints(given: dict) -> dict | None:
+    """run.json's inputs of a new run (None where an input is missing: preflight says so)."""
+    try:
+        return fingerprints(data=given.get("data", "synthetic"),
+                            model=given.get("model_path") or "random")
+    except OSError:
+        return None
 
 
 def _check_together(given: dict) -> None:
@@ -82,6 +95,10 @@ def _check_together(given: dict) -> None:
 
 
 def _check_new_run(given: dict) -> None:
+    for name in ("new_schedule", "accept_moved_inputs"):
+        if name in given:
+            raise ZoError(f"--{name.replace('_', '-')} changes a run being resumed: it needs "
+                          f"--resume DIR")
     task = given.get("name", "text")
     best = given.get("save_best")
     if best and parse_best(best)[0] != "eval_loss" and task != "classification":
@@ -106,8 +123,11 @@ def _claim(out: str | None, overwrite: bool) -> None:
         return
     rundir.check_free()
     if not overwrite:
-        done = rundir.records()
-        what = f"step {done[-1].step + 1} logged" if done else "no step logged"
+        try:
+            done = rundir.records()
+            what = f"step {done[-1].step + 1} logged" if done else "no step logged"
+        except ZoError:
+            what = "its log is damaged"
         raise ZoError(f"{out} holds a run ({what}); resume it with --resume {out}, or give "
                       f"--overwrite to replace it")
     rundir.clear()
@@ -124,28 +144,45 @@ def given_settings(given: dict) -> dict:
 
 
 def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str) -> RunConfig:
+    """The config of a resume: every check of the run folder first (zoexec.run.folder),
+    then the run's settings, inputs and checkpoint options, the steps (an extension:
+    zoexec.run.folder.extend) and where it starts."""
     rundir = RunDir(folder)
+    if not rundir.path.is_dir():
+        raise ZoError(f"--resume {folder}: no such folder")
     rundir.check_free()
     if given.get("save_best"):   # best/state.json read (and checked) before any rank starts
         BestMetric(*parse_best(given["save_best"]), folder)
-    start = rundir.resume_plan(plan_sha256=sha256_json(plan.data), given=given_settings(given))
-    settings = start.settings
-    total = given.get("steps", settings["steps"])
+    start = rundir.resume_plan(plan_sha256=sha256_json(plan.data), given=given_settings(given),
+                               accept_moved=given.get("accept_moved_inputs", False))
+    ident = start.identity
+    total = given.get("steps", ident["steps"])
     final = rundir.final()
     if start.start_step > total or (start.start_step == total and final and final[0] >= total - 1):
         raise ZoError(f"{folder} has run all {start.start_step} steps; give --steps N (more "
                       f"than {start.start_step}) to train further")
     # start_step == total without a whole final/: killed while saving it; the resume
     # replays the log and writes final/
-    kept = {k: settings[k] for k in SETTINGS if k not in ("init", "task")}
-    kept.update(TaskOptions.task_fields(settings["task"]))
-    if settings["init"] != "random":
-        kept["model_path"] = settings["init"]
+    ident, extended = extend(ident, steps=total, start_step=start.start_step,
+                             new_schedule=given.get("new_schedule", False))
+    kept = {k: ident[k] for k in SETTINGS if k not in ("init", "task")}
+    kept.update(TaskOptions.task_fields(ident["task"]))
+    if ident["init"] != "random":
+        kept["model_path"] = ident["init"]
+    if not {"save_every", "save_steps", "keep"} & given.keys():
+        kept.update({k: ident[k] for k in KEPT if ident[k] is not None})
+    elif "keep" not in given:
+        kept["keep"] = ident["keep"]
     others = {k: v for k, v in given.items()
-              if k not in (*SETTINGS, *TASK_FIELDS, "model_path", "init", "resume", "out", "steps")}
+              if k not in (*SETTINGS, *TASK_FIELDS, "model_path", "init", "resume", "out", "steps",
+                           "new_schedule", "accept_moved_inputs")}
     return RunConfig.make(plan=plan.data, plan_path=plan_path, **{**others, **kept},
                           steps=total, out=str(folder), load_from=start.init,
-                          start_step=start.start_step, replay=start.replay, resumed=True)
+                          start_step=start.start_step, replay=start.replay, resumed=True,
+                          inputs=ident["inputs"], identity=ident, log_bytes=start.log_bytes,
+                          schedule=tuple(tuple(s) for s in ident["schedule"]),
+                          extensions=tuple(ident["extensions"]),
+                          notes=(*start.notes, *([extended] if extended else [])))
 
 
 def _restarted_by_torchrun(out: str | None, plan: Plan) -> bool:

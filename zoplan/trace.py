@@ -5,7 +5,8 @@ forward. The simulator emits them as its prediction; zoexec emits them as measur
 Task ids (`Span.task_id`) are stable across both, so a measured span can be paired with
 its prediction.
 
-Trace directory written by `zoexec run --trace DIR`:
+Trace directory written by `zoexec run --trace DIR` (each rank writes its own span
+file as the run goes, SpanWriter; rank 0 writes meta.json at the end):
     DIR/meta.json          {"schema_version", "plan_sha256", "world_size", "steps", ...}
                            (TraceMeta: the entries the planner reads are checked)
     DIR/rank{r}.jsonl      one span per line (Span.to_dict), times in seconds relative
@@ -229,7 +230,62 @@ def write_trace(directory: Path, spans: Iterable[Span], meta: dict) -> None:
     for rank, rank_spans in sorted(by_rank.items()):
         lines = "".join(json.dumps(s.to_dict()) + "\n" for s in rank_spans)
         atomic_write_text(directory / f"rank{rank}.jsonl", lines)
-    atomic_write_text(directory / "meta.json",
+    write_trace_meta(directory, meta)
+
+
+SPAN_BUFFER = 4096   # spans a rank holds before it appends them to its file
+
+
+class SpanWriter:
+    """One rank's spans written to DIR/rank{r}.jsonl as the run goes (zoexec runs with
+    --trace): at most `buffer` spans are held, then appended, so a rank's memory does
+    not grow with the steps and no process ever holds another rank's spans. meta.json
+    (write_trace_meta, rank 0, at the end) makes the folder a whole trace."""
+
+    def __init__(self, directory: Path, rank: int, *, buffer: int = SPAN_BUFFER) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"rank{rank}.jsonl"
+        self.buffer = buffer
+        self.count = 0
+        self._held: list[Span] = []
+        self._handle = self.path.open("w", encoding="utf-8")
+
+    def append(self, span: Span) -> None:
+        self._held.append(span)
+        if len(self._held) >= self.buffer:
+            self.flush()
+
+    def flush(self) -> None:
+        self._handle.write("".join(json.dumps(s.to_dict()) + "\n" for s in self._held))
+        self._handle.flush()
+        self.count += len(self._held)
+        self._held.clear()
+
+    def close(self) -> None:
+        if not self._handle.closed:
+            self.flush()
+            self._handle.close()
+
+
+class NoSpans:
+    """Where the spans of a run without --trace go: nowhere (nothing is kept)."""
+
+    count = 0
+
+    def append(self, span: Span) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def write_trace_meta(directory: Path, meta: dict) -> None:
+    """meta.json of a trace whose span files the ranks wrote (SpanWriter)."""
+    atomic_write_text(Path(directory) / "meta.json",
                       json.dumps(_finite({"schema_version": TRACE_SCHEMA_VERSION, **meta}),
                                  indent=2, allow_nan=False))
 

@@ -7,8 +7,10 @@ Every case must end with a non-zero exit (2: the user's error), exactly one line
 stderr that starts with "error:" and names the problem, no traceback anywhere, no new
 file in the case's own working folder (where every output path points), and nothing
 left in shared memory. The zoexec cases fail in the launcher's checks, before any rank
-starts. The cases run three at a time (each is a fresh interpreter: ~0.8 s for the
-planner, ~2 s for the executor, which imports torch).
+starts. The planner's cases run three at a time, each a fresh interpreter (~0.8 s);
+the executor's run meanwhile in this process through its CLI (typer's CliRunner, in the
+case's folder: what the command does, without the ~2 s of importing torch each), where
+an exception that escapes the command counts as a traceback.
 """
 
 from __future__ import annotations
@@ -25,12 +27,16 @@ from pathlib import Path
 
 import pytest
 
+from zoexec.store import shmfiles
 from zoplan.hardware import PROFILES_DIR
 from zoplan.io import sha256_json
 from zoplan.models import CATALOGUE_CONFIGS
 from zoplan.plan import Plan
 from zoplan.search import optimize
 from zoplan.trace import write_trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from tiny_model import make_model_dir  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -135,6 +141,60 @@ CASES = [
          "plan.json is a file, not a folder"),
     Case("run-trace-in-proc", X, RUN + ("--trace", "/proc/zoexec-trace"),
          "cannot create a folder there"),
+    # zoexec run: option values (each field's own check), options that do not go together
+    Case("run-steps-zero", X, RUN[:2] + ("--steps", "0"), "--steps 0: must be >= 1"),
+    Case("run-seed-negative", X, RUN + ("--seed", "-1"), "--seed -1: must be a whole number in 0..2^64-1"),
+    Case("run-seed-above-2-64", X, RUN + ("--seed", str(2**64)),
+         f"--seed {2**64}: must be a whole number in 0..2^64-1"),
+    Case("run-lr-nan", X, RUN + ("--lr", "nan"), "--lr nan: must be a finite number >= 0"),
+    Case("run-eps-zero", X, RUN + ("--eps", "0"), "--eps 0.0: must be a finite number > 0"),
+    Case("run-keep-zero", X, RUN + ("--keep", "0"), "--keep 0: must be >= 1"),
+    Case("run-save-every-text", X, RUN + ("--save-every", "soon"), "--save-every soon: must be N steps"),
+    Case("run-max-shard-size-text", X, RUN + ("--max-shard-size", "big"),
+         "--max-shard-size big: must be a size"),
+    Case("run-warmup-beyond-steps", X, RUN + ("--warmup-steps", "5"), "--warmup-steps 5: must be < steps (1)"),
+    Case("run-task-unknown", X, RUN + ("--task", "poetry"),
+         "--task poetry: must be one of text, completion, classification"),
+    Case("run-classification-without-data", X, RUN + ("--task", "classification"),
+         "--task classification needs --data FILE"),
+    Case("run-report-to-unknown", X, RUN + ("--report-to", "wandb"),
+         "--report-to wandb: must be one of none, tensorboard"),
+    Case("run-threads-zero", X, RUN + ("--threads", "0"), "--threads 0: must be >= 1"),
+    Case("run-check-nodes-every-zero", X, RUN + ("--check-nodes-every", "0"),
+         "--check-nodes-every 0: must be >= 1"),
+    Case("run-save-steps-and-save-every", X, RUN + ("--save-steps", "2", "--save-every", "3"),
+         "give either --save-every or --save-steps, not both"),
+    Case("run-model-path-and-init", X, RUN + ("--model-path", "{in}/model", "--init", "random"),
+         "not both"),
+    Case("run-eval-every-without-eval-data", X, RUN + ("--eval-every", "2"),
+         "--eval-every needs --eval-data FILE"),
+    Case("run-eval-data-missing", X, RUN + ("--eval-data", "{in}/nope.jsonl"), "no such file or folder"),
+    Case("run-overwrite-without-out", X, RUN + ("--overwrite",), "--overwrite needs --out DIR"),
+    Case("run-new-schedule-without-resume", X, RUN + ("--new-schedule",),
+         "--new-schedule changes a run being resumed: it needs --resume DIR"),
+    Case("run-accept-moved-without-resume", X, RUN + ("--accept-moved-inputs",),
+         "--accept-moved-inputs changes a run being resumed"),
+    # zoexec run: paths and files
+    Case("run-data-missing", X, RUN + ("--data", "{in}/nope.jsonl"), "nope.jsonl does not exist"),
+    Case("run-model-path-missing", X, RUN + ("--model-path", "{in}/nomodel"), "is not a directory"),
+    Case("run-model-without-config", X, RUN + ("--model-path", "{in}/noconfig"), "has no config.json"),
+    Case("run-model-shard-truncated", X, RUN + ("--model-path", "{in}/m-trunc"), "model.safetensors"),
+    Case("run-out-name-too-long", X, RUN + ("--out", "x" * 300), "File name too long"),
+    Case("run-resume-missing-folder", X, RUN[:2] + ("--resume", "{in}/norun"), "norun: no such folder"),
+    Case("run-resume-folder-without-run", X, RUN[:2] + ("--resume", "empty"),
+         "holds no run to resume (no run.json)", setup="dir:empty"),
+    Case("run-resume-and-another-out", X, RUN[:2] + ("--resume", "a", "--out", "b"),
+         "--resume DIR continues the run in DIR: give no other --out"),
+    # zoexec eval
+    Case("eval-seq-zero", X, ("eval", "{in}/m-good", "--data", "{in}/d-ids.jsonl", "--seq", "0"),
+         "--seq 0: must be >= 2"),
+    Case("eval-truncated-weights", X, ("eval", "{in}/m-trunc", "--data", "{in}/d-ids.jsonl"),
+         "model.safetensors"),
+    Case("eval-model-missing", X, ("eval", "{in}/nomodel", "--data", "{in}/d-ids.jsonl"), "nomodel"),
+    # zoplan calibrate --fit refits only from a trace of the plan's own run
+    Case("calibrate-fit-another-plan-s-trace", P,
+         ("calibrate", "{in}/plan.json", "{in}/tr-other", "--profile", "cpu", "--fit", "-o", "fit.json"),
+         "--fit: trace"),
 ]
 
 
@@ -204,6 +264,7 @@ def _traces(where: Path, plan: Plan) -> None:
     span = {"kind": "h2d", "rank": 0, "start_s": 0.0, "dur_s": 0.001, "block": 999, "step": 0}
     variant("tr-block", "rank0.jsonl", lambda b: b + json.dumps(span).encode() + b"\n")
     variant("tr-rank", "rank0.jsonl", lambda b: b + json.dumps({**span, "rank": 1, "block": 0}).encode() + b"\n")
+    variant("tr-other", "meta.json", lambda b: b.replace(sha256_json(plan.data).encode(), b"0" * 64))
 
 
 def _data(where: Path) -> None:
@@ -216,6 +277,12 @@ def _data(where: Path) -> None:
     model.mkdir()
     _dump(model / "config.json", CATALOGUE_CONFIGS["tiny-opt"])
     (model / "model.safetensors").write_bytes(b"")
+    (where / "d-ids.jsonl").write_text(json.dumps({"input_ids": list(range(4, 80))}) + "\n")
+    (where / "noconfig").mkdir()
+    good = make_model_dir(where / "m-good")
+    shutil.copytree(good, where / "m-trunc")    # a shard cut short (a copy that stopped)
+    shard = where / "m-trunc" / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
 
 
 @pytest.fixture(scope="module")
@@ -246,11 +313,37 @@ def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
-def _run(case: Case, inputs: Path, cases: Path, env: dict) -> Outcome:
+def _folder(case: Case, cases: Path) -> Path:
     folder = cases / case.id
     folder.mkdir()
     if case.setup.startswith("dir:"):
         (folder / case.setup[4:]).mkdir()
+    return folder
+
+
+def _run_in_process(case: Case, inputs: Path, cases: Path) -> Outcome:
+    """A zoexec case through its CLI in this process, in the case's folder."""
+    from typer.testing import CliRunner
+
+    from zoexec.cli import app
+
+    folder = _folder(case, cases)
+    before = _files(folder)
+    args = [a.replace("{in}", str(inputs)) for a in case.args]
+    old = Path.cwd()
+    os.chdir(folder)
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        os.chdir(old)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += f"\nTraceback (in process): {result.exception!r}"
+    return Outcome(result.exit_code, result.stdout, stderr, before, _files(folder), os.getpid())
+
+
+def _run(case: Case, inputs: Path, cases: Path, env: dict) -> Outcome:
+    folder = _folder(case, cases)
     before = _files(folder)
     args = [a.replace("{in}", str(inputs)) for a in case.args]
     proc = subprocess.Popen(command(case.tool) + args, cwd=folder, env=env, text=True,
@@ -276,9 +369,15 @@ def outcomes(inputs, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("ZOEXEC_DEBUG", "COLUMNS")}
     env["ZOEXEC_SHM_DIR"] = str(shm_dir)   # a private store folder: its sweep sees no one else's files
     shm_before = _shm_entries()
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        results = dict(zip((c.id for c in CASES),
-                           pool.map(lambda c: _run(c, inputs, cases, env), CASES)))
+    planner = [c for c in CASES if c.tool == P]
+    with ThreadPoolExecutor(max_workers=2) as pool, pytest.MonkeyPatch.context() as patch:
+        running = pool.map(lambda c: _run(c, inputs, cases, env), planner)
+        for name in ("ZOEXEC_DEBUG", "COLUMNS"):
+            patch.delenv(name, raising=False)
+        patch.setenv("ZOEXEC_SHM_DIR", str(shm_dir))
+        patch.setattr(shmfiles, "SHM_DIR", shm_dir)
+        results = {c.id: _run_in_process(c, inputs, cases) for c in CASES if c.tool == X}
+        results.update(zip((c.id for c in planner), running))
     return {"results": results, "shm_dir": shm_dir,
             "shm_new": _shm_entries() - shm_before}
 
@@ -303,6 +402,10 @@ def test_each_case_feeds_its_own_broken_input(inputs):
                 named.add(name)
     made = {path.name for path in inputs.iterdir()}
     assert made - named - GOOD_INPUTS == set(), "broken inputs no case feeds"
+
+
+def test_the_table_covers_at_least_60_kinds_of_bad_input():
+    assert len(CASES) >= 60 and len({c.id for c in CASES}) == len(CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -94,3 +94,35 @@ def test_two_torchrun_nodes_give_the_one_rank_losses_and_weights(tmp_path):
     for key, tensor in weights.items():
         torch.testing.assert_close(final[key], tensor, rtol=0, atol=W_ATOL)
     assert set(Path(SHM_DIR).glob("zoexec-*")) <= before   # both nodes removed their stores
+
+
+def test_two_nodes_whose_stores_diverge_stop_with_one_line_naming_the_node(tmp_path):
+    """Two torchrun nodes of one rank each; node 1's store gets one bit of block 0
+    flipped after step 2 (a node whose memory changed the weights): the nodes' check
+    after that step (--check-nodes-every 1) stops both with one line naming node 1."""
+    plan = tmp_path / "plan.json"
+    hand_plan(model=MODEL, layout=Layout(ddp=2, nodes=2), workload=WORKLOAD).save(plan)
+    port = free_port()
+    script = Path(__file__).with_name("diverging_node.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(
+        [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+         str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), str(script),
+         "1", "2", str(plan), "--out", str(tmp_path / "run"), "--steps", "8",
+         "--check-nodes-every", "1", *ARGS[2:]],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True) for node in (0, 1)]
+    try:
+        outputs = [proc.communicate(timeout=180)[0] for proc in nodes]
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+    for node, (proc, text) in enumerate(zip(nodes, outputs, strict=True)):
+        errors = [line for line in text.splitlines() if line.startswith("error:")]
+        assert proc.returncode != 0 and len(errors) == 1, f"node {node}: {text[-3000:]}"
+        assert ("the nodes' copies of the model after step 2 differ from node 0's: node 1 "
+                "(block 0)") in errors[0], errors[0]
+    logged = _losses(tmp_path / "run")
+    assert [r["step"] for r in logged] == [0, 1, 2]   # stopped at the check after step 2
+    assert not (tmp_path / "run" / "final").exists()

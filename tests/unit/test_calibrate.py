@@ -333,3 +333,14 @@ def test_a_trace_of_two_nodes_measures_the_node_spread_and_the_fit_keeps_it(tmp_
     fit = refit_profile(load_profile(node4), plan, cal, trace="synthetic", date="2000-01-01")
     assert fit.profile.node_spread == pytest.approx(expected, rel=1e-3)   # 4 figures kept
     assert "compute.node_spread" in {c[0] for c in fit.changes}
+
+
+def test_cli_fit_refuses_a_trace_of_another_plan_and_writes_nothing(plans, tmp_path):
+    plan = Plan.load(plans["pertp2"])
+    trace = _trace(tmp_path, plans["pertp2"], dilate(plan), plan_sha256="0" * 64)
+    out = tmp_path / "fit.json"
+    result = runner.invoke(app, ["calibrate", str(plans["pertp2"]), str(trace), "--fit",
+                                 "-o", str(out)], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert "--fit: trace" in result.output and "was recorded for another plan" in result.output
+    assert not out.exists()

@@ -1,6 +1,9 @@
-"""The run folder (zoexec.run.folder, zoexec.run.checkpoint): a strict-JSON log that survives a
-torn last line, snapshots that count only when whole, a lock that keeps a second run
-out, and the resume plan (which snapshot, which logged updates, which next step)."""
+"""The run folder (zoexec.run.folder, zoexec.run.checkpoint, zoexec.run.verify): a
+strict-JSON log that survives a torn last line, snapshots that count only when whole
+and whose checksums hold, a lock that keeps a second run out, the resume plan (which
+snapshot, which logged updates, which next step), and what a resume checks: seeds and
+lrs of the log, run.json's seal, extensions of the steps, the devices that draw z, the
+nodes' copies."""
 
 from __future__ import annotations
 
@@ -12,8 +15,10 @@ import pytest
 
 from zoexec.config import RunConfig
 from zoexec.maths.history import StepRecord
+from zoexec.maths.zo import step_seed
 from zoexec.run.checkpoint import LossLog, read_log
-from zoexec.run.folder import RunDir
+from zoexec.run.folder import RunDir, extend, logged_lr
+from zoexec.run.verify import check_saved, folder_checksums, z_problem
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
@@ -21,8 +26,9 @@ from zoplan.workload import Workload
 
 
 def _record(step: int, **kw) -> StepRecord:
-    values = {"seed": 100 + step, "loss_plus": 2.0, "loss_minus": 1.0, "g": 500.0 + step,
-              "lr": 1e-6, **kw}
+    """Step `step` of a run of seed 0 and lr 1e-3 (the seed rule's seed)."""
+    values = {"seed": step_seed(0, step), "loss_plus": 2.0, "loss_minus": 1.0,
+              "g": 500.0 + step, "lr": 1e-3, **kw}
     return StepRecord(step=step, **values)
 
 
@@ -43,16 +49,27 @@ def test_the_log_is_strict_json_and_round_trips(tmp_path):
     assert parsed[2]["skipped"] is True and "skipped" not in parsed[0]
     assert parsed[0]["data_position"] == 0
     back = read_log(tmp_path / "losses.jsonl")
-    assert [r.update for r in back] == [(100, 500.0, 1e-6), None, None]
+    assert [r.update for r in back] == [(step_seed(0, 0), 500.0, 1e-3), None, None]
 
 
-def test_a_torn_last_line_is_cut_off(tmp_path):
+def test_a_torn_last_line_is_left_out_and_cut_off_only_when_the_run_resumes(tmp_path):
     _log(RunDir(tmp_path), [_record(0), _record(1)])
     path = tmp_path / "losses.jsonl"
     whole = path.read_bytes()
     path.write_bytes(whole + b'{"step": 2, "seed": 10')          # a crash mid-line
     assert [r.step for r in read_log(path)] == [0, 1]
+    assert path.read_bytes() != whole                              # reading changes nothing
+    LossLog(tmp_path, keep_bytes=len(whole)).close()               # the resumed run's log
     assert path.read_bytes() == whole
+
+
+def test_a_bad_whole_line_anywhere_is_refused(tmp_path):
+    _log(RunDir(tmp_path), [_record(0), _record(1), _record(2)])
+    path = tmp_path / "losses.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + "{oops\n" + lines[2])
+    with pytest.raises(ZoError, match=r"losses.jsonl:2 is not a step record"):
+        read_log(path)
 
 
 def _cfg(**kw) -> RunConfig:
@@ -61,11 +78,14 @@ def _cfg(**kw) -> RunConfig:
     return RunConfig.make(plan=plan.data, steps=10, lr=1e-3, **kw)
 
 
-def _snapshot(rundir: RunDir, step: int, *, whole: bool = True) -> None:
-    path = rundir.snapshot_path(step)
+def _snapshot(rundir: RunDir, step: int, *, whole: bool = True, path=None) -> None:
+    """A saved weights folder as zoexec.run.loop writes one: its files and their sha256."""
+    path = path or rundir.snapshot_path(step)
     path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(bytes(range(step, step + 64)))
     if whole:
-        (path / "state.json").write_text(json.dumps({"step": step}))
+        state = {"step": step, "files": folder_checksums(path)}
+        (path / "state.json").write_text(json.dumps(state))
 
 
 def test_resume_starts_from_the_newest_whole_snapshot_and_replays_the_rest(tmp_path):
@@ -77,7 +97,7 @@ def test_resume_starts_from_the_newest_whole_snapshot_and_replays_the_rest(tmp_p
     _snapshot(rundir, 6, whole=False)            # killed while writing it: not counted
     plan = rundir.resume_plan(plan_sha256="abc", given={})
     assert plan.snapshot_step == 4 and plan.init.endswith("step-000004")
-    assert [u[0] for u in plan.replay] == [105, 106]       # steps 5 and 6; 7 was skipped
+    assert [u[0] for u in plan.replay] == [step_seed(0, 5), step_seed(0, 6)]   # 7 was skipped
     assert plan.start_step == 8 and plan.settings["lr"] == 1e-3
     older = RunDir(tmp_path)
     older.prune(1)
@@ -138,11 +158,77 @@ def test_a_finished_run_extended_with_more_steps_starts_from_its_final_weights(t
     rundir.write_identity(_cfg(), "abc")
     _log(rundir, [_record(s) for s in range(10)])
     _snapshot(rundir, 7)
-    (tmp_path / "final").mkdir()
-    (tmp_path / "final" / "state.json").write_text(json.dumps({"step": 9}))
+    _snapshot(rundir, 9, path=tmp_path / "final")
     plan = rundir.resume_plan(plan_sha256="abc", given={})
     assert plan.snapshot_step == 9 and plan.init == str(tmp_path / "final")
     assert plan.replay == () and plan.start_step == 10
+
+
+def test_a_damaged_snapshot_is_passed_over_for_the_one_before_and_the_log(tmp_path):
+    rundir = RunDir(tmp_path)
+    rundir.write_identity(_cfg(), "abc")
+    _log(rundir, [_record(s) for s in range(7)])
+    _snapshot(rundir, 2)
+    _snapshot(rundir, 5)
+    shard = rundir.snapshot_path(5) / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1] + b"x")
+    assert "model.safetensors changed" in check_saved(rundir.snapshot_path(5))
+    plan = rundir.resume_plan(plan_sha256="abc", given={})
+    assert plan.snapshot_step == 2 and [u[0] for u in plan.replay] == [step_seed(0, s)
+                                                                       for s in (3, 4, 5, 6)]
+    assert len(plan.notes) == 1 and "step-000005 is damaged" in plan.notes[0]
+
+
+def test_a_logged_seed_or_lr_off_the_run_s_rule_is_refused(tmp_path):
+    rundir = RunDir(tmp_path)
+    rundir.write_identity(_cfg(), "abc")
+    _log(rundir, [_record(0), _record(1, seed=step_seed(0, 1) + 1)])
+    with pytest.raises(ZoError, match=r"losses.jsonl:2: step 1 has seed .* seed rule gives"):
+        rundir.resume_plan(plan_sha256="abc", given={})
+    (tmp_path / "losses.jsonl").unlink()
+    _log(rundir, [_record(0), _record(1, lr=2e-3)])
+    with pytest.raises(ZoError, match=r"losses.jsonl:2: step 1 has lr 0.002, but the run's "
+                                      r"schedule gives 0.001"):
+        rundir.resume_plan(plan_sha256="abc", given={})
+
+
+def test_an_edited_run_json_is_refused(tmp_path):
+    rundir = RunDir(tmp_path)
+    rundir.write_identity(_cfg(), "abc")
+    path = tmp_path / "run.json"
+    path.write_text(path.read_text().replace('"seed": 0', '"seed": 1'))
+    with pytest.raises(ZoError, match="run.json was edited after the run started"):
+        rundir.resume_plan(plan_sha256="abc", given={})
+
+
+def test_extending_a_constant_schedule_continues_a_decaying_one_needs_a_new_schedule():
+    ident = {"steps": 10, "lr": 1e-3, "lr_schedule": "constant", "warmup_steps": 2,
+             "schedule": [[0, 10]], "extensions": []}
+    same, line = extend(ident, steps=20, start_step=10, new_schedule=False)
+    assert same["schedule"] == [[0, 20]] and "the constant lr 0.001 continues" in line
+    assert same["extensions"] == [{"at_step": 10, "from_steps": 10, "to_steps": 20,
+                                   "new_schedule": False}]
+    cosine = {**ident, "lr_schedule": "cosine"}
+    with pytest.raises(ZoError, match=r"--steps 20: the run's cosine schedule decays over 10 "
+                                      r"steps .* give --new-schedule"):
+        extend(cosine, steps=20, start_step=6, new_schedule=False)
+    new, line = extend(cosine, steps=20, start_step=6, new_schedule=True)
+    assert new["schedule"] == [[0, 10], [6, 20]] and "a new cosine schedule from step 6" in line
+    # steps before 6 keep the old schedule's lr; from 6 a cosine restarts at lr over 14 steps
+    assert logged_lr(new, 5) == logged_lr(cosine, 5) and logged_lr(new, 6) == 1e-3
+    assert logged_lr(new, 13) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 7 / 14)))
+    assert extend(cosine, steps=10, start_step=6, new_schedule=False) == (cosine, None)
+
+
+def test_the_devices_that_draw_z_must_be_the_run_s_and_one_model():
+    cpu = {"device_kind": "cpu", "torch": "2.13.0"}
+    h100 = {"device_kind": "cuda", "torch": "2.13.0", "device": "H100", "sm_count": 132}
+    a100 = {**h100, "device": "A100", "sm_count": 108}
+    assert z_problem([cpu, cpu], recorded=cpu, resumed=True, local_ranks=1) is None
+    assert "rank 1 (node 0) would draw z on torch 2.14.0 (the run's: 2.13.0)" in z_problem(
+        [cpu, {**cpu, "torch": "2.14.0"}], recorded=cpu, resumed=True, local_ranks=2)
+    assert "rank 2 (node 1) has device A100 (rank 0's: H100)" in z_problem(
+        [h100, h100, a100, a100], recorded=None, resumed=False, local_ranks=2)
 
 
 def test_pruning_removes_half_written_snapshots(tmp_path):
@@ -164,3 +250,28 @@ def test_resume_refuses_another_schedule(tmp_path):
         rundir.resume_plan(plan_sha256="abc", given={"warmup_steps": 3})
     plan = rundir.resume_plan(plan_sha256="abc", given={"lr_schedule": "cosine", "warmup_steps": None})
     assert plan.settings["lr_schedule"] == "cosine" and plan.settings["warmup_steps"] == 2
+
+
+def test_nodes_whose_copies_differ_are_named():
+    from zoexec.run.agree import diverged
+
+    node = {0: "a", 1: "b", "resident": "r"}
+    # 2 nodes x 2 local ranks: each rank checksums its share (block b on local rank b % 2)
+    same = [{0: "a", "resident": "r"}, {1: "b"}, {0: "a", "resident": "r"}, {1: "b"}]
+    assert diverged(same, local_ranks=2) is None and set(node) == {0, 1, "resident"}
+    other = [{0: "a", "resident": "r"}, {1: "b"}, {0: "a", "resident": "r"}, {1: "B"}]
+    assert diverged(other, local_ranks=2) == "differ from node 0's: node 1 (block 1)"
+    three = [{0: "a", "resident": "r"}, {0: "x", "resident": "y"}, {0: "a", "resident": "r"}]
+    assert diverged(three, local_ranks=1) == ("differ from node 0's: node 1 (block 0, the "
+                                              "resident parts)")
+
+
+def test_the_step_history_keeps_records_as_numbers_and_gives_them_back():
+    from zoexec.maths.history import StepHistory
+
+    records = [_record(0), _record(1, loss_plus=math.nan, g=math.nan), _record(2, skipped=True)]
+    history = StepHistory(records)
+    assert len(history) == 3 and history[-1] == records[2] and history[0] == records[0]
+    back = list(history)
+    assert back[1].step == 1 and math.isnan(back[1].g) and back[1].seed == records[1].seed
+    assert [r.update for r in back] == [r.update for r in records]

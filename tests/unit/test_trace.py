@@ -40,3 +40,17 @@ def test_non_finite_numbers_in_a_json_input_are_one_line(tmp_path, constant):
     path.write_text('{"a": [1, ' + constant + ']}')
     with pytest.raises(ZoError, match=f"plan {path} holds {constant}, which is not a finite"):
         load_json(path, what="plan")
+
+
+def test_a_rank_s_span_writer_holds_at_most_its_buffer_and_writes_what_read_trace_reads(tmp_path):
+    from zoplan.trace import SpanWriter, write_trace_meta
+
+    writer = SpanWriter(tmp_path, 1, buffer=8)
+    for step in range(50):
+        writer.append(Span(kind="h2d", rank=1, start_s=float(step), dur_s=0.5, step=step))
+        assert len(writer._held) < 8
+    writer.close()
+    write_trace_meta(tmp_path, {"world_size": 2})
+    meta, spans = read_trace(tmp_path)
+    assert meta["world_size"] == 2 and [s.step for s in spans] == list(range(50))
+    assert writer.count == 50

@@ -24,9 +24,11 @@ from zoexec.data.text import TOKENIZER_FILES
 from zoexec.launch.spawn import one_rank
 from zoexec.run.evaluate import make_evaluator
 from zoexec.run.report import quiet_libraries
+from zoexec.run.verify import check_safetensors
 from zoexec.runtime import device as zdevice
 from zoexec.runtime import groups as zgroups
 from zoexec.runtime import lanes as zlanes
+from zoexec.store.loading import weight_files
 from zoexec.store.node import close_store, load_node_model, share_read_flags
 from zoexec.train.engine import Trainer
 from zoplan.errors import ZoError
@@ -48,6 +50,10 @@ def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ZoError(f"{model_dir} is not a model folder (no config.json)")
+    for shard in weight_files(model_dir):   # whole shards: a truncated one is one line
+        problem = check_safetensors(shard)
+        if problem:
+            raise ZoError(problem)
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES) and task.name != "text":
         raise ZoError(f"{model_dir} holds no tokenizer (no {', '.join(TOKENIZER_FILES)}): "
                       f"--task {task.name} needs one")

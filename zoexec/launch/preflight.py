@@ -13,6 +13,7 @@ import psutil
 
 from zoexec.data.tasks import check_task_data, make_eval_set
 from zoexec.data.text import check_data
+from zoexec.run.verify import check_safetensors, free_bytes
 from zoexec.runtime.device import device_count, device_memory_free
 from zoexec.runtime.devicemap import ENV_VISIBLE, cuda_index, visible_env
 from zoexec.runtime.groups import place_from_env
@@ -21,6 +22,7 @@ from zoplan.errors import ZoError
 from zoplan.memory import fmt_bytes, node_host_memory, rank_memory
 from zoplan.models import get_model
 from zoplan.plan import Plan
+from zoplan.trace import SPAN_BUFFER
 
 # The CUDA context of a process (the driver's and the runtime's state, the kernels'
 # code, cuBLAS/cuDNN handles): 0.5-1 GiB on current GPUs and drivers, outside torch's
@@ -45,11 +47,12 @@ def preflight(cfg, *, world_size: int | None = None, local_world_size: int | Non
     _check_devices(cfg)
     _check_memory(cfg)
     _check_model(cfg)
-    if cfg.task.data != "synthetic" and not Path(cfg.task.data).is_file():
-        raise ZoError(f"data file {cfg.task.data} does not exist")
+    if cfg.task.data != "synthetic" and not Path(cfg.task.data).exists():
+        raise ZoError(f"data file {cfg.task.data} does not exist")   # a file or a save_to_disk folder
     for what, where in (("--out", cfg.checkpoint.out), ("--trace", cfg.logging.trace)):
         if where:
             _check_output_folder(what, Path(where))
+    _check_trace_room(cfg)
     _check_data(cfg)
 
 
@@ -119,10 +122,44 @@ def _check_memory(cfg) -> None:
     launcher never creates a CUDA context."""
     host = node_host_memory(**_memory_shape(cfg), random_init=cfg.weights == "random")
     stored = float(cfg.plan["predicted"].get("host_mem_bytes") or 0)
-    need, available = max(host.total_bytes, stored), psutil.virtual_memory().available
+    traced = trace_memory_bytes(cfg)
+    need, available = max(host.total_bytes, stored) + traced, psutil.virtual_memory().available
     if need > available:
+        kept = f"; with --trace {fmt_bytes(traced)} of spans held" if traced else ""
         raise ZoError(f"the plan needs {fmt_bytes(need)} of host memory per node, "
-                      f"{fmt_bytes(available)} is available ({_why(host, stored)})")
+                      f"{fmt_bytes(available)} is available ({_why(host, stored)}{kept})")
+
+
+# a span as a line of rank{r}.jsonl: 96-140 bytes; a held Span object with its numbers:
+# 174 bytes (tracemalloc over 4,096 spans); both rounded up (docs/run-folder.md)
+SPAN_LINE_BYTES = 160
+SPAN_HELD_BYTES = 256
+
+
+def trace_memory_bytes(cfg) -> int:
+    """What a traced run keeps in host memory per node: each local rank holds at most
+    zoplan.trace.SPAN_BUFFER spans before it appends them to its own file (nothing is
+    gathered); 0 without --trace."""
+    if not cfg.logging.trace:
+        return 0
+    return cfg.layout.local_ranks * SPAN_BUFFER * SPAN_HELD_BYTES
+
+
+def trace_disk_bytes(cfg) -> int:
+    """The span files of a traced run: the plan's spans a step times the steps, as lines."""
+    spans = len(cfg.plan["predicted"].get("spans") or ()) or 1
+    return spans * cfg.optim.steps * SPAN_LINE_BYTES
+
+
+def _check_trace_room(cfg) -> None:
+    """--trace: the span files fit where they go (a full disk found now, with the path
+    and the free space, not after hours of training)."""
+    if not cfg.logging.trace:
+        return
+    need, free = trace_disk_bytes(cfg), free_bytes(Path(cfg.logging.trace))
+    if free is not None and need > free:
+        raise ZoError(f"--trace {cfg.logging.trace}: the spans of {cfg.optim.steps} steps need "
+                      f"about {fmt_bytes(need)}, its file system has {fmt_bytes(free)} free")
 
 
 def check_gpu_memory(cfg, device_index: int | None) -> None:
@@ -176,7 +213,10 @@ def _check_model(cfg) -> None:
         raise ZoError(f"model path {path} is not a directory")
     if not (path / "config.json").is_file():
         raise ZoError(f"model path {path} has no config.json")
-    weight_files(path)   # safetensors weights, every shard there (before any rank starts)
+    for shard in weight_files(path):   # safetensors weights, every shard there and whole
+        problem = check_safetensors(shard)
+        if problem:
+            raise ZoError(f"model path {path}: {problem}")
     have, want = get_model(str(path)), cfg.model_spec
     for key in ("family", "num_layers", "hidden", "vocab"):
         if getattr(have, key) != getattr(want, key):

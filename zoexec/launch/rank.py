@@ -1,7 +1,8 @@
 """One rank of `zoexec run`, from joining the job to leaving it: the device and groups,
 the data, the run folder (rank 0 owns it), the node's model, the training loop
 (zoexec.run.loop) around the engine's steps, and at the end the weights, then the trace,
-then rank 0's summary (zoexec.run.report)."""
+then rank 0's summary (zoexec.run.report). With --trace each rank writes its spans to
+its own file as it goes (bounded memory; nothing is gathered but memory figures)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from zoexec.run.evaluate import make_evaluator
 from zoexec.run.folder import RunDir
 from zoexec.run.loop import EXIT_CODES, TrainLoop, prepare_rundir
 from zoexec.run.report import Reporter, quiet_libraries
+from zoexec.run.verify import z_environment, z_problem
 from zoexec.runtime import groups as zgroups
 from zoexec.runtime import lanes as zlanes
 from zoexec.runtime import procwatch
@@ -26,8 +28,9 @@ from zoexec.runtime.hostenv import keep_freed_memory
 from zoexec.store.node import close_store, host_memory_probe, load_node_model, share_read_flags
 from zoexec.train.engine import Trainer
 from zoexec.train.speed import SpeedMonitor
+from zoplan.errors import ZoError
 from zoplan.io import sha256_json
-from zoplan.trace import Span, write_trace
+from zoplan.trace import SpanWriter, write_trace_meta
 
 
 def rank_main(cfg: RunConfig, place: zgroups.RankPlace, *, on_failure=None) -> list[StepRecord]:
@@ -62,7 +65,7 @@ def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
     reporter = Reporter.make(cfg, env)   # its clock starts here: the summary's start-up
     source = _data_source(cfg)
     evaluator = make_evaluator(cfg)   # the held-out data (--eval-data), read before the model
-    owned = prepare_rundir(cfg, env, sha256_json(cfg.plan))
+    owned = prepare_rundir(cfg, env, sha256_json(cfg.plan), z=_agreed_z(cfg, env))
     try:
         with failing("run_id", rank=env.rank):
             run_id = zgroups.broadcast_object(env, cfg.run_id if cfg.run_id not in ("", "run")
@@ -74,10 +77,12 @@ def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
             speed.check()
             with failing("clock", rank=env.rank):
                 epoch_s, clock = zlanes.clock_epoch(env)
+            spans = SpanWriter(Path(cfg.logging.trace), env.rank) if cfg.logging.trace else None
             trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=source,
-                              lanes=zlanes.make_lanes(env, epoch_s=epoch_s), flags=flags,
-                              speed=speed)
-            loop = TrainLoop(trainer, RunDir(cfg.checkpoint.out) if cfg.checkpoint.out else None, reporter,
+                              lanes=zlanes.make_lanes(env, epoch_s=epoch_s, spans=spans),
+                              flags=flags, speed=speed)
+            out = cfg.checkpoint.out
+            loop = TrainLoop(trainer, RunDir(out) if out else None, reporter,
                              evaluator, stop=stop)
             records = loop.run()
             speed.check()
@@ -85,7 +90,7 @@ def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
             loop.finish()   # the weights first: a full disk for the trace loses no model
             _write_trace(cfg, env, trainer, memory,
                          {"clock": clock, "threads": threads, "start_step": cfg.start_step,
-                          "records": [r.to_dict() for r in records], **speed.meta(),
+                          "records": records, **speed.meta(),
                           **trainer.rounding.meta()})
             reporter.summary()
             return records
@@ -96,6 +101,23 @@ def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
             owned.unlock()
 
 
+def _agreed_z(cfg: RunConfig, env: zgroups.DistEnv) -> dict:
+    """What decides z on this rank's device (zoexec.run.verify.z_environment), the same
+    on every rank and, on a resume, the run's: else a ZoError on every rank before
+    anything is written."""
+    mine = z_environment(env.device)
+    every = zgroups.gather_objects(env, mine)
+    problem = None
+    if env.rank == 0:
+        recorded = (cfg.identity or {}).get("z")
+        problem = z_problem(every, recorded=recorded, resumed=cfg.resumed and cfg.identity is not None,
+                            local_ranks=cfg.layout.local_ranks)
+    problem = zgroups.broadcast_object(env, problem)
+    if problem:
+        raise ZoError(problem)
+    return mine
+
+
 def _data_source(cfg: RunConfig):
     """The data (read before the model is built, so a bad file fails fast)."""
     return make_source(cfg.task.data, vocab=cfg.model_spec.vocab, seed=cfg.optim.seed,
@@ -104,16 +126,20 @@ def _data_source(cfg: RunConfig):
 
 def _write_trace(cfg: RunConfig, env: zgroups.DistEnv, trainer: Trainer, memory: dict,
                  meta_extra: dict) -> None:
-    """Every rank's spans and memory, gathered to rank 0, which writes the trace."""
-    with failing("trace", rank=env.rank):
-        spans = zgroups.gather_objects(env, [s.to_dict() for s in trainer.lanes.spans])
-        memories = zgroups.gather_objects(env, memory)
-    if env.rank != 0 or not cfg.logging.trace:
+    """Each rank closes its own span file (written as the run went: zoplan.trace.SpanWriter);
+    rank 0 gathers the ranks' memory figures and writes meta.json. Without --trace
+    nothing was kept and nothing is gathered."""
+    if not cfg.logging.trace:
         return
-    flat = [Span.from_dict(s) for rank_spans in spans for s in rank_spans]
+    trainer.lanes.spans.close()
+    meta_extra = {**meta_extra, "records": [r.to_dict() for r in meta_extra["records"]]}
+    with failing("trace", rank=env.rank):
+        memories = zgroups.gather_objects(env, memory)
+    if env.rank != 0:
+        return
     meta = {"plan_sha256": sha256_json(cfg.plan), "plan_path": str(cfg.plan_path),
             "world_size": env.layout.world_size, "steps": cfg.optim.steps,
             "layout": env.layout.to_dict(), "device_kind": cfg.device_kind,
             "model": cfg.plan["model"]["name"], "workload": cfg.plan["workload"],
             "source": "zoexec", "host_memory": memories, **meta_extra}
-    write_trace(Path(cfg.logging.trace), flat, meta)
+    write_trace_meta(Path(cfg.logging.trace), meta)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 
 from zoexec.launch import failures
 from zoexec.launch.preflight import preflight
+from zoexec.run.folder import undone_on_failure
 from zoexec.runtime import procwatch
 from zoexec.runtime.groups import RankPlace, place_from_env
 from zoexec.runtime.procwatch import ProcessId
@@ -69,7 +70,8 @@ def run(cfg, *, checked=None) -> None:
     `checked()` runs once the plan passed preflight (the CLI's notes)."""
     place = place_from_env()
     if place is not None:
-        run_torchrun_rank(cfg, place)
+        with undone_on_failure(cfg if place.rank == 0 else None):
+            run_torchrun_rank(cfg, place)
         return
     sweep_stale_files(cfg.runtime.shm_dir)   # before preflight: stale files hold memory it counts as used
     if cfg.layout.world_size == 1:   # one rank: no process to start, no forkserver
@@ -78,7 +80,8 @@ def run(cfg, *, checked=None) -> None:
     preflight(cfg)
     if checked:
         checked()
-    spawn_local(cfg)
+    with undone_on_failure(cfg):   # a new run that failed before a step: its folder goes
+        spawn_local(cfg)
 
 
 def sweep_stale_files(directory=None) -> None:
@@ -256,7 +259,7 @@ def run_in_process(cfg, *, checked=None) -> list:
     preflight(cfg)
     if checked:
         checked()
-    with one_rank(cfg) as (cfg, place):
+    with undone_on_failure(cfg), one_rank(cfg) as (cfg, place):
         try:
             return rank_main(cfg, place)
         except (ZoError, KeyboardInterrupt):

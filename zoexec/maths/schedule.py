@@ -23,3 +23,11 @@ def lr_at(step: int, *, lr: float, schedule: str, warmup: int, total: int) -> fl
     if schedule == "linear":
         return lr * (1.0 - done)
     return lr * 0.5 * (1.0 + math.cos(math.pi * done))
+
+
+def lr_from(step: int, *, start: int, lr: float, schedule: str, warmup: int, total: int) -> float:
+    """The learning rate of `step` in a schedule that starts at step `start` and ends at
+    `total` (a run extended with a new schedule starts one at the step it resumed at,
+    without warm-up; the first starts at 0 with the run's warm-up)."""
+    return lr_at(step - start, lr=lr, schedule=schedule, warmup=warmup if start == 0 else 0,
+                 total=total - start)

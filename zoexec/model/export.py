@@ -61,7 +61,8 @@ def export_weights(parts, block_flats, folder: Path, *, resident=None,
                    max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write `folder` atomically as save_pretrained would (see the module docstring), in
     the stored precision (the blocks' dtype); `extra_files`: the model folder the run
-    started from (its tokenizer and generation config); `state`: state.json;
+    started from (its tokenizer and generation config); `state`: state.json (or a
+    function of the folder written so far that returns it: checksums of its files);
     `resident`: the resident weights' clean flat copy (resident_specs order), else the
     resident modules' own weights. Non-finite weights are refused."""
     for index, flat in enumerate(block_flats):
@@ -75,8 +76,9 @@ def export_weights(parts, block_flats, folder: Path, *, resident=None,
         write_safetensors(hf_tensors(parts, block_flats, resident=resident), tmp, dtype=dtype,
                           max_shard_bytes=max_shard_bytes)
         copy_tokenizer(extra_files, tmp)
-        if state is not None:
-            (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=False) + "\n")
+        if state is not None:   # a callable: state(the folder written so far)
+            content = state(tmp) if callable(state) else state
+            (tmp / "state.json").write_text(json.dumps(content, indent=1, allow_nan=False) + "\n")
     return Path(folder)
 
 

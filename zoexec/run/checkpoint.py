@@ -6,28 +6,38 @@ seed, loss_plus, loss_minus, g, loss, lr, data_position, tokens_per_s, step_time
 "skipped": true and applied no update). Each line is flushed and fsynced before the
 step counts as done: the (seed, g, lr) triples are the whole training history of MeZO,
 so initial weights (or a snapshot) + this log rebuild the model exactly (seed replay,
-zoexec.run.folder). A crash can leave at most a torn last line, which a resume drops.
+zoexec.run.folder). A crash can leave at most a torn last line, which a resume drops;
+any other bad line is damage, and a resume is refused (read_log_checked).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from zoexec.maths.history import StepRecord
 from zoplan.errors import ZoError
 
+_STRICT_JSON = json.JSONEncoder(allow_nan=False)   # one encoder (zoexec.run.report.STRICT_JSON)
+
 
 class LossLog:
-    """Rank 0's log: losses.jsonl in the run folder, appended and fsynced step by step."""
+    """Rank 0's log: losses.jsonl in the run folder, appended and fsynced step by step.
+    `keep_bytes`: a resumed run's whole lines (LogRead.good_bytes): a torn last line
+    after them is cut off before the first new line."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, *, keep_bytes: int | None = None) -> None:
         self.path = Path(out_dir) / "losses.jsonl"
+        if keep_bytes is not None and self.path.is_file() \
+                and self.path.stat().st_size > keep_bytes:
+            with self.path.open("r+b") as handle:
+                handle.truncate(keep_bytes)
         self._handle = self.path.open("a")
 
     def append(self, record: StepRecord) -> None:
-        self._handle.write(json.dumps(record.to_dict(), allow_nan=False) + "\n")
+        self._handle.write(_STRICT_JSON.encode(record.to_dict()) + "\n")
         self._handle.flush()
         os.fsync(self._handle.fileno())
 
@@ -36,26 +46,56 @@ class LossLog:
             self._handle.close()
 
 
-def read_log(path: Path) -> list[StepRecord]:
-    """The completed steps of a log: every whole line up to the first torn or malformed
-    one (a crash can tear the last line), which is cut off the file."""
+@dataclass(frozen=True, kw_only=True)
+class LogRead:
+    """A log as read: its whole lines' records, their bytes, and whether a torn last
+    line (a crash while writing it) follows them."""
+
+    records: tuple[StepRecord, ...]
+    good_bytes: int
+    torn: bool
+
+
+def read_log_checked(path: Path) -> LogRead:
+    """Every line of a log, read without changing it: a whole line that is not a step
+    record, or steps out of order, is a ZoError naming the line; only a torn last line
+    (no newline: a crash while writing it) is left out (and reported)."""
     path = Path(path)
     if not path.is_file():
-        return []
-    records, good = [], 0
+        return LogRead(records=(), good_bytes=0, torn=False)
+    records: list[StepRecord] = []
+    good, torn = 0, False
     with path.open("rb") as handle:
-        for raw in handle:
-            try:
-                if not raw.endswith(b"\n"):
-                    raise ValueError("torn line")
-                record = StepRecord.from_dict(json.loads(raw))
-            except (ValueError, KeyError, TypeError):
+        for number, raw in enumerate(handle, 1):
+            if not raw.endswith(b"\n"):
+                torn = True
                 break
-            if records and record.step != records[-1].step + 1:
-                raise ZoError(f"{path}: step {record.step} follows step {records[-1].step}")
+            record = _record(path, number, raw)
+            want = records[-1].step + 1 if records else 0
+            if record.step != want:
+                raise ZoError(f"{path}:{number}: step {record.step} where step {want} belongs "
+                              f"(the log is damaged; a resume cannot trust it)")
             records.append(record)
             good += len(raw)
-    if good < path.stat().st_size:
-        with path.open("r+b") as handle:
-            handle.truncate(good)
-    return records
+    return LogRead(records=tuple(records), good_bytes=good, torn=torn)
+
+
+def _record(path: Path, number: int, raw: bytes) -> StepRecord:
+    try:
+        return StepRecord.from_dict(json.loads(raw))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ZoError(f"{path}:{number} is not a step record ({type(exc).__name__}: "
+                      f"{str(exc)[:80]}); only a torn last line is a crash's trace: the log "
+                      f"is damaged and a resume cannot trust it") from None
+
+
+def read_log(path: Path) -> list[StepRecord]:
+    """The completed steps of a log (read_log_checked's records; the file is not changed)."""
+    return list(read_log_checked(path).records)
+
+
+def read_losses(path: Path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise ZoError(f"loss log {path} does not exist")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

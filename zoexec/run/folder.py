@@ -1,21 +1,32 @@
 """A run folder (`zoexec run --out DIR`): what it holds, who owns it, how it resumes.
 
     DIR/run.json                   the run's identity: plan sha256 and path, seed, lr,
-                                   eps, weight decay, data, initial weights, steps
+                                   eps, weight decay, data, initial weights, steps, the
+                                   lr schedule's segments, the checkpoint options, the
+                                   inputs' absolute paths and fingerprints, what decides
+                                   z (device, versions); sealed by a digest
     DIR/losses.jsonl               one line per completed step (zoexec.run.checkpoint)
-    DIR/snapshots/step-000120/     the weights after step 120 (HF folder + state.json)
-    DIR/final/                     the weights at the end
+    DIR/snapshots/step-000120/     the weights after step 120 (HF folder + state.json,
+                                   which holds the sha256 of every other file)
+    DIR/final/                     the weights at the end (checksummed alike)
     DIR/best/                      --save-best: the best evaluation's weights (zoexec.run.watch)
     DIR/.lock                      held (flock) by the run that owns DIR
 
 A snapshot holds every update up to its step (the pending one flushed). Resuming
-(`zoexec run plan.json --resume DIR`) starts from the newest whole snapshot (or the
-run's initial weights), applies the logged updates after it in one pass over the
-blocks (each block gets the same updates in the same order as in the run: the weights
-come out bit for bit), and continues with the next step; the data source is addressed
-by step, so the data position is the step. A crash at any instant leaves a consistent
-folder: snapshots are renamed into place whole, the log is fsynced line by line and a
-torn last line is cut off.
+(`zoexec run plan.json --resume DIR`) starts from the newest whole snapshot whose
+checksums hold (or the run's initial weights), applies the logged updates after it in
+one pass over the blocks (each block gets the same updates in the same order as in
+the run: the weights come out bit for bit), and continues with the next step; the data
+source is addressed by step, so the data position is the step. A crash at any instant
+leaves a consistent folder: snapshots are renamed into place whole, the log is fsynced
+line by line and a torn last line is cut off.
+
+Nothing read back is trusted unread (zoexec.run.verify): run.json's digest, every
+logged line's seed and lr against the run's seed rule and schedule, the data's hash
+and the model's headers, each snapshot's checksums (a damaged one is passed over for
+the one before it plus the log, and said so). Any other damage (a missing or corrupt
+log beside snapshots, a changed input, an edited run.json) is one ZoError naming the
+file, and nothing in the folder is changed.
 """
 
 from __future__ import annotations
@@ -25,37 +36,48 @@ import json
 import os
 import re
 import shutil
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from zoexec.maths.history import StepRecord
-from zoexec.run.checkpoint import read_log
+from zoexec.maths.schedule import lr_from
+from zoexec.maths.zo import step_seed
+from zoexec.run.checkpoint import LogRead, read_log_checked
+from zoexec.run.verify import check_saved, check_seal, input_change, seal
 from zoplan import __version__
 from zoplan.errors import ZoError
 from zoplan.io import atomic_write_text, load_json
 
+SCHEMA_VERSION = 2
 IDENTITY = "run.json"
 LOG = "losses.jsonl"
 SNAPSHOTS = "snapshots"
 FINAL = "final"
 LOCK = ".lock"
+RUN_FILES = (IDENTITY, LOG, SNAPSHOTS, FINAL, "best", "metrics.jsonl", "runs")   # what a run writes
 # the settings a resume takes from run.json (an explicit different value is refused)
 SETTINGS = ("seed", "lr", "eps", "weight_decay", "data", "init", "lr_schedule", "warmup_steps",
             "task")
-TEXT_TASK = {"name": "text", "text_column": "text"}   # run.json without "task": zoexec.data.tasks' text
+KEPT = ("save_every", "save_steps", "keep")   # checkpoint options a resume keeps unless given
 _SNAPSHOT = re.compile(r"step-(\d+)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ResumePlan:
-    """Where a resumed run starts: its initial weights (a snapshot folder or the run's
-    own init), the logged updates to apply to them, and the next step."""
+    """Where a resumed run starts: its initial weights (a verified snapshot folder or
+    the run's own init), the logged updates to apply to them, the next step, the log's
+    whole bytes (a torn last line after them is cut off), and notes for the terminal."""
 
     init: str
     snapshot_step: int | None
     replay: tuple[tuple[int, float, float], ...]    # (seed, g, lr) in step order
     start_step: int
     settings: dict
+    identity: dict
+    log_bytes: int = 0
+    notes: tuple[str, ...] = ()
 
 
 class RunDir:
@@ -71,7 +93,7 @@ class RunDir:
 
     @property
     def holds_a_run(self) -> bool:
-        return any((self.path / name).exists() for name in (IDENTITY, LOG, SNAPSHOTS, "final"))
+        return any((self.path / name).exists() for name in (IDENTITY, LOG, SNAPSHOTS, FINAL))
 
     # ---- ownership -----------------------------------------------------------------------
     def lock(self) -> None:
@@ -106,29 +128,48 @@ class RunDir:
 
     def clear(self) -> None:
         """Remove a previous run's files (--overwrite): only what a run writes."""
-        for name in (IDENTITY, LOG, SNAPSHOTS, "final", "best"):
+        for name in RUN_FILES:
             target = self.path / name
             if target.is_dir():
                 shutil.rmtree(target)
             else:
                 target.unlink(missing_ok=True)
 
+    def discard(self, *, existed: bool) -> None:
+        """Undo a new run that failed before its first step: its files, and the folder
+        itself when the run created it and it is empty now."""
+        self.clear()
+        (self.path / LOCK).unlink(missing_ok=True)
+        if not existed:
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass
+
     # ---- identity ------------------------------------------------------------------------
-    def write_identity(self, cfg, plan_sha256: str) -> None:
-        data = {"schema_version": 1, "tool": f"zoexec {__version__}",
-                "plan_sha256": plan_sha256, "plan_path": str(cfg.plan_path),
-                "steps": cfg.optim.steps, **cfg.settings()}
-        atomic_write_text(self.path / IDENTITY, json.dumps(data, indent=1) + "\n")
+    def write_identity(self, cfg, plan_sha256: str, *, z: dict | None = None) -> None:
+        """run.json of a new run (sealed; `z`: what decides z on its devices)."""
+        self.write_sealed(identity_of(cfg, plan_sha256, z=z))
+
+    def write_sealed(self, data: dict) -> None:
+        atomic_write_text(self.path / IDENTITY, json.dumps(seal(data), indent=1) + "\n")
 
     def read_identity(self) -> dict:
+        """run.json, its digest checked (ZoError: missing, older, edited)."""
         path = self.path / IDENTITY
         if not path.is_file():
             raise ZoError(f"{self.path} holds no run to resume (no {IDENTITY})")
         data = load_json(path, what="run identity")
-        if isinstance(data, dict) and data.get("task") is None:
-            data["task"] = dict(TEXT_TASK)   # written before tasks: the text task
-        missing = [k for k in ("plan_sha256", "steps", *SETTINGS) if k not in data]
-        if not isinstance(data, dict) or missing:
+        if not isinstance(data, dict):
+            raise ZoError(f"{path} is not a run identity (a JSON object)")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ZoError(f"{path} has schema_version {data.get('schema_version')!r}, not "
+                          f"{SCHEMA_VERSION} (written by an older zoexec, without checksums): "
+                          f"it cannot be resumed with verification; start a new run")
+        check_seal(data, path)
+        missing = [k for k in ("plan_sha256", "steps", "schedule", "inputs", *SETTINGS, *KEPT)
+                   if k not in data]
+        if missing:
             raise ZoError(f"{path} is not a run identity (missing {', '.join(missing)})")
         return data
 
@@ -138,13 +179,16 @@ class RunDir:
 
     def snapshots(self) -> list[tuple[int, Path]]:
         """Whole snapshots (their state.json written), oldest first."""
+        return sorted((step, path) for step, path, whole in self._snapshot_folders() if whole)
+
+    def _snapshot_folders(self) -> list[tuple[int, Path, bool]]:
         folder = self.path / SNAPSHOTS
         out = []
         for path in folder.iterdir() if folder.is_dir() else ():
             match = _SNAPSHOT.fullmatch(path.name)
-            if match and (path / "state.json").is_file():
-                out.append((int(match[1]), path))
-        return sorted(out)
+            if match and path.is_dir():
+                out.append((int(match[1]), path, (path / "state.json").is_file()))
+        return out
 
     def final(self) -> tuple[int, Path] | None:
         """(step, path) of final/ when it is whole (a run that ended; --steps can extend it)."""
@@ -156,43 +200,217 @@ class RunDir:
 
     def prune(self, keep: int) -> None:
         """Keep the newest `keep` snapshots; remove half-written ones (a run killed while
-        saving leaves .step-NNNNNN.tmp)."""
+        saving leaves .step-NNNNNN.tmp) and snapshot folders without their state.json."""
         for _, path in self.snapshots()[:-keep] if keep > 0 else []:
             shutil.rmtree(path, ignore_errors=True)
+        for _, path, whole in self._snapshot_folders():
+            if not whole:
+                shutil.rmtree(path, ignore_errors=True)
         for path in (self.path / SNAPSHOTS).glob(".step-*.tmp"):
             shutil.rmtree(path, ignore_errors=True)
 
     def records(self) -> list[StepRecord]:
-        return read_log(self.log_path)
+        return list(read_log_checked(self.log_path).records)
 
     # ---- resuming ------------------------------------------------------------------------
-    def resume_plan(self, *, plan_sha256: str, given: dict) -> ResumePlan:
-        """Where `zoexec run --resume` starts, from the identity, the newest whole
-        snapshot and the log. `given`: settings the user passed (None: not given)."""
+    def resume_plan(self, *, plan_sha256: str, given: dict,
+                    accept_moved: bool = False) -> ResumePlan:
+        """Where `zoexec run --resume` starts, from the identity, the log and the newest
+        snapshot whose checksums hold; every check before anything is changed. `given`:
+        settings the user passed (None: not given)."""
         ident = self.read_identity()
         if ident["plan_sha256"] != plan_sha256:
             raise ZoError(f"{self.path} was run with another plan (sha256 "
                           f"{ident['plan_sha256'][:12]}, this plan {plan_sha256[:12]}; it "
                           f"was {ident.get('plan_path', '?')})")
-        for key in SETTINGS:
-            if given.get(key) is not None and given[key] != ident[key]:
-                if key == "task":
-                    raise ZoError(f"the task {_task_text(given[key])} differs from the run being "
-                                  f"resumed ({_task_text(ident[key])}): a resumed run keeps its "
-                                  f"task")
-                raise ZoError(f"--{key.replace('_', '-')} {given[key]} differs from the run "
-                              f"being resumed ({ident[key]}): a resumed run keeps its settings")
-        records = self.records()
-        final = self.final()
-        snaps = [(step, path) for step, path in self.snapshots() + ([final] if final else [])
-                 if not records or step <= records[-1].step]
-        snaps.sort()
-        step, path = snaps[-1] if snaps else (None, None)
-        replay = tuple(r.update for r in records
+        _check_settings(ident, given)
+        ident, moved = _checked_inputs(ident, given, accept_moved=accept_moved)
+        log = self._verified_log(ident)
+        step, path, notes = self._start_point(log)
+        replay = tuple(r.update for r in log.records
                        if (step is None or r.step > step) and r.update is not None)
+        records = log.records
         return ResumePlan(init=str(path) if path else ident["init"], snapshot_step=step,
                           replay=replay, start_step=records[-1].step + 1 if records else 0,
-                          settings={k: ident[k] for k in (*SETTINGS, "steps")})
+                          settings={k: ident[k] for k in (*SETTINGS, *KEPT, "steps")},
+                          identity=ident, log_bytes=log.good_bytes, notes=(*moved, *notes))
+
+    def _verified_log(self, ident: dict) -> LogRead:
+        """The log, each line's seed and lr checked against the run's seed rule and lr
+        schedule; a missing or empty log beside saved weights is refused."""
+        log = read_log_checked(self.log_path)
+        saved = [step for step, _ in self.snapshots()] + [f[0] for f in [self.final()] if f]
+        if not log.records and saved:
+            what = "is empty" if self.log_path.is_file() else "is missing"
+            raise ZoError(f"{self.log_path} {what} but the folder holds weights saved after "
+                          f"step {max(saved)}: the log they continue from is lost and the "
+                          f"run cannot be resumed exactly")
+        for number, record in enumerate(log.records, 1):
+            _check_record(self.log_path, number, record, ident)
+        if saved and log.records and max(saved) > log.records[-1].step:
+            raise ZoError(f"{self.log_path} ends at step {log.records[-1].step} but the folder "
+                          f"holds weights saved after step {max(saved)}: the log lost lines")
+        return log
+
+    def _start_point(self, log: LogRead) -> tuple[int | None, Path | None, list[str]]:
+        """The newest saved weights (final/ or a snapshot) within the log whose checksums
+        hold; a damaged one is passed over for the one before it, with a note."""
+        last = log.records[-1].step if log.records else -1
+        final = self.final()
+        saved = sorted(s for s in self.snapshots() + ([final] if final else []) if s[0] <= last)
+        notes = []
+        for step, path in reversed(saved):
+            problem = check_saved(path)
+            if problem is None:
+                return step, path, notes
+            notes.append(f"zoexec: warning: {path} is damaged ({problem}): not used; the run "
+                         f"resumes from the weights saved before it and the log")
+        return None, None, notes
+
+
+def _check_settings(ident: dict, given: dict) -> None:
+    """An explicit setting that differs from the run's is refused (paths: _checked_inputs)."""
+    for key in SETTINGS:
+        if key in ("data", "init") or given.get(key) is None or given[key] == ident[key]:
+            continue
+        if key == "task":
+            raise ZoError(f"the task {_task_text(given[key])} differs from the run being "
+                          f"resumed ({_task_text(ident[key])}): a resumed run keeps its task")
+        raise ZoError(f"--{key.replace('_', '-')} {given[key]} differs from the run "
+                      f"being resumed ({ident[key]}): a resumed run keeps its settings")
+
+
+_OPTION = {"data": "--data", "init": "--model-path"}
+_INPUT = {"data": "data", "init": "model"}
+
+
+def _checked_inputs(ident: dict, given: dict, *, accept_moved: bool) -> tuple[dict, list[str]]:
+    """The run's data and model checked against their recorded fingerprints; a path given
+    that is not the recorded one is taken only with --accept-moved-inputs and the same
+    fingerprint. Returns the identity with the paths in use, and notes."""
+    ident, notes = dict(ident), []
+    for key in ("data", "init"):
+        recorded = ident["inputs"].get(_INPUT[key])
+        path = given.get(key)
+        if path in (None, "random", "synthetic") or recorded is None:
+            if path not in (None, ident[key]):
+                raise ZoError(f"{_OPTION[key]} {path} differs from the run being resumed "
+                              f"({ident[key]}): a resumed run keeps its settings")
+            path = None
+        elif str(Path(path).resolve()) == recorded["path"]:
+            path = None
+        change = input_change(_INPUT[key], recorded, path)
+        if change:
+            raise ZoError(change + ("" if path else f"; a resumed run needs the same {_INPUT[key]}"))
+        if path is None:
+            continue
+        if not accept_moved:
+            raise ZoError(f"{_OPTION[key]} {path} is not the run's {_INPUT[key]} "
+                          f"({recorded['path']}); it holds the same content: give "
+                          f"--accept-moved-inputs to resume with it")
+        moved = str(Path(path).resolve())
+        ident[key] = moved
+        ident["inputs"] = {**ident["inputs"], _INPUT[key]: {**recorded, "path": moved}}
+        notes.append(f"zoexec: {_INPUT[key]} moved: {recorded['path']} -> {moved} (the same "
+                     f"content; run.json updated)")
+    return ident, notes
+
+
+def _check_record(path: Path, number: int, record: StepRecord, ident: dict) -> None:
+    """A logged line's seed is the seed rule's for its step, its lr the schedule's."""
+    want = step_seed(ident["seed"], record.step)
+    if record.seed != want:
+        raise ZoError(f"{path}:{number}: step {record.step} has seed {record.seed}, but the "
+                      f"run's seed rule gives {want} (--seed {ident['seed']}): the log was "
+                      f"altered and cannot be replayed")
+    if record.update is None:
+        return
+    lr = logged_lr(ident, record.step)
+    if record.lr != lr:
+        raise ZoError(f"{path}:{number}: step {record.step} has lr {record.lr!r}, but the "
+                      f"run's schedule gives {lr!r}: the log was altered and cannot be replayed")
+
+
+def logged_lr(ident: dict, step: int) -> float:
+    """The lr of `step` by run.json's schedule segments ([start, total] each)."""
+    start, total = next((s, t) for s, t in reversed(ident["schedule"]) if s <= step)
+    return lr_from(step, start=start, lr=ident["lr"], schedule=ident["lr_schedule"],
+                   warmup=ident["warmup_steps"], total=total)
+
+
+def identity_of(cfg, plan_sha256: str, *, z: dict | None) -> dict:
+    """run.json's content (unsealed) for the run `cfg` describes."""
+    inputs = cfg.inputs or {"data": None, "model": None}
+    settings = cfg.settings()
+    for key in ("data", "init"):
+        if inputs.get(_INPUT[key]):
+            settings[key] = inputs[_INPUT[key]]["path"]
+    c = cfg.checkpoint
+    return {"schema_version": SCHEMA_VERSION, "tool": f"zoexec {__version__}",
+            "plan_sha256": plan_sha256, "plan_path": str(Path(cfg.plan_path).resolve()),
+            "steps": cfg.optim.steps, **settings,
+            "schedule": [list(s) for s in cfg.schedule] or [[0, cfg.optim.steps]],
+            "extensions": list(cfg.extensions), "save_every": c.save_every,
+            "save_steps": c.save_steps, "keep": c.keep, "inputs": inputs, "z": z}
+
+
+def extend(ident: dict, *, steps: int, start_step: int, new_schedule: bool) -> tuple[dict, str | None]:
+    """run.json after `--steps steps` on a resume at `start_step` (a run extended or
+    shortened), and the line that says so: a constant schedule (its lr does not depend
+    on the total) continues; a decaying one is refused unless `new_schedule`: a new
+    schedule of the same kind from `start_step` over the steps left, from the base lr,
+    without warm-up."""
+    old = ident["steps"]
+    if steps == old:
+        if new_schedule:
+            raise ZoError(f"--new-schedule starts a schedule for more (or fewer) steps: give "
+                          f"--steps N other than the run's {old}")
+        return ident, None
+    schedule = [list(s) for s in ident["schedule"]]
+    decays = ident["lr_schedule"] != "constant"
+    if decays and not new_schedule:
+        raise ZoError(f"--steps {steps}: the run's {ident['lr_schedule']} schedule decays over "
+                      f"{old} steps and would change at step {start_step}; give "
+                      f"--new-schedule to start a new {ident['lr_schedule']} schedule from step "
+                      f"{start_step} over the {steps - start_step} steps left (from lr "
+                      f"{ident['lr']}), or --steps {old}")
+    if decays:
+        schedule.append([start_step, steps])
+        how = (f"a new {ident['lr_schedule']} schedule from step {start_step} (lr "
+               f"{ident['lr']} decaying over {steps - start_step} steps)")
+    else:
+        schedule[-1][1] = steps
+        how = f"the constant lr {ident['lr']} continues"
+    ext = {"at_step": start_step, "from_steps": old, "to_steps": steps, "new_schedule": decays}
+    line = f"zoexec: the run goes from {old} to {steps} steps at step {start_step}: {how}"
+    return {**ident, "steps": steps, "schedule": schedule,
+            "extensions": [*ident.get("extensions", []), ext]}, line
+
+
+@contextmanager
+def undone_on_failure(cfg):
+    """A new run's folder removed again when the run fails before its first step is
+    logged (a rank's error, a bad shard, a full store): the same command can run again."""
+    out = cfg.checkpoint.out if cfg is not None else None
+    existed = out is not None and Path(out).exists()
+    try:
+        yield
+    except BaseException:
+        if out is not None and not cfg.resumed:
+            rundir = RunDir(out)
+            try:
+                rundir.check_free()   # not another run's folder
+                if not read_log_checked(rundir.log_path).records and not rundir.snapshots():
+                    rundir.discard(existed=existed)
+            except (OSError, ZoError):
+                pass
+        raise
+
+
+def say(lines) -> None:
+    """Notes of the run folder (a damaged snapshot passed over, an extension) on stderr."""
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _task_text(task) -> str:

@@ -26,16 +26,22 @@ import sys
 import time
 from pathlib import Path
 
-from zoexec.maths.history import StepRecord
+import torch
+
+from zoexec.maths.history import StepHistory, StepRecord
 from zoexec.model.export import export_weights
+from zoexec.run.agree import check_nodes
 from zoexec.run.checkpoint import LossLog
 from zoexec.run.folder import FINAL, RunDir
 from zoexec.run.report import Reporter
+from zoexec.run.verify import folder_checksums, free_bytes
 from zoexec.run.watch import BEST, BestMetric, Divergence
 from zoexec.runtime.procwatch import StopRequest
 from zoexec.store.loading import fill_timeout_s
 from zoexec.store.node import monitored_barrier
 from zoexec.train.engine import Trainer
+from zoplan.errors import ZoError
+from zoplan.memory import fmt_bytes
 
 MAX_SKIPS = 10
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -62,13 +68,18 @@ class TrainLoop:
         self.evaluator = evaluator   # zoexec.run.evaluate.Evaluator: --eval-data
         self.stop = stop             # the rank's stop signals (rank_main installs them)
         self.cfg, self.env = trainer.cfg, trainer.env
-        self.log = LossLog(rundir.path) if rundir and self.env.rank == 0 else None
+        self.log = (LossLog(rundir.path, keep_bytes=self.cfg.log_bytes)
+                    if rundir and self.env.rank == 0 else None)
         self.last_save_s = time.monotonic()
-        self.records: list[StepRecord] = []
         self.skips = 0
         self.divergence = Divergence(self.cfg.optim.divergence_window)
         best, out = self.cfg.checkpoint.best, self.cfg.checkpoint.out
         self.best = best and BestMetric(*best, Path(out) if self.cfg.resumed else None)
+
+    @property
+    def records(self) -> StepHistory:
+        """This invocation's steps (the reporter's compact history: kept once)."""
+        return self.reporter.records
 
     def run(self) -> list[StepRecord]:
         cfg = self.cfg
@@ -80,24 +91,26 @@ class TrainLoop:
                 record, (stop, save) = self.trainer.step(step, lr=cfg.lr_of(step),
                                                          flags=self._flags())
                 record = self._checked(record)
-                self.records.append(record)
                 if self.log:
                     self.log.append(record)
                 self.reporter.train(record, epoch=self._epoch(step))
                 if self.evaluator is not None and self.evaluator.due(step, cfg.optim.steps - 1):
                     self._evaluate(step)
                 self._watch(record)
+                self._alter_store_for_tests(step)
                 if stop:
                     self._stopped(step)
                 if self._save_due(step, save):
                     self.snapshot(step)
+                elif self._check_due(step):
+                    check_nodes(self.trainer, self.env, step=step)
                 if self.trainer.speed:
                     self.trainer.speed.after_step(step + 1, cfg.optim.steps)
         finally:
             self.reporter.close()
             if self.log:
                 self.log.close()
-        return self.records
+        return list(self.records)
 
     # ---- per step ----------------------------------------------------------------------
     def _epoch(self, step: int) -> float | None:
@@ -118,6 +131,19 @@ class TrainLoop:
             return False   # the last step's weights are final/
         every = self.cfg.checkpoint.every_steps
         return bool(clock) or (every is not None and (step + 1) % every == 0)
+
+    def _check_due(self, step: int) -> bool:
+        every = self.cfg.checkpoint.check_nodes_every
+        return every is not None and (step + 1) % every == 0 and step < self.cfg.optim.steps - 1
+
+    def _alter_store_for_tests(self, step: int) -> None:
+        """cfg.alter_store_at (node, step), for tests: that node's store gets one bit
+        of block 0 flipped after that step (a node whose memory changed the weights)."""
+        at = self.cfg.alter_store_at
+        if at is None or (self.env.place.node, step) != tuple(at) or self.env.local_rank != 0:
+            return
+        bits = self.trainer.store.weights(0)[:1].view(torch.int32)
+        bits ^= 1
 
     def _checked(self, record: StepRecord) -> StepRecord:
         """Set the step's update pending, or handle a non-finite step."""
@@ -189,6 +215,7 @@ class TrainLoop:
         RunDir (rank 0 alone owns and writes it)."""
         self.trainer.flush()
         self.last_save_s = time.monotonic()
+        check_nodes(self.trainer, self.env, step=step)
         if self.rundir is None:
             return None
         path = self.rundir.snapshot_path(step)
@@ -201,6 +228,8 @@ class TrainLoop:
         """The weights at the end: final/ (a snapshot of the last step too)."""
         self.trainer.flush()
         last = self.records[-1].step if self.records else self.cfg.start_step - 1
+        if last >= 0:
+            check_nodes(self.trainer, self.env, step=last)
         if self.rundir is not None and last >= 0:   # a resume that only saves: no records
             self._write_weights(self.rundir.path / FINAL, last)
             if self.env.rank == 0:
@@ -211,23 +240,39 @@ class TrainLoop:
         store = trainer.store
         trainer.store_shards()   # resident blocks: node 0's first slice group into the store
         if self.env.rank == 0:
-            export_weights(trainer.parts, [store.weights(b) for b in range(store.num_blocks)],
-                           path, resident=trainer.clean_resident_cpu(),
-                           extra_files=Path(self.cfg.source_dir) if self.cfg.source_dir else None,
-                           state={"step": step, "seed": self.cfg.optim.seed,
-                                  "update": self.cfg.workload.update, **state},
-                           max_shard_bytes=self.cfg.checkpoint.max_shard_bytes)
+            state = {"step": step, "seed": self.cfg.optim.seed, "update": self.cfg.workload.update,
+                     **state}
+            try:
+                export_weights(trainer.parts, [store.weights(b) for b in range(store.num_blocks)],
+                               path, resident=trainer.clean_resident_cpu(),
+                               extra_files=Path(self.cfg.source_dir) if self.cfg.source_dir else None,
+                               state=lambda tmp: {**state, "files": folder_checksums(tmp)},
+                               max_shard_bytes=self.cfg.checkpoint.max_shard_bytes)
+            except OSError as exc:
+                raise ZoError(_write_failed(path, exc)) from None
         monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the weights",
                           timeout_s=fill_timeout_s(store.nbytes, base_s=self.env.timeout_s))
 
 
-def prepare_rundir(cfg, env, plan_sha256: str) -> RunDir | None:
-    """Rank 0 owns the run folder (the lock) and writes a new run's identity; the
-    other ranks get None. A ZoError (the folder in use) before anything is written."""
+def _write_failed(path: Path, exc: OSError) -> str:
+    """A failed save in one line: the folder, why, and the free space where it was."""
+    free = free_bytes(path)
+    room = f"; {fmt_bytes(free)} free on its file system" if free is not None else ""
+    return (f"cannot write the weights to {path}: {exc.strerror or exc}{room} (the last "
+            f"snapshot before it is kept)")
+
+
+def prepare_rundir(cfg, env, plan_sha256: str, *, z: dict) -> RunDir | None:
+    """Rank 0 owns the run folder (the lock) and writes its identity: a new run's, with
+    what decides z (`z`), or a resumed run's as the builder updated it (an extension,
+    a moved input); the other ranks get None. A ZoError (the folder in use) before
+    anything is written."""
     if cfg.checkpoint.out is None or env.rank != 0:
         return None
     rundir = RunDir(cfg.checkpoint.out)
     rundir.lock()
     if not cfg.resumed:
-        rundir.write_identity(cfg, plan_sha256)
+        rundir.write_identity(cfg, plan_sha256, z=z)
+    elif cfg.identity is not None:
+        rundir.write_sealed(cfg.identity)
     return rundir

@@ -41,9 +41,13 @@ import sys
 import time
 from pathlib import Path
 
+from zoexec.maths.history import StepHistory
 from zoplan.errors import ZoError
 
 METRICS = "metrics.jsonl"
+# one encoder for every line: json.dumps(allow_nan=False) builds a new one a call, and
+# those live in reference cycles until the collector runs (a long run's RSS grew by them)
+STRICT_JSON = json.JSONEncoder(allow_nan=False)
 TENSORBOARD_DIR = "runs"
 LOG_EVERY_S = 30.0        # progress lines without --log-every: about this often
 LOSS_WINDOW = 10          # the summary's first and last loss: means of this many steps
@@ -128,7 +132,7 @@ class Reporter:
         self.log_every = cfg.logging.log_every
         self.report_to = cfg.logging.report_to
         self.first, self.total = cfg.start_step, cfg.optim.steps
-        self.records: list = []                 # this invocation's steps (StepRecord)
+        self.records = StepHistory()            # this invocation's steps (StepRecords, compact)
         self.evals: list[tuple[int, dict]] = []
         self.created_s = clock()
         self.begin_s: float | None = None
@@ -226,7 +230,7 @@ class Reporter:
         if self._metrics is None:
             self._metrics = self._open_metrics()
         clean = {k: _finite_or_none(v) for k, v in data.items()}
-        self._metrics.write(json.dumps(clean, allow_nan=False) + "\n")
+        self._metrics.write(STRICT_JSON.encode(clean) + "\n")
         self._metrics.flush()
         if self.report_to == "tensorboard":
             self._tensorboard(data)

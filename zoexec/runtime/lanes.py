@@ -20,7 +20,7 @@ import torch
 
 from zoexec.runtime.errors import failing
 from zoexec.runtime.groups import DistEnv, broadcast_object, gather_objects, host_barrier
-from zoplan.trace import KIND_LANE, LANE_COMPUTE, LANES, NO_BLOCK, Span
+from zoplan.trace import KIND_LANE, LANE_COMPUTE, LANES, NO_BLOCK, NoSpans, Span
 
 
 def clock_epoch(env: DistEnv) -> tuple[float, str]:
@@ -57,7 +57,7 @@ class CpuLanes:
 
     rank: int
     epoch_s: float = 0.0
-    spans: list[Span] = field(default_factory=list)
+    spans: Any = field(default_factory=NoSpans)   # zoplan.trace.SpanWriter or NoSpans
     _step: int = 0
     _record: bool = True
 
@@ -87,7 +87,7 @@ class CudaLanes:
     rank: int
     device: torch.device
     epoch_s: float = 0.0
-    spans: list[Span] = field(default_factory=list)
+    spans: Any = field(default_factory=NoSpans)   # zoplan.trace.SpanWriter or NoSpans
     streams: dict = field(default_factory=dict)
     _pending: list = field(default_factory=list)
     _step: int = 0
@@ -138,8 +138,10 @@ class CudaLanes:
         self._pending.clear()
 
 
-def make_lanes(env: DistEnv, *, epoch_s: float):
-    """The lanes of this rank's device."""
+def make_lanes(env: DistEnv, *, epoch_s: float, spans=None):
+    """The lanes of this rank's device; `spans`: where their spans go (an object with
+    `append`: zoplan.trace.SpanWriter with --trace; None: nowhere, nothing kept)."""
+    spans = spans if spans is not None else NoSpans()
     if env.is_cuda:
-        return CudaLanes(rank=env.rank, device=env.device, epoch_s=epoch_s)
-    return CpuLanes(rank=env.rank, epoch_s=epoch_s)
+        return CudaLanes(rank=env.rank, device=env.device, epoch_s=epoch_s, spans=spans)
+    return CpuLanes(rank=env.rank, epoch_s=epoch_s, spans=spans)

@@ -20,7 +20,7 @@ from zoplan.calibrate.drift import drift_warning, machine_drift
 from zoplan.calibrate.inputs import check_inputs, resolve_profile
 from zoplan.calibrate.refit import Refit, refit_profile, resimulate
 from zoplan.errors import ZoError
-from zoplan.io import atomic_write_text, check_writable
+from zoplan.io import atomic_write_text, check_writable, sha256_json
 from zoplan.plan import Plan
 from zoplan.trace import read_trace
 
@@ -50,6 +50,8 @@ def calibrate(*, plan: Path, trace: Path, profile: str | None, skip: int, fit: b
     the_plan = Plan.load(plan)
     meta, spans = read_trace(Path(trace))
     the_plan.check_trace(meta, spans, origin=f"trace {trace}")
+    if fit:
+        _check_fit_trace(the_plan, meta, trace)
     if fit and output is not None:
         check_writable(Path(output))   # before the work, not after it
     hw = resolve_profile(the_plan, profile, required=fit)
@@ -63,6 +65,17 @@ def calibrate(*, plan: Path, trace: Path, profile: str | None, skip: int, fit: b
             cal.warnings.append(warning)
     refit = write_refit(the_plan, cal, hw, trace=str(trace), output=output) if fit else None
     return CalibrateResult(calibration=cal, refit=refit)
+
+
+def _check_fit_trace(plan: Plan, meta: dict, trace: Path) -> None:
+    """--fit refits a profile from a trace of THIS plan's run only: another plan's spans
+    would be priced against the wrong tasks (a warning is too late: the file is written)."""
+    traced, actual = meta.get("plan_sha256"), sha256_json(plan.data)
+    if traced != actual:
+        what = f"plan sha256 {traced[:12]}" if traced else "no plan sha256"
+        raise ZoError(f"--fit: trace {trace} was recorded for another plan ({what} in its "
+                      f"meta.json, {actual[:12]} for this plan); refit from a trace of this "
+                      f"plan's own run (zoexec run PLAN --trace DIR)")
 
 
 def write_refit(plan: Plan, cal: Calibration, hw, *, trace: str,

@@ -1,0 +1,131 @@
+"""Memory over a long run: does a rank's RSS stay flat step after step, with and
+without --trace? (Spans are written by each rank to its own file as the run goes,
+zoplan.trace.SpanWriter; nothing grows with the steps.)
+
+Runs a tiny random model (tiny-opt; `--layers N` for a deeper copy of it, every block
+offloaded) for `--steps` steps on `--ranks` local CPU ranks (DDP), once without and
+once with --trace, and samples each rank's RSS as the log passes every `--every` steps.
+
+    .venv/bin/python benchmarks/bench_long_run.py --steps 10000 --ranks 1
+    .venv/bin/python benchmarks/bench_long_run.py --steps 3000 --ranks 2 --layers 40
+
+Prints per run and rank: RSS at the first sample after warm-up (`--warmup` steps), at
+the end, the growth per 1,000 steps between them (least-squares slope over the
+samples), and the end against the steady RSS (the median of the samples) in percent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from zoexec.config import RunConfig
+from zoexec.launch.spawn import run_in_process, spawn_local
+from zoplan.handplan import hand_plan
+from zoplan.layout import Layout
+from zoplan.models import CATALOGUE_CONFIGS
+from zoplan.workload import Workload
+
+MIB = 2**20
+
+
+def _model(folder: Path, layers: int | None) -> str:
+    if layers is None:
+        return "tiny-opt"
+    path = folder / "config.json"
+    path.write_text(json.dumps({**CATALOGUE_CONFIGS["tiny-opt"], "num_hidden_layers": layers}))
+    return str(path)
+
+
+def _ranks(me: psutil.Process, ranks: int) -> list[psutil.Process]:
+    """The rank processes: this one (one rank runs in process) or the spawned ones."""
+    if ranks == 1:
+        return [me]
+    return sorted((p for p in me.children(recursive=True) if p.name().startswith("zoexec-rank")
+                   or "rank" in " ".join(p.cmdline())), key=lambda p: p.pid)[:ranks]
+
+
+def _sampler(log: Path, ranks: int, samples: dict, stop: threading.Event, every: int) -> None:
+    """RSS of each rank each time the log passes a multiple of `every` steps."""
+    me, seen = psutil.Process(), 0
+    while not stop.is_set():
+        time.sleep(0.05)
+        try:
+            done = sum(1 for _ in log.open()) if log.exists() else 0
+        except OSError:
+            continue
+        if done // every > seen // every:
+            try:
+                samples[done] = [p.memory_info().rss for p in _ranks(me, ranks)]
+            except psutil.Error:
+                pass
+        seen = done
+
+
+def run_once(*, steps: int, ranks: int, layers: int | None, trace: bool, every: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        plan = hand_plan(model=_model(tmp, layers), layout=Layout(ddp=ranks),
+                         workload=Workload(batch=2 * ranks, seq=16, param_dtype="fp32",
+                                           compute_dtype="fp32"))
+        cfg = RunConfig.make(plan=plan.data, steps=steps, lr=1e-4, quiet=True, threads=1,
+                             out=str(tmp / "run"), save_every="100000",
+                             trace=str(tmp / "trace") if trace else None, speed_checks=False)
+        samples: dict[int, list[int]] = {}
+        stop = threading.Event()
+        sampler = threading.Thread(target=_sampler, args=(tmp / "run" / "losses.jsonl", ranks,
+                                                          samples, stop, every), daemon=True)
+        sampler.start()
+        try:
+            (run_in_process if ranks == 1 else spawn_local)(cfg)
+        finally:
+            stop.set()
+            sampler.join()
+        return samples
+
+
+def report(name: str, samples: dict, warmup: int) -> None:
+    steps = sorted(s for s in samples if s >= warmup)
+    if len(steps) < 2:
+        print(f"{name}: too few samples after warm-up ({sorted(samples)})")
+        return
+    for rank in range(len(samples[steps[0]])):
+        rss = [samples[s][rank] for s in steps]
+        slope = statistics.linear_regression(steps, rss).slope * 1000
+        steady = statistics.median(rss)
+        print(f"{name} rank {rank}: RSS {rss[0] / MIB:.1f} MiB at step {steps[0]}, "
+              f"{rss[-1] / MIB:.1f} MiB at step {steps[-1]}; growth {slope / MIB:+.3f} MiB per "
+              f"1,000 steps; end {100 * (rss[-1] / steady - 1):+.2f}% against the steady "
+              f"{steady / MIB:.1f} MiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--ranks", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=1000)
+    parser.add_argument("--every", type=int, default=1000, help="steps between RSS samples")
+    parser.add_argument("--only", choices=("trace", "no-trace"), default=None)
+    args = parser.parse_args()
+    for trace in (False, True):
+        name = "--trace" if trace else "no trace"
+        if args.only and args.only != ("trace" if trace else "no-trace"):
+            continue
+        start = time.monotonic()
+        samples = run_once(steps=args.steps, ranks=args.ranks, layers=args.layers, trace=trace,
+                           every=args.every)
+        print(f"{name}: {args.steps} steps, {args.ranks} rank(s), "
+              f"{args.layers or 'tiny-opt'} layers, {time.monotonic() - start:.0f} s")
+        report(name, samples, args.warmup)
+
+
+if __name__ == "__main__":
+    main()

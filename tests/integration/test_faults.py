@@ -1,0 +1,310 @@
+"""The fault table: each kind of damage a run folder really meets, and what `zoexec run
+--resume` must do with it. Beside the bad-input table (test_bad_input.py), for run
+folders.
+
+Every row ends one of two ways, never a third ("different weights, exit 0"):
+- EXACT: exit 0, and the run's log and final weights are bit-identical to an
+  uninterrupted run of the same length (a warning may say what was passed over);
+- REFUSED: exit 2, exactly one `error:` line naming the problem, no traceback, and the
+  run folder unchanged (every file's path and sha256 compared before and after).
+
+Fast: one uninterrupted reference run (12 steps, a snapshot every 3) is made once for
+the module; the "interrupted" folder is the reference cut back to what a run killed
+after step 6 leaves (no final/, the log through step 6, the snapshots through step 5:
+zoexec.run.folder writes them in that order); each row copies it (a tiny model's folder),
+damages the copy and resumes it in this process through the CLI (no interpreter to start).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from zoexec.cli import app
+from zoexec.run.verify import seal
+from zoplan.handplan import hand_plan
+from zoplan.layout import Layout
+from zoplan.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from tiny_model import make_model_dir  # noqa: E402
+
+STEPS, KILLED_AFTER = 12, 6
+COMMON = ["--lr", "1e-3", "--seed", "7", "--save-every", "3", "--keep", "3", "-q"]
+EXACT, REFUSED = "exact", "refused"
+
+
+def _zoexec(*args, cwd: Path | None = None):
+    """`zoexec run ARGS` in this process: (exit code, stdout, stderr, exception)."""
+    old = Path.cwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, ["run", *map(str, args)])
+    finally:
+        os.chdir(old)
+    return result.exit_code, result.stdout, result.stderr, result.exception
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    """The plan, the data, the model, the reference run, the interrupted folder, a
+    finished shorter run of the same settings, and a finished linear-schedule run."""
+    where = tmp_path_factory.mktemp("faults")
+    plan = where / "plan.json"
+    workload = Workload(batch=4, seq=16, param_dtype="fp32", compute_dtype="fp32")
+    hand_plan(model="tiny-opt", layout=Layout(), workload=workload).save(plan)
+    data = where / "data.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": [(i * 7 + j) % 500 + 4 for j in range(40)]})
+                            + "\n" for i in range(40)))
+    model = make_model_dir(where / "model", seed=3)
+    base = ["--data", "data.jsonl", "--model-path", "model", *COMMON]   # relative, as typed
+    runs = {}
+    for name, steps, extra in (("reference", STEPS, ()), ("short", 9, ()),
+                               ("linear", 4, ("--lr-schedule", "linear"))):
+        code, _, err, exc = _zoexec("plan.json", "--out", name, "--steps", steps, *base, *extra,
+                                    cwd=where)
+        assert code == 0, f"{name}: {err} {exc!r}"
+        runs[name] = where / name
+    interrupted = where / "interrupted"
+    shutil.copytree(runs["reference"], interrupted)
+    _cut_back(interrupted, KILLED_AFTER)
+    return {"where": where, "plan": plan, "data": data, "model": model, **runs,
+            "interrupted": interrupted}
+
+
+def _cut_back(folder: Path, step: int) -> None:
+    """What a run killed right after logging `step` leaves of a finished run's folder."""
+    shutil.rmtree(folder / "final")
+    log = folder / "losses.jsonl"
+    log.write_text("".join(log.read_text().splitlines(keepends=True)[:step + 1]))
+    metrics = folder / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    for snap in (folder / "snapshots").iterdir():
+        if int(snap.name.split("-")[1]) > step:
+            shutil.rmtree(snap)
+
+
+def _listing(folder: Path) -> dict[str, str]:
+    """Every path under `folder` with its sha256 (folders: "dir")."""
+    return {str(p.relative_to(folder)): ("dir" if p.is_dir() else
+                                         hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(folder.rglob("*"))}
+
+
+def _weights(folder: Path) -> dict:
+    return load_file(str(folder / "final" / "model.safetensors"))
+
+
+def _log(folder: Path) -> list:
+    return [(d["step"], d["seed"], d["g"], d["lr"]) for d in
+            map(json.loads, (folder / "losses.jsonl").read_text().splitlines())]
+
+
+# ---- the damage ------------------------------------------------------------------------------
+def _edit_lines(path: Path, change: Callable[[list[str]], list[str]]) -> None:
+    path.write_text("".join(change(path.read_text().splitlines(keepends=True))))
+
+
+def _line(number: int, change: Callable[[dict], dict]):
+    def edit(lines: list[str]) -> list[str]:
+        lines[number] = json.dumps(change(json.loads(lines[number]))) + "\n"
+        return lines
+    return edit
+
+
+def _flip(path: Path, *, at: float = 0.5) -> None:
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
+
+
+def _snap(folder: Path, step: int) -> Path:
+    return folder / "snapshots" / f"step-{step:06d}"
+
+
+def _reseal(folder: Path, change: Callable[[dict], None]) -> None:
+    """run.json changed and sealed again (as a zoexec of other facts would write it)."""
+    ident = json.loads((folder / "run.json").read_text())
+    change(ident)
+    (folder / "run.json").write_text(json.dumps(seal(ident), indent=1) + "\n")
+
+
+def _torn_temp(folder: Path) -> None:
+    for name in ("snapshots/.step-000008.tmp", ".final.tmp"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "model.safetensors").write_bytes(b"\0" * 100)
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    damage: Callable            # (folder, world) -> extra args for the resume
+    expect: str                 # EXACT or REFUSED
+    says: str = ""              # a fragment of the error line (REFUSED) or of stderr (EXACT)
+    start: str = "interrupted"  # the folder the row copies
+
+
+def _args(*extra):
+    return lambda folder, world: list(extra)
+
+
+def _do(change, *extra):
+    def damage(folder, world):
+        change(folder, world)
+        return list(extra)
+    return damage
+
+
+ROWS = [
+    Row("clean", _args(), EXACT),
+    Row("torn-last-line", _do(lambda f, w: (f / "losses.jsonl").open("a").write('{"step": 7, "se')),
+        EXACT),
+    Row("log-deleted", _do(lambda f, w: (f / "losses.jsonl").unlink()), REFUSED,
+        "losses.jsonl is missing but the folder holds weights saved after step 5"),
+    Row("log-empty", _do(lambda f, w: (f / "losses.jsonl").write_text("")), REFUSED,
+        "losses.jsonl is empty but the folder holds weights saved after step 5"),
+    Row("log-first-line-corrupt", _do(lambda f, w: _edit_lines(
+        f / "losses.jsonl", lambda ls: ["{oops\n", *ls[1:]])), REFUSED, "losses.jsonl:1 is not a step record"),
+    Row("log-middle-line-corrupt", _do(lambda f, w: _edit_lines(
+        f / "losses.jsonl", lambda ls: [*ls[:3], ls[3][:20] + "\n", *ls[4:]])), REFUSED,
+        "losses.jsonl:4 is not a step record"),
+    Row("log-line-missing", _do(lambda f, w: _edit_lines(
+        f / "losses.jsonl", lambda ls: [*ls[:3], *ls[4:]])), REFUSED,
+        "losses.jsonl:4: step 4 where step 3 belongs"),
+    Row("log-lines-lost-at-the-end", _do(lambda f, w: _edit_lines(
+        f / "losses.jsonl", lambda ls: ls[:4])), REFUSED,
+        "ends at step 3 but the folder holds weights saved after step 5: the log lost lines"),
+    Row("log-seed-tampered", _do(lambda f, w: _edit_lines(
+        f / "losses.jsonl", _line(4, lambda d: {**d, "seed": d["seed"] + 1}))), REFUSED,
+        "losses.jsonl:5: step 4 has seed"),
+    Row("log-lr-tampered", _do(lambda f, w: _edit_lines(
+        f / "losses.jsonl", _line(6, lambda d: {**d, "lr": 0.5}))), REFUSED,
+        "losses.jsonl:7: step 6 has lr 0.5, but the run's schedule gives 0.001"),
+    Row("snapshot-bits-flipped", _do(lambda f, w: _flip(_snap(f, 5) / "model.safetensors")),
+        EXACT, "step-000005 is damaged"),
+    Row("snapshot-truncated-shard", _do(lambda f, w: _truncate(_snap(f, 5) / "model.safetensors")),
+        EXACT, "step-000005 is damaged"),
+    Row("snapshot-config-edited", _do(lambda f, w: _edit_lines(
+        _snap(f, 5) / "config.json", lambda ls: [ls[0], '  "dropout": 0.5,\n', *ls[1:]])),
+        EXACT, "config.json changed"),
+    Row("every-snapshot-damaged", _do(lambda f, w: [_flip(_snap(f, s) / "model.safetensors")
+                                                    for s in (2, 5)]), EXACT, "step-000002 is damaged"),
+    Row("snapshot-without-state", _do(lambda f, w: (_snap(f, 5) / "state.json").unlink()), EXACT),
+    Row("torn-temp-folders", _do(lambda f, w: _torn_temp(f)), EXACT),
+    Row("run-json-lr-edited", _do(lambda f, w: _edit_lines(
+        f / "run.json", lambda ls: [line.replace('"lr": 0.001', '"lr": 0.002') for line in ls])),
+        REFUSED, "run.json was edited after the run started"),
+    Row("run-json-steps-edited", _do(lambda f, w: _edit_lines(
+        f / "run.json", lambda ls: [line.replace('"steps": 12', '"steps": 13') for line in ls])),
+        REFUSED, "run.json was edited after the run started"),
+    Row("run-json-another-torch", _do(lambda f, w: _reseal(
+        f, lambda d: d["z"].update(torch="1.0.0"))), REFUSED,
+        "rank 0 (node 0) would draw z on torch"),
+    Row("data-changed", _args(), REFUSED, "changed since the run started (its content"),
+    Row("data-gone", _args(), REFUSED, "data.jsonl does not exist"),
+    Row("data-moved-not-accepted", _args(), REFUSED, "give --accept-moved-inputs to resume with it"),
+    Row("data-moved-accepted", _args(), EXACT, "data moved:"),
+    Row("model-changed", _args(), REFUSED, "changed since the run started (its weights"),
+    Row("model-shard-truncated", _args(), REFUSED, "changed since the run started (its weights"),
+    Row("moved-run-folder", _args(), EXACT),   # resumed from another folder: absolute inputs
+    Row("resumed-with-another-lr", _args("--lr", "0.01"), REFUSED,
+        "--lr 0.01 differs from the run being resumed"),
+    Row("extended-steps-constant", _args("--steps", STEPS), EXACT,
+        "the run goes from 9 to 12 steps at step 9: the constant lr 0.001 continues",
+        start="short"),
+    Row("extended-final-bits-flipped", _do(lambda f, w: _flip(f / "final" / "model.safetensors"),
+                                           "--steps", STEPS), EXACT, "final is damaged", start="short"),
+    Row("extended-decaying-schedule", _args("--steps", 8), REFUSED,
+        "schedule decays over 4 steps and would change at step 4; give --new-schedule", start="linear"),
+]
+
+
+def _swap(path: Path, make: Callable[[Path], None]):
+    """Replace `path` for a row (the original put back afterwards)."""
+    saved = path.with_name(path.name + ".saved")
+    shutil.move(path, saved)
+    make(path)
+    return lambda: (shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True),
+                    shutil.move(saved, path))
+
+
+def _inputs_for(row: Row, world: dict, folder: Path) -> tuple[list, Callable | None, Path | None]:
+    """The rows that change the run's inputs (put back afterwards), or move the folder."""
+    data, model = world["data"], world["model"]
+    if row.id == "data-changed":
+        return [], _swap(data, lambda p: p.write_text((p.with_name("data.jsonl.saved")).read_text()
+                                                      + json.dumps({"input_ids": [5] * 40}) + "\n")), None
+    if row.id == "data-gone":
+        return [], _swap(data, lambda p: None), None
+    if row.id in ("data-moved-not-accepted", "data-moved-accepted"):
+        moved = folder.parent / "moved-data.jsonl"
+        shutil.copy(data, moved)
+        extra = ["--accept-moved-inputs"] if row.id.endswith("accepted") and "not" not in row.id else []
+        return ["--data", moved, *extra], None, None
+    if row.id == "model-changed":
+        return [], _swap(model, lambda p: make_model_dir(p, seed=4)), None
+    if row.id == "model-shard-truncated":
+        return [], _swap(model, lambda p: (shutil.copytree(p.with_name("model.saved"), p),
+                                           _truncate(p / "model.safetensors"))), None
+    if row.id == "moved-run-folder":
+        elsewhere = folder.parent / "elsewhere"
+        elsewhere.mkdir()
+        return [], None, elsewhere
+    return [], None, None
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_a_damaged_run_folder_resumes_exactly_or_is_refused(world, row, tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(world[row.start], folder)
+    extra = row.damage(folder, world)
+    more, restore, cwd = _inputs_for(row, world, tmp_path)
+    if cwd is not None:
+        moved = cwd / "run"
+        shutil.move(folder, moved)
+        folder = moved
+    before = _listing(folder)
+    try:
+        code, out, err, exc = _zoexec(world["plan"], "--resume", folder, *extra, *more, cwd=cwd)
+    finally:
+        if restore is not None:
+            restore()
+    shown = f"exit {code}\nstdout:\n{out}\nstderr:\n{err}\nexception: {exc!r}"
+    assert "Traceback" not in out + err, shown
+    if row.expect == REFUSED:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), shown
+        assert row.says in lines[0], shown
+        assert _listing(folder) == before, "a refused resume changed the folder"
+        return
+    assert code == 0, shown
+    assert row.says in err, shown
+    assert _log(folder) == _log(world["reference"]), shown
+    reference, got = _weights(world["reference"]), _weights(folder)
+    assert got.keys() == reference.keys()
+    assert all(torch.equal(got[k], reference[k]) for k in reference), "weights differ"
+    assert not list(folder.rglob("*.tmp")), "torn temporary folders left"
+
+
+def test_the_fault_table_covers_every_kind_of_damage():
+    kinds = {"log-deleted", "log-empty", "log-first-line-corrupt", "log-seed-tampered",
+             "snapshot-bits-flipped", "extended-final-bits-flipped", "run-json-lr-edited",
+             "data-changed", "model-changed", "torn-temp-folders", "snapshot-truncated-shard",
+             "moved-run-folder", "extended-steps-constant"}
+    assert kinds <= {r.id for r in ROWS} and len({r.id for r in ROWS}) == len(ROWS)

@@ -1,0 +1,251 @@
+"""What a run folder checks before it trusts what it reads back: checksums of the files
+of saved weights (snapshots, final/), fingerprints of the run's inputs (the data's
+content hash; the model folder's safetensors headers and sizes, cheap for any size),
+the facts that decide z (device model, software versions), and the digest that seals
+run.json's settings. Torch-free except `z_environment`, which reads the device.
+
+A problem is a ZoError naming the file and what differs; none of these functions
+writes anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+
+from zoplan.errors import ZoError
+from zoplan.io import sha256_json
+
+STATE = "state.json"
+CHUNK_BYTES = 1 << 22
+
+
+# ---- checksums of saved weights --------------------------------------------------------------
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def folder_checksums(folder: Path) -> dict[str, str]:
+    """{file name: sha256} of every file of a saved weights folder but state.json."""
+    folder = Path(folder)
+    return {p.name: file_sha256(p) for p in sorted(folder.iterdir())
+            if p.is_file() and p.name != STATE}
+
+
+def check_saved(folder: Path) -> str | None:
+    """What is wrong with a saved weights folder against the checksums its state.json
+    records (None: every file is whole): a missing, changed or unexpected file."""
+    folder = Path(folder)
+    try:
+        state = json.loads((folder / STATE).read_text())
+        recorded = state["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{folder / STATE} records no checksums"
+    if not isinstance(recorded, dict) or not recorded:
+        return f"{folder / STATE} records no checksums"
+    for name, want in sorted(recorded.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        have = file_sha256(path)
+        if have != want:
+            return f"{path} changed (sha256 {have[:12]}, saved as {want[:12]})"
+    extra = sorted(p.name for p in folder.glob("*.safetensors") if p.name not in recorded)
+    if extra:
+        return f"{folder / extra[0]} was not saved with this folder"
+    return None
+
+
+# ---- the run's inputs ------------------------------------------------------------------------
+def data_fingerprint(path: str | Path) -> str:
+    """sha256 of a data file, or of a save_to_disk folder (each file's relative name
+    and bytes, in name order)."""
+    path = Path(path)
+    if path.is_file():
+        return file_sha256(path)
+    digest = hashlib.sha256()
+    for item in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(str(item.relative_to(path)).encode() + b"\0")
+        digest.update(bytes.fromhex(file_sha256(item)))
+    return digest.hexdigest()
+
+
+SAMPLES, SAMPLE_BYTES = 16, 1 << 16   # windows of each shard's bytes in its fingerprint
+
+
+def model_fingerprint(folder: str | Path) -> str:
+    """sha256 of a model folder's config.json and, for each safetensors file, its name,
+    size, header (the tensors' names, shapes, dtypes and offsets) and SAMPLES windows
+    of its bytes spread over the file: another size, layout or set of weights shows
+    (new weights change every window), for about 1 MiB read a shard whatever its size."""
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    config = folder / "config.json"
+    digest.update(config.read_bytes() if config.is_file() else b"")
+    for path in sorted(folder.glob("*.safetensors")):
+        size = path.stat().st_size
+        digest.update(f"\0{path.name}\0{size}\0".encode())
+        digest.update(_safetensors_header(path, size))
+        digest.update(_samples(path, size))
+    return digest.hexdigest()
+
+
+def _samples(path: Path, size: int) -> bytes:
+    """SAMPLES windows of SAMPLE_BYTES spread evenly over a file (the whole of a small one)."""
+    with path.open("rb") as handle:
+        if size <= SAMPLES * SAMPLE_BYTES:
+            return handle.read()
+        out = []
+        for index in range(SAMPLES):
+            handle.seek((size - SAMPLE_BYTES) * index // (SAMPLES - 1))
+            out.append(handle.read(SAMPLE_BYTES))
+        return b"".join(out)
+
+
+def _safetensors_header(path: Path, size: int) -> bytes:
+    """The header of a safetensors file (its length first), or what there is of it."""
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return head
+        (length,) = struct.unpack("<Q", head)
+        return head + handle.read(min(length, max(0, size - 8), 100 << 20))
+
+
+def fingerprints(*, data: str, model: str) -> dict:
+    """run.json's "inputs": each input's absolute path and fingerprint (None: built in)."""
+    out = {"data": None, "model": None}
+    if data != "synthetic":
+        out["data"] = {"path": str(Path(data).resolve()), "sha256": data_fingerprint(data)}
+    if model != "random":
+        out["model"] = {"path": str(Path(model).resolve()), "fingerprint": model_fingerprint(model)}
+    return out
+
+
+def input_change(kind: str, recorded: dict | None, path: str | None) -> str | None:
+    """What differs between a recorded input ("data" or "model") and the one at `path`
+    (None: the same content), in words naming the file."""
+    if recorded is None:
+        return None
+    where = Path(path or recorded["path"])
+    if not where.exists():
+        return f"{kind} {where} does not exist"
+    if kind == "data":
+        have, want, what = data_fingerprint(where), recorded["sha256"], "sha256"
+    else:
+        have, want, what = model_fingerprint(where), recorded["fingerprint"], "fingerprint"
+    if have != want:
+        detail = "its weights" if kind == "model" else "its content"
+        return (f"{kind} {where} changed since the run started ({detail}: {what} "
+                f"{have[:12]}, recorded {want[:12]})")
+    return None
+
+
+# ---- run.json's seal --------------------------------------------------------------------------
+def seal(data: dict) -> dict:
+    """`data` with "digest": the sha256 of everything else in it."""
+    body = {k: v for k, v in data.items() if k != "digest"}
+    return {**body, "digest": sha256_json(body)}
+
+
+def check_seal(data: dict, path: Path) -> None:
+    """ZoError unless run.json's digest matches its settings."""
+    body = {k: v for k, v in data.items() if k != "digest"}
+    if "digest" not in data:
+        raise ZoError(f"{path} has no digest of its settings (written by an older zoexec, "
+                      f"or edited): the run cannot be verified; start a new run")
+    if sha256_json(body) != data["digest"]:
+        raise ZoError(f"{path} was edited after the run started (its settings no longer "
+                      f"match their digest {str(data['digest'])[:12]}): a resumed run keeps "
+                      f"the settings it started with")
+
+
+# ---- what decides z ---------------------------------------------------------------------------
+def z_environment(device) -> dict:
+    """The facts z depends on besides the seed: the device model (on CUDA the Philox
+    launch grid follows the SM count) and the versions of torch and CUDA."""
+    import torch
+
+    out = {"device_kind": device.type, "torch": torch.__version__.split("+")[0]}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out.update(device=props.name, sm_count=props.multi_processor_count,
+                   cuda=torch.version.cuda)
+    return out
+
+
+def z_difference(recorded: dict, have: dict) -> str | None:
+    """The first fact that decides z and differs, in words (None: the same)."""
+    for key in sorted(set(recorded) | set(have)):
+        if recorded.get(key) != have.get(key):
+            return f"{key} {have.get(key)} (the run's: {recorded.get(key)})"
+    return None
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free space of the file system holding `path` (or its nearest existing folder)."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def z_problem(every: list[dict], *, recorded: dict | None, resumed: bool,
+              local_ranks: int) -> str | None:
+    """Why the ranks' z would not be the run's (None: it is): on a resume each rank
+    against run.json's record, on a new run each rank against rank 0 (one device model
+    and one software stack for the whole job)."""
+    if resumed and recorded is None:
+        return "run.json records no device for z (written without it): the run cannot be resumed exactly"
+    want = recorded if resumed else every[0]
+    for rank, have in enumerate(every):
+        diff = z_difference(want, have)
+        if diff is None:
+            continue
+        where = f"rank {rank} (node {rank // local_ranks})"
+        if resumed:
+            return (f"{where} would draw z on {diff}: a resume on another device model or "
+                    f"software version replays the logged updates along another z; resume "
+                    f"it where it ran")
+        return (f"the ranks would draw different z: {where} has {diff.replace('(the run', '(rank 0')}; "
+                f"a run needs one device model and one torch/CUDA version on every node")
+    return None
+
+
+def check_safetensors(path: Path) -> str | None:
+    """What is wrong with a safetensors file's framing (None: its header parses and its
+    tensors' bytes fill the file exactly): a truncated or damaged shard, found before
+    any rank loads it."""
+    path = Path(path)
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return f"{path} is {size} bytes, too short for a safetensors header"
+        (length,) = struct.unpack("<Q", head)
+        if 8 + length > size:
+            return (f"{path} is truncated: its header alone needs {8 + length} bytes, the "
+                    f"file has {size}")
+        try:
+            header = json.loads(handle.read(length))
+            ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return f"{path} has a damaged safetensors header"
+    have, need = size - 8 - length, max(ends, default=0)
+    if have != need:
+        what = "truncated" if have < need else "longer than its header says"
+        return (f"{path} is {what}: its tensors need {need} bytes after the header, the file "
+                f"holds {have}")
+    return None
