@@ -93,7 +93,7 @@ def _run(cfg: RunConfig, env: zdist.DistEnv, threads: int) -> list[StepRecord]:
 def _data_source(cfg: RunConfig):
     """The data (read before the model is built, so a bad file fails fast)."""
     return make_source(cfg.task.data, vocab=cfg.model_spec.vocab, seed=cfg.optim.seed,
-                       tokenizer_dir=cfg.tokenizer_dir, task=cfg.task.spec)
+                       tokenizer_dir=cfg.tokenizer_dir, task=cfg.task.spec, seq=cfg.workload.seq)
 
 
 def _write_trace(cfg: RunConfig, env: zdist.DistEnv, trainer: Trainer, memory: dict,
