@@ -174,7 +174,7 @@ class TaskOptions(Section):
         "from the row, e.g. '{sentence} It was'")
     label_words: tuple[str, ...] = option(
         (), "classification: the candidates, comma-separated, label 0 first, e.g. "
-        "'terrible,great' (each scored with a space before it)", parse=_label_words)
+        "'terrible,great' (each after a space; none when the template ends in whitespace)", parse=_label_words)
     classification_loss: Literal["candidates", "vocabulary"] = option(
         "candidates", "classification: the training loss, 'candidates' (MeZO's: cross-entropy "
         "over the label words' scores at the answer position) or 'vocabulary' (the label "
