@@ -147,7 +147,7 @@ def test_zoexec_eval_generates_what_transformers_generate_does(setup):
     (["--task-preset", "copa", "--choices", "{choice1}"], "give two or more templates"),
     (["--task-preset", "squad", "--max-new-tokens", "0"], "--max-new-tokens 0: must be >= 1"),
     (["--task-preset", "mnli"], "--task-preset 'mnli': give one of sst2"),
-    (["--task-preset", "rte"], "no column 'premise'"),
+    (["--task-preset", "rte"], "no column 'hypothesis'"),
 ])
 def test_bad_task_options_are_one_error_line(setup, args, message):
     tmp, model = setup
