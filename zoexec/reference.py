@@ -139,7 +139,9 @@ def zo2_reference_train(parts: ModelParts, flats: list[torch.Tensor], batches, *
                         lr: float, eps: float, weight_decay: float, steps: int,
                         flush: bool = True) -> list[tuple[float, float, float]]:
     """The deferred-update schedule on `parts` + `flats` (updated in place; at the end
-    the resident modules hold the trained resident weights). Returns (l+, l-, g)."""
+    the resident modules hold the trained resident weights); batches[step] (or
+    batches(step)) gives the input ids or a zoexec.data.batch.Batch (its labels and
+    choices: the loss the engine computes, zoexec.model.heads). Returns (l+, l-, g)."""
     st = _Zo2State(parts)
     history, pending = [], None
     for step in range(steps):

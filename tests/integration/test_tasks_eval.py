@@ -47,7 +47,8 @@ def _evals(out: Path) -> list[dict]:
 
 
 def _hand_metrics(model: Path, data: Path) -> tuple[float, float]:
-    """Accuracy and eval_loss of the label words with a plain transformers forward."""
+    """Accuracy and eval_loss (the candidate loss: the label word's cross-entropy among
+    the two label words' logits) with a plain transformers forward."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf = AutoModelForCausalLM.from_pretrained(model).eval()
@@ -59,33 +60,46 @@ def _hand_metrics(model: Path, data: Path) -> tuple[float, float]:
         for row in rows:
             prompt = tok(row["sentence"] + " It was")["input_ids"]
             logp = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1].double(), -1)
-            scores = [float(logp[w[0]]) for w in words]
+            scores = torch.tensor([float(logp[w[0]]) for w in words], dtype=torch.float64)
             right += int(scores[1] > scores[0]) == row["label"]
-            loss -= scores[row["label"]]
+            loss -= float(torch.log_softmax(scores, -1)[row["label"]])
     return right / len(rows), loss / len(rows)
 
 
+def _losses(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
+
+
 def test_eval_during_a_run_is_the_same_on_one_rank_pertp2_and_ddp2(tmp_path, model):
-    test = tmp_path / "test.jsonl"      # 40 of the held-out examples: 80 rows to score
+    """The candidate loss (the default) trains alike on every layout (losses to float
+    summation order with DDP), evaluations agree, best/ holds the chosen evaluation's weights."""
+    test = tmp_path / "test.jsonl"      # 40 of the held-out examples: one row each
     test.write_text("".join(TEST.read_text().splitlines(keepends=True)[:40]))
-    outs = {}
+    outs, losses = {}, {}
     for layout in (Layout(), Layout(pertp=2), Layout(ddp=2)):
         out = tmp_path / f"run-{layout.world_size}{layout.pertp}"
         result = CliRunner().invoke(app, ["run", str(_plan(tmp_path, model, layout)),
                                           "--model-path", str(model), "--data", str(TRAIN),
-                                          *TASK, "--eval-data", str(test), "--eval-every", "3",
+                                          *TASK, "--eval-data", str(test), "--eval-every", "2",
                                           "--steps", "6", "--lr", "1e-3", "--out", str(out),
+                                          "--save-best", "eval_loss:max",
                                           "--threads", "1", "-q"])
         assert result.exit_code == 0, result.output
-        outs[layout.label()] = _evals(out)
+        outs[layout.label()], losses[layout.label()] = _evals(out), _losses(out)
     one, *others = outs.values()
-    assert [r["step"] for r in one] == [3, 6]
+    assert [r["step"] for r in one] == [2, 4, 6]
     for other in others:
-        assert [r["step"] for r in other] == [3, 6]
+        assert [r["step"] for r in other] == [2, 4, 6]
         for a, b in zip(one, other):
             assert set(a) >= {"eval_loss", "eval_accuracy", "eval_f1"}
             assert a["eval_accuracy"] == b["eval_accuracy"] and a["eval_f1"] == b["eval_f1"]
-            assert math.isclose(a["eval_loss"], b["eval_loss"], rel_tol=1e-9)
+            assert math.isclose(a["eval_loss"], b["eval_loss"], rel_tol=1e-6)
+    first, *rest = losses.values()
+    for other in rest:
+        for a, b in zip(first, other, strict=True):
+            for key in ("loss_plus", "loss_minus"):
+                assert math.isclose(a[key], b[key], rel_tol=1e-6), (key, a, b)
+    _check_best(tmp_path / "run-11", one, test)
     # zoexec eval of final/ gives the run's last evaluation, and a plain forward agrees
     final = tmp_path / "run-11" / "final"
     result = CliRunner().invoke(app, ["eval", str(final), "--data", str(test), *TASK, "--json"])
@@ -95,6 +109,70 @@ def test_eval_during_a_run_is_the_same_on_one_rank_pertp2_and_ddp2(tmp_path, mod
     assert math.isclose(shown["eval_loss"], one[-1]["eval_loss"], rel_tol=1e-6)
     accuracy, loss = _hand_metrics(final, test)
     assert shown["eval_accuracy"] == accuracy and math.isclose(shown["eval_loss"], loss, rel_tol=1e-6)
+
+
+def _check_best(out: Path, evals: list[dict], test: Path) -> None:
+    """best/ is the step of the highest eval_loss (--save-best eval_loss:max: not the
+    last evaluation, as the loss falls), reloads, and scores that evaluation."""
+    best = max(evals, key=lambda r: r["eval_loss"])
+    assert best is not evals[-1]
+    state = json.loads((out / "best" / "state.json").read_text())
+    assert (state["step"] + 1, state["metric"]) == (best["step"], "eval_loss")
+    assert math.isclose(state["value"], best["eval_loss"], rel_tol=1e-12)
+    result = CliRunner().invoke(app, ["eval", str(out / "best"), "--data", str(test), *TASK, "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output.strip().splitlines()[-1])
+    assert math.isclose(shown["eval_loss"], best["eval_loss"], rel_tol=1e-6)
+    assert shown["eval_accuracy"] == best["eval_accuracy"]
+
+
+def test_eval_samples_scores_a_fixed_subset_in_run_and_eval(tmp_path, model):
+    """--eval-samples 10: zoexec eval twice gives the same figures, those of a file
+    holding the same ten examples; the run's evaluation of the base model (--steps 1
+    with lr 0 leaves it as it is) equals zoexec eval's."""
+    from zoexec.data.choices import subset
+
+    lines = TEST.read_text().splitlines(keepends=True)
+    ten = tmp_path / "ten.jsonl"
+    ten.write_text("".join(lines[i] for i in subset(len(lines), 10)))
+    shown = []
+    for data, extra in ((TEST, ["--eval-samples", "10"]), (TEST, ["--eval-samples", "10"]), (ten, [])):
+        result = CliRunner().invoke(app, ["eval", str(model), "--data", str(data), *TASK, *extra, "--json"])
+        assert result.exit_code == 0, result.output
+        shown.append({k: v for k, v in json.loads(result.output.strip().splitlines()[-1]).items()
+                      if k.startswith("eval_")})
+    assert shown[0] == shown[1] and shown[0] == pytest.approx(shown[2], rel=1e-9)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", str(_plan(tmp_path, model, Layout())), "--model-path",
+                                      str(model), "--data", str(TRAIN), *TASK, "--eval-data", str(TEST),
+                                      "--eval-samples", "10", "--steps", "1", "--lr", "0",
+                                      "--out", str(out), "--threads", "1", "-q"])
+    assert result.exit_code == 0, result.output
+    run = {k: v for k, v in _evals(out)[0].items() if k.startswith("eval_")}
+    assert run == pytest.approx(shown[0], rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["stop", "warn"])
+def test_a_climbing_loss_stops_the_run_or_warns(tmp_path, model, mode):
+    """lr 1 on the micro model: the candidate loss goes 0.70 -> 13 -> 1.7e5 in three
+    steps. With a window of 4 the rule fires at step 3: by default the run stops there
+    (exit 1, a snapshot of step 3, one error line); with warn it says so once and ends."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", str(_plan(tmp_path, model, Layout())),
+                                      "--model-path", str(model), "--data", str(TRAIN), *TASK,
+                                      "--steps", "8", "--lr", "1", "--divergence-window", "4",
+                                      *(["--on-divergence", "warn"] if mode == "warn" else []),
+                                      "--out", str(out), "--threads", "1", "-q"])
+    text = result.output.strip()
+    assert "Traceback" not in text and text.count("the loss is climbing") == 1, text
+    if mode == "warn":
+        assert result.exit_code == 0 and text.startswith("zoexec: warning: step 3:"), text
+        assert len(_losses(out)) == 8 and (out / "final").is_dir()
+        return
+    assert result.exit_code == 1 and text.startswith("error: step 3:") and "\n" not in text, text
+    assert "lower --lr (now 1)" in text and "snapshots/step-000003" in text
+    assert len(_losses(out)) == 4 and (out / "snapshots" / "step-000003" / "state.json").is_file()
+    assert not (out / "final").exists()
 
 
 @pytest.mark.parametrize("args,message", [

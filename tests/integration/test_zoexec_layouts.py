@@ -263,7 +263,7 @@ def placed(tmp_path_factory):
     for name, (layout, resident, workload, _) in PLACEMENTS.items():
         evaluated = dict(eval_data=str(tmp / "eval.jsonl"), eval_every=2) if workload is WORKLOAD else {}
         cfg = _config(tmp, name, layout, workload=workload, resident=resident,
-                      save_every=1 if name == RESUMED else None, **evaluated)
+                      **({"save_every": "1"} if name == RESUMED else {}), **evaluated)
         (run_in_process if layout.world_size == 1 else spawn_local)(cfg)
         out[name] = {"cfg": cfg, "leftovers": _leftovers(cfg.run_id),
                      "out": tmp / name / "out", "losses": _losses(tmp / name / "out"),

@@ -108,4 +108,6 @@ def test_save_best_names_a_metric_and_a_direction():
     assert parse_best("eval_f1") == ("eval_f1", True)
     assert CheckpointOptions(save_best="eval_loss:max").best == ("eval_loss", True)
     with pytest.raises(FieldError, match="save_best must be one of eval_loss"):
-        CheckpointOptions(save_best="accuracy:up")
+        CheckpointOptions(save_best="accuracy:max")
+    with pytest.raises(FieldError, match="then :max or :min"):
+        CheckpointOptions(save_best="eval_loss:up")
