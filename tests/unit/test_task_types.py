@@ -317,3 +317,22 @@ def test_multiple_choice_data_errors_name_the_row(tmp_path, byte_tok):
     batch = make_task_source(_jsonl(tmp_path / "ok.jsonl", [{"q": "x", "c": ["a", "bc"], "label": "bc"}]),
                              spec, vocab=VOCAB, tokenizer_dir=path).batch(0, 1, 16)
     assert batch.choices.answers.tolist() == [1] and batch.labels[1].tolist().count(IGNORE) == 1   # " bc": 3 bytes after "x"
+
+
+def test_save_best_takes_the_metrics_of_the_task_type(tmp_path):
+    """--save-best names a metric the task reports: eval_exact_match for generation,
+    eval_accuracy_norm for multiple choice, not classification's eval_f1 of two labels."""
+    from zoexec.options import build_config
+
+    plan = tmp_path / "plan.json"
+    hand_plan(model="tiny-opt", layout=Layout(), workload=Workload(batch=2, seq=8)).save(plan)
+    data = _jsonl(tmp_path / "d.jsonl", [{"q": "x"}])
+    common = dict(plan=plan, data=str(data), eval_data=str(data), out=str(tmp_path / "out"))
+    cfg = build_config(**common, task_preset="squad", save_best="eval_exact_match")
+    assert cfg.checkpoint.best == ("eval_exact_match", True) and cfg.task.name == "generation"
+    cfg = build_config(**common, task_preset="copa", save_best="eval_accuracy_norm")
+    assert cfg.checkpoint.best == ("eval_accuracy_norm", True)
+    with pytest.raises(ZoError, match="--task generation reports eval_loss, eval_exact_match, eval_f1"):
+        build_config(**common, task_preset="drop", save_best="eval_accuracy")
+    with pytest.raises(ZoError, match="--task multiple-choice reports"):
+        build_config(**common, task_preset="copa", save_best="eval_f1")
