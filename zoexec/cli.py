@@ -75,7 +75,9 @@ app.command("run")(with_params(run_cmd, [PLAN_ARG, *section_params(*SECTIONS.val
 
 def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, **values) -> None:
     """Evaluate a saved model on a data set: eval_loss, and eval_accuracy (eval_f1 with
-    two labels) for classification; the blocks stream from host memory as in a run."""
+    two labels) for classification, eval_accuracy and eval_accuracy_norm for multiple
+    choice, eval_exact_match and eval_f1 for generation; the blocks stream from host
+    memory as in a run."""
     try:
         from zoexec.launch.evaluate import eval_config, eval_model
     except ModuleNotFoundError as exc:

@@ -21,6 +21,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
+from zoexec.data.presets import PRESET_NAMES, with_preset
 from zoexec.maths.schedule import lr_from
 from zoplan.errors import ZoError
 from zoplan.execrules import DEFAULT_STEPS
@@ -138,11 +139,16 @@ class ModelOptions(Section):
         return self.model_path or "random"
 
 
-TaskName = Literal["text", "completion", "classification"]
+TaskName = Literal["text", "completion", "classification", "multiple-choice", "generation"]
+PresetName = Literal[PRESET_NAMES]
 
 
 def _label_words(text: str) -> tuple[str, ...]:
     return tuple(word.strip() for word in text.split(","))
+
+
+def _choices(text: str) -> tuple[str, ...]:
+    return tuple(part for part in text.split("|"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,23 +159,54 @@ class TaskOptions(Section):
         "synthetic", "Training data: JSONL, JSON, CSV, Parquet or a save_to_disk folder, in "
         "the --task's columns", shown="the built-in synthetic task", metavar="FILE")
     name: TaskName = option(
-        "text", "text (packed LM loss), completion (loss on the completion only) or "
-        "classification (label words after a template)", flag="--task")
+        "text", "text (packed LM loss), completion (loss on the completion only), "
+        "classification (label words after a template), multiple-choice (candidate "
+        "continuations) or generation (free-text answers: exact match, F1)", flag="--task")
+    task_preset: PresetName | None = option(
+        None, "One of MeZO's tasks: its --task, template, label words or candidates and columns "
+        "(the HF dataset's) as defaults; options given win")
     text_column: str = option("text", "text task: the documents' column (or 'input_ids')")
     prompt_column: str = option("prompt", "completion task: the prompt's column")
     completion_column: str = option("completion", "completion task: the completion's column")
     label_column: str = option(
-        "label", "classification: the label's column (an index or a label word)")
+        "label", "classification, multiple-choice: the label's column (an index, a label "
+        "word or candidate, a list of right candidates)")
     template: str | None = option(
-        None, "classification: the prompt, each {column} filled from the row, e.g. "
-        "'{sentence} It was'")
+        None, "classification, multiple-choice, generation: the prompt, each {column} filled "
+        "from the row, e.g. '{sentence} It was'")
     label_words: tuple[str, ...] = option(
         (), "classification: the candidates, comma-separated, label 0 first, e.g. "
-        "'terrible,great' (each scored with a space before it)", parse=_label_words)
+        "'terrible,great' (each after a space; none when the template ends in whitespace)", parse=_label_words)
     classification_loss: Literal["candidates", "vocabulary"] = option(
         "candidates", "classification: the training loss, 'candidates' (MeZO's: cross-entropy "
         "over the label words' scores at the answer position) or 'vocabulary' (the label "
         "word's LM loss over the whole vocabulary)")
+    choices: tuple[str, ...] = option(
+        (), "multiple-choice: a template per candidate, '|'-separated, e.g. '{choice1}|{choice2}' "
+        "(with --choices-column: one, {choice} being each item; default '{choice}')",
+        parse=_choices)
+    choices_column: str | None = option(
+        None, "multiple-choice: the column holding each row's candidates (a list of strings)")
+    choice_score: Literal["mean", "sum"] = option(
+        "mean", "multiple-choice: a candidate's score in the loss, its log-likelihood per token "
+        "('mean', MeZO's) or summed ('sum')")
+    answer_column: str = option(
+        "answer", "generation: the gold answers' column (a string, a list of strings, or "
+        "SQuAD's {'text': [...]})")
+    max_new_tokens: int = option(
+        32, "generation: evaluation generates at most this many tokens (greedy)",
+        check=at_least(1))
+    stop_at: Literal["eos", "newline"] = option(
+        "eos", "generation: generation stops at the EOS, or at a newline too ('newline')")
+    demonstrations: int = option(
+        0, "K training examples with their answers before each evaluated prompt (in-context "
+        "baseline; 0: zero-shot)", check=at_least(0), metavar="K")
+    demonstrations_in_training: bool = option(
+        False, "The demonstrations before each training prompt too")
+    demonstrations_seed: int = option(0, "The seed that picks the demonstrations")
+    demonstrations_data: str | None = option(
+        None, "The file the demonstrations come from (default: --data; never the evaluated "
+        "example itself)", metavar="FILE")
     eval_data: str | None = option(
         None, "Held-out data (the task's format): eval_loss (and eval_accuracy, eval_f1 for "
         "classification) after the last step", metavar="FILE")
@@ -191,7 +228,8 @@ class TaskOptions(Section):
                         completion_column=self.completion_column,
                         label_column=self.label_column, template=self.template,
                         label_words=tuple(self.label_words),
-                        classification_loss=self.classification_loss)
+                        classification_loss=self.classification_loss,
+                        **{name: getattr(self, name) for name in _TASK_TYPES_FIELDS})
 
     @staticmethod
     def task_fields(task: dict) -> dict:
@@ -200,7 +238,12 @@ class TaskOptions(Section):
         from zoexec.data.tasks import TaskSpec
 
         task = TaskSpec.from_dict(task).to_dict() if task else task
-        return {k: tuple(v) if k == "label_words" else v for k, v in task.items()}
+        return {k: tuple(v) if k in ("label_words", "choices") else v for k, v in task.items()}
+
+
+_TASK_TYPES_FIELDS = ("task_preset", "choices", "choices_column", "choice_score", "answer_column",
+                      "max_new_tokens", "stop_at", "demonstrations", "demonstrations_in_training",
+                      "demonstrations_seed", "demonstrations_data")
 
 
 MAX_SEED = 2**64 - 1
@@ -287,7 +330,7 @@ def _size(text: str) -> str | None:
     return None
 
 
-BEST_METRICS = ("eval_loss", "eval_accuracy", "eval_f1")
+BEST_METRICS = ("eval_loss", "eval_accuracy", "eval_f1", "eval_accuracy_norm", "eval_exact_match")
 
 
 def parse_best(text: str) -> tuple[str, bool]:
@@ -496,7 +539,7 @@ class RunConfig:
     def make(cls, *, plan: dict, **values) -> RunConfig:
         """A RunConfig from flat names (the builder, tests, benchmarks): each option goes
         to its section, the rest to the bookkeeping fields."""
-        parts, rest = _by_section(values)
+        parts, rest = _by_section(with_preset(values))
         return cls(plan=plan, **{name: SECTIONS[name](**kw) for name, kw in parts.items()},
                    **rest)
 

@@ -21,6 +21,7 @@ from zoexec.config import (
     parse_best,
     section_of,
 )
+from zoexec.data.presets import with_preset
 from zoexec.run.folder import KEPT, SETTINGS, RunDir, extend
 from zoexec.run.report import check_report_to
 from zoexec.run.verify import fingerprints
@@ -30,6 +31,10 @@ from zoplan.execrules import default_steps
 from zoplan.io import sha256_json
 from zoplan.plan import Plan
 
+REPORTS = {"text": ("eval_loss",), "completion": ("eval_loss",),   # each task's metrics
+           "classification": ("eval_loss", "eval_accuracy", "eval_f1"),
+           "multiple-choice": ("eval_loss", "eval_accuracy", "eval_accuracy_norm"),
+           "generation": ("eval_loss", "eval_exact_match", "eval_f1")}
 TASK_FIELDS = tuple(f.name for f in option_fields(TaskOptions)
                     if f.name not in ("data", "eval_data", "eval_samples"))
 
@@ -43,7 +48,7 @@ def build_config(*, plan: Path | str, **values) -> RunConfig:
     if unknown:
         raise TypeError(f"build_config: no option field {', '.join(unknown)}")
     loaded = Plan.load(plan)
-    given = {**env_defaults(given), **given}
+    given = with_preset({**env_defaults(given), **given})
     try:
         check_given(given)
         _check_together(given)
@@ -101,9 +106,10 @@ def _check_new_run(given: dict) -> None:
                           f"--resume DIR")
     task = given.get("name", "text")
     best = given.get("save_best")
-    if best and parse_best(best)[0] != "eval_loss" and task != "classification":
-        raise ZoError(f"--save-best {best}: --task {task} reports eval_loss only")
-    if best and parse_best(best)[0] == "eval_f1" and len(given.get("label_words", ())) != 2:
+    if best and parse_best(best)[0] not in REPORTS[task]:
+        raise ZoError(f"--save-best {best}: --task {task} reports {', '.join(REPORTS[task])}")
+    if (best and parse_best(best)[0] == "eval_f1" and task == "classification"
+            and len(given.get("label_words", ())) != 2):
         raise ZoError(f"--save-best {best}: eval_f1 needs two label words")
     if "data" not in given and task != "text":
         raise ZoError(f"--task {task} needs --data FILE (the built-in synthetic task is text)")

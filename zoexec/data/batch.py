@@ -19,11 +19,16 @@ class Choices:
     make. `answers` [E]: the correct candidate of each example. `tokens` [E, C]:
     single-token candidates, one row per example, scored at the row's one labelled
     position (the answer position: the prompt's last token predicts it); None: `size`
-    rows per example, one per candidate, each labelled on its candidate's tokens."""
+    rows per example, one per candidate, each labelled on its candidate's tokens, and
+    `mean`: a candidate's score is its log-likelihood per token (else summed);
+    `valid` [E, size] (None: all): False marks an empty row padding an example with
+    fewer candidates (multiple choice), left out of the loss."""
 
     answers: torch.Tensor
     tokens: torch.Tensor | None = None
     size: int = 1
+    valid: torch.Tensor | None = None
+    mean: bool = True
 
     def __post_init__(self) -> None:
         if self.size < 1 or (self.tokens is not None and self.size != 1):
@@ -31,15 +36,19 @@ class Choices:
         if self.tokens is not None and self.tokens.shape[0] != self.answers.shape[0]:
             raise ValueError(f"tokens must have a row per answer, got {tuple(self.tokens.shape)} "
                              f"for {self.answers.shape[0]} answers")
+        if self.valid is not None and tuple(self.valid.shape) != (self.answers.shape[0], self.size):
+            raise ValueError(f"valid must be [examples, size], got {tuple(self.valid.shape)}")
 
     def select(self, start: int, stop: int) -> Choices:
         """Examples start..stop."""
         tokens = None if self.tokens is None else self.tokens[start:stop]
-        return Choices(self.answers[start:stop], tokens, self.size)
+        valid = None if self.valid is None else self.valid[start:stop]
+        return Choices(self.answers[start:stop], tokens, self.size, valid, self.mean)
 
     def to(self, device) -> Choices:
         tokens = None if self.tokens is None else self.tokens.to(device)
-        return Choices(self.answers.to(device), tokens, self.size)
+        valid = None if self.valid is None else self.valid.to(device)
+        return Choices(self.answers.to(device), tokens, self.size, valid, self.mean)
 
 
 @dataclass(frozen=True)

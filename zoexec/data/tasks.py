@@ -3,7 +3,7 @@
 Data files are read with the `datasets` library from local files only (JSONL, JSON,
 CSV, Parquet, or a folder written by `Dataset.save_to_disk`); nothing is downloaded.
 A text task's JSONL file keeps zoexec.data.text's line-by-line reader (each line checked,
-problems named by line). Three tasks (`--task`):
+problems named by line). Five tasks (`--task`):
 
 text            packed language modelling (zoexec.data.text.TextData): documents (column
                 `--text-column`, or `input_ids`) tokenised, an EOS after each, joined and
@@ -32,7 +32,12 @@ classification  MeZO's prompt style: `--template` (e.g. "{sentence} It was": eac
                 the example; longer ones: the mean per token, a row each); accuracy =
                 the argmax is the label; F1 of label 1 with two labels; eval_loss = the
                 training loss on the data.
+multiple-choice a prompt and candidate continuations (COPA, ReCoRD): zoexec.data.multichoice.
+generation      a prompt and free-text gold answers (SQuAD, DROP), evaluated by greedy
+                decoding, exact match and F1: zoexec.data.generation.
 `--eval-samples N` evaluates N examples (text: rows) drawn with a fixed seed.
+`--demonstrations K` puts K training examples before each prompt (zoexec.data.demos);
+`--task-preset NAME` gives the options of one of MeZO's tasks (zoexec.data.presets).
 
 Every source answers batch(step, batch_size, seq) with a Batch deterministic in
 (seed, step), the same on every rank (zoexec.data.batch.shard keeps each rank's rows).
@@ -41,18 +46,29 @@ Every source answers batch(step, batch_size, seq) with a Batch deterministic in
 from __future__ import annotations
 
 import math
-import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from zoexec.data.batch import Batch, Choices, EpochOrder, Example, pack_examples
 from zoexec.data.choices import LOSSES, ChoiceRows, classification_metrics, subset
+from zoexec.data.demos import check_demonstrations, demonstrations_from, with_demonstrations
+from zoexec.data.generation import Decoding, check_generation, decoding_of, generation_examples
+from zoexec.data.multichoice import (
+    MultipleChoiceRows,
+    check_choices,
+    choice_eval_parts,
+    choice_examples,
+)
+from zoexec.data.presets import preset
 from zoexec.data.records import check_columns, load_records
+from zoexec.data.templates import joiner, template_fields
 from zoexec.data.text import SyntheticTask, TextData, check_data, load_tokenizer
 from zoplan.errors import ZoError
 
-TASKS = ("text", "completion", "classification")
+TASKS = ("text", "completion", "classification", "multiple-choice", "generation")
+TEMPLATED = ("classification", "multiple-choice", "generation")   # tasks with --template
 _TAG_ROWS = 0x5257
 
 
@@ -70,12 +86,33 @@ class TaskSpec:
     template: str | None = None
     label_words: tuple[str, ...] = field(default=())
     classification_loss: str = "candidates"
+    task_preset: str | None = None
+    choices: tuple[str, ...] = field(default=())
+    choices_column: str | None = None
+    choice_score: str = "mean"
+    answer_column: str = "answer"
+    max_new_tokens: int = 32
+    stop_at: str = "eos"
+    demonstrations: int = 0
+    demonstrations_in_training: bool = False
+    demonstrations_seed: int = 0
+    demonstrations_data: str | None = None
 
     def __post_init__(self) -> None:
         if self.name not in TASKS:
             raise ZoError(f"--task {self.name!r}: give one of {', '.join(TASKS)}")
-        if self.name != "classification" and (self.template is not None or self.label_words):
-            raise ZoError("--template and --label-words are options of --task classification")
+        if self.template is not None and self.name not in TEMPLATED:
+            raise ZoError(f"--template is one of the options of --task "
+                          f"{', '.join(TEMPLATED)}, not of --task {self.name}")
+        if self.label_words and self.name != "classification":
+            raise ZoError("--label-words is an option of --task classification")
+        if (self.choices or self.choices_column) and self.name != "multiple-choice":
+            raise ZoError("--choices and --choices-column are options of --task multiple-choice")
+        preset(self.task_preset)
+        check_demonstrations(self)
+        check_generation(self)
+        if self.name == "multiple-choice":
+            check_choices(self)
         if self.name != "classification":
             return
         if not self.template:
@@ -96,14 +133,16 @@ class TaskSpec:
                           f"{', '.join(LOSSES)}")
 
     def to_dict(self) -> dict:
-        keep = {"text": ("text_column",), "completion": ("prompt_column", "completion_column"),
-                "classification": ("template", "label_words", "label_column",
-                                   "classification_loss")}[self.name]
         out = {"name": self.name}
-        for key in keep:
+        for key in _RECORDED[self.name] + self._recorded_extras():
             value = getattr(self, key)
             out[key] = list(value) if isinstance(value, tuple) else value
         return out
+
+    def _recorded_extras(self) -> tuple[str, ...]:
+        demos = ("demonstrations", "demonstrations_in_training", "demonstrations_seed",
+                 "demonstrations_data") if self.demonstrations else ()
+        return (("task_preset",) if self.task_preset else ()) + demos
 
     @classmethod
     def from_dict(cls, data: dict | None) -> TaskSpec:
@@ -112,28 +151,23 @@ class TaskSpec:
         data = dict(data)
         if data.get("name") == "classification":   # runs from before the candidate loss
             data.setdefault("classification_loss", "vocabulary")
-        if "label_words" in data:
-            data["label_words"] = tuple(data["label_words"])
+        for key in ("label_words", "choices"):
+            if key in data:
+                data[key] = tuple(data[key])
         return cls(**data)
+
+_RECORDED = {   # what run.json records of each task (TaskSpec.to_dict)
+    "text": ("text_column",), "completion": ("prompt_column", "completion_column"),
+    "classification": ("template", "label_words", "label_column", "classification_loss"),
+    "multiple-choice": ("template", "choices", "choices_column", "label_column", "choice_score"),
+    "generation": ("template", "prompt_column", "answer_column", "max_new_tokens", "stop_at")}
+
 
 def parse_label_words(text: str | None) -> tuple[str, ...]:
     """--label-words "terrible,great" -> ("terrible", "great") (each stripped)."""
     if text is None:
         return ()
     return tuple(word.strip() for word in text.split(","))
-
-
-def template_fields(template: str) -> list[str]:
-    """The {name} fields of a template ({{ and }} are literal braces)."""
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as exc:
-        raise ZoError(f"--template {template!r}: {exc}") from None
-    names = [name for _, name, _, _ in parsed if name is not None]
-    if any(not name or not name.isidentifier() for name in names):
-        raise ZoError(f"--template {template!r}: every field is a column name in braces, "
-                      f"e.g. {{sentence}}")
-    return names
 
 
 # ---- examples: a prompt and the tokens the loss counts after it --------------------------------
@@ -197,7 +231,7 @@ class Labelled:
 def label_word_ids(spec: TaskSpec, tokens: Tokens) -> tuple[tuple[int, ...], ...]:
     out = []
     for word in spec.label_words:
-        ids = tokens.encode(" " + word, special=False, what=f"label word {word!r}")
+        ids = tokens.encode(joiner(spec.template) + word, special=False, what=f"label word {word!r}")
         if not ids:
             raise ZoError(f"label word {word!r} tokenises to no tokens with this tokenizer")
         unk = tokens.tokenizer.unk_token_id
@@ -277,6 +311,8 @@ class EvalSet:
     tokens: tuple[int, ...] | None = None
     labels: list[int] | None = None
     loss: str = "vocabulary"
+    scorer: Callable[[torch.Tensor], dict] | None = None   # other metrics of the rows' [CE, tokens]
+    decoding: Decoding | None = None   # generation: what to generate (zoexec.train.generate)
 
     @property
     def width(self) -> int:
@@ -297,7 +333,10 @@ class EvalSet:
     def metrics(self, out: torch.Tensor) -> dict[str, float]:
         """eval_loss, and for classification eval_accuracy and eval_f1 (two labels, label
         1 positive), from `out` (float64, a row of `width` figures per row: [summed CE,
-        labelled tokens], or the candidates' log-probabilities)."""
+        labelled tokens], or the candidates' log-probabilities); `scorer`'s instead
+        (multiple choice: zoexec.data.multichoice.choice_metrics)."""
+        if self.scorer is not None:
+            return self.scorer(out)
         if self.tokens is not None:
             right = out[torch.arange(len(self.labels)), self.labels]
             return classification_metrics(out, self.labels, loss=self.loss,
@@ -321,40 +360,95 @@ def _tokens(tokenizer_dir, *, vocab: int, where) -> Tokens:
     return Tokens(load_tokenizer(tokenizer_dir, where=where), vocab=vocab, where=where)
 
 
-def make_task_source(path, spec: TaskSpec, *, vocab: int, seed: int = 0, tokenizer_dir=None):
-    """The training source of `spec` over the file or folder `path`."""
+def make_task_source(path, spec: TaskSpec, *, vocab: int, seed: int = 0, tokenizer_dir=None,
+                     seq: int | None = None):
+    """The training source of `spec` over the file or folder `path` (`seq`: the rows'
+    length, which demonstrations in training are fitted to)."""
     if spec.name == "text":
         return TextData.from_path(path, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir,
                                   column=spec.text_column)
     rows = load_records(path)
     tokens = _tokens(tokenizer_dir, vocab=vocab, where=path)
+    examples = task_examples(rows, spec, tokens, path)
+    if spec.demonstrations_in_training:
+        demos = _demonstrations(spec, tokens, spec.demonstrations_data or path,
+                                rows=rows if spec.demonstrations_data is None else None)
+        examples = with_demonstrations(examples, rows, demos, seq=seq, reserve=_target_length)
+    if spec.name == "classification":
+        return ChoiceRows(examples, loss=spec.classification_loss, pad=tokens.pad, seed=seed,
+                          tag=_TAG_ROWS, path=path)
+    if spec.name == "multiple-choice":
+        return MultipleChoiceRows(examples, score=spec.choice_score, pad=tokens.pad, seed=seed,
+                                  tag=_TAG_ROWS, path=path)
+    if spec.name == "generation":
+        examples = [ex.example() for ex in examples]
+    return ExampleRows(examples, pad=tokens.pad, seed=seed, path=path)
+
+
+def task_examples(rows, spec: TaskSpec, tokens: Tokens, path) -> list:
+    """The examples of `rows`: Example (completion), Labelled (classification),
+    MultipleChoice or Answered (generation)."""
     if spec.name == "completion":
-        examples = completion_examples(rows, spec, tokens, path)
-        return ExampleRows(examples, pad=tokens.pad, seed=seed, path=path)
-    return ChoiceRows(classification_examples(rows, spec, tokens, path),
-                      loss=spec.classification_loss, pad=tokens.pad, seed=seed, tag=_TAG_ROWS,
-                      path=path)
+        return completion_examples(rows, spec, tokens, path)
+    if spec.name == "classification":
+        return classification_examples(rows, spec, tokens, path)
+    if spec.name == "multiple-choice":
+        return choice_examples(rows, spec, tokens, path, preset(spec.task_preset))
+    return generation_examples(rows, spec, tokens, path)
+
+
+def _target_length(example) -> int:
+    """The tokens a row needs after its prompt: the longest candidate, or the target."""
+    if hasattr(example, "candidates"):
+        return max(len(c) for c in example.candidates)
+    return len(example.target)
+
+
+def _demonstrations(spec: TaskSpec, tokens: Tokens, pool, *, rows=None):
+    """The demonstrations of `spec` drawn from the file `pool` (`rows`: its rows, read
+    already)."""
+    rows = load_records(pool) if rows is None else rows
+    return demonstrations_from(task_examples(rows, spec, tokens, pool), rows, spec=spec,
+                               tokens=tokens, where=pool)
 
 
 def make_eval_set(path, spec: TaskSpec, *, vocab: int, seq: int, tokenizer_dir=None,
-                  samples: int | None = None) -> EvalSet:
+                  samples: int | None = None, train_path=None) -> EvalSet:
     """The evaluation rows of `spec` over `path`: text cut into rows of `seq` (the
-    last shorter), a completion per row, or the classification examples (a row each
-    with single-token candidates, else a row per candidate); `samples`: that many of
-    them, drawn with a fixed seed (zoexec.data.choices.subset)."""
+    last shorter), a completion per row, the classification examples (a row each
+    with single-token candidates, else a row per candidate), a row per candidate of
+    each multiple-choice example, or a generation example's answer row and its prompt
+    to generate from; `samples`: that many of them, drawn with a fixed seed
+    (zoexec.data.choices.subset). With demonstrations, they are drawn from
+    spec.demonstrations_data, else `train_path`, else `path`."""
     if spec.name == "text":
         data = TextData.from_path(path, vocab=vocab, seed=0, tokenizer_dir=tokenizer_dir,
                                   column=spec.text_column)
         return EvalSet(rows=_some(data.eval_examples(seq), samples), pad=0)
     rows = load_records(path)
     tokens = _tokens(tokenizer_dir, vocab=vocab, where=path)
+    examples = task_examples(rows, spec, tokens, path)
+    rows, examples = _some(rows, samples), _some(examples, samples)
+    demos = None
+    if spec.demonstrations:
+        demos = _demonstrations(spec, tokens, spec.demonstrations_data or train_path or path)
+    examples_fed = with_demonstrations(examples, rows, demos, seq=seq, reserve=_target_length)
     if spec.name == "completion":
-        return EvalSet(rows=_some(completion_examples(rows, spec, tokens, path), samples),
-                       pad=tokens.pad)
-    examples = _some(classification_examples(rows, spec, tokens, path), samples)
+        return EvalSet(rows=examples_fed, pad=tokens.pad)
+    if spec.name == "multiple-choice":
+        return _choice_eval_set(examples_fed, spec, pad=tokens.pad)
+    if spec.name == "generation":
+        prompts = with_demonstrations(examples, rows, demos, seq=seq,
+                                      reserve=lambda ex: spec.max_new_tokens)
+        return EvalSet(rows=[ex.example() for ex in examples_fed], pad=tokens.pad,
+                       decoding=decoding_of(prompts, spec, tokens, seq=seq))
+    return _classification_eval_set(examples_fed, spec, pad=tokens.pad)
+
+
+def _classification_eval_set(examples: list, spec: TaskSpec, *, pad: int) -> EvalSet:
     labels = [ex.label for ex in examples]
     if all(len(c) == 1 for c in examples[0].candidates):   # the label words: all alike
-        return EvalSet(rows=[ex.example() for ex in examples], pad=tokens.pad, labels=labels,
+        return EvalSet(rows=[ex.example() for ex in examples], pad=pad, labels=labels,
                        tokens=tuple(c[0] for c in examples[0].candidates),
                        loss=spec.classification_loss)
     out, groups, scored = [], [], []
@@ -362,8 +456,13 @@ def make_eval_set(path, spec: TaskSpec, *, vocab: int, seq: int, tokenizer_dir=N
         groups.append((len(out), len(ex.candidates), ex.label))
         scored.append(len(out) + ex.label)
         out.extend(ex.example(i) for i in range(len(ex.candidates)))
-    return EvalSet(rows=out, pad=tokens.pad, groups=groups, scored=scored, labels=labels,
+    return EvalSet(rows=out, pad=pad, groups=groups, scored=scored, labels=labels,
                    loss=spec.classification_loss)
+
+
+def _choice_eval_set(examples: list, spec: TaskSpec, *, pad: int) -> EvalSet:
+    rows, scorer = choice_eval_parts(examples, score=spec.choice_score)
+    return EvalSet(rows=rows, pad=pad, scorer=scorer)
 
 
 def _some(items: list, samples: int | None) -> list:
@@ -378,8 +477,8 @@ def check_task_data(path, spec: TaskSpec, *, vocab: int, batch: int, seq: int,
         check_data(str(path), vocab=vocab, batch=batch, seq=seq, tokenizer_dir=tokenizer_dir,
                    column=spec.text_column)
         return
-    source = make_task_source(path, spec, vocab=vocab, tokenizer_dir=tokenizer_dir)
-    if isinstance(source, ChoiceRows):
+    source = make_task_source(path, spec, vocab=vocab, tokenizer_dir=tokenizer_dir, seq=seq)
+    if isinstance(source, (ChoiceRows, MultipleChoiceRows)):
         source.check(seq)
         return
     for number, ex in enumerate(source.examples, start=1):
@@ -387,10 +486,12 @@ def check_task_data(path, spec: TaskSpec, *, vocab: int, batch: int, seq: int,
             pack_examples([ex], seq=seq, pad=source.pad, where=f"{path} row {number}")
 
 
-def make_source(source: str, *, vocab: int, seed: int = 0, tokenizer_dir=None, task=None):
+def make_source(source: str, *, vocab: int, seed: int = 0, tokenizer_dir=None, task=None,
+                seq: int | None = None):
     """"synthetic" -> SyntheticTask; a file or folder -> the source of `task` (a
     zoexec.data.tasks.TaskSpec or its dict; default text: TextData)."""
     if source == "synthetic":
         return SyntheticTask(vocab=vocab, seed=seed)
     spec = task if isinstance(task, TaskSpec) else TaskSpec.from_dict(task)
-    return make_task_source(source, spec, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir)
+    return make_task_source(source, spec, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir,
+                            seq=seq)

@@ -20,6 +20,7 @@ from zoexec.config import (
     TaskOptions,
     option_fields,
 )
+from zoexec.data.presets import with_preset
 from zoexec.data.text import TOKENIZER_FILES
 from zoexec.launch.spawn import one_rank
 from zoexec.run.evaluate import make_evaluator
@@ -46,7 +47,7 @@ def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
     ev = EvalOptions(**{f.name: values.pop(f.name) for f in option_fields(EvalOptions)
                         if f.name in values})
     runtime = RuntimeOptions(threads=values.pop("threads", None))
-    task = TaskOptions(data=str(data), eval_data=str(data), **values)
+    task = TaskOptions(data=str(data), eval_data=str(data), **with_preset(values))
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ZoError(f"{model_dir} is not a model folder (no config.json)")

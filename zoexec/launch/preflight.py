@@ -88,7 +88,8 @@ def _check_data(cfg) -> None:
                         batch=workload.batch, seq=workload.seq, tokenizer_dir=tokenizer)
     if cfg.task.eval_data:
         make_eval_set(cfg.task.eval_data, cfg.task.spec, vocab=vocab,
-                      seq=workload.seq, tokenizer_dir=tokenizer)
+                      seq=workload.seq, tokenizer_dir=tokenizer,
+                      train_path=None if cfg.task.data == "synthetic" else cfg.task.data)
 
 
 def _check_devices(cfg) -> None:

@@ -121,7 +121,7 @@ def _agreed_z(cfg: RunConfig, env: zgroups.DistEnv) -> dict:
 def _data_source(cfg: RunConfig):
     """The data (read before the model is built, so a bad file fails fast)."""
     return make_source(cfg.task.data, vocab=cfg.model_spec.vocab, seed=cfg.optim.seed,
-                       tokenizer_dir=cfg.tokenizer_dir, task=cfg.task.spec)
+                       tokenizer_dir=cfg.tokenizer_dir, task=cfg.task.spec, seq=cfg.workload.seq)
 
 
 def _write_trace(cfg: RunConfig, env: zgroups.DistEnv, trainer: Trainer, memory: dict,

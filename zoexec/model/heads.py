@@ -21,7 +21,9 @@ gives the mean over the global batch whatever the layout):
   tokens at the answer position, the softmax over the vocabulary's normaliser cancels
   in the softmax over the candidates; with a row per candidate the mean log-probability
   of its tokens (MeZO's large-model code: forward_wrap_with_option_len in utils.py
-  normalises by the candidate's length).
+  normalises by the candidate's length), or its sum (`Choices.mean` False); a
+  multiple-choice example with fewer candidates than the batch's most has empty rows
+  (`Choices.valid` False) that score -inf, nothing in the softmax.
 """
 
 from __future__ import annotations
@@ -84,9 +86,13 @@ def candidate_logits(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
         _one_position_per_row(rows, batch.rows)
         return logits.gather(1, choices.tokens)
     sums = row_losses(parts, hidden, batch.labels)
-    if bool((sums[:, 1] == 0).any()):
+    valid = (torch.ones(batch.rows, dtype=torch.bool, device=sums.device)
+             if choices.valid is None else choices.valid.reshape(-1))
+    if bool((sums[valid, 1] == 0).any()):
         raise ZoError("a candidate row has no labelled token: a candidate lost its tokens")
-    return (-sums[:, 0] / sums[:, 1]).float().view(-1, choices.size)
+    scores = -sums[:, 0] / sums[:, 1].clamp(min=1) if choices.mean else -sums[:, 0]
+    scores = scores.masked_fill(~valid, -torch.inf)   # padding rows of fewer candidates
+    return scores.float().view(-1, choices.size)
 
 
 def row_scores(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:

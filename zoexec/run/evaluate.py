@@ -10,7 +10,8 @@ the metrics are the same whatever the layout. Rows are padded to the call's long
 row, and the last call with empty rows (no labels, no loss). A classification example
 with single-token candidates is one row: its candidates are all scored from the
 logits at its answer position (zoexec.data.choices); `--eval-samples N` scores N
-examples drawn with a fixed seed.
+examples drawn with a fixed seed. A generation task's answers are then generated
+greedily (zoexec.train.generate) and scored (eval_exact_match, eval_f1).
 
 `zoexec eval` runs the same path on one rank (zoexec.launch.evaluate).
 """
@@ -21,6 +22,7 @@ import torch
 
 from zoexec.data.tasks import EvalSet, make_eval_set
 from zoexec.runtime.errors import failing
+from zoexec.train.generate import greedy
 
 
 class Evaluator:
@@ -58,7 +60,11 @@ class Evaluator:
             with failing("eval", rank=env.rank):
                 dist.all_reduce(out, group=env.world)
             out = out.cpu()
-        return self.eval_set.metrics(out)
+        metrics = self.eval_set.metrics(out)
+        decoding = self.eval_set.decoding
+        if decoding is not None:   # generation: the answers generated, scored
+            metrics.update(decoding.metrics(greedy(trainer, decoding, batch=self.batch)))
+        return metrics
 
 
 def make_evaluator(cfg) -> Evaluator | None:
@@ -68,5 +74,11 @@ def make_evaluator(cfg) -> Evaluator | None:
     wl = cfg.workload
     eval_set = make_eval_set(cfg.task.eval_data, cfg.task.spec, vocab=cfg.model_spec.vocab,
                              seq=wl.seq, tokenizer_dir=cfg.tokenizer_dir,
-                             samples=cfg.task.eval_samples)
+                             samples=cfg.task.eval_samples, train_path=_train_path(cfg))
     return Evaluator(eval_set, batch=wl.batch, seq=wl.seq, every=cfg.logging.eval_every)
+
+
+def _train_path(cfg) -> str | None:
+    """Where demonstrations come from by default: the training data (zoexec eval: the
+    evaluated file)."""
+    return None if cfg.task.data == "synthetic" else cfg.task.data

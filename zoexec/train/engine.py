@@ -253,13 +253,14 @@ class Trainer:
         return mine.to(self.env.device)
 
     # ---- evaluation --------------------------------------------------------------------
-    def evaluate(self, batch: Batch) -> torch.Tensor:
+    def evaluate(self, batch: Batch, *, head=None) -> torch.Tensor:
         """Per row of this rank's `batch` (zoexec.model.heads.row_scores, float64, on
         the CPU): [summed next-token CE over its labelled positions, their count], or
         with single-token candidates each candidate's log-probability at the row's
         answer position; computed with the clean weights (the pending updates applied first) through the same block
-        pipeline as a step. Every rank of the job must call it the same number of times
-        (the slice groups gather each block); rows may differ per rank."""
+        pipeline as a step; `head(parts, hidden, batch)`: other figures per row
+        (zoexec.train.generate.next_tokens). Every rank of the job must call it the same
+        number of times (the slice groups gather each block); rows may differ per rank."""
         self.flush()
         self.lanes.begin_step(self.cfg.optim.steps, record=False)
         batch = batch.to(self.env.device)
@@ -268,7 +269,7 @@ class Trainer:
             acts = [self.parts.embed(batch.ids)]
         self._blocks(None, acts)
         with self.lanes.task("head"):
-            out = heads.row_scores(self.parts, acts[0][0], batch)
+            out = (head or heads.row_scores)(self.parts, acts[0][0], batch)
         self.lanes.end_step()
         self._settle_copies()
         return out.cpu()

@@ -1,0 +1,229 @@
+"""`--task multiple-choice`: a prompt and candidate continuations, one of them right
+(COPA, ReCoRD: MeZO's "multiple choice" tasks).
+
+Each row: the prompt from `--template`; the candidates either one template each
+(`--choices "{choice1}|{choice2}"`) or one per item of a list column
+(`--choices-column`, each item filled into the single `--choices` template as {choice},
+default "{choice}"); each candidate follows the prompt after a space (none after
+whitespace: zoexec.data.templates.joiner). The label (`--label-column`): the right
+candidate's index, the right item's text, or a list of right items (ReCoRD's answers:
+any of them counts as right, the first one is trained on).
+
+Training (zoexec.data.batch.Choices, zoexec.model.heads): a row per candidate, the
+batch's examples padded to its most candidates with empty rows (masked out); the loss
+is the cross-entropy of the right candidate among the candidates' scores, a
+candidate's score its log-likelihood after the prompt, averaged per token
+(`--choice-score mean`, MeZO's: the large-model code divides by the option's length)
+or summed (`sum`). Evaluation: the same rows; the likeliest candidate wins, by summed
+log-likelihood (eval_accuracy) and per token (eval_accuracy_norm); eval_loss is the
+training loss on the data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from zoexec.data.batch import Batch, Choices, EpochOrder, Example, pack_examples
+from zoexec.data.records import check_columns
+from zoexec.data.templates import fill, joiner, template_fields, text_of
+from zoplan.errors import ZoError
+
+SCORES = ("mean", "sum")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultipleChoice:
+    """A multiple-choice example: the prompt, each candidate's ids, the right ones' indices
+    (`golds`; the first is `label`, the one trained on)."""
+
+    prompt: tuple[int, ...]
+    candidates: tuple[tuple[int, ...], ...]
+    golds: tuple[int, ...]
+
+    @property
+    def label(self) -> int:
+        return self.golds[0]
+
+    def example(self, index: int | None = None) -> Example:
+        return Example(self.prompt, self.candidates[self.label if index is None else index])
+
+
+def check_choices(spec) -> None:
+    """The multiple-choice options of a zoexec.data.tasks.TaskSpec, together."""
+    if not spec.template or not (spec.choices or spec.choices_column):
+        raise ZoError("--task multiple-choice needs --template (the prompt) and the "
+                      "candidates: --choices \"{choice1}|{choice2}\" (a template each) or "
+                      "--choices-column COLUMN (a list of candidates per row)")
+    if spec.choices_column and len(spec.choices) > 1:
+        raise ZoError(f"--choices-column {spec.choices_column} takes one --choices template "
+                      f"(each candidate is {{choice}}), got {len(spec.choices)}")
+    if len(spec.choices) == 1 and not spec.choices_column:
+        raise ZoError(f"--choices {spec.choices[0]!r}: give two or more templates, "
+                      f"'|'-separated")
+    if spec.choice_score not in SCORES:
+        raise ZoError(f"--choice-score {spec.choice_score!r}: give one of {', '.join(SCORES)}")
+
+
+# ---- rows of a file --------------------------------------------------------------------
+def template_columns(spec, preset) -> list[str]:
+    """The columns `spec`'s templates name (not the preset's derived fields, not {choice})."""
+    derived = set(preset.derived + preset.choice_derived) if preset else set()
+    names = template_fields(spec.template)
+    for template in spec.choices:
+        names += template_fields(template, option="--choices")
+    return [n for n in dict.fromkeys(names) if n not in derived and n != "choice"]
+
+
+def needed_columns(spec, preset) -> list[str]:
+    """The template's columns, the candidates' list column and the label's (and the
+    columns a preset's derived fields are made from)."""
+    extra = [spec.choices_column] if spec.choices_column else []
+    derived_from = list(preset.columns) if preset and preset.derive else []
+    names = [*template_columns(spec, preset), *extra, spec.label_column, *derived_from]
+    return list(dict.fromkeys(names))
+
+
+def choice_texts(row: dict, values: dict, spec, preset, where: str) -> tuple[list[str], list[str]]:
+    """(each candidate's raw item (its text for --choices templates), its text)."""
+    if not spec.choices_column:
+        texts = [fill(t, values, where=where, option="--choices") for t in spec.choices]
+        return texts, texts
+    items = row[spec.choices_column]
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ZoError(f"{where}: column {spec.choices_column!r} holds "
+                      f"{type(items).__name__}, not a list of candidates")
+    items = list(dict.fromkeys(text_of(i, spec.choices_column, where) for i in items))
+    template = spec.choices[0] if spec.choices else "{choice}"
+    texts = [fill(template, {**values, "choice": item,
+                             **(preset.choice_fields(row, item) if preset else {})},
+                  where=where, option="--choices") for item in items]
+    return items, texts
+
+
+def golds_of(value, items: list[str], column: str, where: str) -> tuple[int, ...]:
+    """The right candidates' indices from the label cell: an index, an item's text, or a
+    list of items' texts (in the order the cell lists them)."""
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().isdigit() and value.strip() not in items:
+        value = int(value.strip())
+    if isinstance(value, int):
+        if 0 <= value < len(items):
+            return (value,)
+        raise ZoError(f"{where}: label {value} is not a candidate's index (0..{len(items) - 1})")
+    named = [value] if isinstance(value, str) else value
+    if isinstance(named, (list, tuple)):
+        found = tuple(dict.fromkeys(items.index(str(v)) for v in named if str(v) in items))
+        if found:
+            return found
+    raise ZoError(f"{where}: label {value!r} in column {column!r} is neither a candidate's "
+                  f"index nor one of its candidates")
+
+
+def choice_examples(rows, spec, tokens, path, preset=None) -> list[MultipleChoice]:
+    """The multiple-choice examples of `rows` (see the module docstring)."""
+    check_columns(rows, needed_columns(spec, preset), path)
+    columns = template_columns(spec, preset)
+    out = []
+    for number, row in enumerate(rows, start=1):
+        where = f"{path} row {number}"
+        values = {n: text_of(row[n], n, where) for n in columns}
+        values.update(preset.fields(row) if preset else {})
+        prompt_text = fill(spec.template, values, where=where)
+        items, texts = choice_texts(row, values, spec, preset, where)
+        gap = joiner(prompt_text)
+        candidates = tuple(tuple(tokens.encode(gap + text, special=False, what=f"candidate {i}"))
+                           for i, text in enumerate(texts))
+        if any(not c for c in candidates):
+            raise ZoError(f"{where}: a candidate tokenises to no tokens")
+        out.append(MultipleChoice(
+            prompt=tuple(tokens.encode(prompt_text, special=True, what="the prompt")),
+            candidates=candidates,
+            golds=golds_of(row[spec.label_column], items, spec.label_column, where)))
+    return out
+
+
+# ---- training rows -----------------------------------------------------------------------
+def choice_batch(examples: list[MultipleChoice], *, score: str, seq: int, pad: int,
+                 where="data") -> Batch:
+    """A row per candidate of each example, every example padded with empty rows to the
+    most candidates any has (masked out of the loss): the candidate loss's batch."""
+    size = max(len(ex.candidates) for ex in examples)
+    rows, valid = [], []
+    for ex in examples:
+        rows += [ex.example(i) for i in range(len(ex.candidates))]
+        rows += [Example((), ())] * (size - len(ex.candidates))
+        valid.append([i < len(ex.candidates) for i in range(size)])
+    batch = pack_examples(rows, seq=seq, pad=pad, where=where)
+    answers = torch.tensor([ex.label for ex in examples], dtype=torch.long)
+    mask = None if all(map(all, valid)) else torch.tensor(valid, dtype=torch.bool)
+    return Batch(batch.ids, batch.labels,
+                 Choices(answers, size=size, valid=mask, mean=score == "mean"))
+
+
+class MultipleChoiceRows:
+    """Training rows of a multiple-choice task: the examples in a fresh random order each
+    epoch (fixed by `seed` and `tag`), a row per candidate (choice_batch)."""
+
+    def __init__(self, examples: list[MultipleChoice], *, score: str, pad: int, seed: int,
+                 tag: int, path) -> None:
+        self.examples, self.score, self.pad, self.path = examples, score, pad, path
+        self.order = EpochOrder(tag, seed)
+
+    def batch(self, step: int, batch_size: int, seq: int) -> Batch:
+        picks = self.order.picks(step, batch_size, len(self.examples))
+        return choice_batch([self.examples[i] for i in picks], score=self.score, seq=seq,
+                            pad=self.pad, where=self.path)
+
+    def epoch_of(self, step: int) -> float | None:
+        return self.order.epoch_of(step)
+
+    def check(self, seq: int) -> None:
+        """Every example's rows fit `seq` (a ZoError names the row otherwise)."""
+        for number, ex in enumerate(self.examples, start=1):
+            choice_batch([ex], score=self.score, seq=seq, pad=self.pad,
+                         where=f"{self.path} row {number}")
+
+
+# ---- evaluation --------------------------------------------------------------------------
+def choice_rows(examples: list[MultipleChoice]) -> tuple[list[Example], list[tuple[int, int]]]:
+    """The evaluation rows (a row per candidate, each example's consecutive) and each
+    example's (first row, candidates)."""
+    rows, groups = [], []
+    for ex in examples:
+        groups.append((len(rows), len(ex.candidates)))
+        rows += [ex.example(i) for i in range(len(ex.candidates))]
+    return rows, groups
+
+
+def choice_eval_parts(examples: list[MultipleChoice], *, score: str):
+    """(the evaluation rows, the function of their [CE, tokens] that gives the metrics)."""
+    rows, groups = choice_rows(examples)
+    golds = [ex.golds for ex in examples]
+    return rows, lambda out: choice_metrics(out, groups, golds, score=score)
+
+
+def choice_metrics(out: torch.Tensor, groups: list[tuple[int, int]],
+                   golds: list[tuple[int, ...]], *, score: str) -> dict[str, float]:
+    """eval_loss (the training loss: the first gold's cross-entropy among the candidates'
+    `score`s, mean over the examples), eval_accuracy (the largest summed log-likelihood
+    is a gold) and eval_accuracy_norm (the largest per token), from `out` [rows, 2] of
+    (summed CE, tokens) per row (float64)."""
+    loss, right, right_norm = 0.0, 0, 0
+    for (first, size), gold in zip(groups, golds):
+        rows = out[first:first + size]
+        summed = -rows[:, 0]
+        per_token = summed / rows[:, 1]
+        scores = per_token if score == "mean" else summed
+        loss -= float(torch.log_softmax(scores, dim=0)[gold[0]])
+        right += int(torch.argmax(summed)) in gold
+        right_norm += int(torch.argmax(per_token)) in gold
+    count = len(groups)
+    return {"eval_loss": loss / count if count else math.nan,
+            "eval_accuracy": right / count if count else math.nan,
+            "eval_accuracy_norm": right_norm / count if count else math.nan}
