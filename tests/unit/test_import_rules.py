@@ -34,7 +34,7 @@ EXECUTOR_LAYERS = (
     ("zoexec.maths",),
     ("zoexec.data",),
     ("zoexec.model",),
-    ("zoexec.config", "zoexec.reference"),
+    ("zoexec.config", "zoexec.fields", "zoexec.reference"),
     ("zoexec.runtime",),
     ("zoexec.store",),
     ("zoexec.profiler",),
