@@ -122,7 +122,7 @@ CASES = [
          OPT[:-3] + ("-o", "/proc/zoplan-plan.json", "-q", "--model", "tiny-opt", "--profile", "cpu"),
          "cannot write the plan to /proc/zoplan-plan.json"),
     Case("show-chrome-name-too-long", P, ("show", "{in}/plan.json", "--chrome", "x" * 300 + ".json"),
-         "File name too long"),
+         ".json: File name too long"),
     Case("show-svg-onto-a-directory", P, ("show", "{in}/plan.json", "--svg", "taken"),
          "it exists and is not a regular file", setup="dir:taken"),
     # zoexec: refused by the launcher's checks, before any rank starts
@@ -178,8 +178,8 @@ CASES = [
     Case("run-data-missing", X, RUN + ("--data", "{in}/nope.jsonl"), "nope.jsonl does not exist"),
     Case("run-model-path-missing", X, RUN + ("--model-path", "{in}/nomodel"), "is not a directory"),
     Case("run-model-without-config", X, RUN + ("--model-path", "{in}/noconfig"), "has no config.json"),
-    Case("run-model-shard-truncated", X, RUN + ("--model-path", "{in}/m-trunc"), "model.safetensors"),
-    Case("run-out-name-too-long", X, RUN + ("--out", "x" * 300), "File name too long"),
+    Case("run-model-shard-truncated", X, RUN + ("--model-path", "{in}/m-trunc"), "model.safetensors is truncated: its tensors need"),
+    Case("run-out-name-too-long", X, RUN + ("--out", "x" * 300), "/run.json: File name too long"),
     Case("run-resume-missing-folder", X, RUN[:2] + ("--resume", "{in}/norun"), "norun: no such folder"),
     Case("run-resume-folder-without-run", X, RUN[:2] + ("--resume", "empty"),
          "holds no run to resume (no run.json)", setup="dir:empty"),
@@ -189,7 +189,7 @@ CASES = [
     Case("eval-seq-zero", X, ("eval", "{in}/m-good", "--data", "{in}/d-ids.jsonl", "--seq", "0"),
          "--seq 0: must be >= 2"),
     Case("eval-truncated-weights", X, ("eval", "{in}/m-trunc", "--data", "{in}/d-ids.jsonl"),
-         "model.safetensors"),
+         "model.safetensors is truncated: its tensors need"),
     Case("eval-model-missing", X, ("eval", "{in}/nomodel", "--data", "{in}/d-ids.jsonl"), "nomodel"),
     # zoplan calibrate --fit refits only from a trace of the plan's own run
     Case("calibrate-fit-another-plan-s-trace", P,
@@ -273,13 +273,13 @@ def _data(where: Path) -> None:
     (where / "d-oov.jsonl").write_text('{"input_ids": [1, 99999]}\n')
     (where / "d-text.jsonl").write_text('{"text": "hello world"}\n')
     (where / "d-short.jsonl").write_text(json.dumps({"input_ids": list(range(40))}) + "\n")
-    model = where / "model"    # a model folder with weights but no tokenizer
-    model.mkdir()
-    _dump(model / "config.json", CATALOGUE_CONFIGS["tiny-opt"])
-    (model / "model.safetensors").write_bytes(b"")
     (where / "d-ids.jsonl").write_text(json.dumps({"input_ids": list(range(4, 80))}) + "\n")
     (where / "noconfig").mkdir()
     good = make_model_dir(where / "m-good")
+    model = where / "model"    # a model folder with weights but no tokenizer
+    model.mkdir()
+    _dump(model / "config.json", CATALOGUE_CONFIGS["tiny-opt"])
+    shutil.copy(good / "model.safetensors", model / "model.safetensors")
     shutil.copytree(good, where / "m-trunc")    # a shard cut short (a copy that stopped)
     shard = where / "m-trunc" / "model.safetensors"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
@@ -383,22 +383,24 @@ def outcomes(inputs, tmp_path_factory):
 
 
 GOOD_INPUTS = {"plan.json", "trace"}   # the valid plan and trace the broken ones are made from
+MISSING = {"nomodel", "nope.jsonl", "norun"}   # inputs cases name as missing, on purpose
 
 
 def test_each_case_feeds_its_own_broken_input(inputs):
-    """The table is sound: unique ids, each case its own expected line, the commands of
+    """The table is sound: unique ids, each case of a command its own expected line, the commands of
     both tools exercised; every input a case names is made (a missing one would fail
     with "does not exist", not with the problem the case is about) and every broken
     input made is fed to a case."""
     assert len({c.id for c in CASES}) == len(CASES)
-    assert len({c.expect for c in CASES}) == len(CASES)
+    assert len({(c.tool, c.args[0], c.expect) for c in CASES}) == len(CASES)   # one line per case of a command
     assert {(c.tool, c.args[0]) for c in CASES} >= {(P, "optimize"), (P, "show"), (X, "run")}
     named = set()
     for case in CASES:
         for arg in case.args:
             if arg.startswith("{in}/"):
                 name = arg.removeprefix("{in}/").split("/")[0]
-                assert (inputs / name).exists(), f"{case.id}: {name} is not among the inputs"
+                made = (inputs / name).exists()
+                assert made != (name in MISSING), f"{case.id}: {name} made {made}"
                 named.add(name)
     made = {path.name for path in inputs.iterdir()}
     assert made - named - GOOD_INPUTS == set(), "broken inputs no case feeds"

@@ -108,7 +108,9 @@ def test_final_loads_with_auto_classes_and_generates(tmp_path):
 
     resumed = CliRunner().invoke(app, ["run", str(plan), "--resume", str(out), "--steps", "6", "-q"])
     assert resumed.exit_code == 0, resumed.output
-    assert resumed.stderr == "", resumed.stderr                  # -q: no progress, no summary
+    # -q: no progress and no summary; what the extension does is still said
+    assert resumed.stderr == ("zoexec: the run goes from 4 to 6 steps at step 4: the constant "
+                              "lr 0.001 continues\n"), resumed.stderr
     logged = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == list(range(6))
     _assert_weights(final, _replayed(model, logged))      # the first run's final/ + 2 steps
