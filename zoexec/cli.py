@@ -18,6 +18,7 @@ from zoexec.config import (
     SECTIONS,
     EvalOptions,
     FieldError,
+    ModelOptions,
     RuntimeOptions,
     TaskOptions,
     env_defaults,
@@ -110,6 +111,40 @@ EVAL_PARAMS = [
     *section_params(TaskOptions, skip=("data", "eval_data")),
     *section_params(EvalOptions), *section_params(RuntimeOptions, keep=("threads",))]
 app.command("eval")(with_params(eval_cmd, EVAL_PARAMS))
+
+
+def lengths_cmd(data: Path, output: Path, **values) -> None:
+    """Measure the token widths of the rows the task's training batches pack, for
+    `zoplan optimize --lengths`: the plan then prices a batch's padded width."""
+    try:
+        from zoexec.data.lengths import measure_lengths
+    except ModuleNotFoundError as exc:
+        exit_with_error(str(need_exec_extra(exc, "zoexec lengths")))
+    try:
+        options = given(values)
+        model_dir = options.pop("model_path", None)
+        if model_dir is None:
+            raise ZoError("zoexec lengths needs --model-path DIR (the tokenizer to count with)")
+        task = TaskOptions(data=str(data), **options)
+        doc = measure_lengths(data, task.spec, model_dir=Path(model_dir), output=output)
+    except FieldError as exc:
+        exit_with_error(option_error(exc), EXIT_USER_ERROR)
+    except ZoError as exc:
+        exit_with_error(str(exc), EXIT_USER_ERROR)
+    widths = [w for w, _ in doc["histogram"]]
+    print(f"zoexec: wrote {output}: {doc['count']} examples, {doc['rows_per_example']} "
+          f"row(s) each, {widths[0]}..{widths[-1]} tokens")
+
+
+LENGTHS_PARAMS = [
+    inspect.Parameter("data", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
+        Path, typer.Argument(help="Training data: .jsonl, .json, .csv, .parquet or a "
+                                  "save_to_disk folder, in the --task's columns")]),
+    inspect.Parameter("output", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[
+        Path, typer.Option("-o", "--out", "--output", help="The lengths file to write")]),
+    *section_params(ModelOptions, keep=("model_path",)),
+    *section_params(TaskOptions, skip=("data", "eval_data", "eval_samples"))]
+app.command("lengths")(with_params(lengths_cmd, LENGTHS_PARAMS))
 
 
 def main() -> None:

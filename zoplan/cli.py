@@ -70,6 +70,7 @@ def optimize_cmd(
     ddp: Annotated[Optional[int], typer.Option(help="Fix Data-Parallel degree")] = None,
     slices: Annotated[Optional[int], typer.Option(help="Fix slice group size (1 = every GPU pulls the whole block)")] = None,
     prefetch: Annotated[Optional[int], typer.Option(help="Fix prefetch depth (block buffers per GPU)")] = None,
+    lengths: Annotated[Optional[Path], typer.Option(help="Row lengths of the data (`zoexec lengths DATA ... -o lengths.json`): the step is priced at a batch's expected padded width (at most --seq); memory stays sized for --seq")] = None,
     placement: Annotated[str, typer.Option(help="Where the blocks live: host (every block offloaded, streamed each step) or auto (the search keeps as many resident on the GPUs as fit)")] = "auto",
     sweep_nodes: Annotated[bool, typer.Option("--sweep-nodes", help="Also print throughput against node count (the winner's per-node plan)")] = False,
     output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Where to write the plan")] = Path("plan.json"),
@@ -84,7 +85,8 @@ def optimize_cmd(
         plan = search.optimize(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
                                precision=precision, update=update, tf32=tf32, pertp=pertp,
                                ddp=ddp, slices=slices, prefetch=prefetch,
-                               placement=placement, output=output, progress=progress)
+                               placement=placement, output=output, progress=progress,
+                               lengths=None if lengths is None else str(lengths))
     warning = optimize_view.rough_profile_warning(plan)
     if warning:
         Console(stderr=True).print(warning, style="yellow", highlight=False)

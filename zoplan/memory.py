@@ -292,7 +292,8 @@ def _held(model, workload, layout, device_kind) -> list[Term]:
 
 def _tokens(workload: Workload, layout: Layout) -> tuple[int, int]:
     """(tokens of the rank, perturbation streams it runs side by side)."""
-    return workload.batch // layout.ddp * workload.seq, 2 if layout.pertp == 1 else 1
+    rows = workload.batch // layout.ddp * workload.rows_per_example
+    return rows * workload.seq, 2 if layout.pertp == 1 else 1
 
 
 def _step(model: ModelSpec, workload: Workload, layout: Layout) -> list[Term]:

@@ -6,7 +6,9 @@ Keys (all required unless marked optional):
   model                     {"name", "spec": ModelSpec.to_dict(), "sha256"}
   profile                   {"name", "sha256", "device_kind", "gpus_per_node"}
   workload                  Workload.to_dict(): batch, seq, param_dtype, compute_dtype,
-                            update (master, stochastic, plain), tf32
+                            update (master, stochastic, plain), tf32; optional lengths
+                            (zoplan.lengths.RowLengths: the data's row lengths) and
+                            priced_seq (derived: the width the step is priced at)
   layout                    Layout.to_dict(): pertp, ddp, nodes, slices, prefetch,
                             slice_update (optional, default false)
   ranks                     the rank table, compact: {"rule": "layout", "exceptions": []}
@@ -324,7 +326,7 @@ def validate_plan(data: Any, origin: str) -> None:
         layout = Layout(**data["layout"])
         layout.check_bounds()
         part = "workload"
-        workload = Workload(**data["workload"])
+        workload = Workload.from_dict(data["workload"])
         workload.check_bounds()
         part = "model.spec"
         check_shape(data["model"]["spec"])

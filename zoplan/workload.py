@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from zoplan.lengths import RowLengths, expected_width
 from zoplan.models import DTYPE_BYTES
 
 UPDATE_MODES = ("master", "stochastic", "plain")
@@ -43,6 +44,8 @@ class Workload:
     update: str = ""             # how updates reach the stored weights (UPDATE_MODES);
                                  # default: master for fp32 blocks, else stochastic
     tf32: bool = True            # fp32 GEMMs on CUDA may use TF32 tensor cores
+    lengths: RowLengths | None = None   # the data's row lengths (`zoplan optimize
+                                        # --lengths`): steps priced at the padded width
 
     def __post_init__(self) -> None:
         for name in ("batch", "seq"):
@@ -65,6 +68,8 @@ class Workload:
                              f"'master' keeps fp32 blocks, 'stochastic' and 'plain' 16-bit ones")
         if not isinstance(self.tf32, bool):
             raise ValueError(f"tf32 must be true or false, got {self.tf32!r}")
+        if self.lengths is not None and not isinstance(self.lengths, RowLengths):
+            raise ValueError(f"lengths must be a RowLengths, got {self.lengths!r}")
 
     def check_bounds(self) -> None:
         """Raise ValueError for sizes no plan may hold (a search prunes what does not
@@ -77,16 +82,48 @@ class Workload:
     def tokens_per_step(self) -> int:
         return self.batch * self.seq
 
+    @property
+    def priced_seq(self) -> int | float:
+        """The width the step is priced at: `seq`, or with row lengths the expected
+        padded width of a batch, at most `seq` (zoplan.lengths). Memory is sized for seq."""
+        if self.lengths is None:
+            return self.seq
+        return expected_width(self.lengths.histogram, batch=self.batch, cap=self.seq)
+
+    @property
+    def rows_per_example(self) -> int:
+        return 1 if self.lengths is None else self.lengths.rows_per_example
+
+    def priced_tokens(self, ddp: int) -> int | float:
+        """Tokens one DDP rank's forward is priced at (padding included)."""
+        return self.batch // ddp * self.rows_per_example * self.priced_seq
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields; with row lengths also `lengths` and the derived `priced_seq`."""
+        out = asdict(self)
+        del out["lengths"]
+        if self.lengths is not None:
+            out["lengths"] = self.lengths.to_dict()
+            out["priced_seq"] = self.priced_seq
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> Workload:
-        return cls(**data)
+        """The inverse of to_dict; a written priced_seq must be the one derived."""
+        data = dict(data)
+        priced = data.pop("priced_seq", None)
+        if data.get("lengths") is not None:
+            data["lengths"] = RowLengths.from_dict(data["lengths"])
+        workload = cls(**data)
+        if (priced is not None or workload.lengths is not None) \
+                and priced != workload.priced_seq:
+            raise ValueError(f"priced_seq must be {workload.priced_seq!r} (derived from "
+                             f"lengths), got {priced!r}")
+        return workload
 
     @classmethod
     def for_update(cls, *, batch: int, seq: int, compute_dtype: str, update: str,
-                   tf32: bool = True) -> Workload:
+                   tf32: bool = True, lengths: RowLengths | None = None) -> Workload:
         """The workload of an update mode: 'master' stores fp32 blocks, the others store
         the 16-bit compute dtype (fp32 compute admits only 'master')."""
         if compute_dtype == "fp32" and update != "master":
@@ -94,4 +131,4 @@ class Workload:
                              f"precision is fp32: use 'master'")
         param = "fp32" if update == "master" else compute_dtype
         return cls(batch=batch, seq=seq, param_dtype=param, compute_dtype=compute_dtype,
-                   update=update, tf32=tf32)
+                   update=update, tf32=tf32, lengths=lengths)

@@ -50,7 +50,7 @@ def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
     """The plan's per-task times on `profile` (zoplan.sim.taskwork.task_times)."""
     lay, wl = plan.layout, plan.workload
     return taskwork.task_times(model=plan.model, profile=profile, workload=wl,
-                            tokens=wl.batch // lay.ddp * wl.seq,
+                            tokens=wl.priced_tokens(lay.ddp),
                             streams=2 if lay.pertp == 1 else 1, local_ranks=lay.local_ranks)
 
 

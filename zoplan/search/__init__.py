@@ -25,12 +25,13 @@ def optimize(*, model: str, gpus: int, profile: str | None, batch: int, seq: int
              precision: str | None = None, update: str | None = None, tf32: bool = True,
              pertp: int | None = None, ddp: int | None = None, slices: int | None = None,
              prefetch: int | None = None, placement: str = "auto", output: Path,
-             progress=None) -> Plan:
+             progress=None, lengths: str | None = None) -> Plan:
     """Search the layouts for this request and write the winner's plan to `output`.
     `progress(total) -> tick` (zoplan.views.optimize.search_progress) follows the search."""
     req = resolve_request(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
                           precision=precision, update=update, tf32=tf32, pertp=pertp,
-                          ddp=ddp, slices=slices, prefetch=prefetch, placement=placement)
+                          ddp=ddp, slices=slices, prefetch=prefetch, placement=placement,
+                          lengths=lengths)
     check_output(Path(output))
     plan = build_plan(search(req, progress=progress))
     plan.save(output)

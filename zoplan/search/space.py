@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from zoplan.errors import ZoError
 from zoplan.hardware import DEFAULT_PROFILE, HardwareProfile, is_shipped_guess, load_profile
 from zoplan.layout import Layout
+from zoplan.lengths import load_lengths
 from zoplan.models import DTYPE_BYTES, ModelSpec, get_model
 from zoplan.search.placement import PLACEMENTS, resident_pattern
 from zoplan.sim.bounds import StepBounds, step_bounds
@@ -76,9 +77,10 @@ def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, s
                     tf32: bool = True, pertp: int | None = None,
                     ddp: int | None = None, slices: int | None = None,
                     prefetch: int | None = None, placement: str = "auto",
-                    fewer: bool = True) -> Request:
+                    fewer: bool = True, lengths: str | None = None) -> Request:
     """Check the inputs; every problem is a ZoError with the numbers. `fewer`: search
-    smaller world sizes too (world_sizes; off when --ddp fixes the world)."""
+    smaller world sizes too (world_sizes; off when --ddp fixes the world); `lengths`: a
+    lengths file (`zoexec lengths`): the step priced at the batches' padded width."""
     spec = get_model(model)
     hw = load_profile(profile or DEFAULT_PROFILE)
     if batch < 1 or seq < 1:
@@ -94,8 +96,10 @@ def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, s
     modes = _update_modes(dtype, update)
     note += (f"; update {modes[0]}: fixed by --update" if update else
              f"; update modes searched: {', '.join(modes)} (docs/precision.md)")
+    rows = load_lengths(lengths) if lengths is not None else None
     workloads = tuple(Workload.for_update(batch=batch, seq=seq, compute_dtype=dtype,
-                                          update=mode, tf32=tf32) for mode in modes)
+                                          update=mode, tf32=tf32, lengths=rows)
+                      for mode in modes)
     fixed = {k: v for k, v in (("pertp", pertp), ("slices", slices), ("prefetch", prefetch),
                                ("update", update)) if v is not None}
     if placement != "auto":

@@ -29,7 +29,7 @@ class StepCosts:
     concurrent: bool                 # device.concurrent_engines
     num_blocks: int
     block_bytes: float               # one block in the stored precision
-    tokens_per_rank: int
+    tokens_per_rank: int | float   # padding included (Workload.priced_tokens)
     streams: int                     # forward passes per rank (2 for "+-", 1 for PertP)
     embed_s: float
     update_s: float                  # update task of an offloaded block (see module doc)
@@ -141,7 +141,7 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     whether it stays on the devices (() or all False: every block offloaded); `period`:
     after how many blocks that pattern repeats (None: work it out; 0: it does not)."""
     lr = layout.local_ranks
-    tokens = workload.batch // layout.ddp * workload.seq
+    tokens = workload.priced_tokens(layout.ddp)
     streams = 2 if layout.pertp == 1 else 1
     block = float(model.block_bytes(workload.param_dtype))
     work = task_times(model=model, profile=profile, workload=workload, tokens=tokens,

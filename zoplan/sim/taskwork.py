@@ -96,7 +96,7 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
                                         dtype_bytes=cbytes)
         gpu["attn_bytes"] = attn_bytes
     fwd = hw.forward_time_s(flops=tokens * model.block_gemm_flops_per_token(),
-                            attn_flops=tokens * model.block_attn_flops_per_token(workload.seq),
+                            attn_flops=tokens * model.block_attn_flops_per_token(workload.priced_seq),
                             elems=tokens * model.block_elems_per_token(),
                             weight_bytes=model.block_params * cbytes, tokens=tokens,
                             local_ranks=local_ranks, family=model.family, **gpu)

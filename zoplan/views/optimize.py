@@ -120,8 +120,10 @@ def _headline(d: dict, profile_arg: str | None) -> str:
     prof = d["profile"]["name"] + ("" if profile_arg else " (default profile)")
     nodes = f" ({s['nodes']} nodes)" if s["nodes"] > 1 else ""
     gpus = f"{s['gpus']} {device_word(d, s['gpus'])}"
+    priced = (f" (priced at a padded width of {w['priced_seq']:.1f}: --lengths)"
+              if "priced_seq" in w else "")
     return (f"[bold]{d['model']['name']}[/] on {gpus}{nodes}, {prof}; "
-            f"batch {w['batch']} x seq {w['seq']}; precision {s['precision']}")
+            f"batch {w['batch']} x seq {w['seq']}{priced}; precision {s['precision']}")
 
 
 def sweep_table(d: dict) -> Table:

@@ -1,0 +1,63 @@
+"""`zoexec lengths`: the widths of the rows a task's training batches pack, measured
+with the task's own code (zoexec.data.tasks, zoexec.data.choices), for `zoplan optimize
+--lengths` (the file's format and the planner's use of it: zoplan.lengths)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zoexec.data.batch import pack_examples
+from zoexec.data.choices import ChoiceRows, classification_batch
+from zoexec.data.tasks import TaskSpec, make_task_source
+from zoexec.data.text import TOKENIZER_FILES
+from zoplan.errors import ZoError
+from zoplan.io import check_writable
+from zoplan.lengths import lengths_document, write_lengths
+from zoplan.models import get_model
+from zoplan.workload import MAX_SEQ
+
+
+def example_rows(source) -> tuple[list[int], int]:
+    """(each example's width: the tokens of its batch when packed alone, uncut; the
+    rows one example adds to a batch) of a completion or classification source."""
+    widths, per = [], set()
+    for number, ex in enumerate(source.examples, start=1):
+        where = f"{source.path} row {number}"
+        if isinstance(source, ChoiceRows):
+            batch = classification_batch([ex], loss=source.loss, seq=MAX_SEQ, pad=source.pad,
+                                         where=where)
+        else:
+            batch = pack_examples([ex], seq=MAX_SEQ, pad=source.pad, where=where)
+        widths.append(int(batch.ids.shape[1]))
+        per.add(int(batch.rows))
+    assert len(per) == 1, f"one number of rows per example, got {sorted(per)}"
+    return widths, per.pop()
+
+
+def measure_lengths(data: Path, spec: TaskSpec, *, model_dir: Path, output: Path) -> dict:
+    """Tokenise `data` as task `spec` with `model_dir`'s tokenizer and write the lengths
+    file `output`; returns what it wrote."""
+    if spec.name == "text":
+        raise ZoError("--task text packs documents into rows of the plan's seq: every row is "
+                      "full, so there are no lengths to measure (plan without --lengths)")
+    _check_model_dir(model_dir)
+    check_writable(output, what="the lengths file")
+    if not Path(data).exists():
+        raise ZoError(f"data file {data} does not exist")
+    vocab = get_model(str(model_dir)).vocab
+    source = make_task_source(data, spec, vocab=vocab, tokenizer_dir=str(model_dir))
+    if not source.examples:
+        raise ZoError(f"data file {data} holds no examples")
+    widths, per = example_rows(source)
+    doc = lengths_document(data=str(data), task=spec.to_dict(), tokenizer=str(model_dir),
+                           rows_per_example=per, widths=widths)
+    write_lengths(output, doc)
+    return doc
+
+
+def _check_model_dir(model_dir: Path) -> None:
+    if not (Path(model_dir) / "config.json").is_file():
+        raise ZoError(f"--model-path {model_dir} is not a model folder (no config.json)")
+    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        raise ZoError(f"--model-path {model_dir} holds no tokenizer (no "
+                      f"{', '.join(TOKENIZER_FILES)})")
