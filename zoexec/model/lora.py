@@ -230,7 +230,8 @@ def _sha256(path: Path) -> str:
 # ---- merging (zoexec export --merge) ---------------------------------------------------------
 def merge_adapters(adapter_dir: Path, base_dir: Path, out_dir: Path) -> Path:
     """Load the base HF model, apply the PEFT adapters, merge_and_unload, save the plain
-    HF model (and the base's tokenizer) into `out_dir`."""
+    HF model (and the base's tokenizer) into `out_dir` (written aside and renamed:
+    whole or absent)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -246,6 +247,14 @@ def merge_adapters(adapter_dir: Path, base_dir: Path, out_dir: Path) -> Path:
     except (OSError, ValueError, RuntimeError) as exc:
         raise ZoError(f"cannot merge {adapter_dir} into {base_dir}: {exc}") from None
     out = Path(out_dir)
-    merged.save_pretrained(str(out))
-    copy_tokenizer(Path(base_dir), out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        merged.save_pretrained(str(tmp))
+        copy_tokenizer(Path(base_dir), tmp)
+        if out.exists():
+            out.rmdir()   # the caller checked it is empty
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
