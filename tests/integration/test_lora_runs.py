@@ -119,7 +119,7 @@ def test_nothing_is_written_back(runs, name):
 
 
 def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path):
-    from peft import PeftModel
+    from peft import PeftModel, get_peft_model_state_dict
 
     final = runs["one"]["final"]
     config = json.loads((final / "adapter_config.json").read_text())
@@ -129,6 +129,10 @@ def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path):
     assert (final / "adapter_model.safetensors").stat().st_size < 200_000   # adapters only
     base = build_hf_model(MODEL, seed=SEED)
     peft_model = PeftModel.from_pretrained(base, str(final))
+    loaded = get_peft_model_state_dict(peft_model)   # PEFT took our tensors, every one
+    assert loaded.keys() == runs["one"]["adapters"].keys()
+    for key, tensor in runs["one"]["adapters"].items():
+        assert torch.equal(loaded[key], tensor), key
     ids = torch.tensor([[5, 6, 7, 8]])
     out = peft_model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
     assert out.shape == (1, 7)
