@@ -366,6 +366,10 @@ class TuningOptions(Section):
         None, "Block modules LoRA adapts, comma-separated", shown="the plan's",
         parse=_targets, check=_module_names)
 
+    @property
+    def given(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in option_fields(type(self)))
+
     def check_plan(self, workload: Workload) -> None:
         """FieldError for a given option that is not the plan's."""
         planned = {"tuning": workload.tuning}
@@ -465,7 +469,8 @@ class RunConfig:
         steps = self.optim.steps
         if not 0 <= self.start_step <= steps:   # == steps: a resume that only saves
             raise FieldError("start_step", self.start_step, f"in 0..{steps}")
-        self.tuning.check_plan(self.workload)
+        if self.tuning.given:
+            self.tuning.check_plan(self.workload)
 
     @classmethod
     def make(cls, *, plan: dict, **values) -> RunConfig:
