@@ -147,6 +147,27 @@ LENGTHS_PARAMS = [
 app.command("lengths")(with_params(lengths_cmd, LENGTHS_PARAMS))
 
 
+@app.command("export")
+def export_cmd(
+    merge: Annotated[Path, typer.Option(help="A LoRA run's final/ or snapshot (a PEFT adapter folder)")],
+    base: Annotated[Path, typer.Option(help="The base model folder the run trained on (config.json, weights)")],
+    output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Where to write the merged HF model folder")],
+) -> None:
+    """Merge LoRA adapters into their base model (peft's merge_and_unload) and write
+    one plain HF model folder."""
+    try:
+        from zoexec.model.lora import merge_adapters
+    except ModuleNotFoundError as exc:
+        exit_with_error(str(need_exec_extra(exc, "zoexec export")))
+    try:
+        if output.exists() and any(output.iterdir()) if output.is_dir() else output.exists():
+            raise ZoError(f"-o {output}: exists and is not an empty folder")
+        merge_adapters(merge, base, output)
+    except ZoError as exc:
+        exit_with_error(str(exc), EXIT_USER_ERROR)
+    print(f"merged {merge} into {base}: {output}")
+
+
 def main() -> None:
     """Entry point. Standalone mode: click shows usage errors (exit 2) and exits with
     typer.Exit's code; run_cmd turns ZoError / RankFailure into one red line."""

@@ -323,6 +323,56 @@ class RuntimeOptions(Section):
     debug: bool = option(False, "A failing rank prints its traceback too", env="ZOEXEC_DEBUG")
 
 
+def _targets(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _module_names(value: tuple) -> str | None:
+    return None if value and all(n.isidentifier() for n in value) else \
+        "block module names, comma-separated (q_proj,v_proj)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuningOptions(Section):
+    """Full-parameter or LoRA MeZO: the plan decides (zoplan optimize --tuning); given
+    here, each must agree with the plan (docs/lora.md)."""
+
+    PANEL: ClassVar[str] = "Tuning (the plan's; given, they must match it)"
+
+    tuning: Literal["full", "lora"] | None = option(
+        None, "full (every weight) or lora (adapters on a frozen base)", shown="the plan's")
+    lora_r: int | None = option(None, "LoRA rank r", shown="the plan's", check=at_least(1))
+    lora_alpha: int | None = option(None, "LoRA alpha (scaling alpha / r)", shown="the plan's",
+                                    check=at_least(1))
+    lora_targets: tuple[str, ...] | None = option(
+        None, "Block modules LoRA adapts, comma-separated", shown="the plan's",
+        parse=_targets, check=_module_names)
+
+    @property
+    def given(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in option_fields(type(self)))
+
+    def check_plan(self, workload: Workload) -> None:
+        """FieldError for a given option that is not the plan's."""
+        planned = {"tuning": workload.tuning}
+        if workload.is_lora:
+            planned.update(lora_r=workload.lora_r, lora_alpha=workload.lora_alpha,
+                           lora_targets=workload.lora_targets)
+        for name in ("tuning", "lora_r", "lora_alpha", "lora_targets"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if name not in planned:
+                raise FieldError(name, value, f"left out: the plan is a {workload.tuning} "
+                                 f"plan (make a LoRA one with zoplan optimize --tuning lora)")
+            if tuple(value) != tuple(planned[name]) if name == "lora_targets" \
+                    else value != planned[name]:
+                shown = planned[name]
+                shown = ",".join(shown) if isinstance(shown, tuple) else shown
+                raise FieldError(name, value, f"{shown}, the plan's (zoplan optimize "
+                                 f"--tuning decides it)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions(Section):
     """`zoexec eval`'s own options (besides the task's and --threads)."""
@@ -340,7 +390,7 @@ class EvalOptions(Section):
 
 SECTIONS = {"model": ModelOptions, "task": TaskOptions, "optim": OptimOptions,
             "checkpoint": CheckpointOptions, "logging": LoggingOptions,
-            "runtime": RuntimeOptions}
+            "runtime": RuntimeOptions, "tuning": TuningOptions}
 
 
 def check_given(values: dict) -> None:
@@ -388,6 +438,7 @@ class RunConfig:
     checkpoint: CheckpointOptions = field(default_factory=CheckpointOptions)
     logging: LoggingOptions = field(default_factory=LoggingOptions)
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
+    tuning: TuningOptions = field(default_factory=TuningOptions)
     # bookkeeping, not options: a resume starts at `start_step` from `load_from` (a
     # snapshot; None: the model or random weights) after applying `replay` ((seed, g, lr)
     # of the logged updates)
@@ -412,6 +463,8 @@ class RunConfig:
         steps = self.optim.steps
         if not 0 <= self.start_step <= steps:   # == steps: a resume that only saves
             raise FieldError("start_step", self.start_step, f"in 0..{steps}")
+        if self.tuning.given:
+            self.tuning.check_plan(self.workload)
 
     @classmethod
     def make(cls, *, plan: dict, **values) -> RunConfig:
@@ -448,7 +501,10 @@ class RunConfig:
 
     @property
     def weights(self) -> str:
-        """What the ranks load: a snapshot, the model folder, or "random"."""
+        """What the ranks load: a snapshot, the model folder, or "random" (LoRA: the
+        frozen base, always the run's start; a snapshot holds adapters only)."""
+        if self.workload.is_lora:
+            return self.model.start
         return self.load_from or self.model.start
 
     @property

@@ -13,6 +13,12 @@ offloading, no torch.distributed).
   per block per step) and a final flush of the last pending update. For one seed and
   batch schedule it equals plain MeZO up to float rounding (tests/test_zo_maths.py),
   and every layout of the distributed engine must reproduce it.
+- `lora_reference_train`: plain MeZO-SGD over LoRA adapters of the HF model wrapped by
+  peft (get_peft_model, LoraConfig): perturb the adapters in place +eps*z, loss, -2eps*z,
+  loss, +eps*z, update; z of adapter tensor i of block b from zo.z_tensor(seed, b, i)
+  (zoexec.model.lora's order: per target module lora_A then lora_B), the adapters
+  initialised as zoexec.model.lora.init_adapters draws them. A LoRA run of any layout
+  must equal it to float tolerance.
 """
 
 from __future__ import annotations
@@ -24,7 +30,15 @@ import torch
 from zoexec.data.batch import as_batch
 from zoexec.maths import zo
 from zoexec.model import heads
-from zoexec.model.families import ModelParts, bind_block, bind_resident, param_addresses, resident_flat
+from zoexec.model.families import (
+    ModelParts,
+    adapter_for,
+    bind_block,
+    bind_resident,
+    param_addresses,
+    resident_flat,
+)
+from zoexec.model.lora import init_adapters, lora_spec, peft_key
 
 
 def _batch_at(batches, step: int) -> torch.Tensor:
@@ -155,3 +169,49 @@ def zo2_reference_train(parts: ModelParts, flats: list[torch.Tensor], batches, *
     bind_resident(parts, st.resident)
     bind_block(parts, flats[0].to(parts.dtype, copy=True))
     return history
+
+
+def peft_lora_model(model, *, seed: int, r: int, alpha: int, targets: tuple[str, ...]):
+    """`model` wrapped by peft with LoRA on `targets`, its adapters set to the ones
+    zoexec.model.lora.init_adapters draws for run seed `seed`. Returns (peft model,
+    [(parameter, block, tensor index)] of the adapters in the z addressing)."""
+    from peft import LoraConfig, get_peft_model
+
+    adapter = adapter_for(model.config)
+    layers, prefix = adapter.get_layers(model), adapter.layer_prefix
+    spec = lora_spec(layers[0], r=r, alpha=alpha, targets=tuple(targets))
+    wrapped = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets),
+                                               lora_dropout=0.0, task_type="CAUSAL_LM"))
+    params = {name.replace(".default.", "."): p for name, p in wrapped.named_parameters()
+              if "lora_" in name}
+    addresses = []
+    for block in range(len(layers)):
+        flat = init_adapters(spec, seed=seed, block=block, out=torch.empty(spec.numel))
+        for index, tensor in enumerate(spec.specs):
+            param = params[peft_key(prefix, block, tensor.name)]
+            with torch.no_grad():
+                param.copy_(flat[tensor.offset:tensor.stop].view(tensor.shape))
+            addresses.append((param, block, index))
+    return wrapped.eval(), addresses
+
+
+@torch.no_grad()
+def lora_reference_train(model, batches: Sequence | Callable, *, seed: int, lr: float, eps: float,
+                         weight_decay: float, steps: int, r: int, alpha: int,
+                         targets: tuple[str, ...]):
+    """Plain MeZO-SGD over LoRA adapters (module docstring) of the HF model `model`;
+    returns (the peft model, [(loss_plus, loss_minus, g)] per step)."""
+    wrapped, addresses = peft_lora_model(model, seed=seed, r=r, alpha=alpha, targets=targets)
+    named = [(None, p, b, i) for p, b, i in addresses]
+    history = []
+    for step in range(steps):
+        ids, s = _batch_at(batches, step), zo.step_seed(seed, step)
+        _perturb_model(named, s, eps)
+        loss_plus = float(wrapped(input_ids=ids, labels=ids).loss)
+        _perturb_model(named, s, -2 * eps)
+        loss_minus = float(wrapped(input_ids=ids, labels=ids).loss)
+        _perturb_model(named, s, eps)
+        g = zo.projected_grad(loss_plus, loss_minus, eps)
+        _update_model(named, s, lr=lr, g=g, weight_decay=weight_decay)
+        history.append((loss_plus, loss_minus, g))
+    return wrapped, history

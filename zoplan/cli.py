@@ -19,12 +19,15 @@ from rich.console import Console
 from zoplan import calibrate as calibration
 from zoplan import profiling, search
 from zoplan.errors import ZoError, exit_with_error, need_exec_extra
+from zoplan.lora import DEFAULT_LORA_ALPHA, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS
+from zoplan.search.tuning import TUNING_CHOICES
 from zoplan.views import calibrate as calibrate_view
 from zoplan.views import optimize as optimize_view
 from zoplan.views.compare import compare_command
 from zoplan.views.listings import render_models, render_profiles
 from zoplan.views.profile import profile_progress, render_summary
 from zoplan.views.show import render_short_timeline, show_command
+from zoplan.views.tuning import render_tunings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan zeroth-order fine-tuning of models streamed from host memory.")
@@ -72,6 +75,10 @@ def optimize_cmd(
     prefetch: Annotated[Optional[int], typer.Option(help="Fix prefetch depth (block buffers per GPU)")] = None,
     lengths: Annotated[Optional[Path], typer.Option(help="Row lengths of the data (`zoexec lengths DATA ... -o lengths.json`): the step is priced at a batch's expected padded width (at most --seq); memory stays sized for --seq")] = None,
     placement: Annotated[str, typer.Option(help="Where the blocks live: host (every block offloaded, streamed each step) or auto (the search keeps as many resident on the GPUs as fit)")] = "auto",
+    tuning: Annotated[str, typer.Option(help="full (every weight), lora (adapters on a frozen, read-only base) or auto (both searched and shown side by side; the faster is written)")] = "full",
+    lora_r: Annotated[int, typer.Option(help="LoRA rank r (MeZO's LoRA runs: 8)")] = DEFAULT_LORA_R,
+    lora_alpha: Annotated[int, typer.Option(help="LoRA alpha: the adapters' output is scaled by alpha / r (MeZO's: 16)")] = DEFAULT_LORA_ALPHA,
+    lora_targets: Annotated[str, typer.Option(help="Block modules LoRA adapts, comma-separated (default: the attention query and value projections)")] = ",".join(DEFAULT_LORA_TARGETS),
     sweep_nodes: Annotated[bool, typer.Option("--sweep-nodes", help="Also print throughput against node count (the winner's per-node plan)")] = False,
     output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Where to write the plan")] = Path("plan.json"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan JSON to stdout instead of the tables")] = False,
@@ -81,12 +88,18 @@ def optimize_cmd(
     """Search PertP x DDP layouts, slice size, prefetch depth, block placement and the
     devices used; write the best as a plan."""
     optimize_view.check_top(top)
+    lora = lora_options(tuning, r=lora_r, alpha=lora_alpha, targets=lora_targets)
+    plans = None
     with optimize_view.search_progress(enabled=not (quiet or json_out)) as progress:
-        plan = search.optimize(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
-                               precision=precision, update=update, tf32=tf32, pertp=pertp,
-                               ddp=ddp, slices=slices, prefetch=prefetch,
-                               placement=placement, output=output, progress=progress,
-                               lengths=None if lengths is None else str(lengths))
+        request = dict(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
+                       precision=precision, update=update, tf32=tf32, pertp=pertp, ddp=ddp,
+                       slices=slices, prefetch=prefetch, placement=placement, output=output,
+                       progress=progress, lengths=None if lengths is None else str(lengths),
+                       **lora)
+        if tuning == "auto":
+            plan, plans = search.optimize_tunings(**request)
+        else:
+            plan = search.optimize(**request)
     warning = optimize_view.rough_profile_warning(plan)
     if warning:
         Console(stderr=True).print(warning, style="yellow", highlight=False)
@@ -96,6 +109,30 @@ def optimize_cmd(
         optimize_view.render_optimize(plan, console, top=top, output=Path(output),
                                       profile_arg=profile, sweep_nodes=sweep_nodes)
         render_short_timeline(plan, console)
+        if plans is not None:
+            render_tunings(plans, plan.workload.tuning, console, output=output)
+
+
+def lora_options(tuning: str, *, r: int, alpha: int, targets: str) -> dict:
+    """optimize's tuning arguments: a ZoError for an unknown --tuning, a --lora-r or
+    --lora-alpha below 1, or empty --lora-targets."""
+    if tuning not in TUNING_CHOICES:
+        raise ZoError(f"--tuning must be one of {', '.join(TUNING_CHOICES)}, got {tuning!r}")
+    names = tuple(t.strip() for t in targets.split(",") if t.strip())
+    for flag, value in (("--lora-r", r), ("--lora-alpha", alpha)):
+        if value < 1:
+            raise ZoError(f"{flag} {value}: must be a whole number >= 1")
+    if not names:
+        raise ZoError(f"--lora-targets {targets!r}: name at least one block module (q_proj)")
+    settings = {"lora_r": r, "lora_alpha": alpha, "lora_targets": names}
+    if tuning == "full":
+        given = [f for f, v, d in (("--lora-r", r, DEFAULT_LORA_R),
+                                   ("--lora-alpha", alpha, DEFAULT_LORA_ALPHA),
+                                   ("--lora-targets", names, DEFAULT_LORA_TARGETS)) if v != d]
+        if given:
+            raise ZoError(f"{', '.join(given)}: settings of --tuning lora (or auto), not full")
+        return {}
+    return settings if tuning == "auto" else {"tuning": "lora", **settings}
 
 
 @command("profile")

@@ -47,6 +47,11 @@ Terms marked kernel=True are scratch inside one CPU kernel call, not a live tens
 (rank_memory(kernel_scratch=False) leaves them out: what zoexec.runtime.memtrack's tracker
 sees). Tensors under 1 KiB (the fence token, the loss vector) are left out.
 
+LoRA (Workload.tuning "lora"): the base block is used in its buffer (no working block,
+no z of a block), the resident parts are held once in the compute dtype, and the rank
+holds every block's fp32 adapters, one block's working adapters and their z
+(_lora_held); no update transient (a block's adapters are a few MB).
+
 Host of one node: the block store (shared), a resident master per CUDA rank, each rank
 process's own memory, on CPU profiles every rank's "device" bytes; or, if larger, the
 set-up peak while local rank 0 fills the store block by block (node_host_memory).
@@ -59,6 +64,7 @@ from dataclasses import dataclass
 
 from zoplan.execrules import SR_SCRATCH, sr_chunk, z_chunk
 from zoplan.layout import Layout
+from zoplan.lora import ADAPTER_BYTES, adapter_params, linear_shapes
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.workload import Workload
 
@@ -205,16 +211,18 @@ def rank_memory(*, model: ModelSpec, workload: Workload, layout: Layout, device_
         raise ValueError(f"device_kind must be one of {', '.join(DEVICE_KINDS)}, got {device_kind!r}")
     if not 0 <= resident_blocks <= model.num_layers:
         raise ValueError(f"resident_blocks must be 0..{model.num_layers}, got {resident_blocks}")
-    held = _held(model, workload, layout, device_kind)
-    setup = _setup(model, workload, layout, device_kind)
+    lora = workload.is_lora
+    held = (_lora_held if lora else _held)(model, workload, layout, device_kind)
+    setup = (_lora_setup if lora else _setup)(model, workload, layout, device_kind)
     if resident_blocks:   # made last in set-up (Trainer._allocate_shards), once the
         # module copies are gone: held, so in set-up's end (RankMemory.phase_bytes)
         held.insert(1, _shards(model, workload, layout, resident_blocks))
     step = _step(model, workload, layout)
     kernel = kernel_scratch
     transients = {
-        "update": _update(model, workload, device_kind, kernel=kernel),
-        "forward": _forward(model, workload, layout, device_kind, kernel=kernel),
+        "update": [] if lora else _update(model, workload, device_kind, kernel=kernel),
+        "forward": (_lora_forward(model, workload, layout) if lora else
+                    _forward(model, workload, layout, device_kind, kernel=kernel)),
         "head": _head(model, workload, layout, device_kind, kernel=kernel),
         "embed": _embed(model, workload, layout, device_kind, step, kernel=kernel),
     }
@@ -400,6 +408,52 @@ def _setup(model, workload, layout, device_kind) -> list[Term]:
     first = [module_block, module_res] + ([clean] if device_kind == "cpu" else [])
     second = [module_res, clean, work_r, z_r]
     return [buffers, work, z, *max(first, second, key=_sum)]
+
+
+# ---- LoRA (Workload.tuning "lora"; zoexec.train.lora.LoraTrainer) -------------------------
+def _adapters(model: ModelSpec, workload: Workload) -> int:
+    return adapter_params(model, r=workload.lora_r, targets=workload.lora_targets)
+
+
+def _lora_held(model, workload, layout, device_kind) -> list[Term]:
+    """The block buffers (the base block is used where it lands: stored as it computes),
+    the frozen resident parts once (compute dtype: nothing perturbs them), every block's
+    fp32 adapters, one block's working adapters (compute dtype) and their fp32 z."""
+    a, r, c = _adapters(model, workload), model.resident_params, dtype_bytes(workload.compute_dtype)
+    terms = [_buffers(model, workload, layout),
+             Term(key="resident_work", bytes=r * c, label="resident parts (frozen)"),
+             Term(key="adapters", bytes=model.num_layers * a * ADAPTER_BYTES,
+                  label=f"LoRA adapters, every block ({model.num_layers} x {a:,} fp32)"),
+             Term(key="adapter_work", bytes=a * c, label="perturbed adapters of a block"),
+             Term(key="adapter_z", bytes=a * ADAPTER_BYTES, label="z of a block's adapters")]
+    if device_kind == "cuda":
+        terms.append(Term(key="cublas_workspace", bytes=CUBLAS_WORKSPACE_BYTES,
+                          label="cuBLAS workspace"))
+    return terms
+
+
+def _lora_setup(model, workload, layout, device_kind) -> list[Term]:
+    """Set-up: the buffers and the modules' own copies of block 0 and of the resident
+    parts, before the flat buffers replace them."""
+    n, r, _, c = _sizes(model, workload)
+    return [_buffers(model, workload, layout),
+            Term(key="module_block", bytes=n * c, label="block module's own copy (set-up)"),
+            Term(key="module_resident", bytes=r * c,
+                 label="resident module's own copy (set-up)")]
+
+
+def _lora_forward(model, workload, layout) -> list[Term]:
+    """One stream's block forward, plus what an adapted module holds beside it: A x
+    and the scaled B (A x) of the largest target."""
+    tokens, _ = _tokens(workload, layout)
+    c = dtype_bytes(workload.compute_dtype)
+    widest = max(out for name, (_, out) in linear_shapes(model).items()
+                 if name in workload.lora_targets)
+    extra = tokens * (workload.lora_r + 2 * widest) * c
+    return [Term(key="block_activations", bytes=model.block_activation_bytes(
+                tokens, workload.seq, workload.compute_dtype),
+                 label=f"one block's forward ({tokens} tokens)"),
+            Term(key="adapter_activations", bytes=extra, label="an adapter's forward")]
 
 
 def nccl_groups(layout: Layout) -> list[int]:

@@ -8,7 +8,9 @@ Keys (all required unless marked optional):
   workload                  Workload.to_dict(): batch, seq, param_dtype, compute_dtype,
                             update (master, stochastic, plain), tf32; optional lengths
                             (zoplan.lengths.RowLengths: the data's row lengths) and
-                            priced_seq (derived: the width the step is priced at)
+                            priced_seq (derived: the width the step is priced at); LoRA plans also
+                            tuning "lora", lora_r, lora_alpha, lora_targets (absent:
+                            full tuning; zoplan.lora)
   layout                    Layout.to_dict(): pertp, ddp, nodes, slices, prefetch,
                             slice_update (optional, default false)
   ranks                     the rank table, compact: {"rule": "layout", "exceptions": []}
@@ -50,6 +52,7 @@ from zoplan import __version__
 from zoplan.errors import ZoError
 from zoplan.io import atomic_write_text, dumps_canonical, load_json
 from zoplan.layout import Layout
+from zoplan.lora import check_targets
 from zoplan.models import ModelSpec, check_shape
 from zoplan.trace import MAX_SECONDS, Checked, Rank, Seconds, Span, SpanRecord, schema_problem
 from zoplan.workload import Workload
@@ -331,6 +334,9 @@ def validate_plan(data: Any, origin: str) -> None:
         part = "model.spec"
         check_shape(data["model"]["spec"])
         spec = ModelSpec(**data["model"]["spec"])
+        part = "workload"
+        if workload.is_lora:
+            check_targets(spec, workload.lora_targets)
     except (TypeError, ValueError) as exc:
         raise ZoError(f"{origin}: {part}: {exc}") from None
     _check_agreement(data, origin, layout=layout, workload=workload, spec=spec)

@@ -237,6 +237,9 @@ class TrainLoop:
 
     def _write_weights(self, path: Path | None, step: int, **state) -> None:
         trainer = self.trainer
+        if self.cfg.workload.is_lora:   # the adapters alone (every rank holds them)
+            self._write_adapters(path, step)
+            return
         store = trainer.store
         trainer.store_shards()   # resident blocks: node 0's first slice group into the store
         if self.env.rank == 0:
@@ -252,6 +255,14 @@ class TrainLoop:
                 raise ZoError(_write_failed(path, exc)) from None
         monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the weights",
                           timeout_s=fill_timeout_s(store.nbytes, base_s=self.env.timeout_s))
+
+
+    def _write_adapters(self, path: Path, step: int) -> None:
+        """A LoRA run's weights: rank 0 writes the adapters as a PEFT folder."""
+        if self.env.rank == 0:
+            self.trainer.save(path, step=step)
+        monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the adapters",
+                          timeout_s=self.env.timeout_s)
 
 
 def _write_failed(path: Path, exc: OSError) -> str:

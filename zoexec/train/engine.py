@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -128,12 +129,15 @@ class Trainer:
     passes: int = 0                     # block passes so far: the fence's stamp
     speed: SpeedMonitor | None = None   # traced CPU runs: speed probes between steps
 
+    writes_back: ClassVar[bool] = True   # False: a read-only store (zoexec.train.lora)
+
     def __post_init__(self) -> None:
         lay, rank = self.env.layout, self.env.rank
         self.signs = SIGNS[lay.role_of(rank)]
         self.data_shard, self.slice_index = lay.data_shard_of(rank), lay.slice_index_of(rank)
-        self.fence_needed = fence_needed(lay)
-        self.split = lay.slice_update and lay.slices > 1   # the update on the slice
+        self.fence_needed = self.writes_back and fence_needed(lay)
+        # the update on the slice
+        self.split = self.writes_back and lay.slice_update and lay.slices > 1
         if self.fence_needed and not self.env.is_cuda and self.flags is None:
             raise ZoError(f"{lay.local_ranks} local ranks with {lay.slices} slices on the "
                           f"CPU need the node's read stamps (share_read_flags)")

@@ -18,6 +18,7 @@ from zoplan.hardware import HardwareProfile
 from zoplan.plan import Plan
 from zoplan.sim import costs as sim_costs
 from zoplan.sim import graph, taskwork
+from zoplan.sim.lorawork import lora_task_times
 from zoplan.sim.nodes import job_step_s
 from zoplan.sim.simulate import simulate
 
@@ -47,10 +48,12 @@ class Refit:
 
 
 def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
-    """The plan's per-task times on `profile` (zoplan.sim.taskwork.task_times)."""
+    """The plan's per-task times on `profile` (zoplan.sim.taskwork.task_times; LoRA's
+    zoplan.sim.lorawork.lora_task_times)."""
     lay, wl = plan.layout, plan.workload
-    return taskwork.task_times(model=plan.model, profile=profile, workload=wl,
-                            tokens=wl.priced_tokens(lay.ddp),
+    times = lora_task_times if wl.is_lora else taskwork.task_times
+    return times(model=plan.model, profile=profile, workload=wl,
+                 tokens=wl.priced_tokens(lay.ddp),
                             streams=2 if lay.pertp == 1 else 1, local_ranks=lay.local_ranks)
 
 

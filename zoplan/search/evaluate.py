@@ -25,7 +25,7 @@ from zoplan.sim.bounds import step_bounds
 from zoplan.sim.costs import StepCosts, step_costs
 from zoplan.sim.graph import build_step_graph
 from zoplan.sim.simulate import SimResult, simulate
-from zoplan.workload import Workload
+from zoplan.workload import Workload, default_update
 
 ZO2_PREFETCH = 2      # ZO2's three streams: upload i, compute i-1, offload i-2
 
@@ -245,7 +245,13 @@ def zo2_baseline(req: Request, workload: Workload) -> Candidate:
     winner's precision and update mode, with ZO2's own zo maths: it perturbs +eps,
     -2eps, +eps (restore) in place and updates, drawing z four times per block and step
     (zo-algorithms.md; zoexec.reference.mezo_reference_train), where zoexec draws it
-    twice (zoplan.sim.taskwork.task_times, schedule "zo2")."""
+    twice (zoplan.sim.taskwork.task_times, schedule "zo2"). ZO2 trains every weight:
+    against a LoRA winner it is ZO2 in the same precision, full-parameter."""
+    if workload.is_lora:
+        workload = Workload.for_update(batch=workload.batch, seq=workload.seq,
+                                       compute_dtype=workload.compute_dtype,
+                                       update=default_update(workload.compute_dtype),
+                                       tf32=workload.tf32)
     layout = Layout(pertp=1, ddp=1, nodes=1, slices=1, prefetch=ZO2_PREFETCH)
     cand = make_candidate(req, layout, workload)
     cand.costs = step_costs(model=req.model, profile=req.profile, workload=workload,

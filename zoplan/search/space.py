@@ -25,6 +25,13 @@ from zoplan.errors import ZoError
 from zoplan.hardware import DEFAULT_PROFILE, HardwareProfile, is_shipped_guess, load_profile
 from zoplan.layout import Layout
 from zoplan.lengths import load_lengths
+from zoplan.lora import (
+    DEFAULT_LORA_ALPHA,
+    DEFAULT_LORA_R,
+    DEFAULT_LORA_TARGETS,
+    TUNINGS,
+    check_targets,
+)
 from zoplan.models import DTYPE_BYTES, ModelSpec, get_model
 from zoplan.search.placement import PLACEMENTS, resident_pattern
 from zoplan.sim.bounds import StepBounds, step_bounds
@@ -77,10 +84,13 @@ def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, s
                     tf32: bool = True, pertp: int | None = None,
                     ddp: int | None = None, slices: int | None = None,
                     prefetch: int | None = None, placement: str = "auto",
-                    fewer: bool = True, lengths: str | None = None) -> Request:
+                    fewer: bool = True, lengths: str | None = None, tuning: str = "full",
+                    lora_r: int = DEFAULT_LORA_R, lora_alpha: int = DEFAULT_LORA_ALPHA,
+                    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS) -> Request:
     """Check the inputs; every problem is a ZoError with the numbers. `fewer`: search
     smaller world sizes too (world_sizes; off when --ddp fixes the world); `lengths`: a
-    lengths file (`zoexec lengths`): the step priced at the batches' padded width."""
+    lengths file (`zoexec lengths`): the step priced at the batches' padded width.
+    `tuning` "lora": the LoRA workload (zoplan.lora) instead of the update modes."""
     spec = get_model(model)
     hw = load_profile(profile or DEFAULT_PROFILE)
     if batch < 1 or seq < 1:
@@ -93,13 +103,22 @@ def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, s
     pertp = _fixed_pertp(gpus, pertp, ddp)
     _check_fixed(hw, gpus // nodes, pertp=pertp, slices=slices, prefetch=prefetch)
     dtype, note = _precision(hw, spec, precision)
-    modes = _update_modes(dtype, update)
-    note += (f"; update {modes[0]}: fixed by --update" if update else
-             f"; update modes searched: {', '.join(modes)} (docs/precision.md)")
+    if tuning not in TUNINGS:
+        raise ZoError(f"--tuning must be one of {', '.join(TUNINGS)}, got {tuning!r}")
     rows = load_lengths(lengths) if lengths is not None else None
-    workloads = tuple(Workload.for_update(batch=batch, seq=seq, compute_dtype=dtype,
-                                          update=mode, tf32=tf32, lengths=rows)
-                      for mode in modes)
+    if tuning == "lora":
+        lora = _lora_workload(spec, update, batch=batch, seq=seq, compute_dtype=dtype,
+                              tf32=tf32, r=lora_r, alpha=lora_alpha, targets=lora_targets)
+        workloads = (lora if rows is None else dataclasses.replace(lora, lengths=rows),)
+        note += (f"; tuning lora (r {lora_r}, alpha {lora_alpha}, targets "
+                 f"{','.join(lora_targets)}): a frozen {dtype} base, fp32 adapters")
+    else:
+        modes = _update_modes(dtype, update)
+        note += (f"; update {modes[0]}: fixed by --update" if update else
+                 f"; update modes searched: {', '.join(modes)} (docs/precision.md)")
+        workloads = tuple(Workload.for_update(batch=batch, seq=seq, compute_dtype=dtype,
+                                              update=mode, tf32=tf32, lengths=rows)
+                          for mode in modes)
     fixed = {k: v for k, v in (("pertp", pertp), ("slices", slices), ("prefetch", prefetch),
                                ("update", update)) if v is not None}
     if placement != "auto":
@@ -128,6 +147,20 @@ def world_sizes(hw: HardwareProfile, gpus: int) -> tuple[tuple[int, int], ...]:
                     reverse=True)
     out = [(n * gpn, n) for n in counts]
     return tuple(out + [(g, 1) for g in range(gpn - 1, 0, -1) if gpn % g == 0])
+
+
+def _lora_workload(spec: ModelSpec, update: str | None, *, targets: tuple[str, ...],
+                   **settings) -> Workload:
+    """The LoRA workload: its targets linear modules of the model's blocks, its update
+    the adapters' own (fp32 masters, no --update)."""
+    if update is not None:
+        raise ZoError(f"--update {update} is for full tuning: LoRA's adapters are fp32 "
+                      f"masters and the base is never updated")
+    try:
+        check_targets(spec, tuple(targets))
+        return Workload.for_lora(targets=tuple(targets), **settings)
+    except ValueError as exc:
+        raise ZoError(f"tuning lora: {exc}") from None
 
 
 def _update_modes(compute_dtype: str, update: str | None) -> tuple[str, ...]:
@@ -273,7 +306,8 @@ def enumerate_space(req: Request, fixed: dict) -> tuple[list[Candidate], list[Pr
     candidates, pruned = [], []
     for gpus, nodes in req.world_sizes:
         for workload in req.workloads:
-            for pertp, slices, prefetch, su in layout_axes(req, fixed, gpus, nodes):
+            for pertp, slices, prefetch, su in layout_axes(req, fixed, gpus, nodes,
+                                                           read_only=workload.is_lora):
                 axes = {"pertp": pertp, "ddp": gpus // pertp, "nodes": nodes,
                         "slices": slices, "prefetch": prefetch, "slice_update": su}
                 reason, overshoot = invalid_reason(req, axes, gpus=gpus), math.inf
@@ -293,11 +327,12 @@ def enumerate_space(req: Request, fixed: dict) -> tuple[list[Candidate], list[Pr
     return candidates, pruned
 
 
-def layout_axes(req: Request, fixed: dict, gpus: int, nodes: int):
-    """(pertp, slices, prefetch, slice_update) of every layout of this world size."""
+def layout_axes(req: Request, fixed: dict, gpus: int, nodes: int, *, read_only: bool = False):
+    """(pertp, slices, prefetch, slice_update) of every layout of this world size
+    (`read_only`, LoRA: the base is never updated, slice_update has nothing to do)."""
     pertps, slices, prefetches = axis_values(req, fixed, gpus=gpus, nodes=nodes)
     for pertp, s, prefetch in itertools.product(pertps, slices, prefetches):
-        for su in ((False, True) if s > 1 else (False,)):
+        for su in ((False, True) if s > 1 and not read_only else (False,)):
             yield pertp, s, prefetch, su
 
 

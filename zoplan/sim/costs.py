@@ -6,6 +6,7 @@ updates, the ranks' speed factors and the CUDA write-back fence.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from zoplan.memory import store_stride
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.sim.gpushare import host_issue, shared_gpu
 from zoplan.sim.links import GBPS, Flow, contended_links, node_links, transfer_flows
+from zoplan.sim.lorawork import lora_task_times
 from zoplan.sim.taskwork import Work, task_times
 from zoplan.workload import Workload
 
@@ -49,6 +51,7 @@ class StepCosts:
     period: int = 1                  # blocks after which `resident` repeats (0: it does not)
     resident_update_s: float = 0.0   # update task of a resident block
     slice_update_s: tuple[float, ...] = ()   # per local rank: its slice update (() = none)
+    read_only: bool = False          # LoRA: the base is never written back (no d2h, no fence)
     # the host lane (CUDA; {} on CPUs): host seconds to issue each task kind (the batch
     # before "embed"), and per local rank its slice update's (zoplan.sim.gpushare)
     issue_s: dict = field(default_factory=dict)
@@ -144,12 +147,16 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     tokens = workload.priced_tokens(layout.ddp)
     streams = 2 if layout.pertp == 1 else 1
     block = float(model.block_bytes(workload.param_dtype))
-    work = task_times(model=model, profile=profile, workload=workload, tokens=tokens,
-                      streams=streams, local_ranks=lr, schedule=schedule)
+    times = lora_task_times if workload.is_lora else task_times
+    work = times(model=model, profile=profile, workload=workload, tokens=tokens,
+                 streams=streams, local_ranks=lr,
+                 **({} if workload.is_lora else {"schedule": schedule}))
     parts = work.pop("parts")
     work.update(_placement_work(model=model, profile=profile, workload=workload,
                                 layout=layout, parts=parts, resident=resident,
                                 period=period, update_s=work["update_s"]))
+    if workload.is_lora:
+        work.update(_read_only(work))
     issue = host_issue(profile, layout, work.pop("issue"), work.pop("issue_parts"))
     links = node_links(profile, lr)
     internode = internode_allreduce_s(profile, layout.nodes)
@@ -163,7 +170,18 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
         links=links, rank_factors=rank_factors(profile, lr),
         fence_s=small_s if not profile.is_cpu and fence_needed(layout) else 0.0,
         contended=contended_links(profile, links), **transfer_flows(profile, layout, block))
+    if workload.is_lora:
+        costs = dataclasses.replace(costs, read_only=True, fence_s=0.0,
+                                    d2h=tuple(() for _ in range(lr)))
     return shared_gpu(costs, profile.overlap_slowdown)
+
+
+def _read_only(work: dict) -> dict:
+    """LoRA (the base never changes): a resident block's update is the adapters' alone,
+    no slice of the base is copied back into its shard."""
+    issue = dict(work["issue_parts"], resident_copy=0.0)
+    issue.pop("resident_update", None)
+    return {"resident_update_s": work["update_s"], "issue_parts": issue}
 
 
 def _placement_work(*, model, profile, workload, layout, parts, resident, period,

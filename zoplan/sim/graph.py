@@ -19,7 +19,9 @@ Per rank r and block b (execution semantics of docs/execution.md):
               engine; simulated but not a span (the executor does not trace it)
 plus embed (before block 0), head (after the last block) and allreduce (ends the step).
 A resident block (StepCosts.resident: kept as shards on the slice group's devices) has
-no h2d, d2h or fence: [slice_update], [allgather], update, forward.
+no h2d, d2h or fence: [slice_update], [allgather], update, forward. A LoRA step
+(StepCosts.read_only: the base is frozen) has no d2h and no fence for any block: a
+buffer is released by the block's forward.
 
 Edges carry `why`:
     "data"    data flow (h2d -> [slice_update] -> allgather -> update -> forward -> d2h;
@@ -74,7 +76,7 @@ def _block_kinds(costs: StepCosts, block: int) -> list[str]:
     kinds += [SLICE_UPDATE] if costs.split_update else []
     kinds += ["allgather"] if costs.layout.slices > 1 else []
     kinds += [FENCE] if costs.fence_s and not resident else []
-    return kinds + ["update", "forward"] + ([] if resident else ["d2h"])
+    return kinds + ["update", "forward"] + ([] if resident or costs.read_only else ["d2h"])
 
 
 def build_step_graph(costs: StepCosts, *, num_blocks: int | None = None):
@@ -175,7 +177,7 @@ def _block_edges(costs: StepCosts, lr: int, b: int, group: list[int],
         ready = None if resident else task_id("h2d", lr, b)
     if ready is not None:
         edges.append((ready, upd, _DATA))
-    if resident:
+    if resident or costs.read_only:
         return edges
     d2h = task_id("d2h", lr, b)
     edges.append((fwd, d2h, _DATA))
@@ -195,7 +197,8 @@ def _buffer_edges(costs: StepCosts, lr: int, num_blocks: int) -> list:
     edges = []
     for i in range(p, len(using)):
         before, b = using[i - p], using[i]
-        release = task_id("forward" if costs.is_resident(before) else "d2h", lr, before)
+        released = costs.is_resident(before) or costs.read_only
+        release = task_id("forward" if released else "d2h", lr, before)
         fill = task_id("allgather" if costs.is_resident(b) else "h2d", lr, b)
         edges.append((release, fill, _BUFFER))
     return edges

@@ -88,6 +88,33 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     draws and four in-place passes per block and step."""
     assert schedule in SCHEDULES, schedule
     hw = profile
+    fwd, lookups, head_fwd = forward_terms(model=model, profile=hw, workload=workload,
+                                           tokens=tokens, streams=streams,
+                                           local_ranks=local_ranks)
+    args = dict(model=model, profile=hw, workload=workload, local_ranks=local_ranks,
+                streams=streams, schedule=schedule)
+    zo = (_gpu_zo if not hw.is_cpu else _cpu_zo_z_model if hw.has_z_model
+          else _cpu_zo_per_param)(**args)
+    out = {"embed_s": zo["embed"] + lookups, "update_s": zo["update"],
+           "forward_s": streams * fwd + zo["forward"],
+           "head_s": streams * head_fwd + zo["head"], "parts": zo.get("parts"),
+           "issue": None}
+    if not hw.is_cpu:   # the host lane: layer calls and the zo maths' launches
+        issue = zo["issue"]
+        out["issue"] = {"embed": issue["embed"] + streams * hw.forward_issue_s(EMBED_OPS),
+                        "update": issue["update"],
+                        "forward": issue["forward"] + streams * hw.forward_issue_s(),
+                        "head": issue["head"] + streams * hw.forward_issue_s(HEAD_OPS)}
+    return out
+
+
+def forward_terms(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+                  tokens: int, streams: int, local_ranks: int,
+                  extra_flops_per_token: float = 0.0) -> tuple[float, float, float]:
+    """(one stream's block forward, the embedding lookups of all streams, one stream's
+    head forward) without the zo maths. `extra_flops_per_token`: GEMM FLOPs a block
+    adds to its own (LoRA's adapters, zoplan.lora)."""
+    hw = profile
     cbytes = dtype_bytes(workload.compute_dtype)
     gpu = dict(compute_dtype=workload.compute_dtype, tf32=workload.tf32)
     if not hw.is_cpu:
@@ -95,7 +122,8 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
                                         elems_per_token=0.0, tokens=tokens,
                                         dtype_bytes=cbytes)
         gpu["attn_bytes"] = attn_bytes
-    fwd = hw.forward_time_s(flops=tokens * model.block_gemm_flops_per_token(),
+    gemm = model.block_gemm_flops_per_token() + extra_flops_per_token
+    fwd = hw.forward_time_s(flops=tokens * gemm,
                             attn_flops=tokens * model.block_attn_flops_per_token(workload.priced_seq),
                             elems=tokens * model.block_elems_per_token(),
                             weight_bytes=model.block_params * cbytes, tokens=tokens,
@@ -114,22 +142,7 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
                                  weight_bytes=model.vocab * model.hidden * cbytes,
                                  tokens=tokens, local_ranks=local_ranks,
                                  overhead_share=HEAD_OPS if per_call else 1.0, **gpu)
-    args = dict(model=model, profile=hw, workload=workload, local_ranks=local_ranks,
-                streams=streams, schedule=schedule)
-    zo = (_gpu_zo if not hw.is_cpu else _cpu_zo_z_model if hw.has_z_model
-          else _cpu_zo_per_param)(**args)
-    lookups = streams * lookup if per_call else lookup
-    out = {"embed_s": zo["embed"] + lookups, "update_s": zo["update"],
-           "forward_s": streams * fwd + zo["forward"],
-           "head_s": streams * head_fwd + zo["head"], "parts": zo.get("parts"),
-           "issue": None}
-    if not hw.is_cpu:   # the host lane: layer calls and the zo maths' launches
-        issue = zo["issue"]
-        out["issue"] = {"embed": issue["embed"] + streams * hw.forward_issue_s(EMBED_OPS),
-                        "update": issue["update"],
-                        "forward": issue["forward"] + streams * hw.forward_issue_s(),
-                        "head": issue["head"] + streams * hw.forward_issue_s(HEAD_OPS)}
-    return out
+    return fwd, (streams * lookup if per_call else lookup), head_fwd
 
 
 def _cpu_zo_per_param(*, model, profile, workload, local_ranks, streams, schedule) -> dict:

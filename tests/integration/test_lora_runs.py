@@ -1,0 +1,180 @@
+"""LoRA runs on the CPU with gloo: every layout and placement trains the same adapters
+(bit for bit without DDP; DDP to its summation-order tolerance, as
+test_zoexec_layouts.py explains), equal to the peft-wrapped plain MeZO loop
+(zoexec.reference.lora_reference_train) to float tolerance; nothing is written back
+(no d2h span); final/ is a PEFT adapter folder that PeftModel.from_pretrained loads and
+generates with, `zoexec export --merge` merges; a resume replays the log over the
+adapters and ends where an uninterrupted run does."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from zoexec.cli import app
+from zoexec.config import RunConfig
+from zoexec.data.text import SyntheticTask
+from zoexec.launch.spawn import RankFailure, spawn_local
+from zoexec.model.families import build_hf_model, export_hf_model
+from zoexec.options import build_config
+from zoexec.reference import lora_reference_train
+from zoexec.store.loading import build_parts
+from zoplan.errors import ZoError
+from zoplan.handplan import hand_plan
+from zoplan.layout import Layout
+from zoplan.trace import read_trace
+from zoplan.workload import Workload
+
+MODEL, SEED, STEPS, LR, EPS = "tiny-opt", 3, 3, 1e-3, 1e-2
+WORKLOAD = Workload(batch=4, seq=16, param_dtype="fp32", compute_dtype="fp32", tuning="lora")
+LOSS_RTOL, G_ATOL, A_ATOL = 1e-5, 5e-3, 5e-6
+LAYOUTS = {   # name: (layout, resident blocks)
+    "one": (Layout(), ()),
+    "pertp2": (Layout(pertp=2), ()),
+    "ddp2": (Layout(ddp=2, prefetch=3), ()),
+    "pertp2xddp2": (Layout(pertp=2, ddp=2), ()),
+    "one-resident": (Layout(), (0, 2)),
+    "pertp2-s2-resident": (Layout(pertp=2, slices=2, prefetch=1), (1, 2, 3)),
+}
+
+
+def _config(tmp, name, layout, resident=(), **kw) -> RunConfig:
+    plan = hand_plan(model=MODEL, layout=layout, workload=WORKLOAD, resident=resident)
+    return RunConfig.make(plan=plan.data, plan_path=f"{name}.json", steps=STEPS, seed=SEED,
+                          lr=LR, eps=EPS, threads=1, quiet=True, out=str(tmp / name / "out"),
+                          trace=str(tmp / name / "trace"), run_id=f"t{uuid.uuid4().hex[:10]}",
+                          **kw)
+
+
+def _losses(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lora")
+    out = {}
+    for name, (layout, resident) in LAYOUTS.items():
+        spawn_local(_config(tmp, name, layout, resident))
+        folder = tmp / name / "out"
+        out[name] = {"losses": _losses(folder), "final": folder / "final",
+                     "adapters": load_file(str(folder / "final" / "adapter_model.safetensors")),
+                     "trace": read_trace(tmp / name / "trace")}
+    return out
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "one"])
+def test_every_layout_trains_the_same_adapters(runs, name):
+    ref, got = runs["one"], runs[name]
+    exact = LAYOUTS[name][0].ddp == 1
+    for a, b in zip(ref["losses"], got["losses"], strict=True):
+        for key in ("loss_plus", "loss_minus"):
+            assert b[key] == pytest.approx(a[key], rel=0 if exact else LOSS_RTOL), (key, a, b)
+        assert b["g"] == pytest.approx(a["g"], abs=0 if exact else G_ATOL)
+    assert got["adapters"].keys() == ref["adapters"].keys()
+    for key, tensor in ref["adapters"].items():
+        if exact:
+            assert torch.equal(got["adapters"][key], tensor), key
+        else:
+            torch.testing.assert_close(got["adapters"][key], tensor, rtol=0, atol=A_ATOL)
+
+
+def test_one_rank_equals_the_peft_reference_loop(runs):
+    from peft import get_peft_model_state_dict
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = build_hf_model(MODEL, seed=SEED)
+        task = SyntheticTask(vocab=model.config.vocab_size, seed=SEED)
+        wrapped, history = lora_reference_train(
+            model, lambda s: task.batch(s, WORKLOAD.batch, WORKLOAD.seq), seed=SEED, lr=LR,
+            eps=EPS, weight_decay=0.0, steps=STEPS, r=8, alpha=16, targets=("q_proj", "v_proj"))
+    finally:
+        torch.set_num_threads(threads)
+    for (lp, lm, g), rec in zip(history, runs["one"]["losses"], strict=True):
+        assert rec["loss_plus"] == pytest.approx(lp, rel=1e-6)
+        assert rec["loss_minus"] == pytest.approx(lm, rel=1e-6)
+        assert rec["g"] == pytest.approx(g, rel=1e-3, abs=1e-3)
+    want = get_peft_model_state_dict(wrapped)
+    got = runs["one"]["adapters"]
+    assert got.keys() == want.keys()
+    moved = 0.0
+    for key, tensor in want.items():
+        torch.testing.assert_close(got[key], tensor, rtol=0, atol=1e-6)
+        moved = max(moved, float(tensor.abs().max()) if ".lora_B." in key else 0.0)
+    assert moved > 1e-4   # B starts at zero: the updates reached it
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_nothing_is_written_back(runs, name):
+    _, spans = runs[name]["trace"]
+    kinds = {s.kind for s in spans}
+    assert "d2h" not in kinds and {"update", "forward", "head"} <= kinds
+
+
+def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path):
+    from peft import PeftModel, get_peft_model_state_dict
+
+    final = runs["one"]["final"]
+    config = json.loads((final / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["task_type"], config["r"], config["lora_alpha"]) == \
+        ("LORA", "CAUSAL_LM", 8, 16)
+    assert sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+    assert (final / "adapter_model.safetensors").stat().st_size < 200_000   # adapters only
+    base = build_hf_model(MODEL, seed=SEED)
+    peft_model = PeftModel.from_pretrained(base, str(final))
+    loaded = get_peft_model_state_dict(peft_model)   # PEFT took our tensors, every one
+    assert loaded.keys() == runs["one"]["adapters"].keys()
+    for key, tensor in runs["one"]["adapters"].items():
+        assert torch.equal(loaded[key], tensor), key
+    ids = torch.tensor([[5, 6, 7, 8]])
+    out = peft_model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
+    assert out.shape == (1, 7)
+    parts, flats = build_parts(MODEL, seed=SEED)
+    export_hf_model(parts, flats, tmp_path / "base")
+    result = CliRunner().invoke(app, ["export", "--merge", str(final), "--base",
+                                      str(tmp_path / "base"), "-o", str(tmp_path / "merged")])
+    assert result.exit_code == 0, result.output
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))
+    torch.testing.assert_close(merged(ids).logits, peft_model(input_ids=ids).logits,
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_killed_run_resumes_to_the_same_adapters(runs, tmp_path):
+    """Stopped by a fault at step 2 after the snapshot of step 1; the resume loads the
+    snapshot's adapters (sha256 checked), replays nothing more and runs step 2."""
+    plan = hand_plan(model=MODEL, layout=Layout(), workload=WORKLOAD)
+    plan.save(tmp_path / "plan.json")
+    out = tmp_path / "out"
+    options = dict(steps=STEPS, seed=SEED, lr=LR, eps=EPS, threads=1, quiet=True,
+                   out=str(out), save_every="1")
+    cfg = build_config(plan=tmp_path / "plan.json", **options).replaced(fail_at=(0, 2))
+    with pytest.raises(RankFailure):
+        spawn_local(cfg)
+    assert (out / "snapshots" / "step-000001" / "adapter_model.safetensors").is_file()
+    resumed = build_config(plan=tmp_path / "plan.json", resume=str(out), threads=1, quiet=True)
+    assert resumed.start_step == 2 and resumed.weights == "random"
+    spawn_local(resumed)
+    got = load_file(str(out / "final" / "adapter_model.safetensors"))
+    for key, tensor in runs["one"]["adapters"].items():
+        assert torch.equal(got[key], tensor), key
+
+
+def test_a_tuning_option_that_is_not_the_plans_is_refused(tmp_path):
+    plan = hand_plan(model=MODEL, layout=Layout(), workload=WORKLOAD)
+    plan.save(tmp_path / "plan.json")
+    with pytest.raises(ZoError, match="--lora-r 4: must be 8, the plan's"):
+        build_config(plan=tmp_path / "plan.json", lora_r=4)
+    full = hand_plan(model=MODEL, layout=Layout(),
+                     workload=Workload(batch=4, seq=16, param_dtype="fp32", compute_dtype="fp32"))
+    full.save(tmp_path / "full.json")
+    with pytest.raises(ZoError, match="--tuning lora: must be full, the plan's"):
+        build_config(plan=tmp_path / "full.json", tuning="lora")

@@ -1,0 +1,260 @@
+"""LoRA adapters on the working decoder block, in PEFT's format (zoplan.lora).
+
+Each target linear module of a block (found by its short name in the block module's
+own module order, whatever the family) gets A [r, in] and B [out, r]; its output
+becomes y = W x + B (A x) * (alpha / r), computed as PEFT's LoraLayer does (x through
+lora_A, then lora_B, then the scaling), without PEFT's module wrapping: a forward hook
+on the module adds the adapter's term, from views into ONE flat buffer of a block's
+adapters (`AdapterHooks.bind`), so a rank keeps every block's adapters as flat fp32
+rows and streams nothing for them.
+
+A block's adapter tensors, in the flat buffer and as z tensor indices (zo.z_block with
+the block's adapter specs): for each target module in module order, lora_A then lora_B;
+names as PEFT's state dict has them inside a block ("self_attn.q_proj.lora_A.weight").
+Initialisation as PEFT's (init_lora_weights=True): A Kaiming-uniform with a = sqrt(5),
+B zeros, drawn for block b from the seed mix_seed(seed, LORA_TAG, b).
+
+Saved adapters (a snapshot, final/) are a PEFT adapter folder: adapter_model.safetensors
+(keys "base_model.model." + the HF module path + ".lora_A.weight", fp32) and
+adapter_config.json (peft.LoraConfig: r, lora_alpha, target_modules, task_type
+CAUSAL_LM, ...), so peft.PeftModel.from_pretrained(base, folder) loads them; state.json
+adds the step and the sha256 of the weights file, checked when a resume reads it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from zoexec.maths.zo import mix_seed
+from zoexec.model.families import TensorSpec, make_specs
+from zoplan.errors import ZoError
+
+LORA_TAG = 0x4C6F5241            # "LoRA": the adapters' init seeds, apart from init_seed's
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+STATE = "state.json"
+PEFT_PREFIX = "base_model.model."
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraSpec:
+    """The adapters of one block: the target modules' names (in the block), their
+    tensors' specs (flat layout, z order) and the scaling alpha / r."""
+
+    r: int
+    alpha: int
+    targets: tuple[str, ...]
+    modules: tuple[str, ...]          # module paths inside a block, e.g. self_attn.q_proj
+    specs: tuple[TensorSpec, ...]
+
+    @property
+    def numel(self) -> int:
+        return self.specs[-1].stop if self.specs else 0
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.r
+
+
+def lora_spec(block: nn.Module, *, r: int, alpha: int, targets: tuple[str, ...]) -> LoraSpec:
+    """The adapters of `block` (a decoder layer module): every nn.Linear whose short
+    name is a target; ZoError when a target matches none."""
+    modules = [(name, mod) for name, mod in block.named_modules()
+               if isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] in targets]
+    missing = sorted(set(targets) - {name.rsplit(".", 1)[-1] for name, _ in modules})
+    if missing:
+        raise ZoError(f"--lora-targets {','.join(missing)}: no such linear module in a "
+                      f"{type(block).__name__}")
+    named = []
+    for name, mod in modules:
+        named.append((f"{name}.lora_A.weight", torch.empty(r, mod.in_features, device="meta")))
+        named.append((f"{name}.lora_B.weight", torch.empty(mod.out_features, r, device="meta")))
+    return LoraSpec(r=r, alpha=alpha, targets=tuple(targets),
+                    modules=tuple(name for name, _ in modules), specs=tuple(make_specs(named)))
+
+
+def init_adapters(spec: LoraSpec, *, seed: int, block: int, out: torch.Tensor) -> torch.Tensor:
+    """Block `block`'s initial adapters into the flat fp32 `out`: A as PEFT draws it
+    (kaiming_uniform_, a = sqrt(5)), B zeros."""
+    gen = torch.Generator(device="cpu").manual_seed(mix_seed(seed, LORA_TAG, block))
+    out.zero_()
+    for tensor in spec.specs:
+        if ".lora_A." in tensor.name:
+            weight = torch.empty(tensor.shape, dtype=torch.float32)
+            nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=gen)
+            out[tensor.offset:tensor.stop].copy_(weight.reshape(-1))
+    return out
+
+
+class AdapterHooks:
+    """Forward hooks on the working block's target modules adding B (A x) * scaling,
+    with A and B views into whichever flat adapter buffer is bound."""
+
+    def __init__(self, block: nn.Module, spec: LoraSpec) -> None:
+        self.spec = spec
+        self.views: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.handles = [block.get_submodule(name).register_forward_hook(self._hook(name))
+                        for name in spec.modules]
+
+    def bind(self, flat: torch.Tensor) -> None:
+        """Make the adapters views into `flat` (a block's adapters, spec layout)."""
+        assert flat.dim() == 1 and flat.numel() == self.spec.numel, (flat.shape, self.spec.numel)
+        specs = iter(self.spec.specs)
+        for name in self.spec.modules:
+            a, b = next(specs), next(specs)
+            self.views[name] = (flat[a.offset:a.stop].view(a.shape),
+                                flat[b.offset:b.stop].view(b.shape))
+
+    def _hook(self, name: str):
+        scaling = self.spec.scaling
+
+        def hook(_module, args, output):
+            lora_a, lora_b = self.views[name]
+            x = args[0].to(lora_a.dtype)
+            delta = nn.functional.linear(nn.functional.linear(x, lora_a), lora_b) * scaling
+            return output + delta.to(output.dtype)
+        return hook
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+# ---- PEFT's folder -----------------------------------------------------------------------
+def peft_key(layer_prefix: str, block: int, name: str) -> str:
+    """The PEFT state-dict key of adapter tensor `name` of block `block`."""
+    return f"{PEFT_PREFIX}{layer_prefix}{block}.{name}"
+
+
+def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer_prefix: str,
+                  base: str, state: dict) -> Path:
+    """Write `folder` atomically as a PEFT adapter folder (module docstring) from the
+    [blocks, numel] fp32 `adapters`; non-finite adapters are refused."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    if not bool(torch.isfinite(adapters).all()):
+        raise ZoError("the LoRA adapters hold non-finite weights: not saved (the run "
+                      "diverged; resume from an earlier snapshot with a smaller --lr)")
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        tensors = {peft_key(layer_prefix, b, t.name):
+                   adapters[b, t.offset:t.stop].view(t.shape).to("cpu", torch.float32).clone()
+                   for b in range(adapters.shape[0]) for t in spec.specs}
+        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        LoraConfig(r=spec.r, lora_alpha=spec.alpha, target_modules=list(spec.targets),
+                   lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                   base_model_name_or_path=base).save_pretrained(str(tmp))
+        state = {**state, "adapter_sha256": _sha256(tmp / ADAPTER_WEIGHTS)}
+        (tmp / STATE).write_text(json.dumps(state, indent=1, allow_nan=False) + "\n")
+        for path in tmp.iterdir():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
+                  num_blocks: int) -> torch.Tensor:
+    """The [blocks, numel] fp32 adapters of a folder save_adapters wrote: its weights
+    file checked against state.json's sha256, its adapter settings and every key and
+    shape against `spec` (ZoError naming what differs)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = _read_json(folder / ADAPTER_CONFIG)
+    got = (config.get("r"), config.get("lora_alpha"), sorted(config.get("target_modules") or []))
+    if got != (spec.r, spec.alpha, sorted(spec.targets)):
+        raise ZoError(f"{folder}: adapters of (r, alpha, targets) {got}, the plan's are "
+                      f"{(spec.r, spec.alpha, sorted(spec.targets))}")
+    want = _read_json(folder / STATE).get("adapter_sha256")
+    if want != _sha256(folder / ADAPTER_WEIGHTS):
+        raise ZoError(f"{folder / ADAPTER_WEIGHTS} does not match the sha256 its state.json "
+                      f"recorded: the adapters were changed or torn")
+    tensors = load_file(str(folder / ADAPTER_WEIGHTS))
+    out = torch.empty(num_blocks, spec.numel, dtype=torch.float32)
+    expected = {peft_key(layer_prefix, b, t.name) for b in range(num_blocks) for t in spec.specs}
+    if set(tensors) != expected:
+        extra, missing = sorted(set(tensors) - expected), sorted(expected - set(tensors))
+        raise ZoError(f"{folder / ADAPTER_WEIGHTS}: keys differ from the plan's adapters "
+                      f"(missing {missing[:2]}, unexpected {extra[:2]})")
+    for b in range(num_blocks):
+        for t in spec.specs:
+            value = tensors[peft_key(layer_prefix, b, t.name)]
+            if tuple(value.shape) != t.shape:
+                raise ZoError(f"{folder}: {peft_key(layer_prefix, b, t.name)} has shape "
+                              f"{tuple(value.shape)}, expected {t.shape}")
+            out[b, t.offset:t.stop] = value.reshape(-1)
+    return out
+
+
+def is_adapter_folder(folder: Path | str | None) -> bool:
+    return folder is not None and (Path(folder) / ADAPTER_WEIGHTS).is_file()
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ZoError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ZoError(f"{path}: not a JSON object")
+    return data
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ---- merging (zoexec export --merge) ---------------------------------------------------------
+def merge_adapters(adapter_dir: Path, base_dir: Path, out_dir: Path) -> Path:
+    """Load the base HF model, apply the PEFT adapters, merge_and_unload, save the plain
+    HF model (and the base's tokenizer) into `out_dir` (written aside and renamed:
+    whole or absent)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from zoexec.model.export import copy_tokenizer
+
+    if not is_adapter_folder(adapter_dir):
+        raise ZoError(f"--merge {adapter_dir}: not a LoRA adapter folder (no {ADAPTER_WEIGHTS})")
+    if not (Path(base_dir) / "config.json").is_file():
+        raise ZoError(f"--base {base_dir}: not an HF model folder (no config.json)")
+    try:
+        base = AutoModelForCausalLM.from_pretrained(str(base_dir), local_files_only=True)
+        merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ZoError(f"cannot merge {adapter_dir} into {base_dir}: {exc}") from None
+    out = Path(out_dir)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        merged.save_pretrained(str(tmp))
+        copy_tokenizer(Path(base_dir), tmp)
+        if out.exists():
+            out.rmdir()   # the caller checked it is empty
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

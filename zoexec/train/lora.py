@@ -1,0 +1,196 @@
+"""One rank of a LoRA run (Workload.tuning "lora"): the engine's schedule over a frozen,
+read-only base with the adapters (zoexec.model.lora) as the only trained weights.
+
+What changes against zoexec.train.engine.Trainer (whose pipeline, lanes, buffers,
+shards and all-gathers it keeps):
+  embed      the embeddings once, shared by both perturbations (the resident parts are
+             frozen: no update, no z, no perturbed copy; one compute-dtype copy held)
+  per block  h2d (or the resident shard), [allgather], then
+    update   the block's adapters: step t-1's deferred update (z regenerated for the
+             adapter tensors, seed rule (step seed, block, adapter tensor)), z of step t
+             and the first perturbation into the working adapters; the block module is
+             bound to the base block where it landed (stored as it computes: no copy)
+    forward  each perturbation's forward with the adapters' hook, the second
+             perturbation of the adapters between them
+  no d2h, no write-back fence and no slice update: the store is only ever read.
+  head       final norm + LM head + loss per perturbation (nothing rebuilt between them)
+Every rank holds every block's adapters (fp32, [blocks, numel]) and applies the same
+scalar g to them, so they stay identical without any tensor collective; the flush and
+a resume's replay update the adapters alone, without a pass over the blocks.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from zoexec.maths.zo import apply_update, perturb_into, z_block
+from zoexec.model.families import bind_block, bind_resident, resident_flat
+from zoexec.model.lora import (
+    AdapterHooks,
+    init_adapters,
+    is_adapter_folder,
+    load_adapters,
+    lora_spec,
+    save_adapters,
+)
+from zoexec.runtime import groups as zgroups
+from zoexec.store.node import store_staging
+from zoexec.train.engine import Trainer, _wait
+from zoplan.errors import ZoError
+from zoplan.plan import Plan
+
+
+class LoraTrainer(Trainer):
+    """The step loop of one rank training LoRA adapters (module docstring)."""
+
+    writes_back: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.flags is not None:
+            raise ZoError("a LoRA run writes nothing back: it takes no read stamps")
+        super().__post_init__()
+
+    def _allocate(self) -> None:
+        """The block buffers, the frozen resident parts (compute dtype, once), every
+        block's fp32 adapters, one block's working adapters and their z; the rank's
+        resident shards. zoplan.memory (_lora_held) models exactly these."""
+        parts, dev, lay = self.parts, self.env.device, self.env.layout
+        assert parts.param_dtype == parts.dtype, (parts.param_dtype, parts.dtype)
+        count = max(1, min(lay.prefetch, self.store.num_blocks))
+        self.bufs = [torch.zeros(self.store.stride, dtype=parts.param_dtype, device=dev)
+                     for _ in range(count)]
+        resident = (parts.resident_master.to(parts.dtype) if parts.resident_master is not None
+                    else resident_flat(parts))
+        parts.resident_master = None
+        parts.to(dev)
+        self.work_r = resident.to(dev)
+        self.theta_r = self.work_r       # frozen: the clean copy is the working one
+        bind_resident(parts, self.work_r)
+        wl = self.cfg.workload
+        self.lora = lora_spec(parts.block, r=wl.lora_r, alpha=wl.lora_alpha,
+                              targets=wl.lora_targets)
+        self.adapters = self._initial_adapters().to(dev)
+        self.work_a = torch.empty(self.lora.numel, dtype=parts.dtype, device=dev)
+        self.z_a = torch.empty(self.lora.numel, dtype=torch.float32, device=dev)
+        self.hooks = AdapterHooks(parts.block, self.lora)
+        self.hooks.bind(self.work_a)
+        self.work = self.z = self.z_r = None
+        self.scratch = []
+        self.block_now = 0
+        self.staging = store_staging(self.env, self.store)
+        self.token = torch.zeros(1, device=dev)
+        self._allocate_shards()
+
+    def _initial_adapters(self) -> torch.Tensor:
+        """[blocks, numel] fp32: a resumed run's snapshot (checked), else PEFT's
+        initialisation from the run seed."""
+        parts = self.parts
+        if is_adapter_folder(self.cfg.load_from):
+            return load_adapters(self.cfg.load_from, self.lora, layer_prefix=parts.layer_prefix,
+                                 num_blocks=self.store.num_blocks)
+        out = torch.empty(self.store.num_blocks, self.lora.numel, dtype=torch.float32)
+        for block in range(self.store.num_blocks):
+            init_adapters(self.lora, seed=self.cfg.optim.seed, block=block, out=out[block])
+        return out
+
+    # ---- the adapters ------------------------------------------------------------------
+    def _apply_adapters(self, block: int) -> None:
+        """The pending updates (in order) applied to block `block`'s adapters."""
+        wd, theta = self.cfg.optim.weight_decay, self.adapters[block]
+        for pend in self.pending:
+            if not pend.lr or not (pend.g or wd):
+                continue
+            if pend.g:
+                z_block(pend.seed, block, self.lora.specs, out=self.z_a)
+            apply_update(theta, self.z_a, lr=pend.lr, g=pend.g, weight_decay=wd,
+                         decay_mask_or_specs=self.lora.specs)
+
+    def flush(self) -> None:
+        """The pending updates applied to every block's adapters (no block pass)."""
+        for block in range(self.store.num_blocks):
+            self._apply_adapters(block)
+        self.pending = ()
+
+    def _update_block(self, theta: torch.Tensor, block: int, seed: int | None, *,
+                      pending: bool) -> None:
+        """Bind the base block, [the pending updates of its adapters,] z of step `seed`
+        and the first perturbation of the adapters."""
+        bind_block(self.parts, theta)
+        self.block_now = block
+        if pending:
+            self._apply_adapters(block)
+        if seed is not None:
+            z_block(seed, block, self.lora.specs, out=self.z_a)
+            perturb_into(self.work_a, self.adapters[block], self.z_a,
+                         self.signs[0] * self.cfg.optim.eps)
+
+    def _forward_block(self, theta: torch.Tensor, acts: list, signs: tuple | None = None) -> None:
+        for index, sign in enumerate(signs or self.signs):
+            if index:
+                perturb_into(self.work_a, self.adapters[self.block_now], self.z_a,
+                             sign * self.cfg.optim.eps)
+            hidden, ctx = acts[index]
+            acts[index] = (self.parts.block_forward(hidden, ctx), ctx)
+
+    def _clean_forward(self, block: int, theta: torch.Tensor, acts: list, *, after):
+        """Evaluation: the base block with its clean adapters."""
+        with self.lanes.task("forward", block, after=(after,)) as forward:
+            bind_block(self.parts, theta)
+            self.work_a.copy_(self.adapters[block])
+            for index, (hidden, ctx) in enumerate(acts):
+                acts[index] = (self.parts.block_forward(hidden, ctx), ctx)
+        return forward.done
+
+    # ---- the step ----------------------------------------------------------------------
+    def _embed(self, seed: int, ids: torch.Tensor) -> list:
+        hidden, ctx = self.parts.embed(ids)
+        return [(hidden, ctx) for _ in self.signs]
+
+    def _head(self, acts: list, labels: torch.Tensor, flags: tuple) -> torch.Tensor:
+        vec = torch.tensor([0.0, 0.0, 0.0, *flags], dtype=torch.float64, device=self.env.device)
+        for index, sign in enumerate(self.signs):
+            total, count = self.parts.head_loss_sum(acts[index][0], labels)
+            vec[0 if sign > 0 else 1] = total.double()
+            if sign > 0:
+                vec[2] = count
+        return vec
+
+    def _offloaded_pass(self, block: int, buf: torch.Tensor, seed, acts, stamp: int, *, after):
+        """h2d, [allgather], update (the adapters), forward; nothing written back. The
+        buffer is free once the forward is done."""
+        ready = self._upload(block, buf, stamp, after=after, split=False)
+        theta = buf[:self.parts.block_numel]
+        if seed is None:
+            return self._clean_forward(block, theta, acts, after=ready)
+        return self._adapted_forward(block, theta, seed, acts, after=ready)
+
+    def _sharded_pass(self, block: int, shard: torch.Tensor, buf: torch.Tensor, seed, acts, *,
+                      after):
+        """A resident block of slices > 1: the slice group's all-gather, update (the
+        adapters), forward; the shard never changes."""
+        with self.lanes.task("allgather", block, after=(after,)) as gather:
+            _wait(zgroups.all_gather_flat(buf, shard, group=self.env.slice))
+        theta = buf[:self.parts.block_numel]
+        if seed is None:
+            return self._clean_forward(block, theta, acts, after=gather.done)
+        return self._adapted_forward(block, theta, seed, acts, after=gather.done)
+
+    def _adapted_forward(self, block: int, theta: torch.Tensor, seed: int, acts: list, *, after):
+        with self.lanes.task("update", block, after=(after,)):
+            self._update_block(theta, block, seed, pending=True)
+        with self.lanes.task("forward", block) as forward:
+            self._forward_block(theta, acts)
+        return forward.done
+
+    # ---- results -----------------------------------------------------------------------
+    def store_shards(self) -> None:
+        """Nothing: the base is never changed, the store already holds it."""
+
+    def save(self, folder, *, step: int) -> None:
+        """Rank 0: the adapters as a PEFT folder (zoexec.model.lora.save_adapters)."""
+        cfg = self.cfg
+        base = cfg.model.model_path or Plan(cfg.plan).model.name
+        save_adapters(folder, self.adapters.cpu(), self.lora, layer_prefix=self.parts.layer_prefix,
+                      base=base, state={"step": step, "seed": cfg.optim.seed, "tuning": "lora"})

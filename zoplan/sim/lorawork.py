@@ -1,0 +1,71 @@
+"""Per-task work of one rank of a LoRA step (Workload.tuning "lora"; zoplan.lora), as
+zoexec.train.lora runs it: the base is frozen, so only the adapters see the zo maths.
+
+  embed    the embedding lookup, once (both perturbations start from the same
+           hidden states: the resident parts are not perturbed)
+  update   the block's adapters: the deferred update (a z draw and an update pass over
+           the adapter elements, fp32 masters) and the next perturbation (a z draw and a
+           perturbation pass into the compute-precision working adapters); the base
+           block is used where it landed (stored as it computes: no cast, no copy)
+  forward  per stream a block forward with the adapters' two extra GEMMs per target
+           module, and the second perturbation's pass over the adapters
+  head     final norm + LM head + loss per stream, nothing to rebuild between them
+No write-back, no fence and no slice update (zoplan.sim.costs: read_only).
+"""
+
+from __future__ import annotations
+
+from zoplan.hardware import HardwareProfile
+from zoplan.lora import ADAPTER_BYTES, adapter_flops_per_token, adapter_tensor_numels
+from zoplan.models import ModelSpec, dtype_bytes
+from zoplan.sim.taskwork import EMBED_OPS, HEAD_OPS, forward_terms
+from zoplan.workload import Workload
+
+LORA_LAUNCHES = 4   # per target module and stream: A x, B (A x), the scaling, the add
+
+
+def adapter_pass_bytes(compute_bytes: int) -> tuple[int, int]:
+    """(update pass, perturb pass) bytes per adapter element on a GPU: fp32 theta and z
+    read and theta written; fp32 theta and z read, the working copy written (c)."""
+    a = ADAPTER_BYTES
+    return 3 * a, 2 * a + compute_bytes
+
+
+def lora_task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+                    tokens: int, streams: int, local_ranks: int) -> dict:
+    """embed_s, update_s, forward_s, head_s (and the GPU host's "issue" seconds) of a
+    LoRA step, in task_times' shape ("parts" None: no slice update)."""
+    hw, wl = profile, workload
+    numels = adapter_tensor_numels(model, r=wl.lora_r, targets=wl.lora_targets)
+    fwd, lookups, head_fwd = forward_terms(
+        model=model, profile=hw, workload=wl, tokens=tokens, streams=1,
+        local_ranks=local_ranks,
+        extra_flops_per_token=adapter_flops_per_token(model, r=wl.lora_r,
+                                                      targets=wl.lora_targets))
+    z, update, perturb = _adapter_zo(hw, numels, dtype_bytes(wl.compute_dtype), local_ranks)
+    out = {"embed_s": lookups, "update_s": 2 * z + update + perturb,
+           "forward_s": streams * fwd + (streams - 1) * perturb,
+           "head_s": streams * head_fwd, "parts": None, "issue": None}
+    if not hw.is_cpu:
+        launches = len(wl.lora_targets) * LORA_LAUNCHES * hw.launch_s
+        out["issue"] = {"embed": hw.forward_issue_s(EMBED_OPS),
+                        "update": 2 * hw.z_issue_s(numels) + 2 * hw.launch_s,
+                        "forward": streams * (hw.forward_issue_s() + launches)
+                        + (streams - 1) * hw.launch_s,
+                        "head": streams * hw.forward_issue_s(HEAD_OPS)}
+    return out
+
+
+def _adapter_zo(hw: HardwareProfile, numels: list[int], compute_bytes: int,
+                local_ranks: int) -> tuple[float, float, float]:
+    """(a z draw, an update pass, a perturbation pass) over one block's adapters."""
+    total = sum(numels)
+    if not hw.is_cpu:
+        upd, pert = adapter_pass_bytes(compute_bytes)
+        return (hw.z_time_s(numels, elem_bytes=ADAPTER_BYTES), hw.hbm_time_s(upd * total),
+                hw.hbm_time_s(pert * total))
+    if hw.has_z_model:
+        one = hw.pass_time_s(total, local_ranks)
+        return hw.z_time_s(numels, local_ranks), one, one
+    quarter = 0.25 * hw.zo_time_s(total, local_ranks)   # zo_ns_per_param: 2 draws + 2 passes
+    return quarter, quarter, quarter
