@@ -20,6 +20,7 @@ Printed (and written as JSON, --json):
     .venv/bin/python benchmarks/bench_accuracy.py --quick   # 1 seed, short runs
     .venv/bin/python benchmarks/bench_accuracy.py           # the full benchmark (hours on 2 cores)
     .venv/bin/python benchmarks/bench_accuracy.py --parts zero,speed   # some parts only
+    .venv/bin/python benchmarks/bench_accuracy.py --show results.json  # a saved run's table
 
 Both sides use the same host setting (OpenMP workers that sleep, as zoexec's ranks) and
 --threads. The plain loop draws its own z and batch order (torch generators seeded from
@@ -74,6 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--speed-rounds", type=int)
     p.add_argument("--speed-steps", type=int, help="steps per speed round (first: warm-up)")
     p.add_argument("--json", type=Path, default=CACHE / "results.json")
+    p.add_argument("--show", type=Path, help="print the table of a results JSON and exit")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -191,6 +193,8 @@ def loss_windows(history: list[dict]) -> dict:
 
 def part_grid(b: Bench) -> None:
     out = b.results["lr_grid"] = {"steps": b.args.grid_steps, "seed": b.args.seeds[0], "runs": {}}
+    out["zero_shot"] = score(b.model(), b.task(), b.test)[0]   # step 0, the same sentences
+    b.log(f"lr grid: held-out accuracy at step 0 {out['zero_shot']:.4f}")
     for lr in b.args.grid:
         run = plain_run(b, seed=b.args.seeds[0], steps=b.args.grid_steps, lr=lr, eval_every=0)
         out["runs"][str(lr)] = {k: run[k] for k in ("accuracy", "loss", "step_seconds")}
@@ -271,16 +275,22 @@ def table(r: dict) -> list[str]:
     """The figures gathered, as lines of text."""
     zero, few = r.get("zero_shot", {}), r.get("few_shot", {})
     pft, zft = r.get("plain_fine_tuned", {}), r.get("zoexec_fine_tuned", {})
+    ft = pft or zft
+    few_head = f"few-shot K={few['k']}" if few else "few-shot (not run)"
+    ft_head = (f"fine-tuned ({ft['steps']} steps, lr {ft['lr']:g})" if ft
+               else "fine-tuned (not run)")
     lines = [f"held-out accuracy ({r['settings']['test']} sentences; template {TEMPLATE!r}, "
              f"words {', '.join(LABEL_WORDS)})",
-             f"{'':24}{'zero-shot':>12}  {'few-shot K=' + str(few.get('k', '-')):<30}"
-             f"fine-tuned ({r['settings']['steps']} steps, lr {r['settings']['lr']:g})"]
+             f"{'':24}{'zero-shot':>12}  {few_head:<30}{ft_head}"]
     for side, ft in (("plain (MeZO's loss)", pft), ("zoexec", zft)):
         key = "plain" if side.startswith("plain") else "zoexec"
         few_values = [v.get("accuracy", v.get("eval_accuracy"))
                       for v in few.get(key, {}).values()]
         lines.append(f"{side:24}{_acc(zero.get(key, {})):>12}  {_spread(few_values):<30}"
                      f"{_spread([s.get('accuracy') for s in ft.get('seeds', {}).values()])}")
+    if "lr_grid" in r:
+        lines.append(f"lr grid, plain loop, seed {r['lr_grid']['seed']}: held-out accuracy at "
+                     f"step 0 {r['lr_grid']['zero_shot']:.4f}")
     for lr, run in r.get("lr_grid", {}).get("runs", {}).items():
         loss = run["loss"]
         lines.append(f"lr grid, plain, {r['lr_grid']['steps']} steps, lr {float(lr):g}: loss "
@@ -319,6 +329,9 @@ def _settings(args: argparse.Namespace) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.show is not None:
+        print("\n".join(table(json.loads(args.show.read_text()))))
+        return
     try:
         manifest = prepared() or prepare()
     except SetupError as exc:
