@@ -34,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -246,6 +247,8 @@ def part_speed(b: Bench) -> None:
         run = b.zoexec.train_run(f"speed-{index}", plan=plan, seed=index,
                                  steps=b.args.speed_steps, lr=b.args.lr, eps=b.args.eps)
         zo_s = step_seconds(run.get("steps", []))
+        if "out" in run:
+            shutil.rmtree(run["out"])     # timing only: its weights are not needed
         rounds["rounds"].append({"plain_s": plain_s, "zoexec_s": zo_s,
                                  "ratio": plain_s / zo_s if zo_s else None,
                                  "note": run.get("note"), "load": os.getloadavg()[0]})
