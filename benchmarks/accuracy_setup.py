@@ -18,7 +18,7 @@ JSONL train/test files. zoplan and zoexec never fetch anything; only this set-up
   sha256 of each sentence (balanced): TEST_PER_LABEL x 2 held-out sentences, then
   TRAIN_PER_LABEL x 2 for training (MeZO trains on 1,000 examples per task).
 
-    .venv/bin/python benchmarks/accuracy_setup.py      # ~1-2 min; idempotent
+    .venv/bin/python benchmarks/accuracy_setup.py      # idempotent (76 s here the first time)
 
 writes benchmarks/.cache/accuracy/{smollm2-135m/, polarity/train.jsonl,
 polarity/test.jsonl, manifest.json}; the manifest records every package's name,
