@@ -20,7 +20,8 @@ from zoexec.cli import app
 from zoexec.config import RunConfig
 from zoexec.data.text import SyntheticTask
 from zoexec.launch.spawn import RankFailure, spawn_local
-from zoexec.model.families import build_hf_model, export_hf_model
+from zoexec.model.export import export_weights
+from zoexec.model.families import build_hf_model
 from zoexec.options import build_config
 from zoexec.reference import lora_reference_train
 from zoexec.store.loading import build_parts
@@ -137,7 +138,7 @@ def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path):
     out = peft_model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
     assert out.shape == (1, 7)
     parts, flats = build_parts(MODEL, seed=SEED)
-    export_hf_model(parts, flats, tmp_path / "base")
+    export_weights(parts, flats, tmp_path / "base")
     result = CliRunner().invoke(app, ["export", "--merge", str(final), "--base",
                                       str(tmp_path / "base"), "-o", str(tmp_path / "merged")])
     assert result.exit_code == 0, result.output

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from zoexec.model.families import build_hf_model, layer_container
+from zoexec.model.families import adapter_for, build_hf_model
 from zoexec.model.lora import (
     ADAPTER_WEIGHTS,
     STATE,
@@ -30,7 +30,8 @@ TARGETS = ("q_proj", "v_proj")
 
 def _model_and_spec(name="tiny-opt", targets=TARGETS):
     model = build_hf_model(name, seed=1)
-    holder, prefix = layer_container(model, model.config.model_type)
+    adapter = adapter_for(model.config)
+    holder, prefix = adapter.decoder(model), adapter.layer_prefix   # holder.layers: the blocks
     return model, holder, prefix, lora_spec(holder.layers[0], r=8, alpha=16, targets=targets)
 
 
