@@ -25,7 +25,9 @@ from typing import ClassVar
 
 import torch
 
+from zoexec.data.batch import Batch
 from zoexec.maths.zo import apply_update, perturb_into, z_block
+from zoexec.model import heads
 from zoexec.model.families import bind_block, bind_resident, resident_flat
 from zoexec.model.lora import (
     AdapterHooks,
@@ -148,10 +150,13 @@ class LoraTrainer(Trainer):
         hidden, ctx = self.parts.embed(ids)
         return [(hidden, ctx) for _ in self.signs]
 
-    def _head(self, acts: list, labels: torch.Tensor, flags: tuple) -> torch.Tensor:
+    def _head(self, acts: list, batch: Batch, flags: tuple) -> torch.Tensor:
+        """The engine's head (zoexec.model.heads.loss_sum, the task's loss at its labelled
+        positions) on each perturbation's activations; the resident parts are frozen,
+        so nothing is rebuilt between them."""
         vec = torch.tensor([0.0, 0.0, 0.0, *flags], dtype=torch.float64, device=self.env.device)
         for index, sign in enumerate(self.signs):
-            total, count = self.parts.head_loss_sum(acts[index][0], labels)
+            total, count = heads.loss_sum(self.parts, acts[index][0], batch)
             vec[0 if sign > 0 else 1] = total.double()
             if sign > 0:
                 vec[2] = count
