@@ -211,6 +211,7 @@ def test_a_ranks_stop_request_waits_for_the_step_boundary_and_a_second_ctrl_c_in
     ctrl_c.handle(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
         ctrl_c.handle(signal.SIGINT)
+    before = signal.getsignal(signal.SIGINT)     # the default, or SIG_IGN in a background job
     with procwatch.stop_signals(None, signals=(signal.SIGINT,)) as installed:
         assert signal.getsignal(signal.SIGINT) == installed.handle
         os.kill(os.getpid(), signal.SIGINT)
