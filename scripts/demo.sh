@@ -44,7 +44,7 @@ $BIN/zoplan optimize --model "$OUT/micro-model" --gpus 1 --batch 64 --seq 16 \
 $BIN/zoexec run "$OUT/plan-micro.json" --model-path "$OUT/micro-model" \
   --data $DATA/train.jsonl "${TASK[@]}" \
   --eval-data $DATA/test.jsonl --eval-every 200 \
-  --steps 600 --lr 5e-3 --lr-schedule linear --eps 1e-2 --out "$OUT/finetune" --overwrite
+  --steps 600 --lr 1e-2 --lr-schedule linear --eps 1e-2 --out "$OUT/finetune" --overwrite
 
 echo "== 3d. the fine-tuned model (final/) on the same held-out examples"
 $BIN/zoexec eval "$OUT/finetune/final" --data $DATA/test.jsonl "${TASK[@]}"
