@@ -63,7 +63,7 @@ from zoexec.data.multichoice import (
 )
 from zoexec.data.presets import preset
 from zoexec.data.records import check_columns, load_records
-from zoexec.data.templates import joiner, template_fields
+from zoexec.data.templates import joiner, template_fields, text_of
 from zoexec.data.text import SyntheticTask, TextData, check_data, load_tokenizer
 from zoplan.errors import ZoError
 
@@ -191,22 +191,14 @@ class Tokens:
         return ids
 
 
-def _text(value, column: str, where: str) -> str:
-    if value is None:
-        raise ZoError(f"{where}: column {column!r} is empty")
-    if isinstance(value, (list, dict)):
-        raise ZoError(f"{where}: column {column!r} holds a {type(value).__name__}, not text")
-    return str(value)
-
-
 def completion_examples(rows, spec: TaskSpec, tokens: Tokens, path) -> list[Example]:
     check_columns(rows, (spec.prompt_column, spec.completion_column), path)
     out = []
     for number, row in enumerate(rows, start=1):
         where = f"{path} row {number}"
-        prompt = tokens.encode(_text(row[spec.prompt_column], spec.prompt_column, where),
+        prompt = tokens.encode(text_of(row[spec.prompt_column], spec.prompt_column, where),
                                special=True, what="the prompt")
-        target = tokens.encode(_text(row[spec.completion_column], spec.completion_column, where),
+        target = tokens.encode(text_of(row[spec.completion_column], spec.completion_column, where),
                                special=False, what="the completion")
         if not target:
             raise ZoError(f"{where}: the completion tokenises to no tokens: nothing to learn")
@@ -268,7 +260,7 @@ def classification_examples(rows, spec: TaskSpec, tokens: Tokens, path) -> list[
     out = []
     for number, row in enumerate(rows, start=1):
         where = f"{path} row {number}"
-        values = {name: _text(row[name], name, where) for name in fields}
+        values = {name: text_of(row[name], name, where) for name in fields}
         prompt = tokens.encode(spec.template.format(**values), special=True, what="the prompt")
         out.append(Labelled(prompt=tuple(prompt), candidates=candidates,
                             label=_label_index(row[spec.label_column], spec, where)))
