@@ -111,6 +111,12 @@ def fit_compute(points: list[dict], *, mem_gbps: float) -> dict:
     return best
 
 
+# The rate a fit gives work it found no cost for (attention on a CPU whose timings the
+# GEMMs explain): free for planning, and inside the plausible range zoplan/hwcheck.py
+# holds every TFLOP/s figure to, so the measured profile is not refused as broken.
+FREE_TFLOPS = 1e4
+
+
 def _fit_at(points: list[dict], m_half: float, mem_gbps: float) -> dict | None:
     ts = [p["median_s"] for p in points]
     gemm = [p["flops"] * (p["tokens"] + m_half) / p["tokens"] for p in points]
@@ -144,8 +150,9 @@ def _fit_at(points: list[dict], m_half: float, mem_gbps: float) -> dict | None:
            "mem_gbps": mem_gbps,
            "rel_rms_pct": math.sqrt(sum(r * r for r in resid) / len(resid)),
            "residuals_pct": [round(r, 2) for r in resid]}
-    if "attn" in terms:   # a zero coefficient (the fit found no cost): 1e6 TFLOP/s
-        out["attn_tflops"] = 1.0 / terms["attn"] / 1e12 if terms["attn"] > 1e-24 else 1e6
+    if "attn" in terms:   # a (near) zero coefficient: the fit found no cost of its own
+        out["attn_tflops"] = min(1.0 / terms["attn"] / 1e12, FREE_TFLOPS) \
+            if terms["attn"] > 0 else FREE_TFLOPS
     if "elems" in terms:
         out["elem_ns"] = terms["elems"] * 1e9
     if "rope" in terms:
@@ -322,7 +329,7 @@ def paired_mem_scaling(measured: dict, *, fit: dict, gemm_scaling: float) -> flo
     the shape's work (flops, attn_flops, elems, tokens)."""
     k = len(measured["per_rank"])
     fwd = measured["per_rank"][0]["forward_memory"]
-    over, gemm, rest = forward_terms({"attn_tflops": 1e6, **fit}, flops=fwd["flops"],
+    over, gemm, rest = forward_terms({"attn_tflops": FREE_TFLOPS, **fit}, flops=fwd["flops"],
                                      attn_flops=fwd["attn_flops"], elems=fwd["elems"],
                                      tokens=fwd["tokens"])
     out = []
