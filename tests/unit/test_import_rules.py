@@ -14,6 +14,7 @@ included):
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -176,28 +177,33 @@ def test_the_executor_uses_only_the_contracts_of_the_planner():
     assert executor_violations() == []
 
 
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """A copy of zoplan/ and zoexec/ the rules read instead of the checkout: a probe
+    module written into it breaks a rule without touching the source tree (tests in
+    other processes read the real one meanwhile)."""
+    for package in ("zoplan", "zoexec"):
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    return tmp_path
+
+
 @pytest.mark.parametrize("source,finds", [
     ("import torch\n", "imports torch"),
     ("from zoexec.train.engine import RunConfig\n", "imports zoexec.train.engine"),
     ("def f():\n    import json\n", "imports json inside a function"),
 ])
-def test_the_rule_finds_what_breaks_it(tmp_path, monkeypatch, source, finds):
+def test_the_rule_finds_what_breaks_it(tree, source, finds):
     """A planner module written to break the rule is found (the guard can fail)."""
-    fake = ROOT / "zoplan" / "_rule_probe.py"
-    fake.write_text(source)
-    try:
-        assert any(finds in v for v in planner_violations())
-    finally:
-        fake.unlink()
+    assert planner_violations() == []
+    (tree / "zoplan" / "_rule_probe.py").write_text(source)
+    assert any(finds in v for v in planner_violations())
 
 
-def test_a_contract_that_reaches_into_the_planner_is_found():
-    fake = ROOT / "zoexec" / "_rule_probe.py"
-    fake.write_text("from zoplan.sim.graph import step_costs\n")
-    try:
-        assert any("imports zoplan.sim.graph" in v for v in executor_violations())
-    finally:
-        fake.unlink()
+def test_a_contract_that_reaches_into_the_planner_is_found(tree):
+    (tree / "zoexec" / "_rule_probe.py").write_text("from zoplan.sim.graph import step_costs\n")
+    assert any("imports zoplan.sim.graph" in v for v in executor_violations())
 
 
 def test_the_executor_imports_only_its_own_layer_or_lower_ones():
@@ -208,25 +214,20 @@ def test_no_module_imports_itself_through_others():
     assert import_circles() == []
 
 
-def test_a_layer_broken_inside_a_function_is_found():
-    fake = ROOT / "zoexec" / "maths" / "_rule_probe.py"
-    fake.write_text("def f():\n    from zoexec.train.engine import Trainer\n")
-    try:
-        assert any("maths/_rule_probe.py:2 imports zoexec.train.engine" in v for v in layer_violations())
-    finally:
-        fake.unlink()
+def test_a_layer_broken_inside_a_function_is_found(tree):
+    assert layer_violations() == []
+    (tree / "zoexec" / "maths" / "_rule_probe.py").write_text(
+        "def f():\n    from zoexec.train.engine import Trainer\n")
+    assert any("maths/_rule_probe.py:2 imports zoexec.train.engine" in v for v in layer_violations())
 
 
-def test_an_import_circle_is_found():
+def test_an_import_circle_is_found(tree):
     """Two modules that import each other (one inside a function) are a circle."""
-    one, two = ROOT / "zoexec" / "data" / "_probe_one.py", ROOT / "zoexec" / "data" / "_probe_two.py"
-    one.write_text("from zoexec.data import _probe_two\n")
-    two.write_text("def f():\n    from zoexec.data._probe_one import X\n")
-    try:
-        assert ["zoexec.data._probe_one", "zoexec.data._probe_two"] in import_circles()
-    finally:
-        one.unlink()
-        two.unlink()
+    assert import_circles() == []
+    (tree / "zoexec" / "data" / "_probe_one.py").write_text("from zoexec.data import _probe_two\n")
+    (tree / "zoexec" / "data" / "_probe_two.py").write_text(
+        "def f():\n    from zoexec.data._probe_one import X\n")
+    assert ["zoexec.data._probe_one", "zoexec.data._probe_two"] in import_circles()
 
 
 def test_importing_the_planner_loads_neither_torch_nor_the_executor():

@@ -18,10 +18,10 @@ from zoplan.hardware import (
     load_profile,
     shipped_profiles,
 )
+from zoplan.hwcheck import _number
 from zoplan.io import load_json
 from zoplan.models import block_forward_work
 from zoplan.profiling.build import build_profile, combine_rounds
-from zoplan.hwcheck import _number
 from zoplan.profiling.fits import (
     FREE_TFLOPS,
     GPU_RATES,
