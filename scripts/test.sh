@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The test command: install what is needed, lint, then both tiers of the suite on the CPU:
 # tests/unit (fast: torch-free or one process) and tests/integration (gloo ranks, the
-# end-to-end loop). Arguments go to both pytest runs (e.g. -x, -k NAME).
+# end-to-end loop). Two test processes at a time (pytest-xdist, a file's tests together);
+# the integration files marked `serial` (they kill runs, sweep or count the shared-memory
+# folder, or time waits) run afterwards, alone. Arguments go to every pytest run (e.g.
+# -x, -k NAME).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q tests/unit "$@"
-.venv/bin/python -m pytest -q tests/integration "$@"
+# pytest's exit 5: the arguments selected no test in this part (e.g. -k NAME)
+pytest_part() { .venv/bin/python -m pytest -q "$@" || { rc=$?; [ "$rc" -eq 5 ] || exit "$rc"; }; }
+pytest_part -n 2 --dist loadfile tests/unit "$@"
+pytest_part -n 2 --dist loadfile -m "not serial" tests/integration "$@"
+pytest_part -m serial tests/integration "$@"

@@ -39,6 +39,8 @@ from zoplan.layout import Layout
 from zoplan.models import ModelSpec, get_model
 from zoplan.workload import Workload
 
+pytestmark = pytest.mark.serial   # scripts/test.sh runs it alone: see pyproject.toml
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = Workload(batch=2, seq=8, param_dtype="fp32", compute_dtype="fp32")
 LAYOUT = Layout(pertp=2, slices=2)     # 2 ranks whose every block passes an all-gather

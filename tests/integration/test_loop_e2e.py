@@ -20,6 +20,8 @@ from zoplan.hardware import load_profile
 from zoplan.plan import Plan
 from zoplan.trace import read_trace
 
+pytestmark = pytest.mark.serial   # scripts/test.sh runs it alone: see pyproject.toml
+
 BIN = Path(sys.executable).parent
 
 

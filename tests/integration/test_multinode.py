@@ -35,6 +35,8 @@ from zoplan.workload import Workload
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from ports import free_port  # noqa: E402
 
+pytestmark = pytest.mark.serial   # scripts/test.sh runs it alone: see pyproject.toml
+
 BIN = Path(sys.executable).parent
 MODEL, SEED, STEPS, LR = "tiny-opt", 3, 3, 1e-3
 WORKLOAD = Workload(batch=4, seq=16, param_dtype="fp32", compute_dtype="fp32")

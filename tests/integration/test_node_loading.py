@@ -29,6 +29,8 @@ from zoplan.layout import Layout
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from ports import free_port  # noqa: E402
 
+pytestmark = pytest.mark.serial   # scripts/test.sh runs it alone: see pyproject.toml
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_load_memory.py"
 

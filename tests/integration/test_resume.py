@@ -31,6 +31,8 @@ from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.workload import Workload
 
+pytestmark = pytest.mark.serial   # scripts/test.sh runs it alone: see pyproject.toml
+
 BIN = Path(sys.executable).parent
 STEPS = 16
 SETTINGS = ["--lr", "1e-3", "--seed", "7", "--save-every", "4", "-q"]   # constant lr

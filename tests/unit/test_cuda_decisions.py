@@ -6,6 +6,7 @@ under no_grad, copies from a registered tmpfs mapping)."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import torch
@@ -256,11 +257,12 @@ def test_profiled_forwards_run_under_no_grad_as_runs_do(monkeypatch):
 def test_profiled_copies_come_from_a_registered_tmpfs_mapping(monkeypatch):
     fake = FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
-    before = set(SHM_DIR.iterdir())
+    ours = lambda: set(SHM_DIR.glob(f"zoexec-profile-{os.getpid()}-*"))
+    before = ours()
     buf, registered = pcuda.host_buffer(3 * PAGE, "store")
     assert registered and fake.calls == [("register", buf.data_ptr(), 3 * PAGE)]
     assert mapped_file(buf.data_ptr()) is not None          # a file mapping, as the store
-    assert set(SHM_DIR.iterdir()) == before                 # its name already gone
+    assert ours() == before                                 # its name already gone
     assert zpinning.unpin_host_memory(buf) is True
     failing = FakeCudart(fail_at=1)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: failing)

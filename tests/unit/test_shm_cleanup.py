@@ -188,3 +188,21 @@ def test_a_rank_dies_with_its_launcher_and_removes_its_files(shm):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_the_profilers_buffers_are_mapped_in_the_folder_the_environment_names(shm, monkeypatch):
+    """`zoplan profile` has no --shm-dir: it maps its host buffers where the runs keep
+    their stores, $ZOEXEC_SHM_DIR when set (a machine whose /dev/shm is small)."""
+    from zoexec.profiler import cpu as pcpu
+
+    seen = []
+    real = pcpu.create_store
+    monkeypatch.setattr(pcpu, "create_store", lambda path, **kw: seen.append(path) or real(path, **kw))
+    other = shm / "other"
+    other.mkdir()
+    monkeypatch.setenv("ZOEXEC_SHM_DIR", str(other))
+    assert shmfiles.shm_dir() == other and shmfiles.shm_dir(shm) == shm
+    assert pcpu.shm_store(64).numel() == 64
+    assert seen and seen[0].parent == other and not seen[0].exists()
+    monkeypatch.delenv("ZOEXEC_SHM_DIR")
+    assert shmfiles.shm_dir() == shmfiles.SHM_DIR

@@ -16,7 +16,6 @@ import os
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,13 +28,14 @@ from zoexec.profiler.ranks import rendezvous, spawn_ranks, write_rank_result
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import Guard, gbps, rank_samples, summarize, time_samples
 from zoexec.runtime.hostenv import keep_freed_memory
-from zoexec.store.blocks import SHM_DIR, create_store
+from zoexec.store.blocks import create_store
+from zoexec.store.shmfiles import shm_dir
 from zoplan.execrules import threads_per_rank, z_makespan
 
 
 def shm_store(numel: int):
-    """A flat fp32 tensor mapped from a /dev/shm file, as zoexec.store.blocks maps the block store."""
-    path = Path(SHM_DIR) / f"zoplan-profile-{os.getpid()}-{time.monotonic_ns()}"
+    """A flat fp32 tensor mapped from a file in the store's folder (shmfiles.shm_dir()), as zoexec.store.blocks maps the block store."""
+    path = shm_dir() / f"zoplan-profile-{os.getpid()}-{time.monotonic_ns()}"
     try:
         store = create_store(path, num_blocks=1, block_numel=numel, stride=numel,
                              dtype=torch.float32)

@@ -27,19 +27,20 @@ from zoexec.profiler.ranks import rendezvous, spawn_ranks, write_rank_result
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import gbps, summarize, time_samples
 from zoexec.runtime.pinning import pin_tensor, unpin_host_memory
-from zoexec.store.blocks import SHM_DIR, create_store
+from zoexec.store.blocks import create_store
+from zoexec.store.shmfiles import shm_dir
 
 COPY_PIECES = 8   # a copy is timed piece by piece (CUDA events): rates while all copies run
 
 
 def host_buffer(num_bytes: int, host: str) -> tuple[torch.Tensor, bool]:
     """(a host buffer, whether it is a registered store mapping). "store": a file on
-    the block store's tmpfs (zoexec.store.blocks.SHM_DIR), mapped shared and
+    the block store's tmpfs (shmfiles.shm_dir()), mapped shared and
     page-locked with cudaHostRegister as a run's store is (zoexec.runtime.pinning);
     "alloc": cudaHostAlloc memory (torch's pin_memory). A mapping that cannot be
     registered falls back to "alloc" (the caller records which it got)."""
     if host == "store":
-        path = SHM_DIR / f"zoexec-profile-{os.getpid()}-{secrets.token_hex(4)}"
+        path = shm_dir() / f"zoexec-profile-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             store = create_store(path, num_blocks=1, block_numel=num_bytes, stride=num_bytes,
                                  dtype=torch.uint8)

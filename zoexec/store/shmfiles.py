@@ -39,6 +39,7 @@ from zoexec.runtime.procwatch import ProcessId
 from zoplan.memory import fmt_bytes
 
 SHM_DIR = Path(RuntimeOptions.shm_dir)   # the default of --shm-dir
+SHM_DIR_ENV = "ZOEXEC_SHM_DIR"           # its environment default
 PREFIX = "zoexec-"
 _NAME = re.compile(r"^zoexec-(?P<run>.+)-o(?P<machine>[0-9a-f]{8})\.(?P<pid>\d+)\.(?P<start>\d+)"
                    r"-n\d+(-[a-z]+)?$")
@@ -77,8 +78,10 @@ def owner_tag(process: ProcessId) -> str:
 
 
 def shm_dir(directory: Path | str | None = None) -> Path:
-    """The shared-memory folder: `directory` (--shm-dir), else SHM_DIR."""
-    return Path(directory) if directory else SHM_DIR
+    """The shared-memory folder: `directory` (--shm-dir), else $ZOEXEC_SHM_DIR (the
+    option's environment default, read now: `zoplan profile`, which has no such option,
+    maps its buffers where the runs will), else SHM_DIR."""
+    return Path(directory or os.environ.get(SHM_DIR_ENV) or SHM_DIR)
 
 
 def store_path(run_id: str, node: int, *, directory: Path | str | None = None) -> Path:
