@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
+# byte-code of our own modules, read by every rank the tests start (0.4 s a process
+# where PYTHONDONTWRITEBYTECODE keeps Python from writing it itself)
+.venv/bin/python -m compileall -q -j 0 zoplan zoexec tests >/dev/null
 # pytest's exit 5: the arguments selected no test in this part (e.g. -k NAME)
 pytest_part() { .venv/bin/python -m pytest -q "$@" || { rc=$?; [ "$rc" -eq 5 ] || exit "$rc"; }; }
 pytest_part -n 2 --dist loadfile tests/unit "$@"

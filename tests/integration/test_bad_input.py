@@ -38,8 +38,6 @@ from zoplan.trace import write_trace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from tiny_model import make_model_dir  # noqa: E402
 
-pytestmark = pytest.mark.serial   # scripts/test.sh runs it alone: see pyproject.toml
-
 BIN = Path(sys.executable).parent
 
 
