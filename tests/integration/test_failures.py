@@ -164,13 +164,23 @@ def _stubborn() -> None:
     time.sleep(60)
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP, and wait until the process shows as stopped: the signal lands when the
+    kernel next schedules it, which on a busy machine is later than the next line."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while procwatch.run_state(pid) not in procwatch.STOPPED_STATES:
+        assert time.monotonic() < deadline, f"process {pid} never showed as stopped"
+        time.sleep(0.005)
+
+
 def _supervised(signals: list[int], *, grace_s: float, stop_rank: bool = False) -> tuple[Outcome, float]:
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_stubborn) for _ in range(2)]
     for proc in procs:
         proc.start()
     if stop_rank:
-        os.kill(procs[1].pid, signal.SIGSTOP)
+        _stop(procs[1].pid)
 
     def send() -> None:
         time.sleep(0.3)
@@ -229,7 +239,7 @@ def test_a_stopped_rank_is_killed_at_once_when_another_fails():
     procs = [ctx.Process(target=sys.exit, args=(1,)), ctx.Process(target=_stubborn)]
     for proc in procs:
         proc.start()
-    os.kill(procs[1].pid, signal.SIGSTOP)
+    _stop(procs[1].pid)
     start = time.monotonic()
     try:
         with procwatch.stop_signals(procs, grace_s=60) as stop:
