@@ -11,7 +11,9 @@ once with --trace, and samples each rank's RSS as the log passes every `--every`
 
 Prints per run and rank: RSS at the first sample after warm-up (`--warmup` steps), at
 the end, the growth per 1,000 steps between them (least-squares slope over the
-samples), and the end against the steady RSS (the median of the samples) in percent.
+samples), the end against the steady RSS (the median of the samples) in percent, and
+each against its limit: less than 5 MiB grown after warm-up, no sample more than 5%
+above the steady RSS.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from zoplan.models import CATALOGUE_CONFIGS
 from zoplan.workload import Workload
 
 MIB = 2**20
+# the limits a long run is held to (after warm-up, per rank): total growth, and the
+# highest sample above the steady RSS
+GROWTH_MIB, ABOVE_PCT = 5.0, 5.0
 
 
 def _model(folder: Path, layers: int | None) -> str:
@@ -100,10 +105,15 @@ def report(name: str, samples: dict, warmup: int) -> None:
         rss = [samples[s][rank] for s in steps]
         slope = statistics.linear_regression(steps, rss).slope * 1000
         steady = statistics.median(rss)
+        grown, above = (rss[-1] - rss[0]) / MIB, 100 * (max(rss) / steady - 1)
         print(f"{name} rank {rank}: RSS {rss[0] / MIB:.1f} MiB at step {steps[0]}, "
               f"{rss[-1] / MIB:.1f} MiB at step {steps[-1]}; growth {slope / MIB:+.3f} MiB per "
               f"1,000 steps; end {100 * (rss[-1] / steady - 1):+.2f}% against the steady "
-              f"{steady / MIB:.1f} MiB")
+              f"{steady / MIB:.1f} MiB (the median sample)")
+        print(f"{name} rank {rank}: grew {grown:+.2f} MiB after warm-up "
+              f"({'within' if grown < GROWTH_MIB else 'OVER'} the {GROWTH_MIB} MiB limit); "
+              f"highest sample {above:+.2f}% above the steady RSS "
+              f"({'within' if above <= ABOVE_PCT else 'OVER'} the {ABOVE_PCT}% limit)")
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from zoexec.data.presets import PRESET_NAMES, with_preset
+from zoexec.data.presets import PRESET_NAMES, TASKS, with_preset
 from zoexec.fields import (  # noqa: F401 - FieldError, parse_* and the checks are used through this module too
     BEST_METRICS,
     FieldError,
@@ -69,7 +69,7 @@ class ModelOptions(Section):
         return self.model_path or "random"
 
 
-TaskName = Literal["text", "completion", "classification", "multiple-choice", "generation"]
+TaskName = Literal[TASKS]   # the task types, named once (zoexec.data.presets)
 PresetName = Literal[PRESET_NAMES]
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from zoplan.errors import ZoError
 
+# the task types (--task; a preset names one of them)
+TASKS = ("text", "completion", "classification", "multiple-choice", "generation")
 YES_NO = ("No", "Yes")   # SuperGLUE's boolean labels: 0 False, 1 True
 
 

@@ -61,13 +61,12 @@ from zoexec.data.multichoice import (
     choice_eval_parts,
     choice_examples,
 )
-from zoexec.data.presets import preset
+from zoexec.data.presets import TASKS, preset
 from zoexec.data.records import check_columns, load_records
 from zoexec.data.templates import joiner, template_fields, text_of
 from zoexec.data.text import SyntheticTask, TextData, check_data, load_tokenizer
 from zoplan.errors import ZoError
 
-TASKS = ("text", "completion", "classification", "multiple-choice", "generation")
 TEMPLATED = ("classification", "multiple-choice", "generation")   # tasks with --template
 _TAG_ROWS = 0x5257
 
