@@ -75,6 +75,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "fine-tuning run (0: at the end only)")
     p.add_argument("--speed-rounds", type=int)
     p.add_argument("--speed-steps", type=int, help="steps per speed round (first: warm-up)")
+    p.add_argument("--template", default=TEMPLATE, help=f"the prompt (default {TEMPLATE!r})")
+    p.add_argument("--label-words", default=",".join(LABEL_WORDS),
+                   help="the negative and the positive label word, comma-separated (default "
+                   f"{','.join(LABEL_WORDS)}; words the model does not tie to sentiment, e.g. "
+                   "'cold,warm', give a task whose zero-shot accuracy is near chance)")
     p.add_argument("--json", type=Path, default=CACHE / "results.json")
     p.add_argument("--show", type=Path, help="print the table of a results JSON and exit")
     args = p.parse_args(argv)
@@ -84,6 +89,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
     args.grid = [float(x) for x in str(args.grid).split(",") if x.strip()]
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    args.label_words = [w.strip() for w in args.label_words.split(",")]
+    if len(args.label_words) != 2 or not all(args.label_words):
+        p.error(f"--label-words: give two words, negative first, got {args.label_words}")
     bad = [x for x in args.parts if x not in PARTS]
     if bad or not args.seeds or args.steps < 1 or args.batch < 1 or args.threads < 1:
         p.error(f"--parts {bad} (give some of {PARTS}), --seeds, --steps, --batch and "
@@ -107,14 +115,15 @@ class Bench:
             test_file.write_text("".join(json.dumps(r) + "\n" for r in self.test))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.zoexec = Zoexec(model=self.model_dir, train=data / "train.jsonl", test=test_file,
-                             work=CACHE / "zoexec", template=TEMPLATE, label_words=LABEL_WORDS,
+                             work=CACHE / "zoexec", template=args.template,
+                             label_words=tuple(args.label_words),
                              threads=args.threads)
         self.results = {"date": time.strftime("%Y-%m-%d %H:%M"), "settings": _settings(args),
                         "packages": manifest["packages"], "load_before": os.getloadavg()}
 
     def task(self, demos: list[dict] | None = None) -> PlainTask:
-        return PlainTask(tokenizer=self.tokenizer, template=TEMPLATE, label_words=LABEL_WORDS,
-                         demos=demos or [])
+        return PlainTask(tokenizer=self.tokenizer, template=self.args.template,
+                         label_words=tuple(self.args.label_words), demos=demos or [])
 
     def model(self):
         from transformers import AutoModelForCausalLM
@@ -282,8 +291,9 @@ def table(r: dict) -> list[str]:
     few_head = f"few-shot K={few['k']}" if few else "few-shot (not run)"
     ft_head = (f"fine-tuned ({ft['steps']} steps, lr {ft['lr']:g})" if ft
                else "fine-tuned (not run)")
-    lines = [f"held-out accuracy ({r['settings']['test']} sentences; template {TEMPLATE!r}, "
-             f"words {', '.join(LABEL_WORDS)})",
+    words = r["settings"].get("label_words", LABEL_WORDS)
+    lines = [f"held-out accuracy ({r['settings']['test']} sentences; template "
+             f"{r['settings'].get('template', TEMPLATE)!r}, words {', '.join(words)})",
              f"{'':24}{'zero-shot':>12}  {few_head:<30}{ft_head}"]
     for side, ft in (("plain (MeZO's loss)", pft), ("zoexec", zft)):
         key = "plain" if side.startswith("plain") else "zoexec"

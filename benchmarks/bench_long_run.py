@@ -4,7 +4,8 @@ zoplan.trace.SpanWriter; nothing grows with the steps.)
 
 Runs a tiny random model (tiny-opt; `--layers N` for a deeper copy of it, every block
 offloaded) for `--steps` steps on `--ranks` local CPU ranks (DDP), once without and
-once with --trace, and samples each rank's RSS as the log passes every `--every` steps.
+once with --trace (each in a process of its own), and samples each rank's RSS as the
+log passes every `--every` steps.
 
     .venv/bin/python benchmarks/bench_long_run.py --steps 10000 --ranks 1
     .venv/bin/python benchmarks/bench_long_run.py --steps 3000 --ranks 2 --layers 40
@@ -21,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -125,6 +128,10 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=1000, help="steps between RSS samples")
     parser.add_argument("--only", choices=("trace", "no-trace"), default=None)
     args = parser.parse_args()
+    if args.only is None:   # each in a fresh process: the second run must not find the
+        for only in ("no-trace", "trace"):   # heap the first one grew
+            subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", only], check=True)
+        return
     for trace in (False, True):
         name = "--trace" if trace else "no trace"
         if args.only and args.only != ("trace" if trace else "no-trace"):

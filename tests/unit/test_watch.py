@@ -58,6 +58,18 @@ def test_skipped_steps_do_not_count_and_the_message_says_where():
     assert watch.add(_record(5, 50.0)) is None           # reported once
 
 
+def test_a_long_run_holds_the_windows_only_and_a_late_climb_is_still_reported():
+    """100,000 level steps then a climb: the watch holds the start window and the last
+    W steps (not a number per step), and the message names the right steps."""
+    watch = Divergence(20)
+    for step in range(100_000):
+        assert watch.add(_record(step, 5.0)) is None
+    assert len(watch.start) == 5 and len(watch.recent) == 20
+    what = watch.add(_record(100_000, 150.0))     # (19 x 5 + 150) / 20 = 12.25 > 2 x 5
+    assert what == ("the loss is climbing: 12.25 over steps 99981-100000, from 5 over steps "
+                    "0-4 (more than 2x and 1 above)")
+
+
 def test_best_metric_keeps_the_best_and_reads_it_back(tmp_path):
     best = BestMetric("eval_accuracy", True)
     assert [best.improved({"eval_accuracy": v}) for v in (0.5, 0.4, 0.5, 0.7)] == [True, False, False, True]

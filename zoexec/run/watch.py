@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from pathlib import Path
 
 from zoexec.maths.history import StepRecord
@@ -35,12 +36,14 @@ BEST = "best"    # the run folder's best weights
 
 
 class Divergence:
-    """The climbing-loss rule of the module docstring over the steps it is shown."""
+    """The climbing-loss rule of the module docstring over the steps it is shown. It
+    keeps the start window and the last W steps only: a run of any length holds the
+    same few numbers."""
 
     def __init__(self, window: int) -> None:
         self.window, self.start_steps = window, max(1, window // 4)
-        self.losses: list[float] = []
-        self.steps: list[int] = []
+        self.start: list[tuple[int, float]] = []                 # (step, loss), the first ones
+        self.recent: deque[tuple[int, float]] = deque(maxlen=window)   # the last W
         self.reported = False
 
     def add(self, record: StepRecord) -> str | None:
@@ -48,17 +51,19 @@ class Divergence:
         diverging, else None."""
         if record.skipped or not record.finite:
             return None
-        self.losses.append((record.loss_plus + record.loss_minus) / 2)
-        self.steps.append(record.step)
-        if self.reported or len(self.losses) < self.window:
+        point = (record.step, (record.loss_plus + record.loss_minus) / 2)
+        if len(self.start) < self.start_steps:
+            self.start.append(point)
+        self.recent.append(point)
+        if self.reported or len(self.recent) < self.window:
             return None
-        start = sum(self.losses[:self.start_steps]) / self.start_steps
-        now = sum(self.losses[-self.window:]) / self.window
+        start = sum(loss for _, loss in self.start) / self.start_steps
+        now = sum(loss for _, loss in self.recent) / self.window
         if now > FACTOR * start and now > start + MARGIN:
             self.reported = True
-            return (f"the loss is climbing: {now:.4g} over steps {self.steps[-self.window]}-"
-                    f"{self.steps[-1]}, from {start:.4g} over steps {self.steps[0]}-"
-                    f"{self.steps[self.start_steps - 1]} (more than {FACTOR:g}x and "
+            return (f"the loss is climbing: {now:.4g} over steps {self.recent[0][0]}-"
+                    f"{self.recent[-1][0]}, from {start:.4g} over steps {self.start[0][0]}-"
+                    f"{self.start[-1][0]} (more than {FACTOR:g}x and "
                     f"{MARGIN:g} above)")
         return None
 
