@@ -42,6 +42,7 @@ MIB = 2**20
 # the limits a long run is held to (after warm-up, per rank): total growth, and the
 # highest sample above the steady RSS
 GROWTH_MIB, ABOVE_PCT = 5.0, 5.0
+TAIL = 200   # steps run after the last one sampled
 
 
 def _model(folder: Path, layers: int | None) -> str:
@@ -60,21 +61,25 @@ def _ranks(me: psutil.Process, ranks: int) -> list[psutil.Process]:
                    or "rank" in " ".join(p.cmdline())), key=lambda p: p.pid)[:ranks]
 
 
-def _sampler(log: Path, ranks: int, samples: dict, stop: threading.Event, every: int) -> None:
+def _sampler(log: Path, ranks: int, samples: dict, stop: threading.Event, every: int,
+             limit: int) -> None:
     """RSS of each rank each time the log passes a multiple of `every` steps."""
-    me, seen = psutil.Process(), 0
+    me, seen, done, file = psutil.Process(), 0, 0, None
     while not stop.is_set():
         time.sleep(0.05)
-        try:
-            done = sum(1 for _ in log.open()) if log.exists() else 0
-        except OSError:
-            continue
-        if done // every > seen // every:
+        if file is None:    # the log read as it grows, not whole each time (with one
+            if not log.exists():   # rank, the sampler's allocations are in the process
+                continue           # it measures)
+            file = log.open("rb")
+        done += file.read().count(b"\n")
+        if done // every > seen // every and seen < limit:
             try:
                 samples[done] = [p.memory_info().rss for p in _ranks(me, ranks)]
             except psutil.Error:
                 pass
         seen = done
+    if file is not None:
+        file.close()
 
 
 def run_once(*, steps: int, ranks: int, layers: int | None, trace: bool, every: int) -> dict:
@@ -83,13 +88,15 @@ def run_once(*, steps: int, ranks: int, layers: int | None, trace: bool, every: 
         plan = hand_plan(model=_model(tmp, layers), layout=Layout(ddp=ranks),
                          workload=Workload(batch=2 * ranks, seq=16, param_dtype="fp32",
                                            compute_dtype="fp32"))
-        cfg = RunConfig.make(plan=plan.data, steps=steps, lr=1e-4, quiet=True, threads=1,
+        # TAIL steps more than measured: the last sample (step `steps`) is taken while
+        # the run still trains, not while it writes final/
+        cfg = RunConfig.make(plan=plan.data, steps=steps + TAIL, lr=1e-4, quiet=True, threads=1,
                              out=str(tmp / "run"), save_every="100000",
                              trace=str(tmp / "trace") if trace else None, speed_checks=False)
         samples: dict[int, list[int]] = {}
         stop = threading.Event()
         sampler = threading.Thread(target=_sampler, args=(tmp / "run" / "losses.jsonl", ranks,
-                                                          samples, stop, every), daemon=True)
+                                                          samples, stop, every, steps), daemon=True)
         sampler.start()
         try:
             (run_in_process if ranks == 1 else spawn_local)(cfg)
@@ -109,6 +116,8 @@ def report(name: str, samples: dict, warmup: int) -> None:
         slope = statistics.linear_regression(steps, rss).slope * 1000
         steady = statistics.median(rss)
         grown, above = (rss[-1] - rss[0]) / MIB, 100 * (max(rss) / steady - 1)
+        print(f"{name} rank {rank}: RSS (MiB) by step: "
+              + ", ".join(f"{s}: {r / MIB:.1f}" for s, r in zip(steps, rss)))
         print(f"{name} rank {rank}: RSS {rss[0] / MIB:.1f} MiB at step {steps[0]}, "
               f"{rss[-1] / MIB:.1f} MiB at step {steps[-1]}; growth {slope / MIB:+.3f} MiB per "
               f"1,000 steps; end {100 * (rss[-1] / steady - 1):+.2f}% against the steady "
