@@ -64,9 +64,9 @@ _FLOATS = ("loss_plus", "loss_minus", "g", "lr", "tokens_per_s", "step_time_s")
 
 
 class StepHistory:
-    """The StepRecords of a run, kept as columns of numbers (64 bytes a step instead of
+    """The StepRecords of a run, kept as columns of numbers (72 bytes a step instead of
     a record object's ~350), read back as StepRecords: what a long run holds of its
-    history stays small (10,000 steps: 0.6 MiB). A list's append, len, iteration and
+    history stays small (10,000 steps: 0.7 MiB). A list's append, len, iteration and
     indexing."""
 
     def __init__(self, records=()) -> None:
