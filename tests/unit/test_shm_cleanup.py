@@ -194,10 +194,11 @@ def test_the_profilers_buffers_are_mapped_in_the_folder_the_environment_names(sh
     """`zoplan profile` has no --shm-dir: it maps its host buffers where the runs keep
     their stores, $ZOEXEC_SHM_DIR when set (a machine whose /dev/shm is small)."""
     from zoexec.profiler import cpu as pcpu
+    from zoexec.store import blocks
 
     seen = []
-    real = pcpu.create_store
-    monkeypatch.setattr(pcpu, "create_store", lambda path, **kw: seen.append(path) or real(path, **kw))
+    real = blocks.create_store
+    monkeypatch.setattr(blocks, "create_store", lambda path, **kw: seen.append(path) or real(path, **kw))
     other = shm / "other"
     other.mkdir()
     monkeypatch.setenv("ZOEXEC_SHM_DIR", str(other))

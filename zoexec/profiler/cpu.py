@@ -28,21 +28,14 @@ from zoexec.profiler.ranks import rendezvous, spawn_ranks, write_rank_result
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import Guard, gbps, rank_samples, summarize, time_samples
 from zoexec.runtime.hostenv import keep_freed_memory
-from zoexec.store.blocks import create_store
-from zoexec.store.shmfiles import shm_dir
+from zoexec.store.blocks import unnamed_store
 from zoplan.execrules import threads_per_rank, z_makespan
 
 
 def shm_store(numel: int):
-    """A flat fp32 tensor mapped from a file in the store's folder (shmfiles.shm_dir()), as zoexec.store.blocks maps the block store."""
-    path = shm_dir() / f"zoplan-profile-{os.getpid()}-{time.monotonic_ns()}"
-    try:
-        store = create_store(path, num_blocks=1, block_numel=numel, stride=numel,
-                             dtype=torch.float32)
-    finally:
-        path.unlink(missing_ok=True)
-    store.flat.fill_(1.0)
-    return store.flat
+    """A flat fp32 tensor of ones mapped from a file in the store's folder, as a run's
+    block store is (zoexec.store.blocks.unnamed_store)."""
+    return unnamed_store(numel, torch.float32, prefix="zoplan-profile").fill_(1.0)
 
 
 class RoundRobinStore:

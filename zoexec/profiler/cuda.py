@@ -10,9 +10,7 @@ compute fit and the z model."""
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
 import statistics
 import subprocess
 from collections.abc import Callable
@@ -27,8 +25,7 @@ from zoexec.profiler.ranks import rendezvous, spawn_ranks, write_rank_result
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import gbps, summarize, time_samples
 from zoexec.runtime.pinning import pin_tensor, unpin_host_memory
-from zoexec.store.blocks import create_store
-from zoexec.store.shmfiles import shm_dir
+from zoexec.store.blocks import unnamed_store
 
 COPY_PIECES = 8   # a copy is timed piece by piece (CUDA events): rates while all copies run
 
@@ -40,14 +37,9 @@ def host_buffer(num_bytes: int, host: str) -> tuple[torch.Tensor, bool]:
     "alloc": cudaHostAlloc memory (torch's pin_memory). A mapping that cannot be
     registered falls back to "alloc" (the caller records which it got)."""
     if host == "store":
-        path = shm_dir() / f"zoexec-profile-{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            store = create_store(path, num_blocks=1, block_numel=num_bytes, stride=num_bytes,
-                                 dtype=torch.uint8)
-        finally:
-            path.unlink(missing_ok=True)
-        if pin_tensor(store.flat, who="zoplan profile"):
-            return store.flat, True
+        flat = unnamed_store(num_bytes, torch.uint8, prefix="zoexec-profile")
+        if pin_tensor(flat, who="zoplan profile"):
+            return flat, True
     return _alloc_pinned(num_bytes), False
 
 

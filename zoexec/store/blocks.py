@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from zoexec.runtime.hostmem import filesystem_type
 from zoexec.store.shmfiles import PREFIX as PREFIX
 from zoexec.store.shmfiles import SHM_DIR as SHM_DIR
 from zoexec.store.shmfiles import remove_run_files as remove_run_files
+from zoexec.store.shmfiles import shm_dir
 from zoexec.store.shmfiles import store_path as store_path
 from zoplan.errors import ZoError
 
@@ -77,6 +79,19 @@ class BlockStore:
 
 def _map(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
+
+
+def unnamed_store(numel: int, dtype: torch.dtype, *, prefix: str) -> torch.Tensor:
+    """A flat tensor mapped as a run's store is (create_store), from a file in the
+    store's folder (shmfiles.shm_dir()) whose name is removed at once: the mapping lives
+    as long as the tensor, and no sweep or leftover check ever sees a file. The name is
+    `prefix`-<pid>-<random>."""
+    path = shm_dir() / f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        store = create_store(path, num_blocks=1, block_numel=numel, stride=numel, dtype=dtype)
+    finally:
+        path.unlink(missing_ok=True)
+    return store.flat
 
 
 def create_store(path: Path, *, num_blocks: int, block_numel: int, stride: int,
