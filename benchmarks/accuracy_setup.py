@@ -229,15 +229,21 @@ def prepared(cache: Path = CACHE) -> dict | None:
     return manifest
 
 
+def ready() -> dict:
+    """The manifest of the prepared files (fetched and checked on the first call); a
+    failed set-up exits with one `error:` line."""
+    try:
+        return prepared() or prepare()
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--convert"]:
         convert_gguf(Path(sys.argv[2]), Path(sys.argv[3]))
         return
-    try:
-        manifest = prepared() or prepare()
-    except SetupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    manifest = ready()
     for name, digest in manifest["files"].items():
         print(f"{digest[:16]}  {CACHE / name}")
 

@@ -69,9 +69,7 @@ class Zoexec:
             args += ["--seed", str(seed)] if self.supports("eval", "--seed") else []
         if samples is not None and self.supports("eval", "--eval-samples"):
             args += ["--eval-samples", str(samples)]
-        start = time.perf_counter()
-        done = subprocess.run(_cli("zoexec.cli", *args), capture_output=True, text=True)
-        seconds = time.perf_counter() - start
+        done, seconds = _timed(args)
         if done.returncode != 0:
             return {"note": _last_line(done), "seconds": seconds}
         return {**json.loads(done.stdout.strip().splitlines()[-1]), "seconds": seconds}
@@ -89,9 +87,7 @@ class Zoexec:
             args += ["--eval-data", str(self.test), "--eval-every", str(eval_every)]
             if eval_samples is not None and self.supports("run", "--eval-samples"):
                 args += ["--eval-samples", str(eval_samples)]
-        start = time.perf_counter()
-        done = subprocess.run(_cli("zoexec.cli", *args), capture_output=True, text=True)
-        seconds = time.perf_counter() - start
+        done, seconds = _timed(args)
         if done.returncode != 0:
             return {"note": _last_line(done), "seconds": seconds}
         steps_done = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
@@ -105,6 +101,13 @@ def step_seconds(records: list[dict]) -> float | None:
     """The median measured step of a zoexec run, the first (warm-up) left out."""
     times = [r["step_time_s"] for r in records[1:] if r.get("step_time_s")]
     return statistics.median(times) if times else None
+
+
+def _timed(args: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    """A zoexec command run to its end, and its wall seconds."""
+    start = time.perf_counter()
+    done = subprocess.run(_cli("zoexec.cli", *args), capture_output=True, text=True)
+    return done, time.perf_counter() - start
 
 
 def _last_line(done: subprocess.CompletedProcess) -> str:

@@ -44,7 +44,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # as zoexec's ranks; befor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from accuracy_plain import PlainTask, mezo_train, pick_demos, score  # noqa: E402
-from accuracy_setup import CACHE, DATA_DIR, MODEL_DIR, SetupError, prepare, prepared  # noqa: E402
+from accuracy_setup import CACHE, DATA_DIR, MODEL_DIR, ready  # noqa: E402
 from accuracy_zoexec import Zoexec, step_seconds  # noqa: E402
 
 TEMPLATE, LABEL_WORDS = "Review: {sentence} Sentiment:", ("negative", "positive")
@@ -345,11 +345,7 @@ def main(argv=None) -> None:
     if args.show is not None:
         print("\n".join(table(json.loads(args.show.read_text()))))
         return
-    try:
-        manifest = prepared() or prepare()
-    except SetupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    manifest = ready()
     torch.set_num_threads(args.threads)
     bench = Bench(args, manifest)
     steps = {"zero": part_zero, "few": part_few, "grid": part_grid, "plain": part_plain,

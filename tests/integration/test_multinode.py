@@ -67,6 +67,17 @@ def _node(plan: Path, out: Path, node: int, port: int) -> subprocess.Popen:
                             text=True, env=env, start_new_session=True)
 
 
+def _outputs(nodes: list[subprocess.Popen], *, timeout: float) -> list[str]:
+    """Each node's output once it ends; a node still running after that is killed
+    with its ranks."""
+    try:
+        return [proc.communicate(timeout=timeout)[0] for proc in nodes]
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+
+
 def test_two_torchrun_nodes_give_the_one_rank_losses_and_weights(tmp_path):
     plan = tmp_path / "plan.json"
     hand_plan(model=MODEL, layout=LAYOUT, workload=WORKLOAD, resident=RESIDENT).save(plan)
@@ -74,12 +85,7 @@ def test_two_torchrun_nodes_give_the_one_rank_losses_and_weights(tmp_path):
     before = {p.name for p in Path(SHM_DIR).glob("zoexec-*")}
     port = free_port()
     nodes = [_node(plan, out, node, port) for node in (0, 1)]
-    try:
-        outputs = [proc.communicate(timeout=120)[0] for proc in nodes]
-    finally:
-        for proc in nodes:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
+    outputs = _outputs(nodes, timeout=120)
     for node, (proc, text) in enumerate(zip(nodes, outputs, strict=True)):
         assert proc.returncode == 0, f"node {node}: {text[-3000:]}"
     losses, weights = _one_rank(tmp_path)
@@ -115,12 +121,7 @@ def test_two_nodes_whose_stores_diverge_stop_with_one_line_naming_the_node(tmp_p
          "--check-nodes-every", "1", *ARGS[2:]],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         start_new_session=True) for node in (0, 1)]
-    try:
-        outputs = [proc.communicate(timeout=180)[0] for proc in nodes]
-    finally:
-        for proc in nodes:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
+    outputs = _outputs(nodes, timeout=180)
     for node, (proc, text) in enumerate(zip(nodes, outputs, strict=True)):
         errors = [line for line in text.splitlines() if line.startswith("error:")]
         assert proc.returncode != 0 and len(errors) == 1, f"node {node}: {text[-3000:]}"
