@@ -24,6 +24,7 @@ from zoexec.config import (
     env_defaults,
     option_error,
 )
+from zoexec.data.presets import with_preset
 from zoexec.flags import given, section_params, with_params
 from zoexec.runtime.hostenv import quiet_openmp
 from zoplan.errors import EXIT_USER_ERROR, ZoError, exit_with_error, need_exec_extra
@@ -121,7 +122,7 @@ def lengths_cmd(data: Path, output: Path, **values) -> None:
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec lengths")))
     try:
-        options = given(values)
+        options = with_preset(given(values))
         model_dir = options.pop("model_path", None)
         if model_dir is None:
             raise ZoError("zoexec lengths needs --model-path DIR (the tokenizer to count with)")

@@ -180,3 +180,39 @@ def test_zoexec_lengths_refuses_with_one_line(tmp_path, model_dir):
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("error:") and match in lines[0], result.output
         assert not out.exists()
+
+
+def test_zoexec_lengths_applies_the_task_preset(tmp_path, model_dir):
+    """`--task-preset sst2` sets the task, template and label words, as in `zoexec run`:
+    the lengths are those of the preset's classification rows."""
+    from zoexec.data.presets import with_preset
+    from zoexec.data.tasks import TaskSpec
+
+    out = tmp_path / "lengths.json"
+    result = _zoexec(str(SENTIMENT), "--model-path", str(model_dir), "--task-preset", "sst2",
+                     "-o", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["task"] == TaskSpec(**with_preset({"task_preset": "sst2"})).to_dict()
+    assert doc["task"]["name"] == "classification" and doc["rows_per_example"] == 1
+
+
+def test_zoexec_lengths_of_multiple_choice_counts_a_row_per_candidate(tmp_path, model_dir):
+    """A multiple-choice example packs a row per candidate, each its prompt and that
+    candidate: the width is the longest candidate's, and the rows the most candidates
+    any example has (a batch pads each example to its most)."""
+    data = tmp_path / "mc.jsonl"
+    rows = [{"premise": "the acting was", "a": "brilliant", "b": "really charming", "label": 0},
+            {"premise": "the acting", "a": "was", "b": "was brilliant", "label": 1}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "lengths.json"
+    result = _zoexec(str(data), "--model-path", str(model_dir), "--task", "multiple-choice",
+                     "--template", "{premise}", "--choices", "{a}|{b}", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    # word-level tokenizer: a BOS (if any) + prompt words + the longer candidate's words
+    from transformers import AutoTokenizer
+
+    bos = len(AutoTokenizer.from_pretrained(model_dir)("x")["input_ids"]) - 1
+    assert doc["rows_per_example"] == 2
+    assert [w for w, n in doc["histogram"] for _ in range(n)] == [bos + 2 + 2, bos + 3 + 2]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from zoexec.data.batch import pack_examples
 from zoexec.data.choices import ChoiceRows, classification_batch
+from zoexec.data.multichoice import MultipleChoiceRows, choice_batch
 from zoexec.data.tasks import TaskSpec, make_task_source
 from zoexec.data.text import TOKENIZER_FILES
 from zoplan.errors import ZoError
@@ -19,19 +20,24 @@ from zoplan.workload import MAX_SEQ
 
 def example_rows(source) -> tuple[list[int], int]:
     """(each example's width: the tokens of its batch when packed alone, uncut; the
-    rows one example adds to a batch) of a completion or classification source."""
-    widths, per = [], set()
+    rows one example adds to a batch) of a completion, classification, multiple-choice
+    or generation source. A multiple-choice batch pads each example to the most
+    candidates of the batch: the file's most is what is priced (exact where every
+    example has as many, as COPA; an upper bound where they vary, as ReCoRD)."""
+    widths, rows = [], []
     for number, ex in enumerate(source.examples, start=1):
         where = f"{source.path} row {number}"
         if isinstance(source, ChoiceRows):
             batch = classification_batch([ex], loss=source.loss, seq=MAX_SEQ, pad=source.pad,
                                          where=where)
+        elif isinstance(source, MultipleChoiceRows):
+            batch = choice_batch([ex], score=source.score, seq=MAX_SEQ, pad=source.pad,
+                                 where=where)
         else:
             batch = pack_examples([ex], seq=MAX_SEQ, pad=source.pad, where=where)
         widths.append(int(batch.ids.shape[1]))
-        per.add(int(batch.rows))
-    assert len(per) == 1, f"one number of rows per example, got {sorted(per)}"
-    return widths, per.pop()
+        rows.append(int(batch.rows))
+    return widths, max(rows)
 
 
 def measure_lengths(data: Path, spec: TaskSpec, *, model_dir: Path, output: Path) -> dict:
