@@ -28,7 +28,7 @@ from zoexec.run.verify import fingerprints
 from zoexec.run.watch import BestMetric
 from zoplan.errors import ZoError
 from zoplan.execrules import default_steps
-from zoplan.io import sha256_json
+from zoplan.io import sha256_json, sha256_path
 from zoplan.plan import Plan
 
 REPORTS = {"text": ("eval_loss",), "completion": ("eval_loss",),   # each task's metrics
@@ -62,8 +62,9 @@ def build_config(*, plan: Path | str, **values) -> RunConfig:
         _claim(given.get("out"), given.get("overwrite", False))
         if "steps" not in given and "trace" in given:
             given["steps"] = default_steps(loaded.step_time_s, traced=True)
-        return RunConfig.make(plan=loaded.data, plan_path=str(plan), **given,
-                              inputs=_fingerprints(given) if "out" in given else None)
+        inputs = _fingerprints(given) if "out" in given else None
+        return RunConfig.make(plan=loaded.data, plan_path=str(plan), **given, inputs=inputs,
+                              notes=_lengths_note(loaded, given, inputs))
     except FieldError as exc:
         raise ZoError(option_error(exc)) from None
     except ValueError as exc:
@@ -79,6 +80,21 @@ def _fingerprints(given: dict) -> dict | None:
                             model=given.get("model_path") or "random")
     except OSError:
         return None
+
+
+def _lengths_note(plan: Plan, given: dict, inputs: dict | None) -> tuple[str, ...]:
+    """A line when the plan's step was priced from row lengths measured on other data
+    than the run's (`zoplan optimize --lengths`): its prediction is then not this run's."""
+    lengths = plan.workload.lengths
+    data = given.get("data", "synthetic")
+    if lengths is None or data == "synthetic" or not Path(data).exists():
+        return ()
+    have = inputs["data"]["sha256"] if inputs and inputs.get("data") else sha256_path(data)
+    if have == lengths.data_sha256:
+        return ()
+    return (f"note: the plan prices rows measured on other data than {data} (lengths "
+            f"sha256 {lengths.data_sha256[:12]}..., this file {have[:12]}...): its predicted "
+            f"step is not this run's; measure this data with `zoexec lengths` and plan again",)
 
 
 def _check_together(given: dict) -> None:

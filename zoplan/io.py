@@ -81,6 +81,29 @@ def sha256_json(data: Any) -> str:
     return sha256_text(json.dumps(data, sort_keys=True, separators=(",", ":")))
 
 
+def sha256_file(path: Path | str) -> str:
+    """sha256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_path(path: Path | str) -> str:
+    """sha256 of a data file, or of a folder (a save_to_disk data set): each file's
+    relative name and sha256, in name order. The one content hash of data, in run.json's
+    inputs and in a lengths file alike."""
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    digest = hashlib.sha256()
+    for item in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(str(item.relative_to(path)).encode() + b"\0")
+        digest.update(bytes.fromhex(sha256_file(item)))
+    return digest.hexdigest()
+
+
 class NotFinite(ValueError):
     """NaN, Infinity or -Infinity in a JSON text (Python's json module accepts them,
     strict JSON does not)."""

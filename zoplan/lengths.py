@@ -24,12 +24,11 @@ With F(w) the fraction of examples of width <= w,
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from zoplan.errors import ZoError
-from zoplan.io import atomic_write_text, dumps_canonical, load_json, sha256_text
+from zoplan.io import atomic_write_text, dumps_canonical, load_json, sha256_path, sha256_text
 
 SCHEMA_VERSION = 1
 _KEYS = ("schema_version", "data", "data_sha256", "task", "tokenizer", "rows_per_example",
@@ -48,21 +47,6 @@ def expected_width(histogram, *, batch: int, cap: int) -> float:
         mean += width * ((upto / total) ** batch - (below / total) ** batch)
         below = upto
     return mean
-
-
-def sha256_path(path: Path | str) -> str:
-    """sha256 of a file's bytes, or of a folder's files (relative names and contents, in
-    name order)."""
-    path = Path(path)
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for file in files:
-        if file is not path:
-            digest.update(str(file.relative_to(path)).encode() + b"\0")
-        with open(file, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True, kw_only=True)

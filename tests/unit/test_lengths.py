@@ -152,7 +152,8 @@ def test_zoexec_lengths_measures_the_rows_a_batch_packs(tmp_path, model_dir):
     """Each single-token-candidate example is one row: its prompt's tokens and the label
     word's, as the task's own batch of that example packs them."""
     from zoexec.data.tasks import TaskSpec, make_task_source
-    from zoplan.lengths import load_lengths, sha256_path
+    from zoplan.io import sha256_path
+    from zoplan.lengths import load_lengths
 
     out = tmp_path / "lengths.json"
     result = _zoexec(str(SENTIMENT), "--model-path", str(model_dir), *TASK, "-o", str(out))
@@ -216,3 +217,20 @@ def test_zoexec_lengths_of_multiple_choice_counts_a_row_per_candidate(tmp_path, 
     bos = len(AutoTokenizer.from_pretrained(model_dir)("x")["input_ids"]) - 1
     assert doc["rows_per_example"] == 2
     assert [w for w, n in doc["histogram"] for _ in range(n)] == [bos + 2 + 2, bos + 3 + 2]
+
+
+def test_a_run_on_other_data_than_the_plans_lengths_says_so(tmp_path):
+    """The plan priced rows measured on train.jsonl: a run on that file gives no note, a
+    run on another file one line naming it (the prediction is not that run's)."""
+    from zoexec.options import build_config
+
+    plan = tmp_path / "plan.json"
+    _plan(tmp_path, "--lengths", str(_lengths_file(tmp_path, [4, 8])))
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"sentence": "c d e", "label": 1}\n')
+    task = dict(name="classification", template="{sentence} It was", label_words="a,b")
+    same = build_config(plan=plan, data=str(tmp_path / "train.jsonl"), steps=1, **task)
+    assert not [n for n in same.notes if "other data" in n]
+    moved = build_config(plan=plan, data=str(other), steps=1, **task)
+    [line] = [n for n in moved.notes if "other data" in n]
+    assert str(other) in line and "zoexec lengths" in line

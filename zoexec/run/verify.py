@@ -17,26 +17,16 @@ import struct
 from pathlib import Path
 
 from zoplan.errors import ZoError
-from zoplan.io import sha256_json
+from zoplan.io import sha256_file, sha256_json, sha256_path
 
 STATE = "state.json"
-CHUNK_BYTES = 1 << 22
 
 
 # ---- checksums of saved weights --------------------------------------------------------------
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, read in chunks."""
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def folder_checksums(folder: Path) -> dict[str, str]:
     """{file name: sha256} of every file of a saved weights folder but state.json."""
     folder = Path(folder)
-    return {p.name: file_sha256(p) for p in sorted(folder.iterdir())
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir())
             if p.is_file() and p.name != STATE}
 
 
@@ -55,7 +45,7 @@ def check_saved(folder: Path) -> str | None:
         path = folder / name
         if not path.is_file():
             return f"{path} is missing"
-        have = file_sha256(path)
+        have = sha256_file(path)
         if have != want:
             return f"{path} changed (sha256 {have[:12]}, saved as {want[:12]})"
     extra = sorted(p.name for p in folder.glob("*.safetensors") if p.name not in recorded)
@@ -65,19 +55,6 @@ def check_saved(folder: Path) -> str | None:
 
 
 # ---- the run's inputs ------------------------------------------------------------------------
-def data_fingerprint(path: str | Path) -> str:
-    """sha256 of a data file, or of a save_to_disk folder (each file's relative name
-    and bytes, in name order)."""
-    path = Path(path)
-    if path.is_file():
-        return file_sha256(path)
-    digest = hashlib.sha256()
-    for item in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(str(item.relative_to(path)).encode() + b"\0")
-        digest.update(bytes.fromhex(file_sha256(item)))
-    return digest.hexdigest()
-
-
 SAMPLES, SAMPLE_BYTES = 16, 1 << 16   # windows of each shard's bytes in its fingerprint
 
 
@@ -124,7 +101,7 @@ def fingerprints(*, data: str, model: str) -> dict:
     """run.json's "inputs": each input's absolute path and fingerprint (None: built in)."""
     out = {"data": None, "model": None}
     if data != "synthetic":
-        out["data"] = {"path": str(Path(data).resolve()), "sha256": data_fingerprint(data)}
+        out["data"] = {"path": str(Path(data).resolve()), "sha256": sha256_path(data)}
     if model != "random":
         out["model"] = {"path": str(Path(model).resolve()), "fingerprint": model_fingerprint(model)}
     return out
@@ -139,7 +116,7 @@ def input_change(kind: str, recorded: dict | None, path: str | None) -> str | No
     if not where.exists():
         return f"{kind} {where} does not exist"
     if kind == "data":
-        have, want, what = data_fingerprint(where), recorded["sha256"], "sha256"
+        have, want, what = sha256_path(where), recorded["sha256"], "sha256"
     else:
         have, want, what = model_fingerprint(where), recorded["fingerprint"], "fingerprint"
     if have != want:
