@@ -134,7 +134,8 @@ def lengths_cmd(data: Path, output: Path, **values) -> None:
         exit_with_error(str(exc), EXIT_USER_ERROR)
     widths = [w for w, _ in doc["histogram"]]
     print(f"zoexec: wrote {output}: {doc['count']} examples, {doc['rows_per_example']} "
-          f"row(s) each, {widths[0]}..{widths[-1]} tokens")
+          f"row(s) each, {widths[0]}..{widths[-1]} tokens, the head at "
+          f"{doc['head_positions']:.3g} position(s) per example")
 
 
 LENGTHS_PARAMS = [

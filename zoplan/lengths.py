@@ -3,7 +3,7 @@ its task's own code) and `zoplan optimize --lengths` (which prices the padded ba
 run of that data will see).
 
 A lengths file (JSON, written atomically) holds:
-  schema_version     1
+  schema_version     2
   data, data_sha256  the data file (or save_to_disk folder) measured, and its sha256
   task               the task's options as run.json records them (zoexec TaskSpec.to_dict)
   tokenizer          the folder whose tokenizer made the tokens
@@ -12,6 +12,10 @@ A lengths file (JSON, written atomically) holds:
   histogram          [[width, examples], ...] sorted by width: the tokens of an example's
                      longest row (prompt + target), before any cut to a plan's seq
   count              examples (the histogram's counts summed)
+  head_positions     the positions per example whose final norm and LM head a run
+                     computes (those that predict a label: zoexec.model.heads), the mean
+                     over the examples: 1 for single-token label words with MeZO's
+                     candidate loss, a completion's tokens + EOS, each candidate's tokens
 
 The padded width of a batch is the longest row of its `batch` examples, at most `seq`
 (zoexec.data.batch.pack_examples pads to it). The sampling model: the batch's examples
@@ -20,6 +24,8 @@ visits them in a shuffled order each epoch, so within an epoch it draws without
 replacement; the two agree when the file holds many more examples than a batch).
 With F(w) the fraction of examples of width <= w,
     E[width] = sum over widths w of w x (F(w)^batch - F(w-)^batch).
+The head acts on the labelled positions only, summed over the batch's examples: a
+batch's head tokens are batch x head_positions (Workload.head_share).
 """
 
 from __future__ import annotations
@@ -30,9 +36,9 @@ from pathlib import Path
 from zoplan.errors import ZoError
 from zoplan.io import atomic_write_text, dumps_canonical, load_json, sha256_path, sha256_text
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: head_positions
 _KEYS = ("schema_version", "data", "data_sha256", "task", "tokenizer", "rows_per_example",
-         "histogram", "count")
+         "histogram", "count", "head_positions")
 
 
 def expected_width(histogram, *, batch: int, cap: int) -> float:
@@ -58,6 +64,8 @@ class RowLengths:
     data_sha256: str
     rows_per_example: int = 1
     histogram: tuple[tuple[int, int], ...] = ()
+    head_positions: float | None = None   # None: a plan made before it was measured
+
 
     def __post_init__(self) -> None:
         for name in ("sha256", "data_sha256"):
@@ -77,15 +85,23 @@ class RowLengths:
         widths = [w for w, _ in self.histogram]
         if widths != sorted(set(widths)):
             raise ValueError(f"histogram widths must be distinct and sorted, got {widths}")
+        h = self.head_positions
+        if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float))
+                              or not 0 < h <= self.rows_per_example * widths[-1]):
+            raise ValueError(f"head_positions must be a number in (0, rows_per_example x "
+                             f"the widest row], got {h!r}")
 
     @property
     def count(self) -> int:
         return sum(n for _, n in self.histogram)
 
     def to_dict(self) -> dict:
-        return {"sha256": self.sha256, "data_sha256": self.data_sha256,
-                "rows_per_example": self.rows_per_example,
-                "histogram": [list(pair) for pair in self.histogram]}
+        out = {"sha256": self.sha256, "data_sha256": self.data_sha256,
+               "rows_per_example": self.rows_per_example,
+               "histogram": [list(pair) for pair in self.histogram]}
+        if self.head_positions is not None:
+            out["head_positions"] = self.head_positions
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> RowLengths:
@@ -112,14 +128,16 @@ def histogram_of(widths: list[int]) -> tuple[tuple[int, int], ...]:
 
 
 def lengths_document(*, data: str, task: dict, tokenizer: str, rows_per_example: int,
-                     widths: list[int]) -> dict:
-    """The lengths file's content for these measured example widths."""
+                     widths: list[int], head_positions: float) -> dict:
+    """The lengths file's content for these measured example widths and the mean
+    head positions per example."""
     hist = histogram_of(widths)
     RowLengths(sha256="0" * 64, data_sha256="0" * 64, rows_per_example=rows_per_example,
-               histogram=hist)   # the same checks as reading it back
+               histogram=hist, head_positions=head_positions)   # the checks of reading it
     return {"schema_version": SCHEMA_VERSION, "data": data, "data_sha256": sha256_path(data),
             "task": task, "tokenizer": tokenizer, "rows_per_example": rows_per_example,
-            "histogram": [list(pair) for pair in hist], "count": len(widths)}
+            "histogram": [list(pair) for pair in hist], "count": len(widths),
+            "head_positions": head_positions}
 
 
 def write_lengths(path: Path | str, document: dict) -> None:
@@ -139,11 +157,12 @@ def load_lengths(path: Path | str) -> RowLengths:
                       f"`zoexec lengths`)")
     if doc["schema_version"] != SCHEMA_VERSION:
         raise ZoError(f"lengths file {path}: schema_version {doc['schema_version']!r}, this "
-                      f"zoplan reads {SCHEMA_VERSION}")
+                      f"zoplan reads {SCHEMA_VERSION}: measure it again with `zoexec lengths`")
     try:
         lengths = RowLengths.from_dict({
             "sha256": sha256_text(text), "data_sha256": doc["data_sha256"],
-            "rows_per_example": doc["rows_per_example"], "histogram": doc["histogram"]})
+            "rows_per_example": doc["rows_per_example"], "histogram": doc["histogram"],
+            "head_positions": doc["head_positions"]})
     except (TypeError, ValueError) as exc:
         raise ZoError(f"lengths file {path}: {exc}") from None
     if doc["count"] != lengths.count:

@@ -153,6 +153,15 @@ class Workload:
     def rows_per_example(self) -> int:
         return 1 if self.lengths is None else self.lengths.rows_per_example
 
+    @property
+    def head_share(self) -> float:
+        """The share of the priced tokens whose final norm and LM head a run computes:
+        the labelled positions (zoplan.lengths' head_positions) over the priced row
+        tokens of an example; 1 without row lengths (packed text: nearly every position)."""
+        if self.lengths is None or self.lengths.head_positions is None:
+            return 1.0
+        return min(1.0, self.lengths.head_positions / (self.rows_per_example * self.priced_seq))
+
     def priced_tokens(self, ddp: int) -> int | float:
         """Tokens one DDP rank's forward is priced at (padding included)."""
         return self.batch // ddp * self.rows_per_example * self.priced_seq

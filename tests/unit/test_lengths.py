@@ -34,12 +34,16 @@ def test_expected_width_by_hand():
     assert expected_width([(2, 2), (5, 1)], batch=3, cap=64) == pytest.approx(111 / 27)
 
 
-def _lengths_file(tmp_path, widths, *, rows_per_example=1, name="lengths.json"):
+def _lengths_file(tmp_path, widths, *, rows_per_example=1, name="lengths.json",
+                  head_positions=None):
+    """A lengths file of `widths`; the head by default at every position of the widest
+    row (priced as before head_positions was measured)."""
     data = tmp_path / "train.jsonl"
     if not data.exists():
         data.write_text('{"sentence": "a b", "label": 0}\n')
     doc = lengths_document(data=str(data), task={"name": "classification"}, tokenizer="tok",
-                           rows_per_example=rows_per_example, widths=widths)
+                           rows_per_example=rows_per_example, widths=widths,
+                           head_positions=head_positions or rows_per_example * max(widths))
     write_lengths(tmp_path / name, doc)
     return tmp_path / name
 
@@ -81,11 +85,39 @@ def test_rows_of_one_width_price_as_that_seq(tmp_path):
     assert same.data["predicted"]["gpu_mem_bytes"] > at16.data["predicted"]["gpu_mem_bytes"]
 
 
+def test_the_head_is_priced_at_the_labelled_positions_only():
+    """Rows 16 wide whose head acts at 4 positions each: the head task costs what it
+    costs for rows of 4 tokens without lengths (the same tokens through the head), while
+    the block forward stays priced at 16."""
+    from zoplan.hardware import HardwareProfile
+    from zoplan.io import load_json
+    from zoplan.models import get_model
+    from zoplan.sim.taskwork import task_times
+
+    hw = HardwareProfile.from_dict(load_json(CPU4))
+    model = get_model("tiny-opt")
+
+    def times(workload):
+        return task_times(model=model, profile=hw, workload=workload, streams=2,
+                          tokens=workload.priced_tokens(1), local_ranks=1)
+
+    lengths = RowLengths(sha256="0" * 64, data_sha256="0" * 64, histogram=((16, 3),),
+                         head_positions=4)
+    at4 = times(Workload(batch=8, seq=4))
+    wide = times(Workload(batch=8, seq=64, lengths=lengths))
+    everywhere = times(Workload(batch=8, seq=16))
+    assert wide["head_s"] == pytest.approx(at4["head_s"], rel=1e-12)
+    assert wide["forward_s"] == pytest.approx(everywhere["forward_s"], rel=1e-12)
+    assert wide["head_s"] < everywhere["head_s"]
+    assert Workload(batch=8, seq=64, lengths=lengths).head_share == 4 / 16
+
+
 def test_the_plan_keeps_the_lengths_and_reads_them_back(tmp_path):
     path = _lengths_file(tmp_path, [6, 8, 8, 12], rows_per_example=2)
     plan = _plan(tmp_path, "--lengths", str(path))
     lengths = plan.workload.lengths
     assert lengths.histogram == ((6, 1), (8, 2), (12, 1)) and lengths.rows_per_example == 2
+    assert lengths.head_positions == 24
     doc = json.loads(path.read_text())
     assert lengths.data_sha256 == doc["data_sha256"]
     assert Workload.from_dict(plan.workload.to_dict()) == plan.workload
@@ -166,6 +198,7 @@ def test_zoexec_lengths_measures_the_rows_a_batch_packs(tmp_path, model_dir):
     assert doc["count"] == len(widths) == sum(n for _, n in doc["histogram"])
     assert [w for w, n in doc["histogram"] for _ in range(n)] == widths
     assert doc["rows_per_example"] == 1 and doc["task"] == spec.to_dict()
+    assert doc["head_positions"] == 1   # the answer position: single-token label words
     assert doc["data_sha256"] == sha256_path(SENTIMENT)
     assert load_lengths(out).count == len(widths)
 
@@ -216,6 +249,7 @@ def test_zoexec_lengths_of_multiple_choice_counts_a_row_per_candidate(tmp_path, 
 
     bos = len(AutoTokenizer.from_pretrained(model_dir)("x")["input_ids"]) - 1
     assert doc["rows_per_example"] == 2
+    assert doc["head_positions"] == (1 + 2 + 1 + 2) / 2   # each candidate's tokens
     assert [w for w, n in doc["histogram"] for _ in range(n)] == [bos + 2 + 2, bos + 3 + 2]
 
 

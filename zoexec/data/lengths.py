@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zoexec.data.batch import pack_examples
+from zoexec.data.batch import IGNORE, pack_examples
 from zoexec.data.choices import ChoiceRows, classification_batch
 from zoexec.data.multichoice import MultipleChoiceRows, choice_batch
 from zoexec.data.tasks import TaskSpec, make_task_source
@@ -18,13 +18,14 @@ from zoplan.models import get_model
 from zoplan.workload import MAX_SEQ
 
 
-def example_rows(source) -> tuple[list[int], int]:
+def example_rows(source) -> tuple[list[int], int, float]:
     """(each example's width: the tokens of its batch when packed alone, uncut; the
-    rows one example adds to a batch) of a completion, classification, multiple-choice
-    or generation source. A multiple-choice batch pads each example to the most
+    rows one example adds to a batch; the mean positions per example whose head a run
+    computes: those that predict a label, zoexec.model.heads.gathered_logits) of a
+    completion, classification, multiple-choice or generation source. A multiple-choice batch pads each example to the most
     candidates of the batch: the file's most is what is priced (exact where every
     example has as many, as COPA; an upper bound where they vary, as ReCoRD)."""
-    widths, rows = [], []
+    widths, rows, labelled = [], [], 0
     for number, ex in enumerate(source.examples, start=1):
         where = f"{source.path} row {number}"
         if isinstance(source, ChoiceRows):
@@ -37,7 +38,8 @@ def example_rows(source) -> tuple[list[int], int]:
             batch = pack_examples([ex], seq=MAX_SEQ, pad=source.pad, where=where)
         widths.append(int(batch.ids.shape[1]))
         rows.append(int(batch.rows))
-    return widths, max(rows)
+        labelled += int((batch.labels[:, 1:] != IGNORE).sum())   # position i predicts i + 1
+    return widths, max(rows), labelled / len(widths)
 
 
 def measure_lengths(data: Path, spec: TaskSpec, *, model_dir: Path, output: Path) -> dict:
@@ -54,9 +56,9 @@ def measure_lengths(data: Path, spec: TaskSpec, *, model_dir: Path, output: Path
     source = make_task_source(data, spec, vocab=vocab, tokenizer_dir=str(model_dir))
     if not source.examples:
         raise ZoError(f"data file {data} holds no examples")
-    widths, per = example_rows(source)
+    widths, per, head = example_rows(source)
     doc = lengths_document(data=str(data), task=spec.to_dict(), tokenizer=str(model_dir),
-                           rows_per_example=per, widths=widths)
+                           rows_per_example=per, widths=widths, head_positions=head)
     write_lengths(output, doc)
     return doc
 

@@ -137,10 +137,11 @@ def forward_terms(*, model: ModelSpec, profile: HardwareProfile, workload: Workl
                                weight_bytes=rows if per_call else streams * rows,
                                tokens=tokens, local_ranks=local_ranks,
                                overhead_share=EMBED_OPS if per_call else 1.0, **gpu)
-    head_fwd = hw.forward_time_s(flops=tokens * model.head_flops_per_token(),
-                                 elems=tokens * model.head_elems_per_token(),
+    labelled = tokens * workload.head_share   # the head acts where a label is predicted
+    head_fwd = hw.forward_time_s(flops=labelled * model.head_flops_per_token(),
+                                 elems=labelled * model.head_elems_per_token(),
                                  weight_bytes=model.vocab * model.hidden * cbytes,
-                                 tokens=tokens, local_ranks=local_ranks,
+                                 tokens=labelled, local_ranks=local_ranks,
                                  overhead_share=HEAD_OPS if per_call else 1.0, **gpu)
     return fwd, (streams * lookup if per_call else lookup), head_fwd
 
