@@ -66,7 +66,6 @@ class RowLengths:
     histogram: tuple[tuple[int, int], ...] = ()
     head_positions: float | None = None   # None: a plan made before it was measured
 
-
     def __post_init__(self) -> None:
         for name in ("sha256", "data_sha256"):
             value = getattr(self, name)

@@ -22,9 +22,10 @@ def example_rows(source) -> tuple[list[int], int, float]:
     """(each example's width: the tokens of its batch when packed alone, uncut; the
     rows one example adds to a batch; the mean positions per example whose head a run
     computes: those that predict a label, zoexec.model.heads.gathered_logits) of a
-    completion, classification, multiple-choice or generation source. A multiple-choice batch pads each example to the most
-    candidates of the batch: the file's most is what is priced (exact where every
-    example has as many, as COPA; an upper bound where they vary, as ReCoRD)."""
+    completion, classification, multiple-choice or generation source. A
+    multiple-choice batch pads each example to the most candidates of the batch: the
+    file's most is what is priced (exact where every example has as many, as COPA; an
+    upper bound where they vary, as ReCoRD)."""
     widths, rows, labelled = [], [], 0
     for number, ex in enumerate(source.examples, start=1):
         where = f"{source.path} row {number}"
