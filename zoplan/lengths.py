@@ -57,8 +57,9 @@ def expected_width(histogram, *, batch: int, cap: int) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class RowLengths:
-    """What a plan keeps of a lengths file: its sha256, the data's, the rows per example
-    and the histogram (the priced width is derived from it: Workload.priced_seq)."""
+    """What a plan keeps of a lengths file: its sha256, the data's, the rows per example,
+    the histogram (the priced width is derived from it: Workload.priced_seq) and the
+    head positions per example (Workload.head_share)."""
 
     sha256: str
     data_sha256: str
