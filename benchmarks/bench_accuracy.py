@@ -225,11 +225,18 @@ def part_plain(b: Bench) -> None:
         b.save()
 
 
+def _run_name(args: argparse.Namespace, seed: int) -> str:
+    """A fine-tuning run's folder: its label words, lr and seed (runs of other settings
+    keep their own folders)."""
+    words = "-".join("".join(c for c in w if c.isalnum()) or "w" for w in args.label_words)
+    return f"ft-{words}-lr{args.lr:g}-seed{seed}"
+
+
 def part_zoexec(b: Bench) -> None:
     out = b.results["zoexec_fine_tuned"] = {"steps": b.args.steps, "lr": b.args.lr, "seeds": {}}
     plan = b.zoexec.plan(batch=b.args.batch, seq=b.seq())
     for seed in b.args.seeds:
-        run = b.zoexec.train_run(f"ft-seed{seed}", plan=plan, seed=seed, steps=b.args.steps,
+        run = b.zoexec.train_run(_run_name(b.args, seed), plan=plan, seed=seed, steps=b.args.steps,
                                  lr=b.args.lr, eps=b.args.eps, eval_every=b.args.eval_every or None)
         if "note" in run:
             out["seeds"][seed] = run
