@@ -2,7 +2,8 @@
 bookkeeping a rank needs besides (the plan, where a resume starts).
 
 RunConfig is frozen and picklable (the launcher sends it to the ranks). Its options sit
-in sections (model, task, optim, checkpoint, logging, runtime), each a keyword-only
+in sections (model, task, optim, checkpoint, logging, runtime, tuning, zo: the
+estimator), each a keyword-only
 dataclass whose fields are declared with `option(...)` (zoexec.fields): the field's name, type and
 default, the option's help, other names (HF Trainer's spellings), the check and, for
 settings with an environment default, the variable's name. zoexec.flags makes the
@@ -14,6 +15,7 @@ command line names the option instead. Torch-free (`zoexec --help` imports it).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -373,6 +375,54 @@ class TuningOptions(Section):
                                  f"--tuning decides it)")
 
 
+def _share(v: float) -> str | None:
+    return None if math.isfinite(v) and 0 < v <= 1 else "a number in (0, 1]"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimatorOptions(Section):
+    """The zeroth-order estimator: the plan decides (zoplan optimize --estimator); given
+    here, each must agree with the plan (docs/estimators.md)."""
+
+    PANEL: ClassVar[str] = "Estimator (the plan's; given, they must match it)"
+
+    estimator: Literal["mezo", "lowrank", "sparse"] | None = option(
+        None, "mezo (z over every weight), lowrank (U V^T per matrix, V kept for "
+        "--lowrank-every steps) or sparse (the smallest-magnitude --sparse-share of each "
+        "tensor)", shown="the plan's")
+    lowrank_rank: int | None = option(None, "lowrank: the rank r of U V^T", shown="the plan's",
+                                      check=at_least(1))
+    lowrank_every: int | None = option(None, "lowrank: steps V is kept before it is redrawn",
+                                       shown="the plan's", check=at_least(1))
+    sparse_share: float | None = option(
+        None, "sparse: the share of each tensor perturbed and updated (its smallest "
+        "magnitudes)", shown="the plan's", check=_share)
+    directions: int | None = option(
+        None, "Directions a step, each on its equal part of the global batch (each DDP "
+        "group its own where the layout has them)", shown="the plan's", check=at_least(1))
+
+    @property
+    def given(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in option_fields(type(self)))
+
+    def check_plan(self, workload: Workload) -> None:
+        """FieldError for a given option that is not the plan's."""
+        planned = workload.estimator_spec
+        for f in option_fields(type(self)):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            want = getattr(planned, f.name)
+            if f.name not in ("estimator", "directions") \
+                    and f.name not in planned.to_dict():
+                raise FieldError(f.name, value, f"left out: the plan's estimator is "
+                                 f"{planned.estimator} (make another with zoplan optimize "
+                                 f"--estimator)")
+            if value != want:
+                raise FieldError(f.name, value, f"{want}, the plan's (zoplan optimize "
+                                 f"--estimator decides it)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions(Section):
     """`zoexec eval`'s own options (besides the task's and --threads)."""
@@ -390,7 +440,7 @@ class EvalOptions(Section):
 
 SECTIONS = {"model": ModelOptions, "task": TaskOptions, "optim": OptimOptions,
             "checkpoint": CheckpointOptions, "logging": LoggingOptions,
-            "runtime": RuntimeOptions, "tuning": TuningOptions}
+            "runtime": RuntimeOptions, "tuning": TuningOptions, "zo": EstimatorOptions}
 
 
 def check_given(values: dict) -> None:
@@ -439,9 +489,10 @@ class RunConfig:
     logging: LoggingOptions = field(default_factory=LoggingOptions)
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     tuning: TuningOptions = field(default_factory=TuningOptions)
+    zo: EstimatorOptions = field(default_factory=EstimatorOptions)
     # bookkeeping, not options: a resume starts at `start_step` from `load_from` (a
-    # snapshot; None: the model or random weights) after applying `replay` ((seed, g, lr)
-    # of the logged updates)
+    # snapshot; None: the model or random weights) after applying `replay` (the logged
+    # updates, zoexec.maths.history.Update)
     plan_path: str = "plan.json"
     run_id: str = "run"
     load_from: str | None = None
@@ -465,6 +516,8 @@ class RunConfig:
             raise FieldError("start_step", self.start_step, f"in 0..{steps}")
         if self.tuning.given:
             self.tuning.check_plan(self.workload)
+        if self.zo.given:
+            self.zo.check_plan(self.workload)
 
     @classmethod
     def make(cls, *, plan: dict, **values) -> RunConfig:
@@ -492,12 +545,14 @@ class RunConfig:
                        warmup=o.warmup_steps, total=o.steps)
 
     def settings(self) -> dict:
-        """The settings run.json records (a resume keeps them; zoexec.run.folder.SETTINGS)."""
+        """The settings run.json records (a resume keeps those of zoexec.run.folder.SETTINGS;
+        the estimator is the plan's, which the plan's sha256 pins)."""
         o = self.optim
         return {"seed": o.seed, "lr": o.lr, "eps": o.eps, "weight_decay": o.weight_decay,
                 "data": self.task.data, "init": self.model.start,
                 "lr_schedule": o.lr_schedule, "warmup_steps": o.warmup_steps,
-                "task": self.task.spec.to_dict()}
+                "task": self.task.spec.to_dict(),
+                "estimator": self.workload.estimator_spec.to_dict()}
 
     @property
     def weights(self) -> str:

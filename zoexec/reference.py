@@ -19,16 +19,23 @@ offloading, no torch.distributed).
   (zoexec.model.lora's order: per target module lora_A then lora_B), the adapters
   initialised as zoexec.model.lora.init_adapters draws them. A LoRA run of any layout
   must equal it to float tolerance.
+- `estimator_reference_train`: the same deferred-update schedule with the estimators of
+  zoplan.estimators (lowrank, sparse, several directions a step), each direction
+  written plainly from its definition (plain_direction: whole tensors, no tiles, no
+  ranges, no kept thresholds): the one-rank engine must equal it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
 
 from zoexec.data.batch import as_batch
 from zoexec.maths import zo
+from zoexec.maths.estimators import DIRECTION_TAG, LOWRANK_V, lowrank_factors
+from zoexec.maths.zo import mix_seed
 from zoexec.model import heads
 from zoexec.model.families import (
     ModelParts,
@@ -39,6 +46,7 @@ from zoexec.model.families import (
     resident_flat,
 )
 from zoexec.model.lora import init_adapters, lora_spec, peft_key
+from zoplan.estimators import SPARSE_STRIDE, is_matrix
 
 
 def _batch_at(batches, step: int) -> torch.Tensor:
@@ -215,3 +223,92 @@ def lora_reference_train(model, batches: Sequence | Callable, *, seed: int, lr: 
         _update_model(named, s, lr=lr, g=g, weight_decay=weight_decay)
         history.append((loss_plus, loss_minus, g))
     return wrapped, history
+
+
+# ---- the estimators, written plainly ------------------------------------------------------------
+def plain_direction(spec, *, run_seed: int, seed: int, step: int, block: int, specs,
+                    theta: torch.Tensor) -> torch.Tensor:
+    """d of a block as zoplan.estimators defines it, tensor by tensor and whole (no tiles,
+    no ranges, no kept thresholds): z per tensor (zo.z_tensor); lowrank: U V^T / sqrt(r)
+    of each matrix (U from the direction's seed, V from the seed of its period of
+    `lowrank_every` steps); sparse: z where |theta| is at most the share-quantile of
+    every SPARSE_STRIDE-th |theta| of the tensor."""
+    out = torch.zeros(theta.numel(), dtype=torch.float32)
+    for index, t in enumerate(specs):
+        if spec.estimator == "lowrank" and is_matrix(t.shape):
+            u, v = lowrank_factors(seed, mix_seed(run_seed, LOWRANK_V, step // spec.lowrank_every),
+                                   block, index, t.shape, spec.lowrank_rank)
+            out[t.offset:t.stop] = (u @ v.T).view(-1)
+            continue
+        z = zo.z_tensor(seed, block, index, (t.numel,))
+        if spec.estimator == "sparse":
+            weights = theta[t.offset:t.stop].abs().float()
+            sample = weights[::SPARSE_STRIDE].sort().values
+            h = sample[max(1, math.ceil(spec.sparse_share * sample.numel())) - 1]
+            z = torch.where(weights <= h, z, torch.zeros_like(z))
+        out[t.offset:t.stop] = z
+    return out
+
+
+def _plain_update(theta, specs, block, pending, *, estimator, run_seed, weight_decay) -> None:
+    """The deferred update (step, seed, lr, gs) of a step on one flat buffer."""
+    step, seed, lr, gs = pending
+    q = len(gs)
+    for j, g in enumerate(gs):
+        d = plain_direction(estimator, run_seed=run_seed, seed=zo.mix_seed(seed, DIRECTION_TAG, j)
+                            if j else seed, step=step, block=block, specs=specs, theta=theta)
+        zo.apply_update(theta, d.to(theta.dtype), lr=lr, g=g if q == 1 else g / q,
+                        weight_decay=weight_decay if j == 0 else 0.0, decay_mask_or_specs=specs)
+
+
+def _plain_losses(parts, resident, flats, batch, *, estimator, run_seed, seed, step, eps):
+    """(summed l+, summed l-, count) of one direction (seed) on `batch`."""
+    d_r = plain_direction(estimator, run_seed=run_seed, seed=seed, step=step,
+                          block=zo.RESIDENT_BLOCK, specs=parts.resident_specs, theta=resident)
+    ds = [plain_direction(estimator, run_seed=run_seed, seed=seed, step=step, block=b,
+                          specs=parts.block_specs, theta=theta) for b, theta in enumerate(flats)]
+    out = []
+    for sign in (1.0, -1.0):
+        bind_resident(parts, zo.perturb_into(torch.empty_like(resident), resident, d_r, sign * eps))
+        hidden, ctx = parts.embed(batch.ids)
+        for theta, d in zip(flats, ds, strict=True):
+            bind_block(parts, zo.perturb_into(torch.empty(theta.numel(), dtype=parts.dtype),
+                                              theta, d, sign * eps))
+            hidden = parts.block_forward(hidden, ctx)
+        total, count = heads.loss_sum(parts, hidden, batch)
+        out.append(float(total))
+    return out[0], out[1], count
+
+
+@torch.no_grad()
+def estimator_reference_train(parts: ModelParts, flats: list[torch.Tensor], batches, *, seed: int,
+                              lr: float, eps: float, weight_decay: float, steps: int,
+                              estimator) -> list[tuple[float, float, tuple[float, ...]]]:
+    """The deferred-update schedule with an estimator (zoplan.estimators.EstimatorSpec)
+    written plainly (plain_direction; q directions: direction j on the j-th of q equal
+    parts of the batch, theta -= lr * (1/q) sum_j g_j d_j), fp32 flats updated in place
+    and flushed at the end, the resident parts bound. Returns (l+, l-, gs) per step."""
+    resident, q = resident_flat(parts), estimator.directions
+    history, pending = [], None
+    kw = dict(estimator=estimator, run_seed=seed, weight_decay=weight_decay)
+    for step in range(steps):
+        if pending is not None:
+            _plain_update(resident, parts.resident_specs, zo.RESIDENT_BLOCK, pending, **kw)
+            for b, theta in enumerate(flats):
+                _plain_update(theta, parts.block_specs, b, pending, **kw)
+        s, batch = zo.step_seed(seed, step), as_batch(_batch_at(batches, step))
+        k, per = batch.per_example, batch.rows // batch.per_example // q
+        sums = [_plain_losses(parts, resident, flats, batch.select(j * per * k, (j + 1) * per * k)
+                              if q > 1 else batch, estimator=estimator, run_seed=seed,
+                              seed=zo.mix_seed(s, DIRECTION_TAG, j) if j else s, step=step, eps=eps)
+                for j in range(q)]
+        count = sum(c for _, _, c in sums)
+        gs = tuple(zo.projected_grad(lp / c, lm / c, eps) for lp, lm, c in sums)
+        history.append((sum(x[0] for x in sums) / count, sum(x[1] for x in sums) / count, gs))
+        pending = (step, s, lr, gs)
+    if pending is not None:
+        _plain_update(resident, parts.resident_specs, zo.RESIDENT_BLOCK, pending, **kw)
+        for b, theta in enumerate(flats):
+            _plain_update(theta, parts.block_specs, b, pending, **kw)
+    bind_resident(parts, resident)
+    return history

@@ -19,6 +19,14 @@ from rich.console import Console
 from zoplan import calibrate as calibration
 from zoplan import profiling, search
 from zoplan.errors import ZoError, exit_with_error, need_exec_extra
+from zoplan.estimators import (
+    DEFAULT_ESTIMATOR,
+    DEFAULT_LOWRANK_EVERY,
+    DEFAULT_LOWRANK_RANK,
+    DEFAULT_SPARSE_SHARE,
+    EstimatorSpec,
+)
+from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
 from zoplan.lora import DEFAULT_LORA_ALPHA, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS
 from zoplan.search.tuning import TUNING_CHOICES
 from zoplan.views import calibrate as calibrate_view
@@ -79,6 +87,11 @@ def optimize_cmd(
     lora_r: Annotated[int, typer.Option(help="LoRA rank r (MeZO's LoRA runs: 8)")] = DEFAULT_LORA_R,
     lora_alpha: Annotated[int, typer.Option(help="LoRA alpha: the adapters' output is scaled by alpha / r (MeZO's: 16)")] = DEFAULT_LORA_ALPHA,
     lora_targets: Annotated[str, typer.Option(help="Block modules LoRA adapts, comma-separated (default: the attention query and value projections)")] = ",".join(DEFAULT_LORA_TARGETS),
+    estimator: Annotated[str, typer.Option(help="The zeroth-order estimator: mezo (z over every weight), lowrank (U V^T per matrix, V kept for --lowrank-every steps) or sparse (the smallest-magnitude --sparse-share of each tensor); docs/estimators.md")] = DEFAULT_ESTIMATOR,
+    lowrank_rank: Annotated[int, typer.Option(help="lowrank: the rank r of U V^T")] = DEFAULT_LOWRANK_RANK,
+    lowrank_every: Annotated[int, typer.Option(help="lowrank: steps V is kept before it is redrawn")] = DEFAULT_LOWRANK_EVERY,
+    sparse_share: Annotated[float, typer.Option(help="sparse: the share of each tensor perturbed and updated")] = DEFAULT_SPARSE_SHARE,
+    directions: Annotated[int, typer.Option(help="Directions a step, each on its equal part of the global batch (each DDP group its own where the layout has groups)")] = 1,
     sweep_nodes: Annotated[bool, typer.Option("--sweep-nodes", help="Also print throughput against node count (the winner's per-node plan)")] = False,
     output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Where to write the plan")] = Path("plan.json"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan JSON to stdout instead of the tables")] = False,
@@ -89,6 +102,9 @@ def optimize_cmd(
     devices used; write the best as a plan."""
     optimize_view.check_top(top)
     lora = lora_options(tuning, r=lora_r, alpha=lora_alpha, targets=lora_targets)
+    lora["estimator"] = estimator_options(estimator=estimator, lowrank_rank=lowrank_rank,
+                                          lowrank_every=lowrank_every,
+                                          sparse_share=sparse_share, directions=directions)
     plans = None
     with optimize_view.search_progress(enabled=not (quiet or json_out)) as progress:
         request = dict(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
@@ -133,6 +149,17 @@ def lora_options(tuning: str, *, r: int, alpha: int, targets: str) -> dict:
             raise ZoError(f"{', '.join(given)}: settings of --tuning lora (or auto), not full")
         return {}
     return settings if tuning == "auto" else {"tuning": "lora", **settings}
+
+
+def estimator_options(**given) -> dict | None:
+    """optimize's estimator arguments: the settings that are not MeZO-SGD's defaults
+    (None: plain MeZO-SGD), a ZoError naming a bad one (a setting of another estimator)."""
+    changed = {k: v for k, v in given.items() if v != ESTIMATOR_DEFAULTS[k]}
+    try:
+        EstimatorSpec(**changed)
+    except ValueError as exc:
+        raise ZoError(f"--{str(exc).replace('_', '-')}") from None
+    return changed or None
 
 
 @command("profile")

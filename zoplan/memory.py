@@ -5,8 +5,9 @@ pre-flight checks a machine against it, and tests/unit/test_memory_model.py runs
 executor on the CPU under an allocation tracker and compares (within 5%).
 
 Device of one rank (zoexec.train.engine.Trainer), n = block numel, r = resident numel,
-p / c = bytes of the stored / compute precision, t = the rank's tokens (batch / ddp x
-seq), streams = 2 for role "+-" (pertp 1), else 1:
+p / c = bytes of the stored / compute precision, t = the tokens of one stream (batch /
+ddp x seq; with q directions a step, the rank's part of one direction), streams = 2
+for role "+-" (pertp 1), else 1, times the directions that meet the rank's rows:
   held from set-up to the end (Trainer._allocate)
     block buffers      max(1, min(prefetch, blocks)) x store stride x p
     resident shards    per resident block (Plan.resident_blocks): store stride / slices x p,
@@ -19,6 +20,9 @@ seq), streams = 2 for role "+-" (pertp 1), else 1:
     resident clean     r x p (update "master": the fp32 masters)
     resident work, z   r x c each
     rounding scratch   update "stochastic": SR_SCRATCH x min(sr_chunk, largest tensor) x 4
+    lowrank tile       estimator lowrank with a 16-bit compute dtype or the update on the
+                       slice: the largest tile of U V^T in fp32 (zoplan.estimators.largest_tile;
+                       made at its first use), and on CUDA the slice update's own
     slice update       CUDA with Layout.slice_update (slices > 1): the collective stream
                        updates the rank's slice while the compute stream works, so it
                        has its own z of a slice (stride / slices x c), a z chunk for
@@ -31,7 +35,9 @@ seq), streams = 2 for role "+-" (pertp 1), else 1:
   the largest transient, on top of the above (one at a time)
     set-up     while the model is moved to the device and bound: the module's own copies
                of the resident parts (r x c) and of block 0 (n x c) beside the buffers
-    update     on rank 0's first update of block 0, the check of what the update did
+    update     the estimator's draw of d (zoplan.estimators; lowrank: U and V of the
+               largest matrix, sparse: a chunk's |weights| and mask or a threshold's
+               sample), or on rank 0's first update of block 0, the check of what the update did
                (a copy of up to 2^20 weights beside it, then 3 byte masks); 16-bit z
                added to fp32 on the CPU: the kernel's fp32 copy of z (stochastic: 4
                bytes an element of one chunk; fp32 masters with 16-bit compute: 8 bytes
@@ -62,6 +68,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from zoplan.estimators import factor_numel, largest_tile, sample_numel, stream_examples
 from zoplan.execrules import SR_SCRATCH, sr_chunk, z_chunk
 from zoplan.layout import Layout
 from zoplan.lora import ADAPTER_BYTES, adapter_params, linear_shapes
@@ -92,7 +99,8 @@ CUBLAS_WORKSPACE_BYTES = 32 * MIB
 # CPU-only torch + gloo process ~0.2-0.4 GiB. Assumed, not measured.
 HOST_OVERHEAD_BYTES_PER_RANK = {"cuda": int(1.5 * GIB), "cpu": int(0.3 * GIB)}
 DEVICE_KINDS = ("cuda", "cpu")
-AFTER_SETUP = {"cublas_workspace"}   # held terms that appear after Trainer._allocate
+AFTER_SETUP = {"cublas_workspace", "lowrank_tile", "slice_lowrank_tile"}   # held terms that
+                                     # appear after Trainer._allocate (at their first use)
 
 
 def fmt_bytes(num_bytes: float) -> str:
@@ -295,20 +303,62 @@ def _held(model, workload, layout, device_kind) -> list[Term]:
         if scratch is not None:
             terms.append(Term(key="slice_rounding_scratch", bytes=scratch.bytes,
                               label="stochastic rounding scratch of the slice update"))
+    return terms + _estimator_held(model, workload, layout, device_kind)
+
+
+def _estimator_held(model, workload, layout, device_kind) -> list[Term]:
+    """lowrank: the fp32 tile a 16-bit d, or a tile a slice cuts, is computed in
+    (zoexec.maths.estimators.Directions; the slice update's own on CUDA)."""
+    spec, chunk = workload.estimator_spec, z_chunk(device_kind)
+    split = layout.slice_update and layout.slices > 1
+    if spec.estimator != "lowrank" or (workload.compute_dtype == "fp32" and not split):
+        return []
+    shapes = model.block_tensor_shapes() + model.resident_tensor_shapes()
+    tile = largest_tile(shapes, chunk)
+    terms = [Term(key="lowrank_tile", bytes=4 * tile, label=f"lowrank tile ({tile:,} fp32)")]
+    if split and device_kind == "cuda":
+        tile = largest_tile(model.block_tensor_shapes(), chunk)
+        terms.append(Term(key="slice_lowrank_tile", bytes=4 * tile,
+                          label="lowrank tile of the slice update"))
     return terms
 
 
+def estimator_transient(workload: Workload, shapes: list[tuple[int, ...]],
+                        device_kind: str, *, stored_bytes: int | None = None) -> list[Term]:
+    """What drawing d of these tensors allocates and frees (zoexec.maths.estimators):
+    lowrank, U and V of the largest matrix (fp32); sparse, the |weights| of a chunk and
+    its mask, or the sample a threshold is taken over, whichever is larger."""
+    spec = workload.estimator_spec
+    if spec.estimator == "lowrank":
+        numel = factor_numel(shapes, spec.lowrank_rank)
+        return [Term(key="lowrank_factors", bytes=4 * numel,
+                     label=f"lowrank U and V of the largest matrix ({numel:,} fp32)")]
+    if spec.estimator != "sparse" or not shapes:
+        return []
+    p = stored_bytes or dtype_bytes(workload.param_dtype)
+    numels = [math.prod(s) for s in shapes]
+    chunk = min(z_chunk(device_kind), max(numels))
+    sample = sample_numel(max(numels)) * (p + (4 if p != 4 else 0))
+    return [Term(key="sparse_mask", bytes=max(chunk * (p + 1), sample),
+                 label="sparse: |weights| and mask of a chunk, or a threshold's sample")]
+
+
 def _tokens(workload: Workload, layout: Layout) -> tuple[int, int]:
-    """(tokens of the rank, perturbation streams it runs side by side)."""
-    rows = workload.batch // layout.ddp * workload.rows_per_example
-    return rows * workload.seq, 2 if layout.pertp == 1 else 1
+    """(tokens of one stream, perturbation streams the rank runs side by side): one a
+    sign (two for role "+-") per direction that meets the rank's rows, each on its
+    part of them (zoplan.estimators.stream_examples)."""
+    signs = 2 if layout.pertp == 1 else 1
+    parts, examples = stream_examples(examples=workload.batch, directions=workload.directions,
+                                      num_shards=layout.ddp)
+    return examples * workload.rows_per_example * workload.seq, signs * parts
 
 
 def _step(model: ModelSpec, workload: Workload, layout: Layout) -> list[Term]:
     tokens, streams = _tokens(workload, layout)
+    rank_tokens = workload.batch // layout.ddp * workload.rows_per_example * workload.seq
     c, seq = dtype_bytes(workload.compute_dtype), workload.seq
     ctx = seq * 8 + (2 * seq * model.head_dim * c if model.rotary else 0)
-    return [Term(key="token_ids", bytes=tokens * 8, label=f"token ids ({tokens} tokens)"),
+    return [Term(key="token_ids", bytes=rank_tokens * 8, label=f"token ids ({rank_tokens} tokens)"),
             Term(key="hidden_states", bytes=streams * tokens * model.hidden * c,
                  label=f"hidden states ({streams} x {tokens} tokens)"),
             Term(key="block_context", bytes=streams * ctx,
@@ -347,7 +397,8 @@ def _update(model, workload, device_kind, *, kernel: bool) -> list[Term]:
                  label=f"first-update check, masks ({sample:,} weights)")
     copy = Term(key="update_check_copy", bytes=sample * p,
                 label=f"first-update check, copy (rank 0, {sample:,} weights)")
-    return [copy, *max(scratch, [masks], key=_sum)]
+    drawing = estimator_transient(workload, model.block_tensor_shapes(), device_kind)
+    return max([copy, *max(scratch, [masks], key=_sum)], drawing, key=_sum)
 
 
 def _forward(model, workload, layout, device_kind, *, kernel: bool) -> list[Term]:
@@ -356,6 +407,9 @@ def _forward(model, workload, layout, device_kind, *, kernel: bool) -> list[Term
     tokens, streams = _tokens(workload, layout)
     act = [Term(key="block_activations", bytes=model.block_activation_bytes(
         tokens, workload.seq, workload.compute_dtype), label=f"one block's forward ({tokens} tokens)")]
+    if workload.directions > 1:   # d of the next direction drawn between the forwards
+        act = max(act, estimator_transient(workload, model.block_tensor_shapes(), device_kind),
+                  key=_sum)
     if streams == 1 or not kernel or workload.update != "master":
         return act
     scratch = kernel_scratch_terms(workload, device_kind, [], model.block_params, "perturbation")
@@ -368,6 +422,9 @@ def _head(model, workload, layout, device_kind, *, kernel: bool) -> list[Term]:
     act = [Term(key="head_activations",
                 bytes=model.head_activation_bytes(tokens, workload.compute_dtype),
                 label=f"head: logits and fp32 log-softmax ({tokens} tokens)")]
+    if workload.directions > 1:
+        act = max(act, estimator_transient(workload, model.resident_tensor_shapes(),
+                                           device_kind), key=_sum)
     if streams == 1 or not kernel or workload.update != "master":
         return act
     scratch = kernel_scratch_terms(workload, device_kind, [], model.resident_params,
@@ -390,6 +447,11 @@ def _embed(model, workload, layout, device_kind, step: list[Term], *,
     scratch = kernel_scratch_terms(workload, device_kind, model.resident_tensor_numels(),
                               model.resident_params, "resident update") if kernel else []
     state = _sum(t for t in step if t.key != "token_ids")
+    drawing = estimator_transient(workload, model.resident_tensor_shapes(), device_kind)
+    if drawing and drawing[0].bytes - state > max(temps, scratch[0].bytes - state if scratch
+                                                  else 0):
+        return [Term(key=drawing[0].key, bytes=drawing[0].bytes - state,
+                     label=drawing[0].label + " (resident parts, before any hidden state)")]
     if scratch and scratch[0].bytes - state > temps:
         return [Term(key="kernel_scratch", bytes=scratch[0].bytes - state, kernel=True,
                      label=scratch[0].label)]

@@ -15,6 +15,7 @@ shapes, built with random weights.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -96,40 +97,49 @@ class ModelSpec:
 
     def _block_tensors(self) -> list[tuple[int, bool]]:
         """(elements, is a matrix) of one block's tensors in the HF module's order."""
-        h, f, a, kv = self.hidden, self.ffn, self.attn_dim, self.kv_dim
-        def linear(n_in, n_out, bias):
-            return [(n_in * n_out, True)] + ([(n_out, False)] if bias else [])
-        if self.family == "opt":
-            attn = [t for _ in range(4) for t in linear(h, h, True)]
-            return attn + [(h, False)] * 2 + linear(h, f, True) + linear(f, h, True) + [(h, False)] * 2
-        if self.family == "gpt2":          # ln_1, c_attn (fused q,k,v), c_proj, ln_2, c_fc, c_proj
-            return ([(h, False)] * 2 + linear(h, 3 * h, True) + linear(h, h, True) + [(h, False)] * 2
-                    + linear(h, f, True) + linear(f, h, True))
-        if self.family == "gpt_neox":      # two LayerNorms first, then fused qkv, dense, MLP
-            return ([(h, False)] * 4 + linear(h, 3 * h, self.qkv_bias) + linear(h, h, self.out_bias)
-                    + linear(h, f, True) + linear(f, h, True))
-        out = (linear(h, a, self.qkv_bias) + linear(h, kv, self.qkv_bias) + linear(h, kv, self.qkv_bias)
-               + linear(a, h, self.out_bias))
-        if self.family == "qwen3":         # per-head RMSNorm of q and k
-            out += [(self.head_dim, False)] * 2
-        out += linear(h, f, self.mlp_bias) + linear(h, f, self.mlp_bias) + linear(f, h, self.mlp_bias)
-        return out + [(h, False)] * (4 if self.family == "gemma2" else 2)   # Gemma 2: sandwich norms
+        return [(math.prod(shape), len(shape) >= 2) for shape in self.block_tensor_shapes()]
 
     def _resident_tensors(self) -> list[tuple[int, bool]]:
         """(elements, is a matrix) of the resident tensors in named_parameters order
         (embeddings, final norm, an untied head)."""
-        h, v = self.hidden, self.vocab
-        norm = [(h, False)] * (2 if self.layer_norm else 1)
-        head = [] if self.tied_head else [(v * (self.word_embed_proj_dim or h), True)]
+        return [(math.prod(shape), len(shape) >= 2) for shape in self.resident_tensor_shapes()]
+
+    def block_tensor_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of one block's tensors in the HF module's order (a linear module's
+        weight is [out, in], its bias [out])."""
+        h, f, a, kv = self.hidden, self.ffn, self.attn_dim, self.kv_dim
+        def linear(n_in, n_out, bias):
+            return [(n_out, n_in)] + ([(n_out,)] if bias else [])
         if self.family == "opt":
-            wdim = self.word_embed_proj_dim or h
-            out = [(v * wdim, True), ((self.max_positions + 2) * h, True)]
+            attn = [t for _ in range(4) for t in linear(h, h, True)]
+            return attn + [(h,)] * 2 + linear(h, f, True) + linear(f, h, True) + [(h,)] * 2
+        if self.family == "gpt2":          # ln_1, c_attn (fused q,k,v), c_proj, ln_2, c_fc, c_proj
+            return ([(h,)] * 2 + linear(h, 3 * h, True) + linear(h, h, True) + [(h,)] * 2
+                    + linear(h, f, True) + linear(f, h, True))
+        if self.family == "gpt_neox":      # two LayerNorms first, then fused qkv, dense, MLP
+            return ([(h,)] * 4 + linear(h, 3 * h, self.qkv_bias) + linear(h, h, self.out_bias)
+                    + linear(h, f, True) + linear(f, h, True))
+        out = (linear(h, a, self.qkv_bias) + linear(h, kv, self.qkv_bias) + linear(h, kv, self.qkv_bias)
+               + linear(a, h, self.out_bias))
+        if self.family == "qwen3":         # per-head RMSNorm of q and k
+            out += [(self.head_dim,)] * 2
+        out += linear(h, f, self.mlp_bias) + linear(h, f, self.mlp_bias) + linear(f, h, self.mlp_bias)
+        return out + [(h,)] * (4 if self.family == "gemma2" else 2)   # Gemma 2: sandwich norms
+
+    def resident_tensor_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the resident tensors in named_parameters order."""
+        h, v = self.hidden, self.vocab
+        norm = [(h,)] * (2 if self.layer_norm else 1)
+        wdim = self.word_embed_proj_dim or h
+        head = [] if self.tied_head else [(v, wdim)]
+        if self.family == "opt":
+            out = [(v, wdim), (self.max_positions + 2, h)]
             out += norm if self.final_norm else []
-            out += [(wdim * h, True), (h * wdim, True)] if wdim != h else []
+            out += [(h, wdim), (wdim, h)] if wdim != h else []
             return out + head
         if self.family == "gpt2":
-            return [(v * h, True), (self.max_positions * h, True)] + norm + head
-        return [(v * h, True)] + norm + head
+            return [(v, h), (self.max_positions, h)] + norm + head
+        return [(v, h)] + norm + head
 
     @property
     def block_params(self) -> int:

@@ -20,12 +20,18 @@ the block modules named in `lora_targets`). The base is read-only: stored as it
 computes (param_dtype == compute_dtype, no fp32 masters), never updated nor written
 back; the adapters are fp32 masters on every rank, so `update` is "master". A full
 workload's dict (to_dict) holds no tuning keys: plans of full runs keep their bytes.
+
+Estimator (zoplan.estimators, docs/estimators.md): the direction a step perturbs and
+updates along ("mezo", "lowrank", "sparse", their settings) and the directions a step
+(`directions`); MeZO-SGD with one direction writes no estimator keys either.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
+from zoplan.estimators import ESTIMATOR_KEYS, EstimatorSpec
 from zoplan.lengths import RowLengths, expected_width
 from zoplan.lora import (
     DEFAULT_LORA_ALPHA,
@@ -65,6 +71,11 @@ class Workload:
     lora_r: int = DEFAULT_LORA_R             # LoRA: rank of the adapters
     lora_alpha: int = DEFAULT_LORA_ALPHA     # LoRA: scale alpha / r
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS   # LoRA: block modules adapted
+    estimator: str = ESTIMATOR_DEFAULTS["estimator"]     # mezo, lowrank or sparse
+    lowrank_rank: int = ESTIMATOR_DEFAULTS["lowrank_rank"]     # lowrank: r of U V^T
+    lowrank_every: int = ESTIMATOR_DEFAULTS["lowrank_every"]   # lowrank: steps V is kept
+    sparse_share: float = ESTIMATOR_DEFAULTS["sparse_share"]   # sparse: share perturbed
+    directions: int = 1          # directions a step (each on its part of the batch)
 
     def __post_init__(self) -> None:
         for name in ("batch", "seq"):
@@ -92,6 +103,12 @@ class Workload:
             raise ValueError(f"tf32 must be true or false, got {self.tf32!r}")
         if self.lengths is not None and not isinstance(self.lengths, RowLengths):
             raise ValueError(f"lengths must be a RowLengths, got {self.lengths!r}")
+        spec = self.estimator_spec
+        object.__setattr__(self, "sparse_share", spec.sparse_share)
+        if self.batch % self.directions:
+            raise ValueError(f"batch ({self.batch}) must be divisible by directions "
+                             f"({self.directions}): each direction evaluates an equal part "
+                             f"of the global batch")
 
     def _check_tuning(self) -> None:
         if self.tuning not in TUNINGS:
@@ -129,6 +146,11 @@ class Workload:
     @property
     def is_lora(self) -> bool:
         return self.tuning == "lora"
+
+    @property
+    def estimator_spec(self) -> EstimatorSpec:
+        """The estimator and its settings (ValueError for a bad one)."""
+        return EstimatorSpec(**{k: getattr(self, k) for k in ESTIMATOR_KEYS})
 
     def check_bounds(self) -> None:
         """Raise ValueError for sizes no plan may hold (a search prunes what does not
@@ -168,7 +190,8 @@ class Workload:
 
     def to_dict(self) -> dict:
         """The plan's workload: a full workload without the tuning keys (its bytes as
-        before LoRA), a LoRA one with them; with row lengths also `lengths` and the
+        before LoRA), a LoRA one with them; the estimator's keys unless it is MeZO-SGD
+        with one direction (zoplan.estimators); with row lengths also `lengths` and the
         derived `priced_seq`."""
         out = asdict(self)
         del out["lengths"]
@@ -177,6 +200,10 @@ class Workload:
                 del out[key]
         else:
             out["lora_targets"] = list(self.lora_targets)
+        for key in ESTIMATOR_KEYS:
+            del out[key]
+        if not self.estimator_spec.is_default:
+            out.update(self.estimator_spec.to_dict())
         if self.lengths is not None:
             out["lengths"] = self.lengths.to_dict()
             out["priced_seq"] = self.priced_seq

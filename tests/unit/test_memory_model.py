@@ -12,6 +12,7 @@ compared, not only the peak.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -22,13 +23,15 @@ import zoexec.train.engine as engine
 from zoexec.config import RunConfig
 from zoexec.launch.preflight import CUDA_CONTEXT_BYTES, _check_memory, check_gpu_memory
 from zoexec.launch.spawn import run_in_process
+from zoexec.maths.estimators import Directions
 from zoexec.maths.zo import apply_update, apply_update_stochastic, perturb_into
-from zoexec.model.families import TensorSpec
+from zoexec.model.families import TensorSpec, make_specs
 from zoexec.model.precision import SAMPLE
 from zoexec.run.loop import TrainLoop
 from zoexec.runtime.memtrack import AllocationTracker, kernel_peak_bytes
 from zoexec.store.loading import build_parts
 from zoplan.errors import ZoError
+from zoplan.estimators import EstimatorSpec
 from zoplan.execrules import SR_SCRATCH
 from zoplan.handplan import hand_plan
 from zoplan.hardware import load_profile
@@ -37,6 +40,7 @@ from zoplan.memory import (
     ALIGN_ELEMENTS,
     LOST_UPDATE_SAMPLE,
     NCCL_COMM_BYTES_PAIR,
+    estimator_transient,
     kernel_scratch_terms,
     nccl_groups,
     node_host_memory,
@@ -45,6 +49,7 @@ from zoplan.memory import (
 )
 from zoplan.models import get_model, spec_from_hf_config
 from zoplan.sim.memory import estimate_memory
+from zoplan.workload import Workload
 
 TOLERANCE = 0.05
 PHASES = {"_allocate": "setup", "_embed": "embed", "_update_block": "update",
@@ -104,6 +109,28 @@ def tracked_run(monkeypatch, model: str, workload, layout: Layout,
 def test_the_model_is_what_a_rank_allocates(monkeypatch, model, update, dtype, prefetch):
     """Live tensors: the CPU kernels' own scratch is checked apart (kernel_peak_bytes)."""
     workload, layout = _workload(update, dtype), Layout(prefetch=prefetch)
+    tracker = tracked_run(monkeypatch, model, workload, layout)
+    modelled = rank_memory(model=get_model(model), workload=workload, layout=layout,
+                           device_kind="cpu", kernel_scratch=False)
+    table = {p: (tracker.phase_peaks.get(p, 0), modelled.phase_bytes(p)) for p in modelled.phases}
+    assert modelled.allocated_bytes == pytest.approx(tracker.peak_bytes, rel=TOLERANCE), table
+    for phase, (measured, predicted) in table.items():
+        assert predicted == pytest.approx(measured, rel=TOLERANCE), (phase, table)
+
+
+@pytest.mark.parametrize("model,update,dtype,estimator", [
+    ("tiny-llama", "stochastic", "bf16", dict(estimator="lowrank", lowrank_rank=4)),
+    ("tiny-opt", "master", "fp32", dict(estimator="lowrank", directions=2)),
+    ("tiny-opt", "stochastic", "bf16", dict(estimator="sparse")),
+    ("tiny-qwen3", "master", "fp32", dict(estimator="sparse")),
+    ("tiny-llama", "master", "fp32", dict(directions=2)),
+])
+def test_the_estimators_are_what_a_rank_allocates(monkeypatch, model, update, dtype, estimator):
+    """The estimators' draws (zoplan.memory.estimator_transient, the lowrank tile) and
+    the streams of several directions, phase by phase."""
+    base = _workload(update, dtype, batch=4)
+    workload = dataclasses.replace(base, **estimator)
+    layout = Layout(prefetch=2)
     tracker = tracked_run(monkeypatch, model, workload, layout)
     modelled = rank_memory(model=get_model(model), workload=workload, layout=layout,
                            device_kind="cpu", kernel_scratch=False)
@@ -245,6 +272,32 @@ def test_the_tracker_adopts_what_set_up_moves():
         assert tracker.current_bytes == 1024
         del kept
     assert tracker.current_bytes == 0 and tracker.peak_bytes == 1024
+
+
+@pytest.mark.parametrize("estimator,dtype", [("lowrank", torch.float32), ("sparse", torch.float32),
+                                             ("sparse", torch.bfloat16)])
+def test_an_estimators_draw_allocates_what_the_model_says(estimator, dtype):
+    """Directions.fill of a Llama-shaped block (hidden 512, ffn 1536) under the tracker:
+    its temporaries are zoplan.memory.estimator_transient's (the lowrank tile is held,
+    apart)."""
+    model = dataclasses.replace(get_model("tiny-llama"), hidden=512, ffn=1536)
+    shapes = model.block_tensor_shapes()
+    specs = make_specs([(str(i), torch.empty(s, device="meta")) for i, s in enumerate(shapes)])
+    est = EstimatorSpec(estimator=estimator, lowrank_rank=8 if estimator == "lowrank" else 2)
+    workload = Workload(batch=2, seq=8, param_dtype="fp32" if dtype == torch.float32 else "bf16",
+                        compute_dtype="fp32" if dtype == torch.float32 else "bf16",
+                        **est.to_dict())
+    theta = torch.randn(specs[-1].stop).to(dtype)
+    out = torch.empty(specs[-1].stop, dtype=dtype)
+    dirs = Directions(est, run_seed=0, device="cpu", shapes=shapes)
+    with AllocationTracker() as tracker:
+        dirs.fill(out, seed=1, step=0, block=0, specs=specs, theta=theta)
+    want = _sum_bytes(estimator_transient(workload, shapes, "cpu"))
+    assert want > 0 and tracker.peak_bytes == pytest.approx(want, rel=TOLERANCE)
+
+
+def _sum_bytes(terms) -> int:
+    return sum(t.bytes for t in terms)
 
 
 # ---- the model's terms -------------------------------------------------------------------

@@ -14,7 +14,7 @@ import multiprocessing
 import pytest
 
 from zoexec.config import RunConfig
-from zoexec.maths.history import StepRecord
+from zoexec.maths.history import StepRecord, Update
 from zoexec.maths.zo import step_seed
 from zoexec.run.checkpoint import LossLog, read_log
 from zoexec.run.folder import RunDir, extend, logged_lr
@@ -49,7 +49,8 @@ def test_the_log_is_strict_json_and_round_trips(tmp_path):
     assert parsed[2]["skipped"] is True and "skipped" not in parsed[0]
     assert parsed[0]["data_position"] == 0
     back = read_log(tmp_path / "losses.jsonl")
-    assert [r.update for r in back] == [(step_seed(0, 0), 500.0, 1e-3), None, None]
+    assert [r.update for r in back] == [Update(step=0, seed=step_seed(0, 0), g=500.0, lr=1e-3),
+                                        None, None]
 
 
 def test_a_torn_last_line_is_left_out_and_cut_off_only_when_the_run_resumes(tmp_path):
@@ -97,7 +98,7 @@ def test_resume_starts_from_the_newest_whole_snapshot_and_replays_the_rest(tmp_p
     _snapshot(rundir, 6, whole=False)            # killed while writing it: not counted
     plan = rundir.resume_plan(plan_sha256="abc", given={})
     assert plan.snapshot_step == 4 and plan.init.endswith("step-000004")
-    assert [u[0] for u in plan.replay] == [step_seed(0, 5), step_seed(0, 6)]   # 7 was skipped
+    assert [u.seed for u in plan.replay] == [step_seed(0, 5), step_seed(0, 6)]   # 7 was skipped
     assert plan.start_step == 8 and plan.settings["lr"] == 1e-3
     older = RunDir(tmp_path)
     older.prune(1)
@@ -174,7 +175,7 @@ def test_a_damaged_snapshot_is_passed_over_for_the_one_before_and_the_log(tmp_pa
     shard.write_bytes(shard.read_bytes()[:-1] + b"x")
     assert "model.safetensors changed" in check_saved(rundir.snapshot_path(5))
     plan = rundir.resume_plan(plan_sha256="abc", given={})
-    assert plan.snapshot_step == 2 and [u[0] for u in plan.replay] == [step_seed(0, s)
+    assert plan.snapshot_step == 2 and [u.seed for u in plan.replay] == [step_seed(0, s)
                                                                        for s in (3, 4, 5, 6)]
     assert len(plan.notes) == 1 and "step-000005 is damaged" in plan.notes[0]
 

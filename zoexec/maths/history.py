@@ -1,12 +1,34 @@
 """A step's record: (step, seed, g, lr) and its losses, as every rank knows it after the
-loss all-reduce. The (seed, g, lr) triples are the whole training history of MeZO: the
-initial weights and these records rebuild the model exactly."""
+loss all-reduce. The (step, seed, g, lr) of each step (and with several directions a
+step, each direction's g: `gs`) are the whole training history of MeZO: the initial
+weights and these records rebuild the model exactly."""
 
 from __future__ import annotations
 
 import math
 from array import array
 from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Update:
+    """What a step's update applies (deferred to the next pass): its step (lowrank's V
+    period), seed, projected gradient, learning rate, and with q > 1 directions each
+    direction's projected gradient `gs` (g is their mean)."""
+
+    step: int
+    seed: int
+    g: float
+    lr: float
+    gs: tuple[float, ...] = ()
+
+    @property
+    def terms(self) -> tuple[tuple[int, float], ...]:
+        """(direction, coefficient) of each direction's share of the update: g along
+        direction 0, or g_j / q along each direction j."""
+        if not self.gs:
+            return ((0, self.g),)
+        return tuple((j, g / len(self.gs)) for j, g in enumerate(self.gs))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,6 +44,7 @@ class StepRecord:
     tokens_per_s: float = 0.0
     step_time_s: float = 0.0
     skipped: bool = False          # a non-finite step skipped (--on-nonfinite skip): no update
+    gs: tuple[float, ...] = ()     # each direction's g (q > 1 directions a step; g: their mean)
 
     @property
     def loss(self) -> float:
@@ -29,21 +52,27 @@ class StepRecord:
 
     @property
     def finite(self) -> bool:
-        return all(math.isfinite(v) for v in (self.loss_plus, self.loss_minus, self.g))
+        return all(math.isfinite(v) for v in (self.loss_plus, self.loss_minus, self.g, *self.gs))
 
     @property
-    def update(self) -> tuple[int, float, float] | None:
-        """(seed, g, lr) of the update this step applies later, or None."""
-        return None if self.skipped or not self.finite else (self.seed, self.g, self.lr)
+    def update(self) -> Update | None:
+        """The update this step applies later, or None (skipped, not finite)."""
+        if self.skipped or not self.finite:
+            return None
+        return Update(step=self.step, seed=self.seed, g=self.g, lr=self.lr, gs=self.gs)
 
     def to_dict(self) -> dict:
         out = {**asdict(self), "loss": self.loss, "data_position": self.step}
         if not self.skipped:
             out.pop("skipped")
+        if not self.gs:
+            out.pop("gs")
+        else:
+            out["gs"] = [v if math.isfinite(v) else None for v in self.gs]
         bad = [k for k, v in out.items() if isinstance(v, float) and not math.isfinite(v)]
         for key in bad:
             out[key] = None
-        if bad:
+        if bad or None in out.get("gs", ()):
             out["nonfinite"] = True
         return out
 
@@ -57,7 +86,8 @@ class StepRecord:
                    loss_minus=num("loss_minus"), g=num("g"), lr=num("lr"),
                    tokens_per_s=float(data.get("tokens_per_s") or 0.0),
                    step_time_s=float(data.get("step_time_s") or 0.0),
-                   skipped=bool(data.get("skipped", False)))
+                   skipped=bool(data.get("skipped", False)),
+                   gs=tuple(math.nan if v is None else float(v) for v in data.get("gs", ())))
 
 
 _FLOATS = ("loss_plus", "loss_minus", "g", "lr", "tokens_per_s", "step_time_s")
@@ -72,12 +102,15 @@ class StepHistory:
     def __init__(self, records=()) -> None:
         self._ints = array("q")        # step, seed (63-bit), skipped: 3 per record
         self._floats = array("d")      # _FLOATS: 6 per record
+        self._gs: dict[int, tuple[float, ...]] = {}   # q > 1 directions: each record's gs
         for record in records:
             self.append(record)
 
     def append(self, record: StepRecord) -> None:
         self._ints.extend((record.step, record.seed, int(record.skipped)))
         self._floats.extend(getattr(record, name) for name in _FLOATS)
+        if record.gs:
+            self._gs[len(self) - 1] = tuple(record.gs)
 
     def __len__(self) -> int:
         return len(self._ints) // 3
@@ -89,7 +122,8 @@ class StepHistory:
         index %= count
         step, seed, skipped = self._ints[3 * index:3 * index + 3]
         values = dict(zip(_FLOATS, self._floats[6 * index:6 * index + 6], strict=True))
-        return StepRecord(step=step, seed=seed, skipped=bool(skipped), **values)
+        return StepRecord(step=step, seed=seed, skipped=bool(skipped),
+                          gs=self._gs.get(index, ()), **values)
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))

@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from zoexec.maths.history import StepRecord
+from zoexec.maths.history import StepRecord, Update
 from zoexec.maths.schedule import lr_from
 from zoexec.maths.zo import step_seed
 from zoexec.run.checkpoint import LogRead, read_log_checked
@@ -72,7 +72,7 @@ class ResumePlan:
 
     init: str
     snapshot_step: int | None
-    replay: tuple[tuple[int, float, float], ...]    # (seed, g, lr) in step order
+    replay: tuple[Update, ...]    # the logged updates (step, seed, g, lr, gs) in step order
     start_step: int
     settings: dict
     identity: dict
@@ -317,12 +317,18 @@ def _checked_inputs(ident: dict, given: dict, *, accept_moved: bool) -> tuple[di
 
 
 def _check_record(path: Path, number: int, record: StepRecord, ident: dict) -> None:
-    """A logged line's seed is the seed rule's for its step, its lr the schedule's."""
+    """A logged line's seed is the seed rule's for its step, its lr the schedule's, its
+    directions' g's as many as the run's estimator has directions (one: none)."""
     want = step_seed(ident["seed"], record.step)
     if record.seed != want:
         raise ZoError(f"{path}:{number}: step {record.step} has seed {record.seed}, but the "
                       f"run's seed rule gives {want} (--seed {ident['seed']}): the log was "
                       f"altered and cannot be replayed")
+    directions = (ident.get("estimator") or {}).get("directions", 1)
+    if len(record.gs) != (directions if directions > 1 else 0):
+        raise ZoError(f"{path}:{number}: step {record.step} has {len(record.gs)} directions' g "
+                      f"(gs), but the run's estimator takes {directions}: the log was altered "
+                      f"and cannot be replayed")
     if record.update is None:
         return
     lr = logged_lr(ident, record.step)

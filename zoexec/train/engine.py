@@ -73,7 +73,8 @@ import torch.distributed as dist
 
 from zoexec.config import RunConfig
 from zoexec.data.batch import Batch, as_batch, shard
-from zoexec.maths.history import StepRecord
+from zoexec.maths.estimators import Directions, direction_seed
+from zoexec.maths.history import StepRecord, Update
 from zoexec.maths.zo import (
     RESIDENT_BLOCK,
     apply_update,
@@ -81,8 +82,6 @@ from zoexec.maths.zo import (
     perturb_into,
     projected_grad,
     step_seed,
-    z_block,
-    z_range,
 )
 from zoexec.model import heads
 from zoexec.model.families import bind_block, bind_resident, resident_flat
@@ -94,19 +93,38 @@ from zoexec.store.fence import ReadFlags
 from zoexec.store.node import store_staging
 from zoexec.train.speed import SpeedMonitor
 from zoplan.errors import ZoError
+from zoplan.estimators import direction_parts
 from zoplan.execrules import SR_SCRATCH, fence_needed, sr_chunk, z_chunk
 from zoplan.plan import Plan
 
 SIGNS = {"+-": (1.0, -1.0), "+": (1.0,), "-": (-1.0,)}
+Pending = Update   # a deferred update: step, seed, projected gradient(s), learning rate
 
 
 @dataclass(frozen=True, kw_only=True)
-class Pending:
-    """A deferred update: step seed, projected gradient and learning rate of a step."""
+class Stream:
+    """One forward of a step on this rank: the direction it perturbs along, its sign,
+    and its examples [first, stop) in the rank's data shard (all of it with one
+    direction)."""
 
-    seed: int
-    g: float
-    lr: float
+    direction: int
+    sign: float
+    first: int
+    stop: int
+
+
+CLEAN = (Stream(direction=0, sign=0.0, first=0, stop=0),)   # evaluation: no perturbation
+
+
+def rank_streams(*, signs: tuple, examples: int, directions: int, data_shard: int,
+                 num_shards: int) -> tuple[Stream, ...]:
+    """The rank's forwards of a step: each direction whose part of the global batch
+    meets the rank's shard (zoplan.estimators.direction_parts), with each sign of its
+    role."""
+    parts = direction_parts(examples=examples, directions=directions, data_shard=data_shard,
+                            num_shards=num_shards)
+    return tuple(Stream(direction=j, sign=sign, first=lo, stop=hi)
+                 for j, lo, hi in parts for sign in signs)
 
 
 # ---- the node's model: built once, shared ---------------------------------------------------
@@ -135,13 +153,18 @@ class Trainer:
         lay, rank = self.env.layout, self.env.rank
         self.signs = SIGNS[lay.role_of(rank)]
         self.data_shard, self.slice_index = lay.data_shard_of(rank), lay.slice_index_of(rank)
+        wl = self.cfg.workload
+        self.estimator = wl.estimator_spec
+        self.streams = rank_streams(signs=self.signs, examples=wl.batch,
+                                    directions=wl.directions, data_shard=self.data_shard,
+                                    num_shards=lay.ddp)
+        self.now = None   # (step, seed) of the step in progress
         self.fence_needed = self.writes_back and fence_needed(lay)
         # the update on the slice
         self.split = self.writes_back and lay.slice_update and lay.slices > 1
         if self.fence_needed and not self.env.is_cuda and self.flags is None:
             raise ZoError(f"{lay.local_ranks} local ranks with {lay.slices} slices on the "
                           f"CPU need the node's read stamps (share_read_flags)")
-        wl = self.cfg.workload
         self.rounding = LostUpdates(enabled=rank == 0, update=wl.update, lr=self.cfg.optim.lr,
                                     dtype=self.parts.param_dtype, quiet=not self.cfg.logging.progress)
         self._allocate()
@@ -166,9 +189,20 @@ class Trainer:
         self.z_r = torch.empty_like(self.work_r)
         bind_resident(parts, self.work_r)
         self.scratch = self._update_scratch()
+        self.dirs = self._directions()
         self.staging = store_staging(self.env, self.store)
         self.token = torch.zeros(1, device=dev)
         self._allocate_shards()
+
+    def _directions(self, shared: Directions | None = None, specs=None) -> Directions:
+        """The estimator's draws (zoexec.maths.estimators) for one lane of work, of the
+        tensors of `specs` (default: a block's and the resident parts'; with `shared`, a
+        block's), sparse thresholds shared with `shared`'s."""
+        if specs is None:
+            specs = self.parts.block_specs + ([] if shared else self.parts.resident_specs)
+        return Directions(self.estimator, run_seed=self.cfg.optim.seed, device=self.env.device,
+                          thresholds=shared.thresholds if shared is not None else None,
+                          shapes=[s.shape for s in specs])
 
     def _allocate_shards(self) -> None:
         """The rank's shards of the resident blocks (stride / slices elements each,
@@ -184,7 +218,9 @@ class Trainer:
             shard.copy_(self.store.piece(block, self.slice_index, lay.slices))
             self.shards[block] = shard
         self.slice_z, self.slice_edge, self.slice_scratch = self.z, None, self.scratch
+        self.slice_dirs = self.dirs
         if self.split and self.env.is_cuda:
+            self.slice_dirs = self._directions(shared=self.dirs)
             largest = max(s.numel for s in parts.block_specs)
             self.slice_z = torch.empty(size, dtype=parts.dtype, device=dev)
             self.slice_edge = torch.empty(min(z_chunk(dev.type), largest), dtype=parts.dtype,
@@ -200,41 +236,53 @@ class Trainer:
         if self.cfg.fail_at == (self.env.rank, step):
             raise RuntimeError(f"injected fault at step {step}")
         seed = step_seed(self.cfg.optim.seed, step)
+        self.now = (step, seed)
         self.lanes.begin_step(step)
         start = time.monotonic()
-        batch = self._batch(step)
+        batches = self._stream_batches(self._batch(step))
         with self.lanes.task("embed"):
-            acts = self._embed(seed, batch.ids)
+            acts = self._embed(seed, batches)
         last_d2h = self._blocks(seed, acts)
         with self.lanes.task("head") as head:
-            vec = self._head(acts, batch, flags)
+            vec = self._head(acts, batches, flags)
         with self.lanes.task("allreduce", after=(head.done, last_d2h)):
             if self.env.place.world_size > 1:   # a world of one already holds the sum
                 _wait(dist.all_reduce(vec, group=self.env.world, async_op=True))
         self.lanes.end_step()
         self._settle_copies()
+        q = self.estimator.directions
         total = vec.tolist()
-        if not total[2]:
+        sums = [total[3 * j:3 * j + 3] for j in range(q)]
+        if not all(count for _, _, count in sums):
             raise ZoError(f"step {step}: the batch has no labelled token (every label is "
                           f"ignored): nothing to train on")
-        loss_plus, loss_minus = (v / total[2] for v in total[:2])
-        g = projected_grad(loss_plus, loss_minus, self.cfg.optim.eps)
+        count = sum(c for _, _, c in sums)
+        loss_plus, loss_minus = (sum(part[k] for part in sums) / count for k in (0, 1))
+        eps = self.cfg.optim.eps
+        gs = tuple(projected_grad(lp / c, lm / c, eps) for lp, lm, c in sums)
+        g = gs[0] if q == 1 else sum(gs) / q
         elapsed = time.monotonic() - start
         record = StepRecord(step=step, seed=seed, loss_plus=loss_plus, loss_minus=loss_minus,
-                            g=g, lr=lr, step_time_s=elapsed,
+                            g=g, lr=lr, step_time_s=elapsed, gs=gs if q > 1 else (),
                             tokens_per_s=self.cfg.workload.tokens_per_step / elapsed)
-        return record, tuple(total[3:])
+        return record, tuple(total[3 * q:])
 
     def set_pending(self, record: StepRecord) -> None:
         """The step's update (if it has one: finite, not skipped) becomes the pending one."""
         update = record.update
-        self.pending = (Pending(seed=update[0], g=update[1], lr=update[2]),) if update else ()
+        self.pending = (update,) if update else ()
 
     def replay(self, updates) -> None:
-        """Apply logged updates ((seed, g, lr), in step order) in one pass over the
-        blocks: each block gets them in the order the run applied them."""
-        self.pending = tuple(Pending(seed=s, g=g, lr=lr) for s, g, lr in updates)
-        self.flush()
+        """Apply logged updates (zoexec.maths.history.Update, in step order) in one pass
+        over the blocks: each block gets them in the order the run applied them. Whole
+        blocks, also with the update on the slice (sparse's thresholds need a whole
+        tensor; the bits are the slice update's)."""
+        self.pending = tuple(updates)
+        split, self.split = self.split, False
+        try:
+            self.flush()
+        finally:
+            self.split = split
 
     def flush(self) -> None:
         """Apply the pending updates to every block and the resident parts."""
@@ -255,6 +303,13 @@ class Trainer:
         rows = as_batch(self.source.batch(step, wl.batch, wl.seq))
         mine = shard(rows, data_shard=self.data_shard, num_shards=self.env.layout.ddp)
         return mine.to(self.env.device)
+
+    def _stream_batches(self, batch: Batch) -> list[Batch]:
+        """Each stream's rows of the rank's shard (the whole shard with one direction)."""
+        if self.estimator.directions == 1:
+            return [batch for _ in self.streams]
+        k = batch.per_example
+        return [batch.select(st.first * k, st.stop * k) for st in self.streams]
 
     # ---- evaluation --------------------------------------------------------------------
     def evaluate(self, batch: Batch, *, head=None) -> torch.Tensor:
@@ -290,60 +345,87 @@ class Trainer:
                 for _ in range(SR_SCRATCH)]
 
     def _apply_pending(self, theta, block: int, specs, z, *, start: int | None = None,
-                       edge=None, scratch=None) -> None:
-        """theta -= lr * (g z_t + wd theta) for each pending update t in order (the
-        deferred update of the last step; several when a resume replays the log), in
-        the workload's update mode (docs/precision.md): in the stored precision for
-        "master" (fp32) and "plain" (16-bit, round to nearest), computed in fp32 and
-        rounded stochastically for "stochastic". With `start`, `theta` is the flat range
-        [start, start + len) of the block (the update on the slice): z is drawn for it
-        alone (zo.z_range, cut chunks through `edge`), the same bits land there as with
-        the whole block; `scratch`: the rounding's (default the compute stream's)."""
-        wd = self.cfg.optim.weight_decay
-        stop = None if start is None else start + theta.numel()
+                       edge=None, scratch=None, dirs: Directions | None = None) -> None:
+        """theta -= lr * (g d_t + wd theta) for each pending update t in order (the
+        deferred update of the last step; several when a resume replays the log), d_t
+        the estimator's direction of step t (with q directions: g_j / q along each
+        d_j, weight decay once), in the workload's update mode (docs/precision.md): in
+        the stored precision for "master" (fp32) and "plain" (16-bit, round to
+        nearest), computed in fp32 and rounded stochastically for "stochastic". With
+        `start`, `theta` is the flat range [start, start + len) of the block (the update
+        on the slice): d is drawn for it alone (zoexec.maths.estimators, cut chunks
+        through `edge`), the same bits land there as with the whole block; `scratch`,
+        `dirs`: the rounding's and the draws' (default the compute stream's)."""
         z = z if start is None else z[:theta.numel()]
         for pend in self.pending:
-            if not pend.lr or not (pend.g or wd):
-                continue
-            if pend.g and start is None:
-                z_block(pend.seed, block, specs, out=z)
-            elif pend.g:
-                z_range(pend.seed, block, specs, start, stop, out=z, scratch=edge)
-            before = self.rounding.before(theta, block) if not start else None
-            if self.cfg.workload.update == "stochastic":
-                apply_update_stochastic(theta, z, lr=pend.lr, g=pend.g, weight_decay=wd,
-                                        specs=specs, seed=pend.seed, block=block,
-                                        scratch=scratch or self.scratch, start=start or 0)
-            else:
-                apply_update(theta, z, lr=pend.lr, g=pend.g, weight_decay=wd,
-                             decay_mask_or_specs=specs, start=start or 0)
-            self.rounding.after(theta, z, before, g=pend.g)
+            for index, (direction, g) in enumerate(pend.terms):
+                self._apply_term(theta, block, specs, z, pend, direction, g,
+                                 wd=self.cfg.optim.weight_decay if index == 0 else 0.0,
+                                 start=start, edge=edge, scratch=scratch, dirs=dirs or self.dirs)
 
-    def _embed(self, seed: int, ids: torch.Tensor) -> list:
+    def _apply_term(self, theta, block, specs, z, pend: Update, direction: int, g: float, *,
+                    wd: float, start, edge, scratch, dirs: Directions) -> None:
+        """One direction's share of a pending update (see _apply_pending)."""
+        if not pend.lr or not (g or wd):
+            return
+        seed = direction_seed(pend.seed, direction)
+        if g:
+            dirs.fill(z, seed=seed, step=pend.step, block=block, specs=specs, theta=theta,
+                      start=start, edge=edge)
+        before = self.rounding.before(theta, block) if not start else None
+        if self.cfg.workload.update == "stochastic":
+            apply_update_stochastic(theta, z, lr=pend.lr, g=g, weight_decay=wd, specs=specs,
+                                    seed=seed, block=block, scratch=scratch or self.scratch,
+                                    start=start or 0)
+        else:
+            apply_update(theta, z, lr=pend.lr, g=g, weight_decay=wd,
+                         decay_mask_or_specs=specs, start=start or 0)
+        self.rounding.after(theta, z, before, g=g)
+
+    def _draw(self, z, theta, block: int, specs, direction: int) -> None:
+        """z <- d of the step in progress along `direction` (the whole block)."""
+        step, seed = self.now
+        self.dirs.fill(z, seed=direction_seed(seed, direction), step=step, block=block,
+                       specs=specs, theta=theta)
+
+    def _embed(self, seed: int, batches: list) -> list:
+        """The resident parts' pending updates, then per stream its perturbation (d
+        drawn again when the direction changes) and the embedding of its rows."""
         specs = self.parts.resident_specs
         self._apply_pending(self.theta_r, RESIDENT_BLOCK, specs, self.z_r)
-        z_block(seed, RESIDENT_BLOCK, specs, out=self.z_r)
-        acts = []
-        for sign in self.signs:
-            perturb_into(self.work_r, self.theta_r, self.z_r, sign * self.cfg.optim.eps)
-            acts.append(self.parts.embed(ids))
+        acts, drawn = [], None
+        for stream, batch in zip(self.streams, batches, strict=True):
+            if stream.direction != drawn:
+                self._draw(self.z_r, self.theta_r, RESIDENT_BLOCK, specs, stream.direction)
+                drawn = stream.direction
+            perturb_into(self.work_r, self.theta_r, self.z_r, stream.sign * self.cfg.optim.eps)
+            acts.append(self.parts.embed(batch.ids))
         return acts
 
-    def _head(self, acts: list, batch: Batch, flags: tuple) -> torch.Tensor:
-        """Summed loss of each perturbation (zoexec.model.heads.loss_sum: the head at
-        the labelled positions only), last-built first (saves one rebuild), placed in
-        the all-reduce vector [sum l+, sum l-, count, *flags] (float64); the count (the
-        labelled tokens, or the examples of the candidate loss) is counted once per
-        data shard (by the rank that computes l+)."""
-        vec = torch.tensor([0.0, 0.0, 0.0, *flags], dtype=torch.float64, device=self.env.device)
-        for turn, index in enumerate(reversed(range(len(self.signs)))):
-            sign = self.signs[index]
+    def _head(self, acts: list, batches: list, flags: tuple) -> torch.Tensor:
+        """Summed loss of each stream (zoexec.model.heads.loss_sum: the head at the
+        labelled positions only), last-built first (saves one rebuild), placed in the
+        all-reduce vector [sum l+, sum l-, count] per direction, then *flags (float64);
+        the count (the labelled tokens, or the examples of the candidate loss) is
+        counted once per data shard (by the rank that computes l+)."""
+        q = self.estimator.directions
+        vec = torch.tensor([0.0] * (3 * q) + list(flags), dtype=torch.float64,
+                           device=self.env.device)
+        drawn = self.streams[-1].direction
+        for turn, index in enumerate(reversed(range(len(self.streams)))):
+            stream = self.streams[index]
+            if stream.direction != drawn:
+                self._draw(self.z_r, self.theta_r, RESIDENT_BLOCK, self.parts.resident_specs,
+                           stream.direction)
+                drawn = stream.direction
             if turn:
-                perturb_into(self.work_r, self.theta_r, self.z_r, sign * self.cfg.optim.eps)
-            total, count = heads.loss_sum(self.parts, acts[index][0], batch)
-            vec[0 if sign > 0 else 1] = total.double()
-            if sign > 0:
-                vec[2] = count
+                perturb_into(self.work_r, self.theta_r, self.z_r,
+                             stream.sign * self.cfg.optim.eps)
+            total, count = heads.loss_sum(self.parts, acts[index][0], batches[index])
+            at = 3 * stream.direction
+            vec[at + (0 if stream.sign > 0 else 1)] += total.double()
+            if stream.sign > 0:
+                vec[at + 2] += count
         return vec
 
     # ---- blocks ------------------------------------------------------------------------
@@ -387,7 +469,7 @@ class Trainer:
         done = update.done
         if seed is not None:
             with self.lanes.task("forward", block) as forward:
-                self._forward_block(buf[:self.parts.block_numel], acts)
+                self._forward_block(buf[:self.parts.block_numel], acts, block=block)
             done = forward.done
         if self.flags is not None:
             self.flags.wait(block, stamp)
@@ -423,7 +505,7 @@ class Trainer:
         if seed is None:
             return update.done
         with self.lanes.task("forward", block) as forward:
-            self._forward_block(theta, acts)
+            self._forward_block(theta, acts, block=block)
         return forward.done
 
     def _resident_pass(self, block: int, shard: torch.Tensor, seed, acts) -> None:
@@ -437,13 +519,13 @@ class Trainer:
             self._update_block(theta, block, seed, pending=True)
         if seed is not None:
             with self.lanes.task("forward", block):
-                self._forward_block(theta, acts)
+                self._forward_block(theta, acts, block=block)
 
     def _clean_forward(self, block: int, theta: torch.Tensor, acts: list, *, after):
         """Evaluation: the block's forward on its clean weights (no perturbation)."""
         with self.lanes.task("forward", block, after=(after,)) as forward:
             self.work.copy_(theta)
-            self._forward_block(theta, acts, signs=(0.0,))
+            self._forward_block(theta, acts, block=block, streams=CLEAN)
         return forward.done
 
     def _upload(self, block: int, buf: torch.Tensor, stamp: int, *, after, split: bool):
@@ -475,7 +557,8 @@ class Trainer:
         count = min(piece.numel(), self.parts.block_numel - start)
         if count > 0 and self.pending:
             self._apply_pending(piece[:count], block, self.parts.block_specs, self.slice_z,
-                                start=start, edge=self.slice_edge, scratch=self.slice_scratch)
+                                start=start, edge=self.slice_edge, scratch=self.slice_scratch,
+                                dirs=self.slice_dirs)
 
     def _fence(self, block: int, *, after):
         """CUDA write-back fence: all local ranks have read `block` (node all-reduce).
@@ -491,18 +574,26 @@ class Trainer:
 
     def _update_block(self, theta: torch.Tensor, block: int, seed: int | None, *,
                       pending: bool) -> None:
-        """[The pending updates,] then z of step `seed` and the first perturbation."""
+        """[The pending updates,] then d of step `seed` along the first stream's
+        direction and its perturbation."""
         specs = self.parts.block_specs
         if pending:
             self._apply_pending(theta, block, specs, self.z)
         if seed is not None:
-            z_block(seed, block, specs, out=self.z)
-            perturb_into(self.work, theta, self.z, self.signs[0] * self.cfg.optim.eps)
+            first = self.streams[0]
+            self._draw(self.z, theta, block, specs, first.direction)
+            perturb_into(self.work, theta, self.z, first.sign * self.cfg.optim.eps)
 
-    def _forward_block(self, theta: torch.Tensor, acts: list, signs: tuple | None = None) -> None:
-        for index, sign in enumerate(signs or self.signs):
+    def _forward_block(self, theta: torch.Tensor, acts: list, *, block: int,
+                       streams: tuple | None = None) -> None:
+        """The block's forward for each stream, the perturbation rebuilt between them
+        (d drawn again when the direction changes)."""
+        streams = streams or self.streams
+        for index, stream in enumerate(streams):
             if index:
-                perturb_into(self.work, theta, self.z, sign * self.cfg.optim.eps)
+                if stream.direction != streams[index - 1].direction:
+                    self._draw(self.z, theta, block, self.parts.block_specs, stream.direction)
+                perturb_into(self.work, theta, self.z, stream.sign * self.cfg.optim.eps)
             hidden, ctx = acts[index]
             acts[index] = (self.parts.block_forward(hidden, ctx), ctx)
 

@@ -25,8 +25,8 @@ from typing import ClassVar
 
 import torch
 
-from zoexec.data.batch import Batch
-from zoexec.maths.zo import apply_update, perturb_into, z_block
+from zoexec.maths.estimators import direction_seed
+from zoexec.maths.zo import apply_update, perturb_into
 from zoexec.model import heads
 from zoexec.model.families import bind_block, bind_resident, resident_flat
 from zoexec.model.lora import (
@@ -80,6 +80,7 @@ class LoraTrainer(Trainer):
         self.hooks.bind(self.work_a)
         self.work = self.z = self.z_r = None
         self.scratch = []
+        self.dirs = self._directions(specs=list(self.lora.specs))
         self.block_now = 0
         self.staging = store_staging(self.env, self.store)
         self.token = torch.zeros(1, device=dev)
@@ -99,15 +100,20 @@ class LoraTrainer(Trainer):
 
     # ---- the adapters ------------------------------------------------------------------
     def _apply_adapters(self, block: int) -> None:
-        """The pending updates (in order) applied to block `block`'s adapters."""
+        """The pending updates (in order) applied to block `block`'s adapters, each
+        along its estimator's directions (zoexec.maths.estimators; weight decay once)."""
         wd, theta = self.cfg.optim.weight_decay, self.adapters[block]
         for pend in self.pending:
-            if not pend.lr or not (pend.g or wd):
-                continue
-            if pend.g:
-                z_block(pend.seed, block, self.lora.specs, out=self.z_a)
-            apply_update(theta, self.z_a, lr=pend.lr, g=pend.g, weight_decay=wd,
-                         decay_mask_or_specs=self.lora.specs)
+            for index, (direction, g) in enumerate(pend.terms):
+                decay = wd if index == 0 else 0.0
+                if not pend.lr or not (g or decay):
+                    continue
+                if g:
+                    self.dirs.fill(self.z_a, seed=direction_seed(pend.seed, direction),
+                                   step=pend.step, block=block, specs=self.lora.specs,
+                                   theta=theta)
+                apply_update(theta, self.z_a, lr=pend.lr, g=g, weight_decay=decay,
+                             decay_mask_or_specs=self.lora.specs)
 
     def flush(self) -> None:
         """The pending updates applied to every block's adapters (no block pass)."""
@@ -115,24 +121,35 @@ class LoraTrainer(Trainer):
             self._apply_adapters(block)
         self.pending = ()
 
+    def _draw_adapters(self, block: int, direction: int) -> None:
+        """z_a <- d of the step in progress along `direction` (block's adapters)."""
+        step, seed = self.now
+        self.dirs.fill(self.z_a, seed=direction_seed(seed, direction), step=step, block=block,
+                       specs=self.lora.specs, theta=self.adapters[block])
+
     def _update_block(self, theta: torch.Tensor, block: int, seed: int | None, *,
                       pending: bool) -> None:
-        """Bind the base block, [the pending updates of its adapters,] z of step `seed`
-        and the first perturbation of the adapters."""
+        """Bind the base block, [the pending updates of its adapters,] d of step `seed`
+        along the first stream's direction and its perturbation of the adapters."""
         bind_block(self.parts, theta)
         self.block_now = block
         if pending:
             self._apply_adapters(block)
         if seed is not None:
-            z_block(seed, block, self.lora.specs, out=self.z_a)
+            first = self.streams[0]
+            self._draw_adapters(block, first.direction)
             perturb_into(self.work_a, self.adapters[block], self.z_a,
-                         self.signs[0] * self.cfg.optim.eps)
+                         first.sign * self.cfg.optim.eps)
 
-    def _forward_block(self, theta: torch.Tensor, acts: list, signs: tuple | None = None) -> None:
-        for index, sign in enumerate(signs or self.signs):
+    def _forward_block(self, theta: torch.Tensor, acts: list, *, block: int,
+                       streams: tuple | None = None) -> None:
+        streams = streams or self.streams
+        for index, stream in enumerate(streams):
             if index:
+                if stream.direction != streams[index - 1].direction:
+                    self._draw_adapters(self.block_now, stream.direction)
                 perturb_into(self.work_a, self.adapters[self.block_now], self.z_a,
-                             sign * self.cfg.optim.eps)
+                             stream.sign * self.cfg.optim.eps)
             hidden, ctx = acts[index]
             acts[index] = (self.parts.block_forward(hidden, ctx), ctx)
 
@@ -146,20 +163,28 @@ class LoraTrainer(Trainer):
         return forward.done
 
     # ---- the step ----------------------------------------------------------------------
-    def _embed(self, seed: int, ids: torch.Tensor) -> list:
-        hidden, ctx = self.parts.embed(ids)
-        return [(hidden, ctx) for _ in self.signs]
+    def _embed(self, seed: int, batches: list) -> list:
+        """The embeddings of each stream's rows, once per distinct rows (frozen)."""
+        out, done = [], {}
+        for batch in batches:
+            if id(batch) not in done:
+                done[id(batch)] = self.parts.embed(batch.ids)
+            out.append(done[id(batch)])
+        return out
 
-    def _head(self, acts: list, batch: Batch, flags: tuple) -> torch.Tensor:
+    def _head(self, acts: list, batches: list, flags: tuple) -> torch.Tensor:
         """The engine's head (zoexec.model.heads.loss_sum, the task's loss at its labelled
-        positions) on each perturbation's activations; the resident parts are frozen,
-        so nothing is rebuilt between them."""
-        vec = torch.tensor([0.0, 0.0, 0.0, *flags], dtype=torch.float64, device=self.env.device)
-        for index, sign in enumerate(self.signs):
-            total, count = heads.loss_sum(self.parts, acts[index][0], batch)
-            vec[0 if sign > 0 else 1] = total.double()
-            if sign > 0:
-                vec[2] = count
+        positions) on each stream's activations, [sum l+, sum l-, count] per direction
+        then *flags; the resident parts are frozen, so nothing is rebuilt between them."""
+        q = self.estimator.directions
+        vec = torch.tensor([0.0] * (3 * q) + list(flags), dtype=torch.float64,
+                           device=self.env.device)
+        for index, stream in enumerate(self.streams):
+            total, count = heads.loss_sum(self.parts, acts[index][0], batches[index])
+            at = 3 * stream.direction
+            vec[at + (0 if stream.sign > 0 else 1)] += total.double()
+            if stream.sign > 0:
+                vec[at + 2] += count
         return vec
 
     def _offloaded_pass(self, block: int, buf: torch.Tensor, seed, acts, stamp: int, *, after):
@@ -186,7 +211,7 @@ class LoraTrainer(Trainer):
         with self.lanes.task("update", block, after=(after,)):
             self._update_block(theta, block, seed, pending=True)
         with self.lanes.task("forward", block) as forward:
-            self._forward_block(theta, acts)
+            self._forward_block(theta, acts, block=block)
         return forward.done
 
     # ---- results -----------------------------------------------------------------------

@@ -86,11 +86,13 @@ def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, s
                     prefetch: int | None = None, placement: str = "auto",
                     fewer: bool = True, lengths: str | None = None, tuning: str = "full",
                     lora_r: int = DEFAULT_LORA_R, lora_alpha: int = DEFAULT_LORA_ALPHA,
-                    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS) -> Request:
+                    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS,
+                    estimator: dict | None = None) -> Request:
     """Check the inputs; every problem is a ZoError with the numbers. `fewer`: search
     smaller world sizes too (world_sizes; off when --ddp fixes the world); `lengths`: a
     lengths file (`zoexec lengths`): the step priced at the batches' padded width.
-    `tuning` "lora": the LoRA workload (zoplan.lora) instead of the update modes."""
+    `tuning` "lora": the LoRA workload (zoplan.lora) instead of the update modes.
+    `estimator`: the estimator's settings (zoplan.estimators; default MeZO-SGD)."""
     spec = get_model(model)
     hw = load_profile(profile or DEFAULT_PROFILE)
     if batch < 1 or seq < 1:
@@ -119,6 +121,9 @@ def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, s
         workloads = tuple(Workload.for_update(batch=batch, seq=seq, compute_dtype=dtype,
                                               update=mode, tf32=tf32, lengths=rows)
                           for mode in modes)
+    if estimator:
+        workloads = _with_estimator(workloads, estimator)
+        note += f"; estimator {workloads[0].estimator_spec.describe()}"
     fixed = {k: v for k, v in (("pertp", pertp), ("slices", slices), ("prefetch", prefetch),
                                ("update", update)) if v is not None}
     if placement != "auto":
@@ -147,6 +152,14 @@ def world_sizes(hw: HardwareProfile, gpus: int) -> tuple[tuple[int, int], ...]:
                     reverse=True)
     out = [(n * gpn, n) for n in counts]
     return tuple(out + [(g, 1) for g in range(gpn - 1, 0, -1) if gpn % g == 0])
+
+
+def _with_estimator(workloads: tuple[Workload, ...], estimator: dict) -> tuple[Workload, ...]:
+    """The workloads with the estimator's settings (a ZoError naming a bad one)."""
+    try:
+        return tuple(dataclasses.replace(w, **estimator) for w in workloads)
+    except ValueError as exc:
+        raise ZoError(f"--{str(exc).replace('_', '-')}") from None
 
 
 def _lora_workload(spec: ModelSpec, update: str | None, *, targets: tuple[str, ...],
