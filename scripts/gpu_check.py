@@ -48,29 +48,29 @@ class Stage:
     what: str
 
 
-# In order of value. The ceilings of the CUDA column come from what each stage does on
-# the host (imports ~5 s, OPT-1.3B's random init 8-20 s, page-locking its 5 GB store
-# ~2 s) plus the GPU work. The CPU column (the dry run, tiny shapes) only guards against
+# In order of value. The ceilings of the CUDA column: the first H200 pass's seconds
+# (docs/gpu.md: preflight 10.4, run-offload 25.9, run-resident 21.2, profile 17.8,
+# oracle 12.2, slices 12.8, issue 14.2 with one block size, context 4.1) with room. The CPU column (the dry run, tiny shapes) only guards against
 # a hang: a loaded 2-core machine may take 3x its idle time; the deadline
 # (scripts/gpu_check.sh: 120 s for the dry run) bounds the whole.
 STAGES = (
     Stage(name="preflight", cuda_s=15, cpu_s=40,
           what="imports; a tmpfs with room for the store (mounted if /dev/shm is small); "
                "the GPU, its compute mode; 1 GiB of the store page-locked (else: staged)"),
-    Stage(name="run-offload", cuda_s=45, cpu_s=60,
+    Stage(name="run-offload", cuda_s=35, cpu_s=60,
           what="`zoexec run --trace` of the committed plan made from hwprofiles/hgx-h200.json: "
                "OPT-1.3B, every block streamed from host memory, bf16; predicted vs measured"),
-    Stage(name="run-resident", cuda_s=40, cpu_s=60,
+    Stage(name="run-resident", cuda_s=30, cpu_s=60,
           what="the same with every block resident on the GPU"),
-    Stage(name="profile", cuda_s=45, cpu_s=10,
+    Stage(name="profile", cuda_s=30, cpu_s=10,
           what="`zoplan profile --quick`: copies and duplex, forwards, z (the dry run skips it)"),
     Stage(name="oracle", cuda_s=20, cpu_s=45,
           what="zoexec.reference's loop on the device against `zoexec run`: the same bits"),
-    Stage(name="slices", cuda_s=15, cpu_s=45,
+    Stage(name="slices", cuda_s=20, cpu_s=45,
           what="z and the update of 2 and 8 slices of a block are the whole block's bits"),
-    Stage(name="issue", cuda_s=20, cpu_s=45,
+    Stage(name="issue", cuda_s=30, cpu_s=45,
           what="host issue time of a step (no device wait inside it) against its GPU time"),
-    Stage(name="overlap", cuda_s=15, cpu_s=20,
+    Stage(name="overlap", cuda_s=25, cpu_s=20,
           what="a forward beside an update and beside an H2D copy of the same length: "
                "each stream's slowdown; pinned and pageable copies, alone and duplex"),
     Stage(name="context", cuda_s=10, cpu_s=20,

@@ -31,6 +31,14 @@ class Failed(Exception):
     """A stage that could not measure what it is for (its result says why)."""
 
 
+BEGAN = time.monotonic()
+
+
+def log(message: str) -> None:
+    """A progress line in the stage's log (what was reached before a kill)."""
+    print(f"[{time.monotonic() - BEGAN:6.1f} s] {message}", flush=True)
+
+
 def _cuda(args) -> bool:
     return args.device_kind == "cuda"
 
@@ -178,9 +186,11 @@ def run_plan(args, which: str) -> dict:
                           "--gpus", "1", "--profile", profile, "--batch", "2", "--seq", "32",
                           "--placement", "host" if which == "offload" else "auto", "-o", str(plan)],
                          folder / "plan.log")
+    log("zoexec run")
     run_s = command([sys.executable, "-m", "zoexec.cli", "run", str(plan), "--init", "random",
                      "--steps", str(args.steps), "--lr", "1e-6", "--trace", str(trace), "--quiet"],
                     folder / "run.log")
+    log(f"zoexec run took {run_s:.1f} s; calibrating")
     return {**summarise_run(plan, trace, profile), "plan_s": plan_s, "run_wall_s": run_s}
 
 
@@ -287,11 +297,23 @@ def slices(args) -> dict:
 def issue(args) -> dict:
     """Host issue time of a step: from begin_step (the device idle) to the last task
     queued (end_step's entry, before it waits), against the step's GPU time (its spans'
-    extent), on OPT-1.3B-sized blocks (4 of them: the figure is per block). On a GPU
-    torch's sync debug mode counts every operation inside that window that makes the
-    host wait for the device: there should be none."""
-    import torch
+    extent), for OPT-1.3B-sized blocks (hidden 2048, 4 blocks) and OPT-6.7B-sized ones
+    (hidden 4096, 2 blocks): the figures per block. On a GPU torch's sync debug mode
+    counts every operation inside that window that makes the host wait for the device
+    (there should be none) and where in Python each one was called."""
+    cuda = _cuda(args)
+    out = {}
+    for name, model, layers in (("h2048", "opt-1.3b", 4), ("h4096", "opt-6.7b", 2)):
+        if not cuda and name == "h4096":
+            continue
+        got = issue_of(args, name, "tiny-opt" if not cuda else model, layers)
+        out.update({f"{name}_{k}": v for k, v in got.items()})
+        log(f"issue {name}: {got}")
+    return out
 
+
+def issue_of(args, name: str, model: str, layers: int) -> dict:
+    """IssueWindow over an in-process run of `layers` blocks of `model`, offloaded."""
     from zoexec.config import RunConfig
     from zoexec.launch.spawn import run_in_process
     from zoexec.runtime import lanes
@@ -302,27 +324,27 @@ def issue(args) -> dict:
     from zoplan.workload import Workload
 
     cuda = _cuda(args)
-    config = dict(get_model("opt-1.3b" if cuda else "tiny-opt").hf_config, num_hidden_layers=4)
-    (args.folder / "config.json").write_text(json.dumps(config))
+    folder = args.folder / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dict(get_model(model).hf_config,
+                                                        num_hidden_layers=layers)))
     wl = Workload(batch=8 if cuda else 2, seq=512 if cuda else 32, param_dtype="bf16",
                   compute_dtype="bf16", update="stochastic")
-    plan = hand_plan(model=get_model(str(args.folder / "config.json")), layout=Layout(prefetch=3),
+    plan = hand_plan(model=get_model(str(folder / "config.json")), layout=Layout(prefetch=3),
                      workload=wl, device_kind=args.device_kind)
-    kind = lanes.CudaLanes if cuda else lanes.CpuLanes
-    window = IssueWindow(kind, debug_syncs=cuda)
+    window = IssueWindow(lanes.CudaLanes if cuda else lanes.CpuLanes, debug_syncs=cuda)
     with window:
         run_in_process(RunConfig.make(plan=plan.data, steps=8, lr=1e-6,
-                                      trace=str(args.folder / "trace"), quiet=True,
-                                      speed_checks=False))
-    _, spans = read_trace(args.folder / "trace")
+                                      trace=str(folder / "trace"), quiet=True, speed_checks=False))
+    _, spans = read_trace(folder / "trace")
     steps = sorted({s.step for s in spans})[1:]
     gpu = statistics.median(max(s.end_s for s in spans if s.step == t)
                             - min(s.start_s for s in spans if s.step == t) for t in steps)
     host = statistics.median(window.issue_s[1:])
-    return {"blocks": 4, "host_issue_s_per_step": host, "host_issue_s_per_block": host / 4,
-            "gpu_step_s": gpu, "host_share": host / gpu,
-            "syncs_per_step": statistics.median(window.syncs[1:]) if cuda else None,
-            "first_sync": window.first_sync, "torch": torch.__version__}
+    return {"host_issue_s_per_block": host / layers, "gpu_s_per_block": gpu / layers,
+            "host_share": host / gpu,
+            **({"syncs_per_step": statistics.median(window.syncs[1:]),
+                "sync_sites": window.sites} if cuda else {})}
 
 
 class IssueWindow:
@@ -334,7 +356,7 @@ class IssueWindow:
         self.kind, self.debug_syncs = kind, debug_syncs
         self.issue_s: list[float] = []
         self.syncs: list[int] = []
-        self.first_sync: str | None = None
+        self.sites: dict[str, int] = {}
 
     def __enter__(self):
         import torch
@@ -360,9 +382,11 @@ class IssueWindow:
                     torch.cuda.set_sync_debug_mode("default")
                 started, seen = marks.pop()
                 self.issue_s.append(now - started)
-                new = [str(w.message) for w in self.record[seen:] if "synchroniz" in str(w.message)]
+                new = [w for w in self.record[seen:] if "synchroniz" in str(w.message)]
                 self.syncs.append(len(new))
-                self.first_sync = self.first_sync or (new[0][:200] if new else None)
+                for w in new:       # where in Python each wait was called
+                    site = f"{Path(w.filename).name}:{w.lineno}"
+                    self.sites[site] = self.sites.get(site, 0) + 1
             end(lanes)
         self.kind.begin_step, self.kind.end_step = timed_begin, timed_end
         return self
@@ -406,8 +430,10 @@ def overlap(args) -> dict:
 
         def copy():
             gpu.copy_(host, non_blocking=True)
+        log("overlap: block built")
         t_fwd = _median_ms(lambda: _timed([(main, forward, 1)]))[0]
         out = {"forward_ms": t_fwd}
+        log(f"overlap: forward alone {t_fwd:.2f} ms")
         for name, fn in (("update", update), ("h2d", copy)):
             one = _median_ms(lambda: _timed([(side, fn, 1)]))[0]
             reps = max(1, round(t_fwd / one))
@@ -417,6 +443,7 @@ def overlap(args) -> dict:
             out[f"{name}_reps"] = reps
             out[f"forward_slowdown_beside_{name}"] = both[1] / t_fwd - 1
             out[f"{name}_slowdown_beside_forward"] = both[0] / alone - 1
+            log(f"overlap: {name} done")
     out.update(copies())
     return out
 
@@ -469,6 +496,7 @@ def copies(size: int = 256 << 20) -> dict:
                     f"{kind}_duplex_h2d_gbps": size / both[0] / 1e6,
                     f"{kind}_duplex_d2h_gbps": size / both[1] / 1e6,
                     f"{kind}_duplex_both_gbps": 2 * size / both[2] / 1e6})
+        log(f"copies: {kind} done")
     return out
 
 
@@ -532,12 +560,14 @@ def main() -> None:
         print(f"{args.stage}: hanging (test hook)", flush=True)
         while True:
             time.sleep(60)
+    log(f"{args.stage}: started")
     try:
         result = {"ok": True, **STAGES[args.stage](args)}
     except Exception as exc:  # the stage's failure is its result; the conductor goes on
         traceback.print_exc()
         why = str(exc) if isinstance(exc, Failed) else f"{type(exc).__name__}: {exc}"
         result = {"ok": False, "error": (why.splitlines() or ["?"])[0][:500]}
+    log(f"{args.stage}: {'done' if result['ok'] else 'failed'}")
     tmp = args.folder / ".result.json.tmp"
     tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
     os.replace(tmp, args.folder / "result.json")

@@ -155,7 +155,7 @@ def test_the_dry_run_starts_as_the_gpu_machine_would_and_fits_the_return(machine
     assert stages["run-offload"]["kinds"]["h2d"]["meas_busy_s"] > 0
     assert stages["oracle"]["same_bits"], stages["oracle"]
     assert stages["slices"]["slices2_same_bits"] and stages["slices"]["slices8_same_bits"]
-    assert stages["issue"]["host_issue_s_per_step"] > 0
+    assert stages["issue"]["h2048_host_issue_s_per_block"] > 0
     with tarfile.open(out / "files.tar") as tar:
         names = tar.getnames()
     assert {"run-offload/plan.json", "run-offload/trace/meta.json", "run-offload/run.log",
