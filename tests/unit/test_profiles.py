@@ -8,8 +8,9 @@ import json
 import pytest
 
 from zoplan.errors import ZoError
-from zoplan.hardware import DEFAULT_NODE_SPREAD, HardwareProfile, load_profile, shipped_profiles
+from zoplan.hardware import HardwareProfile, load_profile, shipped_profiles
 from zoplan.io import load_json
+from zoplan.pricing.stragglers import DEFAULT_NODE_SPREAD, node_spread
 from zoplan.search import resolve_request
 
 EXPECTED = {"dgx-a100-80gb", "dgx-h100", "hgx-h200", "8x-rtx4090", "8x-a100-pcie-nvlink-pairs",
@@ -41,7 +42,7 @@ def test_a_profile_describes_a_node_not_a_cluster(name):
     profile = load_profile(name)
     data = json.loads(shipped_profiles()[name].read_text())
     assert "max_nodes" not in data
-    assert profile.node_spread == data["compute"]["node_spread"] == 0.02
+    assert node_spread(profile) == data["compute"]["node_spread"] == 0.02
     assert profile.sources["compute.node_spread"].startswith("[D]")
     assert HardwareProfile.from_dict({**data, "max_nodes": 1}) == profile
     resolve_request(model="opt-1.3b", gpus=65536 * profile.gpus_per_node // 8, profile=name,
@@ -51,7 +52,7 @@ def test_a_profile_describes_a_node_not_a_cluster(name):
 def test_the_node_spread_defaults_when_a_profile_has_none():
     data = json.loads(shipped_profiles()["dgx-a100-80gb"].read_text())
     del data["compute"]["node_spread"], data["sources"]["compute.node_spread"]
-    assert HardwareProfile.from_dict(data).node_spread == DEFAULT_NODE_SPREAD
+    assert node_spread(HardwareProfile.from_dict(data)) == DEFAULT_NODE_SPREAD
 
 
 def test_profile_specifics():
