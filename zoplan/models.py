@@ -15,6 +15,7 @@ shapes, built with random weights.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -95,14 +96,18 @@ class ModelSpec:
         """Rotary positions (q and k turned in every block), not position embeddings."""
         return self.family not in LEARNED_POSITIONS
 
-    def _block_tensors(self) -> list[tuple[int, bool]]:
-        """(elements, is a matrix) of one block's tensors in the HF module's order."""
-        return [(math.prod(shape), len(shape) >= 2) for shape in self.block_tensor_shapes()]
+    @functools.lru_cache(maxsize=256)   # noqa: B019 - specs are few and immutable
+    def _block_tensors(self) -> tuple[tuple[int, bool], ...]:
+        """(elements, is a matrix) of one block's tensors in the HF module's order
+        (cached: the search asks for them thousands of times)."""
+        return tuple((math.prod(shape), len(shape) >= 2) for shape in self.block_tensor_shapes())
 
-    def _resident_tensors(self) -> list[tuple[int, bool]]:
+    @functools.lru_cache(maxsize=256)   # noqa: B019 - specs are few and immutable
+    def _resident_tensors(self) -> tuple[tuple[int, bool], ...]:
         """(elements, is a matrix) of the resident tensors in named_parameters order
-        (embeddings, final norm, an untied head)."""
-        return [(math.prod(shape), len(shape) >= 2) for shape in self.resident_tensor_shapes()]
+        (embeddings, final norm, an untied head; cached, as _block_tensors)."""
+        return tuple((math.prod(shape), len(shape) >= 2)
+                     for shape in self.resident_tensor_shapes())
 
     def block_tensor_shapes(self) -> list[tuple[int, ...]]:
         """Shapes of one block's tensors in the HF module's order (a linear module's
@@ -141,7 +146,7 @@ class ModelSpec:
             return [(v, h), (self.max_positions, h)] + norm + head
         return [(v, h)] + norm + head
 
-    @property
+    @functools.cached_property
     def block_params(self) -> int:
         """Parameters of one decoder block (HF module layout)."""
         return sum(n for n, _ in self._block_tensors())
@@ -165,7 +170,7 @@ class ModelSpec:
         """Final norm + LM head (zero extra for a head tied to the embeddings)."""
         return self.resident_params - self.embed_params
 
-    @property
+    @functools.cached_property
     def resident_params(self) -> int:
         return sum(n for n, _ in self._resident_tensors())
 
@@ -189,7 +194,7 @@ class ModelSpec:
         """The GEMM part of block_flops_per_token (2 per weight)."""
         return 2.0 * self.matmul_params_per_block
 
-    def block_attn_flops_per_token(self, seq: int) -> float:
+    def block_attn_flops_per_token(self, seq: int | float) -> float:
         """The attention part: scores and weighted sum over `seq` keys."""
         return 4.0 * seq * self.attn_dim
 
@@ -615,7 +620,7 @@ def block_forward_work(hidden: int, batch: int, seq: int, *, dtype_bytes: int,
     """The work of one forward of one_block_config's block over batch x seq tokens:
     `flops` (GEMMs; with attention when not `split`), `attn_flops` and `elems`
     (element-wise outputs), and the block's `weight_bytes` (see
-    HardwareProfile.forward_time_s)."""
+    zoplan.pricing.compute.forward_time_s)."""
     spec = spec_from_hf_config(one_block_config(hidden, seq, family),
                                name=f"{family}-block-{hidden}")
     tokens = batch * seq

@@ -160,16 +160,18 @@ class Directions:
                 y = min(b, x + self.chunk)
                 out[x - lo:y - lo].masked_fill_(theta[x - lo:y - lo].abs() > found[index], 0)
 
-    def threshold_values(self, theta: torch.Tensor, specs: Sequence) -> list[float]:
-        """Each tensor's h_i from the whole block's weights `theta` (module docstring)."""
+    def threshold_values(self, theta: torch.Tensor, specs: Sequence) -> list[torch.Tensor]:
+        """Each tensor's h_i from the whole block's weights `theta` (module docstring),
+        as device scalars (never read on the host: no wait for the device)."""
         out = []
         for spec in specs:
             sample = theta[spec.offset:spec.stop:SPARSE_STRIDE].abs().float()
             k = max(1, math.ceil(self.spec.sparse_share * sample.numel()))
-            out.append(sample.kthvalue(k).values if sample.numel() else torch.zeros(()))
-        return torch.stack(out).tolist() if out else []
+            out.append(sample.kthvalue(k).values if sample.numel()
+                       else torch.zeros((), device=theta.device))
+        return out
 
-    def _remember(self, step: int, block: int, values: list[float]) -> None:
+    def _remember(self, step: int, block: int, values: list[torch.Tensor]) -> None:
         """Keep the thresholds of (step, block); drop those of steps before step - 1."""
         self.thresholds[(step, block)] = values
         for key in [k for k in self.thresholds if k[0] < step - 1]:

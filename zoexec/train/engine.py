@@ -176,7 +176,10 @@ class Trainer:
         fp32 scratch. zoplan.memory models exactly these."""
         parts, dev, lay = self.parts, self.env.device, self.env.layout
         count = max(1, min(lay.prefetch, self.store.num_blocks))
-        self.bufs = [torch.zeros(self.store.stride, dtype=parts.param_dtype, device=dev)
+        # not filled: each pass's h2d (or all-gather) writes a buffer whole, padding
+        # included, before anything reads it (a fill here would run on the compute stream,
+        # unordered with the h2d stream's first copy into it)
+        self.bufs = [torch.empty(self.store.stride, dtype=parts.param_dtype, device=dev)
                      for _ in range(count)]
         self.work = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
         self.z = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
@@ -236,10 +239,10 @@ class Trainer:
         if self.cfg.fail_at == (self.env.rank, step):
             raise RuntimeError(f"injected fault at step {step}")
         seed = step_seed(self.cfg.optim.seed, step)
+        start = time.monotonic()
+        batches = self._batches(step)   # copied while the device is idle, before the step's window
         self.now = (step, seed)
         self.lanes.begin_step(step)
-        start = time.monotonic()
-        batches = self._stream_batches(self._batch(step))
         with self.lanes.task("embed"):
             acts = self._embed(seed, batches)
         last_d2h = self._blocks(seed, acts)
@@ -250,6 +253,7 @@ class Trainer:
                 _wait(dist.all_reduce(vec, group=self.env.world, async_op=True))
         self.lanes.end_step()
         self._settle_copies()
+        self.rounding.settle()
         q = self.estimator.directions
         total = vec.tolist()
         sums = [total[3 * j:3 * j + 3] for j in range(q)]
@@ -294,22 +298,24 @@ class Trainer:
         self._blocks(None, None)
         self.lanes.end_step()
         self._settle_copies()
+        self.rounding.settle()
         self.pending = ()
         with failing("flush", rank=self.env.rank):
             zgroups.host_barrier(self.env)
 
-    def _batch(self, step: int) -> Batch:
+    def _batches(self, step: int) -> list[Batch]:
+        """Each stream's rows of the rank's shard of the step's batch, on the device (one
+        batch for every stream with one direction; each part found on the host)."""
         wl = self.cfg.workload
         rows = as_batch(self.source.batch(step, wl.batch, wl.seq))
         mine = shard(rows, data_shard=self.data_shard, num_shards=self.env.layout.ddp)
-        return mine.to(self.env.device)
-
-    def _stream_batches(self, batch: Batch) -> list[Batch]:
-        """Each stream's rows of the rank's shard (the whole shard with one direction)."""
         if self.estimator.directions == 1:
-            return [batch for _ in self.streams]
-        k = batch.per_example
-        return [batch.select(st.first * k, st.stop * k) for st in self.streams]
+            return [mine.to(self.env.device)] * len(self.streams)
+        k, parts = mine.per_example, {}
+        for st in self.streams:
+            if (st.first, st.stop) not in parts:
+                parts[(st.first, st.stop)] = mine.select(st.first * k, st.stop * k).to(self.env.device)
+        return [parts[(st.first, st.stop)] for st in self.streams]
 
     # ---- evaluation --------------------------------------------------------------------
     def evaluate(self, batch: Batch, *, head=None) -> torch.Tensor:
@@ -408,9 +414,7 @@ class Trainer:
         all-reduce vector [sum l+, sum l-, count] per direction, then *flags (float64);
         the count (the labelled tokens, or the examples of the candidate loss) is
         counted once per data shard (by the rank that computes l+)."""
-        q = self.estimator.directions
-        vec = torch.tensor([0.0] * (3 * q) + list(flags), dtype=torch.float64,
-                           device=self.env.device)
+        vec = loss_vector(flags, self.env.device, directions=self.estimator.directions)
         drawn = self.streams[-1].direction
         for turn, index in enumerate(reversed(range(len(self.streams)))):
             stream = self.streams[index]
@@ -422,10 +426,9 @@ class Trainer:
                 perturb_into(self.work_r, self.theta_r, self.z_r,
                              stream.sign * self.cfg.optim.eps)
             total, count = heads.loss_sum(self.parts, acts[index][0], batches[index])
-            at = 3 * stream.direction
-            vec[at + (0 if stream.sign > 0 else 1)] += total.double()
+            add_at(vec, 3 * stream.direction + (0 if stream.sign > 0 else 1), total.double())
             if stream.sign > 0:
-                vec[at + 2] += count
+                add_at(vec, 3 * stream.direction + 2, count)
         return vec
 
     # ---- blocks ------------------------------------------------------------------------
@@ -635,6 +638,28 @@ class Trainer:
                 self.store.piece(block, self.slice_index, lay.slices).copy_(shard)
         with failing("shards", rank=self.env.rank):
             zgroups.host_barrier(self.env, node_only=True)
+
+
+def loss_vector(flags: tuple, device: torch.device, *, directions: int = 1) -> torch.Tensor:
+    """The step's all-reduce vector [sum l+, sum l-, count] per direction, then *flags
+    (float64), filled on the device: a host tensor copied to a GPU (torch.tensor(...,
+    device=...)) would make the host wait for every task queued before it on the stream."""
+    vec = torch.zeros(3 * directions + len(flags), dtype=torch.float64, device=device)
+    for index, flag in enumerate(flags):
+        if flag:
+            put(vec, 3 * directions + index, flag)
+    return vec
+
+
+def put(vec: torch.Tensor, index: int, value: float) -> None:
+    """vec[index] = value, a Python number, as a fill on the device (`vec[i] = 2.0`
+    copies a one-element host tensor: on a GPU the host waits for the stream)."""
+    vec[index:index + 1].fill_(value)
+
+
+def add_at(vec: torch.Tensor, index: int, value) -> None:
+    """vec[index] += value (a Python number or a device scalar), on the device."""
+    vec[index:index + 1].add_(value)
 
 
 def _piece(flat: torch.Tensor, part: int, parts: int) -> torch.Tensor:

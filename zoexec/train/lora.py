@@ -39,7 +39,7 @@ from zoexec.model.lora import (
 )
 from zoexec.runtime import groups as zgroups
 from zoexec.store.node import store_staging
-from zoexec.train.engine import Trainer, _wait
+from zoexec.train.engine import Trainer, _wait, add_at, loss_vector
 from zoplan.errors import ZoError
 from zoplan.plan import Plan
 
@@ -176,15 +176,12 @@ class LoraTrainer(Trainer):
         """The engine's head (zoexec.model.heads.loss_sum, the task's loss at its labelled
         positions) on each stream's activations, [sum l+, sum l-, count] per direction
         then *flags; the resident parts are frozen, so nothing is rebuilt between them."""
-        q = self.estimator.directions
-        vec = torch.tensor([0.0] * (3 * q) + list(flags), dtype=torch.float64,
-                           device=self.env.device)
+        vec = loss_vector(flags, self.env.device, directions=self.estimator.directions)
         for index, stream in enumerate(self.streams):
             total, count = heads.loss_sum(self.parts, acts[index][0], batches[index])
-            at = 3 * stream.direction
-            vec[at + (0 if stream.sign > 0 else 1)] += total.double()
+            add_at(vec, 3 * stream.direction + (0 if stream.sign > 0 else 1), total.double())
             if stream.sign > 0:
-                vec[at + 2] += count
+                add_at(vec, 3 * stream.direction + 2, count)
         return vec
 
     def _offloaded_pass(self, block: int, buf: torch.Tensor, seed, acts, stamp: int, *, after):
