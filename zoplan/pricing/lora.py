@@ -15,12 +15,14 @@ No write-back, no fence and no slice update (zoplan.sim.costs: read_only).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from zoplan.hardware import HardwareProfile
-from zoplan.lora import ADAPTER_BYTES, adapter_flops_per_token, adapter_tensor_numels
+from zoplan.lora import ADAPTER_BYTES, adapter_flops_per_token, adapter_tensor_numels, linear_shapes
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.pricing.compute import EMBED_OPS, HEAD_OPS, forward_times, has_z_model, hbm_time_s
+from zoplan.pricing.estimators import cpu_draw_s, gpu_draw
 from zoplan.pricing.host import forward_issue_s, launch_s
 from zoplan.pricing.zo import cpu_z_time_s, gpu_z_time_s, pass_time_s, z_issue_s, zo_time_s
 from zoplan.workload import Workload
@@ -36,9 +38,13 @@ def adapter_pass_bytes(compute_bytes: int) -> tuple[int, int]:
 
 
 def lora_task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
-                    tokens: int | float, streams: int, local_ranks: int) -> dict[str, Any]:
+                    tokens: int | float, streams: int, local_ranks: int,
+                    here: int = 1) -> dict[str, Any]:
     """embed_s, update_s, forward_s, head_s (and the GPU host's "issue" seconds) of a
-    LoRA step, in task_times' shape ("parts" None: no slice update)."""
+    LoRA step, in task_times' shape ("parts" None: no slice update). With an estimator
+    (zoplan.estimators): its d draws over the adapters in place of z, and with q
+    directions, q draws and update passes in the deferred update, here - 1 more draws
+    in the forward (zoplan.pricing.schedules)."""
     hw, wl = profile, workload
     numels = adapter_tensor_numels(model, r=wl.lora_r, targets=wl.lora_targets)
     fwd, lookups, head_fwd = forward_times(
@@ -47,18 +53,31 @@ def lora_task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Wor
         extra_flops_per_token=adapter_flops_per_token(model, r=wl.lora_r,
                                                       targets=wl.lora_targets))
     z, update, perturb = _adapter_zo(hw, numels, dtype_bytes(wl.compute_dtype), local_ranks)
-    out: dict[str, Any] = {"embed_s": lookups, "update_s": 2 * z + update + perturb,
-                           "forward_s": streams * fwd + (streams - 1) * perturb,
+    q = wl.estimator_spec.directions
+    if not wl.estimator_spec.is_default:
+        z = _adapter_draw(hw, model, wl, local_ranks)
+    out: dict[str, Any] = {"embed_s": lookups, "update_s": q * (z + update) + z + perturb,
+                           "forward_s": streams * fwd + (streams - 1) * perturb + (here - 1) * z,
                            "head_s": streams * head_fwd, "parts": None, "issue": None}
     if not hw.is_cpu:
         launch = launch_s(hw)
         launches = len(wl.lora_targets) * LORA_LAUNCHES * launch
         out["issue"] = {"embed": forward_issue_s(hw, EMBED_OPS),
-                        "update": 2 * z_issue_s(hw, numels) + 2 * launch,
+                        "update": (q + 1) * z_issue_s(hw, numels) + (q + 1) * launch,
                         "forward": streams * (forward_issue_s(hw) + launches)
                         + (streams - 1) * launch,
                         "head": streams * forward_issue_s(hw, HEAD_OPS)}
     return out
+
+
+def _adapter_draw(hw: HardwareProfile, model: ModelSpec, wl: Workload, local_ranks: int) -> float:
+    """One d draw over a block's adapters (fp32, zoplan.pricing.estimators)."""
+    shapes = [s for fan_in, fan_out in (linear_shapes(model)[t] for t in wl.lora_targets)
+              for s in ((wl.lora_r, fan_in), (fan_out, wl.lora_r))]
+    fp32 = dataclasses.replace(wl, param_dtype="fp32", compute_dtype="fp32")
+    if hw.is_cpu:
+        return cpu_draw_s(hw, shapes, fp32, local_ranks)
+    return gpu_draw(hw, shapes, fp32).device_s
 
 
 def _adapter_zo(hw: HardwareProfile, numels: list[int], compute_bytes: int,

@@ -11,6 +11,13 @@ schedule "zo2": four z draws and four in-place passes per block and step (pertur
 +eps, -2eps, restore, update; zoexec.reference), no parts.
 Each function returns {"embed", "update", "forward", "head"} in device seconds (GPU:
 also "issue", the host seconds of each task's zo maths), and "parts" where it splits.
+
+Estimators (zoplan.estimators; not MeZO-SGD with one direction): a d draw
+(zoplan.pricing.estimators) in place of each z draw, and with q directions a step
+(`here` of them meet the rank's rows, one stream a sign each): the deferred update
+draws and applies each of the q directions (q draws, q update passes), the update
+task draws the first direction of the rank, the forward and head tasks the other
+here - 1 (a d draw each when the direction changes), every stream its perturbation pass.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 from zoplan.hardware import HardwareProfile
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.pricing.compute import has_z_model
+from zoplan.pricing.estimators import cpu_draw_s, draw_share, gpu_draw
 from zoplan.pricing.work import NO_WORK, Work
 from zoplan.pricing.zo import (
     SR_BYTES,
@@ -41,12 +49,16 @@ ZoMaths = dict[str, Any]
 
 
 def cpu_per_param(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
-                  local_ranks: int, streams: int, schedule: str) -> ZoMaths:
+                  local_ranks: int, streams: int, schedule: str, here: int = 1) -> ZoMaths:
     """CPU profiles without the z model: compute.zo_ns_per_param prices the update
     task's 2 draws + 2 passes; ZO2's 4 + 4 cost twice that; the stochastic update's noise
     draw and rounding passes are taken to cost as much as the task again (a rough
     figure: a measured profile's z model prices them)."""
-    del streams
+    if not workload.estimator_spec.is_default and schedule != "zo2":
+        return _estimated(model=model, profile=profile, workload=workload,
+                          local_ranks=local_ranks, streams=streams, here=here,
+                          one_pass=lambda n: 0.25 * zo_time_s(profile, n, local_ranks),
+                          rounding=1.0 if workload.update == "stochastic" else 0.0)
     factor = 2.0 if schedule == "zo2" else 1.0
     stochastic = 1.0 if workload.update == "stochastic" else 0.0
     factor += stochastic
@@ -65,11 +77,15 @@ def cpu_per_param(*, model: ModelSpec, profile: HardwareProfile, workload: Workl
 
 
 def cpu_z_model(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
-                local_ranks: int, streams: int, schedule: str) -> ZoMaths:
+                local_ranks: int, streams: int, schedule: str, here: int = 1) -> ZoMaths:
     """CPU profiles with the z model: z draws and passes as measured (zoexec's schedule:
     2 draws + 2 passes per block, the second stream's perturbation in the forward). The
     stochastic update replaces the update pass by its noise and rounding
     (zoplan.pricing.zo.cpu_rounding_s)."""
+    if not workload.estimator_spec.is_default and schedule != "zo2":
+        return _estimated(model=model, profile=profile, workload=workload,
+                          local_ranks=local_ranks, streams=streams, here=here,
+                          one_pass=lambda n: pass_time_s(profile, n, local_ranks))
     hw, lr = profile, local_ranks
     block, resident = model.block_tensor_numels(), model.resident_tensor_numels()
     z_block, z_res = cpu_z_time_s(hw, block, lr), cpu_z_time_s(hw, resident, lr)
@@ -104,10 +120,13 @@ def cpu_z_model(*, model: ModelSpec, profile: HardwareProfile, workload: Workloa
 
 
 def gpu(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
-        local_ranks: int, streams: int, schedule: str) -> ZoMaths:
+        local_ranks: int, streams: int, schedule: str, here: int = 1) -> ZoMaths:
     """GPU: each term a Work (device seconds, host seconds to issue it), from
     zoplan.pricing.zo's z_draw, hbm_pass, gpu_update and rounding_noise. "issue" holds
     the host seconds of each task's zo maths."""
+    if not workload.estimator_spec.is_default and schedule != "zo2":
+        return _gpu_estimated(model=model, profile=profile, workload=workload,
+                              streams=streams, here=here)
     del local_ranks
     hw, c = profile, dtype_bytes(workload.compute_dtype)
     upd, pert = zo_pass_bytes(param_bytes=dtype_bytes(workload.param_dtype), compute_bytes=c)
@@ -143,6 +162,68 @@ def gpu(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
     out["issue"] = {kind: w.host_s for kind, w in work.items()}
     if schedule != "zo2":
         out["parts"] = parts
+    return out
+
+
+def _estimated(*, model, profile, workload, local_ranks, streams, here, one_pass,
+               rounding: float = 0.0) -> ZoMaths:
+    """A CPU rank's zo maths with an estimator (module docstring): d draws
+    (zoplan.pricing.estimators.cpu_draw_s) and passes (`one_pass(elements)`; the
+    stochastic update's rounding by zoplan.pricing.zo.cpu_rounding_s on the z model,
+    `rounding` passes more without it)."""
+    hw, wl, lr = profile, workload, local_ranks
+    q = wl.estimator_spec.directions
+    shapes, res_shapes = model.block_tensor_shapes(), model.resident_tensor_shapes()
+    d_block, d_res = cpu_draw_s(hw, shapes, wl, lr), cpu_draw_s(hw, res_shapes, wl, lr)
+    pass_block, pass_res = one_pass(model.block_params), one_pass(model.resident_params)
+
+    def update(numels: list[int], one: float) -> float:
+        if wl.update != "stochastic":
+            return one
+        return cpu_rounding_s(hw, numels, one) if has_z_model(hw) else (1 + rounding) * one
+    upd_block = update(model.block_tensor_numels(), pass_block)
+    upd_res = update(model.resident_tensor_numels(), pass_res)
+
+    def deferred(_z_numels: list[int], pieces: list[int], noise: list[int]) -> float:
+        """A slice's deferred update: its share of each direction's d, its passes."""
+        one = one_pass(sum(pieces))
+        upd = update(noise, one) if wl.update == "stochastic" else one
+        return q * (draw_share(wl, pieces, shapes) * d_block + upd)
+    return {"embed": q * (d_res + upd_res) + here * d_res + streams * pass_res,
+            "update": q * (d_block + upd_block) + d_block + pass_block,
+            "forward": (streams - 1) * pass_block + (here - 1) * d_block,
+            "head": (streams - 1) * pass_res + (here - 1) * d_res,
+            "parts": {"deferred": deferred, "perturb": d_block + pass_block}}
+
+
+def _gpu_estimated(*, model, profile, workload, streams, here) -> ZoMaths:
+    """A GPU rank's zo maths with an estimator (module docstring), as `gpu`'s Work."""
+    hw, wl, c = profile, workload, dtype_bytes(workload.compute_dtype)
+    q = wl.estimator_spec.directions
+    upd, pert = zo_pass_bytes(param_bytes=dtype_bytes(wl.param_dtype), compute_bytes=c)
+    shapes, res_shapes = model.block_tensor_shapes(), model.resident_tensor_shapes()
+    d_block, d_res = gpu_draw(hw, shapes, wl), gpu_draw(hw, res_shapes, wl)
+    block, resident = model.block_tensor_numels(), model.resident_tensor_numels()
+
+    def update(numels: list[int]) -> Work:
+        return gpu_update(hw, numels, update=wl.update, update_bytes=upd)
+
+    def deferred(_z_numels: list[int], pieces: list[int], draws: list[int]) -> Work:
+        """A slice's deferred update: its share of each direction's d, its passes."""
+        if wl.update != "stochastic":
+            one = update(pieces)
+        else:
+            one = rounding_noise(hw, len(draws), sum(draws)) + hbm_pass(hw, SR_BYTES * sum(pieces), 0)
+        return (d_block * draw_share(wl, pieces, shapes) + one) * q
+    pert_block = hbm_pass(hw, pert * model.block_params)
+    pert_res = hbm_pass(hw, pert * model.resident_params)
+    work = {"embed": (d_res + update(resident)) * q + d_res * here + pert_res * streams,
+            "update": (d_block + update(block)) * q + d_block + pert_block,
+            "forward": pert_block * (streams - 1) + d_block * (here - 1),
+            "head": pert_res * (streams - 1) + d_res * (here - 1)}
+    out: ZoMaths = {kind: w.device_s for kind, w in work.items()}
+    out["issue"] = {kind: w.host_s for kind, w in work.items()}
+    out["parts"] = {"deferred": deferred, "perturb": d_block + pert_block}
     return out
 
 

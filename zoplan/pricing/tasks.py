@@ -17,7 +17,7 @@ from zoplan.workload import Workload
 
 def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
                tokens: int | float, streams: int, local_ranks: int,
-               schedule: str = "zoexec") -> dict[str, Any]:
+               schedule: str = "zoexec", here: int = 1) -> dict[str, Any]:
     """embed_s, update_s, forward_s and head_s of one rank (the schedule of
     docs/execution.md): `tokens` per perturbation stream, `streams` forwards per block.
 
@@ -28,7 +28,9 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     per stream, and one embedding lookup per stream; head: one final norm + LM head +
     loss per stream and the resident perturbation pass between them. "issue" (GPU
     profiles; None on CPUs): the host seconds to issue each of those tasks (layer calls
-    at compute.overhead_us, the zo maths' launches)."""
+    at compute.overhead_us, the zo maths' launches). `here`: the directions of a step
+    (zoplan.estimators) that meet the rank's rows (`streams` counts a stream per sign of
+    each; zoplan.pricing.schedules prices their draws)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     hw = profile
@@ -36,7 +38,8 @@ def task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
                                            tokens=tokens, streams=streams,
                                            local_ranks=local_ranks)
     zo = zo_maths_of(hw)(model=model, profile=hw, workload=workload,
-                         local_ranks=local_ranks, streams=streams, schedule=schedule)
+                         local_ranks=local_ranks, streams=streams, schedule=schedule,
+                         here=here)
     out = {"embed_s": zo["embed"] + lookups, "update_s": zo["update"],
            "forward_s": streams * fwd + zo["forward"],
            "head_s": streams * head_fwd + zo["head"], "parts": zo.get("parts"),

@@ -62,7 +62,8 @@ def build_plan(result: SearchResult) -> Plan:
                       "unsliced": baseline_entry(result.unsliced, result.unsliced_reason),
                       "offloaded": baseline_entry(result.offloaded, result.offloaded_reason),
                       "all_devices": baseline_entry(result.all_devices,
-                                                    result.all_devices_reason)},
+                                                    result.all_devices_reason),
+                      **_mezo_entry(result)},
         "candidates": [candidate_entry(c) for c in result.ranked],
         "pruned": [_pruned_entry(p) for p in result.pruned
                    if _world(p.layout) in (req.gpus, win.layout.world_size)],
@@ -79,6 +80,17 @@ def build_plan(result: SearchResult) -> Plan:
         "scaling": scaling(win, req),
     }
     return Plan.from_dict(data, origin="new plan")
+
+
+def _mezo_entry(result: SearchResult) -> dict:
+    """An estimator's winner: {"mezo": MeZO-SGD on its layout, with both update tasks
+    of a block (update_task_s: MeZO-SGD's, estimator_update_task_s: the winner's)}."""
+    if result.mezo is None:
+        return {}
+    entry = baseline_entry(result.mezo)
+    entry["update_task_s"] = _t(result.mezo.costs.update_s)
+    entry["estimator_update_task_s"] = _t(result.winner.costs.update_s)
+    return {"mezo": entry}
 
 
 def _world(axes: dict) -> int:

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from zoplan.errors import ZoError
+from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
 from zoplan.layout import Layout, axes_label
 from zoplan.search.space import Candidate, Pruned, Request, enumerate_space, make_candidate
 from zoplan.sim.bounds import step_bounds
@@ -167,6 +168,7 @@ class SearchResult:
     offloaded_reason: str = ""
     all_devices: Candidate | None = None  # the best on every device given (--gpus)
     all_devices_reason: str = ""
+    mezo: Candidate | None = None         # an estimator's winner: MeZO-SGD on its layout
 
     @property
     def winner(self) -> Candidate:
@@ -196,7 +198,22 @@ def search(req: Request, *, progress=None) -> SearchResult:
     return SearchResult(request=req, ranked=ranked, pruned=pruned + by_bound, zo2=zo2,
                         unsliced=unsliced, unsliced_reason=reason, offloaded=offloaded,
                         offloaded_reason=off_reason, all_devices=everything,
-                        all_devices_reason=all_reason)
+                        all_devices_reason=all_reason, mezo=mezo_baseline(req, ranked[0]))
+
+
+def mezo_baseline(req: Request, winner: Candidate) -> Candidate | None:
+    """An estimator's winner (zoplan.estimators) against MeZO-SGD with one direction on
+    the same layout, placement and update mode: what the estimator's draws and
+    directions cost per step (None for a MeZO-SGD winner)."""
+    if winner.workload.estimator_spec.is_default:
+        return None
+    workload = dataclasses.replace(winner.workload, **ESTIMATOR_DEFAULTS)
+    cand = make_candidate(req, winner.layout, workload, resident=winner.resident,
+                          period=winner.period)
+    if cand.costs is None:
+        return None
+    simulate_full(cand, record_spans=False)
+    return cand
 
 
 def _best_among(req: Request, ranked: list[Candidate], candidates: list[Candidate],

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass, field
 
+from zoplan.estimators import stream_examples
 from zoplan.execrules import chunk_bounds, fence_needed, sr_chunk, z_range_draws
 from zoplan.hardware import HardwareProfile
 from zoplan.layout import Layout
@@ -43,8 +44,10 @@ class StepCosts:
     concurrent: bool                 # device.concurrent_engines
     num_blocks: int
     block_bytes: float               # one block in the stored precision
-    tokens_per_rank: int | float   # padding included (Workload.priced_tokens)
-    streams: int                     # forward passes per rank (2 for "+-", 1 for PertP)
+    tokens_per_rank: int | float   # per stream, padding included (Workload.priced_tokens;
+                                     # with q directions, the rank's part of one)
+    streams: int                     # forward passes per rank (2 for "+-", 1 for PertP;
+                                     # times the directions that meet its rows)
     embed_s: float
     update_s: float                  # update task of an offloaded block (see module doc)
     forward_s: float                 # all streams of one block on one rank
@@ -151,10 +154,13 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     whether it stays on the devices (() or all False: every block offloaded); `period`:
     after how many blocks that pattern repeats (None: work it out; 0: it does not)."""
     lr = layout.local_ranks
-    tokens = workload.priced_tokens(layout.ddp)
-    streams = 2 if layout.pertp == 1 else 1
+    here, _ = stream_examples(examples=workload.batch, directions=workload.directions,
+                              num_shards=layout.ddp)
+    tokens = workload.priced_tokens(layout.ddp) / here if here > 1 \
+        else workload.priced_tokens(layout.ddp)
+    streams = (2 if layout.pertp == 1 else 1) * here
     block = float(model.block_bytes(workload.param_dtype))
-    work = dict(_task_work(model, profile, workload, tokens, streams, lr, schedule))
+    work = dict(_task_work(model, profile, workload, tokens, streams, lr, schedule, here))
     parts = work.pop("parts")
     work.update(_placement_work(model=model, profile=profile, workload=workload,
                                 layout=layout, parts=parts, resident=resident,
@@ -217,14 +223,15 @@ def _collective_stream_s(costs: StepCosts) -> float:
 
 @functools.lru_cache(maxsize=1024)
 def _task_work(model: ModelSpec, profile: HardwareProfile, workload: Workload,
-               tokens: int | float, streams: int, local_ranks: int, schedule: str) -> dict:
+               tokens: int | float, streams: int, local_ranks: int, schedule: str,
+               here: int = 1) -> dict:
     """The task times of zoplan.pricing (cached: a search asks for the same ones for
     every prefetch depth, slice group and placement; callers copy before changing)."""
     if workload.is_lora:
         return lora_task_times(model=model, profile=profile, workload=workload, tokens=tokens,
-                               streams=streams, local_ranks=local_ranks)
+                               streams=streams, local_ranks=local_ranks, here=here)
     return task_times(model=model, profile=profile, workload=workload, tokens=tokens,
-                      streams=streams, local_ranks=local_ranks, schedule=schedule)
+                      streams=streams, local_ranks=local_ranks, schedule=schedule, here=here)
 
 
 def _read_only(work: dict) -> dict:

@@ -185,6 +185,7 @@ def _summary(d: dict, output: Path) -> list[str]:
         note = "" if b.get("fits", True) else " - " + b.get("reason", "")
         lines.append(f"{title}: {b['label']} {_secs(b['step_time_s'])} s/step, winner is "
                      f"{_faster(b['step_time_s'] / p['step_time_s'])}{note}")
+    lines += _estimator_lines(d)
     lines += _nodes_lines(d)
     lines.append(f"~ extrapolated from reduced-block simulations (two extrapolations agree "
                  f"within 0.5%); rN = N blocks resident on the {device_word(d)}; su = update on the "
@@ -241,6 +242,24 @@ def _devices_lines(d: dict) -> list[str]:
             f"{s['gpus']} ({every['label']}, {_secs(every['step_time_s'])} s/step)"
             if every.get("step_time_s") else f"; no layout of all {s['gpus']} fits")
     return [f"[bold]uses {used} of the {s['gpus']} {device_word(d)} given[/]{than}"]
+
+
+def _estimator_lines(d: dict) -> list[str]:
+    """An estimator's winner against MeZO-SGD on its layout (docs/estimators.md)."""
+    mezo, wl = d["baselines"].get("mezo") or {}, d["workload"]
+    if mezo.get("step_time_s") is None:
+        return []
+    name = wl.get("estimator", "mezo")
+    own = {"lowrank": f" rank {wl.get('lowrank_rank')}, V every {wl.get('lowrank_every')} steps",
+           "sparse": f" share {wl.get('sparse_share')}"}.get(name, "")
+    more = f", {wl.get('directions')} directions a step" if wl.get("directions", 1) > 1 else ""
+    step = d["predicted"]["step_time_s"]
+    return [f"estimator {name}{own}{more}: update task "
+            f"{mezo['estimator_update_task_s'] * 1e3:.3g} ms a block against MeZO-SGD's "
+            f"{mezo['update_task_s'] * 1e3:.3g} ms; MeZO-SGD on the winner's layout "
+            f"{_secs(mezo['step_time_s'])} s/step, the estimator's step is "
+            f"{_faster(mezo['step_time_s'] / step)} (per step; steps to an accuracy: "
+            f"docs/estimators.md)"]
 
 
 def _nodes_lines(d: dict) -> list[str]:
