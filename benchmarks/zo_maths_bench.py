@@ -4,7 +4,9 @@
 
 Times, on one block of the model (shapes from the catalogue, no weights built):
 z_block with 1..N threads, a single torch.randn over the whole block (the naive
-alternative), perturb_into (theta + eps*z into a work buffer) and apply_update.
+alternative), perturb_into (theta + eps*z into a work buffer) and apply_update, and one
+draw of each estimator's d (zoexec.maths.estimators: mezo's z, lowrank of rank 2 and
+8, sparse; docs/estimators.md), side by side with z's.
 Per step a block costs 2 z generations + 2 perturb_into + 1 apply_update here, against
 4 z generations + 4 in-place passes in plain MeZO / ZO2's public code.
 """
@@ -66,8 +68,25 @@ def main() -> None:
     rows.append(("perturb_into", timed_ms(lambda: zo.perturb_into(work, theta, z, 1e-3), args.reps)))
     rows.append(("apply_update (wd)", timed_ms(lambda: zo.apply_update(
         theta, z, lr=1e-9, g=1.0, weight_decay=0.1, decay_mask_or_specs=specs), args.reps)))
+    rows += estimator_rows(specs, theta, z, args.reps)
     for label, ms in rows:
         print(f"  {label:32s} {ms:9.2f} ms/block  {ms / mega:7.2f} ms per M params")
+
+
+def estimator_rows(specs, theta, out, reps: int) -> list[tuple[str, float]]:
+    """One draw of d of the block per estimator (the thread count torch has)."""
+    from zoexec.maths.estimators import Directions
+    from zoplan.estimators import EstimatorSpec
+
+    rows = []
+    for label, spec in (("d: mezo (z)", EstimatorSpec()),
+                        ("d: lowrank, rank 2", EstimatorSpec(estimator="lowrank", lowrank_rank=2)),
+                        ("d: lowrank, rank 8", EstimatorSpec(estimator="lowrank", lowrank_rank=8)),
+                        ("d: sparse, share 0.25", EstimatorSpec(estimator="sparse"))):
+        dirs = Directions(spec, run_seed=0, device="cpu", shapes=[t.shape for t in specs])
+        rows.append((label, timed_ms(lambda d=dirs: d.fill(out, seed=1, step=0, block=0,
+                                                           specs=specs, theta=theta), reps)))
+    return rows
 
 
 if __name__ == "__main__":

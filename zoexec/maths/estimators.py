@@ -146,7 +146,9 @@ class Directions:
 
     # ---- sparse --------------------------------------------------------------------------
     def _mask(self, out, theta, *, step, block, specs, start) -> None:
-        """Zero d where |theta| > the tensor's threshold (chunk by chunk)."""
+        """Zero d where |theta| > the tensor's threshold, chunk by chunk (times the mask:
+        a third of masked_fill_'s time here; a negative z becomes -0, which moves no
+        weight either)."""
         assert theta is not None and theta.numel() >= out.numel(), "sparse needs theta"
         lo = 0 if start is None else start
         hi = lo + out.numel()
@@ -158,7 +160,7 @@ class Directions:
             a, b = max(spec.offset, lo), min(spec.stop, hi)
             for x in range(a, b, self.chunk):
                 y = min(b, x + self.chunk)
-                out[x - lo:y - lo].masked_fill_(theta[x - lo:y - lo].abs() > found[index], 0)
+                out[x - lo:y - lo].mul_(theta[x - lo:y - lo].abs() <= found[index])
 
     def threshold_values(self, theta: torch.Tensor, specs: Sequence) -> list[torch.Tensor]:
         """Each tensor's h_i from the whole block's weights `theta` (module docstring),
