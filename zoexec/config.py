@@ -103,10 +103,11 @@ class OptimOptions(Section):
         "the step")
     on_divergence: Literal["stop", "warn"] = option(
         "stop", "A climbing loss (the mean of the last --divergence-window steps above twice "
-        "the first window's and 1.0 above it): 'stop' the run (saving a snapshot) or 'warn' "
-        "once and go on")
+        "the mean of the run's first quarter-window of steps and 1.0 above it): 'stop' the "
+        "run (saving a snapshot) or 'warn' once and go on")
     divergence_window: int = option(
-        20, "Steps in each of the windows the divergence check compares", check=at_least(2))
+        20, "Steps the divergence check averages now (W; the start it compares with: the "
+        "first max(1, W // 4) steps)", check=at_least(2))
     new_schedule: bool = option(
         False, "With --resume and another --steps: a new linear or cosine schedule from the "
         "step the run resumes at, over the steps left, from --lr (a constant lr just "

@@ -7,7 +7,7 @@ lanes wait on events), so the host has issued task i at the sum of the issue tim
 the tasks before it: a task cannot start before its issue starts, nor end before its
 issue ends (zoplan.sim.graph gives each task that window, the simulator holds to it).
 What a task costs the host (hardware.md, "Costs that are easy to miss on GPUs"): two
-timing events (zoexec.runtime.dist.CudaLanes.task), its launches at compute.launch_us,
+timing events (zoexec.runtime.lanes.CudaLanes.task), its launches at compute.launch_us,
 a seeded generator launch per z chunk at compute.z_launch_us, an HF layer call per
 perturbation at compute.overhead_us; the rank's batch (host.batch_us) is assembled
 before the embed. Where a block's device time is about a millisecond or less (small

@@ -1,11 +1,15 @@
-"""docs/options.md's reference part, generated from the option fields: every option of
-every section (zoexec.config.SECTIONS, EvalOptions) with its names, default, help, the
-commands that take it and what a resume does with it, and what each task type reads
-(zoexec.data.tasktypes). The part of the file above MARKER is prose, kept as it is.
+"""The parts of the docs made from a single home, so that nothing is written twice:
 
-    .venv/bin/python scripts/options_doc.py           rewrite docs/options.md
-    .venv/bin/python scripts/options_doc.py --check   exit 1 (naming the first
-                                                      difference) when it is not current
+- docs/options.md's reference part, from the option fields: every option of every
+  section (zoexec.config.SECTIONS, EvalOptions) with its names, default, help, the
+  commands that take it and what a resume does with it, and what each task type reads
+  (zoexec.data.tasktypes); the part above MARKER is prose, kept as it is;
+- the README's Figures section, a copy of docs/figures.md's "At a glance" section
+  (links made relative to the repository's root).
+
+    .venv/bin/python scripts/gen_docs.py           rewrite both
+    .venv/bin/python scripts/gen_docs.py --check   exit 1 (naming the first difference)
+                                                   when either is not current
 
 tests/unit/test_docs.py runs the check. Torch-free."""
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 import typing
 from pathlib import Path
@@ -20,7 +25,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "options.md"
-MARKER = "<!-- generated below by scripts/options_doc.py from the option fields: do not edit -->"
+README = ROOT / "README.md"
+FIGURES = ROOT / "docs" / "figures.md"
+MARKER = "<!-- generated below by scripts/gen_docs.py from the option fields: do not edit -->"
+GLANCE = "## At a glance"
+README_START = "<!-- the Figures below are docs/figures.md's \"At a glance\", copied by scripts/gen_docs.py: edit them there -->"
+README_END = "## Limits"
 
 
 def _cell(text: str) -> str:
@@ -99,7 +109,7 @@ def generated() -> str:
 
     commands = _commands()
     lines = [MARKER, "", "## Every option", "",
-             "Made from the fields by `scripts/options_doc.py`. *a resume*: what "
+             "Made from the fields by `scripts/gen_docs.py`. *a resume*: what "
              "`zoexec run --resume` does with the option: "
              + "; ".join(f"**{k}**: {v}" for k, v in KEPT_WORDS.items())
              + "; empty: nothing, the value given (or the default) applies.", ""]
@@ -119,29 +129,47 @@ def current(text: str) -> str:
     return prose + "\n\n" + generated()
 
 
-def problem(text: str) -> str | None:
-    """What makes `text` (docs/options.md) differ from what the fields make, or None."""
-    want = current(text)
+def readme_figures(readme: str, figures: str) -> str:
+    """`readme` with its Figures section (from README_START to README_END) made from
+    docs/figures.md's "At a glance" section."""
+    glance = figures.split(GLANCE, 1)[1].split("\n## ", 1)[0].strip("\n")
+    glance = re.sub(r"\]\((?!https?:|#|/)([^)]+)\)", r"](docs/\1)", glance)
+    glance = re.sub(r"\[([\w.-]+\.md)\]\(docs/", r"[docs/\1](docs/", glance)
+    head, rest = readme.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    return f"{head}{README_START}\n## Figures\n\n{glance}\n\n{README_END}{tail}"
+
+
+def expected() -> dict[Path, str]:
+    """Each generated file as it should read now."""
+    return {DOC: current(DOC.read_text()),
+            README: readme_figures(README.read_text(), FIGURES.read_text())}
+
+
+def problem(path: Path, text: str, want: str) -> str | None:
+    """What makes `text` (the file `path`) differ from `want`, or None."""
     if text == want:
         return None
-    diff = difflib.unified_diff(text.splitlines(), want.splitlines(), "docs/options.md",
-                                "made from the fields", lineterm="", n=0)
-    return "\n".join([*list(diff)[:12], "docs/options.md is not current: run "
-                      ".venv/bin/python scripts/options_doc.py"])
+    name = str(path.relative_to(ROOT))
+    diff = difflib.unified_diff(text.splitlines(), want.splitlines(), name, "generated",
+                                lineterm="", n=0)
+    return "\n".join([*list(diff)[:12], f"{name} is not current: run "
+                      f".venv/bin/python scripts/gen_docs.py"])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when docs/options.md "
-                        "is not what the fields make")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a generated part "
+                        "is not current")
     args = parser.parse_args(argv)
-    text = DOC.read_text()
-    if not args.check:
-        DOC.write_text(current(text))
-        return 0
-    found = problem(text)
-    if found:
-        print(found, file=sys.stderr)
+    found = []
+    for path, want in expected().items():
+        if not args.check:
+            path.write_text(want)
+        elif problem(path, path.read_text(), want):
+            found.append(problem(path, path.read_text(), want))
+    for text in found:
+        print(text, file=sys.stderr)
     return 1 if found else 0
 
 
