@@ -153,7 +153,10 @@ class Trainer:
         fp32 scratch. zoplan.memory models exactly these."""
         parts, dev, lay = self.parts, self.env.device, self.env.layout
         count = max(1, min(lay.prefetch, self.store.num_blocks))
-        self.bufs = [torch.zeros(self.store.stride, dtype=parts.param_dtype, device=dev)
+        # not filled: each pass's h2d (or all-gather) writes a buffer whole, padding
+        # included, before anything reads it (a fill here would run on the compute stream,
+        # unordered with the h2d stream's first copy into it)
+        self.bufs = [torch.empty(self.store.stride, dtype=parts.param_dtype, device=dev)
                      for _ in range(count)]
         self.work = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
         self.z = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
@@ -335,7 +338,7 @@ class Trainer:
         the all-reduce vector [sum l+, sum l-, count, *flags] (float64); the count (the
         labelled tokens, or the examples of the candidate loss) is counted once per
         data shard (by the rank that computes l+)."""
-        vec = torch.tensor([0.0, 0.0, 0.0, *flags], dtype=torch.float64, device=self.env.device)
+        vec = loss_vector(flags, self.env.device)
         for turn, index in enumerate(reversed(range(len(self.signs)))):
             sign = self.signs[index]
             if turn:
@@ -544,6 +547,17 @@ class Trainer:
                 self.store.piece(block, self.slice_index, lay.slices).copy_(shard)
         with failing("shards", rank=self.env.rank):
             zgroups.host_barrier(self.env, node_only=True)
+
+
+def loss_vector(flags: tuple, device: torch.device) -> torch.Tensor:
+    """The step's all-reduce vector [sum l+, sum l-, count, *flags] (float64), filled on
+    the device: a host tensor copied to a GPU (torch.tensor(..., device=...)) would make
+    the host wait for every task queued before it on the stream."""
+    vec = torch.zeros(3 + len(flags), dtype=torch.float64, device=device)
+    for index, flag in enumerate(flags):
+        if flag:
+            vec[3 + index] = flag
+    return vec
 
 
 def _piece(flat: torch.Tensor, part: int, parts: int) -> torch.Tensor:
