@@ -22,7 +22,7 @@ along its own direction), and theta -= lr * (1/q) sum_j g_j d_j. Each direction 
 1/q of the batch, so a step costs the forward work of one MeZO step plus q-1 more
 directions' draws and passes.
 
-Torch-free: the planner prices these settings (zoplan.sim.taskwork) and zoexec draws
+Torch-free: the planner prices these settings (zoplan.pricing.estimators) and zoexec draws
 them (zoexec.maths.estimators).
 """
 
