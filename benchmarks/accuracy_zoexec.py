@@ -46,14 +46,16 @@ class Zoexec:
             self.helps[command] = done.stdout
         return option in self.helps[command]
 
-    def plan(self, *, batch: int, seq: int) -> Path:
-        """A plan for one CPU rank (the planner's choice of the rest), made once."""
-        path = self.work / f"plan-b{batch}-s{seq}.json"
+    def plan(self, *, batch: int, seq: int, extra: tuple[str, ...] = ()) -> Path:
+        """A plan for one CPU rank (the planner's choice of the rest), made once;
+        `extra`: more `zoplan optimize` options (an estimator's), named in its file."""
+        tag = "".join(f"-{x.lstrip('-')}" for x in extra)
+        path = self.work / f"plan-b{batch}-s{seq}{tag}.json"
         if not path.exists():
             self.work.mkdir(parents=True, exist_ok=True)
             _checked(_cli("zoplan.cli", "optimize", "--model", str(self.model / "config.json"),
                           "--gpus", "1", "--profile", "cpu", "--batch", str(batch),
-                          "--seq", str(seq), "-o", str(path), "-q"))
+                          "--seq", str(seq), *extra, "-o", str(path), "-q"))
         return path
 
     def evaluate(self, model: Path, *, demos: int = 0, seed: int = 0,

@@ -42,19 +42,21 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # as zoexec's ranks; before torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import accuracy_estimators as estimators  # noqa: E402
 import torch  # noqa: E402
 from accuracy_plain import PlainTask, mezo_train, pick_demos, score  # noqa: E402
 from accuracy_setup import CACHE, DATA_DIR, MODEL_DIR, ready  # noqa: E402
 from accuracy_zoexec import Zoexec, step_seconds  # noqa: E402
 
 TEMPLATE, LABEL_WORDS = "Review: {sentence} Sentiment:", ("negative", "positive")
-PARTS = ("zero", "few", "grid", "plain", "zoexec", "speed")
+PARTS = ("zero", "few", "grid", "plain", "zoexec", "speed", "estimators")
 FULL = dict(seeds="0,1,2", steps=300, demos=4, grid="1e-5,3e-5,1e-4", grid_steps=100,
             eval_every=100, speed_rounds=3, speed_steps=5)
 QUICK = dict(seeds="0", steps=40, demos=4, grid="", grid_steps=40, eval_every=0,
              speed_rounds=1, speed_steps=4)
 # the issue's targets
 STEP_TARGET, EVAL_TARGET = 1.3, 1.5
+_ARGS = argparse.Namespace(label_words=list(LABEL_WORDS))   # what run names take from the args
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,6 +82,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the negative and the positive label word, comma-separated (default "
                    f"{','.join(LABEL_WORDS)}; words the model does not tie to sentiment, e.g. "
                    "'cold,warm', give a task whose zero-shot accuracy is near chance)")
+    p.add_argument("--estimator", default="mezo", choices=("mezo", "lowrank", "sparse"),
+                   help="part zoexec: the estimator of the plan (docs/estimators.md)")
+    p.add_argument("--directions", type=int, default=1, help="part zoexec: directions a step")
+    p.add_argument("--compare", default="mezo@3e-5,lowrank@1e-4,sparse@1e-4",
+                   help="part estimators: entries NAME[+qN]@LR, comma-separated "
+                   "(benchmarks/accuracy_estimators.py); the first is the baseline")
+    p.add_argument("--lowrank-rank", type=int, help="lowrank's rank r (the planner's default)")
+    p.add_argument("--lowrank-every", type=int, help="lowrank: steps V is kept (default: the planner's)")
+    p.add_argument("--sparse-share", type=float, help="sparse: the share perturbed (default: the planner's)")
+    p.add_argument("--eval-samples", type=int, help="part estimators: held-out sentences "
+                   "each evaluation scores (default: all --test)")
     p.add_argument("--json", type=Path, default=CACHE / "results.json")
     p.add_argument("--show", type=Path, help="print the table of a results JSON and exit")
     args = p.parse_args(argv)
@@ -92,6 +105,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.label_words = [w.strip() for w in args.label_words.split(",")]
     if len(args.label_words) != 2 or not all(args.label_words):
         p.error(f"--label-words: give two words, negative first, got {args.label_words}")
+    try:
+        estimators.parse_compare(args.compare)
+    except ValueError as exc:
+        p.error(str(exc))
     bad = [x for x in args.parts if x not in PARTS]
     if bad or not args.seeds or args.steps < 1 or args.batch < 1 or args.threads < 1:
         p.error(f"--parts {bad} (give some of {PARTS}), --seeds, --steps, --batch and "
@@ -229,12 +246,18 @@ def _run_name(args: argparse.Namespace, seed: int) -> str:
     """A fine-tuning run's folder: its label words, lr and seed (runs of other settings
     keep their own folders)."""
     words = "-".join("".join(c for c in w if c.isalnum()) or "w" for w in args.label_words)
-    return f"ft-{words}-lr{args.lr:g}-seed{seed}"
+    est = "" if (args.estimator, args.directions) == ("mezo", 1) else \
+        f"-{args.estimator}-q{args.directions}"
+    return f"ft-{words}{est}-lr{args.lr:g}-seed{seed}"
 
 
 def part_zoexec(b: Bench) -> None:
     out = b.results["zoexec_fine_tuned"] = {"steps": b.args.steps, "lr": b.args.lr, "seeds": {}}
-    plan = b.zoexec.plan(batch=b.args.batch, seq=b.seq())
+    entry = estimators.Entry(estimator=b.args.estimator, directions=b.args.directions,
+                             lr=b.args.lr)
+    plan = b.zoexec.plan(batch=b.args.batch, seq=b.seq(),
+                         extra=tuple(estimators.plan_args(entry, b.args))
+                         if entry.tag != f"mezo@{b.args.lr:g}" else ())
     for seed in b.args.seeds:
         run = b.zoexec.train_run(_run_name(b.args, seed), plan=plan, seed=seed, steps=b.args.steps,
                                  lr=b.args.lr, eps=b.args.eps, eval_every=b.args.eval_every or None)
@@ -273,6 +296,21 @@ def part_speed(b: Bench) -> None:
         b.save()
     ratios = [r["ratio"] for r in rounds["rounds"] if r["ratio"]]
     rounds["median_ratio"] = statistics.median(ratios) if ratios else None
+
+
+def part_estimators(b: Bench) -> None:
+    """Each --compare entry over the seeds (benchmarks/accuracy_estimators.py)."""
+    out = b.results["estimators"] = {"steps": b.args.steps, "entries": []}
+    for entry in estimators.parse_compare(b.args.compare):
+        plan = b.zoexec.plan(batch=b.args.batch, seq=b.seq(),
+                             extra=tuple(estimators.plan_args(entry, b.args)))
+        out["entries"].append(estimators.run_entry(b, entry, plan=plan, name_of=_entry_run_name))
+        b.save()
+
+
+def _entry_run_name(entry, seed: int) -> str:
+    words = "-".join("".join(c for c in w if c.isalnum()) or "w" for w in _ARGS.label_words)
+    return f"est-{entry.estimator}-q{entry.directions}-{words}-lr{entry.lr:g}-seed{seed}"
 
 
 # ---- the table ----------------------------------------------------------------------------------
@@ -317,6 +355,7 @@ def table(r: dict) -> list[str]:
                      f"{loss['first']:.3f} -> {loss['last']:.3f} (max {loss['max']:.3f}): "
                      f"{loss['verdict']}; held-out {run['accuracy']:.4f}")
     lines += speed_lines(r)
+    lines += estimators.table_lines(r.get("estimators", {}))
     return lines
 
 
@@ -356,7 +395,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     bench = Bench(args, manifest)
     steps = {"zero": part_zero, "few": part_few, "grid": part_grid, "plain": part_plain,
-             "zoexec": part_zoexec, "speed": part_speed}
+             "zoexec": part_zoexec, "speed": part_speed, "estimators": part_estimators}
+    _ARGS.label_words = args.label_words
     for name in args.parts:
         bench.log(f"part {name}")
         steps[name](bench)

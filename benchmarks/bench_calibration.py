@@ -10,7 +10,7 @@ the gap. Goal: |error| <= 5% everywhere (issue 4 asks <= 15%).
     .venv/bin/python benchmarks/bench_calibration.py [--quick] [--profile P] [--steps N]
         [--seconds 20]
         [--rounds 3] [--out DIR] [--model NAME | --hidden 512 --layers 6] [--batch 8]
-        [--seq 128] [--nice -10]
+        [--seq 128] [--nice -10] [--plan-args "--estimator lowrank"]
 
 Each layout runs --rounds times, interleaved with the others; the last table gives each
 layout's median measured step and its error (single runs on a shared 2-core VM vary
@@ -150,7 +150,7 @@ def run_layout(label: str, gpus: int, axes: list[str], *, args, out: Path, profi
     plan, trace = out / f"plan-{tag}.json", out / f"trace-{tag}"
     sh(str(BIN / "zoplan"), "optimize", "--model", str(model), "--gpus", str(gpus),
        "--profile", str(profile), "--batch", str(args.batch), "--seq", str(args.seq),
-       "--prefetch", "2", *axes, "-q", "-o", str(plan))
+       "--prefetch", "2", *axes, *args.plan_args.split(), "-q", "-o", str(plan))
     predicted = json.loads(plan.read_text())["predicted"]["step_time_s"]
     steps = max(args.steps, steps_for_seconds(predicted, args.seconds, skip=args.skip))
     runs = []
@@ -189,6 +189,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--only", help="comma-separated layout labels to run")
+    ap.add_argument("--plan-args", default="", help="more `zoplan optimize` options for every "
+                    "layout, e.g. '--estimator lowrank' (docs/estimators.md)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="run every layout this many times (interleaved); the last table "
                          "gives each layout's median")

@@ -1,0 +1,49 @@
+"""The accuracy benchmark's comparison of estimators (benchmarks/accuracy_estimators.py):
+its --compare entries, the planner options each makes, and the table from a results
+dict (accuracy per evaluation, s/step, training seconds to the baseline's accuracy).
+Nothing is run or downloaded."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from accuracy_estimators import Entry, parse_compare, plan_args, table_lines  # noqa: E402
+
+
+def test_entries_and_their_planner_options():
+    entries = parse_compare("mezo@3e-5, lowrank@1e-4,sparse+q1@1e-3,mezo+q4@3e-5")
+    assert entries == [Entry(estimator="mezo", directions=1, lr=3e-5),
+                       Entry(estimator="lowrank", directions=1, lr=1e-4),
+                       Entry(estimator="sparse", directions=1, lr=1e-3),
+                       Entry(estimator="mezo", directions=4, lr=3e-5)]
+    args = argparse.Namespace(lowrank_rank=4, lowrank_every=None, sparse_share=0.5)
+    assert plan_args(entries[1], args) == ["--estimator", "lowrank", "--directions", "1",
+                                           "--lowrank-rank", "4"]
+    assert plan_args(entries[3], args) == ["--estimator", "mezo", "--directions", "4"]
+    assert entries[3].tag == "mezo+q4@3e-05"
+    for bad in ("adam@1e-4", "lowrank", "mezo+qx@1e-4"):
+        with pytest.raises(ValueError, match="give NAME"):
+            parse_compare(bad)
+
+
+def test_the_table_gives_accuracy_seconds_and_the_time_to_the_baseline():
+    def run(accs, secs):
+        return {"evals": {s: {"accuracy": a, "train_seconds": t}
+                          for s, a, t in zip((100, 200), accs, secs, strict=True)},
+                "step_seconds": secs[0] / 100}
+    results = {"entries": [
+        {"entry": "mezo@3e-05", "seeds": {0: run((0.70, 0.80), (400, 800)),
+                                          1: run((0.72, 0.82), (400, 800))}},
+        {"entry": "lowrank@0.0001", "seeds": {0: run((0.81, 0.83), (300, 600)),
+                                              1: run((0.80, 0.84), (300, 600))}},
+        {"entry": "sparse@0.0001", "seeds": {0: run((0.6, 0.7), (500, 1000))}}]}
+    lines = table_lines(results)
+    assert "step 100" in lines[0] and "s to baseline" in lines[0]
+    assert "0.8100 +- 0.0141" in lines[1] and "800 (step 200)" in lines[1]
+    assert "600 (step 200)" in lines[2]           # 0.805 at step 100: below 0.81
+    assert lines[3].rstrip().endswith("not reached")
