@@ -53,7 +53,12 @@ block alike and rank 0 never holds a resident block beside the store.
 z is therefore drawn TWICE per block per step (update of t-1, perturbation of t), or
 1 + 1/slices times with slice_update, never stored, and addressed by (seed, block,
 tensor, chunk) only (zoexec.maths.zo), so every layout, placement and slice_update setting
-computes the same maths. Each step's StepRecord (seed, g, losses) is known on every
+computes the same maths. The plan's estimator (zoplan.estimators) draws its direction d
+in place of z (zoexec.maths.estimators: lowrank, sparse), and with q directions a step
+the rank's forwards are streams (direction, sign, its part of the shard): the update
+task draws the first stream's direction, the forward and head tasks each further
+one, the deferred update applies every direction's share, and the loss all-reduce
+carries [l+, l-, count] per direction. Each step's StepRecord (seed, g, losses) is known on every
 rank; seed replay = running the update half of the schedule over a log.
 
 On CUDA the lanes are streams and the host only enqueues: h2d of block b+1 runs
