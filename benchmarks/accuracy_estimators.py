@@ -82,6 +82,20 @@ def run_entry(b, entry: Entry, *, plan, name_of) -> dict:
     return out
 
 
+def merged(results: list[dict]) -> dict:
+    """Several saved runs as one: the first's figures, with every run's estimator
+    entries merged by entry (their seeds together, in the order first seen)."""
+    out = dict(results[0])
+    entries: dict[str, dict] = {}
+    for r in results:
+        for e in r.get("estimators", {}).get("entries", []):
+            entries.setdefault(e["entry"], {"entry": e["entry"], "seeds": {}})["seeds"].update(
+                e["seeds"])
+    if entries:
+        out["estimators"] = {**results[0].get("estimators", {}), "entries": list(entries.values())}
+    return out
+
+
 def _mean_sd(values: list[float]) -> str:
     if not values:
         return "n/a"
@@ -102,7 +116,8 @@ def table_lines(results: dict) -> list[str]:
              + f"{'s/step':>8}{'s to baseline':>16}"]
     target = None
     for e in entries:
-        runs = [r for r in e["seeds"].values() if "evals" in r]
+        runs = [{**r, "evals": {int(s): v for s, v in r["evals"].items()}}   # JSON: str keys
+                for r in e["seeds"].values() if "evals" in r]
         row = [[r["evals"][s]["accuracy"] for r in runs if s in r["evals"]] for s in steps]
         if target is None and row and row[-1]:
             target = statistics.fmean(row[-1])

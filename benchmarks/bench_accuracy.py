@@ -94,7 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-samples", type=int, help="part estimators: held-out sentences "
                    "each evaluation scores (default: all --test)")
     p.add_argument("--json", type=Path, default=CACHE / "results.json")
-    p.add_argument("--show", type=Path, help="print the table of a results JSON and exit")
+    p.add_argument("--show", type=Path, nargs="+", help="print the table of a results JSON and "
+                   "exit (several: their estimators' runs merged, seeds of one entry together)")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -389,7 +390,8 @@ def _settings(args: argparse.Namespace) -> dict:
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.show is not None:
-        print("\n".join(table(json.loads(args.show.read_text()))))
+        saved = [json.loads(path.read_text()) for path in args.show]
+        print("\n".join(table(estimators.merged(saved))))
         return
     manifest = ready()
     torch.set_num_threads(args.threads)

@@ -47,3 +47,18 @@ def test_the_table_gives_accuracy_seconds_and_the_time_to_the_baseline():
     assert "0.8100 +- 0.0141" in lines[1] and "800 (step 200)" in lines[1]
     assert "600 (step 200)" in lines[2]           # 0.805 at step 100: below 0.81
     assert lines[3].rstrip().endswith("not reached")
+
+
+def test_saved_runs_merge_by_entry_with_their_seeds():
+    """Runs saved apart (one seed each, JSON: string keys) make one table."""
+    import json
+
+    def saved(seed, acc):
+        return json.loads(json.dumps({"settings": {}, "estimators": {"entries": [
+            {"entry": "lowrank@0.0001", "seeds": {seed: {
+                "evals": {100: {"accuracy": acc, "train_seconds": 500}},
+                "step_seconds": 5.0}}}]}}))
+    from accuracy_estimators import merged
+    both = merged([saved(0, 0.70), saved(1, 0.80)])
+    assert list(both["estimators"]["entries"][0]["seeds"]) == ["0", "1"]
+    assert "0.7500 +- 0.0707" in table_lines(both["estimators"])[1]
