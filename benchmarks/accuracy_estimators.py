@@ -96,12 +96,15 @@ def merged(results: list[dict]) -> dict:
     return out
 
 
-def _mean_sd(values: list[float]) -> str:
+def mean_sd(values: list, *, count: bool = False) -> str:
+    """Numbers as "mean +- sd" (one: itself; none: n/a); `count`: "(N seeds)" after."""
+    values = [v for v in values if isinstance(v, (int, float))]
     if not values:
         return "n/a"
     if len(values) == 1:
-        return f"{values[0]:.4f}"
-    return f"{statistics.fmean(values):.4f} +- {statistics.stdev(values):.4f}"
+        return f"{values[0]:.4f}" + (" (1 seed)" if count else "")
+    return (f"{statistics.fmean(values):.4f} +- {statistics.stdev(values):.4f}"
+            + (f" ({len(values)} seeds)" if count else ""))
 
 
 def table_lines(results: dict) -> list[str]:
@@ -123,7 +126,7 @@ def table_lines(results: dict) -> list[str]:
             target = statistics.fmean(row[-1])
         secs = [r["step_seconds"] for r in runs]
         reach = _reach_seconds(runs, steps, target)
-        lines.append(f"{e['entry']:22}" + "".join(f"{_mean_sd(v):>22}" for v in row)
+        lines.append(f"{e['entry']:22}" + "".join(f"{mean_sd(v):>22}" for v in row)
                      + f"{statistics.median(secs) if secs else float('nan'):>8.2f}"
                      + f"{reach:>16}")
     lines.append(f"(s to baseline: the training seconds, mean over the seeds, at the first "

@@ -321,12 +321,7 @@ def _acc(metrics: dict) -> str:
 
 
 def _spread(values: list) -> str:
-    values = [v for v in values if isinstance(v, (int, float))]
-    if not values:
-        return "n/a"
-    if len(values) == 1:
-        return f"{values[0]:.4f} (1 seed)"
-    return f"{statistics.fmean(values):.4f} +- {statistics.stdev(values):.4f} ({len(values)} seeds)"
+    return estimators.mean_sd(values, count=True)
 
 
 def table(r: dict) -> list[str]:

@@ -98,6 +98,15 @@ def tracked_run(monkeypatch, model: str, workload, layout: Layout,
 
 
 # ---- the model against the executor --------------------------------------------------------
+def _assert_phases_match(tracker: AllocationTracker, modelled) -> None:
+    """The model's peak and every phase's bytes within TOLERANCE of the tracked ones."""
+    table = {p: (tracker.phase_peaks.get(p, 0), modelled.phase_bytes(p)) for p in modelled.phases}
+    assert modelled.allocated_bytes == pytest.approx(tracker.peak_bytes, rel=TOLERANCE), table
+    for phase, (measured, predicted) in table.items():
+        assert predicted == pytest.approx(measured, rel=TOLERANCE), (phase, table)
+
+
+
 @pytest.mark.parametrize("model,update,dtype,prefetch", [
     ("tiny-opt", "master", "fp32", 2),
     ("tiny-llama", "master", "fp32", 1),
@@ -110,12 +119,9 @@ def test_the_model_is_what_a_rank_allocates(monkeypatch, model, update, dtype, p
     """Live tensors: the CPU kernels' own scratch is checked apart (kernel_peak_bytes)."""
     workload, layout = _workload(update, dtype), Layout(prefetch=prefetch)
     tracker = tracked_run(monkeypatch, model, workload, layout)
-    modelled = rank_memory(model=get_model(model), workload=workload, layout=layout,
-                           device_kind="cpu", kernel_scratch=False)
-    table = {p: (tracker.phase_peaks.get(p, 0), modelled.phase_bytes(p)) for p in modelled.phases}
-    assert modelled.allocated_bytes == pytest.approx(tracker.peak_bytes, rel=TOLERANCE), table
-    for phase, (measured, predicted) in table.items():
-        assert predicted == pytest.approx(measured, rel=TOLERANCE), (phase, table)
+    _assert_phases_match(tracker, rank_memory(model=get_model(model), workload=workload,
+                                              layout=layout, device_kind="cpu",
+                                              kernel_scratch=False))
 
 
 @pytest.mark.parametrize("model,update,dtype,estimator", [
@@ -132,12 +138,9 @@ def test_the_estimators_are_what_a_rank_allocates(monkeypatch, model, update, dt
     workload = dataclasses.replace(base, **estimator)
     layout = Layout(prefetch=2)
     tracker = tracked_run(monkeypatch, model, workload, layout)
-    modelled = rank_memory(model=get_model(model), workload=workload, layout=layout,
-                           device_kind="cpu", kernel_scratch=False)
-    table = {p: (tracker.phase_peaks.get(p, 0), modelled.phase_bytes(p)) for p in modelled.phases}
-    assert modelled.allocated_bytes == pytest.approx(tracker.peak_bytes, rel=TOLERANCE), table
-    for phase, (measured, predicted) in table.items():
-        assert predicted == pytest.approx(measured, rel=TOLERANCE), (phase, table)
+    _assert_phases_match(tracker, rank_memory(model=get_model(model), workload=workload,
+                                              layout=layout, device_kind="cpu",
+                                              kernel_scratch=False))
 
 
 @pytest.mark.parametrize("update,dtype", [("master", "fp32"), ("stochastic", "bf16"),
