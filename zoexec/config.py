@@ -471,11 +471,9 @@ class RunConfig:
 
     def settings(self) -> dict:
         """The settings run.json records and a resume keeps (SETTINGS): the options kept
-        as settings, the weights the run started from, the task; and the estimator
-        (the plan's, which the plan's sha256 pins)."""
+        as settings, the weights the run started from, the task."""
         out = {name: getattr(getattr(self, section_of(name)), name) for name in kept("setting")}
-        return {**out, "init": self.model.start, "task": self.task.record(),
-                "estimator": self.workload.estimator_spec.to_dict()}
+        return {**out, "init": self.model.start, "task": self.task.record()}
 
     @property
     def weights(self) -> str:

@@ -4,7 +4,8 @@
                                    eps, weight decay, data, initial weights, steps, the
                                    lr schedule's segments, the checkpoint options, the
                                    inputs' absolute paths and fingerprints, what decides
-                                   z (device, versions); sealed by a digest
+                                   z (device, versions), the plan's estimator; sealed
+                                   by a digest
     DIR/losses.jsonl               one line per completed step (zoexec.run.checkpoint)
     DIR/snapshots/step-000120/     the weights after step 120 (HF folder + state.json,
                                    which holds the sha256 of every other file)
@@ -357,7 +358,8 @@ def identity_of(cfg, plan_sha256: str, *, z: dict | None) -> dict:
             "steps": cfg.optim.steps, **settings,
             "schedule": [list(s) for s in cfg.schedule] or [[0, cfg.optim.steps]],
             "extensions": list(cfg.extensions), "save_every": c.save_every,
-            "save_steps": c.save_steps, "keep": c.keep, "inputs": inputs, "z": z}
+            "save_steps": c.save_steps, "keep": c.keep, "inputs": inputs, "z": z,
+            "estimator": cfg.workload.estimator_spec.to_dict()}   # the plan's (its sha256 pins it)
 
 
 def extend(ident: dict, *, steps: int, start_step: int, new_schedule: bool) -> tuple[dict, str | None]:
