@@ -15,7 +15,12 @@ sparse: a z draw of every tensor, each tensor's threshold (a selection over its 
   masked fill (1 and c read, c written): MASK_BYTES(p, c) an element, three kernels a
   chunk.
 On a CPU the bytes are in units of the measured fp32 pass (compute.zo_pass_ns, 12 bytes
-an element: CPU_PASS_BYTES); on a GPU at the achieved HBM bandwidth, a launch per kernel.
+an element: CPU_PASS_BYTES), and each operator call costs its dispatch: a share of a
+block forward's (compute.overhead_us over BLOCK_OPS operators, as zoplan.pricing.compute
+prices the embedding's and the head's): LOWRANK_OPS a matrix (two seeded generators,
+two draws, the scaling, the product), SPARSE_OPS a tensor (its sample, |.|, the
+selection) and MASK_OPS a chunk; on a GPU at the achieved HBM bandwidth, a launch per
+kernel.
 A CPU profile without the z model prices a d draw as a quarter of the update task's
 zo_ns_per_param (2 draws + 2 passes), times DRAW_SHARE_PER_PARAM's share for the
 estimator (rough: the z model prices it as measured).
@@ -43,6 +48,8 @@ from zoplan.pricing.zo import (
 from zoplan.workload import Workload
 
 LOWRANK_BYTES = 4      # the product's fp32 output, an element (U and V are r(m+n) values)
+BLOCK_OPS = 40         # operators of an OPT block's forward (zoplan.pricing.compute's EMBED_OPS)
+LOWRANK_OPS, SPARSE_OPS, MASK_OPS = 7, 4, 3   # operator calls a matrix, a tensor, a chunk
 SELECT_PASSES = 4      # a selection (kthvalue) over a sample: about 4 passes over it
 # lowrank: the product writes a third of an fp32 pass (4 of 12 bytes); sparse: a draw
 # and about two passes (MASK_BYTES at 4-byte weights: 24 of 12)
@@ -76,7 +83,7 @@ def cpu_draw_s(profile: HardwareProfile, shapes: list[tuple[int, ...]], workload
         vectors, matrices = _split(shapes)
         c = profile.compute
         factors = sum((m + n) * spec.lowrank_rank for m, n in matrices)
-        draws = (2 * len(matrices) * c.get("z_chunk_us", 0.0) * US
+        draws = (len(matrices) * LOWRANK_OPS * _op_s(profile)
                  + factors * c["z_ns_per_elem"] * NS)
         cb = dtype_bytes(workload.compute_dtype)
         per_elem = LOWRANK_BYTES + (4 + cb if cb != 4 else 0)
@@ -86,8 +93,16 @@ def cpu_draw_s(profile: HardwareProfile, shapes: list[tuple[int, ...]], workload
     masks = mask_bytes(dtype_bytes(workload.param_dtype), dtype_bytes(workload.compute_dtype))
     select = SELECT_PASSES * pass_time_s(profile, sum(-(-n // SPARSE_STRIDE) for n in numels),
                                          local_ranks)
-    return (cpu_z_time_s(profile, numels, local_ranks) + select
+    chunks = sum(len(chunk_bounds(n, z_chunk("cpu"))) for n in numels)
+    calls = (len(numels) * SPARSE_OPS + chunks * MASK_OPS) * _op_s(profile)
+    return (cpu_z_time_s(profile, numels, local_ranks) + select + calls
             + masks / CPU_PASS_BYTES * pass_time_s(profile, sum(numels), local_ranks))
+
+
+def _op_s(profile: HardwareProfile) -> float:
+    """One operator call's dispatch on a CPU rank: a BLOCK_OPS-th of a block forward's."""
+    overhead: float = profile.compute.get("overhead_us", 0.0)
+    return overhead * US / BLOCK_OPS
 
 
 # ---- GPU ---------------------------------------------------------------------------
