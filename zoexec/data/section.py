@@ -50,6 +50,8 @@ class TaskOptions(Section):
     prompt_column: str = option("prompt", "completion task: the prompt's column", kept="task")
     completion_column: str = option("completion", "completion task: the completion's column",
                                     kept="task")
+    no_eos: bool = option(False, "completion task: no EOS after the completion (the data ends "
+                          "its completions itself)", kept="task", tasks=("completion",))
     label_column: str = option(
         "label", "classification, multiple-choice: the label's column (an index, a label "
         "word or candidate, a list of right candidates)", kept="task")
