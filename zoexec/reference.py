@@ -130,9 +130,11 @@ def _zo2_step(parts, st, flats, batch, *, seed, pending, lr, eps, weight_decay):
 
 
 def _loss(parts, hidden, batch) -> float:
-    """The batch's mean loss, computed as the engine's head does (zoexec.model.heads)."""
+    """The batch's mean loss, computed as the engine's head does (zoexec.model.heads)
+    and divided on the host as the engine does (a division on a GPU may multiply by the
+    reciprocal: the H200 check saw the last bit of a float64 differ)."""
     total, count = heads.loss_sum(parts, hidden, batch)
-    return float(total / count)
+    return float(total) / count
 
 
 def flush_pending(parts: ModelParts, resident: torch.Tensor, flats: list[torch.Tensor],
