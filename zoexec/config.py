@@ -453,6 +453,7 @@ class RunConfig:
     extensions: tuple = ()         # run.json's record of --steps changes on resumes
     identity: dict | None = None   # a resume: run.json as rank 0 rewrites it (unsealed)
     log_bytes: int | None = None   # a resume: the log's whole lines (a torn one after: cut)
+    history: str | None = None     # a resume: the digest of the logged history (saved weights record it)
     notes: tuple[str, ...] = ()    # lines for the terminal once the checks passed
     speed_checks: bool = True   # traced CPU runs: speed checks and probes (SpeedMonitor)
     fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`

@@ -141,6 +141,7 @@ def _claim(out: str | None, overwrite: bool) -> None:
             raise ZoError("--overwrite needs --out DIR")
         return
     rundir = RunDir(out)
+    rundir.check_own()
     if not rundir.holds_a_run:
         return
     rundir.check_free()
@@ -202,6 +203,7 @@ def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str) -> RunCon
                           steps=total, out=str(folder), load_from=start.init,
                           start_step=start.start_step, replay=start.replay, resumed=True,
                           inputs=ident["inputs"], identity=ident, log_bytes=start.log_bytes,
+                          history=start.history,
                           schedule=tuple(tuple(s) for s in ident["schedule"]),
                           extensions=tuple(ident["extensions"]),
                           notes=(*start.notes, *([extended] if extended else [])))

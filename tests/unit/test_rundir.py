@@ -16,9 +16,10 @@ import pytest
 from zoexec.config import RunConfig
 from zoexec.maths.history import StepRecord
 from zoexec.maths.zo import step_seed
+from zoexec.model.saved import check_saved, folder_checksums
 from zoexec.run.checkpoint import LossLog, read_log
-from zoexec.run.folder import RunDir, extend, logged_lr
-from zoexec.run.verify import check_saved, folder_checksums, z_problem
+from zoexec.run.folder import RunDir, extend, histories, logged_lr
+from zoexec.run.verify import binding, z_problem
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
@@ -33,7 +34,7 @@ def _record(step: int, **kw) -> StepRecord:
 
 
 def _log(rundir: RunDir, records) -> None:
-    log = LossLog(rundir.path)
+    log = LossLog(rundir.path, history=rundir.run_digest or "")
     for record in records:
         log.append(record)
     log.close()
@@ -84,7 +85,10 @@ def _snapshot(rundir: RunDir, step: int, *, whole: bool = True, path=None) -> No
     path.mkdir(parents=True)
     (path / "model.safetensors").write_bytes(bytes(range(step, step + 64)))
     if whole:
-        state = {"step": step, "files": folder_checksums(path)}
+        done = histories(rundir.run_digest or "", read_log(rundir.log_path))
+        history = done[step] if step < len(done) else ""
+        state = {**binding(run_digest=rundir.run_digest, step=step, history=history),
+                 "files": folder_checksums(path)}
         (path / "state.json").write_text(json.dumps(state))
 
 

@@ -18,12 +18,12 @@ Saved adapters (a snapshot, final/) are a PEFT adapter folder: adapter_model.saf
 (keys "base_model.model." + the HF module path + ".lora_A.weight", fp32) and
 adapter_config.json (peft.LoraConfig: r, lora_alpha, target_modules, task_type
 CAUSAL_LM, ...), so peft.PeftModel.from_pretrained(base, folder) loads them; state.json
-adds the step and the sha256 of the weights file, checked when a resume reads it back.
+records the sha256 of every other file (as a full run's saved weights: zoexec.run.verify),
+checked when a resume or `zoexec export --merge` reads them back.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -35,7 +35,9 @@ import torch
 from torch import nn
 
 from zoexec.maths.zo import mix_seed
+from zoexec.model.export import atomic_folder
 from zoexec.model.families import TensorSpec, make_specs
+from zoexec.model.saved import check_saved
 from zoplan.errors import ZoError
 
 LORA_TAG = 0x4C6F5241            # "LoRA": the adapters' init seeds, apart from init_seed's
@@ -137,20 +139,18 @@ def peft_key(layer_prefix: str, block: int, name: str) -> str:
 
 
 def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer_prefix: str,
-                  base: str, state: dict) -> Path:
+                  base: str, state=None) -> Path:
     """Write `folder` atomically as a PEFT adapter folder (module docstring) from the
-    [blocks, numel] fp32 `adapters`; non-finite adapters are refused."""
+    [blocks, numel] fp32 `adapters`; `state`: state.json (or a function of the folder
+    written so far that returns it: the checksums of its files, as a full run's saved
+    weights). Non-finite adapters are refused."""
     from peft import LoraConfig
     from safetensors.torch import save_file
 
     if not bool(torch.isfinite(adapters).all()):
         raise ZoError("the LoRA adapters hold non-finite weights: not saved (the run "
                       "diverged; resume from an earlier snapshot with a smaller --lr)")
-    folder = Path(folder)
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
+    with atomic_folder(Path(folder)) as tmp:
         tensors = {peft_key(layer_prefix, b, t.name):
                    adapters[b, t.offset:t.stop].view(t.shape).to("cpu", torch.float32).clone()
                    for b in range(adapters.shape[0]) for t in spec.specs}
@@ -158,36 +158,25 @@ def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer
         LoraConfig(r=spec.r, lora_alpha=spec.alpha, target_modules=list(spec.targets),
                    lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
                    base_model_name_or_path=base).save_pretrained(str(tmp))
-        state = {**state, "adapter_sha256": _sha256(tmp / ADAPTER_WEIGHTS)}
-        (tmp / STATE).write_text(json.dumps(state, indent=1, allow_nan=False) + "\n")
-        for path in tmp.iterdir():
-            with path.open("rb") as handle:
-                os.fsync(handle.fileno())
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+        if state is not None:
+            content = state(tmp) if callable(state) else state
+            (tmp / STATE).write_text(json.dumps(content, indent=1, allow_nan=False) + "\n")
+    return Path(folder)
 
 
 def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
                   num_blocks: int) -> torch.Tensor:
-    """The [blocks, numel] fp32 adapters of a folder save_adapters wrote: its weights
-    file checked against state.json's sha256, its adapter settings and every key and
-    shape against `spec` (ZoError naming what differs)."""
+    """The [blocks, numel] fp32 adapters of a folder save_adapters wrote: its files
+    checked against the checksums its state.json records (zoexec.run.verify.check_saved),
+    its adapter settings and every key and shape against `spec` (ZoError naming what
+    differs)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    config = _read_json(folder / ADAPTER_CONFIG)
-    got = (config.get("r"), config.get("lora_alpha"), sorted(config.get("target_modules") or []))
-    if got != (spec.r, spec.alpha, sorted(spec.targets)):
-        raise ZoError(f"{folder}: adapters of (r, alpha, targets) {got}, the plan's are "
-                      f"{(spec.r, spec.alpha, sorted(spec.targets))}")
-    want = _read_json(folder / STATE).get("adapter_sha256")
-    if want != _sha256(folder / ADAPTER_WEIGHTS):
-        raise ZoError(f"{folder / ADAPTER_WEIGHTS} does not match the sha256 its state.json "
-                      f"recorded: the adapters were changed or torn")
+    problem = check_saved(folder)
+    if problem:
+        raise ZoError(f"{folder}: {problem}: the adapters were changed or torn")
+    check_adapter_config(folder, spec.r, spec.alpha, spec.targets, what="the plan's")
     tensors = load_file(str(folder / ADAPTER_WEIGHTS))
     out = torch.empty(num_blocks, spec.numel, dtype=torch.float32)
     expected = {peft_key(layer_prefix, b, t.name) for b in range(num_blocks) for t in spec.specs}
@@ -205,6 +194,15 @@ def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
     return out
 
 
+def check_adapter_config(folder: Path, r: int, alpha: int, targets, *, what: str) -> None:
+    """ZoError unless adapter_config.json's (r, lora_alpha, target_modules) are these."""
+    config = _read_json(Path(folder) / ADAPTER_CONFIG)
+    got = (config.get("r"), config.get("lora_alpha"), sorted(config.get("target_modules") or []))
+    want = (r, alpha, sorted(targets))
+    if got != want:
+        raise ZoError(f"{folder}: adapters of (r, alpha, targets) {got}, {what} are {want}")
+
+
 def is_adapter_folder(folder: Path | str | None) -> bool:
     return folder is not None and (Path(folder) / ADAPTER_WEIGHTS).is_file()
 
@@ -217,14 +215,6 @@ def _read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ZoError(f"{path}: not a JSON object")
     return data
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # ---- merging (zoexec export --merge) ---------------------------------------------------------

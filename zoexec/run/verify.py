@@ -1,8 +1,10 @@
 """What a run folder checks before it trusts what it reads back: checksums of the files
-of saved weights (snapshots, final/), fingerprints of the run's inputs (the data's
-content hash; the model folder's safetensors headers and sizes, cheap for any size),
-the facts that decide z (device model, software versions), and the digest that seals
-run.json's settings. Torch-free except `z_environment`, which reads the device.
+of saved weights (snapshots, final/, best/; full weights and LoRA adapters alike), what
+ties saved weights to their run (the run's digest, the step, the digest of the logged
+history they continue), fingerprints of the run's inputs (the data's content hash; the
+model folder's safetensors headers and sizes, cheap for any size), the facts that decide
+z (device model, software versions), and the digest that seals run.json's settings.
+Torch-free except `z_environment`, which reads the device.
 
 A problem is a ZoError naming the file and what differs; none of these functions
 writes anything.
@@ -16,41 +18,62 @@ import os
 import struct
 from pathlib import Path
 
+from zoexec.model.saved import STATE
 from zoplan.errors import ZoError
-from zoplan.io import sha256_file, sha256_json, sha256_path
-
-STATE = "state.json"
+from zoplan.io import sha256_json, sha256_path
 
 
-# ---- checksums of saved weights --------------------------------------------------------------
-def folder_checksums(folder: Path) -> dict[str, str]:
-    """{file name: sha256} of every file of a saved weights folder but state.json."""
-    folder = Path(folder)
-    return {p.name: sha256_file(p) for p in sorted(folder.iterdir())
-            if p.is_file() and p.name != STATE}
+# ---- what ties saved weights to their run ----------------------------------------------------
+def history_digest(previous: str, step: int, update: tuple | None) -> str:
+    """The digest of a run's history through `step`: the one through the step before
+    (`previous`; before step 0, the run's digest) and this step's update ((seed, g, lr),
+    None for a step that applied none). Saved weights record it; a resume recomputes it
+    from the log, so weights are used only after the very updates they hold."""
+    body = json.dumps([step, list(update) if update else None])
+    return hashlib.sha256(f"{previous}\n{body}".encode()).hexdigest()
 
 
-def check_saved(folder: Path) -> str | None:
-    """What is wrong with a saved weights folder against the checksums its state.json
-    records (None: every file is whole): a missing, changed or unexpected file."""
-    folder = Path(folder)
+def unbound(folder: Path) -> str | None:
+    """A saved folder whose state.json does not say which run it is (saved before
+    zoexec recorded it): why it is not resumed from (None: it says)."""
     try:
-        state = json.loads((folder / STATE).read_text())
-        recorded = state["files"]
+        state = json.loads((Path(folder) / STATE).read_text())
+        known = isinstance(state, dict) and "run_digest" in state
+    except (OSError, ValueError):
+        known = False
+    return None if known else f"{Path(folder) / STATE} records no run digest"
+
+
+def binding(*, run_digest: str, step: int, history: str) -> dict:
+    """The fields of a saved folder's state.json that tie it to its run."""
+    return {"step": step, "run_digest": run_digest, "history_sha256": history}
+
+
+def binding_problem(folder: Path, *, step: int | None, run_digest: str,
+                    histories: list[str]) -> str | None:
+    """Why saved weights in `folder` are not this run's (None: they are): state.json
+    names another run, another step than the folder's name (`step`; None: final/ and
+    best/, named by no step), a step past the log, or another history than the log's
+    (`histories[s]`: the digest through step s). A folder whose state.json records no
+    run (written before zoexec recorded it, or damaged) is not judged here: check_saved
+    and the resume's start point pass it over."""
+    try:
+        state = json.loads((Path(folder) / STATE).read_text())
+        recorded = (state["run_digest"], int(state["step"]), state["history_sha256"])
     except (OSError, ValueError, KeyError, TypeError):
-        return f"{folder / STATE} records no checksums"
-    if not isinstance(recorded, dict) or not recorded:
-        return f"{folder / STATE} records no checksums"
-    for name, want in sorted(recorded.items()):
-        path = folder / name
-        if not path.is_file():
-            return f"{path} is missing"
-        have = sha256_file(path)
-        if have != want:
-            return f"{path} changed (sha256 {have[:12]}, saved as {want[:12]})"
-    extra = sorted(p.name for p in folder.glob("*.safetensors") if p.name not in recorded)
-    if extra:
-        return f"{folder / extra[0]} was not saved with this folder"
+        return None
+    digest, saved_step, history = recorded
+    where = Path(folder) / STATE
+    if digest != run_digest:
+        return (f"{where} is another run's (run digest {str(digest)[:12]}, this run's "
+                f"{run_digest[:12]})")
+    if step is not None and saved_step != step:
+        return f"{where} records step {saved_step}, but its folder is named for step {step}"
+    if not 0 <= saved_step < len(histories):
+        return f"{where} records step {saved_step}, past the {len(histories)} logged steps"
+    if history != histories[saved_step]:
+        return (f"{where} continues another history than the log's through step {saved_step} "
+                f"(history {str(history)[:12]}, the log's {histories[saved_step][:12]})")
     return None
 
 
