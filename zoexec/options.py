@@ -28,7 +28,7 @@ from zoexec.run.verify import fingerprints
 from zoexec.run.watch import BestMetric
 from zoplan.errors import ZoError
 from zoplan.execrules import default_steps
-from zoplan.io import sha256_json, sha256_path
+from zoplan.io import need_input, sha256_json, sha256_path
 from zoplan.plan import Plan
 
 REPORTS = {"text": ("eval_loss",), "completion": ("eval_loss",),   # each task's metrics
@@ -111,8 +111,8 @@ def _check_together(given: dict) -> None:
                           f"data to evaluate)")
     if "save_best" in given and "out" not in given and "resume" not in given:
         raise ZoError("--save-best writes OUT/best/: give --out DIR")
-    if "eval_data" in given and not Path(given["eval_data"]).exists():
-        raise ZoError(f"--eval-data {given['eval_data']}: no such file or folder")
+    if "eval_data" in given:
+        need_input(given["eval_data"], what="--eval-data")
 
 
 def _check_new_run(given: dict) -> None:

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from zoplan.errors import ZoError, first_line
+from zoplan.io import need_file, need_tree, not_utf8
 
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -17,15 +18,16 @@ def load_records(path) -> list[dict]:
     the file when it cannot be read, holds no rows, or is not a table)."""
     path = Path(path)
     if path.is_dir():
-        data = _from_disk(path)
-    elif not path.is_file():
-        raise ZoError(f"data file {path} does not exist")
-    elif path.suffix.lower() not in FORMATS:
+        data = _from_disk(need_tree(path, what="data folder"))
+    elif need_file(path, what="data file").suffix.lower() not in FORMATS:
         raise ZoError(f"data file {path}: unknown format {path.suffix or '(no suffix)'!r}; "
                       f"give .jsonl, .json, .csv, .parquet or a save_to_disk folder")
     else:
         data = _from_file(path, FORMATS[path.suffix.lower()])
-    rows = data.to_list()
+    try:
+        rows = data.to_list()
+    except UnicodeDecodeError as exc:   # a text column's bytes (pyarrow decodes them here)
+        raise ZoError(f"data {path} is not UTF-8 text ({_where_not_utf8(path, exc)})") from None
     if not rows:
         raise ZoError(f"data file {path} holds no rows")
     return rows
@@ -69,12 +71,23 @@ def _from_file(path: Path, builder: str):
         raise ZoError(f"cannot read data file {path}: {first_line(cause)}") from None
 
 
+def _where_not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
+    """Where the bytes of data `path` are not UTF-8: the byte and its offset in the file
+    (a text file), else the value pyarrow could not decode (a folder, parquet)."""
+    if path.is_file() and path.suffix.lower() in (".jsonl", ".json", ".csv"):
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as whole:
+            return not_utf8(whole)
+    return f"a value holds byte {exc.object[exc.start]:#04x}, not UTF-8"
+
+
 def _find_bad_json_line(path: Path) -> None:
     """Name the first line of a JSONL file that is not one JSON object (when any)."""
     try:
         text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ZoError(f"data file {path} is not UTF-8 text") from None
+    except UnicodeDecodeError as exc:
+        raise ZoError(f"data file {path} is not UTF-8 text ({not_utf8(exc)})") from None
     if path.suffix.lower() == ".json":
         return
     for number, line in enumerate(text.splitlines(), start=1):

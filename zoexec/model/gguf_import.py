@@ -32,6 +32,7 @@ from zoexec.model.export import (
 )
 from zoexec.model.families import TORCH_DTYPES, adapter_for
 from zoplan.errors import ZoError
+from zoplan.io import need_file
 
 MAGIC = b"GGUF"
 
@@ -47,16 +48,19 @@ def import_gguf(path: Path, out: Path, *, dtype: str = "auto") -> Path:
     reader = _reader(path)
     config = _config(path, reader)
     tensors, out_dtype = _tensors(path, reader, config, dtype)
-    with atomic_folder(out) as tmp:
-        save_generation_config(save_config(config, _architecture(config), tmp, out_dtype), tmp, None)
-        write_safetensors(tensors.items(), tmp, dtype=out_dtype)
-        _save_tokenizer(path, tmp)
+    try:
+        with atomic_folder(out) as tmp:
+            save_generation_config(save_config(config, _architecture(config), tmp, out_dtype),
+                                   tmp, None)
+            write_safetensors(tensors.items(), tmp, dtype=out_dtype)
+            _save_tokenizer(path, tmp)
+    except OSError as exc:   # a read-only or full destination
+        raise ZoError(f"cannot write {out}: {exc.strerror or exc}") from None
     return out
 
 
 def _check_file(path: Path) -> None:
-    if not path.is_file():
-        raise ZoError(f"GGUF file {path} does not exist")
+    need_file(path, what="GGUF file")
     with path.open("rb") as handle:
         head = handle.read(4)
     if head != MAGIC:

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +36,9 @@ from torch import nn
 from zoexec.maths.zo import mix_seed
 from zoexec.model.export import atomic_folder
 from zoexec.model.families import TensorSpec, make_specs
-from zoexec.model.saved import check_saved
-from zoplan.errors import ZoError
+from zoexec.model.saved import check_saved, model_fingerprint
+from zoplan.errors import ZoError, first_line
+from zoplan.io import need_folder
 
 LORA_TAG = 0x4C6F5241            # "LoRA": the adapters' init seeds, apart from init_seed's
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -218,33 +218,67 @@ def _read_json(path: Path) -> dict:
 
 
 # ---- merging (zoexec export --merge) ---------------------------------------------------------
-def merge_adapters(adapter_dir: Path, base_dir: Path, out_dir: Path) -> Path:
+def merge_adapters(adapter_dir: Path, base_dir: Path, out_dir: Path, *,
+                   accept_other_base: bool = False) -> Path:
     """Load the base HF model, apply the PEFT adapters, merge_and_unload, save the plain
     HF model (and the base's tokenizer) into `out_dir` (written aside and renamed:
-    whole or absent)."""
+    whole or absent). Checked first (check_merge): the adapters' files against their
+    checksums, their settings against the run's, the base against the run's."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from zoexec.model.export import copy_tokenizer
 
+    check_merge(Path(adapter_dir), Path(base_dir), accept_other_base=accept_other_base)
+    hf_logging.disable_progress_bar()   # the command's one line is its output
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)   # peft calls deprecated names
+            base = AutoModelForCausalLM.from_pretrained(str(base_dir), local_files_only=True)
+            merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise ZoError(f"cannot merge {adapter_dir} into {base_dir}: {first_line(exc)}") from None
+    try:
+        with atomic_folder(Path(out_dir)) as tmp:
+            merged.save_pretrained(str(tmp))
+            copy_tokenizer(Path(base_dir), tmp)
+    except OSError as exc:
+        raise ZoError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
+    return Path(out_dir)
+
+
+def check_merge(adapter_dir: Path, base_dir: Path, *, accept_other_base: bool) -> None:
+    """ZoError (one line) unless `adapter_dir` is a whole adapter folder a LoRA run
+    saved (every file's sha256 as its state.json records; adapter_config.json's r,
+    lora_alpha and target_modules the run's) and `base_dir` is the base the run trained
+    on (the fingerprint the run recorded: zoexec.model.saved.model_fingerprint),
+    unless `accept_other_base` (a deliberate swap)."""
+    need_folder(adapter_dir, what="--merge")
+    need_folder(base_dir, what="--base")
     if not is_adapter_folder(adapter_dir):
         raise ZoError(f"--merge {adapter_dir}: not a LoRA adapter folder (no {ADAPTER_WEIGHTS})")
-    if not (Path(base_dir) / "config.json").is_file():
+    if not (base_dir / "config.json").is_file():
         raise ZoError(f"--base {base_dir}: not an HF model folder (no config.json)")
-    try:
-        base = AutoModelForCausalLM.from_pretrained(str(base_dir), local_files_only=True)
-        merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ZoError(f"cannot merge {adapter_dir} into {base_dir}: {exc}") from None
-    out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        merged.save_pretrained(str(tmp))
-        copy_tokenizer(Path(base_dir), tmp)
-        if out.exists():
-            out.rmdir()   # the caller checked it is empty
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    problem = check_saved(adapter_dir)
+    if problem:
+        raise ZoError(f"--merge {adapter_dir}: {problem}: the adapters are not as the run "
+                      f"saved them")
+    state = _read_json(adapter_dir / STATE)
+    lora, base = state.get("lora"), state.get("base")
+    if not isinstance(lora, dict):
+        raise ZoError(f"--merge {adapter_dir}: {adapter_dir / STATE} records no LoRA settings "
+                      f"(not saved by a LoRA run of this zoexec)")
+    check_adapter_config(adapter_dir, lora.get("r"), lora.get("alpha"), lora.get("targets") or (),
+                         what="the run's")
+    if accept_other_base:
+        return
+    if not isinstance(base, dict) or not base.get("fingerprint"):
+        raise ZoError(f"--base {base_dir}: the run trained on random weights (no model "
+                      f"folder recorded): no base to check it against; give "
+                      f"--accept-other-base to merge into it")
+    have = model_fingerprint(base_dir)
+    if have != base["fingerprint"]:
+        raise ZoError(f"--base {base_dir} is not the base the run trained on ({base.get('path')}:"
+                      f" fingerprint {str(base['fingerprint'])[:12]}, this one {have[:12]}); "
+                      f"give --accept-other-base to merge into another base on purpose")

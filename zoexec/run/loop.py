@@ -257,10 +257,14 @@ class TrainLoop:
                                                    base_s=self.env.timeout_s))
 
     def _kind(self) -> dict:
-        """What state.json says of the weights: the update mode, or the LoRA settings."""
-        if self.cfg.workload.is_lora:
-            return {"tuning": "lora"}
-        return {"update": self.cfg.workload.update}
+        """What state.json says of the weights: the update mode, or the LoRA settings and
+        the base they adapt (its path and fingerprint; None: random weights), which
+        `zoexec export --merge` checks."""
+        wl = self.cfg.workload
+        if not wl.is_lora:
+            return {"update": wl.update}
+        return {"tuning": "lora", "base": (self.cfg.inputs or {}).get("model"),
+                "lora": {"r": wl.lora_r, "alpha": wl.lora_alpha, "targets": list(wl.lora_targets)}}
 
     def _export(self, path: Path, state) -> None:
         """The weights as an HF folder (full) or a PEFT adapter folder (LoRA)."""

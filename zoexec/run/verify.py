@@ -18,7 +18,7 @@ import os
 import struct
 from pathlib import Path
 
-from zoexec.model.saved import STATE
+from zoexec.model.saved import STATE, model_fingerprint
 from zoplan.errors import ZoError
 from zoplan.io import sha256_json, sha256_path
 
@@ -78,48 +78,6 @@ def binding_problem(folder: Path, *, step: int | None, run_digest: str,
 
 
 # ---- the run's inputs ------------------------------------------------------------------------
-SAMPLES, SAMPLE_BYTES = 16, 1 << 16   # windows of each shard's bytes in its fingerprint
-
-
-def model_fingerprint(folder: str | Path) -> str:
-    """sha256 of a model folder's config.json and, for each safetensors file, its name,
-    size, header (the tensors' names, shapes, dtypes and offsets) and SAMPLES windows
-    of its bytes spread over the file: another size, layout or set of weights shows
-    (new weights change every window), for about 1 MiB read a shard whatever its size."""
-    folder = Path(folder)
-    digest = hashlib.sha256()
-    config = folder / "config.json"
-    digest.update(config.read_bytes() if config.is_file() else b"")
-    for path in sorted(folder.glob("*.safetensors")):
-        size = path.stat().st_size
-        digest.update(f"\0{path.name}\0{size}\0".encode())
-        digest.update(_safetensors_header(path, size))
-        digest.update(_samples(path, size))
-    return digest.hexdigest()
-
-
-def _samples(path: Path, size: int) -> bytes:
-    """SAMPLES windows of SAMPLE_BYTES spread evenly over a file (the whole of a small one)."""
-    with path.open("rb") as handle:
-        if size <= SAMPLES * SAMPLE_BYTES:
-            return handle.read()
-        out = []
-        for index in range(SAMPLES):
-            handle.seek((size - SAMPLE_BYTES) * index // (SAMPLES - 1))
-            out.append(handle.read(SAMPLE_BYTES))
-        return b"".join(out)
-
-
-def _safetensors_header(path: Path, size: int) -> bytes:
-    """The header of a safetensors file (its length first), or what there is of it."""
-    with path.open("rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            return head
-        (length,) = struct.unpack("<Q", head)
-        return head + handle.read(min(length, max(0, size - 8), 100 << 20))
-
-
 def fingerprints(*, data: str, model: str) -> dict:
     """run.json's "inputs": each input's absolute path and fingerprint (None: built in)."""
     out = {"data": None, "model": None}
