@@ -92,7 +92,7 @@ def test_the_head_is_priced_at_the_labelled_positions_only():
     from zoplan.hardware import HardwareProfile
     from zoplan.io import load_json
     from zoplan.models import get_model
-    from zoplan.sim.taskwork import task_times
+    from zoplan.pricing.tasks import task_times
 
     hw = HardwareProfile.from_dict(load_json(CPU4))
     model = get_model("tiny-opt")

@@ -245,7 +245,7 @@ def zo2_baseline(req: Request, workload: Workload) -> Candidate:
     winner's precision and update mode, with ZO2's own zo maths: it perturbs +eps,
     -2eps, +eps (restore) in place and updates, drawing z four times per block and step
     (zo-algorithms.md; zoexec.reference.mezo_reference_train), where zoexec draws it
-    twice (zoplan.sim.taskwork.task_times, schedule "zo2"). ZO2 trains every weight:
+    twice (zoplan.pricing.tasks.task_times, schedule "zo2"). ZO2 trains every weight:
     against a LoRA winner it is ZO2 in the same precision, full-parameter."""
     if workload.is_lora:
         workload = Workload.for_update(batch=workload.batch, seq=workload.seq,

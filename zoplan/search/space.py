@@ -33,11 +33,11 @@ from zoplan.lora import (
     check_targets,
 )
 from zoplan.models import DTYPE_BYTES, ModelSpec, get_model
+from zoplan.pricing.stragglers import straggler_factor
 from zoplan.search.placement import PLACEMENTS, resident_pattern
 from zoplan.sim.bounds import StepBounds, step_bounds
 from zoplan.sim.costs import StepCosts, step_costs
 from zoplan.sim.memory import MemoryEstimate, estimate_memory, resident_capacity
-from zoplan.sim.nodes import straggler_factor
 from zoplan.sim.simulate import SimResult
 from zoplan.workload import UPDATE_MODES, Workload
 

@@ -20,11 +20,18 @@ well, with the same margin).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from zoplan.hardware import GIB, HardwareProfile
 from zoplan.layout import Layout
-from zoplan.memory import fmt_bytes, node_host_memory, rank_memory, resident_shard_bytes
+from zoplan.memory import (
+    RankMemory,
+    fmt_bytes,
+    node_host_memory,
+    rank_memory,
+    resident_shard_bytes,
+)
 from zoplan.models import ModelSpec
 from zoplan.workload import Workload
 
@@ -87,10 +94,25 @@ class MemoryEstimate:
 
 def estimate_memory(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
                     layout: Layout, resident_blocks: int = 0) -> MemoryEstimate:
+    """The layout's bytes per device and per node against the profile's limits (cached:
+    the search asks again for each candidate's placement and baselines)."""
+    return _estimate(model, profile, workload, layout, resident_blocks)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str,
+          resident_blocks: int = 0) -> RankMemory:
+    return rank_memory(model=model, workload=workload, layout=layout,
+                       device_kind=device_kind, resident_blocks=resident_blocks)
+
+
+@functools.lru_cache(maxsize=4096)
+def _estimate(model: ModelSpec, profile: HardwareProfile, workload: Workload, layout: Layout,
+              resident_blocks: int) -> MemoryEstimate:
     kind = profile.device["kind"]
     shape = dict(model=model, workload=workload, layout=layout, device_kind=kind,
                  resident_blocks=resident_blocks)
-    rank = rank_memory(**shape)
+    rank = _rank(model, workload, layout, kind, resident_blocks)
     host = node_host_memory(**shape)
     gpu_terms, host_terms = rank.peak_terms(), host.peak_terms()
     labels = {t.key: t.label for t in gpu_terms}
@@ -122,8 +144,7 @@ def resident_capacity(*, model: ModelSpec, profile: HardwareProfile, workload: W
     blocks, if made already."""
     base = base or estimate_memory(model=model, profile=profile, workload=workload,
                                    layout=layout)
-    rank = rank_memory(model=model, workload=workload, layout=layout,
-                       device_kind=profile.device["kind"])
+    rank = _rank(model, workload, layout, profile.device["kind"])
     shard = resident_shard_bytes(model, workload, layout)
     room = base.gpu_limit_bytes - resident_margin_bytes(profile) - sum(t.bytes for t in rank.outside)
     copies = max(_sum(rank.setup), *(rank.phase_bytes(p) for p in rank.phases if p != "setup"))
