@@ -136,8 +136,8 @@ BEST_METRICS = ("eval_loss", "eval_accuracy", "eval_f1", "eval_accuracy_norm", "
 
 def parse_best(text: str) -> tuple[str, bool]:
     """--save-best "eval_accuracy:max" -> ("eval_accuracy", True); ValueError if bad."""
-    name, _, way = text.strip().partition(":")
-    if name not in BEST_METRICS or way not in ("", "max", "min"):
+    name, colon, way = text.strip().partition(":")
+    if name not in BEST_METRICS or (colon and way not in ("max", "min")):
         raise ValueError(f"not a metric[:max|min]: {text!r}")
     return name, (way == "max") if way else name != "eval_loss"
 

@@ -270,6 +270,43 @@ CASES = [
          "out/snapshots is a symbolic link (to", setup="link:out/snapshots"),
     Case("run-out-with-a-final-not-written-by-zoexec", X, RUN + ("--out", "out"),
          "out/final was not written by zoexec (no state.json)", setup="dir:out/final"),
+    # task data that cannot be right: the row and the column named
+    Case("run-copa-empty-candidate", X, RUN + ("--data", "{in}/t-copa-empty.jsonl", "--task-preset",
+                                               "copa", "--model-path", "{in}/m-good"),
+         "t-copa-empty.jsonl row 2: column 'choice2' is empty"),
+    Case("run-copa-whitespace-candidate", X, RUN + ("--data", "{in}/t-copa-blank.jsonl", "--task-preset",
+                                                    "copa", "--model-path", "{in}/m-good"),
+         "t-copa-blank.jsonl row 1: column 'choice1' is empty"),
+    Case("run-choices-template-fills-empty", X, RUN + (
+        "--data", "{in}/t-copa-empty.jsonl", "--task", "multiple-choice", "--template", "{premise}",
+        "--choices", "{choice1}|{choice2}", "--model-path", "{in}/m-good"),
+         "row 2: candidate 2 (--choices '{choice2}', from 'choice2') is empty"),
+    Case("run-copa-candidates-the-same", X, RUN + ("--data", "{in}/t-copa-same.jsonl", "--task-preset",
+                                                   "copa", "--model-path", "{in}/m-good"),
+         "t-copa-same.jsonl row 1: candidates 1 and 2"),
+    Case("run-record-query-without-placeholder", X, RUN + (
+        "--data", "{in}/t-record-noplace.jsonl", "--task-preset", "record", "--model-path", "{in}/m-good"),
+         "t-record-noplace.jsonl row 1: column 'query' holds no @placeholder"),
+    Case("run-record-empty-entity", X, RUN + ("--data", "{in}/t-record-empty.jsonl", "--task-preset",
+                                              "record", "--model-path", "{in}/m-good"),
+         "t-record-empty.jsonl row 1: item 2 of column 'entities' is empty"),
+    Case("run-choices-column-empty-list", X, RUN + (
+        "--data", "{in}/t-options-empty.jsonl", "--task", "multiple-choice", "--template", "{q}",
+        "--choices-column", "options", "--model-path", "{in}/m-good"),
+         "t-options-empty.jsonl row 1: column 'options' holds an empty list: no candidates"),
+    Case("run-classification-label-true", X, RUN + ("--data", "{in}/t-sst2-true.jsonl", "--task-preset",
+                                                    "sst2", "--model-path", "{in}/m-good"),
+         "t-sst2-true.jsonl row 1: label True in column 'label' is true/false, not an index"),
+    Case("run-classification-label-float", X, RUN + ("--data", "{in}/t-sst2-float.jsonl", "--task-preset",
+                                                     "sst2", "--model-path", "{in}/m-good"),
+         "t-sst2-float.jsonl row 1: label 0.0 in column 'label' is a float, not an integer (a column"),
+    Case("run-multiple-choice-label-true", X, RUN + ("--data", "{in}/t-copa-true.jsonl", "--task-preset",
+                                                     "copa", "--model-path", "{in}/m-good"),
+         "t-copa-true.jsonl row 1: label True in column 'label' is true/false, not an index"),
+    Case("run-save-best-trailing-colon", X, RUN + ("--data", "{in}/d-ids.jsonl", "--eval-data",
+                                                   "{in}/d-ids.jsonl", "--save-best", "eval_loss:",
+                                                   "--out", "o"),
+         "--save-best eval_loss:: must be one of"),
     # zoplan calibrate --fit refits only from a trace of the plan's own run
     Case("calibrate-fit-another-plan-s-trace", P,
          ("calibrate", "{in}/plan.json", "{in}/tr-other", "--profile", "cpu", "--fit", "-o", "fit.json"),
@@ -392,6 +429,25 @@ def _latin1(where: Path) -> None:
         (where / f"d-latin1-{name}.jsonl").write_bytes(text.encode("latin-1"))
 
 
+def _tasks(where: Path) -> None:
+    """Task data that cannot be right (each file one flaw)."""
+    copa = {"premise": "It was fun.", "choice1": "I liked it", "choice2": "I hated it",
+            "question": "effect", "label": 0}
+    record = {"passage": "the movie", "query": "@placeholder was good", "entities": ["it", "movie"],
+              "answers": ["it"]}
+    files = {"t-copa-empty": [copa, {**copa, "choice2": ""}],
+             "t-copa-blank": [{**copa, "choice1": "   "}],
+             "t-copa-same": [{**copa, "choice2": copa["choice1"]}],
+             "t-copa-true": [{**copa, "label": True}],
+             "t-record-noplace": [{**record, "query": "it was good"}],
+             "t-record-empty": [{**record, "entities": ["it", ""]}],
+             "t-options-empty": [{"q": "the movie", "options": [], "label": 0}],
+             "t-sst2-true": [{"sentence": "a good movie", "label": True}],
+             "t-sst2-float": [{"sentence": "a good movie", "label": 0}, {"sentence": "bad", "label": 1.0}]}
+    for name, rows in files.items():
+        (where / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def _lora(where: Path) -> None:
     """A LoRA run of 2 steps on m-good (lora-run/final: its adapters), and adapter
     folders damaged from it; m-other: a base of the same shape and other weights."""
@@ -464,6 +520,7 @@ def inputs(tmp_path_factory) -> Path:
     _data(where)
     _special(where)
     _latin1(where)
+    _tasks(where)
     _lora(where)
     _gguf(where)
     return where
