@@ -38,6 +38,7 @@ from zoexec.fields import (  # noqa: F401 - FieldError, parse_* and the checks a
     parse_every,
     parse_size,
     positive_finite,
+    within,
 )
 from zoexec.maths.schedule import lr_from
 from zoplan.errors import ZoError
@@ -46,6 +47,8 @@ from zoplan.layout import Layout
 from zoplan.models import ModelSpec
 from zoplan.plan import Plan
 from zoplan.workload import Workload
+
+MAX_THREADS = 1024   # --threads: far past any node's cores; OpenMP fails creating ~30,000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,7 +310,8 @@ class RuntimeOptions(Section):
     PANEL: ClassVar[str] = "Runtime"
 
     threads: int | None = option(
-        None, "torch threads per rank (default: cores / local ranks)", check=at_least(1))
+        None, "torch threads per rank (default: cores / local ranks)",
+        check=within(1, MAX_THREADS))
     timeout_s: float = option(
         600.0, "Seconds any wait of a rank may take (process groups, collectives, the node's "
         "loading) before the run fails", env="ZOEXEC_TIMEOUT_S", check=positive_finite)

@@ -101,6 +101,9 @@ def _check_together(given: dict) -> None:
     """The options given that do not go together."""
     if "model_path" in given and "init" in given:
         raise ZoError("give either --model-path DIR or --init random, not both")
+    if "resume" in given and given.get("overwrite"):
+        raise ZoError("give either --resume DIR (continue the run) or --overwrite (replace it "
+                      "with a new one), not both")
     if "resume" in given and "out" in given and Path(given["out"]) != Path(given["resume"]):
         raise ZoError("--resume DIR continues the run in DIR: give no other --out")
     if "save_steps" in given and "save_every" in given:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from zoplan.errors import ZoError
+from zoplan.errors import ZoError, first_line
 
 
 def _read_umask() -> int:
@@ -57,10 +58,13 @@ def atomic_write_text(path: Path | str, text: str, *, what: str = "") -> None:
         raise
 
 
-def check_writable(path: Path | str, *, what: str = "") -> None:
+def check_writable(path: Path | str, *, what: str = "", inputs: tuple = ()) -> None:
     """ZoError (one line) unless `path` can be written as a file: its folder exists and
-    takes files, and `path` itself is not a folder or another kind of file. Called
-    before long work, so a bad output path fails at once."""
+    takes files (a file is made there and removed: a read-only, full or refusing file
+    system says so now, whoever runs it), `path` itself is not a folder or another kind
+    of file, nor one of the command's `inputs` (a plan written over its profile, a
+    lengths file over its data). Called before long work, so a bad output path fails
+    at once."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     name = f"{what} {path}".strip()
@@ -69,10 +73,15 @@ def check_writable(path: Path | str, *, what: str = "") -> None:
             raise ZoError(f"cannot write {name}: folder {parent} does not exist")
         if path.exists() and not path.is_file():
             raise ZoError(f"cannot write {name}: it exists and is not a regular file")
-        if not os.access(parent, os.W_OK):
-            raise ZoError(f"cannot write {name}: folder {parent} is not writable")
         if len(path.name.encode()) > 255:
             raise ZoError(f"cannot write {name}: File name too long")
+        for given in inputs:
+            if given is not None and path.exists() and Path(given).exists() \
+                    and os.path.samefile(path, given):
+                raise ZoError(f"cannot write {name}: it is the input {given}, which it would replace")
+        fd, probe = tempfile.mkstemp(prefix=".zo-probe-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise ZoError(f"cannot write {name}: {exc.strerror or exc}") from None
 
@@ -102,6 +111,8 @@ def kind_of(path: Path | str) -> str:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return "missing"
+    except OSError as exc:   # a loop of links, a name too long, no permission
+        raise ZoError(f"{path}: {exc.strerror or exc}") from None
     if stat.S_ISREG(mode):
         return "a file"
     if stat.S_ISDIR(mode):
@@ -187,10 +198,33 @@ def _refuse_constant(name: str) -> float:
     raise NotFinite(name)
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):   # 1e999: a literal too large for a float
+        raise NotFinite(text)
+    return value
+
+
 def loads_strict(text: str) -> Any:
-    """json.loads that refuses NaN and the infinities (NotFinite, a ValueError): every
-    JSON text the tools read goes through it."""
-    return json.loads(text, parse_constant=_refuse_constant)
+    """json.loads that refuses NaN and the infinities (NotFinite, a ValueError), also
+    written as a literal too large for a float (1e999), and nesting too deep for the
+    parser (a JSONDecodeError): every JSON text the tools read goes through it."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:   # arrays or objects nested thousands deep
+        raise _not_json("nested too deeply") from None
+    except (json.JSONDecodeError, NotFinite):
+        raise
+    except ValueError as exc:   # an integer of more digits than Python converts
+        raise _not_json(first_line(exc).split(";")[0]) from None
+
+
+def _not_json(message: str) -> json.JSONDecodeError:
+    """A JSONDecodeError that reads as `message` alone (no line and column: the whole
+    text is at fault)."""
+    exc = json.JSONDecodeError(message, "", 0)
+    exc.args = (message,)
+    return exc
 
 
 def load_json(path: Path | str, *, what: str = "file") -> Any:

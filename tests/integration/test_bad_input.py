@@ -159,7 +159,7 @@ CASES = [
          "--task classification needs --data FILE"),
     Case("run-report-to-unknown", X, RUN + ("--report-to", "wandb"),
          "--report-to wandb: must be one of none, tensorboard"),
-    Case("run-threads-zero", X, RUN + ("--threads", "0"), "--threads 0: must be >= 1"),
+    Case("run-threads-zero", X, RUN + ("--threads", "0"), "--threads 0: must be in 1..1024"),
     Case("run-check-nodes-every-zero", X, RUN + ("--check-nodes-every", "0"),
          "--check-nodes-every 0: must be >= 1"),
     Case("run-save-steps-and-save-every", X, RUN + ("--save-steps", "2", "--save-every", "3"),
@@ -307,6 +307,36 @@ CASES = [
                                                    "{in}/d-ids.jsonl", "--save-best", "eval_loss:",
                                                    "--out", "o"),
          "--save-best eval_loss:: must be one of"),
+    # the hostile round: what broke, and is one line now
+    Case("show-plan-a-link-loop", P, ("show", "loop.json"), "loop.json: Too many levels of symbolic links",
+         setup="link:loop.json>loop.json"),
+    Case("show-plan-nested-too-deeply", P, ("show", "{in}/pl-deep.json"), "is not valid JSON: nested too deeply"),
+    Case("show-plan-an-integer-of-5000-digits", P, ("show", "{in}/pl-digits.json"),
+         "Exceeds the limit (4300 digits) for integer string conversion"),
+    Case("optimize-plan-over-its-profile", P, OPT[:-3] + ("-o", "{in}/p-own.json", "-q", "--model", "tiny-opt",
+                                                         "--profile", "{in}/p-own.json"),
+         "it is the input"),
+    Case("profile-output-in-sys", P, ("profile", "--quick", "-o", "/sys/zoplan-profile.json"),
+         "cannot write /sys/zoplan-profile.json"),
+    Case("run-threads-100000", X, RUN + ("--threads", "100000"), "--threads 100000: must be in 1..1024"),
+    Case("run-data-nested-too-deeply", X, RUN + ("--data", "{in}/d-deep.jsonl", "--task-preset", "sst2",
+                                                 "--model-path", "{in}/m-good"),
+         "d-deep.jsonl:1: JSON nested too deeply (over 1000 levels)"),
+    Case("run-data-parquet-damaged", X, RUN + ("--data", "{in}/d-bad.parquet", "--task-preset", "sst2",
+                                               "--model-path", "{in}/m-good"),
+         "cannot read data file"),
+    Case("run-data-csv-header-only", X, RUN + ("--data", "{in}/d-header.csv", "--task-preset", "sst2",
+                                               "--model-path", "{in}/m-good"),
+         "d-header.csv holds no rows"),
+    Case("run-data-a-link-loop", X, RUN + ("--data", "loop.jsonl"), "loop.jsonl: Too many levels of symbolic links",
+         setup="link:loop.jsonl>loop.jsonl"),
+    Case("run-resume-and-overwrite", X, RUN[:2] + ("--resume", "a", "--overwrite"),
+         "give either --resume DIR (continue the run) or --overwrite"),
+    Case("lengths-over-its-data", X, ("lengths", "{in}/d-sst2.jsonl", "--model-path", "{in}/m-good",
+                                      "--task-preset", "sst2", "-o", "{in}/d-sst2.jsonl"),
+         "it is the input"),
+    Case("import-gguf-truncated", X, ("import-gguf", "{in}/g-cut.gguf", "-o", "hf"),
+         "g-cut.gguf: truncated or damaged"),
     # zoplan calibrate --fit refits only from a trace of the plan's own run
     Case("calibrate-fit-another-plan-s-trace", P,
          ("calibrate", "{in}/plan.json", "{in}/tr-other", "--profile", "cpu", "--fit", "-o", "fit.json"),
@@ -448,6 +478,17 @@ def _tasks(where: Path) -> None:
         (where / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _hostile(where: Path, plan: dict) -> None:
+    """What the hostile round fed the commands (docs: /work notes of issue 30)."""
+    _dump(where / "pl-deep.json", "[" * 200_000 + "]" * 200_000)
+    _dump(where / "pl-digits.json", json.dumps(plan).replace('"batch": 2', '"batch": ' + "9" * 5000, 1))
+    (where / "d-deep.jsonl").write_text('{"sentence": ' + "[" * 60_000 + "]" * 60_000 + ', "label": 0}\n')
+    (where / "d-bad.parquet").write_bytes(b"PAR1garbagePAR1")
+    (where / "d-header.csv").write_text("sentence,label\n")
+    shutil.copy(PROFILES_DIR / "cpu.json", where / "p-own.json")
+    (where / "d-sst2.jsonl").write_text(json.dumps({"sentence": "a good movie", "label": 1}) + "\n")
+
+
 def _lora(where: Path) -> None:
     """A LoRA run of 2 steps on m-good (lora-run/final: its adapters), and adapter
     folders damaged from it; m-other: a base of the same shape and other weights."""
@@ -523,6 +564,8 @@ def inputs(tmp_path_factory) -> Path:
     _tasks(where)
     _lora(where)
     _gguf(where)
+    _hostile(where, plan.data)
+    (where / "g-cut.gguf").write_bytes((where / "g-good.gguf").read_bytes()[:2000])
     return where
 
 
@@ -547,8 +590,11 @@ def _folder(case: Case, cases: Path) -> Path:
     folder = cases / case.id
     folder.mkdir()
     kind, _, name = case.setup.partition(":")
+    name, _, target = name.partition(">")
     if kind == "dir":
         (folder / name).mkdir(parents=True)
+    elif kind == "link" and target:   # a link to the given target (itself: a loop)
+        (folder / name).symlink_to(target)
     elif kind == "link":
         target = folder / "mine" / Path(name).name
         target.parent.mkdir()

@@ -105,7 +105,7 @@ def _cut_back(folder: Path, step: int) -> None:
 
 def _listing(folder: Path) -> dict[str, str]:
     """Every path under `folder` with its sha256 (folders: "dir")."""
-    return {str(p.relative_to(folder)): ("dir" if p.is_dir() else
+    return {str(p.relative_to(folder)): ("dir" if p.is_dir() else "fifo" if p.is_fifo() else
                                          hashlib.sha256(p.read_bytes()).hexdigest())
             for p in sorted(folder.rglob("*"))}
 
@@ -188,6 +188,15 @@ def _link(name: str, *, folder: bool = False):
         else:
             target.write_text("the user's own file\n")
         (run / name).symlink_to(target, target_is_directory=folder)
+    return change
+
+
+def _fifo(name: str):
+    """`name` in the run folder replaced by a FIFO (opening one blocks until the other
+    end opens: a read or a write of it would wait forever)."""
+    def change(run: Path, world: dict) -> None:
+        (run / name).unlink()
+        os.mkfifo(run / name)
     return change
 
 
@@ -306,6 +315,14 @@ ROWS = [
         "step-000002 is a symbolic link (to"),
     Row("final-linked-outside", _do(_link("final", folder=True), "--steps", STEPS), REFUSED,
         "final is a symbolic link (to", start="short"),
+    # the hostile round: what a FIFO or a line nested too deeply did to a resume
+    Row("metrics-a-fifo", _do(_fifo("metrics.jsonl")), REFUSED,
+        "metrics.jsonl is a FIFO (named pipe), not a regular file", start="short"),
+    Row("log-a-fifo", _do(_fifo("losses.jsonl")), REFUSED, "losses.jsonl is a FIFO (named pipe)"),
+    Row("snapshot-shard-a-fifo", _do(_fifo("snapshots/step-000005/model.safetensors")), REFUSED,
+        "step-000005/model.safetensors is a FIFO (named pipe)"),
+    Row("log-line-nested-too-deeply", _do(lambda f, w: (f / "losses.jsonl").open("a").write(
+        "[" * 100_000 + "]" * 100_000 + "\n")), REFUSED, "losses.jsonl:8 is not a step record"),
 ]
 
 

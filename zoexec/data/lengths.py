@@ -50,7 +50,7 @@ def measure_lengths(data: Path, spec: TaskSpec, *, model_dir: Path, output: Path
         raise ZoError("--task text packs documents into rows of the plan's seq: every row is "
                       "full, so there are no lengths to measure (plan without --lengths)")
     _check_model_dir(model_dir)
-    check_writable(output, what="the lengths file")
+    check_writable(output, what="the lengths file", inputs=(data,))
     need_input(data, what="data")
     vocab = get_model(str(model_dir)).vocab
     source = make_task_source(data, spec, vocab=vocab, tokenizer_dir=str(model_dir))

@@ -31,7 +31,7 @@ from zoexec.model.export import (
     write_safetensors,
 )
 from zoexec.model.families import TORCH_DTYPES, adapter_for
-from zoplan.errors import ZoError
+from zoplan.errors import ZoError, first_line
 from zoplan.io import need_file
 
 MAGIC = b"GGUF"
@@ -73,7 +73,8 @@ def _reader(path: Path):
     try:
         return GGUFReader(str(path))
     except (ValueError, OSError, IndexError) as exc:
-        raise ZoError(f"cannot read the GGUF file {path}: {exc}") from None
+        raise ZoError(f"cannot read the GGUF file {path}: truncated or damaged "
+                      f"({first_line(exc)})") from None
 
 
 @contextlib.contextmanager

@@ -38,7 +38,7 @@ from zoexec.model.export import atomic_folder
 from zoexec.model.families import TensorSpec, make_specs
 from zoexec.model.saved import check_saved, model_fingerprint
 from zoplan.errors import ZoError, first_line
-from zoplan.io import need_folder
+from zoplan.io import loads_strict, need_folder
 
 LORA_TAG = 0x4C6F5241            # "LoRA": the adapters' init seeds, apart from init_seed's
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -209,7 +209,7 @@ def is_adapter_folder(folder: Path | str | None) -> bool:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = loads_strict(path.read_text())
     except (OSError, ValueError) as exc:
         raise ZoError(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):

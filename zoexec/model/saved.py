@@ -9,11 +9,10 @@ and the run folder's checks (zoexec.run.verify, zoexec.run.folder) share it.
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 from pathlib import Path
 
-from zoplan.io import need_folder, sha256_file
+from zoplan.io import loads_strict, need_folder, sha256_file
 
 STATE = "state.json"
 
@@ -30,9 +29,9 @@ def check_saved(folder: Path) -> str | None:
     records (None: every file is whole): a missing, changed or unexpected file."""
     folder = Path(folder)
     try:
-        state = json.loads((folder / STATE).read_text())
+        state = loads_strict((folder / STATE).read_text())
         recorded = state["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return f"{folder / STATE} records no checksums"
     if not isinstance(recorded, dict) or not recorded:
         return f"{folder / STATE} records no checksums"

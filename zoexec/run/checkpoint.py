@@ -20,6 +20,7 @@ from pathlib import Path
 from zoexec.maths.history import StepRecord
 from zoexec.run.verify import history_digest
 from zoplan.errors import ZoError
+from zoplan.io import loads_strict
 
 _STRICT_JSON = json.JSONEncoder(allow_nan=False)   # one encoder (zoexec.run.report.STRICT_JSON)
 
@@ -104,7 +105,7 @@ def read_log_checked(path: Path) -> LogRead:
 
 def _record(path: Path, number: int, raw: bytes) -> StepRecord:
     try:
-        return StepRecord.from_dict(json.loads(raw))
+        return StepRecord.from_dict(loads_strict(raw))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ZoError(f"{path}:{number} is not a step record ({type(exc).__name__}: "
                       f"{str(exc)[:80]}); only a torn last line is a crash's trace: the log "

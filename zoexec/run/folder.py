@@ -61,7 +61,7 @@ from zoexec.run.verify import (
 from zoexec.run.watch import BEST
 from zoplan import __version__
 from zoplan.errors import ZoError
-from zoplan.io import atomic_write_text, load_json, sha256_json
+from zoplan.io import atomic_write_text, kind_of, load_json, loads_strict, sha256_json
 
 SCHEMA_VERSION = 2
 IDENTITY = "run.json"
@@ -150,13 +150,18 @@ class RunDir:
 
     def check_own(self) -> None:
         """ZoError, before anything is written or removed, when a path zoexec writes in
-        the folder is a symbolic link (a write or a removal would go where it points) or
-        a saved-weights folder zoexec did not write (no state.json: a user's own)."""
+        the folder is a symbolic link (a write or a removal would go where it points),
+        neither a regular file nor a folder (a FIFO blocks whoever opens it), or a
+        saved-weights folder zoexec did not write (no state.json: a user's own)."""
         for path in self._own_paths():
             if path.is_symlink():
                 raise ZoError(f"{path} is a symbolic link (to {os.readlink(path)}): zoexec "
                               f"writes and removes only real files in its run folder; put "
                               f"the file or folder itself there, or give another --out")
+            kind = kind_of(path)
+            if kind not in ("a file", "a folder"):   # a FIFO would block a read or a write
+                raise ZoError(f"{path} is {kind}, not a regular file: zoexec reads and writes "
+                              f"only regular files in its run folder")
         for name in (FINAL, BEST):
             folder = self.path / name
             if folder.is_dir() and not (folder / "state.json").is_file():
@@ -260,8 +265,8 @@ class RunDir:
         """(step, path) of final/ when it is whole (a run that ended; --steps can extend it)."""
         state = self.path / FINAL / "state.json"
         try:
-            return int(json.loads(state.read_text())["step"]), state.parent
-        except (OSError, ValueError, KeyError, TypeError):
+            return int(loads_strict(state.read_text())["step"]), state.parent
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return None
 
     def prune(self, keep: int) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from zoexec.model.saved import STATE, model_fingerprint
 from zoplan.errors import ZoError
-from zoplan.io import sha256_json, sha256_path
+from zoplan.io import loads_strict, sha256_json, sha256_path
 
 
 # ---- what ties saved weights to their run ----------------------------------------------------
@@ -33,15 +33,33 @@ def history_digest(previous: str, step: int, update: tuple | None) -> str:
     return hashlib.sha256(f"{previous}\n{body}".encode()).hexdigest()
 
 
-def unbound(folder: Path) -> str | None:
-    """A saved folder whose state.json does not say which run it is (saved before
-    zoexec recorded it): why it is not resumed from (None: it says)."""
+def _state(folder: Path) -> dict:
+    """A saved folder's state.json ({} when it cannot be read as a JSON object)."""
     try:
-        state = json.loads((Path(folder) / STATE).read_text())
-        known = isinstance(state, dict) and "run_digest" in state
-    except (OSError, ValueError):
-        known = False
-    return None if known else f"{Path(folder) / STATE} records no run digest"
+        state = loads_strict((Path(folder) / STATE).read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def binding_of(folder: Path) -> tuple[str, int, str] | None:
+    """(run digest, step, history digest) a saved folder's state.json records (None:
+    it records none, or not in their types)."""
+    state = _state(folder)
+    digest, step, history = (state.get(k) for k in ("run_digest", "step", "history_sha256"))
+    if isinstance(digest, str) and type(step) is int and isinstance(history, str):
+        return digest, step, history
+    return None
+
+
+def unbound(folder: Path) -> str | None:
+    """Why a saved folder whose state.json does not say which run, step and history it
+    is (saved before zoexec recorded them, or damaged) is not resumed from (None: it
+    says)."""
+    if binding_of(folder) is not None:
+        return None
+    what = "a malformed step or history" if "run_digest" in _state(folder) else "no run digest"
+    return f"{Path(folder) / STATE} records {what}"
 
 
 def binding(*, run_digest: str, step: int, history: str) -> dict:
@@ -57,10 +75,8 @@ def binding_problem(folder: Path, *, step: int | None, run_digest: str,
     (`histories[s]`: the digest through step s). A folder whose state.json records no
     run (written before zoexec recorded it, or damaged) is not judged here: check_saved
     and the resume's start point pass it over."""
-    try:
-        state = json.loads((Path(folder) / STATE).read_text())
-        recorded = (state["run_digest"], int(state["step"]), state["history_sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
+    recorded = binding_of(folder)
+    if recorded is None:
         return None
     digest, saved_step, history = recorded
     where = Path(folder) / STATE
@@ -197,7 +213,7 @@ def check_safetensors(path: Path) -> str | None:
             return (f"{path} is truncated: its header alone needs {8 + length} bytes, the "
                     f"file has {size}")
         try:
-            header = json.loads(handle.read(length))
+            header = loads_strict(handle.read(length))
             ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
         except (ValueError, KeyError, TypeError, AttributeError):
             return f"{path} has a damaged safetensors header"
