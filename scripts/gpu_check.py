@@ -297,7 +297,7 @@ def make_plans() -> None:
         print(f"wrote {out.relative_to(REPO)}")
 
 
-# the committed plans' command (tests/unit/test_gpu_plans.py checks they are today's)
+# the committed plans' command (tests/unit/test_gpu_check_plan.py checks they are today's)
 PLAN_ARGS = ("--model", "opt-1.3b", "--gpus", "1", "--profile", "hgx-h200", "--batch", "8",
              "--seq", "512", "--precision", "bf16")
 

@@ -81,3 +81,71 @@ def test_markers_and_extras_are_evaluated_for_the_target_python():
     assert not device_wheels.applies(Requirement("x; python_version < '3.12'"), "3.12")
     assert not device_wheels.applies(Requirement("x; extra == 'email'"), "3.12")
     assert not device_wheels.applies(Requirement("x; sys_platform == 'win32'"), "3.12")
+
+
+# ---- preflight's decisions (gpu_stages), without a GPU ----------------------------------------
+import gpu_stages  # noqa: E402
+
+from zoexec.runtime import hostmem  # noqa: E402
+
+
+def test_a_tmpfs_of_the_size_needed_is_mounted_when_none_has_room(monkeypatch, tmp_path):
+    """No candidate tmpfs with room: as root, one is mounted (the size needed, rounded
+    up, plus 1 GiB) and the check says so; not as root, one line saying how."""
+    monkeypatch.delenv("ZOEXEC_SHM_DIR", raising=False)
+    monkeypatch.setattr(hostmem, "filesystem_type", lambda path: "tmpfs")
+    monkeypatch.setattr(gpu_stages.shutil, "disk_usage", lambda path: SimpleUsage(free=1 << 30))
+    monkeypatch.setattr(gpu_stages, "MOUNT_POINT", tmp_path / "zo-shm")
+    mounts = []
+    monkeypatch.setattr(gpu_stages.subprocess, "run",
+                        lambda cmd, **kw: mounts.append(cmd) or SimpleRun(returncode=0))
+    monkeypatch.setattr(gpu_stages.os, "geteuid", lambda: 0)
+    got = gpu_stages.store_folder(int(9.5 * (1 << 30)))
+    assert got == {"store_dir": str(tmp_path / "zo-shm"), "store_free_bytes": 11 << 30,
+                   "mounted": True}
+    assert mounts == [["mount", "-t", "tmpfs", "-o", "size=11g", "tmpfs", str(tmp_path / "zo-shm")]]
+    monkeypatch.setattr(gpu_stages.os, "geteuid", lambda: 1000)
+    with pytest.raises(gpu_stages.Failed, match="no tmpfs with 9.5 GiB free"):
+        gpu_stages.store_folder(int(9.5 * (1 << 30)))
+    assert len(mounts) == 1
+
+
+def test_a_tmpfs_with_room_is_used_as_it_is(monkeypatch):
+    monkeypatch.delenv("ZOEXEC_SHM_DIR", raising=False)
+    monkeypatch.setattr(hostmem, "filesystem_type", lambda path: "tmpfs")
+    monkeypatch.setattr(gpu_stages.shutil, "disk_usage", lambda path: SimpleUsage(free=64 << 30))
+    monkeypatch.setattr(gpu_stages.subprocess, "run", lambda *a, **k: pytest.fail("mounted"))
+    assert gpu_stages.store_folder(10 << 30)["store_dir"] == "/dev/shm"
+
+
+def test_a_store_that_cannot_be_page_locked_is_labelled_not_fatal(monkeypatch, tmp_path):
+    """cudaHostRegister failing: preflight records store_pinned False (the runs then
+    copy through the staging ring and say so) instead of stopping the check."""
+    from zoexec.runtime import pinning
+
+    monkeypatch.setattr(pinning, "pin_tensor", lambda flat, who: False)
+    assert gpu_stages.page_locking(tmp_path) == {"store_pinned": False}
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_h200_passes_kept_in_the_repository_calibrate_offline():
+    """What came back from the H200 (benchmarks/results/h200-2026-12-04) still reads:
+    the plan, its trace and the shipped hgx-h200 profile give the step it measured."""
+    from zoplan.calibrate import calibrate
+
+    run = REPO / "benchmarks" / "results" / "h200-2026-12-04" / "pass2" / "run-offload"
+    result = calibrate(plan=run / "plan.json", trace=run / "trace", profile="hgx-h200", skip=1,
+                       fit=False, output=None)
+    summary = json.loads((run.parent / "summary.json").read_text())["stages"]["run-offload"]
+    assert result.calibration.meas_step_s == pytest.approx(summary["measured_step_s"])
+    assert {r.kind for r in result.calibration.rows} >= {"h2d", "update", "forward", "d2h"}
+
+
+class SimpleUsage:
+    def __init__(self, *, free: int) -> None:
+        self.free, self.total = free, free
+
+
+class SimpleRun:
+    def __init__(self, *, returncode: int) -> None:
+        self.returncode, self.stderr = returncode, ""

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from tests.fixtures.host_reads import HostReads
 from zoexec.data.batch import IGNORE, Batch, Choices, shard
 from zoexec.model import heads
 from zoexec.model.families import bind_block, causal_lm_loss_sum, causal_lm_row_losses
@@ -143,21 +144,10 @@ def test_shards_and_selections_keep_examples_whole():
         batch.select(1, 3)
 
 
-HOST_READS = ("nonzero", "tolist", "item", "__bool__", "__int__", "__float__", "cpu")
-
-
 @pytest.fixture
 def no_host_reads(monkeypatch):
-    """Within the test, any read of a tensor's values by the host fails: on a GPU each
-    makes the host wait for everything queued on the stream before it."""
-    def refuse(name):
-        def read(*args, **kwargs):
-            raise AssertionError(f"{name}: the host reads a tensor's values")
-        return read
-    for name in HOST_READS:
-        monkeypatch.setattr(torch.Tensor, name, refuse(name))
-    for name in ("nonzero", "equal", "bincount"):
-        monkeypatch.setattr(torch, name, refuse(name))
+    """Within the test, any read of a tensor's values by the host fails."""
+    HostReads(monkeypatch).refuse()
 
 
 def _candidate_batches() -> list[Batch]:

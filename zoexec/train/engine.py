@@ -203,9 +203,9 @@ class Trainer:
         if self.cfg.fail_at == (self.env.rank, step):
             raise RuntimeError(f"injected fault at step {step}")
         seed = step_seed(self.cfg.optim.seed, step)
-        self.lanes.begin_step(step)
         start = time.monotonic()
-        batch = self._batch(step)
+        batch = self._batch(step)   # copied while the device is idle, before the step's window
+        self.lanes.begin_step(step)
         with self.lanes.task("embed"):
             acts = self._embed(seed, batch.ids)
         last_d2h = self._blocks(seed, acts)
@@ -216,6 +216,7 @@ class Trainer:
                 _wait(dist.all_reduce(vec, group=self.env.world, async_op=True))
         self.lanes.end_step()
         self._settle_copies()
+        self.rounding.settle()
         total = vec.tolist()
         if not total[2]:
             raise ZoError(f"step {step}: the batch has no labelled token (every label is "
@@ -249,6 +250,7 @@ class Trainer:
         self._blocks(None, None)
         self.lanes.end_step()
         self._settle_copies()
+        self.rounding.settle()
         self.pending = ()
         with failing("flush", rank=self.env.rank):
             zgroups.host_barrier(self.env)
@@ -346,7 +348,7 @@ class Trainer:
             total, count = heads.loss_sum(self.parts, acts[index][0], batch)
             vec[0 if sign > 0 else 1] = total.double()
             if sign > 0:
-                vec[2] = count
+                put(vec, 2, count)
         return vec
 
     # ---- blocks ------------------------------------------------------------------------
@@ -556,8 +558,14 @@ def loss_vector(flags: tuple, device: torch.device) -> torch.Tensor:
     vec = torch.zeros(3 + len(flags), dtype=torch.float64, device=device)
     for index, flag in enumerate(flags):
         if flag:
-            vec[3 + index] = flag
+            put(vec, 3 + index, flag)
     return vec
+
+
+def put(vec: torch.Tensor, index: int, value: float) -> None:
+    """vec[index] = value, a Python number, as a fill on the device (`vec[i] = 2.0`
+    copies a one-element host tensor: on a GPU the host waits for the stream)."""
+    vec[index:index + 1].fill_(value)
 
 
 def _piece(flat: torch.Tensor, part: int, parts: int) -> torch.Tensor:

@@ -39,7 +39,7 @@ from zoexec.model.lora import (
 )
 from zoexec.runtime import groups as zgroups
 from zoexec.store.node import store_staging
-from zoexec.train.engine import Trainer, _wait, loss_vector
+from zoexec.train.engine import Trainer, _wait, loss_vector, put
 from zoplan.errors import ZoError
 from zoplan.plan import Plan
 
@@ -159,7 +159,7 @@ class LoraTrainer(Trainer):
             total, count = heads.loss_sum(self.parts, acts[index][0], batch)
             vec[0 if sign > 0 else 1] = total.double()
             if sign > 0:
-                vec[2] = count
+                put(vec, 2, count)
         return vec
 
     def _offloaded_pass(self, block: int, buf: torch.Tensor, seed, acts, stamp: int, *, after):
