@@ -14,9 +14,11 @@ simulated; a job of several nodes runs at the pace of its slowest node
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from zoplan.errors import ZoError
@@ -176,18 +178,25 @@ class SearchResult:
         return self.ranked[0]
 
 
-def search(req: Request, *, progress=None) -> SearchResult:
-    """Run the whole search; `progress(total)` returns a tick function (or None). The
-    cyclic garbage collector is paused meanwhile: a search makes millions of small
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused inside: a search makes millions of small
     objects it keeps, and the collector's passes over them took a third of its time
     (benchmarks/bench_search.py); whatever cycles it leaves are collected after."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _search(req, progress=progress)
+        yield
     finally:
         if enabled:
             gc.enable()
+
+
+def search(req: Request, *, progress=None) -> SearchResult:
+    """Run the whole search (the garbage collector paused: paused_gc); `progress(total)`
+    returns a tick function (or None)."""
+    with paused_gc():
+        return _search(req, progress=progress)
 
 
 def _search(req: Request, *, progress=None) -> SearchResult:
