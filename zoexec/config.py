@@ -419,7 +419,8 @@ class RunConfig:
     def settings(self) -> dict:
         """The settings run.json records and a resume keeps (SETTINGS): the options kept
         as settings, the weights the run started from, the task."""
-        out = {name: getattr(getattr(self, section_of(name)), name) for name in kept("setting")}
+        out = {name: getattr(getattr(self, str(section_of(name))), name)
+               for name in kept("setting")}
         return {**out, "init": self.model.start, "task": self.task.record()}
 
     @property
@@ -471,8 +472,9 @@ def env_defaults(given: dict, *, keep: tuple[str, ...] | None = None) -> dict:
             continue
         text = os.environ[name]
         try:
+            kind: type = type(f.default)
             out[f.name] = (text not in ("0", "false", "no") if isinstance(f.default, bool)
-                           else type(f.default)(text))
+                           else kind(text))
         except ValueError:
             raise ZoError(f"${name} {text!r}: not a {type(f.default).__name__} "
                           f"(the default of --{f.name.replace('_', '-')})") from None

@@ -46,6 +46,19 @@ def _jsonl(path, rows):
     return path
 
 
+def test_no_eos_ends_the_completion_at_its_own_last_token(tmp_path, tok_dir):
+    """--no-eos: the row and the loss stop at the completion's last token; run.json
+    records it with the task; another task type refuses it."""
+    data = _jsonl(tmp_path / "c.jsonl", [{"prompt": "the opposite of hot is", "completion": " cold"}])
+    task = TaskOptions(name="completion", no_eos=True)
+    batch = make_task_source(data, task, vocab=32, tokenizer_dir=tok_dir).batch(0, 1, 16)
+    assert batch.ids[0].tolist() == _ids("the", "opposite", "of", "hot", "is", "cold")
+    assert batch.labels[0].tolist() == [IGNORE] * 5 + _ids("cold")
+    assert task.record()["no_eos"] is True and TaskOptions.from_record(task.record()) == task
+    with pytest.raises(ZoError, match="--no-eos True is one of the options of --task completion"):
+        TaskOptions(**{**CLS.record_fields(CLS.record()), "no_eos": True})
+
+
 def test_completion_loss_counts_only_the_completion_tokens(tmp_path, tok_dir):
     """Against a hand computation: logits chosen per position, the loss is the CE of
     predicting 'cold' and </s> after the prompt, nothing else."""

@@ -55,7 +55,7 @@ def measure_lengths(data: Path, spec: TaskOptions, *, model_dir: Path, output: P
     if not Path(data).exists():
         raise ZoError(f"data file {data} does not exist")
     vocab = get_model(str(model_dir)).vocab
-    source = make_task_source(data, spec, vocab=vocab, tokenizer_dir=str(model_dir))
+    source = make_task_source(str(data), spec, vocab=vocab, tokenizer_dir=str(model_dir))
     if not source.examples:
         raise ZoError(f"data file {data} holds no examples")
     widths, per, head = example_rows(source)

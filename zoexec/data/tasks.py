@@ -69,7 +69,7 @@ def completion_examples(rows, spec: TaskOptions, tokens: Tokens, path) -> list[E
                                special=False, what="the completion")
         if not target:
             raise ZoError(f"{where}: the completion tokenises to no tokens: nothing to learn")
-        if tokens.eos is not None:
+        if tokens.eos is not None and not spec.no_eos:
             target.append(tokens.eos)
         out.append(Example(tuple(prompt), tuple(target)))
     return out
