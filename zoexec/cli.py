@@ -16,6 +16,7 @@ from rich.console import Console
 
 from zoexec.config import (
     SECTIONS,
+    TASK_FIELDS,
     EvalOptions,
     FieldError,
     ModelOptions,
@@ -110,7 +111,7 @@ EVAL_PARAMS = [
                                 "save_to_disk folder")]),
     inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
         bool, typer.Option("--json", help="Print the metrics as one JSON object")]),
-    *section_params(TaskOptions, skip=("data", "eval_data")),
+    *section_params(TaskOptions, keep=(*TASK_FIELDS, "eval_samples")),
     *section_params(EvalOptions), *section_params(RuntimeOptions, keep=("threads",))]
 app.command("eval")(with_params(eval_cmd, EVAL_PARAMS))
 
@@ -128,7 +129,7 @@ def lengths_cmd(data: Path, output: Path, **values) -> None:
         if model_dir is None:
             raise ZoError("zoexec lengths needs --model-path DIR (the tokenizer to count with)")
         task = TaskOptions(data=str(data), **options)
-        doc = measure_lengths(data, task.spec, model_dir=Path(model_dir), output=output)
+        doc = measure_lengths(data, task, model_dir=Path(model_dir), output=output)
     except FieldError as exc:
         exit_with_error(option_error(exc), EXIT_USER_ERROR)
     except ZoError as exc:
@@ -146,7 +147,7 @@ LENGTHS_PARAMS = [
     inspect.Parameter("output", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[
         Path, typer.Option("-o", "--out", "--output", help="The lengths file to write")]),
     *section_params(ModelOptions, keep=("model_path",)),
-    *section_params(TaskOptions, skip=("data", "eval_data", "eval_samples"))]
+    *section_params(TaskOptions, keep=TASK_FIELDS)]
 app.command("lengths")(with_params(lengths_cmd, LENGTHS_PARAMS))
 
 

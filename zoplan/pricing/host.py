@@ -4,7 +4,7 @@ The thread enqueues the step's tasks in program order (zoexec.train.engine) and 
 waits for the device inside a step (the lanes wait on events), so the host has issued
 task i at the sum of the issue times of the tasks before it: a task cannot start before
 its issue starts, nor end before its issue ends (zoplan.sim.graph gives each task that
-window). What a task costs the host: two timing events (zoexec.runtime.dist.CudaLanes.task),
+window). What a task costs the host: two timing events (zoexec.runtime.lanes.CudaLanes.task),
 its launches at compute.launch_us, a seeded generator launch per z chunk at
 compute.z_launch_us (zoplan.pricing.zo), an HF layer call per perturbation at
 compute.overhead_us; the rank's batch (host.batch_us) is assembled before the embed.

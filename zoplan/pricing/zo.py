@@ -1,8 +1,7 @@
 """The zo maths' primitives, each a small function of the profile's figures: a z draw,
 an element-wise pass over the weights, the update (plain, fp32 masters, or stochastic
-rounding and its noise). The schedules (zoplan.pricing.zomaths) and the baselines
-(zoplan.pricing.baselines) add them up per task; a new estimator's cost is one more
-function of these.
+rounding and its noise). The schedules (zoplan.pricing.schedules) add them up per
+task; a new estimator's cost is one more function of these.
 
 GPU. A z draw is arithmetic-bound (Philox normal draws: some 2-6 ps a value in public
 kernel benchmarks, well above 4 B over HBM bandwidth; docs/sources.md, "z per value"):
