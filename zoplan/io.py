@@ -58,7 +58,8 @@ def atomic_write_text(path: Path | str, text: str, *, what: str = "") -> None:
         raise
 
 
-def check_writable(path: Path | str, *, what: str = "", inputs: tuple = ()) -> None:
+def check_writable(path: Path | str, *, what: str = "",
+                   inputs: tuple[str | Path | None, ...] = ()) -> None:
     """ZoError (one line) unless `path` can be written as a file: its folder exists and
     takes files (a file is made there and removed: a read-only, full or refusing file
     system says so now, whoever runs it), `path` itself is not a folder or another kind
@@ -205,7 +206,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def loads_strict(text: str) -> Any:
+def loads_strict(text: str | bytes) -> Any:
     """json.loads that refuses NaN and the infinities (NotFinite, a ValueError), also
     written as a literal too large for a float (1e999), and nesting too deep for the
     parser (a JSONDecodeError): every JSON text the tools read goes through it."""

@@ -7,6 +7,9 @@ app is called (the console scripts and typer's CliRunner alike).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import typer
 from typer._click import exceptions as click_errors  # typer 0.29 (pinned) vendors click
 from typer.core import TyperGroup
@@ -18,10 +21,13 @@ class OneLineUsage(TyperGroup):
     """A typer group whose usage errors are one `error:` line (module docstring); bare
     `zoplan` / `zoexec` (no command) still shows the help."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             windows_expand_args: bool = True, **extra: Any) -> Any:
         try:
             code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
-                                standalone_mode=False, **extra)
+                                standalone_mode=False, windows_expand_args=windows_expand_args,
+                                **extra)
         except click_errors.NoArgsIsHelpError as exc:
             exc.show()
             raise SystemExit(exc.exit_code) from None

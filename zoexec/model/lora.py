@@ -194,7 +194,7 @@ def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
     return out
 
 
-def check_adapter_config(folder: Path, r: int, alpha: int, targets, *, what: str) -> None:
+def check_adapter_config(folder: Path, r: object, alpha: object, targets, *, what: str) -> None:
     """ZoError unless adapter_config.json's (r, lora_alpha, target_modules) are these."""
     config = _read_json(Path(folder) / ADAPTER_CONFIG)
     got = (config.get("r"), config.get("lora_alpha"), sorted(config.get("target_modules") or []))
