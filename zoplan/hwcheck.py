@@ -197,6 +197,10 @@ def _check_kinds(origin: str, sections: dict) -> None:
         raise _fail(origin, "device.concurrent_engines must be true or false")
     if not isinstance(sections["pcie"].get("pinned", True), bool):
         raise _fail(origin, "pcie.pinned must be true or false")
+    if kind == "cuda" and sections["pcie"].get("pinned", True) is False \
+            and "pageable_h2d_gbps" not in sections["pcie"]:
+        raise _fail(origin, "pcie.pinned is false: the copies are staged by the host, "
+                    "priced at pcie.pageable_h2d_gbps and pageable_d2h_gbps, which it lacks")
     if not isinstance(sections["device"].get("model", ""), str):
         raise _fail(origin, "device.model must be a string")
 

@@ -163,3 +163,38 @@ def test_cpu_profiles_have_no_host_lane_and_no_sharing():
                    workload=Workload(batch=4, seq=64), resident=False)
     assert costs.issue_s == {} and costs.overlap == (1.0, 1.0, 1.0)
     assert HOST not in step_bounds(costs).resources
+
+
+def test_a_store_that_cannot_be_page_locked_is_staged_by_the_host():
+    """pcie.pinned false: zoexec copies the store through pinned slots
+    (zoexec.runtime.pinning.Staging), the rank's thread copying every byte into (out of)
+    a slot at the pageable rates while the DMA runs beside it: the copies' issue grows
+    by their bytes over those rates, a copy starts with its issue (not after it) and
+    ends no sooner, and the host lane pays for it. A GPU profile that says so without
+    the pageable rates is refused."""
+    h200 = load_profile("hgx-h200")
+    data = copy.deepcopy(h200.to_dict())
+    data["pcie"]["pinned"] = False
+    pageable = HardwareProfile.from_dict(data)
+    wl = Workload(batch=8, seq=512, param_dtype="bf16", compute_dtype="bf16", update="stochastic")
+    lay = Layout(pertp=1, ddp=1, slices=1, prefetch=3)
+    pinned = _costs("opt-1.3b", lay, profile=h200, workload=wl, resident=False)
+    staged = _costs("opt-1.3b", lay, profile=pageable, workload=wl, resident=False)
+    block = pinned.block_bytes
+    gbps = h200.pcie
+    assert staged.issue_s["h2d"] - pinned.issue_s["h2d"] == pytest.approx(block / (gbps["pageable_h2d_gbps"] * 1e9))
+    assert staged.issue_s["d2h"] - pinned.issue_s["d2h"] == pytest.approx(block / (gbps["pageable_d2h_gbps"] * 1e9))
+    graph = build_step_graph(staged)
+    sim = simulate(graph)
+    copies = [n for n, a in graph.nodes(data=True) if a["kind"] in ("h2d", "d2h")]
+    for name in copies:
+        issue = graph.nodes[name]["issue"]
+        assert graph.nodes[name]["staged"] and sim.times[name][1] >= issue[1] - 1e-12
+    h2d = [n for n in copies if graph.nodes[n]["kind"] == "h2d"]
+    assert any(sim.times[n][0] < graph.nodes[n]["issue"][1] for n in h2d)   # starts with its issue
+    assert simulate(build_step_graph(pinned)).step_time_s * 3 < sim.step_time_s
+    assert not any("staged" in a for _, a in build_step_graph(pinned).nodes(data=True))
+    data = copy.deepcopy(A100.to_dict())
+    data["pcie"]["pinned"] = False
+    with pytest.raises(ZoError, match="pcie.pinned is false"):
+        HardwareProfile.from_dict(data)

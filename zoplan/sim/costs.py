@@ -24,6 +24,7 @@ from zoplan.pricing.collectives import (
     internode_allreduce_s,
 )
 from zoplan.pricing.compute import device_copy_s
+from zoplan.pricing.copies import staged
 from zoplan.pricing.host import host_issue, launch_s
 from zoplan.pricing.lora import lora_task_times
 from zoplan.pricing.overlap import Interference, interference, stream_factors
@@ -69,6 +70,7 @@ class StepCosts:
     issue_s: dict = field(default_factory=dict)
     allgather_slowdown_s: float = 0.0   # an all-gather beside the compute stream's work
     overlap: tuple[float, float, float] = (1.0, 1.0, 1.0)   # (compute, slice update, all-gather)
+    staged: bool = False   # copies through pinned slots (pcie.pinned false): start with their issue
 
     def factor(self, local_rank: int) -> float:
         return self.rank_factors[local_rank] if self.rank_factors else 1.0
@@ -161,7 +163,8 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
                                 period=period, update_s=work["update_s"]))
     if workload.is_lora:
         work.update(_read_only(work))
-    issue = host_issue(profile, work.pop("issue"), work.pop("issue_parts"))
+    issue = host_issue(profile, work.pop("issue"), work.pop("issue_parts"),
+                       copy_bytes=(block / layout.slices, block / lr))
     links = node_links(profile, lr)
     internode = internode_allreduce_s(profile, layout.nodes)
     small_s = allreduce_small_s(profile)
@@ -175,7 +178,7 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
         internode_s=internode, allgather_latency_s=collective_latency_s(profile),
         links=links, rank_factors=rank_factors(profile, lr),
         fence_s=small_s if not profile.is_cpu and fence_needed(layout) else 0.0,
-        contended=contended_links(profile, links), **flows)
+        contended=contended_links(profile, links), staged=staged(profile), **flows)
     if workload.is_lora:
         costs = dataclasses.replace(costs, read_only=True, fence_s=0.0,
                                     d2h=tuple(() for _ in range(lr)))
