@@ -86,7 +86,7 @@ def section_table(section: type, commands: dict[str, list[tuple[str, str]]]) -> 
 
 
 def task_types_table() -> list[str]:
-    from zoexec.data.section import TaskOptions
+    from zoexec.data.section import TaskOptions, read_by
     from zoexec.data.tasktypes import TASK_TYPES
     from zoexec.fields import flag_of, option_fields
 
@@ -96,7 +96,7 @@ def task_types_table() -> list[str]:
              "|----------|----------------------------------------------|--------------|"
              "------------------------|"]
     for t in TASK_TYPES.values():
-        own = ", ".join(f"`{flags[n]}`" for n in t.options)
+        own = ", ".join(f"`{flags[n]}`" for n in read_by(t))
         extras = ", ".join(f"`{flags[n]}`" for n in t.extras)
         lines.append(f"| `{t.name}` | {own} | {extras} | {', '.join(t.metrics)} |")
     return lines

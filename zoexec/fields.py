@@ -38,7 +38,8 @@ def option(default: Any, help: str, *, aliases: tuple[str, ...] = (), flag: str 
            check: Callable[[Any], str | None] | None = None, env: str | None = None,
            shown: str | None = None, metavar: str | None = None,
            parse: Callable[[str], Any] | None = None, hidden_aliases: tuple[str, ...] = (),
-           choices: tuple[str, ...] = (), kept: Kept | None = None) -> Any:
+           choices: tuple[str, ...] = (), kept: Kept | None = None,
+           tasks: tuple[str, ...] = ()) -> Any:
     """A field that is a command-line option. `flag`: its name when not --field-name;
     `aliases`: other names shown in --help; `hidden_aliases`: other names accepted (old
     spellings); `check(value)` -> what the value must be when it is wrong (None: fine;
@@ -46,15 +47,22 @@ def option(default: Any, help: str, *, aliases: tuple[str, ...] = (), flag: str 
     `shown`: the default as --help shows it (else the default itself); `parse`: the
     command line's text to the field's value; `choices`: its fixed set when that is
     data (a registry's names) rather than a Literal type; `kept`: what a resume does
-    with it (KEPT_WORDS; None: nothing, the resume's own value or the default)."""
+    with it (KEPT_WORDS; None: nothing, the resume's own value or the default); `tasks`:
+    a task option's task types (zoexec.data.section.read_by), besides those whose own
+    list names it."""
     meta = {"help": help, "aliases": tuple(aliases), "flag": flag, "check": check, "env": env,
             "shown": shown, "metavar": metavar, "parse": parse,
-            "hidden_aliases": tuple(hidden_aliases), "choices": tuple(choices), "kept": kept}
+            "hidden_aliases": tuple(hidden_aliases), "choices": tuple(choices), "kept": kept,
+            "tasks": tuple(tasks)}
     return field(default=default, metadata=meta)
 
 
 def at_least(low: float, unit: str = "") -> Callable[[Any], str | None]:
     return lambda v: None if v >= low else f">= {low}{unit}"
+
+
+def within(low: int, high: int) -> Callable[[Any], str | None]:
+    return lambda v: None if low <= v <= high else f"in {low}..{high}"
 
 
 def finite_at_least(low: float) -> Callable[[Any], str | None]:

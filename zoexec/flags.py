@@ -16,7 +16,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from zoexec.config import choices_of, field_named, flag_of, option_fields
+from zoexec.config import Section, choices_of, field_named, flag_of, option_fields
 
 PARAM = inspect.Parameter.KEYWORD_ONLY
 
@@ -61,7 +61,7 @@ def option_param(f, hint, panel: str) -> inspect.Parameter:
                              annotation=Annotated[Optional[kind], opt])
 
 
-def section_params(*sections: type, skip: tuple[str, ...] = (),
+def section_params(*sections: type[Section], skip: tuple[str, ...] = (),
                    keep: tuple[str, ...] | None = None) -> list[inspect.Parameter]:
     """The typer parameters of the sections' option fields (those in `keep`, but `skip`)."""
     params = []

@@ -29,6 +29,7 @@ from zoplan.estimators import (
 from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
 from zoplan.lora import DEFAULT_LORA_ALPHA, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS
 from zoplan.search.tuning import TUNING_CHOICES
+from zoplan.usage import OneLineUsage
 from zoplan.views import calibrate as calibrate_view
 from zoplan.views import optimize as optimize_view
 from zoplan.views.compare import compare_command
@@ -37,7 +38,7 @@ from zoplan.views.profile import profile_progress, render_summary
 from zoplan.views.show import render_short_timeline, show_command
 from zoplan.views.tuning import render_tunings
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(cls=OneLineUsage, add_completion=False, no_args_is_help=True,
                   help="Plan zeroth-order fine-tuning of models streamed from host memory.")
 console = Console()
 

@@ -30,8 +30,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
-from zoplan.estimators import ESTIMATOR_KEYS, EstimatorSpec
+from zoplan.estimators import (
+    DEFAULT_ESTIMATOR,
+    DEFAULT_LOWRANK_EVERY,
+    DEFAULT_LOWRANK_RANK,
+    DEFAULT_SPARSE_SHARE,
+    ESTIMATOR_KEYS,
+    EstimatorSpec,
+)
 from zoplan.lengths import RowLengths, expected_width
 from zoplan.lora import (
     DEFAULT_LORA_ALPHA,
@@ -71,10 +77,10 @@ class Workload:
     lora_r: int = DEFAULT_LORA_R             # LoRA: rank of the adapters
     lora_alpha: int = DEFAULT_LORA_ALPHA     # LoRA: scale alpha / r
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS   # LoRA: block modules adapted
-    estimator: str = ESTIMATOR_DEFAULTS["estimator"]     # mezo, lowrank or sparse
-    lowrank_rank: int = ESTIMATOR_DEFAULTS["lowrank_rank"]     # lowrank: r of U V^T
-    lowrank_every: int = ESTIMATOR_DEFAULTS["lowrank_every"]   # lowrank: steps V is kept
-    sparse_share: float = ESTIMATOR_DEFAULTS["sparse_share"]   # sparse: share perturbed
+    estimator: str = DEFAULT_ESTIMATOR               # mezo, lowrank or sparse
+    lowrank_rank: int = DEFAULT_LOWRANK_RANK         # lowrank: r of U V^T
+    lowrank_every: int = DEFAULT_LOWRANK_EVERY       # lowrank: steps V is kept
+    sparse_share: float = DEFAULT_SPARSE_SHARE       # sparse: share perturbed
     directions: int = 1          # directions a step (each on its part of the batch)
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from zoexec.config import KEPT, SETTINGS, TASK_FIELDS, CheckpointOptions, RunConfig
 from zoexec.data.presets import PRESETS
-from zoexec.data.section import COMMON, TaskOptions
+from zoexec.data.section import COMMON, TaskOptions, read_by
 from zoexec.data.tasktypes import METRICS, TASK_TYPES
 from zoexec.fields import FieldError, option_fields
 from zoplan.errors import ZoError
@@ -21,7 +21,7 @@ CLS = dict(name="classification", template="{sentence} It was", label_words=("ba
 
 def test_every_task_option_is_read_by_a_type_and_every_read_one_is_declared():
     declared = {f.name for f in option_fields(TaskOptions)}
-    read = {name for t in TASK_TYPES.values() for name in (*t.options, *t.extras)}
+    read = {name for t in TASK_TYPES.values() for name in (*read_by(t), *t.extras)}
     assert read <= declared
     assert set(TASK_FIELDS) - {"name", "task_preset"} == read   # none left over, none missing
     assert set(COMMON) | read == declared

@@ -46,6 +46,19 @@ def _jsonl(path, rows):
     return path
 
 
+def test_no_eos_ends_the_completion_at_its_own_last_token(tmp_path, tok_dir):
+    """--no-eos: the row and the loss stop at the completion's last token; run.json
+    records it with the task; another task type refuses it."""
+    data = _jsonl(tmp_path / "c.jsonl", [{"prompt": "the opposite of hot is", "completion": " cold"}])
+    task = TaskOptions(name="completion", no_eos=True)
+    batch = make_task_source(data, task, vocab=32, tokenizer_dir=tok_dir).batch(0, 1, 16)
+    assert batch.ids[0].tolist() == _ids("the", "opposite", "of", "hot", "is", "cold")
+    assert batch.labels[0].tolist() == [IGNORE] * 5 + _ids("cold")
+    assert task.record()["no_eos"] is True and TaskOptions.from_record(task.record()) == task
+    with pytest.raises(ZoError, match="--no-eos True is one of the options of --task completion"):
+        TaskOptions(**{**CLS.record_fields(CLS.record()), "no_eos": True})
+
+
 def test_completion_loss_counts_only_the_completion_tokens(tmp_path, tok_dir):
     """Against a hand computation: logits chosen per position, the loss is the CE of
     predicting 'cold' and </s> after the prompt, nothing else."""
@@ -146,7 +159,7 @@ def test_other_formats_read_with_datasets(tmp_path, tok_dir, suffix):
     ([{"prompt": "up", "answer": " down"}], TaskOptions(name="completion"),
      r"no column 'completion' \(it has 'prompt', 'answer'\)"),
     ([{"text": "the film", "label": 0}], CLS, r"no column 'sentence'"),
-    ([{"sentence": "the film", "label": 2}], CLS, r"row 1: label 2 is neither 0..1 nor one of"),
+    ([{"sentence": "the film", "label": 2}], CLS, r"row 1: label 2 in column 'label' is neither 0..1 nor one of"),
     ([{"sentence": "the film", "label": 0}],
      TaskOptions(name="classification", template="{sentence}", label_words=("great", "awful")),
      r"label word 'awful' is not in the tokenizer's vocabulary"),

@@ -3,8 +3,10 @@
 with it), shared by `zoexec run`, `zoexec eval` and `zoexec lengths`, and read by the
 task types (zoexec.data.tasktypes) as the task they run.
 
-Which options a task type reads is the type's own list (TaskType.options, .extras);
-an option set for a type that does not read it is refused. What run.json records of
+Which options a task type reads (`read_by`): the type's own list (TaskType.options,
+.extras), and the fields that name it (`option(..., tasks=(NAME,))`: a new option of
+an existing type is its field, its use and a test). An option set for a type that does
+not read it is refused. What run.json records of
 the task (`record`): its name, the options its type reads (the extras and the preset
 only when set); a resume keeps that and refuses another (zoexec.run.folder). Torch-free.
 """
@@ -48,6 +50,8 @@ class TaskOptions(Section):
     prompt_column: str = option("prompt", "completion task: the prompt's column", kept="task")
     completion_column: str = option("completion", "completion task: the completion's column",
                                     kept="task")
+    no_eos: bool = option(False, "completion task: no EOS after the completion (the data ends "
+                          "its completions itself)", kept="task", tasks=("completion",))
     label_column: str = option(
         "label", "classification, multiple-choice: the label's column (an index, a label "
         "word or candidate, a list of right candidates)", kept="task")
@@ -109,12 +113,12 @@ class TaskOptions(Section):
 
     def _check_read(self) -> None:
         """ZoError for an option set (not its default) that this task type does not read."""
-        reads = {*COMMON, *self.type.options, *self.type.extras}
+        reads = {*COMMON, *read_by(self.type), *self.type.extras}
         for f in option_fields(TaskOptions):
             value = getattr(self, f.name)
             if f.name in reads or value == f.default:
                 continue
-            readers = [t.name for t in TASK_TYPES.values() if f.name in (*t.options, *t.extras)]
+            readers = [t.name for t in TASK_TYPES.values() if f.name in (*read_by(t), *t.extras)]
             shown = ",".join(value) if isinstance(value, tuple) else value
             raise ZoError(f"{flag_of(f)} {shown} is one of the options of --task "
                           f"{', '.join(readers)}, not of --task {self.name}")
@@ -124,7 +128,7 @@ class TaskOptions(Section):
         """The task as run.json records it: its name, the options its type reads, the
         extras and the preset when set (tuples as lists)."""
         kind = self.type
-        names = [*kind.options, *(n for n in ("task_preset", *kind.extras)
+        names = [*read_by(kind), *(n for n in ("task_preset", *kind.extras)
                                   if getattr(self, n) != _DEFAULTS[n])]
         out: dict[str, Any] = {"name": self.name}
         for key in names:
@@ -151,6 +155,13 @@ class TaskOptions(Section):
 
 _DEFAULTS = {f.name: f.default for f in fields(TaskOptions)}
 _TUPLES = {f.name for f in fields(TaskOptions) if isinstance(f.default, tuple)}
+
+
+def read_by(kind: TaskType) -> tuple[str, ...]:
+    """The task options `kind` reads and run.json records: its own list, then the
+    fields that name it."""
+    named = (f.name for f in option_fields(TaskOptions) if kind.name in f.metadata["tasks"])
+    return (*kind.options, *named)
 
 
 def task_options() -> tuple[str, ...]:

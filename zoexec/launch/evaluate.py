@@ -34,6 +34,7 @@ from zoexec.store.node import close_store, load_node_model, share_read_flags
 from zoexec.train.engine import Trainer
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
+from zoplan.io import need_folder, need_input
 from zoplan.layout import Layout
 from zoplan.models import get_model
 from zoplan.workload import Workload
@@ -48,7 +49,7 @@ def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
                         if f.name in values})
     runtime = RuntimeOptions(threads=values.pop("threads", None))
     task = TaskOptions(data=str(data), eval_data=str(data), **with_preset(values))
-    model_dir = Path(model_dir)
+    model_dir = need_folder(model_dir, what="model folder")
     if not (model_dir / "config.json").is_file():
         raise ZoError(f"{model_dir} is not a model folder (no config.json)")
     for shard in weight_files(model_dir):   # whole shards: a truncated one is one line
@@ -58,8 +59,7 @@ def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES) and task.name != "text":
         raise ZoError(f"{model_dir} holds no tokenizer (no {', '.join(TOKENIZER_FILES)}): "
                       f"--task {task.name} needs one")
-    if not Path(data).exists():
-        raise ZoError(f"data file {data} does not exist")
+    need_input(data, what="data")
     model = get_model(str(model_dir))
     seq = min(EVAL_SEQ, model.max_positions) if ev.seq is None else ev.seq
     workload = Workload(batch=ev.eval_batch, seq=seq, param_dtype=ev.precision,

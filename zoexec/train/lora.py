@@ -215,9 +215,10 @@ class LoraTrainer(Trainer):
     def store_shards(self) -> None:
         """Nothing: the base is never changed, the store already holds it."""
 
-    def save(self, folder, *, step: int) -> None:
-        """Rank 0: the adapters as a PEFT folder (zoexec.model.lora.save_adapters)."""
+    def save(self, folder, *, state) -> None:
+        """Rank 0: the adapters as a PEFT folder (zoexec.model.lora.save_adapters);
+        `state`: state.json as a function of the folder written so far."""
         cfg = self.cfg
         base = cfg.model.model_path or Plan(cfg.plan).model.name
         save_adapters(folder, self.adapters.cpu(), self.lora, layer_prefix=self.parts.layer_prefix,
-                      base=base, state={"step": step, "seed": cfg.optim.seed, "tuning": "lora"})
+                      base=base, state=state)

@@ -29,6 +29,7 @@ estimator (rough: the z model prices it as measured).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from zoplan.estimators import SPARSE_STRIDE, is_matrix, matrix_dims, tile_rows
 from zoplan.execrules import chunk_bounds, z_chunk
@@ -62,14 +63,14 @@ def mask_bytes(param_bytes: int, compute_bytes: int) -> int:
     return 3 * p + 2 + 2 * c
 
 
-def _split(shapes: list[tuple[int, ...]]) -> tuple[list[int], list[tuple[int, int]]]:
+def _split(shapes: Sequence[tuple[int, ...]]) -> tuple[list[int], list[tuple[int, int]]]:
     """(the vectors' element counts, the matrices' (m, n))."""
     return ([math.prod(s) for s in shapes if not is_matrix(s)],
             [matrix_dims(s) for s in shapes if is_matrix(s)])
 
 
 # ---- CPU ---------------------------------------------------------------------------
-def cpu_draw_s(profile: HardwareProfile, shapes: list[tuple[int, ...]], workload: Workload,
+def cpu_draw_s(profile: HardwareProfile, shapes: Sequence[tuple[int, ...]], workload: Workload,
                local_ranks: int = 1) -> float:
     """One d draw over tensors of these shapes on a CPU rank (module docstring)."""
     spec = workload.estimator_spec
@@ -83,7 +84,7 @@ def cpu_draw_s(profile: HardwareProfile, shapes: list[tuple[int, ...]], workload
         vectors, matrices = _split(shapes)
         c = profile.compute
         factors = sum((m + n) * spec.lowrank_rank for m, n in matrices)
-        draws = (len(matrices) * LOWRANK_OPS * _op_s(profile)
+        draws: float = (len(matrices) * LOWRANK_OPS * _op_s(profile)
                  + factors * c["z_ns_per_elem"] * NS)
         cb = dtype_bytes(workload.compute_dtype)
         per_elem = LOWRANK_BYTES + (4 + cb if cb != 4 else 0)
@@ -106,7 +107,7 @@ def _op_s(profile: HardwareProfile) -> float:
 
 
 # ---- GPU ---------------------------------------------------------------------------
-def gpu_draw(profile: HardwareProfile, shapes: list[tuple[int, ...]],
+def gpu_draw(profile: HardwareProfile, shapes: Sequence[tuple[int, ...]],
              workload: Workload) -> Work:
     """One d draw over tensors of these shapes on a GPU: device and host seconds."""
     spec, c = workload.estimator_spec, dtype_bytes(workload.compute_dtype)

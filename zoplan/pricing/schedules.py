@@ -165,7 +165,8 @@ def gpu(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
     return out
 
 
-def _estimated(*, model, profile, workload, local_ranks, streams, here, one_pass,
+def _estimated(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+               local_ranks: int, streams: int, here: int, one_pass: Callable[[int], float],
                rounding: float = 0.0) -> ZoMaths:
     """A CPU rank's zo maths with an estimator (module docstring): d draws
     (zoplan.pricing.estimators.cpu_draw_s) and passes (`one_pass(elements)`; the
@@ -196,7 +197,8 @@ def _estimated(*, model, profile, workload, local_ranks, streams, here, one_pass
             "parts": {"deferred": deferred, "perturb": d_block + pass_block}}
 
 
-def _gpu_estimated(*, model, profile, workload, streams, here) -> ZoMaths:
+def _gpu_estimated(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+                   streams: int, here: int) -> ZoMaths:
     """A GPU rank's zo maths with an estimator (module docstring), as `gpu`'s Work."""
     hw, wl, c = profile, workload, dtype_bytes(workload.compute_dtype)
     q = wl.estimator_spec.directions

@@ -15,7 +15,7 @@ from pathlib import Path
 from zoplan.io import check_writable
 from zoplan.plan import Plan
 from zoplan.search.build import build_plan
-from zoplan.search.evaluate import SearchResult, search
+from zoplan.search.evaluate import SearchResult, paused_gc, search
 from zoplan.search.space import Request, resolve_request
 from zoplan.search.tuning import faster
 
@@ -35,9 +35,10 @@ def optimize(*, model: str, gpus: int, profile: str | None, batch: int, seq: int
                           precision=precision, update=update, tf32=tf32, pertp=pertp,
                           ddp=ddp, slices=slices, prefetch=prefetch, placement=placement,
                           lengths=lengths, **tuning)
-    check_output(Path(output))
-    plan = build_plan(search(req, progress=progress))
-    plan.save(output)
+    check_output(Path(output), inputs=(profile, model, lengths))
+    with paused_gc():   # the plan of a large search is built beside all its objects too
+        plan = build_plan(search(req, progress=progress))
+        plan.save(output)
     return plan
 
 
@@ -46,7 +47,8 @@ def optimize_tunings(*, output: Path, update: str | None = None, progress=None,
     """`--tuning auto`: the best full plan and the best LoRA plan of the request (the
     arguments of optimize; --update applies to the full search only); the faster is
     written to `output`. Returns (the written plan, {"full": ..., "lora": ...})."""
-    check_output(Path(output))
+    check_output(Path(output), inputs=(request.get("profile"), request.get("model"),
+                                       request.get("lengths")))
     lora = {k: request.pop(k) for k in ("lora_r", "lora_alpha", "lora_targets") if k in request}
     request.pop("tuning", None)
     plans = {}
@@ -59,6 +61,7 @@ def optimize_tunings(*, output: Path, update: str | None = None, progress=None,
     return chosen, plans
 
 
-def check_output(output: Path) -> None:
-    """Fail before searching, and never replace a device or a folder with a plan."""
-    check_writable(output, what="the plan to")
+def check_output(output: Path, *, inputs: tuple = ()) -> None:
+    """Fail before searching, and never replace a device, a folder or an input (a
+    profile, a model config, a lengths file) with a plan."""
+    check_writable(output, what="the plan to", inputs=inputs)

@@ -194,4 +194,9 @@ def baseline_entry(cand: Candidate | None, reason: str = "") -> dict:
     if cand.memory.reason:
         entry["reason"] = cand.memory.reason
     entry["workload"] = cand.workload.to_dict()
+    if cand.program is not None:   # priced as its own code runs (zoplan.pricing.baselines)
+        entry["bottleneck"] = cand.program.bound
+        entry["bottleneck_utilisation"] = 1.0
+        entry["program"] = {"name": cand.program.name,
+                            "parts": {k: _t(v) for k, v in cand.program.parts.items()}}
     return entry

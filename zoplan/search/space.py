@@ -33,6 +33,7 @@ from zoplan.lora import (
     check_targets,
 )
 from zoplan.models import DTYPE_BYTES, ModelSpec, get_model
+from zoplan.pricing.baselines import BaselineStep
 from zoplan.pricing.stragglers import straggler_factor
 from zoplan.search.placement import PLACEMENTS, resident_pattern
 from zoplan.sim.bounds import StepBounds, step_bounds
@@ -276,6 +277,7 @@ class Candidate:
     period: int = 1                        # blocks after which `resident` repeats
     node_step_s: float | None = None       # one node's step (the simulation)
     straggler: float = 1.0                 # step / node step: the slowest node's pace
+    program: BaselineStep | None = None    # a baseline priced as its own code runs
 
     @property
     def label(self) -> str:

@@ -4,8 +4,10 @@ the profile's limits, and why not.
 The bytes are zoplan.memory's (the one model of what zoexec allocates, checked against
 the executor in tests/unit/test_memory_model.py): per GPU the terms alive at the rank's
 peak (rank_memory: held buffers, a step's hidden states, the largest transient of
-set-up, update, forward or head, and on CUDA NCCL and cuBLAS); they must fit
-device.memory_gib - device.reserved_gib. Per node the host's peak (node_host_memory:
+set-up, update, forward or head, and on CUDA NCCL and cuBLAS), and on CUDA what NVML
+shows beyond them (zoplan.pricing.devicemem: the context with its libraries, the
+caching allocator's slack), so a GPU's figure is what nvidia-smi would report; they must
+fit device.memory_gib - device.reserved_gib. Per node the host's peak (node_host_memory:
 the block store once, each local rank's process and resident master, on CPU profiles
 every rank's "device" bytes, or the builder's set-up peak); it must fit
 host.memory_gib.
@@ -33,6 +35,7 @@ from zoplan.memory import (
     resident_shard_bytes,
 )
 from zoplan.models import ModelSpec
+from zoplan.pricing.devicemem import NVML_LABELS, nvml_terms
 from zoplan.workload import Workload
 
 __all__ = ["RESIDENT_MARGIN", "MemoryEstimate", "estimate_memory", "fmt_bytes",
@@ -117,7 +120,9 @@ def _estimate(model: ModelSpec, profile: HardwareProfile, workload: Workload, la
     gpu_terms, host_terms = rank.peak_terms(), host.peak_terms()
     labels = {t.key: t.label for t in gpu_terms}
     labels.update({t.key: t.label for t in host_terms})
-    return MemoryEstimate(gpu_parts=_merge(gpu_terms), host_parts=_merge(host_terms),
+    labels.update(NVML_LABELS)
+    gpu_parts = {**_merge(gpu_terms), **nvml_terms(profile)}   # as NVML reports it
+    return MemoryEstimate(gpu_parts=gpu_parts, host_parts=_merge(host_terms),
                           labels=labels,
                           gpu_limit_bytes=profile.device_memory_bytes,
                           host_limit_bytes=profile.host_memory_bytes,
@@ -146,7 +151,8 @@ def resident_capacity(*, model: ModelSpec, profile: HardwareProfile, workload: W
                                    layout=layout)
     rank = _rank(model, workload, layout, profile.device["kind"])
     shard = resident_shard_bytes(model, workload, layout)
-    room = base.gpu_limit_bytes - resident_margin_bytes(profile) - sum(t.bytes for t in rank.outside)
+    room = (base.gpu_limit_bytes - resident_margin_bytes(profile) - sum(t.bytes for t in rank.outside)
+            - sum(nvml_terms(profile).values()))
     copies = max(_sum(rank.setup), *(rank.phase_bytes(p) for p in rank.phases if p != "setup"))
     if copies > room:
         return 0

@@ -17,6 +17,8 @@ from zoexec.data.tasktypes.generation import GenerationTask
 from zoexec.data.tasktypes.multiple_choice import MultipleChoiceTask
 from zoexec.data.tasktypes.text import TextTask
 
+__all__ = ["METRICS", "TASK_TYPES", "TaskType", "task_help"]
+
 TASK_TYPES: dict[str, TaskType] = {t.name: t for t in (
     TextTask(), CompletionTask(), ClassificationTask(), MultipleChoiceTask(), GenerationTask(),
 )}

@@ -35,12 +35,29 @@ DEMONSTRATIONS = ("demonstrations", "demonstrations_in_training", "demonstration
 class TaskType(Protocol):
     """A task type (`--task NAME`): registered in zoexec.data.tasktypes.TASK_TYPES."""
 
-    name: str                        # --task NAME
-    help: str                        # what --task's help says of it, after its name
-    options: tuple[str, ...]         # the task options it reads (run.json records them)
-    extras: tuple[str, ...]          # options it reads that run.json records when set
-    metrics: tuple[str, ...]         # what its evaluation can report (eval_loss first)
-    packed: bool                     # rows are documents packed to seq: no row lengths
+    @property
+    def name(self) -> str:
+        """--task NAME."""
+
+    @property
+    def help(self) -> str:
+        """What --task's help says of it, after its name."""
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The task options it reads (run.json records them)."""
+
+    @property
+    def extras(self) -> tuple[str, ...]:
+        """Options it reads that run.json records only when set."""
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """What its evaluation can report (eval_loss first)."""
+
+    @property
+    def packed(self) -> bool:
+        """Rows are documents packed to the plan's seq: no row lengths to measure."""
 
     def check(self, task: TaskOptions) -> None:
         """ZoError for options that do not go together (each field checks itself)."""

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 class TextTask:
     name = "text"
     help = "packed LM loss"
-    options = ("text_column",)
+    options: tuple[str, ...] = ("text_column",)
     extras: tuple[str, ...] = ()
-    metrics = ("eval_loss",)
+    metrics: tuple[str, ...] = ("eval_loss",)
     packed = True
 
     def check(self, task: TaskOptions) -> None:
