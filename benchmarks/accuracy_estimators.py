@@ -84,16 +84,37 @@ def run_entry(b, entry: Entry, *, plan, name_of) -> dict:
 
 def merged(results: list[dict]) -> dict:
     """Several saved runs as one: the first's figures, with every run's estimator
-    entries merged by entry (their seeds together, in the order first seen)."""
+    entries merged by entry (their seeds together, in the order first seen); a run of
+    the zoexec part (`--parts zoexec`) counts as its estimator's entry (from_zoexec)."""
     out = dict(results[0])
     entries: dict[str, dict] = {}
     for r in results:
-        for e in r.get("estimators", {}).get("entries", []):
+        for e in [*from_zoexec(r), *r.get("estimators", {}).get("entries", [])]:
             entries.setdefault(e["entry"], {"entry": e["entry"], "seeds": {}})["seeds"].update(
                 e["seeds"])
     if entries:
         out["estimators"] = {**results[0].get("estimators", {}), "entries": list(entries.values())}
     return out
+
+
+def from_zoexec(r: dict) -> list[dict]:
+    """The zoexec part's fine-tuning runs as an estimator entry (none without them):
+    the evaluations metrics.jsonl logged, each seed's median s/step, and training
+    seconds taken as step x that median (the part keeps no step's own time)."""
+    part, settings = r.get("zoexec_fine_tuned", {}), r.get("settings", {})
+    seeds = {}
+    for seed, run in part.get("seeds", {}).items():
+        secs = run.get("step_seconds")
+        if "evals" not in run or not secs:
+            continue
+        seeds[seed] = {"step_seconds": secs, "evals": {
+            int(e["step"]): {"accuracy": e["eval_accuracy"], "train_seconds": int(e["step"]) * secs}
+            for e in run["evals"] if "eval_accuracy" in e}}
+    if not seeds:
+        return []
+    entry = Entry(estimator=settings.get("estimator") or "mezo",
+                  directions=settings.get("directions") or 1, lr=part["lr"])
+    return [{"entry": entry.tag, "seeds": seeds}]
 
 
 def mean_sd(values: list, *, count: bool = False) -> str:

@@ -62,3 +62,22 @@ def test_saved_runs_merge_by_entry_with_their_seeds():
     both = merged([saved(0, 0.70), saved(1, 0.80)])
     assert list(both["estimators"]["entries"][0]["seeds"]) == ["0", "1"]
     assert "0.7500 +- 0.0707" in table_lines(both["estimators"])[1]
+
+
+def test_a_zoexec_part_run_joins_the_table_as_its_estimators_entry():
+    """`--parts zoexec` (MeZO-SGD's runs) beside the estimators part's: one table, the
+    zoexec part's entry first when its file is; training seconds = step x median s/step."""
+    from accuracy_estimators import merged
+    zoexec = {"settings": {"estimator": "mezo", "directions": 1}, "zoexec_fine_tuned": {
+        "steps": 200, "lr": 3e-5, "seeds": {
+            "0": {"accuracy": 0.8, "step_seconds": 4.0,
+                  "evals": [{"step": 100, "eval_accuracy": 0.7}, {"step": 200, "eval_accuracy": 0.8}]},
+            "1": {"note": "exit 2: error: ..."}}}}
+    lowrank = {"settings": {}, "estimators": {"entries": [{"entry": "lowrank@0.0001", "seeds": {
+        "0": {"evals": {"100": {"accuracy": 0.8, "train_seconds": 300}}, "step_seconds": 3.0}}}]}}
+    both = merged([zoexec, lowrank])
+    mezo, low = both["estimators"]["entries"]
+    assert mezo["entry"] == "mezo@3e-05" and list(mezo["seeds"]) == ["0"]
+    assert mezo["seeds"]["0"]["evals"][200] == {"accuracy": 0.8, "train_seconds": 800.0}
+    lines = table_lines(both["estimators"])
+    assert "800 (step 200)" in lines[1] and "300 (step 100)" in lines[2]
