@@ -92,7 +92,7 @@ class EstimatorSpec:
         """MeZO-SGD with one direction: what a plan without estimator keys runs."""
         return self.estimator == DEFAULT_ESTIMATOR and self.directions == 1
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         """The estimator's name, its own settings and the directions (no other keys)."""
         return {"estimator": self.estimator,
                 **{k: getattr(self, k) for k in OWN_KEYS[self.estimator]},
