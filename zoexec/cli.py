@@ -103,7 +103,8 @@ def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, **values) -> No
 EVAL_PARAMS = [
     inspect.Parameter("model_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
         Path, typer.Argument(help="Local HF model folder (config.json, weights, tokenizer): a "
-                                  "base model or a run's final/ or snapshot")]),
+                                  "base model or a run's final/, best/ or snapshot; or a LoRA "
+                                  "run's (a PEFT adapter folder), over its base")]),
     inspect.Parameter("data", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[
         Path, typer.Option(help="Evaluation data: .jsonl, .json, .csv, .parquet or a "
                                 "save_to_disk folder")]),
@@ -167,7 +168,9 @@ def export_cmd(
         merge_adapters(merge, base, output)
     except ZoError as exc:
         exit_with_error(str(exc), EXIT_USER_ERROR)
-    print(f"merged {merge} into {base}: {output}")
+    print(f"zoexec: read LoRA adapters {merge} and the base model {base} (unchanged); "
+          f"wrote {output}: a plain HF model folder (config, safetensors, tokenizer) of the "
+          f"base with the adapters merged in")
 
 
 def main() -> None:

@@ -386,6 +386,9 @@ class EvalOptions(Section):
         check=at_least(2))
     precision: Literal["fp32", "bf16", "fp16"] = option(
         "fp32", "Precision of the weights and the forward", aliases=("--dtype",))
+    base: str | None = option(
+        None, "An adapter folder's base model folder (default: the base_model_name_or_path "
+        "of its adapter_config.json)", metavar="DIR")
 
 
 SECTIONS = {"model": ModelOptions, "task": TaskOptions, "optim": OptimOptions,

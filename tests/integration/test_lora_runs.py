@@ -179,3 +179,83 @@ def test_a_tuning_option_that_is_not_the_plans_is_refused(tmp_path):
     full.save(tmp_path / "full.json")
     with pytest.raises(ZoError, match="--tuning lora: must be full, the plan's"):
         build_config(plan=tmp_path / "full.json", tuning="lora")
+
+
+# ---- a LoRA run over a model folder with a tokenizer: what a PEFT user does next --------
+def test_a_lora_run_of_a_model_folder_works_on_the_first_try(tmp_path):
+    """final/, best/ and the snapshots carry the base's tokenizer; the summary's loading
+    line runs as printed; `zoexec eval final/` (the base from adapter_config.json, or
+    --base) gives the run's last evaluation, best/ its best; export --merge says what it
+    read and wrote."""
+    import re
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "examples"))
+    from make_model import make_model
+
+    from zoplan.models import get_model
+
+    base = make_model(tmp_path / "micro", size="micro", seed=0)
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join((root / "examples/sentiment/test.jsonl").read_text()
+                            .splitlines(keepends=True)[:24]))
+    task = ["--task", "classification", "--template", "{sentence} It was",
+            "--label-words", "terrible,great"]
+    plan = tmp_path / "plan.json"
+    hand_plan(model=get_model(str(base)), layout=Layout(),
+              workload=Workload(batch=8, seq=48, param_dtype="fp32", compute_dtype="fp32",
+                                tuning="lora")).save(plan)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "run", str(plan), "--model-path", str(base), "--data",
+        str(root / "examples/sentiment/train.jsonl"), *task, "--eval-data", str(test),
+        "--eval-every", "2", "--steps", "4", "--lr", "5e-2", "--eps", "1e-2", "--out", str(out),
+        "--save-every", "2", "--save-best", "eval_loss:max", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    snapshots = sorted((out / "snapshots").glob("step-*"))
+    assert snapshots
+    for folder in (out / "final", out / "best", *snapshots):
+        assert AutoTokenizer.from_pretrained(folder)("It was great")["input_ids"], folder
+    # the summary's loading line, run as printed
+    line = re.search(r"load: (PeftModel\.from_pretrained\(.*\))$", result.output, re.M)
+    assert line, result.output
+    from peft import PeftModel  # noqa: F401 - the names the line uses
+    from transformers import AutoModelForCausalLM  # noqa: F401
+
+    loaded = eval(line[1])   # noqa: S307 - the printed line itself is what is tested
+    assert type(loaded).__name__ == "PeftModelForCausalLM"
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in evals if "eval_loss" in e]
+    state = json.loads((out / "best" / "state.json").read_text())   # a resume reads it back
+    assert (state["metric"], state["value"]) == ("eval_loss", max(e["eval_loss"] for e in evals))
+    for folder, extra, want in ((out / "final", [], evals[-1]),
+                                (out / "final", ["--base", str(base)], evals[-1]),
+                                (out / "best", [], max(evals, key=lambda e: e["eval_loss"]))):
+        result = CliRunner().invoke(app, ["eval", str(folder), "--data", str(test), *task,
+                                          "--batch", "8", "--seq", "48", *extra, "--json"])
+        assert result.exit_code == 0, result.output
+        shown = json.loads(result.output.strip().splitlines()[-1])
+        assert shown["eval_accuracy"] == want["eval_accuracy"], (folder, shown, want)
+        assert shown["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-6), (folder, shown)
+    result = CliRunner().invoke(app, ["export", "--merge", str(out / "final"), "--base", str(base),
+                                      "-o", str(tmp_path / "merged")])
+    assert result.exit_code == 0, result.output
+    assert f"read LoRA adapters {out / 'final'} and the base model {base} (unchanged)" in \
+        result.output and f"wrote {tmp_path / 'merged'}: a plain HF model folder" in result.output
+
+
+def test_eval_of_adapters_without_a_base_names_base(tmp_path):
+    final = tmp_path / "final"
+    final.mkdir()
+    from peft import LoraConfig
+
+    LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj"], task_type="CAUSAL_LM",
+               base_model_name_or_path=str(tmp_path / "gone")).save_pretrained(str(final))
+    (final / "adapter_model.safetensors").write_bytes(b"")
+    result = CliRunner().invoke(app, ["eval", str(final), "--data", str(tmp_path / "d.jsonl")])
+    assert result.exit_code == 2, result.output
+    assert "give --base DIR" in result.output and "Traceback" not in result.output

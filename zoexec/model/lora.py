@@ -14,11 +14,13 @@ names as PEFT's state dict has them inside a block ("self_attn.q_proj.lora_A.wei
 Initialisation as PEFT's (init_lora_weights=True): A Kaiming-uniform with a = sqrt(5),
 B zeros, drawn for block b from the seed mix_seed(seed, LORA_TAG, b).
 
-Saved adapters (a snapshot, final/) are a PEFT adapter folder: adapter_model.safetensors
+Saved adapters (a snapshot, final/, best/) are a PEFT adapter folder: adapter_model.safetensors
 (keys "base_model.model." + the HF module path + ".lora_A.weight", fp32) and
 adapter_config.json (peft.LoraConfig: r, lora_alpha, target_modules, task_type
-CAUSAL_LM, ...), so peft.PeftModel.from_pretrained(base, folder) loads them; state.json
-adds the step and the sha256 of the weights file, checked when a resume reads it back.
+CAUSAL_LM, ...), so peft.PeftModel.from_pretrained(base, folder) loads them; the base's
+tokenizer files (a few MB at most), so AutoTokenizer.from_pretrained(folder) works;
+state.json adds the step and the sha256 of the weights file, checked when a resume or
+`zoexec eval` reads it back.
 """
 
 from __future__ import annotations
@@ -137,11 +139,15 @@ def peft_key(layer_prefix: str, block: int, name: str) -> str:
 
 
 def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer_prefix: str,
-                  base: str, state: dict) -> Path:
+                  base: str, state: dict, tokenizer_from: Path | None = None) -> Path:
     """Write `folder` atomically as a PEFT adapter folder (module docstring) from the
-    [blocks, numel] fp32 `adapters`; non-finite adapters are refused."""
+    [blocks, numel] fp32 `adapters`, with the tokenizer files of model folder
+    `tokenizer_from` (the base's: AutoTokenizer.from_pretrained(folder) works);
+    non-finite adapters are refused."""
     from peft import LoraConfig
     from safetensors.torch import save_file
+
+    from zoexec.model.export import copy_tokenizer
 
     if not bool(torch.isfinite(adapters).all()):
         raise ZoError("the LoRA adapters hold non-finite weights: not saved (the run "
@@ -160,9 +166,11 @@ def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer
                    base_model_name_or_path=base).save_pretrained(str(tmp))
         state = {**state, "adapter_sha256": _sha256(tmp / ADAPTER_WEIGHTS)}
         (tmp / STATE).write_text(json.dumps(state, indent=1, allow_nan=False) + "\n")
+        copy_tokenizer(tokenizer_from, tmp)
         for path in tmp.iterdir():
-            with path.open("rb") as handle:
-                os.fsync(handle.fileno())
+            if path.is_file():
+                with path.open("rb") as handle:
+                    os.fsync(handle.fileno())
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(tmp, folder)
@@ -173,8 +181,8 @@ def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer
 
 def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
                   num_blocks: int) -> torch.Tensor:
-    """The [blocks, numel] fp32 adapters of a folder save_adapters wrote: its weights
-    file checked against state.json's sha256, its adapter settings and every key and
+    """The [blocks, numel] fp32 adapters of a folder save_adapters (or PEFT) wrote: its
+    weights file checked (check_adapter_file), its adapter settings and every key and
     shape against `spec` (ZoError naming what differs)."""
     from safetensors.torch import load_file
 
@@ -184,10 +192,7 @@ def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
     if got != (spec.r, spec.alpha, sorted(spec.targets)):
         raise ZoError(f"{folder}: adapters of (r, alpha, targets) {got}, the plan's are "
                       f"{(spec.r, spec.alpha, sorted(spec.targets))}")
-    want = _read_json(folder / STATE).get("adapter_sha256")
-    if want != _sha256(folder / ADAPTER_WEIGHTS):
-        raise ZoError(f"{folder / ADAPTER_WEIGHTS} does not match the sha256 its state.json "
-                      f"recorded: the adapters were changed or torn")
+    check_adapter_file(folder)
     tensors = load_file(str(folder / ADAPTER_WEIGHTS))
     out = torch.empty(num_blocks, spec.numel, dtype=torch.float32)
     expected = {peft_key(layer_prefix, b, t.name) for b in range(num_blocks) for t in spec.specs}
@@ -203,6 +208,59 @@ def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
                               f"{tuple(value.shape)}, expected {t.shape}")
             out[b, t.offset:t.stop] = value.reshape(-1)
     return out
+
+
+def check_adapter_file(folder: Path) -> None:
+    """ZoError unless the folder's weights file is whole: the sha256 its state.json
+    recorded (a folder zoexec wrote), else (PEFT's own save_pretrained writes none) a
+    safetensors file whose header and size agree."""
+    from zoexec.run.verify import check_safetensors
+
+    folder = Path(folder)
+    if (folder / STATE).is_file():
+        want = _read_json(folder / STATE).get("adapter_sha256")
+        if want != _sha256(folder / ADAPTER_WEIGHTS):
+            raise ZoError(f"{folder / ADAPTER_WEIGHTS} does not match the sha256 its state.json "
+                          f"recorded: the adapters were changed or torn")
+        return
+    problem = check_safetensors(folder / ADAPTER_WEIGHTS)
+    if problem:
+        raise ZoError(problem)
+
+
+# PEFT LoraConfig settings that change what the adapters compute; each must be off
+# (None, False, "none", empty) for y = W x + B (A x) * alpha / r on every block, which
+# is what zoexec computes
+LORA_EXTRAS = ("use_rslora", "use_dora", "use_qalora", "bias", "lora_bias", "fan_in_fan_out",
+               "rank_pattern", "alpha_pattern", "layers_to_transform", "modules_to_save",
+               "exclude_modules", "trainable_token_indices", "target_parameters",
+               "layer_replication", "alora_invocation_tokens")
+_OFF = (None, False, "none", [], {})
+
+
+def adapter_settings(folder: Path) -> dict:
+    """What a PEFT LoRA folder's adapter_config.json says that zoexec reads: {"r",
+    "alpha", "targets", "base"} (base: base_model_name_or_path, may be None); a ZoError
+    for a folder that is not LoRA or uses a setting zoexec does not compute (DoRA,
+    rsLoRA, per-layer ranks, ...)."""
+    folder = Path(folder)
+    config = _read_json(folder / ADAPTER_CONFIG)
+    if config.get("peft_type") != "LORA":
+        raise ZoError(f"{folder / ADAPTER_CONFIG}: peft_type {config.get('peft_type')!r}, "
+                      f"zoexec reads LORA adapters")
+    for key in LORA_EXTRAS:
+        if config.get(key) not in _OFF:
+            raise ZoError(f"{folder / ADAPTER_CONFIG}: {key} {config[key]!r}: zoexec computes "
+                          f"plain LoRA only (y = W x + B A x * alpha / r on every block)")
+    targets = config.get("target_modules")
+    r, alpha = config.get("r"), config.get("lora_alpha")
+    if not (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)) \
+            or not isinstance(r, int) or not isinstance(alpha, int):
+        raise ZoError(f"{folder / ADAPTER_CONFIG}: give r, lora_alpha (whole numbers) and "
+                      f"target_modules (a list of module names); got r {r!r}, lora_alpha "
+                      f"{alpha!r}, target_modules {targets!r}")
+    return {"r": r, "alpha": alpha, "targets": tuple(targets),
+            "base": config.get("base_model_name_or_path")}
 
 
 def is_adapter_folder(folder: Path | str | None) -> bool:

@@ -238,7 +238,7 @@ class TrainLoop:
     def _write_weights(self, path: Path | None, step: int, **state) -> None:
         trainer = self.trainer
         if self.cfg.workload.is_lora:   # the adapters alone (every rank holds them)
-            self._write_adapters(path, step)
+            self._write_adapters(path, step, **state)
             return
         store = trainer.store
         trainer.store_shards()   # resident blocks: node 0's first slice group into the store
@@ -257,10 +257,10 @@ class TrainLoop:
                           timeout_s=fill_timeout_s(store.nbytes, base_s=self.env.timeout_s))
 
 
-    def _write_adapters(self, path: Path, step: int) -> None:
+    def _write_adapters(self, path: Path, step: int, **state) -> None:
         """A LoRA run's weights: rank 0 writes the adapters as a PEFT folder."""
         if self.env.rank == 0:
-            self.trainer.save(path, step=step)
+            self.trainer.save(path, step=step, **state)
         monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the adapters",
                           timeout_s=self.env.timeout_s)
 

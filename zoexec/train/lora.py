@@ -21,6 +21,7 @@ a resume's replay update the adapters alone, without a pass over the blocks.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -193,9 +194,14 @@ class LoraTrainer(Trainer):
     def store_shards(self) -> None:
         """Nothing: the base is never changed, the store already holds it."""
 
-    def save(self, folder, *, step: int) -> None:
-        """Rank 0: the adapters as a PEFT folder (zoexec.model.lora.save_adapters)."""
+    def save(self, folder, *, step: int, **state) -> None:
+        """Rank 0: the adapters as a PEFT folder with the base's tokenizer
+        (zoexec.model.lora.save_adapters); `state`: more for its state.json (best/'s
+        metric)."""
         cfg = self.cfg
-        base = cfg.model.model_path or Plan(cfg.plan).model.name
+        path = cfg.model.model_path   # absolute: `zoexec eval FOLDER` finds it from anywhere
+        base = str(Path(path).resolve()) if path else Plan(cfg.plan).model.name
+        source = Path(cfg.source_dir) if cfg.source_dir else None
         save_adapters(folder, self.adapters.cpu(), self.lora, layer_prefix=self.parts.layer_prefix,
-                      base=base, state={"step": step, "seed": cfg.optim.seed, "tuning": "lora"})
+                      base=base, tokenizer_from=source,
+                      state={"step": step, "seed": cfg.optim.seed, "tuning": "lora", **state})
