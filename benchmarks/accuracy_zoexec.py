@@ -32,6 +32,7 @@ class Zoexec:
     template: str
     label_words: tuple[str, ...]
     threads: int
+    tuning: str = "full"          # zoplan optimize --tuning: full, lora (or prefix)
     helps: dict[str, str] = field(default_factory=dict)
 
     def task_args(self) -> list[str]:
@@ -48,12 +49,13 @@ class Zoexec:
 
     def plan(self, *, batch: int, seq: int) -> Path:
         """A plan for one CPU rank (the planner's choice of the rest), made once."""
-        path = self.work / f"plan-b{batch}-s{seq}.json"
+        tuning = "" if self.tuning == "full" else f"{self.tuning}-"
+        path = self.work / f"plan-{tuning}b{batch}-s{seq}.json"
         if not path.exists():
             self.work.mkdir(parents=True, exist_ok=True)
             _checked(_cli("zoplan.cli", "optimize", "--model", str(self.model / "config.json"),
                           "--gpus", "1", "--profile", "cpu", "--batch", str(batch),
-                          "--seq", str(seq), "-o", str(path), "-q"))
+                          "--seq", str(seq), "--tuning", self.tuning, "-o", str(path), "-q"))
         return path
 
     def evaluate(self, model: Path, *, demos: int = 0, seed: int = 0,
