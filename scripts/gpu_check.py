@@ -1,29 +1,21 @@
-"""GPU check: what one H200 (or any single CUDA GPU) must tell about zoexec, in about 8
-minutes (docs/gpu.md). Started by scripts/gpu_check.sh, which puts the carried wheels on
-PYTHONPATH first.
+"""GPU check: what one CUDA GPU (the H200 this project can borrow) must tell about
+zoplan + zoexec, most valuable first, every result kept as it comes (docs/gpu.md).
+Started by scripts/gpu_check.sh, which installs the carried wheels and runs this under
+`timeout -s TERM`.
 
-preflight  (stops the check with one `error:` line) zoplan.cli and zoexec.train.engine
-           import; a tmpfs with room holds the block store (ZOEXEC_SHM_DIR); CUDA:
-           1 GiB of a tmpfs mapping page-locks (cudaHostRegister)
-stages     (each with a time budget; one that fails or overruns is recorded and the
-           rest go on; a stage whose input failed is skipped, never replaced):
-  env        versions, GPU, SM count, memory, /dev/shm and the store's folder
-  pcie       h2d, d2h and duplex at 100-400 MB, cudaHostAlloc buffers and the
-             registered store (zoexec.profiler.cuda.cuda_copy)
-  forward    block forwards under no_grad, OPT-1.3B- and Llama-8B-sized blocks at 4k
-             and 16k tokens, bf16 (zoexec.profiler.blocks.forward_grid)
-  zo         z per block and per element, the update and perturb passes, stochastic
-             rounding (gpu_stages.zo_costs)
-  overlap    a slice update on another stream beside a forward: each alone and both
-  context    the CUDA context's bytes (a fresh process: total - free after init)
-  profile    `zoplan profile --quick` of this machine
-  run-MODE   (--modes, default master) plan OPT-1.3B for one GPU on that profile, `zoexec run --trace`, calibrate
-  issue      host issue time per step against the GPU's time (an in-process run)
-  oracle     zoexec.reference on the device against `zoexec run`: losses and weights
-  slices     the update on the slice's z and update: the whole block's bits
-  fit        `zoplan calibrate --fit` of the first run: a measured profile
-Out (--out DIR): summary.txt, summary.json and gpu_check-files.tar.gz (logs, plans,
-traces, profiles): three files, no folder. `--device-kind cpu`: the dry run CI runs.
+This process is the conductor: it imports neither torch nor the project, holds no CUDA
+context, and runs each stage as a child process (scripts/gpu_stages.py STAGE) with a
+ceiling: a stage that fails, hangs inside a CUDA call or runs over is killed and recorded,
+and the next one starts. After every stage it rewrites OUT/summary.json and
+OUT/summary.txt and appends the stage's folder (plans, traces, logs, profiles) to
+OUT/files.tar. SIGTERM (or --deadline-s running out) ends the check cleanly: the running
+stage is killed, everything so far is saved, one line says so, exit 3.
+
+    python scripts/gpu_check.py --out DIR [--stages a,b] [--deadline-s S] [--device-kind cpu]
+    python scripts/gpu_check.py --plan-only      # the stages, their ceilings and the total
+    python scripts/gpu_check.py --make-plans     # rewrite the committed plans (scripts/gpu_plans/)
+
+Exit: 0 every stage ran, 1 a stage failed, 2 preflight stopped the check, 3 interrupted.
 """
 
 from __future__ import annotations
@@ -36,182 +28,311 @@ import signal
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
-import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-NEEDED_SHM_BYTES = 8 << 30     # the OPT-1.3B store and the copy buffers, with room
-REGISTER_CHECK_BYTES = 1 << 30
+STAGES_PY = REPO / "scripts" / "gpu_stages.py"
+PLANS = REPO / "scripts" / "gpu_plans"
 
 
-class Failed(Exception):
-    """A stage that could not measure what it is for (its summary says why)."""
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """A stage of the check: its ceilings in seconds on a CUDA GPU and in the CPU dry
+    run (the child is killed there), and what it measures."""
+
+    name: str
+    cuda_s: float
+    cpu_s: float
+    what: str
 
 
-class StageTimeout(Failed):
-    pass
+# In order of value. The ceilings of the CUDA column: the first H200 pass's seconds
+# (docs/gpu.md: preflight 10.4, run-offload 25.9, run-resident 21.2, profile 17.8,
+# oracle 12.2, slices 12.8, issue 14.2 with one block size, context 4.1) with room. The CPU column (the dry run, tiny shapes) only guards against
+# a hang: a loaded 2-core machine may take 3x its idle time; the deadline
+# (scripts/gpu_check.sh: 120 s for the dry run) bounds the whole.
+STAGES = (
+    Stage(name="preflight", cuda_s=15, cpu_s=40,
+          what="imports; a tmpfs with room for the store (mounted if /dev/shm is small); "
+               "the GPU, its compute mode; 1 GiB of the store page-locked (else: staged)"),
+    Stage(name="run-offload", cuda_s=35, cpu_s=60,
+          what="`zoexec run --trace` of the committed plan made from hwprofiles/hgx-h200.json: "
+               "OPT-1.3B, every block streamed from host memory, bf16; predicted vs measured"),
+    Stage(name="run-resident", cuda_s=30, cpu_s=60,
+          what="the same with every block resident on the GPU"),
+    Stage(name="profile", cuda_s=30, cpu_s=10,
+          what="`zoplan profile --quick`: copies and duplex, forwards, z (the dry run skips it)"),
+    Stage(name="oracle", cuda_s=20, cpu_s=45,
+          what="zoexec.reference's loop on the device against `zoexec run`: the same bits"),
+    Stage(name="slices", cuda_s=20, cpu_s=45,
+          what="z and the update of 2 and 8 slices of a block are the whole block's bits"),
+    Stage(name="issue", cuda_s=30, cpu_s=45,
+          what="host issue time of a step (no device wait inside it) against its GPU time"),
+    Stage(name="overlap", cuda_s=25, cpu_s=20,
+          what="a forward beside an update and beside an H2D copy of the same length: "
+               "each stream's slowdown; pinned and pageable copies, alone and duplex"),
+    Stage(name="context", cuda_s=10, cpu_s=20,
+          what="the CUDA context's and cuBLAS's device bytes as NVML reports them"),
+)
+# the wrapper's install of the carried wheels, and the final writes
+FIXED_S = {"wheels": 10, "pack": 5}
+BY_NAME = {s.name: s for s in STAGES}
 
 
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
+class Interrupted(Exception):
+    """SIGTERM or SIGINT: save what there is and stop."""
 
 
-# ---- preflight -------------------------------------------------------------------------
-def check_imports() -> None:
-    """zoplan's CLI and zoexec's engine import here, or one line naming what is missing."""
+def ceilings(device_kind: str) -> dict[str, float]:
+    return {s.name: s.cuda_s if device_kind == "cuda" else s.cpu_s for s in STAGES}
+
+
+def budget_total(device_kind: str) -> float:
+    return sum(ceilings(device_kind).values()) + sum(FIXED_S.values())
+
+
+def plan_only(device_kind: str) -> str:
+    """The stages, their ceilings and the total, as --plan-only prints them."""
+    rows = [f"{s.name:13s} {ceilings(device_kind)[s.name]:5.0f} s  {s.what}" for s in STAGES]
+    rows += [f"{name:13s} {seconds:5.0f} s  (outside the stages)" for name, seconds in FIXED_S.items()]
+    rows.append(f"{'total':13s} {budget_total(device_kind):5.0f} s  ({device_kind})")
+    return "\n".join(rows)
+
+
+# ---- the summary ---------------------------------------------------------------------------
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_summary(out: Path, summary: dict) -> None:
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    write_atomic(out / "summary.txt", report(summary) + "\n")
+
+
+def report(summary: dict) -> str:
+    """summary.txt: a header, then one line per stage: its figures or why it did not."""
+    lines = [f"gpu_check on {summary['device_kind']}: {summary['state']}, "
+             f"{summary['elapsed_s']:.0f} s of {summary['deadline_s']:.0f}"]
+    for name, result in summary["stages"].items():
+        lines.append(f"{name:13s} {stage_line(result)}")
+    return "\n".join(lines)
+
+
+def stage_line(result: dict) -> str:
+    took = f" ({result['seconds']:.1f} s)" if "seconds" in result else ""
+    if result.get("skipped"):
+        return f"skipped: {result['skipped']}{took}"
+    if not result.get("ok"):
+        return f"FAILED: {result.get('error')}{took}"
+    shown = {k: v for k, v in result.items() if k not in ("ok", "seconds", "losses", "kinds")}
+    return ", ".join(f"{k}={_fmt(v)}" for k, v in shown.items()) + took
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+# ---- one stage ------------------------------------------------------------------------------
+class Conductor:
+    """Runs the stages as children, one at a time, and keeps the summary current."""
+
+    def __init__(self, args) -> None:
+        self.args = args
+        self.began = time.monotonic()
+        self.deadline = self.began + args.deadline_s
+        self.child: subprocess.Popen | None = None
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
+        self.summary = {"device_kind": args.device_kind, "state": "running",
+                        "deadline_s": args.deadline_s, "elapsed_s": 0.0,
+                        "budget_s": budget_total(args.device_kind), "stages": {}}
+        args.out.mkdir(parents=True, exist_ok=True)
+        args.work.mkdir(parents=True, exist_ok=True)
+
+    def save(self) -> None:
+        self.summary["elapsed_s"] = round(time.monotonic() - self.began, 1)
+        write_summary(self.args.out, self.summary)
+
+    def interrupt(self, signum, frame) -> None:
+        """The first SIGTERM/SIGINT ends the check; more (a group's and a relay's) wait."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        self.kill_child()
+        raise Interrupted(signal.Signals(signum).name)
+
+    def kill_child(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            try:
+                os.killpg(self.child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.child.wait()
+
+    def run(self, name: str) -> dict:
+        """One stage in a child process within its ceiling (and the deadline)."""
+        left = self.deadline - time.monotonic()
+        ceiling = min(ceilings(self.args.device_kind)[name], left)
+        if ceiling < 2:
+            return {"ok": False, "skipped": f"the deadline ({self.args.deadline_s:.0f} s) is spent"}
+        folder = self.args.work / name
+        shutil.rmtree(folder, ignore_errors=True)    # an earlier check's files
+        folder.mkdir(parents=True)
+        result_file = folder / "result.json"
+        began = time.monotonic()
+        with (folder / "stage.log").open("w") as log:
+            self.child = subprocess.Popen(self.stage_command(name, folder), cwd=REPO, env=self.env,
+                                          stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+            try:
+                code = self.child.wait(timeout=ceiling)
+            except subprocess.TimeoutExpired:
+                self.kill_child()
+                code = None
+        self.child = None
+        result = self.result_of(code, result_file, folder / "stage.log", ceiling)
+        result["seconds"] = round(time.monotonic() - began, 2)
+        self.keep_files(folder)
+        return result
+
+    def stage_command(self, name: str, folder: Path) -> list[str]:
+        a = self.args
+        cmd = [sys.executable, str(STAGES_PY), name, "--work", str(a.work), "--folder", str(folder),
+               "--device-kind", a.device_kind, "--steps", str(a.steps)]
+        if a.hang_stage == name:
+            cmd.append("--hang")
+        return cmd
+
+    @staticmethod
+    def result_of(code, result_file: Path, log: Path, ceiling: float) -> dict:
+        if code is None:
+            return {"ok": False, "error": f"killed at its ceiling of {ceiling:.0f} s (a hang or "
+                                          f"a slow start: see {log.parent.name}/stage.log)"}
+        if result_file.is_file():
+            try:
+                return json.loads(result_file.read_text())
+            except ValueError as exc:
+                return {"ok": False, "error": f"its result file is not JSON ({exc})"}
+        tail = (log.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1]
+        return {"ok": False, "error": f"exited {code} with no result: {tail[:300]}"}
+
+    def keep_files(self, folder: Path) -> None:
+        """The stage's folder into OUT/files.tar (appended: what earlier stages put there
+        stays readable if this check is killed), and a measured profile beside it."""
+        with tarfile.open(self.args.out / "files.tar", "a") as tar:
+            tar.add(folder, arcname=folder.name)
+        profile = folder / "profile.json"
+        if profile.is_file():
+            (self.args.out / "profile.json").write_bytes(profile.read_bytes())
+
+
+# ---- the whole check ----------------------------------------------------------------------------
+def selected_stages(text: str | None) -> list[str]:
+    if not text:
+        return [s.name for s in STAGES]
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise SystemExit(f"error: unknown stage {', '.join(unknown)} (stages: "
+                         f"{', '.join(BY_NAME)})")
+    # preflight always runs first: it chooses the store's folder the others use
+    return ["preflight"] + [n for n in BY_NAME if n in names and n != "preflight"]
+
+
+def check(args) -> int:
+    conductor = Conductor(args)
+    signal.signal(signal.SIGTERM, conductor.interrupt)
+    signal.signal(signal.SIGINT, conductor.interrupt)
+    stages = conductor.summary["stages"]
+    code = 0
     try:
-        import zoexec.train.engine  # noqa: F401
-        import zoplan.cli  # noqa: F401
-    except ImportError as exc:
-        name = getattr(exc, "name", None) or str(exc)
-        fail(f"cannot import zoplan.cli and zoexec.train.engine: {name} is missing "
-             f"({exc}); carry the wheels: bash scripts/device_wheels.sh .whl/cp312, then "
-             f"bash scripts/gpu_check.sh --wheels .whl/cp312 --out DIR")
+        for name in selected_stages(args.stages):
+            print(f"== {name} (ceiling {ceilings(args.device_kind)[name]:.0f} s)", flush=True)
+            result = conductor.run(name)
+            stages[name] = result
+            conductor.save()
+            print(f"{name:13s} {stage_line(result)}", flush=True)
+            if name == "preflight" and result.get("store_dir"):
+                conductor.env["ZOEXEC_SHM_DIR"] = result["store_dir"]
+            if name == "preflight" and not result.get("ok"):
+                conductor.summary["state"] = "stopped at preflight"
+                print(f"error: preflight: {result.get('error')}", file=sys.stderr, flush=True)
+                code = 2
+                break
+            if not result.get("ok"):
+                code = 1
+        else:
+            conductor.summary["state"] = "done" if not code else "done, with failures"
+    except Interrupted as why:
+        conductor.summary["state"] = f"interrupted by {why}"
+        conductor.save()
+        done = [n for n, r in stages.items() if r.get("ok")]
+        print(f"error: the check was interrupted by {why} after {len(done)} stage(s) "
+              f"({', '.join(done) or 'none'}); their results are in {args.out}/summary.json",
+              file=sys.stderr, flush=True)
+        return 3
+    conductor.save()
+    print((args.out / "summary.txt").read_text(), end="", flush=True)
+    failed = [n for n, r in stages.items() if not r.get("ok")]
+    if failed and code == 1:
+        print(f"error: stage(s) that did not pass: {', '.join(failed)} (summary.txt says why)",
+              file=sys.stderr, flush=True)
+    return code
 
 
-def choose_store_dir() -> Path:
-    """A tmpfs with NEEDED_SHM_BYTES free for the block store (ZOEXEC_SHM_DIR if set,
-    else /dev/shm, else /tmp where it is a tmpfs): a store that is a regular file
-    cannot be page-locked on current kernels, so there is no disk fallback."""
-    from zoexec.runtime.hostmem import filesystem_type
-
-    given = os.environ.get("ZOEXEC_SHM_DIR")
-    candidates = [Path(given)] if given else [Path("/dev/shm"), Path("/tmp")]
-    seen = []
-    for folder in candidates:
-        kind = filesystem_type(folder / "x") if folder.is_dir() else None
-        free = shutil.disk_usage(folder).free if folder.is_dir() else 0
-        seen.append(f"{folder}: {kind or 'missing'}, {free / 2**30:.1f} GiB free")
-        if kind == "tmpfs" and free >= NEEDED_SHM_BYTES:
-            return folder
-    fail(f"no tmpfs with {NEEDED_SHM_BYTES / 2**30:.0f} GiB free for the block store "
-         f"({'; '.join(seen)}): mount one (mount -t tmpfs -o size=16g tmpfs /mnt/zo) and "
-         f"set ZOEXEC_SHM_DIR to it")
+def make_plans() -> None:
+    """Write the committed plans of the run stages from the shipped hgx-h200 profile."""
+    PLANS.mkdir(exist_ok=True)
+    for name, placement in (("offload", "host"), ("resident", "auto")):
+        out = PLANS / f"opt-1.3b-{name}.plan.json"
+        subprocess.run([sys.executable, "-m", "zoplan.cli", "optimize", *PLAN_ARGS,
+                        "--placement", placement, "-o", str(out)], cwd=REPO, check=True,
+                       stdout=subprocess.DEVNULL)
+        print(f"wrote {out.relative_to(REPO)}")
 
 
-def check_page_locking(folder: Path) -> None:
-    """1 GiB of a tmpfs mapping page-locked and released, as a run's store is."""
-    import torch
-
-    from zoexec.runtime.pinning import pin_tensor, unpin_host_memory
-    from zoexec.store.blocks import create_store
-
-    if not torch.cuda.is_available():
-        fail(f"no CUDA GPU visible (torch {torch.__version__}, CUDA {torch.version.cuda})")
-    path = folder / f"zoexec-gpucheck-{os.getpid()}"
-    try:
-        store = create_store(path, num_blocks=1, block_numel=REGISTER_CHECK_BYTES,
-                             stride=REGISTER_CHECK_BYTES, dtype=torch.uint8)
-    finally:
-        path.unlink(missing_ok=True)
-    if not pin_tensor(store.flat, who="gpu_check"):
-        fail(f"cudaHostRegister of 1 GiB of a mapping in {folder} failed (the line above "
-             f"says why): a run's store would not be page-locked")
-    unpin_host_memory(store.flat)
-
-
-# ---- stages ----------------------------------------------------------------------------
-def run_stage(name: str, budget_s: float, fn, results: dict) -> None:
-    """Run `fn()` within `budget_s` (SIGALRM); record its result or its failure."""
-    print(f"== {name} (budget {budget_s:.0f} s)", flush=True)
-
-    def expired(signum, frame):
-        raise StageTimeout(f"over its budget of {budget_s:.0f} s")
-    began = time.monotonic()
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, budget_s)
-    try:
-        results[name] = {"ok": True, **fn()}
-    except Exception as exc:  # a stage's failure is recorded, the rest go on
-        reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        traceback.print_exc()
-        results[name] = {"ok": False, "error": reason}
-        print(f"stage {name} failed: {reason}", flush=True)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    results[name]["seconds"] = round(time.monotonic() - began, 2)
-
-
-def command(cmd: list[str], log: Path, *, timeout_s: float) -> None:
-    """A command of the check (its output in `log`); Failed with its last line if it fails."""
-    print("$", " ".join(cmd), flush=True)
-    with log.open("w") as handle:
-        try:
-            done = subprocess.run(cmd, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "COLUMNS": "120"}, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise Failed(f"{' '.join(cmd[2:4])} ran over {timeout_s:.0f} s (see {log.name})") from None
-    if done.returncode:
-        last = (log.read_text().strip().splitlines() or ["(no output)"])[-1]
-        raise Failed(f"{' '.join(cmd[2:4])} exited {done.returncode}: {last}")
-
-
-def stages(args, work: Path, results: dict) -> None:
-    import gpu_stages as gs
-
-    budget = gs.budgets(args.device_kind)
-    run_stage("env", budget["env"], lambda: gs.environment(args, work), results)
-    for name in ("pcie", "forward", "zo", "overlap", "context"):
-        run_stage(name, budget[name], lambda name=name: getattr(gs, name)(args), results)
-    run_stage("profile", budget["profile"], lambda: gs.profile(args, work, command), results)
-    for mode in args.modes.split(","):
-        run_stage(f"run-{mode}", budget["run"],
-                  lambda mode=mode: gs.run_mode(args, work, mode, results, command,
-                                                budget_s=budget["run"]), results)
-    run_stage("issue", budget["issue"], lambda: gs.issue_time(args, work, results), results)
-    run_stage("oracle", budget["oracle"], lambda: gs.oracle(args), results)
-    run_stage("slices", budget["slices"], lambda: gs.slices(args), results)
-    run_stage("fit", budget["fit"], lambda: gs.fit(args, work, results, command), results)
-
-
-def finish(args, work: Path, results: dict) -> None:
-    """summary.json, summary.txt and one tarball of the work folder into --out."""
-    import gpu_stages as gs
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    summary = {"device_kind": args.device_kind, "model": args.model, "stages": results}
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    text = gs.report(summary)
-    (args.out / "summary.txt").write_text(text + "\n")
-    with tarfile.open(args.out / "gpu_check-files.tar.gz", "w:gz") as tar:
-        tar.add(work, arcname="gpu_check")
-    print(text, flush=True)
+# the committed plans' command (tests/unit/test_gpu_plans.py checks they are today's)
+PLAN_ARGS = ("--model", "opt-1.3b", "--gpus", "1", "--profile", "hgx-h200", "--batch", "8",
+             "--seq", "512", "--precision", "bf16")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for the three results")
-    parser.add_argument("--model", default="opt-1.3b")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--precision", default="bf16", help="compute precision of the runs")
-    parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--lr", type=float, default=1e-6)
-    parser.add_argument("--modes", default="master",
-                        help="update modes to run, comma-separated (each adds up to 80 s)")
+    parser.add_argument("--out", type=Path, help="folder for summary.json, summary.txt, "
+                        "files.tar and profile.json")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/gpu_check-work"),
+                        help="the stages' working folder (not returned; default %(default)s)")
+    parser.add_argument("--stages", help="run only these stages, comma-separated (preflight "
+                        "always runs first)")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="end the check cleanly after this many seconds (default: the "
+                             "sum of the ceilings)")
+    parser.add_argument("--steps", type=int, default=20, help="steps of each run stage")
     parser.add_argument("--device-kind", default="cuda", choices=("cuda", "cpu"),
-                        help="cpu: the dry run of this script (tiny shapes, the cpu profile)")
+                        help="cpu: the dry run (tiny shapes, the shipped cpu profile)")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="print the stages, their ceilings and the total; run nothing")
+    parser.add_argument("--make-plans", action="store_true",
+                        help="rewrite scripts/gpu_plans/ from hwprofiles/hgx-h200.json")
+    parser.add_argument("--hang-stage", help=argparse.SUPPRESS)   # test hook: the stage hangs
     args = parser.parse_args()
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # as `zoexec run`, before torch loads
-    folder = choose_store_dir()       # before zoexec.store reads ZOEXEC_SHM_DIR
-    os.environ["ZOEXEC_SHM_DIR"] = str(folder)
-    check_imports()
-    if args.device_kind == "cuda":
-        check_page_locking(folder)
-    results: dict = {"preflight": {"ok": True, "store_dir": str(folder)}}
-    with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
-        work = Path(tmp)
-        stages(args, work, results)
-        finish(args, work, results)
-    failed = [name for name, r in results.items() if not r.get("ok")]
-    if failed:
-        print(f"stages that failed: {', '.join(failed)}", flush=True)
+    if args.plan_only:
+        print(plan_only(args.device_kind))
+        return
+    if args.make_plans:
+        make_plans()
+        return
+    if args.out is None:
+        parser.error("--out is required")
+    if args.deadline_s is None:
+        args.deadline_s = budget_total(args.device_kind) - sum(FIXED_S.values())
+    sys.exit(check(args))
 
 
 if __name__ == "__main__":

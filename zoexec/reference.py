@@ -83,11 +83,12 @@ class _Zo2State:
     """Buffers of the in-process ZO2 schedule: clean resident copy, working copies, z."""
 
     def __init__(self, parts: ModelParts) -> None:
-        self.resident = resident_flat(parts)
+        self.resident = resident_flat(parts)          # on the parts' device
+        dev = self.resident.device
         self.resident_work = torch.empty_like(self.resident)
-        self.resident_z = torch.empty(parts.resident_numel, dtype=torch.float32)
-        self.block_work = torch.empty(parts.block_numel, dtype=parts.dtype)
-        self.block_z = torch.empty(parts.block_numel, dtype=torch.float32)
+        self.resident_z = torch.empty(parts.resident_numel, dtype=torch.float32, device=dev)
+        self.block_work = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
+        self.block_z = torch.empty(parts.block_numel, dtype=torch.float32, device=dev)
 
 
 def _refresh(theta, z_out, specs, block: int, *, seed: int, pending, lr, weight_decay):
@@ -129,19 +130,22 @@ def _zo2_step(parts, st, flats, batch, *, seed, pending, lr, eps, weight_decay):
 
 
 def _loss(parts, hidden, batch) -> float:
-    """The batch's mean loss, computed as the engine's head does (zoexec.model.heads)."""
+    """The batch's mean loss, computed as the engine's head does (zoexec.model.heads)
+    and divided on the host as the engine does (a division on a GPU may multiply by the
+    reciprocal: the H200 check saw the last bit of a float64 differ)."""
     total, count = heads.loss_sum(parts, hidden, batch)
-    return float(total / count)
+    return float(total) / count
 
 
 def flush_pending(parts: ModelParts, resident: torch.Tensor, flats: list[torch.Tensor],
                   pending: tuple[int, float], *, lr: float, weight_decay: float) -> None:
     """Apply the last step's deferred update to the resident copy and every block."""
     seed, g = pending
-    z = zo.z_block(seed, zo.RESIDENT_BLOCK, parts.resident_specs)
+    z = zo.z_block(seed, zo.RESIDENT_BLOCK, parts.resident_specs,
+                   out=torch.empty(parts.resident_numel, dtype=torch.float32, device=resident.device))
     zo.apply_update(resident, z, lr=lr, g=g, weight_decay=weight_decay,
                     decay_mask_or_specs=parts.resident_specs)
-    z = torch.empty(parts.block_numel, dtype=torch.float32)
+    z = torch.empty(parts.block_numel, dtype=torch.float32, device=resident.device)
     for block, theta in enumerate(flats):
         zo.z_block(seed, block, parts.block_specs, out=z)
         zo.apply_update(theta, z, lr=lr, g=g, weight_decay=weight_decay,

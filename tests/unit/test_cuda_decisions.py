@@ -12,12 +12,14 @@ from types import SimpleNamespace
 import torch
 from safetensors.torch import load_file
 
+from tests.fixtures.host_reads import HostReads
 from zoexec.config import RunConfig
 from zoexec.launch.spawn import run_in_process
 from zoexec.profiler import blocks as pblocks
 from zoexec.profiler import cuda as pcuda
 from zoexec.runtime import device as zdevice
 from zoexec.runtime import groups as zgroups
+from zoexec.runtime import lanes as zlanes
 from zoexec.runtime import numa
 from zoexec.runtime import pinning as zpinning
 from zoexec.runtime.hostmem import mapped_file
@@ -268,3 +270,33 @@ def test_profiled_copies_come_from_a_registered_tmpfs_mapping(monkeypatch):
     monkeypatch.setattr(torch.cuda, "cudart", lambda: failing)
     monkeypatch.setattr(pcuda, "_alloc_pinned", lambda n: ("alloc", n))
     assert pcuda.host_buffer(PAGE, "store") == (("alloc", PAGE), False)
+
+
+def test_a_step_queues_its_work_without_reading_the_device(monkeypatch, tmp_path):
+    """From begin_step (the device idle) to end_step (where the host waits for the
+    step), nothing reads a tensor's value on the host: on a GPU the host then queues the
+    whole step while the device works (the H200 check counted 5 waits a step before:
+    the batch copied from pageable memory, transformers' packed-sequence check of the
+    position ids, the loss count set as a Python number). Every task kind runs here:
+    embed, update, forward, head, h2d and d2h of offloaded blocks."""
+    reads = HostReads(monkeypatch)
+    begin, end = zlanes.CpuLanes.begin_step, zlanes.CpuLanes.end_step
+    windows = []
+
+    def guarded_begin(lanes, step, *, record=True):
+        begin(lanes, step, record=record)
+        if record:
+            windows.append(step)
+            reads.refuse()
+
+    def guarded_end(lanes):
+        reads.allow()
+        end(lanes)
+    monkeypatch.setattr(zlanes.CpuLanes, "begin_step", guarded_begin)
+    monkeypatch.setattr(zlanes.CpuLanes, "end_step", guarded_end)
+    workload = Workload(batch=2, seq=16, param_dtype="bf16", compute_dtype="bf16",
+                        update="stochastic")
+    plan = hand_plan(model="tiny-opt", layout=Layout(prefetch=2), workload=workload)
+    records = run_in_process(RunConfig.make(plan=plan.data, steps=3, seed=5, lr=1e-3, threads=1,
+                                            quiet=True, speed_checks=False))
+    assert windows == [0, 1, 2] and len(records) == 3

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from tests.fixtures.host_reads import HostReads
 from zoexec.data.batch import IGNORE, Batch, Choices, shard
 from zoexec.model import heads
 from zoexec.model.families import bind_block, causal_lm_loss_sum, causal_lm_row_losses
@@ -111,7 +112,7 @@ def test_the_head_at_the_labelled_positions_equals_the_full_head(hidden_states):
         full = parts.logits(hidden)
         total, count = heads.loss_sum(parts, hidden, Batch(labels, labels))
         ref_total, ref_count = causal_lm_loss_sum(full, labels)
-        rows = heads.row_losses(parts, hidden, labels)
+        rows = heads.row_losses(parts, hidden, labels, Batch(labels, labels).positions)
         ref_rows = causal_lm_row_losses(full, labels)
     assert count == ref_count
     assert math.isclose(float(total), float(ref_total), rel_tol=1e-5)
@@ -141,3 +142,45 @@ def test_shards_and_selections_keep_examples_whole():
         shard(batch, data_shard=0, num_shards=3)
     with pytest.raises(ValueError, match="split an example"):
         batch.select(1, 3)
+
+
+@pytest.fixture
+def no_host_reads(monkeypatch):
+    """Within the test, any read of a tensor's values by the host fails."""
+    HostReads(monkeypatch).refuse()
+
+
+def _candidate_batches() -> list[Batch]:
+    hidden_a, labels_a = _row([2.0, 0.5, 0, 0, 0, 0], label_token=4)
+    single = Batch(torch.zeros_like(labels_a), labels_a,
+                   Choices(torch.tensor([0]), tokens=torch.tensor([[4, 1]])))
+    labels = torch.full((2, 6), IGNORE)
+    labels[0, 4:6], labels[1, 3] = torch.tensor([4, 5]), 1
+    several = Batch(torch.zeros_like(labels), labels, Choices(torch.tensor([1]), size=2))
+    text = Batch(labels.clamp(min=0), labels)
+    return [single, several, text]
+
+
+def test_the_loss_of_a_moved_batch_never_makes_the_host_read_the_device(request):
+    """A batch moved with Batch.to (as the engine's _batch does) carries the labelled
+    positions found on the host: the head then queues its work without reading a value
+    back (no nonzero, no comparison turned into a Python bool), so a GPU's host goes on
+    issuing the step while the device computes."""
+    moved = [b.to("cpu") for b in _candidate_batches()]
+    request.getfixturevalue("no_host_reads")
+    for batch in moved:
+        hidden = torch.randn(*batch.ids.shape, 6)
+        total, count = heads.loss_sum(IdentityHead, hidden, batch)
+        assert count > 0 and total.dim() == 0
+        heads.row_scores(IdentityHead, hidden, batch)
+
+
+def test_the_steps_loss_vector_is_made_on_the_device(monkeypatch):
+    """engine.loss_vector fills the all-reduce vector in place: torch.tensor(list,
+    device=cuda) would copy from pageable host memory, which waits for the stream."""
+    from zoexec.train.engine import loss_vector
+
+    made = []
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or torch.zeros(1))
+    vec = loss_vector((0.0, 1.0), torch.device("cpu"))
+    assert not made and vec.tolist() == [0.0, 0.0, 0.0, 0.0, 1.0]

@@ -95,7 +95,7 @@ def test_two_candidates_hand_computed_loss_and_both_accuracies():
         total, count = heads.loss_sum(IdentityHead, hidden, batch)
         assert count == 1 and math.isclose(float(total), hand, rel_tol=1e-6)
         rows, _ = choice_rows([ex])
-        out = heads.row_losses(IdentityHead, hidden, batch.labels)
+        out = heads.row_losses(IdentityHead, hidden, batch.labels, batch.positions)
         metrics = choice_metrics(out, [(0, 2)], [ex.golds], score=score)
         assert metrics["eval_accuracy"] == 0.0 and metrics["eval_accuracy_norm"] == 1.0
         assert math.isclose(metrics["eval_loss"], hand, rel_tol=1e-6)

@@ -4,8 +4,10 @@ the examples tasks are made of, and each rank's shard of the global batch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
+from torch import nn
 
 from zoexec.maths.zo import mix_seed
 from zoplan.errors import ZoError
@@ -51,6 +53,27 @@ class Choices:
         return Choices(self.answers.to(device), tokens, self.size, valid, self.mean)
 
 
+def shifted(labels: torch.Tensor) -> torch.Tensor:
+    """The label each position predicts: position i that of i + 1 (the last, nothing)."""
+    return nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where a batch's loss reads: `rows` and `cols` [N] of every position that predicts
+    a label (row-major), `counts` (host ints) how many each row has. Found where the
+    labels are made (the host), before the batch moves to a device: on a GPU, finding
+    them there (`nonzero`) makes the host wait for everything queued before it."""
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    counts: tuple[int, ...]
+
+    def to(self, device) -> Positions:
+        return Positions(self.rows.to(device, non_blocking=True),
+                         self.cols.to(device, non_blocking=True), self.counts)
+
+
 @dataclass(frozen=True)
 class Batch:
     """Rows of token ids [B, S] and their labels [B, S]: the token a position holds
@@ -79,6 +102,19 @@ class Batch:
         """Rows per example (candidates with a row each: their number; else 1)."""
         return 1 if self.choices is None else self.choices.size
 
+    @cached_property
+    def positions(self) -> Positions:
+        """The positions the loss reads (Positions), found where the labels are; every
+        candidate row (a row per candidate) must have a labelled token."""
+        rows, cols = (shifted(self.labels) != IGNORE).nonzero(as_tuple=True)
+        counts = tuple(torch.bincount(rows, minlength=self.rows).tolist())
+        choices = self.choices
+        if choices is not None and choices.tokens is None:
+            valid = [True] * self.rows if choices.valid is None else choices.valid.reshape(-1).tolist()
+            if any(ok and not count for ok, count in zip(valid, counts)):
+                raise ZoError("a candidate row has no labelled token: a candidate lost its tokens")
+        return Positions(rows, cols, counts)
+
     def select(self, start: int, stop: int) -> Batch:
         """Rows start..stop (whole examples)."""
         k = self.per_example
@@ -88,8 +124,11 @@ class Batch:
         return Batch(self.ids[start:stop], self.labels[start:stop], choices)
 
     def to(self, device) -> Batch:
+        """The batch on `device`, its Positions found here first (on the host)."""
         choices = None if self.choices is None else self.choices.to(device)
-        return Batch(self.ids.to(device), self.labels.to(device), choices)
+        moved = Batch(self.ids.to(device), self.labels.to(device), choices)
+        moved.__dict__["positions"] = self.positions.to(device)   # cached_property's slot
+        return moved
 
 
 def as_batch(rows: torch.Tensor | Batch) -> Batch:

@@ -95,18 +95,20 @@ def positions(input_ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
 
 
-def causal_mask(config, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, *,
-                sliding: bool = False):
+def causal_mask(config, inputs_embeds: torch.Tensor, *, sliding: bool = False):
     """transformers' own causal mask (None with sdpa and no padding: is_causal), or
-    its sliding-window one."""
+    its sliding-window one, for the positions 0..seq-1 of every row (`positions`).
+    transformers is given no position ids: given some, it reads them back from the
+    device to look for packed sequences (a host wait at every embed on a GPU), and
+    0..seq-1 are the ones it assumes without them."""
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
     make = create_sliding_window_causal_mask if sliding else create_causal_mask
     return make(config=config, inputs_embeds=inputs_embeds, attention_mask=None,
-                past_key_values=None, position_ids=position_ids)
+                past_key_values=None, position_ids=None)
 
 
-def one_mask(config, inputs_embeds: torch.Tensor, position_ids: torch.Tensor):
+def one_mask(config, inputs_embeds: torch.Tensor):
     """The mask every block uses. One working block runs every layer, so all layers
     must see the same mask: layers that all slide get the sliding-window mask, layers
     that all attend fully the causal one; a model mixing both (Qwen2/Qwen3 with
@@ -116,16 +118,16 @@ def one_mask(config, inputs_embeds: torch.Tensor, position_ids: torch.Tensor):
     types = list(getattr(config, "layer_types", None) or [])
     sliding = sum(t == "sliding_attention" for t in types)
     if not types:                                   # Mistral: sliding_window alone decides
-        return causal_mask(config, inputs_embeds, position_ids, sliding=window is not None)
+        return causal_mask(config, inputs_embeds, sliding=window is not None)
     if sliding == len(types):
-        return causal_mask(config, inputs_embeds, position_ids, sliding=True)
+        return causal_mask(config, inputs_embeds, sliding=True)
     seq = inputs_embeds.shape[1]
     if sliding and window is not None and seq > window:
         raise ZoError(f"{config.model_type}: {sliding} of {len(types)} layers use a "
                       f"{window}-token sliding window and the others full attention; "
                       f"a sequence of {seq} tokens would need a mask per layer: use "
                       f"sequences of at most {window} tokens")
-    return causal_mask(config, inputs_embeds, position_ids)
+    return causal_mask(config, inputs_embeds)
 
 
 def rotary_embed(body: nn.Module, config, input_ids: torch.Tensor, *,
@@ -135,7 +137,7 @@ def rotary_embed(body: nn.Module, config, input_ids: torch.Tensor, *,
     its kin give every decoder layer."""
     inputs_embeds = getattr(body, embedding)(input_ids)
     position_ids = positions(input_ids)
-    mask = one_mask(config, inputs_embeds, position_ids)
+    mask = one_mask(config, inputs_embeds)
     position_embeddings = body.rotary_emb(inputs_embeds, position_ids)
     return inputs_embeds, {"attention_mask": mask, "position_ids": position_ids,
                            "position_embeddings": position_embeddings}

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zoexec.data.batch import IGNORE
+from zoexec.data.batch import IGNORE, shifted
 from zoexec.maths.zo import RESIDENT_BLOCK, mix_seed
 from zoexec.model import gemma, gpt2, gptneox, llama, mistral, opt, qwen2, qwen3
 from zoexec.model.adapter import Adapter
@@ -155,16 +155,11 @@ class ModelParts:
         return self
 
 
-def _shifted(labels: torch.Tensor) -> torch.Tensor:
-    """Position i predicts the label of position i + 1 (the last predicts nothing)."""
-    return nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:].contiguous()
-
-
 def causal_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(sum of next-token CE over the labelled positions, count): transformers'
     ForCausalLMLoss ops with reduction "sum" (its mean is this sum over the count)."""
     logits = logits.float()    # rebinding frees 16-bit logits before the log-softmax
-    target = _shifted(labels)
+    target = shifted(labels).contiguous()
     per_token = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), target.view(-1),
                                             ignore_index=IGNORE, reduction="none")
     return per_token.double().sum(), int((target != IGNORE).sum())
@@ -173,7 +168,7 @@ def causal_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torc
 def causal_lm_row_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """[sum of next-token CE over each row's labelled positions, their count] per row."""
     logits = logits.float()
-    target = _shifted(labels)
+    target = shifted(labels).contiguous()
     per_token = nn.functional.cross_entropy(logits.transpose(1, 2), target,
                                             ignore_index=IGNORE, reduction="none")
     return torch.stack([per_token.double().sum(dim=1),

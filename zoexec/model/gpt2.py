@@ -24,7 +24,7 @@ def embed(body: nn.Module, config, input_ids: torch.Tensor) -> tuple[torch.Tenso
     """What GPT2Model.forward gives its first block (no token types)."""
     inputs_embeds = body.wte(input_ids)
     position_ids = positions(input_ids)
-    mask = causal_mask(config, inputs_embeds, position_ids)
+    mask = causal_mask(config, inputs_embeds)
     hidden = inputs_embeds + body.wpe(position_ids)
     return hidden, {"attention_mask": mask, "position_ids": position_ids}
 

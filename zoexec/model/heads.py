@@ -31,34 +31,29 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoexec.data.batch import IGNORE, Batch
+from zoexec.data.batch import Batch, Positions
 from zoplan.errors import ZoError
 
 
-def shifted(labels: torch.Tensor) -> torch.Tensor:
-    """The label each position predicts: position i that of i + 1 (the last, nothing)."""
-    return nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]
-
-
-def gathered_logits(parts, hidden: torch.Tensor, labels: torch.Tensor):
+def gathered_logits(parts, hidden: torch.Tensor, labels: torch.Tensor, where: Positions):
     """(row of each predicting position [N], its target token [N], its logits [N, vocab]
-    in fp32): the final norm and the head on the N positions that predict a label only."""
-    target = shifted(labels)
-    rows, pos = (target != IGNORE).nonzero(as_tuple=True)
-    logits = parts.logits(hidden[rows, pos]).float()
-    return rows, target[rows, pos], logits
+    in fp32): the final norm and the head on the N positions that predict a label only
+    (`where`: Batch.positions, found on the host: no wait for the device here)."""
+    rows, cols = where.rows, where.cols
+    logits = parts.logits(hidden[rows, cols]).float()
+    return rows, labels[rows, cols + 1], logits
 
 
-def token_losses(parts, hidden: torch.Tensor, labels: torch.Tensor):
+def token_losses(parts, hidden: torch.Tensor, labels: torch.Tensor, where: Positions):
     """(row of each labelled token [N], its next-token cross-entropy [N], fp32)."""
-    rows, target, logits = gathered_logits(parts, hidden, labels)
+    rows, target, logits = gathered_logits(parts, hidden, labels, where)
     return rows, nn.functional.cross_entropy(logits, target, reduction="none")
 
 
-def row_losses(parts, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def row_losses(parts, hidden: torch.Tensor, labels: torch.Tensor, where: Positions) -> torch.Tensor:
     """Per row: [summed next-token CE over its labelled tokens, their count] (float64
     [rows, 2]; a row without a label: zeros)."""
-    rows, nll = token_losses(parts, hidden, labels)
+    rows, nll = token_losses(parts, hidden, labels, where)
     out = torch.zeros(labels.shape[0], 2, dtype=torch.float64, device=labels.device)
     out[:, 0].index_add_(0, rows, nll.double())
     out[:, 1].index_add_(0, rows, torch.ones_like(nll, dtype=torch.float64))
@@ -69,7 +64,7 @@ def loss_sum(parts, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, i
     """(summed loss (float64 scalar), what it counts): the vocabulary loss over the
     labelled tokens, or with `batch.choices` the candidate loss over the examples."""
     if batch.choices is None:
-        _, nll = token_losses(parts, hidden, batch.labels)
+        _, nll = token_losses(parts, hidden, batch.labels, batch.positions)
         return nll.double().sum(), int(nll.numel())
     scores = candidate_logits(parts, hidden, batch)
     ce = nn.functional.cross_entropy(scores, batch.choices.answers, reduction="none")
@@ -82,16 +77,16 @@ def candidate_logits(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
     the candidates' mean log-probability per token (a row each)."""
     choices = batch.choices
     if choices.tokens is not None:
-        rows, _, logits = gathered_logits(parts, hidden, batch.labels)
-        _one_position_per_row(rows, batch.rows)
+        where = batch.positions
+        if set(where.counts) != {1}:
+            raise ZoError(f"single-token candidates need one labelled position per row; the "
+                          f"batch's {batch.rows} rows have {sum(where.counts)}")
+        _, _, logits = gathered_logits(parts, hidden, batch.labels, where)
         return logits.gather(1, choices.tokens)
-    sums = row_losses(parts, hidden, batch.labels)
-    valid = (torch.ones(batch.rows, dtype=torch.bool, device=sums.device)
-             if choices.valid is None else choices.valid.reshape(-1))
-    if bool((sums[valid, 1] == 0).any()):
-        raise ZoError("a candidate row has no labelled token: a candidate lost its tokens")
+    sums = row_losses(parts, hidden, batch.labels, batch.positions)
     scores = -sums[:, 0] / sums[:, 1].clamp(min=1) if choices.mean else -sums[:, 0]
-    scores = scores.masked_fill(~valid, -torch.inf)   # padding rows of fewer candidates
+    if choices.valid is not None:   # padding rows of fewer candidates
+        scores = scores.masked_fill(~choices.valid.reshape(-1), -torch.inf)
     return scores.float().view(-1, choices.size)
 
 
@@ -101,17 +96,10 @@ def row_scores(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
     [rows, candidates] (a row without a label: zeros); otherwise [summed next-token CE
     over the row's labelled tokens, their count] [rows, 2]."""
     if batch.choices is None or batch.choices.tokens is None:
-        return row_losses(parts, hidden, batch.labels)
-    rows, _, logits = gathered_logits(parts, hidden, batch.labels)
+        return row_losses(parts, hidden, batch.labels, batch.positions)
+    rows, _, logits = gathered_logits(parts, hidden, batch.labels, batch.positions)
     logp = torch.log_softmax(logits, dim=-1).gather(1, batch.choices.tokens[rows])
     out = torch.zeros(batch.rows, batch.choices.tokens.shape[1], dtype=torch.float64,
                       device=logits.device)
     out[rows] = logp.double()
     return out
-
-
-def _one_position_per_row(rows: torch.Tensor, count: int) -> None:
-    expected = torch.arange(count, device=rows.device)
-    if rows.shape != expected.shape or not torch.equal(rows, expected):
-        raise ZoError(f"single-token candidates need one labelled position per row; the "
-                      f"batch's {count} rows have {rows.numel()}")

@@ -20,7 +20,7 @@ def embed(body: nn.Module, config, input_ids: torch.Tensor) -> tuple[torch.Tenso
     """What OPTDecoder.forward gives its first layer."""
     inputs_embeds = body.embed_tokens(input_ids)
     position_ids = positions(input_ids)
-    mask = causal_mask(config, inputs_embeds, position_ids)
+    mask = causal_mask(config, inputs_embeds)
     pos_embeds = body.embed_positions(None, 0, position_ids=position_ids)
     if body.project_in is not None:
         inputs_embeds = body.project_in(inputs_embeds)

@@ -29,6 +29,7 @@ class LostUpdates:
     dtype: torch.dtype
     quiet: bool = False
     result: dict | None = None
+    _counts: tuple | None = None
 
     def before(self, theta: torch.Tensor, block: int) -> torch.Tensor | None:
         """A copy of what the check compares against, when this update is checked."""
@@ -38,17 +39,27 @@ class LostUpdates:
 
     def after(self, theta: torch.Tensor, z: torch.Tensor, before: torch.Tensor | None, *,
               g: float) -> None:
-        """Count the elements whose exact update (lr * g * z) was nonzero but whose
-        stored value did not change; warn with the share once."""
+        """Count, on the device, the elements whose exact update (lr * g * z) was
+        nonzero but whose stored value did not change; `settle` reads the counts once
+        the step is done (a read here would make a GPU's host wait mid-step)."""
         if before is None or not g:
             return
         count = before.numel()
         moved = z[:count] != 0
-        lost = (theta[:count] == before) & moved
-        share = float(lost.sum()) / max(1, int(moved.sum()))
-        changed = float((theta[:count] != before).sum()) / max(1, count)
+        self._counts = (count, g, torch.stack([((theta[:count] == before) & moved).sum(),
+                                               moved.sum(), (theta[:count] != before).sum()]))
+        self.result = {}        # checked: no later update is looked at
+
+    def settle(self) -> None:
+        """After the step (the device idle): the shares, and for "plain" the warning."""
+        if self._counts is None:
+            return
+        count, g, counts = self._counts
+        lost, moved, changed = counts.tolist()
+        self._counts = None
+        share = lost / max(1, moved)
         self.result = {"update": self.update, "block": 0, "elements": count,
-                       "lost_share": round(share, 6), "changed_share": round(changed, 6),
+                       "lost_share": round(share, 6), "changed_share": round(changed / max(1, count), 6),
                        "lr": self.lr, "g": g}
         if self.update == "plain" and not self.quiet:
             name = str(self.dtype).removeprefix("torch.")

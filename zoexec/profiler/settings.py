@@ -85,8 +85,12 @@ class Settings:
             wide = {128: [(16, 512), (32, 256)], 256: [(16, 512)], 512: [(8, 512)], 1024: []}
             return [("opt", h, b, s) for h in (128, 256, 512, 1024) for b, s in shapes + wide[h]] \
                 + [("llama", h, b, s) for h in (128, 512) for b, s in shapes + wide[h]]
-        hiddens = [1024, 2048] if self.quick else [1024, 2048, 4096]
-        shapes = [(1, 128), (4, 512)] if self.quick else \
+        # a GPU forward of a few thousand tokens is bound by the host's launches (on an
+        # H200 every OPT block forward up to 2k tokens took 0.6 ms, docs/gpu.md): the
+        # quick grid keeps one such shape per width and one of 16k tokens, where the
+        # GEMMs dominate, so the fit can tell the launch cost from the GEMM rate
+        hiddens = [2048, 4096] if self.quick else [1024, 2048, 4096]
+        shapes = [(1, 128), (8, 2048)] if self.quick else \
             [(1, 64), (1, 256), (2, 512), (4, 1024), (8, 2048)]
         return [("opt", h, b, s) for h in hiddens for b, s in shapes]
 

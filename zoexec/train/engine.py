@@ -153,7 +153,10 @@ class Trainer:
         fp32 scratch. zoplan.memory models exactly these."""
         parts, dev, lay = self.parts, self.env.device, self.env.layout
         count = max(1, min(lay.prefetch, self.store.num_blocks))
-        self.bufs = [torch.zeros(self.store.stride, dtype=parts.param_dtype, device=dev)
+        # not filled: each pass's h2d (or all-gather) writes a buffer whole, padding
+        # included, before anything reads it (a fill here would run on the compute stream,
+        # unordered with the h2d stream's first copy into it)
+        self.bufs = [torch.empty(self.store.stride, dtype=parts.param_dtype, device=dev)
                      for _ in range(count)]
         self.work = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
         self.z = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
@@ -200,9 +203,9 @@ class Trainer:
         if self.cfg.fail_at == (self.env.rank, step):
             raise RuntimeError(f"injected fault at step {step}")
         seed = step_seed(self.cfg.optim.seed, step)
-        self.lanes.begin_step(step)
         start = time.monotonic()
-        batch = self._batch(step)
+        batch = self._batch(step)   # copied while the device is idle, before the step's window
+        self.lanes.begin_step(step)
         with self.lanes.task("embed"):
             acts = self._embed(seed, batch.ids)
         last_d2h = self._blocks(seed, acts)
@@ -213,6 +216,7 @@ class Trainer:
                 _wait(dist.all_reduce(vec, group=self.env.world, async_op=True))
         self.lanes.end_step()
         self._settle_copies()
+        self.rounding.settle()
         total = vec.tolist()
         if not total[2]:
             raise ZoError(f"step {step}: the batch has no labelled token (every label is "
@@ -246,6 +250,7 @@ class Trainer:
         self._blocks(None, None)
         self.lanes.end_step()
         self._settle_copies()
+        self.rounding.settle()
         self.pending = ()
         with failing("flush", rank=self.env.rank):
             zgroups.host_barrier(self.env)
@@ -335,7 +340,7 @@ class Trainer:
         the all-reduce vector [sum l+, sum l-, count, *flags] (float64); the count (the
         labelled tokens, or the examples of the candidate loss) is counted once per
         data shard (by the rank that computes l+)."""
-        vec = torch.tensor([0.0, 0.0, 0.0, *flags], dtype=torch.float64, device=self.env.device)
+        vec = loss_vector(flags, self.env.device)
         for turn, index in enumerate(reversed(range(len(self.signs)))):
             sign = self.signs[index]
             if turn:
@@ -343,7 +348,7 @@ class Trainer:
             total, count = heads.loss_sum(self.parts, acts[index][0], batch)
             vec[0 if sign > 0 else 1] = total.double()
             if sign > 0:
-                vec[2] = count
+                put(vec, 2, count)
         return vec
 
     # ---- blocks ------------------------------------------------------------------------
@@ -544,6 +549,23 @@ class Trainer:
                 self.store.piece(block, self.slice_index, lay.slices).copy_(shard)
         with failing("shards", rank=self.env.rank):
             zgroups.host_barrier(self.env, node_only=True)
+
+
+def loss_vector(flags: tuple, device: torch.device) -> torch.Tensor:
+    """The step's all-reduce vector [sum l+, sum l-, count, *flags] (float64), filled on
+    the device: a host tensor copied to a GPU (torch.tensor(..., device=...)) would make
+    the host wait for every task queued before it on the stream."""
+    vec = torch.zeros(3 + len(flags), dtype=torch.float64, device=device)
+    for index, flag in enumerate(flags):
+        if flag:
+            put(vec, 3 + index, flag)
+    return vec
+
+
+def put(vec: torch.Tensor, index: int, value: float) -> None:
+    """vec[index] = value, a Python number, as a fill on the device (`vec[i] = 2.0`
+    copies a one-element host tensor: on a GPU the host waits for the stream)."""
+    vec[index:index + 1].fill_(value)
 
 
 def _piece(flat: torch.Tensor, part: int, parts: int) -> torch.Tensor:

@@ -40,7 +40,7 @@ from zoexec.model.lora import (
 )
 from zoexec.runtime import groups as zgroups
 from zoexec.store.node import store_staging
-from zoexec.train.engine import Trainer, _wait
+from zoexec.train.engine import Trainer, _wait, loss_vector, put
 from zoplan.errors import ZoError
 from zoplan.plan import Plan
 
@@ -155,12 +155,12 @@ class LoraTrainer(Trainer):
         """The engine's head (zoexec.model.heads.loss_sum, the task's loss at its labelled
         positions) on each perturbation's activations; the resident parts are frozen,
         so nothing is rebuilt between them."""
-        vec = torch.tensor([0.0, 0.0, 0.0, *flags], dtype=torch.float64, device=self.env.device)
+        vec = loss_vector(flags, self.env.device)
         for index, sign in enumerate(self.signs):
             total, count = heads.loss_sum(self.parts, acts[index][0], batch)
             vec[0 if sign > 0 else 1] = total.double()
             if sign > 0:
-                vec[2] = count
+                put(vec, 2, count)
         return vec
 
     def _offloaded_pass(self, block: int, buf: torch.Tensor, seed, acts, stamp: int, *, after):
