@@ -110,7 +110,7 @@ EVAL_PARAMS = [
                                 "save_to_disk folder")]),
     inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
         bool, typer.Option("--json", help="Print the metrics as one JSON object")]),
-    *section_params(TaskOptions, skip=("data", "eval_data")),
+    *section_params(TaskOptions, skip=("data", "eval_data", "demonstrations_in_training")),
     *section_params(EvalOptions), *section_params(RuntimeOptions, keep=("threads",))]
 app.command("eval")(with_params(eval_cmd, EVAL_PARAMS))
 

@@ -52,6 +52,10 @@ def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
                         if f.name in values})
     runtime = RuntimeOptions(threads=values.pop("threads", None))
     task = TaskOptions(data=str(data), eval_data=str(data), **with_preset(values))
+    if task.demonstrations and not task.demonstrations_data:
+        raise ZoError(f"--demonstrations {task.demonstrations} needs --demonstrations-data "
+                      f"FILE, the training file the demonstrations come from (here --data "
+                      f"is the evaluated file)")
     model_dir = Path(model_dir)
     adapters = _adapters(model_dir, ev.base)
     weights_dir = Path(adapters["base"]) if adapters else model_dir
