@@ -51,7 +51,7 @@ def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
     """The plan's per-task times on `profile` (zoplan.sim.taskwork.task_times; LoRA's
     zoplan.sim.lorawork.lora_task_times)."""
     lay, wl = plan.layout, plan.workload
-    times = lora_task_times if wl.is_lora else taskwork.task_times
+    times = lora_task_times if wl.frozen_base else taskwork.task_times
     return times(model=plan.model, profile=profile, workload=wl,
                  tokens=wl.priced_tokens(lay.ddp),
                             streams=2 if lay.pertp == 1 else 1, local_ranks=lay.local_ranks)

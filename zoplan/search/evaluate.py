@@ -247,7 +247,7 @@ def zo2_baseline(req: Request, workload: Workload) -> Candidate:
     (zo-algorithms.md; zoexec.reference.mezo_reference_train), where zoexec draws it
     twice (zoplan.sim.taskwork.task_times, schedule "zo2"). ZO2 trains every weight:
     against a LoRA winner it is ZO2 in the same precision, full-parameter."""
-    if workload.is_lora:
+    if workload.frozen_base:
         workload = Workload.for_update(batch=workload.batch, seq=workload.seq,
                                        compute_dtype=workload.compute_dtype,
                                        update=default_update(workload.compute_dtype),

@@ -147,15 +147,15 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     tokens = workload.priced_tokens(layout.ddp)
     streams = 2 if layout.pertp == 1 else 1
     block = float(model.block_bytes(workload.param_dtype))
-    times = lora_task_times if workload.is_lora else task_times
+    times = lora_task_times if workload.frozen_base else task_times
     work = times(model=model, profile=profile, workload=workload, tokens=tokens,
                  streams=streams, local_ranks=lr,
-                 **({} if workload.is_lora else {"schedule": schedule}))
+                 **({} if workload.frozen_base else {"schedule": schedule}))
     parts = work.pop("parts")
     work.update(_placement_work(model=model, profile=profile, workload=workload,
                                 layout=layout, parts=parts, resident=resident,
                                 period=period, update_s=work["update_s"]))
-    if workload.is_lora:
+    if workload.frozen_base:
         work.update(_read_only(work))
     issue = host_issue(profile, layout, work.pop("issue"), work.pop("issue_parts"))
     links = node_links(profile, lr)
@@ -170,7 +170,7 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
         links=links, rank_factors=rank_factors(profile, lr),
         fence_s=small_s if not profile.is_cpu and fence_needed(layout) else 0.0,
         contended=contended_links(profile, links), **transfer_flows(profile, layout, block))
-    if workload.is_lora:
+    if workload.frozen_base:
         costs = dataclasses.replace(costs, read_only=True, fence_s=0.0,
                                     d2h=tuple(() for _ in range(lr)))
     return shared_gpu(costs, profile.overlap_slowdown)
