@@ -163,6 +163,8 @@ def test_a_killed_run_resumes_to_the_same_adapters(runs, tmp_path):
     assert (out / "snapshots" / "step-000001" / "adapter_model.safetensors").is_file()
     resumed = build_config(plan=tmp_path / "plan.json", resume=str(out), threads=1, quiet=True)
     assert resumed.start_step == 2 and resumed.weights == "random"
+    # from the snapshot (its checksums hold), not from the initial adapters and the log
+    assert resumed.load_from.endswith("step-000001") and resumed.replay == () and not resumed.notes
     spawn_local(resumed)
     got = load_file(str(out / "final" / "adapter_model.safetensors"))
     for key, tensor in runs["one"]["adapters"].items():

@@ -31,8 +31,7 @@ from zoexec.runtime import groups as zgroups
 from zoexec.runtime import lanes as zlanes
 from zoexec.store.loading import weight_files
 from zoexec.store.node import close_store, load_node_model, share_read_flags
-from zoexec.train.engine import Trainer
-from zoexec.train.lora import LoraTrainer
+from zoexec.train.prefix import trainer_class
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
@@ -64,8 +63,7 @@ def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
         raise ZoError(f"data file {data} does not exist")
     model = get_model(str(weights_dir))
     seq = min(EVAL_SEQ, model.max_positions) if ev.seq is None else ev.seq
-    lora = {"tuning": "lora", "lora_r": adapters["r"], "lora_alpha": adapters["alpha"],
-            "lora_targets": adapters["targets"]} if adapters else {}
+    lora = adapters["workload"] if adapters else {}
     workload = Workload(batch=ev.eval_batch, seq=seq, param_dtype=ev.precision,
                         compute_dtype=ev.precision, **lora)
     plan = hand_plan(model=model, layout=Layout(), workload=workload, device_kind=_device_kind(),
@@ -78,23 +76,39 @@ def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
 
 
 def _adapters(folder: Path, base: str | None) -> dict | None:
-    """A PEFT LoRA folder's settings with its base folder resolved (--base, else its
-    adapter_config.json's); None for any other folder."""
-    from zoexec.model.lora import ADAPTER_CONFIG, adapter_settings, check_adapter_file
+    """A PEFT LoRA or prefix-tuning folder's base folder (--base, else its
+    adapter_config.json's) and the workload keys of its tuning; None for any other
+    folder."""
+    from zoexec.model.lora import (
+        ADAPTER_CONFIG,
+        ADAPTER_WEIGHTS,
+        adapter_settings,
+        check_adapter_file,
+    )
+    from zoexec.model.prefix import is_prefix_folder, prefix_settings
 
     if not (folder / ADAPTER_CONFIG).is_file():
         if base is not None:
             raise ZoError(f"--base {base}: {folder} is not an adapter folder (no "
-                          f"{ADAPTER_CONFIG}); --base is the base of LoRA adapters")
+                          f"{ADAPTER_CONFIG}); --base is the base of LoRA or prefix adapters")
         return None
-    settings = adapter_settings(folder)
+    if is_prefix_folder(folder):
+        settings = prefix_settings(folder)
+        workload = {"tuning": "prefix", "prefix_tokens": settings["tokens"]}
+    else:
+        settings = adapter_settings(folder)
+        workload = {"tuning": "lora", "lora_r": settings["r"], "lora_alpha": settings["alpha"],
+                    "lora_targets": settings["targets"]}
     given = base or settings["base"]
     if not given or not (Path(given) / "config.json").is_file():
-        raise ZoError(f"{folder} holds LoRA adapters whose base model folder "
+        raise ZoError(f"{folder} holds adapters whose base model folder "
                       f"{given or '(none recorded)'} has no config.json: give --base DIR, "
                       f"the model folder the run trained on")
     check_adapter_file(folder)
-    return {**settings, "base": given}
+    problem = check_safetensors(folder / ADAPTER_WEIGHTS)   # whole (PEFT's: no state.json)
+    if problem:
+        raise ZoError(problem)
+    return {"workload": workload, "base": given}
 
 
 def _check_model_folder(model_dir: Path, task: TaskOptions) -> None:
@@ -127,10 +141,10 @@ def eval_model(cfg) -> dict[str, float]:
             zgroups.set_threads(cfg.runtime.threads, 1)
             with torch.no_grad(), quiet_libraries(True):
                 parts, store = load_node_model(cfg, env, cfg.run_id)
-                lora = cfg.workload.is_lora   # a read-only store: no read stamps
+                lora = cfg.workload.frozen_base   # a read-only store: no read stamps
                 flags = None if lora else share_read_flags(env, cfg.run_id,
                                                            num_blocks=store.num_blocks)
-                trainer = (LoraTrainer if lora else Trainer)(
+                trainer = trainer_class(cfg.workload)(
                     cfg=cfg, env=env, parts=parts, store=store, source=None,
                     lanes=zlanes.make_lanes(env, epoch_s=0.0), flags=flags)
                 metrics = evaluator.run(trainer)

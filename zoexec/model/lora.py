@@ -139,34 +139,47 @@ def peft_key(layer_prefix: str, block: int, name: str) -> str:
 
 
 def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer_prefix: str,
-                  base: str, state: dict, tokenizer_from: Path | None = None) -> Path:
+                  base: str, state, tokenizer_from: Path | None = None) -> Path:
     """Write `folder` atomically as a PEFT adapter folder (module docstring) from the
     [blocks, numel] fp32 `adapters`, with the tokenizer files of model folder
     `tokenizer_from` (the base's: AutoTokenizer.from_pretrained(folder) works);
     non-finite adapters are refused."""
     from peft import LoraConfig
-    from safetensors.torch import save_file
-
-    from zoexec.model.export import copy_tokenizer
 
     if not bool(torch.isfinite(adapters).all()):
         raise ZoError("the LoRA adapters hold non-finite weights: not saved (the run "
                       "diverged; resume from an earlier snapshot with a smaller --lr)")
+    tensors = {peft_key(layer_prefix, b, t.name):
+               adapters[b, t.offset:t.stop].view(t.shape).to("cpu", torch.float32).clone()
+               for b in range(adapters.shape[0]) for t in spec.specs}
+    config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, target_modules=list(spec.targets),
+                        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                        base_model_name_or_path=base)
+    return write_peft_folder(folder, tensors, config, state=state, tokenizer_from=tokenizer_from)
+
+
+def write_peft_folder(folder: Path, tensors: dict, config, *, state,
+                      tokenizer_from: Path | None = None) -> Path:
+    """A PEFT adapter folder written aside and renamed (whole or absent): the tensors
+    as adapter_model.safetensors, the PEFT `config` (its save_pretrained), the tokenizer
+    files of `tokenizer_from` and state.json: `state` (or a function of the folder
+    written so far that returns it: the run's checksums of its files, which a resume
+    checks before it trusts the folder) and the weights' sha256."""
+    from safetensors.torch import save_file
+
+    from zoexec.model.export import copy_tokenizer
+
     folder = Path(folder)
     tmp = folder.with_name(f".{folder.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        tensors = {peft_key(layer_prefix, b, t.name):
-                   adapters[b, t.offset:t.stop].view(t.shape).to("cpu", torch.float32).clone()
-                   for b in range(adapters.shape[0]) for t in spec.specs}
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        LoraConfig(r=spec.r, lora_alpha=spec.alpha, target_modules=list(spec.targets),
-                   lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
-                   base_model_name_or_path=base).save_pretrained(str(tmp))
-        state = {**state, "adapter_sha256": _sha256(tmp / ADAPTER_WEIGHTS)}
-        (tmp / STATE).write_text(json.dumps(state, indent=1, allow_nan=False) + "\n")
+        config.save_pretrained(str(tmp))
         copy_tokenizer(tokenizer_from, tmp)
+        state = {**(state(tmp) if callable(state) else state),
+                 "adapter_sha256": _sha256(tmp / ADAPTER_WEIGHTS)}
+        (tmp / STATE).write_text(json.dumps(state, indent=1, allow_nan=False) + "\n")
         for path in tmp.iterdir():
             if path.is_file():
                 with path.open("rb") as handle:
@@ -211,21 +224,17 @@ def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
 
 
 def check_adapter_file(folder: Path) -> None:
-    """ZoError unless the folder's weights file is whole: the sha256 its state.json
-    recorded (a folder zoexec wrote), else (PEFT's own save_pretrained writes none) a
-    safetensors file whose header and size agree."""
-    from zoexec.run.verify import check_safetensors
-
+    """ZoError unless the folder's weights file is the one its state.json recorded (its
+    sha256: a folder zoexec wrote). A folder without state.json (PEFT's own
+    save_pretrained writes none) is checked by whoever reads it: `zoexec eval` checks
+    the file's framing (zoexec.launch.evaluate); a resume reads only snapshots with a
+    state.json whose checksums hold (zoexec.run.folder)."""
     folder = Path(folder)
     if (folder / STATE).is_file():
         want = _read_json(folder / STATE).get("adapter_sha256")
         if want != _sha256(folder / ADAPTER_WEIGHTS):
             raise ZoError(f"{folder / ADAPTER_WEIGHTS} does not match the sha256 its state.json "
                           f"recorded: the adapters were changed or torn")
-        return
-    problem = check_safetensors(folder / ADAPTER_WEIGHTS)
-    if problem:
-        raise ZoError(problem)
 
 
 # PEFT LoraConfig settings that change what the adapters compute; each must be off
@@ -294,9 +303,12 @@ def merge_adapters(adapter_dir: Path, base_dir: Path, out_dir: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     from zoexec.model.export import copy_tokenizer
-
     if not is_adapter_folder(adapter_dir):
         raise ZoError(f"--merge {adapter_dir}: not a LoRA adapter folder (no {ADAPTER_WEIGHTS})")
+    if _read_json(Path(adapter_dir) / ADAPTER_CONFIG).get("peft_type") == "PREFIX_TUNING":
+        raise ZoError(f"--merge {adapter_dir}: a prefix has no weights to merge into the base "
+                      f"(it is extra keys and values); load it with PeftModel.from_pretrained "
+                      f"or evaluate it with zoexec eval {adapter_dir}")
     if not (Path(base_dir) / "config.json").is_file():
         raise ZoError(f"--base {base_dir}: not an HF model folder (no config.json)")
     try:

@@ -237,7 +237,7 @@ class TrainLoop:
 
     def _write_weights(self, path: Path | None, step: int, **state) -> None:
         trainer = self.trainer
-        if self.cfg.workload.is_lora:   # the adapters alone (every rank holds them)
+        if self.cfg.workload.frozen_base:   # the adapters or prefixes alone (every rank's)
             self._write_adapters(path, step, **state)
             return
         store = trainer.store
@@ -258,9 +258,10 @@ class TrainLoop:
 
 
     def _write_adapters(self, path: Path, step: int, **state) -> None:
-        """A LoRA run's weights: rank 0 writes the adapters as a PEFT folder."""
+        """A LoRA or prefix run's weights: rank 0 writes them as a PEFT folder."""
         if self.env.rank == 0:
-            self.trainer.save(path, step=step, **state)
+            self.trainer.save(path, step=step,
+                              state=lambda tmp: {**state, "files": folder_checksums(tmp)})
         monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the adapters",
                           timeout_s=self.env.timeout_s)
 

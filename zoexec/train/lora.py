@@ -71,20 +71,28 @@ class LoraTrainer(Trainer):
         self.work_r = resident.to(dev)
         self.theta_r = self.work_r       # frozen: the clean copy is the working one
         bind_resident(parts, self.work_r)
-        wl = self.cfg.workload
-        self.lora = lora_spec(parts.block, r=wl.lora_r, alpha=wl.lora_alpha,
-                              targets=wl.lora_targets)
-        self.adapters = self._initial_adapters().to(dev)
-        self.work_a = torch.empty(self.lora.numel, dtype=parts.dtype, device=dev)
-        self.z_a = torch.empty(self.lora.numel, dtype=torch.float32, device=dev)
-        self.hooks = AdapterHooks(parts.block, self.lora)
-        self.hooks.bind(self.work_a)
+        self.lora = self._tuned_spec()
         self.work = self.z = self.z_r = None
         self.scratch = []
         self.block_now = 0
         self.staging = store_staging(self.env, self.store)
         self.token = torch.zeros(1, device=dev)
+        self.adapters = self._initial_adapters().to(dev)
+        self.work_a = torch.empty(self.lora.numel, dtype=parts.dtype, device=dev)
+        self.z_a = torch.empty(self.lora.numel, dtype=torch.float32, device=dev)
+        self._attach(self.work_a)
         self._allocate_shards()
+
+    def _tuned_spec(self):
+        """The trained tensors of a block (their specs and numel): LoRA's adapters."""
+        wl = self.cfg.workload
+        return lora_spec(self.parts.block, r=wl.lora_r, alpha=wl.lora_alpha,
+                         targets=wl.lora_targets)
+
+    def _attach(self, work: torch.Tensor) -> None:
+        """Make the working block compute with the working tensors `work`."""
+        self.hooks = AdapterHooks(self.parts.block, self.lora)
+        self.hooks.bind(work)
 
     def _initial_adapters(self) -> torch.Tensor:
         """[blocks, numel] fp32: a resumed run's snapshot (checked), else PEFT's
@@ -194,14 +202,22 @@ class LoraTrainer(Trainer):
     def store_shards(self) -> None:
         """Nothing: the base is never changed, the store already holds it."""
 
-    def save(self, folder, *, step: int, **state) -> None:
+    def save(self, folder, *, step: int, state=None) -> None:
         """Rank 0: the adapters as a PEFT folder with the base's tokenizer
-        (zoexec.model.lora.save_adapters); `state`: more for its state.json (best/'s
-        metric)."""
+        (zoexec.model.lora.save_adapters); `state(tmp)`: more for its state.json (the
+        run's checksums of the files, best/'s metric)."""
         cfg = self.cfg
         path = cfg.model.model_path   # absolute: `zoexec eval FOLDER` finds it from anywhere
         base = str(Path(path).resolve()) if path else Plan(cfg.plan).model.name
         source = Path(cfg.source_dir) if cfg.source_dir else None
         save_adapters(folder, self.adapters.cpu(), self.lora, layer_prefix=self.parts.layer_prefix,
                       base=base, tokenizer_from=source,
-                      state={"step": step, "seed": cfg.optim.seed, "tuning": "lora", **state})
+                      state=folder_state(step, cfg.optim.seed, "lora", state))
+
+
+def folder_state(step: int, seed: int, tuning: str, more):
+    """state.json of a saved adapter or prefix folder: the step, the seed, the tuning,
+    and what `more(tmp)` adds (the caller's: the files' checksums, best/'s metric)."""
+    def state(tmp):
+        return {"step": step, "seed": seed, "tuning": tuning, **(more(tmp) if more else {})}
+    return state

@@ -1,0 +1,151 @@
+"""Prefix-tuning runs on the CPU with gloo: a layout of PertP 2 with resident sliced
+blocks trains the same prefixes as one rank, bit for bit; nothing is written back;
+final/ is a PEFT prefix folder; a killed run resumes to the same prefixes; on a model
+folder with a tokenizer, `zoexec eval final/` gives the run's last evaluation, and
+export --merge says a prefix has nothing to merge."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from zoexec.cli import app
+from zoexec.config import RunConfig
+from zoexec.launch.spawn import RankFailure, spawn_local
+from zoexec.options import build_config
+from zoplan.handplan import hand_plan
+from zoplan.layout import Layout
+from zoplan.models import get_model
+from zoplan.trace import read_trace
+from zoplan.workload import Workload
+
+MODEL, SEED, STEPS, LR, EPS = "tiny-opt", 3, 3, 1e-2, 1e-1
+WORKLOAD = Workload.for_prefix(batch=4, seq=16, compute_dtype="fp32")
+LAYOUTS = {"one": (Layout(), ()), "pertp2-s2-resident": (Layout(pertp=2, slices=2, prefetch=1), (1, 2))}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config(tmp, name, layout, resident=(), **kw) -> RunConfig:
+    plan = hand_plan(model=MODEL, layout=layout, workload=WORKLOAD, resident=resident)
+    return RunConfig.make(plan=plan.data, plan_path=f"{name}.json", steps=STEPS, seed=SEED,
+                          lr=LR, eps=EPS, threads=1, quiet=True, out=str(tmp / name / "out"),
+                          trace=str(tmp / name / "trace"), run_id=f"t{uuid.uuid4().hex[:10]}",
+                          **kw)
+
+
+def _losses(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prefix")
+    out = {}
+    for name, (layout, resident) in LAYOUTS.items():
+        spawn_local(_config(tmp, name, layout, resident))
+        folder = tmp / name / "out"
+        out[name] = {"losses": _losses(folder), "final": folder / "final",
+                     "prefix": load_file(str(folder / "final" / "adapter_model.safetensors")),
+                     "trace": read_trace(tmp / name / "trace")}
+    return out
+
+
+def test_pertp2_with_resident_slices_trains_the_prefixes_of_one_rank(runs):
+    one, other = runs["one"], runs["pertp2-s2-resident"]
+    for a, b in zip(one["losses"], other["losses"], strict=True):
+        assert (a["loss_plus"], a["loss_minus"], a["g"]) == (b["loss_plus"], b["loss_minus"], b["g"])
+    assert one["losses"][0]["loss_plus"] != one["losses"][0]["loss_minus"]   # eps moved the loss
+    table = one["prefix"]["prompt_embeddings"]
+    assert table.shape == (5, get_model(MODEL).num_layers * 2 * get_model(MODEL).kv_dim)
+    assert (table == other["prefix"]["prompt_embeddings"]).all()
+    for run in runs.values():
+        kinds = {s.kind for s in run["trace"][1]}
+        assert "d2h" not in kinds and {"update", "forward", "head"} <= kinds
+    config = json.loads((one["final"] / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["num_virtual_tokens"]) == ("PREFIX_TUNING", 5)
+
+
+def test_a_killed_prefix_run_resumes_to_the_same_prefixes(runs, tmp_path):
+    plan = hand_plan(model=MODEL, layout=Layout(), workload=WORKLOAD)
+    plan.save(tmp_path / "plan.json")
+    out = tmp_path / "out"
+    options = dict(steps=STEPS, seed=SEED, lr=LR, eps=EPS, threads=1, quiet=True,
+                   out=str(out), save_every="1")
+    cfg = build_config(plan=tmp_path / "plan.json", **options).replaced(fail_at=(0, 2))
+    with pytest.raises(RankFailure):
+        spawn_local(cfg)
+    assert (out / "snapshots" / "step-000001" / "adapter_model.safetensors").is_file()
+    resumed = build_config(plan=tmp_path / "plan.json", resume=str(out), threads=1, quiet=True)
+    assert resumed.start_step == 2
+    assert resumed.load_from.endswith("step-000001") and resumed.replay == () and not resumed.notes
+    spawn_local(resumed)
+    got = load_file(str(out / "final" / "adapter_model.safetensors"))["prompt_embeddings"]
+    assert (got == runs["one"]["prefix"]["prompt_embeddings"]).all()
+    assert [r["g"] for r in _losses(out)] == [r["g"] for r in runs["one"]["losses"]]
+
+
+def test_a_prefix_run_of_a_model_folder_evaluates_and_loads(tmp_path):
+    """`zoexec eval final/` (the base from adapter_config.json) gives the run's last
+    evaluation; final/ has the tokenizer; export --merge refuses in one line."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    from make_model import make_model
+    from transformers import AutoTokenizer
+
+    base = make_model(tmp_path / "micro", size="micro", seed=0)
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join((ROOT / "examples/sentiment/test.jsonl").read_text()
+                            .splitlines(keepends=True)[:24]))
+    task = ["--task", "classification", "--template", "{sentence} It was",
+            "--label-words", "terrible,great"]
+    plan = tmp_path / "plan.json"
+    hand_plan(model=get_model(str(base)), layout=Layout(),
+              workload=Workload.for_prefix(batch=8, seq=48, compute_dtype="fp32")).save(plan)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "run", str(plan), "--model-path", str(base), "--data",
+        str(ROOT / "examples/sentiment/train.jsonl"), *task, "--eval-data", str(test),
+        "--steps", "4", "--lr", "1e-2", "--eps", "1e-1", "--out", str(out), "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "load: PeftModel.from_pretrained(" in result.output
+    assert AutoTokenizer.from_pretrained(out / "final")("It was great")["input_ids"]
+    last = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()
+            if "eval_loss" in x][-1]
+    result = CliRunner().invoke(app, ["eval", str(out / "final"), "--data", str(test), *task,
+                                      "--batch", "8", "--seq", "48", "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output.strip().splitlines()[-1])
+    assert shown["eval_accuracy"] == last["eval_accuracy"]
+    assert shown["eval_loss"] == pytest.approx(last["eval_loss"], rel=1e-6)
+    accuracy, loss = _peft_metrics(base, out / "final", test)   # PEFT's own prefix forward
+    assert shown["eval_accuracy"] == accuracy and shown["eval_loss"] == pytest.approx(loss, rel=1e-5)
+    result = CliRunner().invoke(app, ["export", "--merge", str(out / "final"), "--base", str(base),
+                                      "-o", str(tmp_path / "merged")])
+    assert result.exit_code == 2 and "a prefix has no weights to merge" in result.output
+
+
+def _peft_metrics(base: Path, final: Path, data: Path) -> tuple[float, float]:
+    """Accuracy and the candidate loss of PeftModel.from_pretrained(base, final), one
+    example a forward: the label words' log-probabilities at the prompt's last token."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(final)).eval()
+    tok = AutoTokenizer.from_pretrained(final)
+    words = [tok(" " + w, add_special_tokens=False)["input_ids"][0] for w in ("terrible", "great")]
+    right, loss = 0, 0.0
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    with torch.no_grad():
+        for row in rows:
+            prompt = tok(row["sentence"] + " It was")["input_ids"]
+            logp = torch.log_softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1].double(), -1)
+            scores = torch.stack([logp[w] for w in words])
+            right += int(scores[1] > scores[0]) == row["label"]
+            loss -= float(torch.log_softmax(scores, -1)[row["label"]])
+    return right / len(rows), loss / len(rows)
