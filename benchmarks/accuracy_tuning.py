@@ -8,8 +8,8 @@ rate for --grid-steps steps, evaluates --eval-samples held-out sentences (drawn 
 fixed seed, the same for every rate) after the last step, and records the training
 loss (first and last fifth), the held-out accuracy and loss and the seconds per step.
 The zero-shot figure on the same sentences is `zoexec eval` of the base with the same
---eval-samples. MeZO's eps for adapters and prefixes is 1e-2 (its LoRA and prefix
-runs); full-parameter MeZO's is 1e-3 (bench_accuracy's default for --tuning full).
+--eval-samples. eps defaults to MeZO's for the tuning: 1e-3 full, 1e-2 LoRA, 1e-1 prefix
+(its README's runs: `MODE=lora LR=5e-5 EPS=1e-2`, `MODE=prefix LR=1e-3 EPS=1e-1`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 from accuracy_zoexec import step_seconds
 
 TUNINGS = ("full", "lora", "prefix")
-EPS = {"full": 1e-3, "lora": 1e-2, "prefix": 1e-2}   # MeZO's (arXiv 2305.17333, its appendix)
+EPS = {"full": 1e-3, "lora": 1e-2, "prefix": 1e-1}   # MeZO's runs (arXiv 2305.17333; its code)
 
 
 def sweep_name(args, lr: float) -> str:

@@ -68,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-5)
     p.add_argument("--eps", type=float, help="perturbation scale (default: MeZO's for the "
-                   "--tuning: 1e-3 full, 1e-2 lora and prefix)")
+                   "--tuning: 1e-3 full, 1e-2 lora, 1e-1 prefix)")
     p.add_argument("--tuning", choices=TUNINGS, default="full",
                    help="what zoexec's runs train (zoplan optimize --tuning; the plain loop is "
                    "full MeZO)")
