@@ -149,3 +149,13 @@ def _peft_metrics(base: Path, final: Path, data: Path) -> tuple[float, float]:
             right += int(scores[1] > scores[0]) == row["label"]
             loss -= float(torch.log_softmax(scores, -1)[row["label"]])
     return right / len(rows), loss / len(rows)
+
+
+def test_a_prefix_option_that_is_not_the_plans_is_refused(tmp_path):
+    from zoplan.errors import ZoError
+
+    hand_plan(model=MODEL, layout=Layout(), workload=WORKLOAD).save(tmp_path / "plan.json")
+    with pytest.raises(ZoError, match="--prefix-tokens 4: must be 5, the plan's"):
+        build_config(plan=tmp_path / "plan.json", prefix_tokens=4)
+    with pytest.raises(ZoError, match="--tuning lora: must be prefix, the plan's"):
+        build_config(plan=tmp_path / "plan.json", tuning="lora")
