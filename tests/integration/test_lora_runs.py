@@ -9,7 +9,8 @@ adapters and ends where an uninterrupted run does."""
 from __future__ import annotations
 
 import json
-import uuid
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,6 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from zoexec.cli import app
-from zoexec.config import RunConfig
 from zoexec.data.text import SyntheticTask
 from zoexec.launch.spawn import RankFailure, spawn_local
 from zoexec.model.export import export_weights
@@ -28,8 +28,10 @@ from zoexec.store.loading import build_parts
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
-from zoplan.trace import read_trace
 from zoplan.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from frozen_base import layout_runs  # noqa: E402
 
 MODEL, SEED, STEPS, LR, EPS = "tiny-opt", 3, 3, 1e-3, 1e-2
 WORKLOAD = Workload(batch=4, seq=16, param_dtype="fp32", compute_dtype="fp32", tuning="lora")
@@ -44,29 +46,12 @@ LAYOUTS = {   # name: (layout, resident blocks)
 }
 
 
-def _config(tmp, name, layout, resident=(), **kw) -> RunConfig:
-    plan = hand_plan(model=MODEL, layout=layout, workload=WORKLOAD, resident=resident)
-    return RunConfig.make(plan=plan.data, plan_path=f"{name}.json", steps=STEPS, seed=SEED,
-                          lr=LR, eps=EPS, threads=1, quiet=True, out=str(tmp / name / "out"),
-                          trace=str(tmp / name / "trace"), run_id=f"t{uuid.uuid4().hex[:10]}",
-                          **kw)
-
-
-def _losses(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
+SETTINGS = dict(model=MODEL, workload=WORKLOAD, steps=STEPS, seed=SEED, lr=LR, eps=EPS)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lora")
-    out = {}
-    for name, (layout, resident) in LAYOUTS.items():
-        spawn_local(_config(tmp, name, layout, resident))
-        folder = tmp / name / "out"
-        out[name] = {"losses": _losses(folder), "final": folder / "final",
-                     "adapters": load_file(str(folder / "final" / "adapter_model.safetensors")),
-                     "trace": read_trace(tmp / name / "trace")}
-    return out
+    return layout_runs(tmp_path_factory.mktemp("lora"), LAYOUTS, **SETTINGS)
 
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "one"])
@@ -77,12 +62,12 @@ def test_every_layout_trains_the_same_adapters(runs, name):
         for key in ("loss_plus", "loss_minus"):
             assert b[key] == pytest.approx(a[key], rel=0 if exact else LOSS_RTOL), (key, a, b)
         assert b["g"] == pytest.approx(a["g"], abs=0 if exact else G_ATOL)
-    assert got["adapters"].keys() == ref["adapters"].keys()
-    for key, tensor in ref["adapters"].items():
+    assert got["weights"].keys() == ref["weights"].keys()
+    for key, tensor in ref["weights"].items():
         if exact:
-            assert torch.equal(got["adapters"][key], tensor), key
+            assert torch.equal(got["weights"][key], tensor), key
         else:
-            torch.testing.assert_close(got["adapters"][key], tensor, rtol=0, atol=A_ATOL)
+            torch.testing.assert_close(got["weights"][key], tensor, rtol=0, atol=A_ATOL)
 
 
 def test_one_rank_equals_the_peft_reference_loop(runs):
@@ -103,7 +88,7 @@ def test_one_rank_equals_the_peft_reference_loop(runs):
         assert rec["loss_minus"] == pytest.approx(lm, rel=1e-6)
         assert rec["g"] == pytest.approx(g, rel=1e-3, abs=1e-3)
     want = get_peft_model_state_dict(wrapped)
-    got = runs["one"]["adapters"]
+    got = runs["one"]["weights"]
     assert got.keys() == want.keys()
     moved = 0.0
     for key, tensor in want.items():
@@ -131,8 +116,8 @@ def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path):
     base = build_hf_model(MODEL, seed=SEED)
     peft_model = PeftModel.from_pretrained(base, str(final))
     loaded = get_peft_model_state_dict(peft_model)   # PEFT took our tensors, every one
-    assert loaded.keys() == runs["one"]["adapters"].keys()
-    for key, tensor in runs["one"]["adapters"].items():
+    assert loaded.keys() == runs["one"]["weights"].keys()
+    for key, tensor in runs["one"]["weights"].items():
         assert torch.equal(loaded[key], tensor), key
     ids = torch.tensor([[5, 6, 7, 8]])
     out = peft_model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
@@ -167,7 +152,7 @@ def test_a_killed_run_resumes_to_the_same_adapters(runs, tmp_path):
     assert resumed.load_from.endswith("step-000001") and resumed.replay == () and not resumed.notes
     spawn_local(resumed)
     got = load_file(str(out / "final" / "adapter_model.safetensors"))
-    for key, tensor in runs["one"]["adapters"].items():
+    for key, tensor in runs["one"]["weights"].items():
         assert torch.equal(got[key], tensor), key
 
 
@@ -190,31 +175,17 @@ def test_a_lora_run_of_a_model_folder_works_on_the_first_try(tmp_path):
     --base) gives the run's last evaluation, best/ its best; export --merge says what it
     read and wrote."""
     import re
-    import sys
-    from pathlib import Path
 
+    from frozen_base import micro_task
     from transformers import AutoTokenizer
 
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root / "examples"))
-    from make_model import make_model
-
-    from zoplan.models import get_model
-
-    base = make_model(tmp_path / "micro", size="micro", seed=0)
-    test = tmp_path / "test.jsonl"
-    test.write_text("".join((root / "examples/sentiment/test.jsonl").read_text()
-                            .splitlines(keepends=True)[:24]))
-    task = ["--task", "classification", "--template", "{sentence} It was",
-            "--label-words", "terrible,great"]
-    plan = tmp_path / "plan.json"
-    hand_plan(model=get_model(str(base)), layout=Layout(),
-              workload=Workload(batch=8, seq=48, param_dtype="fp32", compute_dtype="fp32",
-                                tuning="lora")).save(plan)
+    micro = micro_task(tmp_path, Workload(batch=8, seq=48, param_dtype="fp32",
+                                          compute_dtype="fp32", tuning="lora"))
+    base, test, task = micro.base, micro.test, micro.task
     out = tmp_path / "run"
     result = CliRunner().invoke(app, [
-        "run", str(plan), "--model-path", str(base), "--data",
-        str(root / "examples/sentiment/train.jsonl"), *task, "--eval-data", str(test),
+        "run", str(micro.plan), "--model-path", str(base), "--data", str(micro.train), *task,
+        "--eval-data", str(test),
         "--eval-every", "2", "--steps", "4", "--lr", "5e-2", "--eps", "1e-2", "--out", str(out),
         "--save-every", "2", "--save-best", "eval_loss:max", "--threads", "1"])
     assert result.exit_code == 0, result.output

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -16,44 +15,27 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from zoexec.cli import app
-from zoexec.config import RunConfig
 from zoexec.launch.spawn import RankFailure, spawn_local
 from zoexec.options import build_config
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.models import get_model
-from zoplan.trace import read_trace
 from zoplan.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from frozen_base import layout_runs, losses  # noqa: E402
 
 MODEL, SEED, STEPS, LR, EPS = "tiny-opt", 3, 3, 1e-2, 1e-1
 WORKLOAD = Workload.for_prefix(batch=4, seq=16, compute_dtype="fp32")
 LAYOUTS = {"one": (Layout(), ()), "pertp2-s2-resident": (Layout(pertp=2, slices=2, prefetch=1), (1, 2))}
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def _config(tmp, name, layout, resident=(), **kw) -> RunConfig:
-    plan = hand_plan(model=MODEL, layout=layout, workload=WORKLOAD, resident=resident)
-    return RunConfig.make(plan=plan.data, plan_path=f"{name}.json", steps=STEPS, seed=SEED,
-                          lr=LR, eps=EPS, threads=1, quiet=True, out=str(tmp / name / "out"),
-                          trace=str(tmp / name / "trace"), run_id=f"t{uuid.uuid4().hex[:10]}",
-                          **kw)
-
-
-def _losses(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
+SETTINGS = dict(model=MODEL, workload=WORKLOAD, steps=STEPS, seed=SEED, lr=LR, eps=EPS)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("prefix")
-    out = {}
-    for name, (layout, resident) in LAYOUTS.items():
-        spawn_local(_config(tmp, name, layout, resident))
-        folder = tmp / name / "out"
-        out[name] = {"losses": _losses(folder), "final": folder / "final",
-                     "prefix": load_file(str(folder / "final" / "adapter_model.safetensors")),
-                     "trace": read_trace(tmp / name / "trace")}
-    return out
+    return layout_runs(tmp_path_factory.mktemp("prefix"), LAYOUTS, **SETTINGS)
 
 
 def test_pertp2_with_resident_slices_trains_the_prefixes_of_one_rank(runs):
@@ -61,9 +43,9 @@ def test_pertp2_with_resident_slices_trains_the_prefixes_of_one_rank(runs):
     for a, b in zip(one["losses"], other["losses"], strict=True):
         assert (a["loss_plus"], a["loss_minus"], a["g"]) == (b["loss_plus"], b["loss_minus"], b["g"])
     assert one["losses"][0]["loss_plus"] != one["losses"][0]["loss_minus"]   # eps moved the loss
-    table = one["prefix"]["prompt_embeddings"]
+    table = one["weights"]["prompt_embeddings"]
     assert table.shape == (5, get_model(MODEL).num_layers * 2 * get_model(MODEL).kv_dim)
-    assert (table == other["prefix"]["prompt_embeddings"]).all()
+    assert (table == other["weights"]["prompt_embeddings"]).all()
     for run in runs.values():
         kinds = {s.kind for s in run["trace"][1]}
         assert "d2h" not in kinds and {"update", "forward", "head"} <= kinds
@@ -86,30 +68,22 @@ def test_a_killed_prefix_run_resumes_to_the_same_prefixes(runs, tmp_path):
     assert resumed.load_from.endswith("step-000001") and resumed.replay == () and not resumed.notes
     spawn_local(resumed)
     got = load_file(str(out / "final" / "adapter_model.safetensors"))["prompt_embeddings"]
-    assert (got == runs["one"]["prefix"]["prompt_embeddings"]).all()
-    assert [r["g"] for r in _losses(out)] == [r["g"] for r in runs["one"]["losses"]]
+    assert (got == runs["one"]["weights"]["prompt_embeddings"]).all()
+    assert [r["g"] for r in losses(out)] == [r["g"] for r in runs["one"]["losses"]]
 
 
 def test_a_prefix_run_of_a_model_folder_evaluates_and_loads(tmp_path):
     """`zoexec eval final/` (the base from adapter_config.json) gives the run's last
     evaluation; final/ has the tokenizer; export --merge refuses in one line."""
-    sys.path.insert(0, str(ROOT / "examples"))
-    from make_model import make_model
+    from frozen_base import micro_task
     from transformers import AutoTokenizer
 
-    base = make_model(tmp_path / "micro", size="micro", seed=0)
-    test = tmp_path / "test.jsonl"
-    test.write_text("".join((ROOT / "examples/sentiment/test.jsonl").read_text()
-                            .splitlines(keepends=True)[:24]))
-    task = ["--task", "classification", "--template", "{sentence} It was",
-            "--label-words", "terrible,great"]
-    plan = tmp_path / "plan.json"
-    hand_plan(model=get_model(str(base)), layout=Layout(),
-              workload=Workload.for_prefix(batch=8, seq=48, compute_dtype="fp32")).save(plan)
+    micro = micro_task(tmp_path, Workload.for_prefix(batch=8, seq=48, compute_dtype="fp32"))
+    base, test, task = micro.base, micro.test, micro.task
     out = tmp_path / "run"
     result = CliRunner().invoke(app, [
-        "run", str(plan), "--model-path", str(base), "--data",
-        str(ROOT / "examples/sentiment/train.jsonl"), *task, "--eval-data", str(test),
+        "run", str(micro.plan), "--model-path", str(base), "--data", str(micro.train), *task,
+        "--eval-data", str(test),
         "--steps", "4", "--lr", "1e-2", "--eps", "1e-1", "--out", str(out), "--threads", "1"])
     assert result.exit_code == 0, result.output
     assert "load: PeftModel.from_pretrained(" in result.output
