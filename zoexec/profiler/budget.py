@@ -21,11 +21,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-# Shares of an idle round's time per stage, in order (measured on the 2-core CPU machine
-# of docs/figures.md; a GPU round's are the stages of cuda.measure_cuda, estimated).
+# Shares of a round's time per stage, in order. CPU: from a quick profile on the 2-core
+# machine of docs/figures.md under load 7-9 (copies 2 s, forwards 13 s, zo and the speed
+# check under 1 s each, the spawned ranks 30 s of 45 s, 14 s of it starting them), the
+# full grid's longer forwards weighed in; a GPU round's are estimated.
 STAGE_WEIGHTS = {
-    "cpu": (("copies", 0.10), ("forwards", 0.50), ("zo", 0.10), ("speed check", 0.05),
-            ("ranks", 0.25)),
+    "cpu": (("copies", 0.05), ("forwards", 0.45), ("zo", 0.05), ("speed check", 0.05),
+            ("ranks", 0.40)),
     "cuda": (("copies", 0.25), ("forwards", 0.45), ("zo", 0.10), ("collectives", 0.20)),
 }
 FIRST_ROUND_SHARE = 0.55    # the first round's allowance, of the whole budget
