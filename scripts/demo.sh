@@ -56,7 +56,8 @@ $BIN/zoplan optimize --model small-opt --gpus 2 --batch 8 --seq 128 --profile "$
 echo "== 2c. run it (40 steps, random weights, built-in task)"
 $BIN/zoexec run "$OUT/plan-small.json" --init random --steps 40 --out "$OUT/run" --trace "$OUT/trace"
 
-echo "== 2d. predicted vs measured"
+echo "== 2d. predicted vs measured (a warning says so when this machine ran at another speed"
+echo "   than when it was profiled: a busy machine, or a reused profile of another day)"
 $BIN/zoplan calibrate "$OUT/plan-small.json" "$OUT/trace" --profile "$OUT/this-cpu.json"
 $BIN/zoplan show "$OUT/plan-small.json" --trace "$OUT/trace" --width 120
 echo "== 3a. a small local model folder with a tokenizer (examples/make_model.py, no download)"
