@@ -54,7 +54,8 @@ $BIN/zoplan optimize --model small-opt --gpus 2 --batch 8 --seq 128 --profile "$
   -o "$OUT/plan-small.json"
 
 echo "== 2c. run it (40 steps, random weights, built-in task)"
-$BIN/zoexec run "$OUT/plan-small.json" --init random --steps 40 --out "$OUT/run" --trace "$OUT/trace"
+$BIN/zoexec run "$OUT/plan-small.json" --init random --steps 40 --out "$OUT/run" --trace "$OUT/trace" \
+  --overwrite
 
 echo "== 2d. predicted vs measured (a warning says so when this machine ran at another speed"
 echo "   than when it was profiled: a busy machine, or a reused profile of another day)"

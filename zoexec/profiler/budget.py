@@ -91,8 +91,12 @@ class Budget:
         self.last_round_s = self.clock() - self.round_start
 
     def stage(self, name: str) -> float:
-        """Stage `name` of the round begins: its deadline (perf_counter seconds, shared
-        by the spawned ranks: CLOCK_MONOTONIC on Linux)."""
+        """Stage `name` of the round begins ("done": the round's stages are over): its
+        deadline (perf_counter seconds, shared by the spawned ranks: CLOCK_MONOTONIC on
+        Linux)."""
+        if name == "done":
+            self.done_weight = 1.0
+            return self.round_start + self.allowance
         total, self.done_weight = 0.0, 0.0
         for stage, weight in self.weights:
             total += weight
@@ -105,25 +109,27 @@ class Budget:
         return self.deadline
 
     def eta_s(self) -> float:
-        """Seconds until the profile is likely done: the rest of this round (from the
-        last round's length, else from the stages done so far) and the later rounds
-        that fit, never more than the budget left unless the floor is slower."""
+        """Seconds until the profile is likely done: the rest of this round, then the
+        later rounds that fit. The rest of a round: the last round's length where there
+        is one; else, once half the round's weight is done, the pace so far; else what
+        its allowance leaves (late stages are cut to their least work)."""
         now = self.clock()
         in_round = now - self.round_start
         if self.last_round_s is not None:
-            round_s = self.last_round_s
-        elif self.done_weight > 0:
-            round_s = in_round / self.done_weight
+            rest = max(0.0, self.last_round_s - in_round)
+        elif self.done_weight >= 0.5:
+            rest = (1.0 - self.done_weight) * in_round / self.done_weight
         else:
-            round_s = self.allowance
-        rest = max(0.0, round_s - in_round)
-        left = self.seconds - (now - self.start)
-        later = 0.0
+            rest = 0.0
+        if self.done_weight < 1.0:
+            rest = max(rest, self.round_start + self.allowance - now)
+        round_s = self.last_round_s if self.last_round_s is not None else in_round + rest
+        left, later = self.seconds - (now - self.start), 0.0
         for _ in range(self.rounds_planned - self.rounds_done):
             if left - rest - later < ROUND_MARGIN * round_s:
                 break
             later += round_s
-        return max(rest, min(rest + later, left))
+        return rest + later
 
     def report(self, *, samples: int, retaken: int, disturbed_kept: int,
                cut: list[str]) -> dict:

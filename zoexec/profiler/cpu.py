@@ -95,6 +95,7 @@ def measure_cpu(settings: Settings, tick: Callable[[str], None],
     m["speed_check"] = merge_probes(probe.check(), probes)
     deadline = stage("ranks")
     m["ranks"] = spawn_cpu_ranks(settings, deadline=deadline) if settings.ranks > 1 else None
+    stage("done")
     tick(f"{settings.ranks} gloo ranks at once")
     return m
 

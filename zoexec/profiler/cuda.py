@@ -187,6 +187,7 @@ def measure_cuda(settings: Settings, tick: Callable[[str], None],
     stage("collectives")
     m["topology"] = nvlink_matrix(n)
     m["nccl"] = spawn_nccl_ranks(settings) if n > 1 else None
+    stage("done")
     tick("NCCL collectives" if n > 1 else "one GPU: no collectives")
     return m
 
