@@ -121,7 +121,7 @@ class Budget:
             rest = (1.0 - self.done_weight) * in_round / self.done_weight
         else:
             rest = 0.0
-        if self.done_weight < 1.0:
+        if self.done_weight < 1.0 and self.last_round_s is None:
             rest = max(rest, self.round_start + self.allowance - now)
         round_s = self.last_round_s if self.last_round_s is not None else in_round + rest
         left, later = self.seconds - (now - self.start), 0.0
