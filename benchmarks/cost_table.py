@@ -25,8 +25,8 @@ from zoplan.sim.bounds import host_lane_s, step_bounds
 from zoplan.sim.costs import step_costs
 from zoplan.sim.nodes import job_step_s
 
-# Datasheet figures the bounds use (hardware.md [S]); 5 us: the fastest launch from
-# Python hardware.md quotes.
+# Datasheet figures the bounds use (docs/sources.md: a100-ds, h100-ds); 5 us: a fast launch
+# from Python (docs/sources.md: launch).
 SPEC = {"dgx-a100-80gb": {"tflops": 312, "hbm_gbps": 2039, "nvlink_gbps": 300},
         "dgx-h100": {"tflops": 989, "hbm_gbps": 3350, "nvlink_gbps": 450},
         "hgx-h200": {"tflops": 989, "hbm_gbps": 4800, "nvlink_gbps": 450}}

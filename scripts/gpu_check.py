@@ -70,10 +70,10 @@ STAGES = (
           what="z and the update of 2 and 8 slices of a block are the whole block's bits"),
     Stage(name="issue", cuda_s=30, cpu_s=45,
           what="host issue time of a step (no device wait inside it) against its GPU time"),
-    Stage(name="overlap", cuda_s=25, cpu_s=20,
+    Stage(name="overlap", cuda_s=25, cpu_s=8,
           what="a forward beside an update and beside an H2D copy of the same length: "
                "each stream's slowdown; pinned and pageable copies, alone and duplex"),
-    Stage(name="context", cuda_s=10, cpu_s=20,
+    Stage(name="context", cuda_s=10, cpu_s=8,
           what="the CUDA context's and cuBLAS's device bytes as NVML reports them"),
 )
 # the wrapper's install of the carried wheels, and the final writes
@@ -297,7 +297,7 @@ def make_plans() -> None:
         print(f"wrote {out.relative_to(REPO)}")
 
 
-# the committed plans' command (tests/unit/test_gpu_plans.py checks they are today's)
+# the committed plans' command (tests/unit/test_gpu_check_plan.py checks they are today's)
 PLAN_ARGS = ("--model", "opt-1.3b", "--gpus", "1", "--profile", "hgx-h200", "--batch", "8",
              "--seq", "512", "--precision", "bf16")
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: install what is needed, lint, then both tiers of the suite on the CPU:
+# The test command: install what is needed, lint, type-check (mypy: pyproject.toml's
+# [tool.mypy], about 10 s), then both tiers of the suite on the CPU:
 # tests/unit (fast: torch-free or one process) and tests/integration (gloo ranks, the
 # end-to-end loop). Two test processes at a time (pytest-xdist, a file's tests together);
 # the integration files marked `serial` (they kill runs, sweep or count the shared-memory
@@ -9,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
+.venv/bin/mypy
 # byte-code of our own modules, read by every rank the tests start (0.4 s a process
 # where PYTHONDONTWRITEBYTECODE keeps Python from writing it itself)
 .venv/bin/python -m compileall -q -j 0 zoplan zoexec tests >/dev/null

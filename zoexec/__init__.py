@@ -1,8 +1,9 @@
 """zoexec: execute a zoplan plan with torch.distributed (NCCL on CUDA, gloo on CPU).
 
-Modules: models (HF adapters: resident parts + one working decoder block bound to a
-flat buffer), zo (seeded z, perturb, deferred update, projected gradient), data
-(synthetic task, JSONL data, sharding), reference (plain MeZO-SGD loop, the oracle),
-store / runtime / engine / checkpoint / cli (the distributed runtime).
-Importing the package imports nothing heavy.
+Packages, lowest layer first (docs/code.md; tests/unit/test_import_rules.py): maths/ (the
+seed rule, z, perturbation, the deferred update, the lr schedule), data/ (data files,
+packed text, the task section and the task types' registry), model/ (one adapter per
+HF family, precision, export), config.py (the run configuration) and reference.py (the
+plain MeZO-SGD loop, the oracle), runtime/, store/, profiler/, train/, run/, launch/,
+and the face: cli.py, flags.py, options.py. Importing the package imports nothing heavy.
 """

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from zoexec.config import (
     SECTIONS,
+    TASK_FIELDS,
     EvalOptions,
     FieldError,
     ModelOptions,
@@ -100,6 +101,8 @@ def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, **values) -> No
     print(f"{model_dir}: {shown}")
 
 
+# task options that only training reads: `zoexec eval --help` does not list them
+TRAINING_ONLY = ("demonstrations_in_training",)
 EVAL_PARAMS = [
     inspect.Parameter("model_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
         Path, typer.Argument(help="Local HF model folder (config.json, weights, tokenizer): a "
@@ -110,7 +113,8 @@ EVAL_PARAMS = [
                                 "save_to_disk folder")]),
     inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
         bool, typer.Option("--json", help="Print the metrics as one JSON object")]),
-    *section_params(TaskOptions, skip=("data", "eval_data", "demonstrations_in_training")),
+    *section_params(TaskOptions, keep=(*(f for f in TASK_FIELDS if f not in TRAINING_ONLY),
+                                       "eval_samples")),
     *section_params(EvalOptions), *section_params(RuntimeOptions, keep=("threads",))]
 app.command("eval")(with_params(eval_cmd, EVAL_PARAMS))
 
@@ -128,7 +132,7 @@ def lengths_cmd(data: Path, output: Path, **values) -> None:
         if model_dir is None:
             raise ZoError("zoexec lengths needs --model-path DIR (the tokenizer to count with)")
         task = TaskOptions(data=str(data), **options)
-        doc = measure_lengths(data, task.spec, model_dir=Path(model_dir), output=output)
+        doc = measure_lengths(data, task, model_dir=Path(model_dir), output=output)
     except FieldError as exc:
         exit_with_error(option_error(exc), EXIT_USER_ERROR)
     except ZoError as exc:
@@ -146,7 +150,7 @@ LENGTHS_PARAMS = [
     inspect.Parameter("output", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[
         Path, typer.Option("-o", "--out", "--output", help="The lengths file to write")]),
     *section_params(ModelOptions, keep=("model_path",)),
-    *section_params(TaskOptions, skip=("data", "eval_data", "eval_samples"))]
+    *section_params(TaskOptions, keep=TASK_FIELDS)]
 app.command("lengths")(with_params(lengths_cmd, LENGTHS_PARAMS))
 
 

@@ -19,22 +19,23 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from zoexec.data.presets import PRESET_NAMES, TASKS, with_preset
+from zoexec.data.presets import with_preset
+from zoexec.data.section import TaskOptions, task_options
+from zoexec.data.tasktypes import METRICS
 from zoexec.fields import (  # noqa: F401 - FieldError, parse_* and the checks are used through this module too
-    BEST_METRICS,
     FieldError,
     Section,
-    _best,
     _every,
     _size,
     at_least,
     check_fields,
     check_value,
+    choices_of,
     finite_at_least,
+    flag_of,
     literal_choices,
     option,
     option_fields,
-    parse_best,
     parse_every,
     parse_size,
     positive_finite,
@@ -69,114 +70,6 @@ class ModelOptions(Section):
         return self.model_path or "random"
 
 
-TaskName = Literal[TASKS]   # the task types, named once (zoexec.data.presets)
-PresetName = Literal[PRESET_NAMES]
-
-
-def _label_words(text: str) -> tuple[str, ...]:
-    return tuple(word.strip() for word in text.split(","))
-
-
-def _choices(text: str) -> tuple[str, ...]:
-    return tuple(part for part in text.split("|"))
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskOptions(Section):
-    PANEL: ClassVar[str] = "Data and task"
-
-    data: str = option(
-        "synthetic", "Training data: JSONL, JSON, CSV, Parquet or a save_to_disk folder, in "
-        "the --task's columns", shown="the built-in synthetic task", metavar="FILE")
-    name: TaskName = option(
-        "text", "text (packed LM loss), completion (loss on the completion only), "
-        "classification (label words after a template), multiple-choice (candidate "
-        "continuations) or generation (free-text answers: exact match, F1)", flag="--task")
-    task_preset: PresetName | None = option(
-        None, "One of MeZO's tasks: its --task, template, label words or candidates and columns "
-        "(the HF dataset's) as defaults; options given win")
-    text_column: str = option("text", "text task: the documents' column (or 'input_ids')")
-    prompt_column: str = option("prompt", "completion task: the prompt's column")
-    completion_column: str = option("completion", "completion task: the completion's column")
-    label_column: str = option(
-        "label", "classification, multiple-choice: the label's column (an index, a label "
-        "word or candidate, a list of right candidates)")
-    template: str | None = option(
-        None, "classification, multiple-choice, generation: the prompt, each {column} filled "
-        "from the row, e.g. '{sentence} It was'")
-    label_words: tuple[str, ...] = option(
-        (), "classification: the candidates, comma-separated, label 0 first, e.g. "
-        "'terrible,great' (each after a space; none when the template ends in whitespace)", parse=_label_words)
-    classification_loss: Literal["candidates", "vocabulary"] = option(
-        "candidates", "classification: the training loss, 'candidates' (MeZO's: cross-entropy "
-        "over the label words' scores at the answer position) or 'vocabulary' (the label "
-        "word's LM loss over the whole vocabulary)")
-    choices: tuple[str, ...] = option(
-        (), "multiple-choice: a template per candidate, '|'-separated, e.g. '{choice1}|{choice2}' "
-        "(with --choices-column: one, {choice} being each item; default '{choice}')",
-        parse=_choices)
-    choices_column: str | None = option(
-        None, "multiple-choice: the column holding each row's candidates (a list of strings)")
-    choice_score: Literal["mean", "sum"] = option(
-        "mean", "multiple-choice: a candidate's score in the loss, its log-likelihood per token "
-        "('mean', MeZO's) or summed ('sum')")
-    answer_column: str = option(
-        "answer", "generation: the gold answers' column (a string, a list of strings, or "
-        "SQuAD's {'text': [...]})")
-    max_new_tokens: int = option(
-        32, "generation: evaluation generates at most this many tokens (greedy)",
-        check=at_least(1))
-    stop_at: Literal["eos", "newline"] = option(
-        "eos", "generation: generation stops at the EOS, or at a newline too ('newline')")
-    demonstrations: int = option(
-        0, "K training examples with their answers before each evaluated prompt (in-context "
-        "baseline; 0: zero-shot)", check=at_least(0), metavar="K")
-    demonstrations_in_training: bool = option(
-        False, "The demonstrations before each training prompt too")
-    demonstrations_seed: int = option(0, "The seed that picks the demonstrations")
-    demonstrations_data: str | None = option(
-        None, "The file the demonstrations come from, never the evaluated example itself "
-        "(zoexec run: default --data, the training file; zoexec eval: required with "
-        "--demonstrations, as its --data is the evaluated file)", metavar="FILE")
-    eval_data: str | None = option(
-        None, "Held-out data (the task's format): eval_loss (and eval_accuracy, eval_f1 for "
-        "classification) after the last step", metavar="FILE")
-    eval_samples: int | None = option(
-        None, "Evaluate this many examples of the held-out data (text: rows), drawn with a "
-        "fixed seed (the same ones every time); default: all", check=at_least(1))
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        assert self.spec is not None   # the task's own checks (zoexec.data.tasks.TaskSpec)
-
-    @property
-    def spec(self):
-        """The task as zoexec.data.tasks.TaskSpec."""
-        from zoexec.data.tasks import TaskSpec
-
-        return TaskSpec(name=self.name, text_column=self.text_column,
-                        prompt_column=self.prompt_column,
-                        completion_column=self.completion_column,
-                        label_column=self.label_column, template=self.template,
-                        label_words=tuple(self.label_words),
-                        classification_loss=self.classification_loss,
-                        **{name: getattr(self, name) for name in _TASK_TYPES_FIELDS})
-
-    @staticmethod
-    def task_fields(task: dict) -> dict:
-        """The fields of a task dict (TaskSpec.to_dict(), as run.json records it; an
-        older run's read as it ran: zoexec.data.tasks.TaskSpec.from_dict)."""
-        from zoexec.data.tasks import TaskSpec
-
-        task = TaskSpec.from_dict(task).to_dict() if task else task
-        return {k: tuple(v) if k in ("label_words", "choices") else v for k, v in task.items()}
-
-
-_TASK_TYPES_FIELDS = ("task_preset", "choices", "choices_column", "choice_score", "answer_column",
-                      "max_new_tokens", "stop_at", "demonstrations", "demonstrations_in_training",
-                      "demonstrations_seed", "demonstrations_data")
-
-
 MAX_SEED = 2**64 - 1
 
 
@@ -192,26 +85,29 @@ class OptimOptions(Section):
         DEFAULT_STEPS, "Training steps in all (with --trace, enough of the plan's predicted "
         "steps for 25 s; with --resume, the run's)", aliases=("--max-steps", "--max_steps"),
         check=at_least(1))
-    seed: int = option(0, "Base seed: z, data order and random init", check=_seed_range)
+    seed: int = option(0, "Base seed: z, data order and random init", check=_seed_range,
+                       kept="setting")
     lr: float = option(1e-6, "Learning rate", aliases=("--learning-rate", "--learning_rate"),
-                       check=finite_at_least(0))
+                       check=finite_at_least(0), kept="setting")
     lr_schedule: Literal["constant", "linear", "cosine"] = option(
         "constant", "The learning rate over the steps (linear, cosine: decay to 0)",
-        aliases=("--lr-scheduler-type", "--lr_scheduler_type"))
+        aliases=("--lr-scheduler-type", "--lr_scheduler_type"), kept="setting")
     warmup_steps: int = option(0, "Steps of linear warm-up from 0", aliases=("--warmup_steps",),
-                               check=at_least(0))
-    eps: float = option(1e-3, "Perturbation scale", check=positive_finite)
+                               check=at_least(0), kept="setting")
+    eps: float = option(1e-3, "Perturbation scale", check=positive_finite, kept="setting")
     weight_decay: float = option(0.0, "Weight decay, not on biases and norms",
-                                 aliases=("--weight_decay",), check=finite_at_least(0))
+                                 aliases=("--weight_decay",), check=finite_at_least(0),
+                                 kept="setting")
     on_nonfinite: Literal["stop", "skip"] = option(
         "stop", "A non-finite loss: 'stop' the run (saving the weights before it) or 'skip' "
         "the step")
     on_divergence: Literal["stop", "warn"] = option(
         "stop", "A climbing loss (the mean of the last --divergence-window steps above twice "
-        "the first window's and 1.0 above it): 'stop' the run (saving a snapshot) or 'warn' "
-        "once and go on")
+        "the mean of the run's first quarter-window of steps and 1.0 above it): 'stop' the "
+        "run (saving a snapshot) or 'warn' once and go on")
     divergence_window: int = option(
-        20, "Steps in each of the windows the divergence check compares", check=at_least(2))
+        20, "Steps the divergence check averages now (W; the start it compares with: the "
+        "first max(1, W // 4) steps)", check=at_least(2))
     new_schedule: bool = option(
         False, "With --resume and another --steps: a new linear or cosine schedule from the "
         "step the run resumes at, over the steps left, from --lr (a constant lr just "
@@ -221,6 +117,23 @@ class OptimOptions(Section):
         super().__post_init__()
         if not self.warmup_steps < self.steps:
             raise FieldError("warmup_steps", self.warmup_steps, f"< steps ({self.steps})")
+
+
+def parse_best(text: str) -> tuple[str, bool]:
+    """--save-best "eval_accuracy:max" -> ("eval_accuracy", True), the name one of the
+    task types' metrics (zoexec.data.tasktypes.METRICS); ValueError if bad."""
+    name, _, way = text.strip().partition(":")
+    if name not in METRICS or way not in ("", "max", "min"):
+        raise ValueError(f"not a metric[:max|min]: {text!r}")
+    return name, (way == "max") if way else name != "eval_loss"
+
+
+def _best(text: str) -> str | None:
+    try:
+        parse_best(text)
+    except ValueError:
+        return f"one of {', '.join(METRICS)}, then :max or :min (e.g. eval_accuracy:max)"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,20 +147,22 @@ class CheckpointOptions(Section):
         None, "Continue the run in this folder from its newest snapshot and log", metavar="DIR")
     overwrite: bool = option(False, "Replace the run an existing --out folder holds")
     save_every: str = option(
-        "30m", "Snapshot every N steps (500) or every duration (30m, 2h)", check=_every)
+        "30m", "Snapshot every N steps (500) or every duration (30m, 2h)", check=_every,
+        kept="default")
     save_steps: int | None = option(
         None, "Snapshot every N steps (HF Trainer's name; instead of --save-every)",
-        aliases=("--save_steps",), check=at_least(1))
+        aliases=("--save_steps",), check=at_least(1), kept="default")
     keep: int = option(2, "Snapshots kept (the newest)",
-                       aliases=("--save-total-limit", "--save_total_limit"), check=at_least(1))
+                       aliases=("--save-total-limit", "--save_total_limit"), check=at_least(1),
+                       kept="default")
     max_shard_size: str = option(
         "5GB", "Saved weights in safetensors shards of at most this size", check=_size)
     save_best: str | None = option(
         None, "Keep the weights of the best evaluation as OUT/best/ (needs --eval-data): a "
         "metric and a direction, e.g. eval_accuracy:max, eval_loss:min (the direction may "
         "be left out: min for eval_loss, max otherwise)",
-        aliases=("--metric-for-best-model", "--metric_for_best_model"), check=_best,
-        metavar="METRIC[:max|min]")
+        aliases=("--metric-for-best-model", "--metric_for_best_model"),
+        check=_best, metavar="METRIC[:max|min]")
 
     @property
     def best(self) -> tuple[str, bool] | None:
@@ -402,6 +317,20 @@ SECTIONS = {"model": ModelOptions, "task": TaskOptions, "optim": OptimOptions,
             "runtime": RuntimeOptions, "tuning": TuningOptions}
 
 
+def kept(kind: str) -> tuple[str, ...]:
+    """The options whose `kept` is `kind` (zoexec.fields.KEPT_WORDS), in section order."""
+    return tuple(f.name for section in SECTIONS.values() for f in option_fields(section)
+                 if f.metadata["kept"] == kind)
+
+
+# what a resume keeps, from the fields' `kept` (zoexec.run.folder reads run.json by these):
+# the settings run.json records and a resume refuses to change (besides the options:
+# `init`, the weights the run started from, and `task`, TaskOptions.record()) ...
+SETTINGS = (*kept("setting"), "init", "task")
+KEPT = kept("default")        # ... the checkpoint options a resume keeps unless given
+TASK_FIELDS = task_options()  # ... and the options recorded in the task
+
+
 def check_given(values: dict) -> None:
     """Each option's own check on its own (no check across fields): the builder runs it
     before it touches the run folder."""
@@ -419,11 +348,6 @@ def field_named(name: str):
             if f.name == name:
                 return f
     return None
-
-
-def flag_of(f) -> str:
-    """A field's option name: --field-name unless the field names another."""
-    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
 def option_error(exc: FieldError) -> str:
@@ -501,12 +425,11 @@ class RunConfig:
                        warmup=o.warmup_steps, total=o.steps)
 
     def settings(self) -> dict:
-        """The settings run.json records (a resume keeps them; zoexec.run.folder.SETTINGS)."""
-        o = self.optim
-        return {"seed": o.seed, "lr": o.lr, "eps": o.eps, "weight_decay": o.weight_decay,
-                "data": self.task.data, "init": self.model.start,
-                "lr_schedule": o.lr_schedule, "warmup_steps": o.warmup_steps,
-                "task": self.task.spec.to_dict()}
+        """The settings run.json records and a resume keeps (SETTINGS): the options kept
+        as settings, the weights the run started from, the task."""
+        out = {name: getattr(getattr(self, str(section_of(name))), name)
+               for name in kept("setting")}
+        return {**out, "init": self.model.start, "task": self.task.record()}
 
     @property
     def weights(self) -> str:
@@ -558,8 +481,9 @@ def env_defaults(given: dict, *, keep: tuple[str, ...] | None = None) -> dict:
             continue
         text = os.environ[name]
         try:
+            kind: type = type(f.default)
             out[f.name] = (text not in ("0", "false", "no") if isinstance(f.default, bool)
-                           else type(f.default)(text))
+                           else kind(text))
         except ValueError:
             raise ZoError(f"${name} {text!r}: not a {type(f.default).__name__} "
                           f"(the default of --{f.name.replace('_', '-')})") from None

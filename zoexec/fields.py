@@ -1,14 +1,17 @@
 """How a run option is declared: `option(...)` makes a dataclass field carry its help,
-other names, check and environment default; FieldError names a field and a bad value;
-Section is the base of the run configuration's sections (zoexec.config); and the
-parsers of option texts (durations, sizes, best-metric specs). Torch-free."""
+other names, check, environment default and what a resume does with it; FieldError
+names a field and a bad value; Section is the base of the run configuration's sections
+(zoexec.config, zoexec.data.section); and the parsers of option texts (durations,
+sizes). Torch-free, and it imports nothing of zoexec: every layer
+may declare options."""
 
 from __future__ import annotations
 
 import math
 import re
 import typing
-from dataclasses import field, fields
+from collections.abc import Callable
+from dataclasses import Field, field, fields
 from typing import Any, ClassVar, Literal
 
 from zoplan.errors import ZoError
@@ -23,26 +26,42 @@ class FieldError(ValueError):
 
 
 # ---- the declaration of an option ----------------------------------------------------------
+Kept = Literal["setting", "task", "default"]
+KEPT_WORDS: dict[str, str] = {   # what a resume does with an option (`kept`), in words
+    "setting": "run.json records it; a resume keeps it and refuses another value",
+    "task": "run.json records it in the task (when the task type reads it); a resume "
+            "keeps it and refuses another value",
+    "default": "run.json records it; a resume keeps it unless it is given again"}
+
+
 def option(default: Any, help: str, *, aliases: tuple[str, ...] = (), flag: str | None = None,
-           check=None, env: str | None = None, shown: str | None = None,
-           metavar: str | None = None, parse=None, hidden_aliases: tuple[str, ...] = ()):
+           check: Callable[[Any], str | None] | None = None, env: str | None = None,
+           shown: str | None = None, metavar: str | None = None,
+           parse: Callable[[str], Any] | None = None, hidden_aliases: tuple[str, ...] = (),
+           choices: tuple[str, ...] = (), kept: Kept | None = None,
+           tasks: tuple[str, ...] = ()) -> Any:
     """A field that is a command-line option. `flag`: its name when not --field-name;
     `aliases`: other names shown in --help; `hidden_aliases`: other names accepted (old
     spellings); `check(value)` -> what the value must be when it is wrong (None: fine;
     not called on None); `env`: a variable whose value is the default when set;
     `shown`: the default as --help shows it (else the default itself); `parse`: the
-    command line's text to the field's value."""
+    command line's text to the field's value; `choices`: its fixed set when that is
+    data (a registry's names) rather than a Literal type; `kept`: what a resume does
+    with it (KEPT_WORDS; None: nothing, the resume's own value or the default); `tasks`:
+    a task option's task types (zoexec.data.section.read_by), besides those whose own
+    list names it."""
     meta = {"help": help, "aliases": tuple(aliases), "flag": flag, "check": check, "env": env,
             "shown": shown, "metavar": metavar, "parse": parse,
-            "hidden_aliases": tuple(hidden_aliases)}
+            "hidden_aliases": tuple(hidden_aliases), "choices": tuple(choices), "kept": kept,
+            "tasks": tuple(tasks)}
     return field(default=default, metadata=meta)
 
 
-def at_least(low: float, unit: str = ""):
+def at_least(low: float, unit: str = "") -> Callable[[Any], str | None]:
     return lambda v: None if v >= low else f">= {low}{unit}"
 
 
-def finite_at_least(low: float):
+def finite_at_least(low: float) -> Callable[[Any], str | None]:
     return lambda v: None if math.isfinite(v) and v >= low else f"a finite number >= {low}"
 
 
@@ -50,19 +69,19 @@ def positive_finite(v: float) -> str | None:
     return None if math.isfinite(v) and v > 0 else "a finite number > 0"
 
 
-def check_fields(obj) -> None:
+def check_fields(obj: object) -> None:
     """Each option field's value: its fixed set, its check."""
     hints = typing.get_type_hints(type(obj))
     for f in option_fields(type(obj)):
         check_value(f, hints[f.name], getattr(obj, f.name))
 
 
-def check_value(f, hint, value) -> None:
-    """FieldError unless `value` is in the field's fixed set (a Literal type) and passes
-    its check (None passes: "not set")."""
+def check_value(f: Field[Any], hint: Any, value: Any) -> None:
+    """FieldError unless `value` is in the field's fixed set (a Literal type, or its
+    `choices`) and passes its check (None passes: "not set")."""
     if value is None:
         return
-    choices = literal_choices(hint)
+    choices = choices_of(f, hint)
     if choices and value not in choices:
         raise FieldError(f.name, value, f"one of {', '.join(map(str, choices))}")
     check = f.metadata["check"]
@@ -71,7 +90,12 @@ def check_value(f, hint, value) -> None:
         raise FieldError(f.name, value, must)
 
 
-def literal_choices(hint) -> tuple:
+def choices_of(f: Field[Any], hint: Any) -> tuple[Any, ...]:
+    """A field's fixed set: its `choices`, else its Literal type's values; () for none."""
+    return f.metadata["choices"] or literal_choices(hint)
+
+
+def literal_choices(hint: Any) -> tuple[Any, ...]:
     """The values of a Literal[...] type (inside Optional too); () for other types."""
     if typing.get_origin(hint) is Literal:
         return typing.get_args(hint)
@@ -88,9 +112,6 @@ class Section:
 
     def __post_init__(self) -> None:
         check_fields(self)
-
-
-# ---- the sections ------------------------------------------------------------------------
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h)")
@@ -116,11 +137,21 @@ def _every(text: str) -> str | None:
     return None
 
 
-def parse_size(text: str) -> int:
-    """--max-shard-size in bytes (zoexec.model.export.parse_size: "5GB", "500MB")."""
-    from zoexec.model.export import parse_size as parse
+_SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]B)?", re.IGNORECASE)
 
-    return parse(text)
+
+def parse_size(text: str | int) -> int:
+    """--max-shard-size: bytes ("5GB", "500MB", "1.5GB": decimal units as HF's; a plain
+    integer: bytes). ZoError when it is not a size > 0."""
+    match = _SIZE.fullmatch(str(text).strip())
+    size = 0
+    if match:
+        size = int(float(match[1]) * (_SIZE_UNITS[match[2].upper()] if match[2] else 1))
+    if size < 1:
+        raise ZoError(f"--max-shard-size {text!r}: give a size such as 5GB, 500MB or a number "
+                      f"of bytes")
+    return size
 
 
 def _size(text: str) -> str | None:
@@ -131,25 +162,11 @@ def _size(text: str) -> str | None:
     return None
 
 
-BEST_METRICS = ("eval_loss", "eval_accuracy", "eval_f1", "eval_accuracy_norm", "eval_exact_match")
-
-
-def parse_best(text: str) -> tuple[str, bool]:
-    """--save-best "eval_accuracy:max" -> ("eval_accuracy", True); ValueError if bad."""
-    name, _, way = text.strip().partition(":")
-    if name not in BEST_METRICS or way not in ("", "max", "min"):
-        raise ValueError(f"not a metric[:max|min]: {text!r}")
-    return name, (way == "max") if way else name != "eval_loss"
-
-
-def _best(text: str) -> str | None:
-    try:
-        parse_best(text)
-    except ValueError:
-        return f"one of {', '.join(BEST_METRICS)}, then :max or :min (e.g. eval_accuracy:max)"
-    return None
-
-
-def option_fields(section: type) -> list:
+def option_fields(section: type) -> list[Field[Any]]:
     """The fields of `section` that are options."""
     return [f for f in fields(section) if "help" in f.metadata]
+
+
+def flag_of(f: Field[Any]) -> str:
+    """A field's option name: --field-name unless the field names another."""
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")

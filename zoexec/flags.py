@@ -16,7 +16,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from zoexec.config import field_named, flag_of, literal_choices, option_fields
+from zoexec.config import Section, choices_of, field_named, flag_of, option_fields
 
 PARAM = inspect.Parameter.KEYWORD_ONLY
 
@@ -40,7 +40,7 @@ def _base_type(f, hint) -> type:
     """The command line's type of a field: str for fixed sets (shown as the option's
     metavar, checked by the field: a wrong value is one `error:` line, not a usage
     error) and parsed text, else the field's own type without None."""
-    if f.metadata["parse"] is not None or literal_choices(hint):
+    if f.metadata["parse"] is not None or choices_of(f, hint):
         return str
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if args else hint
@@ -49,7 +49,7 @@ def _base_type(f, hint) -> type:
 def option_param(f, hint, panel: str) -> inspect.Parameter:
     """The typer parameter of one option field."""
     meta = f.metadata
-    choices = literal_choices(hint)
+    choices = choices_of(f, hint)
     kind = _base_type(f, hint)
     names = (flag_of(f), *meta["aliases"])
     metavar = meta["metavar"] or ("[" + "|".join(choices) + "]" if choices else None)
@@ -61,7 +61,7 @@ def option_param(f, hint, panel: str) -> inspect.Parameter:
                              annotation=Annotated[Optional[kind], opt])
 
 
-def section_params(*sections: type, skip: tuple[str, ...] = (),
+def section_params(*sections: type[Section], skip: tuple[str, ...] = (),
                    keep: tuple[str, ...] | None = None) -> list[inspect.Parameter]:
     """The typer parameters of the sections' option fields (those in `keep`, but `skip`)."""
     params = []

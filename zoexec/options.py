@@ -11,18 +11,20 @@ import os
 from pathlib import Path
 
 from zoexec.config import (
+    KEPT,
+    SETTINGS,
+    TASK_FIELDS,
     FieldError,
     RunConfig,
     TaskOptions,
     check_given,
     env_defaults,
     option_error,
-    option_fields,
     parse_best,
     section_of,
 )
 from zoexec.data.presets import with_preset
-from zoexec.run.folder import KEPT, SETTINGS, RunDir, extend
+from zoexec.run.folder import RunDir, extend
 from zoexec.run.report import check_report_to
 from zoexec.run.verify import fingerprints
 from zoexec.run.watch import BestMetric
@@ -30,13 +32,6 @@ from zoplan.errors import ZoError
 from zoplan.execrules import default_steps
 from zoplan.io import sha256_json, sha256_path
 from zoplan.plan import Plan
-
-REPORTS = {"text": ("eval_loss",), "completion": ("eval_loss",),   # each task's metrics
-           "classification": ("eval_loss", "eval_accuracy", "eval_f1"),
-           "multiple-choice": ("eval_loss", "eval_accuracy", "eval_accuracy_norm"),
-           "generation": ("eval_loss", "eval_exact_match", "eval_f1")}
-TASK_FIELDS = tuple(f.name for f in option_fields(TaskOptions)
-                    if f.name not in ("data", "eval_data", "eval_samples"))
 
 
 def build_config(*, plan: Path | str, **values) -> RunConfig:
@@ -120,15 +115,14 @@ def _check_new_run(given: dict) -> None:
         if name in given:
             raise ZoError(f"--{name.replace('_', '-')} changes a run being resumed: it needs "
                           f"--resume DIR")
-    task = given.get("name", "text")
+    name = given.get("name", "text")
+    if "data" not in given and name != "text":
+        raise ZoError(f"--task {name} needs --data FILE (the built-in synthetic task is text)")
+    task = TaskOptions(**{k: given[k] for k in TASK_FIELDS if k in given})
     best = given.get("save_best")
-    if best and parse_best(best)[0] not in REPORTS[task]:
-        raise ZoError(f"--save-best {best}: --task {task} reports {', '.join(REPORTS[task])}")
-    if (best and parse_best(best)[0] == "eval_f1" and task == "classification"
-            and len(given.get("label_words", ())) != 2):
-        raise ZoError(f"--save-best {best}: eval_f1 needs two label words")
-    if "data" not in given and task != "text":
-        raise ZoError(f"--task {task} needs --data FILE (the built-in synthetic task is text)")
+    reports = task.type.reports(task)
+    if best and parse_best(best)[0] not in reports:
+        raise ZoError(f"--save-best {best}: --task {task.name} reports {', '.join(reports)}")
     if "data" not in given and "eval_data" in given:
         raise ZoError("--eval-data needs --data FILE (the built-in synthetic task has no "
                       "held-out set)")
@@ -161,7 +155,7 @@ def given_settings(given: dict) -> dict:
     out = {key: given.get(key) for key in SETTINGS}
     out["init"] = given.get("model_path") or given.get("init")
     task = {k: given[k] for k in TASK_FIELDS if k in given}
-    out["task"] = TaskOptions(**task).spec.to_dict() if task else None
+    out["task"] = TaskOptions(**task).record() if task else None
     return out
 
 
@@ -188,7 +182,7 @@ def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str) -> RunCon
     ident, extended = extend(ident, steps=total, start_step=start.start_step,
                              new_schedule=given.get("new_schedule", False))
     kept = {k: ident[k] for k in SETTINGS if k not in ("init", "task")}
-    kept.update(TaskOptions.task_fields(ident["task"]))
+    kept.update(TaskOptions.record_fields(ident["task"]))
     if ident["init"] != "random":
         kept["model_path"] = ident["init"]
     if not {"save_every", "save_steps", "keep"} & given.keys():

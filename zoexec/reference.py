@@ -11,7 +11,7 @@ offloading, no torch.distributed).
   buffers, the update of step t-1 deferred to the moment block b is next used in step t,
   perturbed weights built out of place (theta +- eps*z, no restore; TWO z generations
   per block per step) and a final flush of the last pending update. For one seed and
-  batch schedule it equals plain MeZO up to float rounding (tests/test_zo_maths.py),
+  batch schedule it equals plain MeZO up to float rounding (tests/unit/test_zo_maths.py),
   and every layout of the distributed engine must reproduce it.
 - `lora_reference_train`: plain MeZO-SGD over LoRA adapters of the HF model wrapped by
   peft (get_peft_model, LoraConfig): perturb the adapters in place +eps*z, loss, -2eps*z,

@@ -44,9 +44,10 @@ _OPTIONAL_BY_KIND = {
              "compute.node_spread", "compute.rank_jitter", "compute.slow_node_fraction",
              "compute.slow_node_penalty", "device.hbm_fraction", "compute.launch_us",
              "compute.overlap_slowdown", "host.sockets", "host.socket_link_gbps", "host.batch_us",
-             "host.disk_write_gbps"),
+             "host.disk_write_gbps", "device.context_gib", "device.allocator_slack_gib",
+             "pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps"),
 }
-_NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens",
+_NONNEG = {"device.reserved_gib", "device.context_gib", "device.allocator_slack_gib", "compute.overhead_us", "compute.m_half_tokens",
            "compute.elem_ns", "compute.rope_overhead_us", "compute.z_call_us", "compute.z_chunk_us",
            "compute.rank_jitter", "compute.z_launch_us", "compute.node_spread",
            "compute.launch_us", "compute.overlap_slowdown", "host.batch_us",
@@ -56,11 +57,13 @@ _NONNEG = {"device.reserved_gib", "compute.overhead_us", "compute.m_half_tokens"
 NEEDS_SOURCE = ("device.hbm_fraction", "compute.launch_us", "compute.overlap_slowdown",
                 "host.sockets", "host.socket_link_gbps",
                 "host.batch_us", "host.disk_write_gbps", "compute.slow_node_fraction",
-                "compute.slow_node_penalty")
+                "compute.slow_node_penalty", "device.context_gib", "device.allocator_slack_gib",
+                "pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps")
 _OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check"}
 Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")   # CPU
 _SLOW_NODES = ("compute.slow_node_fraction", "compute.slow_node_penalty")
 _TOGETHER = {"cuda": [("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps"),
+                      ("pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps"),
                       ("host.sockets", "host.socket_link_gbps"), _SLOW_NODES],
              "cpu": [Z_MODEL, _SLOW_NODES]}   # figures that come all together or not at all
 
@@ -187,6 +190,8 @@ def _check_kinds(origin: str, sections: dict) -> None:
         raise _fail(origin, f"fabric.kind must be one of {', '.join(FABRIC_KINDS)}, got {fabric!r}")
     if not isinstance(sections["device"].get("concurrent_engines", True), bool):
         raise _fail(origin, "device.concurrent_engines must be true or false")
+    if not isinstance(sections["pcie"].get("pinned", True), bool):
+        raise _fail(origin, "pcie.pinned must be true or false")
     if not isinstance(sections["device"].get("model", ""), str):
         raise _fail(origin, "device.model must be a string")
 

@@ -5,7 +5,7 @@ run of that data will see).
 A lengths file (JSON, written atomically) holds:
   schema_version     2
   data, data_sha256  the data file (or save_to_disk folder) measured, and its sha256
-  task               the task's options as run.json records them (zoexec TaskSpec.to_dict)
+  task               the task's options as run.json records them (zoexec TaskOptions.record)
   tokenizer          the folder whose tokenizer made the tokens
   rows_per_example   rows one example adds to a batch (classification with multi-token
                      label words and the candidate loss: one per candidate; else 1)

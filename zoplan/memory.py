@@ -105,7 +105,7 @@ def fmt_bytes(num_bytes: float) -> str:
 
 
 def store_stride(block_numel: int, *, slices: int, local_ranks: int) -> int:
-    """Elements per block in the node's store (zoexec.store.blocks.stride_for): block_numel
+    """Elements per block in the node's store (zoexec.store.node lays it out): block_numel
     rounded up so that it splits into `slices` and into `local_ranks` equal, aligned
     pieces."""
     unit = math.lcm(slices, local_ranks) * ALIGN_ELEMENTS

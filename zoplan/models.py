@@ -15,6 +15,7 @@ shapes, built with random weights.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -94,8 +95,13 @@ class ModelSpec:
         """Rotary positions (q and k turned in every block), not position embeddings."""
         return self.family not in LEARNED_POSITIONS
 
-    def _block_tensors(self) -> list[tuple[int, bool]]:
-        """(elements, is a matrix) of one block's tensors in the HF module's order."""
+    @functools.lru_cache(maxsize=256)   # noqa: B019 - specs are few and immutable
+    def _block_tensors(self) -> tuple[tuple[int, bool], ...]:
+        """(elements, is a matrix) of one block's tensors in the HF module's order
+        (cached: the search asks for them thousands of times)."""
+        return tuple(self._make_block_tensors())
+
+    def _make_block_tensors(self) -> list[tuple[int, bool]]:
         h, f, a, kv = self.hidden, self.ffn, self.attn_dim, self.kv_dim
         def linear(n_in, n_out, bias):
             return [(n_in * n_out, True)] + ([(n_out, False)] if bias else [])
@@ -115,7 +121,12 @@ class ModelSpec:
         out += linear(h, f, self.mlp_bias) + linear(h, f, self.mlp_bias) + linear(f, h, self.mlp_bias)
         return out + [(h, False)] * (4 if self.family == "gemma2" else 2)   # Gemma 2: sandwich norms
 
-    def _resident_tensors(self) -> list[tuple[int, bool]]:
+    @functools.lru_cache(maxsize=256)   # noqa: B019 - specs are few and immutable
+    def _resident_tensors(self) -> tuple[tuple[int, bool], ...]:
+        """The resident tensors (cached, as _block_tensors)."""
+        return tuple(self._make_resident_tensors())
+
+    def _make_resident_tensors(self) -> list[tuple[int, bool]]:
         """(elements, is a matrix) of the resident tensors in named_parameters order
         (embeddings, final norm, an untied head)."""
         h, v = self.hidden, self.vocab
@@ -131,7 +142,7 @@ class ModelSpec:
             return [(v * h, True), (self.max_positions * h, True)] + norm + head
         return [(v * h, True)] + norm + head
 
-    @property
+    @functools.cached_property
     def block_params(self) -> int:
         """Parameters of one decoder block (HF module layout)."""
         return sum(n for n, _ in self._block_tensors())
@@ -155,7 +166,7 @@ class ModelSpec:
         """Final norm + LM head (zero extra for a head tied to the embeddings)."""
         return self.resident_params - self.embed_params
 
-    @property
+    @functools.cached_property
     def resident_params(self) -> int:
         return sum(n for n, _ in self._resident_tensors())
 
@@ -179,7 +190,7 @@ class ModelSpec:
         """The GEMM part of block_flops_per_token (2 per weight)."""
         return 2.0 * self.matmul_params_per_block
 
-    def block_attn_flops_per_token(self, seq: int) -> float:
+    def block_attn_flops_per_token(self, seq: int | float) -> float:
         """The attention part: scores and weighted sum over `seq` keys."""
         return 4.0 * seq * self.attn_dim
 
@@ -605,7 +616,7 @@ def block_forward_work(hidden: int, batch: int, seq: int, *, dtype_bytes: int,
     """The work of one forward of one_block_config's block over batch x seq tokens:
     `flops` (GEMMs; with attention when not `split`), `attn_flops` and `elems`
     (element-wise outputs), and the block's `weight_bytes` (see
-    HardwareProfile.forward_time_s)."""
+    zoplan.pricing.compute.forward_time_s)."""
     spec = spec_from_hf_config(one_block_config(hidden, seq, family),
                                name=f"{family}-block-{hidden}")
     tokens = batch * seq

@@ -1,9 +1,16 @@
-"""A job that goes wrong ends within a bounded time with one line naming the rank that
-failed first and what happened, and leaves no process and nothing in /dev/shm:
+"""A job that goes wrong ends with one line naming the rank that failed first and what
+happened, and leaves no process and nothing in /dev/shm:
 a killed rank, a stopped (SIGSTOP) rank, a stop signal to the launcher, a SIGKILLed
 launcher (its ranks die with it), a kill during start-up (the next start or `zoexec
 clean` removes what it left). Plus the failure lines and the launcher's signal
-handling on stand-in processes, without torch."""
+handling on stand-in processes, without torch.
+
+No test asserts a window of wall time (a loaded machine misses any): each waits on
+events (a signal handled, a process seen stopped, a step logged) and tells what
+happened from the outcome itself (why the launcher killed a rank, whether a rank's wait
+timed out). The only times compared are lower bounds (a grace period waited out) and
+the long waits the code must not have made (60 s), each a consequence of the rule
+tested, never of the machine's speed."""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import glob
 import inspect
 import multiprocessing as mp
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +44,6 @@ from zoexec.store import shmfiles
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
-from zoplan.models import ModelSpec, get_model
 from zoplan.workload import Workload
 
 pytestmark = pytest.mark.serial   # scripts/test.sh runs it alone: see pyproject.toml
@@ -157,10 +164,13 @@ def test_the_job_line_names_the_rank_that_failed_first(outcome, reports, line, k
 
 
 # ---- the launcher's signals, on stand-in ranks -------------------------------------------------
-def _stubborn() -> None:
-    """A stand-in rank that ignores stop signals (a rank busy saving a snapshot)."""
+def _stubborn(ready=None) -> None:
+    """A stand-in rank that ignores stop signals (a rank busy saving a snapshot); sets
+    `ready` once it does."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+    if ready is not None:
+        ready.set()
     time.sleep(60)
 
 
@@ -174,35 +184,42 @@ def _stop(pid: int) -> None:
         time.sleep(0.005)
 
 
-def _supervised(signals: list[int], *, grace_s: float, stop_rank: bool = False) -> tuple[Outcome, float]:
+def _supervised(signals: list[int], *, grace_s: float) -> tuple[Outcome, float]:
+    """The launcher's supervision of two stubborn stand-in ranks, sent `signals` (one or
+    two), the second once the handler has taken the first (two signals of one kind sent
+    before Python runs its handler arrive as one); (the outcome, seconds from the first
+    signal to the end of the supervision)."""
     ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_stubborn) for _ in range(2)]
+    ready = [ctx.Event() for _ in range(2)]
+    procs = [ctx.Process(target=_stubborn, args=(event,)) for event in ready]
     for proc in procs:
         proc.start()
-    if stop_rank:
-        _stop(procs[1].pid)
+    for event in ready:     # both ignore stop signals before the first is sent
+        assert event.wait(60), "a stand-in rank never started"
+    sent: list[float] = []
 
-    def send() -> None:
-        time.sleep(0.3)
-        for signum in signals:
+    def send(stop) -> None:
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signals[0])
+        for signum in signals[1:]:
+            while stop.signum is None:        # the handler has not taken the first yet
+                time.sleep(0.005)
             os.kill(os.getpid(), signum)
-            time.sleep(0.2)
 
-    start = time.monotonic()
     try:
         with procwatch.stop_signals(procs, grace_s=grace_s) as stop:
-            threading.Thread(target=send, daemon=True).start()
+            threading.Thread(target=send, args=(stop,), daemon=True).start()
             outcome = procwatch.supervise(procs, stop)
     finally:
         procwatch.end_all(procs)
     assert all(proc.exitcode is not None for proc in procs)
-    return outcome, time.monotonic() - start
+    return outcome, time.monotonic() - sent[0]
 
 
 def test_a_stop_signal_waits_out_the_grace_period_then_kills():
     outcome, took = _supervised([signal.SIGTERM], grace_s=1.0)
     assert outcome.signum == signal.SIGTERM and outcome.killed == {0: "grace", 1: "grace"}
-    assert 1.2 <= took < 3.5
+    assert took >= 1.0                    # the grace period waited out (a lower bound)
     line, kind, code = job_failure(outcome, [])
     assert (kind, code) == (failures.STOPPED, 143) and "did not exit within 1 s" in line
 
@@ -210,7 +227,7 @@ def test_a_stop_signal_waits_out_the_grace_period_then_kills():
 def test_a_second_stop_signal_kills_at_once():
     outcome, took = _supervised([signal.SIGINT, signal.SIGINT], grace_s=60)
     assert outcome.signum == signal.SIGINT and set(outcome.killed.values()) == {"forced"}
-    assert took < 3
+    assert took < 60                      # the 60 s grace period not waited out
 
 
 def test_a_ranks_stop_request_waits_for_the_step_boundary_and_a_second_ctrl_c_interrupts():
@@ -247,7 +264,7 @@ def test_a_stopped_rank_is_killed_at_once_when_another_fails():
     finally:
         procwatch.end_all(procs)
     assert outcome.first == 0 and outcome.killed == {1: "stopped"}
-    assert time.monotonic() - start < 2      # not SIGTERM and a wait: SIGTERM stays pending
+    assert time.monotonic() - start < 60     # not SIGTERM and the grace: SIGTERM stays pending
     assert job_failure(outcome, [])[0] == "rank 1 was stopped (SIGSTOP or a debugger) and was killed"
 
 
@@ -296,10 +313,11 @@ def _logged(out: Path) -> bool:
     return False
 
 
-def _spawn_and(tmp_path, act) -> tuple[BaseException | None, float]:
+def _spawn_and(tmp_path, act, *, timeout_s: float = TIMEOUT_S) -> tuple[BaseException | None, float]:
     """spawn_local here (the main thread: its signal handlers), `act(ranks)` from a
-    helper thread once the ranks train; (what spawn_local raised, seconds since act)."""
-    cfg = _config(tmp_path, timeout_s=TIMEOUT_S)   # the ranks' waits (--timeout-s)
+    helper thread once the ranks train; (what spawn_local raised, seconds since act).
+    `timeout_s`: the ranks' waits (--timeout-s)."""
+    cfg = _config(tmp_path, timeout_s=timeout_s)
     acted, done = {}, threading.Event()
 
     def helper() -> None:
@@ -307,7 +325,7 @@ def _spawn_and(tmp_path, act) -> tuple[BaseException | None, float]:
         acted["at"] = time.monotonic()
         if ranks:
             act(ranks)
-        if not ranks or not done.wait(TIMEOUT_S + 20):   # never trained, or never ended:
+        if not ranks or not done.wait(timeout_s + 60):   # never trained, or never ended:
             for proc in _ranks(os.getpid()).values():    # end the run (the test fails)
                 proc.kill()
 
@@ -326,10 +344,13 @@ def _spawn_and(tmp_path, act) -> tuple[BaseException | None, float]:
 
 
 def test_a_killed_rank_ends_the_job_at_once_naming_it(tmp_path):
-    caught, took = _spawn_and(tmp_path, lambda ranks: ranks[1].send_signal(signal.SIGKILL))
+    """At once: the launcher ends the job on seeing rank 1 gone, not rank 0's wait on
+    its peer timing out (60 s here; `took` says so too)."""
+    caught, took = _spawn_and(tmp_path, lambda ranks: ranks[1].send_signal(signal.SIGKILL),
+                              timeout_s=60.0)
     assert isinstance(caught, RankFailure) and "\n" not in str(caught)
     assert str(caught).startswith("rank 1 was killed by signal 9 (SIGKILL"), str(caught)
-    assert took < 4, took
+    assert "timed out" not in str(caught) and took < 60, (str(caught), took)
 
 
 def test_a_stopped_rank_ends_the_job_after_the_timeout(tmp_path):
@@ -337,8 +358,7 @@ def test_a_stopped_rank_ends_the_job_after_the_timeout(tmp_path):
     assert isinstance(caught, RankFailure) and "\n" not in str(caught)
     assert str(caught).startswith("rank 1 was stopped (SIGSTOP or a debugger) and was killed; "
                                   "rank 0 failed: "), str(caught)
-    assert f"timed out after {TIMEOUT_S:g} s" in str(caught)
-    assert TIMEOUT_S - 0.5 < took < TIMEOUT_S + 4, took
+    assert f"timed out after {TIMEOUT_S:g} s" in str(caught)   # rank 0's wait, not the launcher
 
 
 def test_sigterm_to_the_launcher_stops_the_ranks(tmp_path):
@@ -365,7 +385,7 @@ def test_sigterm_to_the_launcher_stops_the_ranks(tmp_path):
     assert forkserver[0].status() != psutil.STATUS_ZOMBIE     # it ignored the signal
     assert isinstance(caught, Stopped) and caught.exit_code == 143, caught
     assert str(caught).startswith("stopped by SIGTERM") and "\n" not in str(caught)
-    assert took < 10, took
+    assert "did not exit" not in str(caught)      # at a step's end, not killed after the grace
 
 
 # ---- real ranks: `zoexec run` in a process of its own ------------------------------------------
@@ -415,9 +435,14 @@ def test_killing_the_launcher_leaves_no_rank_running(tmp_path):
         assert len(ranks) == 2, launcher.stderr.read() if launcher.poll() is not None else "no ranks"
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
-        assert _running(list(ranks.values()), within_s=3) == []
+        assert _running(list(ranks.values()), within_s=60) == []   # they die with it (a timeout, not a window)
         _, err = launcher.communicate()          # the ranks held its pipes: read once they are gone
-        assert "rank 0: its launcher" in err and "Traceback" not in err, err
+        # local rank 0's watchdog says so when it sees the launcher gone first; when local
+        # rank 1's (silent) sees it first, rank 0 may die of its peer's death before its
+        # own watchdog looks: nothing else may be said either way
+        said = [line for line in err.splitlines() if line.strip()]
+        assert all(re.fullmatch(r"zoexec: rank 0: its launcher \(pid \d+\) has exited; "
+                                r"stopping now", line) for line in said), err
         tag = shmfiles.owner_tag(owner)
         assert glob.glob(f"{shmfiles.SHM_DIR}/zoexec-*-{tag}-*") == []
         assert glob.glob(f"{shmfiles.RDZV_DIR}/zoexec-rdzv-{tag}-*") == []
@@ -425,22 +450,21 @@ def test_killing_the_launcher_leaves_no_rank_running(tmp_path):
         _kill_all(launcher, ranks.values())
 
 
-def _slow_to_load_plan():
-    """A model with many small blocks: its store is filled for a fraction of a second,
-    long enough to be seen and killed during start-up."""
-    spec = get_model("tiny-opt").to_dict()
-    spec["num_layers"] = spec["hf_config"]["num_hidden_layers"] = 256
-    return hand_plan(model=ModelSpec.from_dict(spec), layout=LAYOUT, workload=WORKLOAD)
-
-
 def test_a_kill_during_start_up_leaves_what_the_next_start_removes(tmp_path, capsys):
-    launcher = _zoexec_run(tmp_path, _slow_to_load_plan(), "--steps", "1")
+    """The node's builder holds inside its fill (held_start.py): the store file is there
+    until the kill, whatever the machine's speed."""
+    plan = tmp_path / "plan.json"
+    hand_plan(model="tiny-opt", layout=LAYOUT, workload=WORKLOAD).save(plan)
+    launcher = subprocess.Popen([sys.executable, str(Path(__file__).with_name("held_start.py")),
+                                 str(plan), "--steps", "1", "--threads", "1", "--quiet"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     owner = ProcessId.of(launcher.pid)
     pattern = f"{shmfiles.SHM_DIR}/zoexec-*-{shmfiles.owner_tag(owner)}-n0"
-    deadline, left = time.monotonic() + 60, []
+    deadline, left = time.monotonic() + 120, []
     while not left and launcher.poll() is None and time.monotonic() < deadline:
         left = glob.glob(pattern)
-        time.sleep(0.002)
+        time.sleep(0.01)
     ranks = list(_ranks(launcher.pid).values())
     _kill_all(launcher, ranks)                    # SIGKILL: the ranks, then the launcher
     live = shmfiles.store_path(f"t{uuid.uuid4().hex[:8]}", 0)   # a live run's (ours)

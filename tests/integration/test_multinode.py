@@ -9,8 +9,10 @@ The commands (README: "Several nodes"), with N = 0 on the first node and 1 on th
 second, HOST:PORT the first node's address and a free port:
     torchrun --nnodes 2 --nproc-per-node 2 --node-rank N --master-addr HOST \\
         --master-port PORT -m zoexec.cli run plan.json --out run --steps 3 ...
-(the c10d rendezvous works too, the same command on both nodes:
-`--rdzv-backend c10d --rdzv-endpoint HOST:PORT` in place of the last three options).
+or the c10d rendezvous, the same command on both nodes: `--rdzv-backend c10d
+--rdzv-endpoint HOST:PORT` in place of the last three options. The tests use the
+second, at a store they serve on a port the OS chose (tests/fixtures/ports.py), so
+that no other process can take the port between choosing and using it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from zoplan.layout import Layout
 from zoplan.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from ports import free_port  # noqa: E402
+from ports import rendezvous_store, torchrun_rendezvous  # noqa: E402
 
 BIN = Path(sys.executable).parent
 MODEL, SEED, STEPS, LR = "tiny-opt", 3, 3, 1e-3
@@ -56,11 +58,10 @@ def _one_rank(tmp: Path) -> tuple[list, dict]:
     return _losses(out), load_file(str(out / "final" / "model.safetensors"))
 
 
-def _node(plan: Path, out: Path, node: int, port: int) -> subprocess.Popen:
-    """One node's torchrun (static rendezvous: node 0 hosts it at 127.0.0.1:port)."""
+def _node(plan: Path, out: Path, endpoint: str) -> subprocess.Popen:
+    """One node's torchrun, meeting the other at `endpoint` (ports.rendezvous_store)."""
     command = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "2",
-               "--node-rank", str(node), "--master-addr", "127.0.0.1",
-               "--master-port", str(port), "-m", "zoexec.cli", "run", str(plan),
+               *torchrun_rendezvous(endpoint), "-m", "zoexec.cli", "run", str(plan),
                "--out", str(out), *ARGS]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -83,9 +84,9 @@ def test_two_torchrun_nodes_give_the_one_rank_losses_and_weights(tmp_path):
     hand_plan(model=MODEL, layout=LAYOUT, workload=WORKLOAD, resident=RESIDENT).save(plan)
     out = tmp_path / "run"
     before = {p.name for p in Path(SHM_DIR).glob("zoexec-*")}
-    port = free_port()
-    nodes = [_node(plan, out, node, port) for node in (0, 1)]
-    outputs = _outputs(nodes, timeout=120)
+    with rendezvous_store() as endpoint:
+        nodes = [_node(plan, out, endpoint) for _ in (0, 1)]
+        outputs = _outputs(nodes, timeout=120)
     for node, (proc, text) in enumerate(zip(nodes, outputs, strict=True)):
         assert proc.returncode == 0, f"node {node}: {text[-3000:]}"
     losses, weights = _one_rank(tmp_path)
@@ -111,17 +112,16 @@ def test_two_nodes_whose_stores_diverge_stop_with_one_line_naming_the_node(tmp_p
     after that step (--check-nodes-every 1) stops both with one line naming node 1."""
     plan = tmp_path / "plan.json"
     hand_plan(model=MODEL, layout=Layout(ddp=2, nodes=2), workload=WORKLOAD).save(plan)
-    port = free_port()
     script = Path(__file__).with_name("diverging_node.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen(
-        [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
-         str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), str(script),
-         "1", "2", str(plan), "--out", str(tmp_path / "run"), "--steps", "8",
-         "--check-nodes-every", "1", *ARGS[2:]],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True) for node in (0, 1)]
-    outputs = _outputs(nodes, timeout=180)
+    with rendezvous_store() as endpoint:
+        nodes = [subprocess.Popen(
+            [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1",
+             *torchrun_rendezvous(endpoint), str(script), "1", "2", str(plan), "--out",
+             str(tmp_path / "run"), "--steps", "8", "--check-nodes-every", "1", *ARGS[2:]],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            start_new_session=True) for _ in (0, 1)]
+        outputs = _outputs(nodes, timeout=180)
     for node, (proc, text) in enumerate(zip(nodes, outputs, strict=True)):
         errors = [line for line in text.splitlines() if line.startswith("error:")]
         assert proc.returncode != 0 and len(errors) == 1, f"node {node}: {text[-3000:]}"

@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 from zoexec.cli import app
 from zoexec.data.generation import answer_scores
 from zoexec.data.presets import with_preset
-from zoexec.data.tasks import TaskSpec, make_eval_set
+from zoexec.data.section import TaskOptions
+from zoexec.data.sources import make_eval_set
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.models import get_model
@@ -73,7 +74,7 @@ def _hf_greedy(model: Path, prompts: list[tuple[int, ...]], max_new: int) -> lis
 def _greedy_golds(model: Path, tmp: Path) -> list[dict]:
     """SQuAD rows whose golds are the base model's own greedy answers for rows 0-3 and
     a word it does not say for rows 4-7: the runs' eval_exact_match is then near 0.5."""
-    spec = TaskSpec(**with_preset({"task_preset": "squad"}), max_new_tokens=4)
+    spec = TaskOptions(**with_preset({"task_preset": "squad"}), max_new_tokens=4)
     evals = make_eval_set(tmp / "squad.jsonl", spec, vocab=get_model(str(model)).vocab, seq=48,
                           tokenizer_dir=model)
     said = _hf_greedy(model, evals.decoding.prompts, 4)
@@ -89,7 +90,8 @@ def _run(tmp: Path, model: Path, name: str, preset: str, layout: Layout) -> dict
     test = tmp / ("squad-test.jsonl" if preset == "squad" else "copa.jsonl")
     result = CliRunner().invoke(app, ["run", str(plan), "--model-path", str(model),
                                       "--data", str(tmp / f"{preset}.jsonl"), "--task-preset", preset,
-                                      "--eval-data", str(test), "--max-new-tokens", "4",
+                                      "--eval-data", str(test),
+                                      *(["--max-new-tokens", "4"] if preset == "squad" else []),
                                       "--steps", "3", "--lr", LR[preset], "--out", str(out),
                                       "--threads", "1", "-q"])
     assert result.exit_code == 0, result.output
@@ -129,7 +131,7 @@ def test_zoexec_eval_generates_what_transformers_generate_does(setup):
     and F1 against the golds are the numbers zoexec eval prints."""
     tmp, model = setup
     test = tmp / "squad-test.jsonl"
-    spec = TaskSpec(**with_preset({"task_preset": "squad"}), max_new_tokens=4, demonstrations=1)
+    spec = TaskOptions(**with_preset({"task_preset": "squad"}), max_new_tokens=4, demonstrations=1)
     evals = make_eval_set(test, spec, vocab=get_model(str(model)).vocab, seq=48, tokenizer_dir=model)
     said = _hf_greedy(model, evals.decoding.prompts, 4)
     scores = [answer_scores(s, list(g)) for s, g in zip(said, evals.decoding.golds)]

@@ -19,6 +19,7 @@ from zoplan.execrules import STEADY_RUN_S
 from zoplan.hardware import load_profile
 from zoplan.io import sha256_json
 from zoplan.plan import Plan
+from zoplan.pricing.stragglers import node_spread
 from zoplan.trace import Span, write_trace
 from zoplan.views.calibrate import spread_line, step_line
 
@@ -296,7 +297,7 @@ def test_wide_step_spread_is_reported(plans):
 def test_a_trace_of_two_nodes_measures_the_node_spread_and_the_fit_keeps_it(tmp_path):
     """A 2-node plan; a synthetic trace whose second node runs 10% slower every other
     step: calibrate measures the spread of the nodes' own step times (standard deviation
-    over mean, zoplan.sim.nodes' sigma) and --fit writes it to compute.node_spread."""
+    over mean, zoplan.pricing.stragglers' sigma) and --fit writes it to compute.node_spread."""
     node4 = str(Path(__file__).resolve().parents[1] / "fixtures" / "node4-nvswitch.json")
     out = tmp_path / "two.json"
     result = runner.invoke(app, ["optimize", "--model", "tiny-opt", "--gpus", "8", "--ddp", "4",
@@ -331,7 +332,7 @@ def test_a_trace_of_two_nodes_measures_the_node_spread_and_the_fit_keeps_it(tmp_
     expected = statistics.pstdev(times) / statistics.fmean(times)
     assert cal.node_spread == pytest.approx(expected, rel=1e-6)
     fit = refit_profile(load_profile(node4), plan, cal, trace="synthetic", date="2000-01-01")
-    assert fit.profile.node_spread == pytest.approx(expected, rel=1e-3)   # 4 figures kept
+    assert node_spread(fit.profile) == pytest.approx(expected, rel=1e-3)   # 4 figures kept
     assert "compute.node_spread" in {c[0] for c in fit.changes}
 
 

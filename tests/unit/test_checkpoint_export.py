@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from zoexec.fields import parse_size
 from zoexec.model.export import (
     WEIGHTS_INDEX,
     export_weights,
     hf_tensors,
-    parse_size,
     plan_shards,
     write_safetensors,
 )

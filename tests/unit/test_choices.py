@@ -15,13 +15,15 @@ import torch
 from zoexec.config import CheckpointOptions, FieldError, parse_best
 from zoexec.data.batch import IGNORE
 from zoexec.data.choices import classification_batch, subset
-from zoexec.data.tasks import EvalSet, Labelled, TaskSpec, make_eval_set, make_task_source
+from zoexec.data.section import TaskOptions
+from zoexec.data.sources import make_eval_set, make_task_source
+from zoexec.data.tasks import EvalSet, Labelled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from make_model import make_tokenizer  # noqa: E402
 
 WORDS = ("the", "film", "was", "fine", "dull", "It", "terrible", "great", "so", "bad")
-SPEC = TaskSpec(name="classification", template="{sentence} It was",
+SPEC = TaskOptions(name="classification", template="{sentence} It was",
                 label_words=("terrible", "great"))
 
 
@@ -54,7 +56,7 @@ def test_single_token_candidates_train_on_one_row_per_example(tmp_path, tok_dir)
         assert ids[end] == _ids(("terrible", "great")[answer])[0]      # the correct word
         assert [v for v in labels if v != IGNORE] == [ids[end]]         # labelled alone
         assert ids[end - 2:end] == _ids("It", "was")                    # after the prompt
-    vocabulary = TaskSpec(**{**SPEC.__dict__, "classification_loss": "vocabulary"})
+    vocabulary = TaskOptions(**{**SPEC.__dict__, "classification_loss": "vocabulary"})
     plain = make_task_source(_data(tmp_path), vocabulary, vocab=32, tokenizer_dir=tok_dir).batch(0, 3, 16)
     assert plain.choices is None and torch.equal(plain.ids, batch.ids)   # the same rows, no choices
 
@@ -97,9 +99,9 @@ def test_eval_samples_is_a_fixed_subset_in_file_order(tmp_path, tok_dir):
 
 
 def test_the_classification_loss_is_recorded_and_old_runs_read_as_they_ran():
-    assert SPEC.to_dict()["classification_loss"] == "candidates"
-    old = {k: v for k, v in SPEC.to_dict().items() if k != "classification_loss"}
-    assert TaskSpec.from_dict(old).classification_loss == "vocabulary"
+    assert SPEC.record()["classification_loss"] == "candidates"
+    old = {k: v for k, v in SPEC.record().items() if k != "classification_loss"}
+    assert TaskOptions.from_record(old).classification_loss == "vocabulary"
 
 
 def test_save_best_names_a_metric_and_a_direction():

@@ -220,17 +220,30 @@ def _run(tmp_path, name: str) -> tuple[list, dict]:
 def test_a_run_through_the_staging_ring_equals_the_direct_run(monkeypatch, tmp_path):
     """The trainer's h2d and d2h through a staging ring of three 1 KiB slots (pageable
     here, events faked) give the direct run's losses and final weights, bit for bit:
-    every write-back reaches the store before the next pass reads it."""
+    every write-back reaches the store before the next pass reads it. Every copy of
+    every pass goes through the ring (4 blocks x 4 passes: 3 steps and the flush each
+    way), not merely some: a direction that bypassed it would give the same weights."""
     direct = _run(tmp_path, "direct")
-    rings = []
+    rings, copies = [], {"h2d": 0, "d2h": 0}
+
+    def counted(ring, direction):
+        copy = getattr(ring, direction)
+
+        def through(dst, src):
+            copies[direction] += 1
+            copy(dst, src)
+        return through
 
     def staged(env, store):
-        rings.append(_staging(slot_bytes=1024, num_slots=3))
-        return rings[-1]
+        ring = _staging(slot_bytes=1024, num_slots=3)
+        ring.h2d, ring.d2h = counted(ring, "h2d"), counted(ring, "d2h")
+        rings.append(ring)
+        return ring
     monkeypatch.setattr(engine, "store_staging", staged)
     FakeEvent.waits = 0
     losses, weights = _run(tmp_path, "staged")
-    assert rings and FakeEvent.waits > 0
+    assert len(rings) == 1 and FakeEvent.waits > 0
+    assert copies == {"h2d": 16, "d2h": 16}, copies
     assert losses == direct[0]
     assert weights.keys() == direct[1].keys()
     assert all(torch.equal(weights[k], direct[1][k]) for k in weights)

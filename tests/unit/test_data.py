@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from zoexec.data.batch import shard
-from zoexec.data.tasks import make_source
+from zoexec.data.sources import make_source
 from zoexec.data.text import JsonlData, SyntheticTask, TextData
 from zoplan.errors import ZoError
 

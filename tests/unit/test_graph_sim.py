@@ -19,11 +19,15 @@ import simpy
 from zoplan.hardware import load_profile
 from zoplan.layout import Layout
 from zoplan.models import get_model
+from zoplan.pricing.collectives import internode_allreduce_s
+from zoplan.pricing.compute import forward_time_s
+from zoplan.pricing.host import forward_issue_s
+from zoplan.pricing.tasks import task_times
+from zoplan.pricing.zo import cpu_z_time_s, gpu_z_time_s, pass_time_s, sr_chunks, z_issue_s
 from zoplan.sim.bounds import link_bytes, step_bounds
-from zoplan.sim.costs import internode_allreduce_s, step_costs
+from zoplan.sim.costs import step_costs
 from zoplan.sim.graph import build_step_graph
 from zoplan.sim.simulate import FairShareNetwork, simulate
-from zoplan.sim.taskwork import task_times
 from zoplan.workload import Workload
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -100,7 +104,7 @@ def test_graph_has_every_task_and_is_a_dag():
     # slices 4 < 8 local ranks on CUDA: a write-back fence collective per block and rank
     assert kinds == {"embed": 8, "h2d": 48, "allgather": 48, "update": 48, "forward": 48,
                      "d2h": 48, "head": 8, "allreduce": 8, "fence": 48}
-    assert nx.is_directed_acyclic_graph(graph)
+    assert nx.is_directed_acyclic_graph(nx.DiGraph(list(graph.edges())))
 
 
 def test_fence_and_buffer_edges():
@@ -285,7 +289,6 @@ def _measured_cpu(**extra):
 
 def test_measured_cpu_task_times_follow_the_schedule():
     from zoplan.execrules import z_makespan
-    from zoplan.sim.taskwork import task_times
 
     hw, model = _measured_cpu(), get_model("tiny-opt")
     wl = Workload(batch=8, seq=64, param_dtype="fp32", compute_dtype="fp32")
@@ -294,18 +297,18 @@ def test_measured_cpu_task_times_follow_the_schedule():
     z = 400e-6 + chunks * 20e-6 + busiest * 5e-9
     passes = model.block_params * 0.3e-9
     assert t["update_s"] == pytest.approx(2 * (z + passes))
-    one = hw.forward_time_s(flops=512 * model.block_gemm_flops_per_token(),
+    one = forward_time_s(hw, flops=512 * model.block_gemm_flops_per_token(),
                             attn_flops=512 * model.block_attn_flops_per_token(64),
                             elems=512 * model.block_elems_per_token(),
                             weight_bytes=model.block_params * 4, tokens=512)
     assert t["forward_s"] == pytest.approx(2 * one + passes)
     # attention and element-wise work are priced on their own
-    assert one > hw.forward_time_s(flops=512 * model.block_gemm_flops_per_token(),
+    assert one > forward_time_s(hw, flops=512 * model.block_gemm_flops_per_token(),
                                    weight_bytes=model.block_params * 4, tokens=512)
     # 4 ranks of one thread: no thread pool, the whole block on one thread, 1.25x faster
     t4 = task_times(model=model, profile=hw, workload=wl, tokens=512, streams=1, local_ranks=4)
     z4 = len(model.block_tensor_numels()) * 20e-6 + model.block_params * 5e-9 / 1.25
-    assert t4["update_s"] == pytest.approx(2 * (z4 + hw.pass_time_s(model.block_params, 4)))
+    assert t4["update_s"] == pytest.approx(2 * (z4 + pass_time_s(hw, model.block_params, 4)))
 
 
 def test_z_model_needs_all_its_figures():
@@ -349,10 +352,10 @@ def test_gpu_gemm_rate_follows_the_precision():
     flops, eff = 4096 * model.block_gemm_flops_per_token(), 4096 / (4096 + 256)
     for dtype, tf32, rate in (("fp16", True, 271), ("bf16", False, 271),
                               ("fp32", True, 135.5), ("fp32", False, 18.07)):
-        t = hw.forward_time_s(flops=flops, weight_bytes=0, tokens=4096, compute_dtype=dtype,
+        t = forward_time_s(hw, flops=flops, weight_bytes=0, tokens=4096, compute_dtype=dtype,
                               tf32=tf32)
         assert t == pytest.approx(flops / (rate * 1e12 * eff)), (dtype, tf32)
-    assert hw.forward_issue_s() == pytest.approx(100e-6)   # the layer call: host time
+    assert forward_issue_s(hw) == pytest.approx(100e-6)   # the layer call: host time
     slow = Workload(batch=16, seq=256, param_dtype="fp32", compute_dtype="fp32", tf32=False)
     fast = Workload(batch=16, seq=256, param_dtype="fp16", compute_dtype="fp16")
     t = {w.compute_dtype: task_times(model=model, profile=hw, workload=w, tokens=4096,
@@ -364,18 +367,18 @@ def test_gpu_attention_and_elementwise_work_cost_hbm_time():
     """Element-wise outputs move 2 words each at HBM bandwidth; attention costs its
     FLOPs at the GEMM rate or its bytes at HBM bandwidth, whichever is longer."""
     hw = load_profile("dgx-a100-80gb")
-    base = hw.forward_time_s(flops=1e12, weight_bytes=0, tokens=2048, compute_dtype="fp16")
-    elems = hw.forward_time_s(flops=1e12, weight_bytes=0, tokens=2048, elems=1e9,
+    base = forward_time_s(hw, flops=1e12, weight_bytes=0, tokens=2048, compute_dtype="fp16")
+    elems = forward_time_s(hw, flops=1e12, weight_bytes=0, tokens=2048, elems=1e9,
                               compute_dtype="fp16")
     assert elems - base == pytest.approx(1e9 * 2 * 2 / A100_HBM)
-    attn = hw.forward_time_s(flops=1e12, weight_bytes=0, tokens=2048, attn_flops=1e6,
+    attn = forward_time_s(hw, flops=1e12, weight_bytes=0, tokens=2048, attn_flops=1e6,
                              attn_bytes=4e9, compute_dtype="fp16")
     assert attn - base == pytest.approx(4e9 / A100_HBM)
     model = get_model("opt-1.3b")   # through the task: the element-wise bytes are in it
     wl = Workload(batch=8, seq=256, param_dtype="fp16", compute_dtype="fp16", update="plain")
     fwd = task_times(model=model, profile=hw, workload=wl, tokens=2048, streams=1,
                      local_ranks=1)["forward_s"]
-    gemm_only = hw.forward_time_s(flops=2048 * model.block_gemm_flops_per_token(),
+    gemm_only = forward_time_s(hw, flops=2048 * model.block_gemm_flops_per_token(),
                                   weight_bytes=0, tokens=2048, compute_dtype="fp16")
     assert fwd - gemm_only >= 2048 * model.block_elems_per_token() * 4 / A100_HBM
 
@@ -385,13 +388,11 @@ def test_gpu_z_and_update_modes_follow_the_precision_table():
     the host; the passes by their bytes at the achieved HBM speed (docs/precision.md): plain 16-bit update + perturb, master fp32 update and a
     perturb pass reading fp32 and writing 16 bits, stochastic the fp32 update per chunk
     with its noise and rounding kernels."""
-    from zoplan.sim.taskwork import sr_chunks
-
     hw, model = load_profile("dgx-a100-80gb"), get_model("opt-1.3b")
     numels, n = model.block_tensor_numels(), model.block_params
     z = n * A100_Z[0]
-    assert hw.z_time_s(numels) == pytest.approx(z)
-    assert hw.z_issue_s(numels) == pytest.approx(len(numels) * A100_Z[1])
+    assert gpu_z_time_s(hw, numels) == pytest.approx(z)
+    assert z_issue_s(hw, numels) == pytest.approx(len(numels) * A100_Z[1])
     t = {}
     for update, param in (("plain", "fp16"), ("stochastic", "fp16"), ("master", "fp32")):
         wl = Workload(batch=8, seq=256, param_dtype=param, compute_dtype="fp16", update=update)
@@ -411,15 +412,13 @@ def test_cpu_update_task_is_priced_as_before_and_stochastic_above_it():
     """The CPU's master update stays 2 x (z + pass); stochastic (bf16 on a CPU) replaces
     the update pass by its noise (one thread, chunk by chunk) and 42/12 passes of
     rounding; a profile without the z model prices it at twice the task."""
-    from zoplan.sim.taskwork import sr_chunks
-
     hw, model = _measured_cpu(), get_model("tiny-opt")
     numels, n = model.block_tensor_numels(), model.block_params
     master = Workload(batch=8, seq=64, param_dtype="fp32", compute_dtype="fp32")
     stoch = Workload.for_update(batch=8, seq=64, compute_dtype="bf16", update="stochastic")
     tm, ts = (task_times(model=model, profile=hw, workload=w, tokens=512, streams=2,
                          local_ranks=1) for w in (master, stoch))
-    z, one = hw.z_time_s(numels, 1), hw.pass_time_s(n, 1)
+    z, one = cpu_z_time_s(hw, numels, 1), pass_time_s(hw, n, 1)
     assert tm["update_s"] == 2 * (z + one)
     noise = sr_chunks(numels, "cpu") * 20e-6 + n * 5e-9
     assert ts["update_s"] == pytest.approx(2 * z + noise + 42 / 12 * one + one)
@@ -474,7 +473,7 @@ def test_zo2_baseline_draws_z_four_times_per_block():
 
     hw, model = load_profile("dgx-a100-80gb"), get_model("opt-1.3b")
     numels, n = model.block_tensor_numels(), model.block_params
-    z = hw.z_time_s(numels)
+    z = gpu_z_time_s(hw, numels)
     wl = Workload(batch=16, seq=256, param_dtype="fp16", compute_dtype="fp16", update="plain")
     lay = Layout(pertp=1, ddp=1, slices=1, prefetch=2)
     ours = step_costs(model=model, profile=hw, workload=wl, layout=lay)

@@ -9,6 +9,8 @@ included):
 - zoexec's packages stand in layers (EXECUTOR_LAYERS): a module imports only from its
   own layer or lower ones;
 - no module of zoplan or zoexec reaches itself through its imports (no import circle).
+Imports under `if TYPE_CHECKING:` name types for the type checker and never run: they
+count for the planner's rule (no torch, no executor) but not for the layers or circles.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ EXCEPTIONS = {("zoplan.cli", "zoexec.profiler")}   # `zoplan profile` measures w
 # store; the torch profiler; one training step; the run on disk; starting the ranks; the
 # face. The longest prefix of a module's name decides its layer.
 EXECUTOR_LAYERS = (
-    ("zoexec.maths",),
+    ("zoexec.maths", "zoexec.fields"),   # fields: how an option is declared (any layer may)
     ("zoexec.data",),
     ("zoexec.model",),
-    ("zoexec.config", "zoexec.fields", "zoexec.reference"),
+    ("zoexec.config", "zoexec.reference"),
     ("zoexec.runtime",),
     ("zoexec.store",),
     ("zoexec.profiler",),
@@ -60,14 +62,27 @@ def is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def imports(path: Path) -> list[tuple[str, int, bool]]:
-    """(module imported, line, inside a function) of every import statement; `from a
-    import b` counts as a.b where a.b is a module of the project."""
+def _type_only(tree: ast.AST) -> set[int]:
+    """The nodes under `if TYPE_CHECKING:` (or `if typing.TYPE_CHECKING:`)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return out
+
+
+def imports(path: Path, *, type_only: bool = True) -> list[tuple[str, int, bool]]:
+    """(module imported, line, inside a function) of every import statement (those
+    under `if TYPE_CHECKING:` too unless not `type_only`); `from a import b` counts as
+    a.b where a.b is a module of the project."""
     tree = ast.parse(path.read_text())
     local = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
              for n in ast.walk(f)}
+    skipped = set() if type_only else _type_only(tree)
     out = []
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             out += [(a.name, node.lineno, id(node) in local) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -119,7 +134,7 @@ def layer_of(module: str) -> int:
 def layer_violations() -> list[str]:
     bad = []
     for mod, path in modules("zoexec").items():
-        for name, line, _ in imports(path):
+        for name, line, _ in imports(path, type_only=False):
             if under(name, ("zoexec",)) and layer_of(name) > layer_of(mod):
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}, a higher layer")
     return bad
@@ -130,7 +145,7 @@ def import_graph() -> dict[str, set[str]]:
     mods = modules("zoplan") | modules("zoexec")
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
-        for name, _, _ in imports(path):
+        for name, _, _ in imports(path, type_only=False):
             while name and name not in mods:      # `from a.b import C` names a.b
                 name = name.rpartition(".")[0]
             if name and name != mod:
@@ -219,6 +234,18 @@ def test_a_layer_broken_inside_a_function_is_found(tree):
     (tree / "zoexec" / "maths" / "_rule_probe.py").write_text(
         "def f():\n    from zoexec.train.engine import Trainer\n")
     assert any("maths/_rule_probe.py:2 imports zoexec.train.engine" in v for v in layer_violations())
+
+
+def test_a_type_only_import_makes_no_circle_but_breaks_the_planner_rule(tree):
+    """An import under `if TYPE_CHECKING:` never runs: no circle, no layer; the planner
+    still may not name torch there."""
+    probe = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from {} import X\n"
+    (tree / "zoexec" / "data" / "_probe_one.py").write_text("from zoexec.data import _probe_two\n")
+    (tree / "zoexec" / "data" / "_probe_two.py").write_text(probe.format("zoexec.data._probe_one"))
+    (tree / "zoexec" / "maths" / "_probe.py").write_text(probe.format("zoexec.train.engine"))
+    (tree / "zoplan" / "_probe.py").write_text(probe.format("torch"))
+    assert import_circles() == [] and layer_violations() == []
+    assert any("_probe.py:3 imports torch" in v for v in planner_violations())
 
 
 def test_an_import_circle_is_found(tree):

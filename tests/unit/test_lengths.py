@@ -92,7 +92,7 @@ def test_the_head_is_priced_at_the_labelled_positions_only():
     from zoplan.hardware import HardwareProfile
     from zoplan.io import load_json
     from zoplan.models import get_model
-    from zoplan.sim.taskwork import task_times
+    from zoplan.pricing.tasks import task_times
 
     hw = HardwareProfile.from_dict(load_json(CPU4))
     model = get_model("tiny-opt")
@@ -183,7 +183,8 @@ def _zoexec(*args):
 def test_zoexec_lengths_measures_the_rows_a_batch_packs(tmp_path, model_dir):
     """Each single-token-candidate example is one row: its prompt's tokens and the label
     word's, as the task's own batch of that example packs them."""
-    from zoexec.data.tasks import TaskSpec, make_task_source
+    from zoexec.data.section import TaskOptions
+    from zoexec.data.sources import make_task_source
     from zoplan.io import sha256_path
     from zoplan.lengths import load_lengths
 
@@ -191,13 +192,13 @@ def test_zoexec_lengths_measures_the_rows_a_batch_packs(tmp_path, model_dir):
     result = _zoexec(str(SENTIMENT), "--model-path", str(model_dir), *TASK, "-o", str(out))
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
-    spec = TaskSpec(name="classification", template="{sentence} It was",
+    spec = TaskOptions(name="classification", template="{sentence} It was",
                     label_words=("terrible", "great"))
     source = make_task_source(SENTIMENT, spec, vocab=10_000, tokenizer_dir=str(model_dir))
     widths = sorted(len(ex.prompt) + 1 for ex in source.examples)
     assert doc["count"] == len(widths) == sum(n for _, n in doc["histogram"])
     assert [w for w, n in doc["histogram"] for _ in range(n)] == widths
-    assert doc["rows_per_example"] == 1 and doc["task"] == spec.to_dict()
+    assert doc["rows_per_example"] == 1 and doc["task"] == spec.record()
     assert doc["head_positions"] == 1   # the answer position: single-token label words
     assert doc["data_sha256"] == sha256_path(SENTIMENT)
     assert load_lengths(out).count == len(widths)
@@ -220,14 +221,14 @@ def test_zoexec_lengths_applies_the_task_preset(tmp_path, model_dir):
     """`--task-preset sst2` sets the task, template and label words, as in `zoexec run`:
     the lengths are those of the preset's classification rows."""
     from zoexec.data.presets import with_preset
-    from zoexec.data.tasks import TaskSpec
+    from zoexec.data.section import TaskOptions
 
     out = tmp_path / "lengths.json"
     result = _zoexec(str(SENTIMENT), "--model-path", str(model_dir), "--task-preset", "sst2",
                      "-o", str(out))
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
-    assert doc["task"] == TaskSpec(**with_preset({"task_preset": "sst2"})).to_dict()
+    assert doc["task"] == TaskOptions(**with_preset({"task_preset": "sst2"})).record()
     assert doc["task"]["name"] == "classification" and doc["rows_per_example"] == 1
 
 

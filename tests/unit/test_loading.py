@@ -247,6 +247,10 @@ def test_loading_shows_progress_unless_quiet(capsys, progress):
 
 
 def test_the_wait_grows_with_the_bytes_to_fill():
+    """The usual timeout plus the bytes at 32 MiB/s (FILL_FLOOR_BYTES_PER_S): OPT-175B's
+    fp16 blocks, 347.9 GB, add 10,368.84 s, 2.9 h (a floor 1000x too slow or a wait in
+    the wrong unit is far from it)."""
     assert fill_timeout_s(0, base_s=600) == 600
+    assert fill_timeout_s(32 * 2**20, base_s=600) == pytest.approx(601.0)
     opt_175b_fp16 = 96 * 1_812_086_784 * 2
-    assert fill_timeout_s(opt_175b_fp16, base_s=600) > 3 * 3600
+    assert fill_timeout_s(opt_175b_fp16, base_s=600) == pytest.approx(600 + 10_368.84)

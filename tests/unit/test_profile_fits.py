@@ -10,17 +10,12 @@ import json
 import pytest
 
 from zoplan.errors import ZoError
-from zoplan.hardware import (
-    GIB,
-    HardwareProfile,
-    forward_terms,
-    gpu_forward_terms,
-    load_profile,
-    shipped_profiles,
-)
+from zoplan.hardware import GIB, HardwareProfile, load_profile, shipped_profiles
 from zoplan.hwcheck import _number
 from zoplan.io import load_json
 from zoplan.models import block_forward_work
+from zoplan.pricing.compute import cpu_forward_terms, forward_time_s, gpu_forward_terms
+from zoplan.pricing.zo import zo_time_s
 from zoplan.profiling.build import build_profile, combine_rounds
 from zoplan.profiling.fits import (
     FREE_TFLOPS,
@@ -96,7 +91,7 @@ def test_a_fit_that_finds_attention_free_gives_a_figure_the_profile_check_accept
     assert fit["attn_tflops"] == FREE_TFLOPS
     assert _number("fit", "compute.attn_tflops", fit_figures(fit)["attn_tflops"]) == FREE_TFLOPS
     work = dict(flops=1e9, attn_flops=1e9, elems=0.0, tokens=256)
-    assert forward_terms(fit, **work)[2] < 1e-3 * forward_terms(fit, **work)[1]
+    assert cpu_forward_terms(fit, **work)[2] < 1e-3 * cpu_forward_terms(fit, **work)[1]
 
 
 def test_compute_fit_prices_a_llama_blocks_extra_dispatch():
@@ -116,7 +111,7 @@ def test_compute_fit_prices_a_llama_blocks_extra_dispatch():
     assert fit["rope_overhead_us"] == pytest.approx(300, rel=0.1)
     assert fit_figures(fit)["rope_overhead_us"] == pytest.approx(300, rel=0.1)
     work = dict(flops=1e9, attn_flops=0.0, elems=0.0, tokens=256)
-    opt, llama = (forward_terms(fit, **work, family=f)[0] for f in ("opt", "llama"))
+    opt, llama = (cpu_forward_terms(fit, **work, family=f)[0] for f in ("opt", "llama"))
     assert llama - opt == pytest.approx(fit["rope_overhead_us"] * 1e-6)
     # one family alone: no such term (its dispatch is the overhead)
     only_opt = fit_compute([p for p in points if p["family"] == "opt"], mem_gbps=1e6)
@@ -188,10 +183,10 @@ def test_zo_rank_scaling_is_optional_and_checked():
     data["compute"]["zo_rank_scaling"] = 1.7
     data["sources"]["compute.zo_rank_scaling"] = "[M] test"
     with_zo = HardwareProfile.from_dict(data)
-    assert with_zo.zo_time_s(10**6, 2) == pytest.approx(
+    assert zo_time_s(with_zo, 10**6, 2) == pytest.approx(
         10**6 * data["compute"]["zo_ns_per_param"] * 1e-9 / (1.7 / 2))
-    assert with_zo.forward_time_s(flops=1e9, weight_bytes=1, tokens=64, local_ranks=2) == \
-        base_profile.forward_time_s(flops=1e9, weight_bytes=1, tokens=64, local_ranks=2)
+    assert forward_time_s(with_zo, flops=1e9, weight_bytes=1, tokens=64, local_ranks=2) == \
+        forward_time_s(base_profile, flops=1e9, weight_bytes=1, tokens=64, local_ranks=2)
     data["compute"]["zo_rank_scaling"] = -1
     with pytest.raises(ZoError, match="compute.zo_rank_scaling"):
         HardwareProfile.from_dict(data)

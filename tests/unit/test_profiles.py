@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from zoplan.errors import ZoError
-from zoplan.hardware import DEFAULT_NODE_SPREAD, HardwareProfile, load_profile, shipped_profiles
+from zoplan.hardware import HardwareProfile, load_profile, shipped_profiles
 from zoplan.io import load_json
+from zoplan.pricing.stragglers import DEFAULT_NODE_SPREAD, node_spread
 from zoplan.search import resolve_request
 
 EXPECTED = {"dgx-a100-80gb", "dgx-h100", "hgx-h200", "8x-rtx4090", "8x-a100-pcie-nvlink-pairs",
@@ -30,6 +33,49 @@ def test_shipped_profile_loads_with_sources(name):
     assert len(profile.fabric_groups) >= 1
 
 
+SOURCES_DOC = Path(__file__).resolve().parents[2] / "docs" / "sources.md"
+OUTSIDE = ("hardware.md", "simulators.md", "reference/")   # notes that are not in the repository
+
+
+def source_keys() -> set[str]:
+    """The keys docs/sources.md defines: the first column of its table, in backticks."""
+    return {m.group(1) for m in re.finditer(r"^\| `([a-z0-9-]+)` \|", SOURCES_DOC.read_text(), re.M)}
+
+
+def note_problems(profile, keys: set[str]) -> list[str]:
+    """Every figure of a GPU profile names the public sources it rests on, by keys of
+    docs/sources.md, and no note outside this repository."""
+    bad = []
+    for path, note in profile.sources.items():
+        named = re.search(r"\(docs/sources\.md: ([a-z0-9, -]+)\)\s*$", note)
+        if any(o in note for o in OUTSIDE):
+            bad.append(f"{path}: cites a note outside the repository")
+        elif named is None:
+            bad.append(f"{path}: names no source of docs/sources.md")
+        else:
+            unknown = {k.strip() for k in named.group(1).split(",")} - keys
+            if unknown:
+                bad.append(f"{path}: unknown source(s) {sorted(unknown)}")
+    return bad
+
+
+@pytest.mark.parametrize("name", sorted(n for n in EXPECTED if n != "cpu"))
+def test_every_gpu_figure_names_a_public_source(name):
+    assert note_problems(load_profile(name), source_keys()) == []
+
+
+def test_the_source_rule_sees_a_missing_or_unknown_source():
+    keys = source_keys()
+    assert {"nvbw-11", "mamf", "assumed", "zo2", "mezo", "distzo2"} <= keys
+    data = copy.deepcopy(base())
+    data["sources"]["pcie.h2d_gbps"] = "[M] 25 GB/s (hardware.md)"
+    data["sources"]["pcie.d2h_gbps"] = "[M] 25 GB/s"
+    data["sources"]["compute.peak_tflops"] = "[M] 271 (docs/sources.md: nowhere)"
+    problems = note_problems(HardwareProfile.from_dict(data), keys)
+    assert [p.split(":")[0] for p in problems] == ["pcie.h2d_gbps", "pcie.d2h_gbps",
+                                                  "compute.peak_tflops"]
+
+
 def test_all_expected_profiles_are_shipped():
     assert EXPECTED <= set(shipped_profiles())
 
@@ -41,7 +87,7 @@ def test_a_profile_describes_a_node_not_a_cluster(name):
     profile = load_profile(name)
     data = json.loads(shipped_profiles()[name].read_text())
     assert "max_nodes" not in data
-    assert profile.node_spread == data["compute"]["node_spread"] == 0.02
+    assert node_spread(profile) == data["compute"]["node_spread"] == 0.02
     assert profile.sources["compute.node_spread"].startswith("[D]")
     assert HardwareProfile.from_dict({**data, "max_nodes": 1}) == profile
     resolve_request(model="opt-1.3b", gpus=65536 * profile.gpus_per_node // 8, profile=name,
@@ -51,7 +97,7 @@ def test_a_profile_describes_a_node_not_a_cluster(name):
 def test_the_node_spread_defaults_when_a_profile_has_none():
     data = json.loads(shipped_profiles()["dgx-a100-80gb"].read_text())
     del data["compute"]["node_spread"], data["sources"]["compute.node_spread"]
-    assert HardwareProfile.from_dict(data).node_spread == DEFAULT_NODE_SPREAD
+    assert node_spread(HardwareProfile.from_dict(data)) == DEFAULT_NODE_SPREAD
 
 
 def test_profile_specifics():

@@ -27,12 +27,18 @@ from typer.testing import CliRunner
 
 from zoplan.cli import app
 from zoplan.errors import ZoError
-from zoplan.hardware import DEFAULT_NODE_SPREAD, HardwareProfile, load_profile, shipped_profiles
+from zoplan.hardware import HardwareProfile, load_profile, shipped_profiles
 from zoplan.layout import Layout
 from zoplan.plan import Plan
+from zoplan.pricing.stragglers import (
+    DEFAULT_NODE_SPREAD,
+    expected_max_normal,
+    node_spread,
+    straggler_factor,
+)
 from zoplan.search import build_plan, resolve_request, search
 from zoplan.search.space import world_sizes
-from zoplan.sim.nodes import expected_max_normal, job_step_s, straggler_factor, sweep_counts
+from zoplan.sim.nodes import job_step_s, sweep_counts
 
 DGX = load_profile("dgx-a100-80gb")
 NODE4 = str(Path(__file__).resolve().parents[1] / "fixtures" / "node4-nvswitch.json")
@@ -58,7 +64,7 @@ def test_one_node_waits_for_nobody_and_more_nodes_wait_longer():
     assert expected_max_normal(1) == 0.0 and straggler_factor(DGX, 1) == 1.0
     factors = [straggler_factor(DGX, n) for n in (2, 8, 128, 8192)]
     assert factors == sorted(factors) and factors[0] > 1
-    core = DGX.node_spread * expected_max_normal(8192)
+    core = node_spread(DGX) * expected_max_normal(8192)
     tail = 1 - (1 - DGX.compute["slow_node_fraction"]) ** 8191   # another node is a slow one
     assert job_step_s(DGX, 8192, 2.0) == pytest.approx(
         2.0 * (1 + (1 - tail) * core + tail * max(DGX.compute["slow_node_penalty"], core)))
@@ -70,7 +76,7 @@ def test_the_spread_comes_from_the_profile_else_the_default():
     wide = HardwareProfile.from_dict(data)
     assert straggler_factor(wide, 1024) - 1 == pytest.approx(0.05 * expected_max_normal(1024))
     del data["compute"]["node_spread"], data["sources"]["compute.node_spread"]
-    assert HardwareProfile.from_dict(data).node_spread == DEFAULT_NODE_SPREAD
+    assert node_spread(HardwareProfile.from_dict(data)) == DEFAULT_NODE_SPREAD
 
 
 @pytest.fixture(scope="module")

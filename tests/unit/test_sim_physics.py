@@ -1,4 +1,4 @@
-"""The priced GPU physics (zoplan.sim.gpushare, docs/costs.md): the host lane, the
+"""The priced GPU physics (zoplan.pricing: host, overlap, zo; docs/costs.md): the host lane, the
 streams sharing a GPU, z arithmetic-bound per GPU generation, the socket link, the
 heavy tail of slow nodes, and their figures' source notes; CPU profiles unchanged."""
 
@@ -12,12 +12,14 @@ from zoplan.errors import ZoError
 from zoplan.hardware import HardwareProfile, load_profile
 from zoplan.layout import Layout
 from zoplan.models import get_model
+from zoplan.pricing.compute import hbm_gbps
+from zoplan.pricing.overlap import stream_factors
+from zoplan.pricing.stragglers import expected_max_normal, node_spread, straggler_factor
+from zoplan.pricing.zo import gpu_z_time_s, z_issue_s
 from zoplan.sim.bounds import HOST, host_lane_s, step_bounds
 from zoplan.sim.costs import step_costs
-from zoplan.sim.gpushare import overlap_factors
 from zoplan.sim.graph import build_step_graph
 from zoplan.sim.links import SOCKET_H2D
-from zoplan.sim.nodes import expected_max_normal, straggler_factor
 from zoplan.sim.simulate import simulate
 from zoplan.workload import Workload
 
@@ -69,7 +71,7 @@ def test_the_streams_sharing_a_gpu_slow_each_other():
     alone = _costs("opt-175b", lay, profile=HardwareProfile.from_dict(data))
     k = A100.compute["overlap_slowdown"]
     comp, coll = shared.overlap
-    assert alone.overlap == (1.0, 1.0) and overlap_factors(alone, 0.0) == (1.0, 1.0)
+    assert alone.overlap == (1.0, 1.0) and stream_factors(compute_s=1.0, collective_s=1.0, k=0.0) == (1.0, 1.0)
     assert 1.0 < comp <= 1 + k and 1.0 < coll <= 1 + k and max(comp, coll) == pytest.approx(1 + k)
     assert shared.forward_s == pytest.approx(alone.forward_s * comp)
     assert shared.slice_s(0) == pytest.approx(alone.slice_s(0) * coll)
@@ -84,11 +86,11 @@ def test_z_is_arithmetic_bound_and_the_h200_draws_like_the_h100():
     its bytes at HBM."""
     h100, h200 = load_profile("dgx-h100"), load_profile("hgx-h200")
     numels = get_model("opt-13b").block_tensor_numels()
-    assert h200.z_time_s(numels, elem_bytes=2) == pytest.approx(h100.z_time_s(numels, elem_bytes=2))
-    assert h200.hbm_gbps > h100.hbm_gbps
+    assert gpu_z_time_s(h200, numels, elem_bytes=2) == pytest.approx(gpu_z_time_s(h100, numels, elem_bytes=2))
+    assert hbm_gbps(h200) > hbm_gbps(h100)
     n = sum(numels)
-    assert A100.z_time_s(numels) > 4 * n / (A100.device["hbm_gbps"] * 1e9)
-    assert A100.z_issue_s(numels) > 0   # its launches are the host's
+    assert gpu_z_time_s(A100, numels) > 4 * n / (A100.device["hbm_gbps"] * 1e9)
+    assert z_issue_s(A100, numels) > 0   # its launches are the host's
 
 
 def test_a_two_socket_host_sends_half_the_store_across_the_socket_link():
@@ -104,7 +106,7 @@ def test_slow_nodes_make_a_heavy_tail():
     """With a share of nodes carrying a slow GPU the job's expected lead grows toward
     its penalty; one node waits for nobody."""
     assert straggler_factor(A100, 1) == 1.0
-    gauss = 1 + A100.node_spread * expected_max_normal(4096)
+    gauss = 1 + node_spread(A100) * expected_max_normal(4096)
     assert straggler_factor(A100, 4096) > gauss
     assert straggler_factor(A100, 4096) == pytest.approx(
         1 + A100.compute["slow_node_penalty"], rel=1e-3)

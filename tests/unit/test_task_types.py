@@ -26,7 +26,9 @@ from zoexec.data.generation import (
 )
 from zoexec.data.multichoice import MultipleChoice, choice_batch, choice_metrics, choice_rows
 from zoexec.data.presets import PRESETS, with_preset
-from zoexec.data.tasks import TaskSpec, make_eval_set, make_task_source
+from zoexec.data.section import TaskOptions
+from zoexec.data.sources import make_eval_set, make_task_source
+from zoexec.fields import FieldError
 from zoexec.model import heads
 from zoexec.train.generate import marked_batch, next_tokens
 from zoplan.errors import ZoError
@@ -167,7 +169,7 @@ def test_the_greedy_head_picks_the_argmax_after_each_rows_last_token():
 
 # ---- demonstrations -----------------------------------------------------------------------------
 SST = [{"sentence": f"review {i}", "label": i % 2} for i in range(6)]
-SST_SPEC = TaskSpec(name="classification", template="{sentence} It was",
+SST_SPEC = TaskOptions(name="classification", template="{sentence} It was",
                     label_words=("terrible", "great"), demonstrations=2)
 
 
@@ -185,7 +187,7 @@ def test_demonstrations_are_fixed_by_the_seed_and_never_the_evaluated_row(tmp_pa
         for shot in shots[:2]:
             i = int(shot.split()[1])
             assert shot == f"review {i} It was {('terrible', 'great')[i % 2]}"
-    other = TaskSpec(**{**SST_SPEC.__dict__, "demonstrations_seed": 7})
+    other = TaskOptions(**{**SST_SPEC.__dict__, "demonstrations_seed": 7})
     moved = make_eval_set(data, other, vocab=VOCAB, seq=256, tokenizer_dir=path)
     assert [tok.decode(r.prompt) for r in moved.rows[::2]] != texts
     source = make_task_source(data, SST_SPEC, vocab=VOCAB, tokenizer_dir=path, seq=256)
@@ -196,7 +198,7 @@ def test_demonstrations_in_training_and_from_another_file(tmp_path, byte_tok):
     path, tok = byte_tok
     train = _jsonl(tmp_path / "train.jsonl", SST)
     test = _jsonl(tmp_path / "test.jsonl", [{"sentence": "new one", "label": 1}])
-    spec = TaskSpec(**{**SST_SPEC.__dict__, "demonstrations_in_training": True})
+    spec = TaskOptions(**{**SST_SPEC.__dict__, "demonstrations_in_training": True})
     source = make_task_source(train, spec, vocab=VOCAB, tokenizer_dir=path, seq=256)
     for number, ex in enumerate(source.examples):
         shots = tok.decode(ex.prompt).split("\n\n")
@@ -257,7 +259,7 @@ def test_each_preset_builds_its_prompts_from_a_two_row_file(tmp_path, byte_tok, 
     row, prompt, candidates = PRESET_ROWS[name]
     second = {**row, **({"label": 1} if "label" in row and name != "cb" else {})}
     data = _jsonl(tmp_path / f"{name}.jsonl", [row, second])
-    spec = TaskSpec(**with_preset({"task_preset": name}))
+    spec = TaskOptions(**with_preset({"task_preset": name}))
     source = make_task_source(data, spec, vocab=VOCAB, tokenizer_dir=path, seq=256)
     ex = source.examples[0]
     assert tok.decode(ex.prompt) == prompt
@@ -279,10 +281,10 @@ def test_a_preset_gives_defaults_that_options_override(tmp_path):
         "label_column": "label", "task_preset": "sst2"}
     plan = hand_plan(model="tiny-opt", layout=Layout(), workload=Workload(batch=2, seq=8))
     cfg = RunConfig.make(plan=plan.data, data="d.jsonl", task_preset="copa", choice_score="sum")
-    spec = cfg.task.spec
+    spec = cfg.task
     assert spec.name == "multiple-choice" and spec.choices == ("{choice1_lc}", "{choice2_lc}")
-    assert spec.choice_score == "sum" and spec.to_dict()["task_preset"] == "copa"
-    assert TaskSpec.from_dict(spec.to_dict()) == spec
+    assert spec.choice_score == "sum" and spec.record()["task_preset"] == "copa"
+    assert TaskOptions(data="d.jsonl", **TaskOptions.record_fields(spec.record())) == spec
 
 
 @pytest.mark.parametrize("kw,message", [
@@ -290,27 +292,27 @@ def test_a_preset_gives_defaults_that_options_override(tmp_path):
     ({"name": "multiple-choice", "template": "{q}", "choices": ("{a}",)}, "two or more templates"),
     ({"name": "multiple-choice", "template": "{q}", "choices_column": "c", "choices": ("{a}", "{b}")},
      "takes one --choices template"),
-    ({"name": "generation", "max_new_tokens": 0}, "--max-new-tokens 0"),
+    ({"name": "generation", "max_new_tokens": 0}, "max_new_tokens must be >= 1, got 0"),
     ({"name": "completion", "choices": ("{a}", "{b}")}, "options of --task multiple-choice"),
     ({"name": "text", "demonstrations": 2}, "--demonstrations 2"),
     ({"name": "completion", "demonstrations_in_training": True}, "needs --demonstrations K"),
-    ({"task_preset": "mnli"}, "--task-preset 'mnli'"),
+    ({"task_preset": "mnli"}, "task_preset must be one of sst2, .*, got 'mnli'"),
 ])
 def test_option_errors_of_the_new_task_types(kw, message):
-    with pytest.raises(ZoError, match=message):
-        TaskSpec(**kw)
+    with pytest.raises((ZoError, FieldError), match=message):
+        TaskOptions(**kw)
 
 
 def test_multiple_choice_data_errors_name_the_row(tmp_path, byte_tok):
     path, _ = byte_tok
-    spec = TaskSpec(name="multiple-choice", template="{q}", choices_column="c")
+    spec = TaskOptions(name="multiple-choice", template="{q}", choices_column="c")
     for rows, message in (([{"q": "x", "c": "ab", "label": 0}], "row 1: column 'c' holds str"),
                           ([{"q": "x", "c": ["a", "b"], "label": "z"}], "label 'z' in column 'label'"),
                           ([{"q": "x", "c": ["a", "b"], "label": 2}], r"label 2 is not a candidate's")):
         with pytest.raises(ZoError, match=message):
             make_task_source(_jsonl(tmp_path / "mc.jsonl", rows), spec, vocab=VOCAB,
                              tokenizer_dir=path)
-    gen = TaskSpec(name="generation", template="{q}", answer_column="a")
+    gen = TaskOptions(name="generation", template="{q}", answer_column="a")
     with pytest.raises(ZoError, match="row 1: column 'a' holds no text"):
         make_task_source(_jsonl(tmp_path / "g.jsonl", [{"q": "x", "a": []}]), gen, vocab=VOCAB,
                          tokenizer_dir=path)

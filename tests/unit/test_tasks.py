@@ -13,8 +13,11 @@ import torch
 
 from zoexec.data.batch import IGNORE, Example
 from zoexec.data.records import load_records
-from zoexec.data.tasks import EvalSet, TaskSpec, make_eval_set, make_task_source, pack_examples
+from zoexec.data.section import TaskOptions
+from zoexec.data.sources import make_eval_set, make_task_source
+from zoexec.data.tasks import EvalSet, pack_examples
 from zoexec.data.text import TextData, load_tokenizer
+from zoexec.fields import FieldError
 from zoexec.model.families import causal_lm_loss_sum, causal_lm_row_losses
 from zoplan.errors import ZoError
 
@@ -23,7 +26,7 @@ from make_model import make_tokenizer  # noqa: E402
 
 WORDS = ("is", "the", "opposite", "of", "hot", "cold", "up", "down", "It", "was", "great",
          "terrible", "film", "fine", "dull", ".")
-CLS = TaskSpec(name="classification", template="{sentence} It was",
+CLS = TaskOptions(name="classification", template="{sentence} It was",
                label_words=("terrible", "great"))
 
 
@@ -43,11 +46,24 @@ def _jsonl(path, rows):
     return path
 
 
+def test_no_eos_ends_the_completion_at_its_own_last_token(tmp_path, tok_dir):
+    """--no-eos: the row and the loss stop at the completion's last token; run.json
+    records it with the task; another task type refuses it."""
+    data = _jsonl(tmp_path / "c.jsonl", [{"prompt": "the opposite of hot is", "completion": " cold"}])
+    task = TaskOptions(name="completion", no_eos=True)
+    batch = make_task_source(data, task, vocab=32, tokenizer_dir=tok_dir).batch(0, 1, 16)
+    assert batch.ids[0].tolist() == _ids("the", "opposite", "of", "hot", "is", "cold")
+    assert batch.labels[0].tolist() == [IGNORE] * 5 + _ids("cold")
+    assert task.record()["no_eos"] is True and TaskOptions.from_record(task.record()) == task
+    with pytest.raises(ZoError, match="--no-eos True is one of the options of --task completion"):
+        TaskOptions(**{**CLS.record_fields(CLS.record()), "no_eos": True})
+
+
 def test_completion_loss_counts_only_the_completion_tokens(tmp_path, tok_dir):
     """Against a hand computation: logits chosen per position, the loss is the CE of
     predicting 'cold' and </s> after the prompt, nothing else."""
     data = _jsonl(tmp_path / "c.jsonl", [{"prompt": "the opposite of hot is", "completion": " cold"}])
-    source = make_task_source(data, TaskSpec(name="completion"), vocab=32, tokenizer_dir=tok_dir)
+    source = make_task_source(data, TaskOptions(name="completion"), vocab=32, tokenizer_dir=tok_dir)
     batch = source.batch(0, 2, 16)
     prompt, target = _ids("the", "opposite", "of", "hot", "is"), [*_ids("cold"), 2]
     assert batch.ids[0].tolist() == prompt + target
@@ -112,7 +128,7 @@ def test_text_packing_never_predicts_across_documents(tmp_path):
     rows = text.rows(4)
     assert rows.ids.tolist() == [[5, 6, 7, 8], [9, 10, 11, 12]]
     assert rows.labels.tolist() == [[IGNORE, 6, 7, IGNORE], [9, IGNORE, 11, 12]]
-    evals = make_eval_set(data, TaskSpec(), vocab=32, seq=6)
+    evals = make_eval_set(data, TaskOptions(), vocab=32, seq=6)
     batch = pack_examples(evals.rows, seq=6, pad=0)
     assert batch.ids.tolist() == [[5, 6, 7, 8, 9, 10], [11, 12, 0, 0, 0, 0]]
     assert batch.labels.tolist() == [[IGNORE, 6, 7, IGNORE, 9, IGNORE],
@@ -135,22 +151,22 @@ def test_other_formats_read_with_datasets(tmp_path, tok_dir, suffix):
     else:
         table.save_to_disk(path)
     assert load_records(path) == rows
-    source = make_task_source(path, TaskSpec(name="completion"), vocab=32, tokenizer_dir=tok_dir)
+    source = make_task_source(path, TaskOptions(name="completion"), vocab=32, tokenizer_dir=tok_dir)
     assert source.batch(0, 1, 16).labels[0].tolist()[-2:] == [*_ids("down"), 2]
 
 
 @pytest.mark.parametrize("rows,spec,message", [
-    ([{"prompt": "up", "answer": " down"}], TaskSpec(name="completion"),
+    ([{"prompt": "up", "answer": " down"}], TaskOptions(name="completion"),
      r"no column 'completion' \(it has 'prompt', 'answer'\)"),
     ([{"text": "the film", "label": 0}], CLS, r"no column 'sentence'"),
     ([{"sentence": "the film", "label": 2}], CLS, r"row 1: label 2 is neither 0..1 nor one of"),
     ([{"sentence": "the film", "label": 0}],
-     TaskSpec(name="classification", template="{sentence}", label_words=("great", "awful")),
+     TaskOptions(name="classification", template="{sentence}", label_words=("great", "awful")),
      r"label word 'awful' is not in the tokenizer's vocabulary"),
     ([{"sentence": "the film", "label": 0}],
-     TaskSpec(name="classification", template="{sentence}", label_words=("great", "great ")),
+     TaskOptions(name="classification", template="{sentence}", label_words=("great", "great ")),
      r"a word appears twice|tokenise to the same"),
-    ([], TaskSpec(name="completion"), "holds no rows"),
+    ([], TaskOptions(name="completion"), "holds no rows"),
 ])
 def test_data_errors_name_the_problem(tmp_path, tok_dir, rows, spec, message):
     data = _jsonl(tmp_path / "d.jsonl", rows)
@@ -160,15 +176,15 @@ def test_data_errors_name_the_problem(tmp_path, tok_dir, rows, spec, message):
 
 def test_option_and_file_errors(tmp_path, tok_dir):
     with pytest.raises(ZoError, match="needs --template"):
-        TaskSpec(name="classification", label_words=("a", "b"))
+        TaskOptions(name="classification", label_words=("a", "b"))
     with pytest.raises(ZoError, match="two or more words"):
-        TaskSpec(name="classification", template="{x}", label_words=("a",))
+        TaskOptions(name="classification", template="{x}", label_words=("a",))
     with pytest.raises(ZoError, match="options of --task classification"):
-        TaskSpec(template="{x}")
-    with pytest.raises(ZoError, match="--task 'nope'"):
-        TaskSpec(name="nope")
+        TaskOptions(template="{x}")
+    with pytest.raises(FieldError, match="name must be one of text, completion, classification"):
+        TaskOptions(name="nope")
     with pytest.raises(ZoError, match="names no column"):
-        TaskSpec(name="classification", template="It was", label_words=("a", "b"))
+        TaskOptions(name="classification", template="It was", label_words=("a", "b"))
     with pytest.raises(ZoError, match="does not exist"):
         load_records(tmp_path / "none.csv")
     (tmp_path / "x.txt").write_text("hi")
@@ -179,8 +195,8 @@ def test_option_and_file_errors(tmp_path, tok_dir):
         load_records(tmp_path / "bad.jsonl")
     with pytest.raises(ZoError, match="text data needs a tokenizer"):
         load_tokenizer(None, where="d.jsonl")
-    assert TaskSpec.from_dict(CLS.to_dict()) == CLS
-    assert CLS.to_dict() == {"name": "classification", "template": "{sentence} It was",
+    assert TaskOptions.from_record(CLS.record()) == CLS
+    assert CLS.record() == {"name": "classification", "template": "{sentence} It was",
                              "label_words": ["terrible", "great"], "label_column": "label",
                              "classification_loss": "candidates"}
 
@@ -196,8 +212,8 @@ def test_the_task_is_recorded_and_a_resume_keeps_it(tmp_path):
     plan = hand_plan(model="tiny-opt", layout=Layout(), workload=Workload(batch=2, seq=8))
     rundir = RunDir(tmp_path)
     rundir.write_identity(RunConfig.make(plan=plan.data, data="d.jsonl",
-                                         **TaskOptions.task_fields(CLS.to_dict())), "abc")
-    assert json.loads((tmp_path / "run.json").read_text())["task"] == CLS.to_dict()
+                                         **TaskOptions.record_fields(CLS.record())), "abc")
+    assert json.loads((tmp_path / "run.json").read_text())["task"] == CLS.record()
     same = given_settings({"name": "classification", "template": "{sentence} It was",
                            "label_words": ("terrible", "great")})["task"]
     assert rundir.resume_plan(plan_sha256="abc", given={"task": same}).settings["task"] == same

@@ -24,7 +24,6 @@ import torch
 
 from zoexec.data.batch import Batch, Choices, EpochOrder, generator, pack_examples
 
-LOSSES = ("candidates", "vocabulary")
 _TAG_SUBSET = 0x5355   # the --eval-samples subset's order
 
 

@@ -28,15 +28,6 @@ _TAG_DEMOS = 0x444D
 SEPARATOR = "\n\n"
 
 
-def check_demonstrations(spec) -> None:
-    """The demonstration options of a zoexec.data.tasks.TaskSpec, together."""
-    if spec.demonstrations < 0 or (spec.demonstrations and spec.name == "text"):
-        raise ZoError(f"--demonstrations {spec.demonstrations}: a number >= 0 of examples "
-                      f"for a task of prompts (not --task text)")
-    if spec.demonstrations_in_training and not spec.demonstrations:
-        raise ZoError("--demonstrations-in-training needs --demonstrations K (K >= 1)")
-
-
 def demonstrations_from(examples: list, records: list[dict], *, spec, tokens,
                         where) -> Demonstrations:
     """The demonstrations of `spec` over a pool: its `records` and the task's

@@ -27,7 +27,6 @@ from zoexec.data.records import check_columns
 from zoexec.data.templates import fill, joiner, template_fields, text_of, texts_of
 from zoplan.errors import ZoError
 
-STOPS = ("eos", "newline")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
 
@@ -82,14 +81,6 @@ class Answered:
 
     def example(self) -> Example:
         return Example(self.prompt, self.target)
-
-
-def check_generation(spec) -> None:
-    """The generation options of a zoexec.data.tasks.TaskSpec."""
-    if spec.max_new_tokens < 1:
-        raise ZoError(f"--max-new-tokens {spec.max_new_tokens}: give 1 or more")
-    if spec.stop_at not in STOPS:
-        raise ZoError(f"--stop-at {spec.stop_at!r}: give one of {', '.join(STOPS)}")
 
 
 def prompt_template(spec) -> str:

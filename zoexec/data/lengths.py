@@ -1,5 +1,5 @@
 """`zoexec lengths`: the widths of the rows a task's training batches pack, measured
-with the task's own code (zoexec.data.tasks, zoexec.data.choices), for `zoplan optimize
+with the task's own code (zoexec.data.tasktypes, zoexec.data.choices), for `zoplan optimize
 --lengths` (the file's format and the planner's use of it: zoplan.lengths)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from pathlib import Path
 from zoexec.data.batch import IGNORE, pack_examples
 from zoexec.data.choices import ChoiceRows, classification_batch
 from zoexec.data.multichoice import MultipleChoiceRows, choice_batch
-from zoexec.data.tasks import TaskSpec, make_task_source
+from zoexec.data.section import TaskOptions
+from zoexec.data.sources import make_task_source
 from zoexec.data.text import TOKENIZER_FILES
 from zoplan.errors import ZoError
 from zoplan.io import check_writable
@@ -43,22 +44,22 @@ def example_rows(source) -> tuple[list[int], int, float]:
     return widths, max(rows), labelled / len(widths)
 
 
-def measure_lengths(data: Path, spec: TaskSpec, *, model_dir: Path, output: Path) -> dict:
+def measure_lengths(data: Path, spec: TaskOptions, *, model_dir: Path, output: Path) -> dict:
     """Tokenise `data` as task `spec` with `model_dir`'s tokenizer and write the lengths
     file `output`; returns what it wrote."""
-    if spec.name == "text":
-        raise ZoError("--task text packs documents into rows of the plan's seq: every row is "
-                      "full, so there are no lengths to measure (plan without --lengths)")
+    if spec.type.packed:
+        raise ZoError(f"--task {spec.name} packs documents into rows of the plan's seq: every "
+                      f"row is full, so there are no lengths to measure (plan without --lengths)")
     _check_model_dir(model_dir)
     check_writable(output, what="the lengths file")
     if not Path(data).exists():
         raise ZoError(f"data file {data} does not exist")
     vocab = get_model(str(model_dir)).vocab
-    source = make_task_source(data, spec, vocab=vocab, tokenizer_dir=str(model_dir))
+    source = make_task_source(str(data), spec, vocab=vocab, tokenizer_dir=str(model_dir))
     if not source.examples:
         raise ZoError(f"data file {data} holds no examples")
     widths, per, head = example_rows(source)
-    doc = lengths_document(data=str(data), task=spec.to_dict(), tokenizer=str(model_dir),
+    doc = lengths_document(data=str(data), task=spec.record(), tokenizer=str(model_dir),
                            rows_per_example=per, widths=widths, head_positions=head)
     write_lengths(output, doc)
     return doc

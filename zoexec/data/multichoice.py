@@ -31,8 +31,6 @@ from zoexec.data.records import check_columns
 from zoexec.data.templates import fill, joiner, template_fields, text_of
 from zoplan.errors import ZoError
 
-SCORES = ("mean", "sum")
-
 
 @dataclass(frozen=True, kw_only=True)
 class MultipleChoice:
@@ -49,22 +47,6 @@ class MultipleChoice:
 
     def example(self, index: int | None = None) -> Example:
         return Example(self.prompt, self.candidates[self.label if index is None else index])
-
-
-def check_choices(spec) -> None:
-    """The multiple-choice options of a zoexec.data.tasks.TaskSpec, together."""
-    if not spec.template or not (spec.choices or spec.choices_column):
-        raise ZoError("--task multiple-choice needs --template (the prompt) and the "
-                      "candidates: --choices \"{choice1}|{choice2}\" (a template each) or "
-                      "--choices-column COLUMN (a list of candidates per row)")
-    if spec.choices_column and len(spec.choices) > 1:
-        raise ZoError(f"--choices-column {spec.choices_column} takes one --choices template "
-                      f"(each candidate is {{choice}}), got {len(spec.choices)}")
-    if len(spec.choices) == 1 and not spec.choices_column:
-        raise ZoError(f"--choices {spec.choices[0]!r}: give two or more templates, "
-                      f"'|'-separated")
-    if spec.choice_score not in SCORES:
-        raise ZoError(f"--choice-score {spec.choice_score!r}: give one of {', '.join(SCORES)}")
 
 
 # ---- rows of a file --------------------------------------------------------------------

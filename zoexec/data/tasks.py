@@ -1,43 +1,15 @@
-"""Tasks: what a row of data holds and which of its tokens the loss counts.
+"""The task types' shared parts (the types themselves: zoexec.data.tasktypes; a run
+reads a task's data through zoexec.data.sources): the tokenizer with a task's checks
+(Tokens), the examples of the completion and classification types, training rows of
+one example each (ExampleRows), and the evaluation set every type returns (EvalSet).
 
 Data files are read with the `datasets` library from local files only (JSONL, JSON,
 CSV, Parquet, or a folder written by `Dataset.save_to_disk`); nothing is downloaded.
 A text task's JSONL file keeps zoexec.data.text's line-by-line reader (each line checked,
-problems named by line). Five tasks (`--task`):
-
-text            packed language modelling (zoexec.data.text.TextData): documents (column
-                `--text-column`, or `input_ids`) tokenised, an EOS after each, joined and
-                cut into rows of the plan's seq; every token is predicted except the
-                first token of each document, so a document's tokens (and the EOS that
-                ends it) never predict the next document's. Attention still sees the
-                earlier documents of a row, as in the HF Trainer's packing.
-completion      one example per row: the prompt (`--prompt-column`) tokenised with the
-                tokenizer's special tokens, then the completion (`--completion-column`)
-                without them and an EOS (when the tokenizer has one); the loss counts the
-                completion's tokens and that EOS only. Rows are padded to the longest row
-                of the batch (pad id: the tokenizer's pad, else EOS, else 0; never a label).
-                A row longer than the plan's seq loses tokens from the left of its prompt;
-                a completion that does not fit with one prompt token is refused.
-classification  MeZO's prompt style: `--template` (e.g. "{sentence} It was": each {name}
-                is a column) makes the prompt, and `--label-words` (e.g.
-                "terrible,great": label 0, 1, ...; a label is an index or one of the
-                words) the candidates, each scored as " " + word after the prompt
-                (a leading space, as MeZO's templates). Training loss
-                (`--classification-loss`): "candidates" (the default, MeZO's: the
-                cross-entropy of the correct candidate among the candidates' scores at
-                the answer position) or "vocabulary" (the LM loss of the correct label
-                word's tokens over the whole vocabulary: a completion row); rows and
-                scores: zoexec.data.choices. Evaluation: every candidate scored by its
-                log-likelihood after the prompt (single tokens: all from one forward of
-                the example; longer ones: the mean per token, a row each); accuracy =
-                the argmax is the label; F1 of label 1 with two labels; eval_loss = the
-                training loss on the data.
-multiple-choice a prompt and candidate continuations (COPA, ReCoRD): zoexec.data.multichoice.
-generation      a prompt and free-text gold answers (SQuAD, DROP), evaluated by greedy
-                decoding, exact match and F1: zoexec.data.generation.
-`--eval-samples N` evaluates N examples (text: rows) drawn with a fixed seed.
-`--demonstrations K` puts K training examples before each prompt (zoexec.data.demos);
-`--task-preset NAME` gives the options of one of MeZO's tasks (zoexec.data.presets).
+problems named by line). `--eval-samples N` evaluates N examples (text: rows) drawn
+with a fixed seed. `--demonstrations K` puts K training examples before each prompt
+(zoexec.data.demos); `--task-preset NAME` gives the options of one of MeZO's tasks
+(zoexec.data.presets).
 
 Every source answers batch(step, batch_size, seq) with a Batch deterministic in
 (seed, step), the same on every rank (zoexec.data.batch.shard keeps each rank's rows).
@@ -47,126 +19,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from zoexec.data.batch import Batch, Choices, EpochOrder, Example, pack_examples
-from zoexec.data.choices import LOSSES, ChoiceRows, classification_metrics, subset
-from zoexec.data.demos import check_demonstrations, demonstrations_from, with_demonstrations
-from zoexec.data.generation import Decoding, check_generation, decoding_of, generation_examples
-from zoexec.data.multichoice import (
-    MultipleChoiceRows,
-    check_choices,
-    choice_eval_parts,
-    choice_examples,
-)
-from zoexec.data.presets import TASKS, preset
-from zoexec.data.records import check_columns, load_records
+from zoexec.data.choices import classification_metrics, subset
+from zoexec.data.generation import Decoding
+from zoexec.data.records import check_columns
 from zoexec.data.templates import joiner, template_fields, text_of
-from zoexec.data.text import SyntheticTask, TextData, check_data, load_tokenizer
 from zoplan.errors import ZoError
 
-TEMPLATED = ("classification", "multiple-choice", "generation")   # tasks with --template
-_TAG_ROWS = 0x5257
+if TYPE_CHECKING:
+    from zoexec.data.section import TaskOptions
 
-
-# ---- the task's options ------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class TaskSpec:
-    """The task and its columns (see the module docstring); `to_dict` is what run.json
-    records (a resume refuses another)."""
-
-    name: str = "text"
-    text_column: str = "text"
-    prompt_column: str = "prompt"
-    completion_column: str = "completion"
-    label_column: str = "label"
-    template: str | None = None
-    label_words: tuple[str, ...] = field(default=())
-    classification_loss: str = "candidates"
-    task_preset: str | None = None
-    choices: tuple[str, ...] = field(default=())
-    choices_column: str | None = None
-    choice_score: str = "mean"
-    answer_column: str = "answer"
-    max_new_tokens: int = 32
-    stop_at: str = "eos"
-    demonstrations: int = 0
-    demonstrations_in_training: bool = False
-    demonstrations_seed: int = 0
-    demonstrations_data: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.name not in TASKS:
-            raise ZoError(f"--task {self.name!r}: give one of {', '.join(TASKS)}")
-        if self.template is not None and self.name not in TEMPLATED:
-            raise ZoError(f"--template is one of the options of --task "
-                          f"{', '.join(TEMPLATED)}, not of --task {self.name}")
-        if self.label_words and self.name != "classification":
-            raise ZoError("--label-words is an option of --task classification")
-        if (self.choices or self.choices_column) and self.name != "multiple-choice":
-            raise ZoError("--choices and --choices-column are options of --task multiple-choice")
-        preset(self.task_preset)
-        check_demonstrations(self)
-        check_generation(self)
-        if self.name == "multiple-choice":
-            check_choices(self)
-        if self.name != "classification":
-            return
-        if not self.template:
-            raise ZoError("--task classification needs --template, e.g. \"{sentence} It was\" "
-                          "(each {name} is a column of the data)")
-        if not template_fields(self.template):
-            raise ZoError(f"--template {self.template!r} names no column: put the text's "
-                          f"column in braces, e.g. \"{{sentence}} It was\"")
-        if len(self.label_words) < 2:
-            raise ZoError("--task classification needs --label-words with two or more words, "
-                          "comma-separated (label 0 first), e.g. \"terrible,great\"")
-        if any(not w.strip() for w in self.label_words):
-            raise ZoError(f"--label-words {','.join(self.label_words)!r}: a label word is empty")
-        if len(set(self.label_words)) != len(self.label_words):
-            raise ZoError(f"--label-words {','.join(self.label_words)!r}: a word appears twice")
-        if self.classification_loss not in LOSSES:
-            raise ZoError(f"--classification-loss {self.classification_loss!r}: give one of "
-                          f"{', '.join(LOSSES)}")
-
-    def to_dict(self) -> dict:
-        out = {"name": self.name}
-        for key in _RECORDED[self.name] + self._recorded_extras():
-            value = getattr(self, key)
-            out[key] = list(value) if isinstance(value, tuple) else value
-        return out
-
-    def _recorded_extras(self) -> tuple[str, ...]:
-        demos = ("demonstrations", "demonstrations_in_training", "demonstrations_seed",
-                 "demonstrations_data") if self.demonstrations else ()
-        return (("task_preset",) if self.task_preset else ()) + demos
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> TaskSpec:
-        if not data:
-            return cls()
-        data = dict(data)
-        if data.get("name") == "classification":   # runs from before the candidate loss
-            data.setdefault("classification_loss", "vocabulary")
-        for key in ("label_words", "choices"):
-            if key in data:
-                data[key] = tuple(data[key])
-        return cls(**data)
-
-_RECORDED = {   # what run.json records of each task (TaskSpec.to_dict)
-    "text": ("text_column",), "completion": ("prompt_column", "completion_column"),
-    "classification": ("template", "label_words", "label_column", "classification_loss"),
-    "multiple-choice": ("template", "choices", "choices_column", "label_column", "choice_score"),
-    "generation": ("template", "prompt_column", "answer_column", "max_new_tokens", "stop_at")}
-
-
-def parse_label_words(text: str | None) -> tuple[str, ...]:
-    """--label-words "terrible,great" -> ("terrible", "great") (each stripped)."""
-    if text is None:
-        return ()
-    return tuple(word.strip() for word in text.split(","))
+TAG_ROWS = 0x5257   # the training rows' order (every prompt type's)
 
 
 # ---- examples: a prompt and the tokens the loss counts after it --------------------------------
@@ -190,7 +58,7 @@ class Tokens:
         return ids
 
 
-def completion_examples(rows, spec: TaskSpec, tokens: Tokens, path) -> list[Example]:
+def completion_examples(rows, spec: TaskOptions, tokens: Tokens, path) -> list[Example]:
     check_columns(rows, (spec.prompt_column, spec.completion_column), path)
     out = []
     for number, row in enumerate(rows, start=1):
@@ -201,7 +69,7 @@ def completion_examples(rows, spec: TaskSpec, tokens: Tokens, path) -> list[Exam
                                special=False, what="the completion")
         if not target:
             raise ZoError(f"{where}: the completion tokenises to no tokens: nothing to learn")
-        if tokens.eos is not None:
+        if tokens.eos is not None and not spec.no_eos:
             target.append(tokens.eos)
         out.append(Example(tuple(prompt), tuple(target)))
     return out
@@ -219,7 +87,7 @@ class Labelled:
         return Example(self.prompt, self.candidates[self.label if index is None else index])
 
 
-def label_word_ids(spec: TaskSpec, tokens: Tokens) -> tuple[tuple[int, ...], ...]:
+def label_word_ids(spec: TaskOptions, tokens: Tokens) -> tuple[tuple[int, ...], ...]:
     out = []
     for word in spec.label_words:
         ids = tokens.encode(joiner(spec.template) + word, special=False, what=f"label word {word!r}")
@@ -235,7 +103,7 @@ def label_word_ids(spec: TaskSpec, tokens: Tokens) -> tuple[tuple[int, ...], ...
     return tuple(out)
 
 
-def _label_index(value, spec: TaskSpec, where: str) -> int:
+def _label_index(value, spec: TaskOptions, where: str) -> int:
     words = [w.strip() for w in spec.label_words]
     if isinstance(value, bool):
         value = int(value)
@@ -252,7 +120,7 @@ def _label_index(value, spec: TaskSpec, where: str) -> int:
                   f"label words ({', '.join(words)})")
 
 
-def classification_examples(rows, spec: TaskSpec, tokens: Tokens, path) -> list[Labelled]:
+def classification_examples(rows, spec: TaskOptions, tokens: Tokens, path) -> list[Labelled]:
     fields = template_fields(spec.template)
     check_columns(rows, (*fields, spec.label_column), path)
     candidates = label_word_ids(spec, tokens)
@@ -274,7 +142,7 @@ class ExampleRows:
 
     def __init__(self, examples: list[Example], *, pad: int, seed: int, path) -> None:
         self.examples, self.pad, self.seed, self.path = examples, pad, seed, path
-        self.order = EpochOrder(_TAG_ROWS, seed)
+        self.order = EpochOrder(TAG_ROWS, seed)
 
     def batch(self, step: int, batch_size: int, seq: int):
         picks = self.order.picks(step, batch_size, len(self.examples))
@@ -284,6 +152,12 @@ class ExampleRows:
     def epoch_of(self, step: int) -> float | None:
         """Passes over the examples after `step` (the metrics' "epoch")."""
         return self.order.epoch_of(step)
+
+    def check(self, seq: int) -> None:
+        """Every example fits `seq` with a prompt token (a ZoError names the row otherwise)."""
+        for number, ex in enumerate(self.examples, start=1):
+            if len(ex.target) > seq - (1 if ex.prompt else 0):
+                pack_examples([ex], seq=seq, pad=self.pad, where=f"{self.path} row {number}")
 
 
 # ---- evaluation sets ---------------------------------------------------------------------------
@@ -346,97 +220,10 @@ class EvalSet:
                                       loss=self.loss, vocabulary_loss=vocabulary)
 
 
-# ---- building sources and eval sets ------------------------------------------------------------
-def _tokens(tokenizer_dir, *, vocab: int, where) -> Tokens:
-    return Tokens(load_tokenizer(tokenizer_dir, where=where), vocab=vocab, where=where)
-
-
-def make_task_source(path, spec: TaskSpec, *, vocab: int, seed: int = 0, tokenizer_dir=None,
-                     seq: int | None = None):
-    """The training source of `spec` over the file or folder `path` (`seq`: the rows'
-    length, which demonstrations in training are fitted to)."""
-    if spec.name == "text":
-        return TextData.from_path(path, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir,
-                                  column=spec.text_column)
-    rows = load_records(path)
-    tokens = _tokens(tokenizer_dir, vocab=vocab, where=path)
-    examples = task_examples(rows, spec, tokens, path)
-    if spec.demonstrations_in_training:
-        demos = _demonstrations(spec, tokens, spec.demonstrations_data or path,
-                                rows=rows if spec.demonstrations_data is None else None)
-        examples = with_demonstrations(examples, rows, demos, seq=seq, reserve=_target_length)
-    if spec.name == "classification":
-        return ChoiceRows(examples, loss=spec.classification_loss, pad=tokens.pad, seed=seed,
-                          tag=_TAG_ROWS, path=path)
-    if spec.name == "multiple-choice":
-        return MultipleChoiceRows(examples, score=spec.choice_score, pad=tokens.pad, seed=seed,
-                                  tag=_TAG_ROWS, path=path)
-    if spec.name == "generation":
-        examples = [ex.example() for ex in examples]
-    return ExampleRows(examples, pad=tokens.pad, seed=seed, path=path)
-
-
-def task_examples(rows, spec: TaskSpec, tokens: Tokens, path) -> list:
-    """The examples of `rows`: Example (completion), Labelled (classification),
-    MultipleChoice or Answered (generation)."""
-    if spec.name == "completion":
-        return completion_examples(rows, spec, tokens, path)
-    if spec.name == "classification":
-        return classification_examples(rows, spec, tokens, path)
-    if spec.name == "multiple-choice":
-        return choice_examples(rows, spec, tokens, path, preset(spec.task_preset))
-    return generation_examples(rows, spec, tokens, path)
-
-
-def _target_length(example) -> int:
-    """The tokens a row needs after its prompt: the longest candidate, or the target."""
-    if hasattr(example, "candidates"):
-        return max(len(c) for c in example.candidates)
-    return len(example.target)
-
-
-def _demonstrations(spec: TaskSpec, tokens: Tokens, pool, *, rows=None):
-    """The demonstrations of `spec` drawn from the file `pool` (`rows`: its rows, read
-    already)."""
-    rows = load_records(pool) if rows is None else rows
-    return demonstrations_from(task_examples(rows, spec, tokens, pool), rows, spec=spec,
-                               tokens=tokens, where=pool)
-
-
-def make_eval_set(path, spec: TaskSpec, *, vocab: int, seq: int, tokenizer_dir=None,
-                  samples: int | None = None, train_path=None) -> EvalSet:
-    """The evaluation rows of `spec` over `path`: text cut into rows of `seq` (the
-    last shorter), a completion per row, the classification examples (a row each
-    with single-token candidates, else a row per candidate), a row per candidate of
-    each multiple-choice example, or a generation example's answer row and its prompt
-    to generate from; `samples`: that many of them, drawn with a fixed seed
-    (zoexec.data.choices.subset). With demonstrations, they are drawn from
-    spec.demonstrations_data, else `train_path`, else `path`."""
-    if spec.name == "text":
-        data = TextData.from_path(path, vocab=vocab, seed=0, tokenizer_dir=tokenizer_dir,
-                                  column=spec.text_column)
-        return EvalSet(rows=_some(data.eval_examples(seq), samples), pad=0)
-    rows = load_records(path)
-    tokens = _tokens(tokenizer_dir, vocab=vocab, where=path)
-    examples = task_examples(rows, spec, tokens, path)
-    rows, examples = _some(rows, samples), _some(examples, samples)
-    demos = None
-    if spec.demonstrations:
-        demos = _demonstrations(spec, tokens, spec.demonstrations_data or train_path or path)
-    examples_fed = with_demonstrations(examples, rows, demos, seq=seq, reserve=_target_length)
-    if spec.name == "completion":
-        return EvalSet(rows=examples_fed, pad=tokens.pad)
-    if spec.name == "multiple-choice":
-        return _choice_eval_set(examples_fed, spec, pad=tokens.pad)
-    if spec.name == "generation":
-        prompts = with_demonstrations(examples, rows, demos, seq=seq,
-                                      reserve=lambda ex: spec.max_new_tokens)
-        return EvalSet(rows=[ex.example() for ex in examples_fed], pad=tokens.pad,
-                       decoding=decoding_of(prompts, spec, tokens, seq=seq))
-    return _classification_eval_set(examples_fed, spec, pad=tokens.pad)
-
-
-def _classification_eval_set(examples: list, spec: TaskSpec, *, pad: int) -> EvalSet:
+# ---- evaluation sets of the types ---------------------------------------------------------
+def classification_eval_set(examples: list, spec: TaskOptions, *, pad: int) -> EvalSet:
+    """The classification examples' evaluation rows: a row each with single-token
+    candidates (scored at the answer position), else a row per candidate."""
     labels = [ex.label for ex in examples]
     if all(len(c) == 1 for c in examples[0].candidates):   # the label words: all alike
         return EvalSet(rows=[ex.example() for ex in examples], pad=pad, labels=labels,
@@ -451,38 +238,6 @@ def _classification_eval_set(examples: list, spec: TaskSpec, *, pad: int) -> Eva
                    loss=spec.classification_loss)
 
 
-def _choice_eval_set(examples: list, spec: TaskSpec, *, pad: int) -> EvalSet:
-    rows, scorer = choice_eval_parts(examples, score=spec.choice_score)
-    return EvalSet(rows=rows, pad=pad, scorer=scorer)
-
-
-def _some(items: list, samples: int | None) -> list:
+def some(items: list, samples: int | None) -> list:
+    """--eval-samples: `samples` of `items`, drawn with a fixed seed (all: None)."""
     return [items[i] for i in subset(len(items), samples)]
-
-
-def check_task_data(path, spec: TaskSpec, *, vocab: int, batch: int, seq: int,
-                    tokenizer_dir=None) -> None:
-    """What a rank would refuse in a task's data, found before any rank starts: every
-    row read and tokenised, each fitting `seq` (the text task: zoexec.data.text.check_data)."""
-    if spec.name == "text":
-        check_data(str(path), vocab=vocab, batch=batch, seq=seq, tokenizer_dir=tokenizer_dir,
-                   column=spec.text_column)
-        return
-    source = make_task_source(path, spec, vocab=vocab, tokenizer_dir=tokenizer_dir, seq=seq)
-    if isinstance(source, (ChoiceRows, MultipleChoiceRows)):
-        source.check(seq)
-        return
-    for number, ex in enumerate(source.examples, start=1):
-        if len(ex.target) > seq - (1 if ex.prompt else 0):
-            pack_examples([ex], seq=seq, pad=source.pad, where=f"{path} row {number}")
-
-
-def make_source(source: str, *, vocab: int, seed: int = 0, tokenizer_dir=None, task=None,
-                seq: int | None = None):
-    """"synthetic" -> SyntheticTask; a file or folder -> the source of `task` (a
-    zoexec.data.tasks.TaskSpec or its dict; default text: TextData)."""
-    if source == "synthetic":
-        return SyntheticTask(vocab=vocab, seed=seed)
-    spec = task if isinstance(task, TaskSpec) else TaskSpec.from_dict(task)
-    return make_task_source(source, spec, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir,
-                            seq=seq)

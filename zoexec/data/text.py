@@ -30,7 +30,7 @@ class SyntheticTask:
     next token is determined by the current one. A model that knows only which tokens
     occur reaches ln(alphabet) (2.77 for 16); one that learned the cycle
     approaches 0; an untrained one sits near ln(vocab). A tiny model trained with MeZO
-    goes clearly below ln(vocab) within a few hundred steps (tests/test_data.py)."""
+    goes clearly below ln(vocab) within a few hundred steps (tests/unit/test_data.py)."""
 
     def __init__(self, *, vocab: int, seed: int = 0, alphabet: int = 16) -> None:
         if vocab < 2 or alphabet < 2:

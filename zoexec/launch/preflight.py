@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from zoexec.data.tasks import check_task_data, make_eval_set
+from zoexec.data.sources import check_task_data, make_eval_set
 from zoexec.data.text import check_data
 from zoexec.run.verify import check_safetensors, free_bytes
 from zoexec.runtime.device import device_count, device_memory_free
@@ -83,11 +83,11 @@ def _check_data(cfg) -> None:
     vocab, tokenizer = cfg.model_spec.vocab, cfg.tokenizer_dir
     if cfg.task.data == "synthetic":
         check_data(cfg.task.data, vocab=vocab, batch=workload.batch, seq=workload.seq)
-    else:   # the task's rows (zoexec.data.tasks), then the held-out set
-        check_task_data(cfg.task.data, cfg.task.spec, vocab=vocab,
+    else:   # the task's rows (zoexec.data.sources), then the held-out set
+        check_task_data(cfg.task.data, cfg.task, vocab=vocab,
                         batch=workload.batch, seq=workload.seq, tokenizer_dir=tokenizer)
     if cfg.task.eval_data:
-        make_eval_set(cfg.task.eval_data, cfg.task.spec, vocab=vocab,
+        make_eval_set(cfg.task.eval_data, cfg.task, vocab=vocab,
                       seq=workload.seq, tokenizer_dir=tokenizer,
                       train_path=None if cfg.task.data == "synthetic" else cfg.task.data)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from zoexec.config import RunConfig
-from zoexec.data.tasks import make_source
+from zoexec.data.sources import make_source
 from zoexec.launch.preflight import check_gpu_memory
 from zoexec.maths.history import StepRecord
 from zoexec.run.evaluate import make_evaluator
@@ -123,7 +123,7 @@ def _agreed_z(cfg: RunConfig, env: zgroups.DistEnv) -> dict:
 def _data_source(cfg: RunConfig):
     """The data (read before the model is built, so a bad file fails fast)."""
     return make_source(cfg.task.data, vocab=cfg.model_spec.vocab, seed=cfg.optim.seed,
-                       tokenizer_dir=cfg.tokenizer_dir, task=cfg.task.spec, seq=cfg.workload.seq)
+                       tokenizer_dir=cfg.tokenizer_dir, task=cfg.task, seq=cfg.workload.seq)
 
 
 def _write_trace(cfg: RunConfig, env: zgroups.DistEnv, trainer: Trainer, memory: dict,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import struct
 from pathlib import Path
@@ -39,21 +38,6 @@ GENERATION_CONFIG = "generation_config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 MAX_SHARD_BYTES = 5 * 10**9        # --max-shard-size default: 5GB (decimal, as HF counts)
-_SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]B)?", re.IGNORECASE)
-
-
-def parse_size(text: str | int) -> int:
-    """--max-shard-size: bytes ("5GB", "500MB", "1.5GB": decimal units as HF's; a plain
-    integer: bytes). ZoError when it is not a size > 0."""
-    match = _SIZE.fullmatch(str(text).strip())
-    size = 0
-    if match:
-        size = int(float(match[1]) * (_SIZE_UNITS[match[2].upper()] if match[2] else 1))
-    if size < 1:
-        raise ZoError(f"--max-shard-size {text!r}: give a size such as 5GB, 500MB or a number "
-                      f"of bytes")
-    return size
 
 
 def export_weights(parts, block_flats, folder: Path, *, resident=None,

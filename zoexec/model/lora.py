@@ -244,7 +244,7 @@ LORA_EXTRAS = ("use_rslora", "use_dora", "use_qalora", "bias", "lora_bias", "fan
                "rank_pattern", "alpha_pattern", "layers_to_transform", "modules_to_save",
                "exclude_modules", "trainable_token_indices", "target_parameters",
                "layer_replication", "alora_invocation_tokens")
-_OFF = (None, False, "none", [], {})
+_OFF: tuple[object, ...] = (None, False, "none", [], {})
 
 
 def adapter_settings(folder: Path) -> dict:

@@ -151,8 +151,12 @@ def init_prefix(parts, spec: PrefixSpec, *, seed: int, blocks, out: torch.Tensor
         for index, weights in enumerate(blocks):
             bind_block(parts, weights)
             hidden = parts.block_forward(hidden, {**ctx, "past_key_values": cache})
+            if cache.captured is None:
+                raise ZoError(f"--tuning prefix: a {parts.family} block's attention took no "
+                              f"cache (its keys and values cannot be captured)")
             key, value = (t[0].transpose(0, 1).reshape(spec.tokens, spec.kv_dim)
                           for t in cache.captured)
+            cache.captured = None
             out[index, k.offset:k.stop] = key.reshape(-1).float()
             out[index, v.offset:v.stop] = value.reshape(-1).float()
     return out

@@ -181,7 +181,7 @@ def gpu_zo_costs(settings: Settings, *, device, sync, dtype: str = "bf16") -> di
     (apply_update, perturb_into) over the large block with a 16-bit store (plain,
     stochastic) and an fp32 one (master masters); the stochastic update
     (apply_update_stochastic) where zoexec has it. Samples carry their sizes: the planner
-    side turns the passes into bytes (zoplan.sim.taskwork.zo_pass_bytes)."""
+    side turns the passes into bytes (zoplan.pricing.zo.zo_pass_bytes)."""
     half = torch_dtype(dtype)
     out: dict = {"dtype": dtype, "z_draws": [], "passes": []}
     for tensors, numel in settings.z_gpu_blocks:

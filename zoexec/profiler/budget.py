@@ -19,6 +19,7 @@ how many samples were disturbed, and which stages were cut, and goes into the pr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Shares of a round's time per stage, in order. CPU: from a quick profile on the 2-core
@@ -49,7 +50,7 @@ class Budget:
     seconds: float
     device: str = "cpu"
     rounds_planned: int = 1
-    clock: object = time.perf_counter
+    clock: Callable[[], float] = time.perf_counter
     start: float = field(default=0.0)
     rounds_done: int = 0
     round_start: float = 0.0

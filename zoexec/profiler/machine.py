@@ -73,12 +73,13 @@ def measure(settings: Settings, *, tick: Callable[[str], None],
     def progress(prefix: str, message: str) -> None:
         tick(f"{prefix}{message}  [{fmt_s(budget.elapsed_s)} so far, ETA "
              f"{fmt_s(budget.eta_s())}]")
+    def round_tick(message: str) -> None:
+        prefix = f"round {budget.rounds_done}/{settings.rounds}: " if settings.rounds > 1 else ""
+        progress(prefix, message)
     rounds = []
     try:
         while budget.next_round():
-            prefix = (f"round {budget.rounds_done}/{settings.rounds}: "
-                      if settings.rounds > 1 else "")
-            rounds.append(run(settings, lambda message, p=prefix: progress(p, message), stage))
+            rounds.append(run(settings, round_tick, stage))
             budget.end_round()
     finally:
         timing.ACTIVE_GUARD.clear()

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from zoexec.data.tasks import EvalSet, make_eval_set
+from zoexec.data.sources import make_eval_set
+from zoexec.data.tasks import EvalSet
 from zoexec.runtime.errors import failing
 from zoexec.train.generate import greedy
 
@@ -72,7 +73,7 @@ def make_evaluator(cfg) -> Evaluator | None:
     if not cfg.task.eval_data:
         return None
     wl = cfg.workload
-    eval_set = make_eval_set(cfg.task.eval_data, cfg.task.spec, vocab=cfg.model_spec.vocab,
+    eval_set = make_eval_set(cfg.task.eval_data, cfg.task, vocab=cfg.model_spec.vocab,
                              seq=wl.seq, tokenizer_dir=cfg.tokenizer_dir,
                              samples=cfg.task.eval_samples, train_path=_train_path(cfg))
     return Evaluator(eval_set, batch=wl.batch, seq=wl.seq, every=cfg.logging.eval_every)

@@ -41,6 +41,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from zoexec.config import KEPT, SETTINGS  # what a resume keeps: the options' `kept`
+from zoexec.data.section import TaskOptions
 from zoexec.maths.history import StepRecord
 from zoexec.maths.schedule import lr_from
 from zoexec.maths.zo import step_seed
@@ -57,10 +59,6 @@ SNAPSHOTS = "snapshots"
 FINAL = "final"
 LOCK = ".lock"
 RUN_FILES = (IDENTITY, LOG, SNAPSHOTS, FINAL, "best", "metrics.jsonl", "runs")   # what a run writes
-# the settings a resume takes from run.json (an explicit different value is refused)
-SETTINGS = ("seed", "lr", "eps", "weight_decay", "data", "init", "lr_schedule", "warmup_steps",
-            "task")
-KEPT = ("save_every", "save_steps", "keep")   # checkpoint options a resume keeps unless given
 _SNAPSHOT = re.compile(r"step-(\d+)")
 
 
@@ -273,6 +271,8 @@ def _check_settings(ident: dict, given: dict) -> None:
     for key in SETTINGS:
         if key in ("data", "init") or given.get(key) is None or given[key] == ident[key]:
             continue
+        if key == "task" and _same_task(given[key], ident[key]):
+            continue
         if key == "task":
             raise ZoError(f"the task {_task_text(given[key])} differs from the run being "
                           f"resumed ({_task_text(ident[key])}): a resumed run keeps its task")
@@ -411,6 +411,15 @@ def say(lines) -> None:
     """Notes of the run folder (a damaged snapshot passed over, an extension) on stderr."""
     for line in lines:
         print(line, file=sys.stderr, flush=True)
+
+
+def _same_task(given: dict, recorded) -> bool:
+    """Two task records naming the same task (one written before a field was recorded,
+    or recorded only when set, reads as its default)."""
+    try:
+        return TaskOptions.from_record(given) == TaskOptions.from_record(recorded)
+    except (ZoError, ValueError, TypeError):   # a record this zoexec cannot read: not the same
+        return False
 
 
 def _task_text(task) -> str:

@@ -42,10 +42,10 @@ class PrefixTrainer(LoraTrainer):
         """[blocks, numel] fp32: a resumed run's snapshot (checked), else the base's keys
         and values of P seeded tokens (rank 0's, broadcast: every rank starts alike)."""
         blocks = self.store.num_blocks
-        if is_prefix_folder(self.cfg.load_from):
-            return load_prefixes(self.cfg.load_from, self.lora, num_blocks=blocks)
+        if self.cfg.load_from is not None and is_prefix_folder(self.cfg.load_from):
+            return load_prefixes(Path(self.cfg.load_from), self.lora, num_blocks=blocks)
         out = torch.zeros(blocks, self.lora.numel, dtype=torch.float32, device=self.env.device)
-        buf = self.bufs[0][:self.parts.block_numel]
+        buf = self.bufs[0][:self.store.block_numel]
 
         def weights():
             for block in range(blocks):

@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from zoplan.calibrate.compare import Calibration
 from zoplan.hardware import HardwareProfile
 from zoplan.plan import Plan
+from zoplan.pricing.compute import gemm_rate_key, has_z_model
+from zoplan.pricing.lora import lora_task_times
+from zoplan.pricing.tasks import task_times
+from zoplan.pricing.zo import update_figures
 from zoplan.sim import costs as sim_costs
-from zoplan.sim import graph, taskwork
-from zoplan.sim.lorawork import lora_task_times
+from zoplan.sim import graph
 from zoplan.sim.nodes import job_step_s
 from zoplan.sim.simulate import simulate
 
@@ -48,10 +51,10 @@ class Refit:
 
 
 def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
-    """The plan's per-task times on `profile` (zoplan.sim.taskwork.task_times; LoRA's
-    zoplan.sim.lorawork.lora_task_times)."""
+    """The plan's per-task times on `profile` (zoplan.pricing.tasks.task_times; LoRA's
+    zoplan.pricing.lora.lora_task_times)."""
     lay, wl = plan.layout, plan.workload
-    times = lora_task_times if wl.frozen_base else taskwork.task_times
+    times = lora_task_times if wl.frozen_base else task_times
     return times(model=plan.model, profile=profile, workload=wl,
                  tokens=wl.priced_tokens(lay.ddp),
                             streams=2 if lay.pertp == 1 else 1, local_ranks=lay.local_ranks)
@@ -74,7 +77,7 @@ def refit_forward(fit: Refit, plan: Plan, measured_task_s: float,
         fit.set("compute.rank_scaling", c["rank_scaling"] / ratio,
                 f"{why} with {lay.local_ranks} ranks")
         return
-    rate = hw.gemm_rate_key(wl.compute_dtype, wl.tf32)
+    rate = gemm_rate_key(hw, wl.compute_dtype, wl.tf32)
     for key in dict.fromkeys((rate, "mem_gbps", "attn_tflops")):
         if key in c:
             fit.set(f"compute.{key}", c[key] / ratio, why)
@@ -106,11 +109,12 @@ def refit_update(fit: Refit, plan: Plan, measured_task_s: float,
     why = f"update task {measured_task_s * 1e3:.3f} ms measured vs {t_pred * 1e3:.3f} ms"
     c = hw.compute
     if hw.is_cpu and lr > 1:
-        key = "z_rank_scaling" if hw.has_z_model else "zo_rank_scaling"
-        now = c.get(key, 1.0 if hw.has_z_model else c["rank_scaling"])
+        z_model = has_z_model(hw)
+        key = "z_rank_scaling" if z_model else "zo_rank_scaling"
+        now = c.get(key, 1.0 if z_model else c["rank_scaling"])
         fit.set(f"compute.{key}", now / ratio, f"{why} with {lr} ranks")
         return
-    for key in hw.update_figures:
+    for key in update_figures(hw):
         fit.set(f"compute.{key}", c[key] * ratio, why)
 
 

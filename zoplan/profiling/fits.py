@@ -2,11 +2,11 @@
 
 - the compute fit: block forward times over a grid of shapes -> dispatch overhead, GEMM
   peak with a small-GEMM efficiency term, attention rate, element-wise cost, and a
-  Llama-family block's extra dispatch (zoplan.hardware.forward_terms is the model);
+  Llama-family block's extra dispatch (zoplan.pricing.compute.cpu_forward_terms is the model);
 - the z fit: z draws of several blocks -> a fixed cost per draw and per chunk and a
   cost per element of the busiest thread;
 - the GPU fits: forwards per GEMM precision -> a rate each, one efficiency term and a
-  launch cost (zoplan.hardware.gpu_forward_terms is the model); z draws -> a cost per
+  launch cost (zoplan.pricing.compute.gpu_forward_terms is the model); z draws -> a cost per
   launch and per element; the zo passes -> the HBM bandwidth;
 - rank scalings: how k ranks on one host share its cores, from paired samples of all
   ranks at once and rank 0 alone;
@@ -23,9 +23,9 @@ import math
 import statistics
 
 from zoplan.errors import ZoError
-from zoplan.hardware import forward_terms, gpu_block_bytes
 from zoplan.models import one_block_config, spec_from_hf_config
-from zoplan.sim.taskwork import zo_pass_bytes  # the one formula of a pass's bytes
+from zoplan.pricing.compute import cpu_forward_terms, gpu_block_bytes
+from zoplan.pricing.zo import zo_pass_bytes  # the one formula of a pass's bytes
 
 SHARE_THRESHOLD = 0.75        # two GPUs share an uplink when each gets < 75% of alone
 
@@ -181,7 +181,7 @@ PRECISION_BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
 
 def gpu_point_bytes(point: dict) -> tuple[float, float]:
     """(attention, element-wise) HBM bytes of a timed GPU forward (its block:
-    zoplan.models.one_block_config; zoplan.hardware.gpu_block_bytes)."""
+    zoplan.models.one_block_config; zoplan.pricing.compute.gpu_block_bytes)."""
     spec = spec_from_hf_config(one_block_config(point["hidden"], point["seq"],
                                                 point.get("family", "opt")), name="block")
     return gpu_block_bytes(attn_dim=spec.attn_dim, kv_dim=spec.kv_dim,
@@ -192,7 +192,7 @@ def gpu_point_bytes(point: dict) -> tuple[float, float]:
 
 def fit_gpu_compute(points: list[dict], *, hbm_gbps: float) -> dict:
     """Least-squares fit (relative error) of the GPU forward model
-    (zoplan.hardware.gpu_forward_terms) to forwards timed in bf16, fp32 with TF32
+    (zoplan.pricing.compute.gpu_forward_terms) to forwards timed in bf16, fp32 with TF32
     ("tf32") and fp32 ("fp32"): one GEMM rate per precision, one efficiency term
     m / (m + m_half_tokens) and one launch cost (overhead_us) for all; attention and
     element-wise bytes at the measured HBM bandwidth are known, not fitted. m_half is
@@ -268,7 +268,7 @@ def fit_gpu_z(draws: list[dict]) -> dict:
 
 def hbm_from_passes(passes: list[dict]) -> dict:
     """device.hbm_gbps from the timed zo passes (apply_update, perturb_into) with a
-    16-bit and an fp32 store: each pass's bytes (zoplan.sim.taskwork.zo_pass_bytes) over its
+    16-bit and an fp32 store: each pass's bytes (zoplan.pricing.zo.zo_pass_bytes) over its
     time; the median of the passes. Returns the figure and each pass's rate."""
     rates = []
     for entry in passes:
@@ -329,7 +329,7 @@ def paired_mem_scaling(measured: dict, *, fit: dict, gemm_scaling: float) -> flo
     the shape's work (flops, attn_flops, elems, tokens)."""
     k = len(measured["per_rank"])
     fwd = measured["per_rank"][0]["forward_memory"]
-    over, gemm, rest = forward_terms({"attn_tflops": FREE_TFLOPS, **fit}, flops=fwd["flops"],
+    over, gemm, rest = cpu_forward_terms({"attn_tflops": FREE_TFLOPS, **fit}, flops=fwd["flops"],
                                      attn_flops=fwd["attn_flops"], elems=fwd["elems"],
                                      tokens=fwd["tokens"])
     out = []

@@ -15,7 +15,7 @@ from pathlib import Path
 from zoplan.io import check_writable
 from zoplan.plan import Plan
 from zoplan.search.build import build_plan
-from zoplan.search.evaluate import SearchResult, search
+from zoplan.search.evaluate import SearchResult, paused_gc, search
 from zoplan.search.space import Request, resolve_request
 from zoplan.search.tuning import faster
 
@@ -37,8 +37,9 @@ def optimize(*, model: str, gpus: int, profile: str | None, batch: int, seq: int
                           ddp=ddp, slices=slices, prefetch=prefetch, placement=placement,
                           lengths=lengths, **tuning)
     check_output(Path(output))
-    plan = build_plan(search(req, progress=progress))
-    plan.save(output)
+    with paused_gc():   # the plan of a large search is built beside all its objects too
+        plan = build_plan(search(req, progress=progress))
+        plan.save(output)
     return plan
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from zoplan.io import sha256_json
 from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, compact_ranks, tool_info
+from zoplan.pricing.collectives import internode_allreduce_s
+from zoplan.pricing.stragglers import node_spread
 from zoplan.search.evaluate import UNSLICED_TOLERANCE, SearchResult
 from zoplan.search.space import Candidate
 from zoplan.sim.bounds import StepBounds
-from zoplan.sim.costs import internode_allreduce_s
 from zoplan.sim.memory import RESIDENT_MARGIN, resident_margin_bytes
 from zoplan.sim.nodes import job_step_s, one_node_step_s, scaling_efficiency, sweep_counts
 from zoplan.trace import Span
@@ -108,7 +109,7 @@ def scaling(win: Candidate, req) -> dict:
                       "efficiency": round(scaling_efficiency(one_node_s=one, step_s=step), 6)})
     return {"nodes": win.layout.nodes, "one_node_step_s": _t(one),
             "efficiency": round(scaling_efficiency(one_node_s=one, step_s=win.step_time_s), 6),
-            "node_spread": req.profile.node_spread,
+            "node_spread": node_spread(req.profile),
             "basis": "weak scaling: the same per-node layout and per-node batch on one node",
             "sweep": sweep}
 
@@ -181,4 +182,9 @@ def baseline_entry(cand: Candidate | None, reason: str = "") -> dict:
     if cand.memory.reason:
         entry["reason"] = cand.memory.reason
     entry["workload"] = cand.workload.to_dict()
+    if cand.program is not None:   # priced as its own code runs (zoplan.pricing.baselines)
+        entry["bottleneck"] = cand.program.bound
+        entry["bottleneck_utilisation"] = 1.0
+        entry["program"] = {"name": cand.program.name,
+                            "parts": {k: _t(v) for k, v in cand.program.parts.items()}}
     return entry

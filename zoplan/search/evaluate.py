@@ -14,12 +14,17 @@ simulated; a job of several nodes runs at the pace of its slowest node
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from zoplan.errors import ZoError
 from zoplan.layout import Layout, axes_label
+from zoplan.pricing.baselines import zo2_memory, zo2_step
+from zoplan.pricing.devicemem import NVML_LABELS
 from zoplan.search.space import Candidate, Pruned, Request, enumerate_space, make_candidate
 from zoplan.sim.bounds import step_bounds
 from zoplan.sim.costs import StepCosts, step_costs
@@ -173,8 +178,28 @@ class SearchResult:
         return self.ranked[0]
 
 
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused inside: a search makes millions of small
+    objects it keeps, and the collector's passes over them took a third of its time
+    (benchmarks/bench_search.py); whatever cycles it leaves are collected after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def search(req: Request, *, progress=None) -> SearchResult:
-    """Run the whole search; `progress(total)` returns a tick function (or None)."""
+    """Run the whole search (the garbage collector paused: paused_gc); `progress(total)`
+    returns a tick function (or None)."""
+    with paused_gc():
+        return _search(req, progress=progress)
+
+
+def _search(req: Request, *, progress=None) -> SearchResult:
     candidates, pruned = enumerate_space(req, req.fixed)
     if not candidates:
         raise ZoError(_nothing_fits(req, pruned))
@@ -241,12 +266,14 @@ def _unsliced_baseline(req: Request, ranked: list[Candidate], cache: dict
 
 
 def zo2_baseline(req: Request, workload: Workload) -> Candidate:
-    """ZO2 on one GPU: pertp 1, slices 1, prefetch 2, the whole global batch, in the
-    winner's precision and update mode, with ZO2's own zo maths: it perturbs +eps,
-    -2eps, +eps (restore) in place and updates, drawing z four times per block and step
-    (zo-algorithms.md; zoexec.reference.mezo_reference_train), where zoexec draws it
-    twice (zoplan.sim.taskwork.task_times, schedule "zo2"). ZO2 trains every weight:
-    against a LoRA winner it is ZO2 in the same precision, full-parameter."""
+    """ZO2 on one GPU, the whole global batch, in the winner's precision. On a GPU
+    profile, ZO2 as its own code runs (zoplan.pricing.baselines.zo2_step: three streams
+    whose tasks wait on the host for the task before them, the zo maths as torch ops per
+    tensor, HF's eager attention) and its memory as NVML reports it (zo2_memory). On a
+    CPU profile (ZO2 needs CUDA streams: no real program to price) zoexec's schedule
+    with ZO2's zo maths: +eps, -2eps, +eps in place and the update, z drawn four times
+    per block and step (zoplan.pricing.tasks.task_times, schedule "zo2"). ZO2 trains
+    every weight: against a LoRA or prefix winner it is ZO2 in the same precision, full-parameter."""
     if workload.frozen_base:
         workload = Workload.for_update(batch=workload.batch, seq=workload.seq,
                                        compute_dtype=workload.compute_dtype,
@@ -257,5 +284,22 @@ def zo2_baseline(req: Request, workload: Workload) -> Candidate:
     cand.costs = step_costs(model=req.model, profile=req.profile, workload=workload,
                             layout=layout, schedule="zo2")
     cand.bounds = step_bounds(cand.costs)   # computed even when it does not fit: say so
-    simulate_full(cand, record_spans=False)
+    if req.profile.is_cpu:
+        simulate_full(cand, record_spans=False)
+        return cand
+    return _as_zo2_runs(req, cand)
+
+
+def _as_zo2_runs(req: Request, cand: Candidate) -> Candidate:
+    """The candidate priced as ZO2's code runs: its step and its NVML memory."""
+    wl = cand.workload
+    rows = wl.batch * wl.rows_per_example
+    step = zo2_step(req.model, req.profile, batch=rows, seq=wl.seq, dtype=wl.compute_dtype)
+    parts = zo2_memory(req.model, req.profile, batch=rows, seq=wl.seq, dtype=wl.compute_dtype)
+    labels = {"resident": "resident embeddings, final norm and head",
+              "blocks": "two blocks (the one computing, the one arriving)",
+              "compute_stream": "compute stream's pool (ZO2's largest phase)", **NVML_LABELS}
+    memory = dataclasses.replace(cand.memory, gpu_parts=parts, labels={**cand.memory.labels, **labels})
+    cand = dataclasses.replace(cand, memory=memory, program=step)
+    _set_step(cand, step.step_s, "zo2 as its code runs")
     return cand

@@ -34,11 +34,12 @@ from zoplan.lora import (
 )
 from zoplan.models import DTYPE_BYTES, ModelSpec, get_model
 from zoplan.prefix import DEFAULT_PREFIX_TOKENS
+from zoplan.pricing.baselines import BaselineStep
+from zoplan.pricing.stragglers import straggler_factor
 from zoplan.search.placement import PLACEMENTS, resident_pattern
 from zoplan.sim.bounds import StepBounds, step_bounds
 from zoplan.sim.costs import StepCosts, step_costs
 from zoplan.sim.memory import MemoryEstimate, estimate_memory, resident_capacity
-from zoplan.sim.nodes import straggler_factor
 from zoplan.sim.simulate import SimResult
 from zoplan.workload import UPDATE_MODES, Workload
 
@@ -289,6 +290,7 @@ class Candidate:
     period: int = 1                        # blocks after which `resident` repeats
     node_step_s: float | None = None       # one node's step (the simulation)
     straggler: float = 1.0                 # step / node step: the slowest node's pace
+    program: BaselineStep | None = None    # a baseline priced as its own code runs
 
     @property
     def label(self) -> str:

@@ -33,13 +33,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zoplan.sim.costs import StepCosts
-from zoplan.sim.graph import rank_order
+from zoplan.sim.graph import block_kinds
 from zoplan.sim.links import PCIE_DUPLEX, PCIE_H2D, UPLINK_H2D, link_class
 
 COMPUTE = "compute"
 COLLECTIVE = "collective"
 SERIAL = "serial engine"
-HOST = "host"        # a GPU rank's host thread, issuing every task (zoplan.sim.gpushare)
+HOST = "host"        # a GPU rank's host thread, issuing every task (zoplan.pricing.host)
 CHAIN = "pipeline"   # the dependency chain through the prefetch buffers
 # Both directions of a GPU's PCIe link / of a switch uplink, where they contend: the
 # resource class their duplex_pair_s bound counts under.
@@ -127,16 +127,25 @@ def step_bounds(costs: StepCosts, num_blocks: int | None = None) -> StepBounds:
     host = [host_lane_s(costs, lr, blocks) for lr in range(costs.local_ranks)]
     if costs.issue_s:
         resources[HOST] = max(host)
-    chain = max(_chain_s(costs, lr, blocks, alone[lr]) for lr in range(costs.local_ranks))
+    shapes = _chain_shapes(costs, blocks)
+    chain = max(_chain_s(costs, lr, blocks, alone[lr], shapes) for lr in range(costs.local_ranks))
     return StepBounds(resources=resources, chain_s=chain,
                       serial_s=_serial_s(costs, blocks) + max(host))
 
 
 def host_lane_s(costs: StepCosts, lr: int, blocks: int) -> float:
-    """The rank's host thread issuing every task of the step (0 without a host lane)."""
+    """The rank's host thread issuing every task of the step (0 without a host lane):
+    the embed, head and all-reduce, and per offloaded and per resident block its
+    tasks' issue (zoplan.sim.graph.block_kinds), times how many such blocks there are."""
     if not costs.issue_s:
         return 0.0
-    return sum(costs.issue(kind, b, lr) for kind, b in rank_order(costs, blocks))
+    res = costs.num_resident(blocks)
+    total = sum(costs.kind_issue(kind, False, lr) for kind in ("embed", "head", "allreduce"))
+    for resident, count in ((False, blocks - res), (True, res)):
+        if count:
+            total += count * sum(costs.kind_issue(kind, resident, lr)
+                                 for kind in block_kinds(costs, resident))
+    return total
 
 
 def _task_alone(costs: StepCosts, lr: int) -> dict[str, float]:
@@ -169,34 +178,48 @@ def _engine_busy(costs: StepCosts, lr: int, blocks: int, alone: dict) -> dict[st
                          + costs.allreduce_s)}
 
 
-def _chain_s(costs: StepCosts, lr: int, blocks: int, alone: dict) -> float:
-    """Longest dependency path of the rank through its `prefetch` block buffers: each
-    block of a chain runs its pipeline (fill .. compute, each task alone) and, but for
-    the last, releases its buffer (d2h; a resident block's release is its forward)."""
-    f = costs.factor(lr)
-    tail = costs.head_s * f + costs.allreduce_s
+def _chain_shapes(costs: StepCosts, blocks: int) -> list[tuple[int, int, int, int, float]] | None:
+    """The chains through the `prefetch` block buffers, the same for every rank: per
+    chain (blocks, offloaded, resident, releases, compute of the blocks after its last
+    one); None when no block uses a buffer."""
     resident = costs.resident[:blocks] if costs.resident else (False,) * blocks
     if costs.layout.slices > 1:
-        using = range(blocks)
+        using: range | list[int] = range(blocks)
     else:
         using = [b for b in range(blocks) if not resident[b]]
-    if not using:   # the compute engine's program order alone
-        return _compute_s(costs, lr, blocks) + costs.allreduce_s
+    if not using:
+        return None
     p = costs.layout.prefetch
-    slice_s = costs.slice_s(lr)
-    best = 0.0
+    shapes = []
     for start in range(min(p, len(using))):
         chain = using[start::p]
         n_res = sum(resident[start::p]) if isinstance(using, range) else 0
         n_host = len(chain) - n_res
         releases = n_host - (0 if resident[chain[-1]] else 1)
+        shapes.append((len(chain), n_host, n_res, releases,
+                       _blocks_compute_s(costs, chain[-1] + 1, blocks)))
+    return shapes
+
+
+def _chain_s(costs: StepCosts, lr: int, blocks: int, alone: dict,
+             shapes: list[tuple[int, int, int, int, float]] | None) -> float:
+    """Longest dependency path of the rank through its `prefetch` block buffers
+    (`shapes`: _chain_shapes): each block of a chain runs its pipeline (fill ..
+    compute, each task alone) and, but for the last, releases its buffer (d2h; a
+    resident block's release is its forward)."""
+    f = costs.factor(lr)
+    tail = costs.head_s * f + costs.allreduce_s
+    if shapes is None:   # the compute engine's program order alone
+        return _compute_s(costs, lr, blocks) + costs.allreduce_s
+    slice_s = costs.slice_s(lr)
+    best = 0.0
+    for length, n_host, n_res, releases, after in shapes:
         path = ((n_host * (alone["h2d"] + alone["allgather"]) + n_res * alone["allgather"])
-                + len(chain) * slice_s * f
+                + length * slice_s * f
                 + (n_host * costs.update_s + n_res * costs.resident_update_s
-                   + len(chain) * costs.forward_s) * f
+                   + length * costs.forward_s) * f
                 + releases * alone["d2h"])
-        after = _blocks_compute_s(costs, chain[-1] + 1, blocks) * f
-        best = max(best, path + after)
+        best = max(best, path + after * f)
     return best + tail
 
 

@@ -1,14 +1,15 @@
 """StepCosts: every figure the graph, the simulator and the bounds need for one
-layout, and `step_costs`, which gathers them: the task times (zoplan.sim.taskwork), the
-links and flows (zoplan.sim.links), the placement of blocks on the devices, the slice
-updates, the ranks' speed factors and the CUDA write-back fence.
+layout, and `step_costs`, which gathers them from zoplan.pricing (it computes no cost of
+its own): the task times (zoplan.pricing.tasks, .lora), the host lane (.host), the
+streams sharing a GPU (.overlap), the collectives (.collectives) and the ranks' speed
+factors (.stragglers); the links and flows (zoplan.sim.links), the placement of blocks
+on the devices, the slices' pieces and the CUDA write-back fence.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from dataclasses import dataclass, field
 
 from zoplan.execrules import chunk_bounds, fence_needed, sr_chunk, z_range_draws
@@ -16,10 +17,21 @@ from zoplan.hardware import HardwareProfile
 from zoplan.layout import Layout
 from zoplan.memory import store_stride
 from zoplan.models import ModelSpec, dtype_bytes
-from zoplan.sim.gpushare import host_issue, shared_gpu
-from zoplan.sim.links import GBPS, Flow, contended_links, node_links, transfer_flows
-from zoplan.sim.lorawork import lora_task_times
-from zoplan.sim.taskwork import Work, task_times
+from zoplan.pricing.collectives import (
+    allgather_busbw_gbps,
+    allreduce_small_s,
+    collective_latency_s,
+    internode_allreduce_s,
+)
+from zoplan.pricing.compute import device_copy_s
+from zoplan.pricing.host import host_issue, launch_s
+from zoplan.pricing.lora import lora_task_times
+from zoplan.pricing.overlap import overlap_slowdown, stream_factors
+from zoplan.pricing.stragglers import rank_factors
+from zoplan.pricing.tasks import task_times
+from zoplan.pricing.units import GBPS
+from zoplan.pricing.work import Work
+from zoplan.sim.links import Flow, contended_links, node_links, transfer_flows
 from zoplan.workload import Workload
 
 
@@ -53,7 +65,7 @@ class StepCosts:
     slice_update_s: tuple[float, ...] = ()   # per local rank: its slice update (() = none)
     read_only: bool = False          # LoRA: the base is never written back (no d2h, no fence)
     # the host lane (CUDA; {} on CPUs): host seconds to issue each task kind (the batch
-    # before "embed"), and per local rank its slice update's (zoplan.sim.gpushare)
+    # before "embed"), and per local rank its slice update's (zoplan.pricing.host)
     issue_s: dict = field(default_factory=dict)
     allgather_slowdown_s: float = 0.0   # an all-gather beside the compute stream's work
     overlap: tuple[float, float] = (1.0, 1.0)   # (compute, collective) sharing factors
@@ -111,9 +123,13 @@ class StepCosts:
 
     def issue(self, kind: str, block: int, local_rank: int) -> float:
         """Host seconds to issue one task (0 without a host lane)."""
+        return self.kind_issue(kind, self.is_resident(block), local_rank)
+
+    def kind_issue(self, kind: str, resident: bool, local_rank: int) -> float:
+        """Host seconds to issue a task of `kind` of a resident or an offloaded block."""
         if not self.issue_s:
             return 0.0
-        if kind == "update" and self.is_resident(block):
+        if kind == "update" and resident:
             kind = "resident_update"
         if kind == "slice_update":
             return self.issue_s["slice_update"][local_rank]
@@ -126,16 +142,7 @@ class StepCosts:
         return range(first, first + s)
 
 
-# ---- costs ------------------------------------------------------------------------
-def internode_allreduce_s(profile: HardwareProfile, nodes: int) -> float:
-    """Inter-node part of the scalar all-reduce: latency-bound recursive doubling,
-    ceil(log2(nodes)) rounds of one network latency each (Thakur, Rabenseifner and
-    Gropp, "Optimization of Collective Communication Operations in MPICH", 2005)."""
-    if nodes <= 1:
-        return 0.0
-    return profile.network["latency_us"] * 1e-6 * math.ceil(math.log2(nodes))
-
-
+# ---- the step -------------------------------------------------------------------
 def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
                layout: Layout, schedule: str = "zoexec", resident: tuple[bool, ...] = (),
                period: int | None = None) -> StepCosts:
@@ -147,33 +154,77 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     tokens = workload.priced_tokens(layout.ddp)
     streams = 2 if layout.pertp == 1 else 1
     block = float(model.block_bytes(workload.param_dtype))
-    times = lora_task_times if workload.frozen_base else task_times
-    work = times(model=model, profile=profile, workload=workload, tokens=tokens,
-                 streams=streams, local_ranks=lr,
-                 **({} if workload.frozen_base else {"schedule": schedule}))
+    work = dict(_task_work(model, profile, workload, tokens, streams, lr, schedule))
     parts = work.pop("parts")
     work.update(_placement_work(model=model, profile=profile, workload=workload,
                                 layout=layout, parts=parts, resident=resident,
                                 period=period, update_s=work["update_s"]))
     if workload.frozen_base:
         work.update(_read_only(work))
-    issue = host_issue(profile, layout, work.pop("issue"), work.pop("issue_parts"))
+    issue = host_issue(profile, work.pop("issue"), work.pop("issue_parts"))
     links = node_links(profile, lr)
     internode = internode_allreduce_s(profile, layout.nodes)
-    small_s = profile.collective["allreduce_small_us"] * 1e-6
+    small_s = allreduce_small_s(profile)
+    flows = transfer_flows(profile, layout, block,
+                           allgather_cap_Bps=allgather_busbw_gbps(profile, block) * GBPS)
     costs = StepCosts(
         layout=layout, concurrent=bool(profile.device.get("concurrent_engines", True)),
         num_blocks=model.num_layers, block_bytes=block, tokens_per_rank=tokens,
         streams=streams, **work, issue_s=issue,
         allreduce_s=(small_s + internode if layout.world_size > 1 else 0.0),  # zoexec skips a world of one
-        internode_s=internode, allgather_latency_s=profile.collective["latency_us"] * 1e-6,
+        internode_s=internode, allgather_latency_s=collective_latency_s(profile),
         links=links, rank_factors=rank_factors(profile, lr),
         fence_s=small_s if not profile.is_cpu and fence_needed(layout) else 0.0,
-        contended=contended_links(profile, links), **transfer_flows(profile, layout, block))
+        contended=contended_links(profile, links), **flows)
     if workload.frozen_base:
         costs = dataclasses.replace(costs, read_only=True, fence_s=0.0,
                                     d2h=tuple(() for _ in range(lr)))
-    return shared_gpu(costs, profile.overlap_slowdown)
+    return shared_gpu(costs, overlap_slowdown(profile))
+
+
+def shared_gpu(costs: StepCosts, k: float) -> StepCosts:
+    """`costs` with its block tasks slowed by the compute and collective streams
+    sharing the GPU (zoplan.pricing.overlap.stream_factors of one rank's work per
+    block on each stream; k = compute.overlap_slowdown)."""
+    if not costs.concurrent or not costs.num_blocks:
+        return costs
+    comp, coll = stream_factors(compute_s=_compute_stream_s(costs),
+                                collective_s=_collective_stream_s(costs), k=k)
+    if comp == coll == 1.0:
+        return costs
+    gather = costs.allgather_alone_s(0) - costs.allgather_latency_s if costs.layout.slices > 1 else 0.0
+    return dataclasses.replace(
+        costs, update_s=costs.update_s * comp, forward_s=costs.forward_s * comp,
+        resident_update_s=costs.resident_update_s * comp,
+        slice_update_s=tuple(s * coll for s in costs.slice_update_s),
+        allgather_slowdown_s=gather * (coll - 1.0), overlap=(comp, coll))
+
+
+def _compute_stream_s(costs: StepCosts) -> float:
+    """Rank 0's compute stream per block: its forward and (mean) update task."""
+    blocks, res = costs.num_blocks, costs.num_resident()
+    return costs.forward_s + (res * costs.resident_update_s
+                              + (blocks - res) * costs.update_s) / blocks
+
+
+def _collective_stream_s(costs: StepCosts) -> float:
+    """Rank 0's collective stream per block: its slice update, the all-gather alone and
+    the write-back fence of an offloaded block."""
+    blocks, res = costs.num_blocks, costs.num_resident()
+    return (costs.slice_s(0) + costs.allgather_alone_s(0)
+            + costs.fence_s * (blocks - res) / blocks)
+
+
+@functools.lru_cache(maxsize=1024)
+def _task_work(model: ModelSpec, profile: HardwareProfile, workload: Workload,
+               tokens: int | float, streams: int, local_ranks: int, schedule: str) -> dict:
+    """The task times of zoplan.pricing (cached: a search asks for the same ones for
+    every prefetch depth, slice group and placement; callers copy before changing)."""
+    if workload.frozen_base:
+        return lora_task_times(model=model, profile=profile, workload=workload, tokens=tokens,
+                               streams=streams, local_ranks=local_ranks)
+    return task_times(model=model, profile=profile, workload=workload, tokens=tokens,
+                      streams=streams, local_ranks=local_ranks, schedule=schedule)
 
 
 def _read_only(work: dict) -> dict:
@@ -207,7 +258,7 @@ def _placement_work(*, model, profile, workload, layout, parts, resident, period
         out["resident_update_s"], issue["resident_update"] = out["update_s"], issue["update"]
     else:   # the owner copies its slice of the updated block back into its shard
         out["resident_update_s"] = update_s + shard_copy_s(model, profile, workload, layout)
-        issue["resident_copy"] = profile.launch_s if layout.slices > 1 else 0.0
+        issue["resident_copy"] = launch_s(profile) if layout.slices > 1 else 0.0
     out["issue_parts"] = issue
     return out
 
@@ -281,21 +332,4 @@ def shard_copy_s(model: ModelSpec, profile: HardwareProfile, workload: Workload,
     """Copy of the rank's slice of an updated, gathered block back into its resident
     shard (read and write, stored precision) at the device's memory bandwidth."""
     nbytes = 2 * dtype_bytes(workload.param_dtype) * model.block_params / layout.slices
-    if profile.is_cpu:
-        return nbytes / (profile.compute["mem_gbps"] * GBPS)
-    return profile.hbm_time_s(nbytes)
-
-
-def rank_factors(profile: HardwareProfile, local_ranks: int) -> tuple[float, ...]:
-    """Ranks that run at once do not run alike: on a profile with
-    compute.rank_jitter (j: how far the slowest of the node's ranks runs above their
-    mean, measured by `zoplan profile`), local rank r's compute tasks take
-    1 + j * (2r / (k - 1) - 1) of their time (the slowest +j, the mean 1), so the
-    simulator's ranks wait for each other at the write-back fence and the collectives
-    as measured ranks do. On a GPU profile with compute.rank_jitter the GPUs of a node
-    differ the same way (the slowest then paces every all-gather of its slice group).
-    1 for every rank elsewhere."""
-    jitter = profile.compute.get("rank_jitter", 0.0)
-    if local_ranks < 2 or not jitter:
-        return ()
-    return tuple(1.0 + jitter * (2 * r / (local_ranks - 1) - 1) for r in range(local_ranks))
+    return device_copy_s(profile, nbytes)

@@ -1,4 +1,5 @@
-"""Task graph of one steady-state training step for one layout, on ONE node.
+"""Task graph of one steady-state training step for one layout, on ONE node
+(StepGraph: the part of networkx's DiGraph interface the simulator reads).
 
 All nodes of a job are identical (DDP across nodes, each node holds its own host copy),
 so the graph covers the local ranks of node 0; the inter-node part of the scalar
@@ -34,13 +35,13 @@ Edges carry `why`:
     "order"   program order on one engine (an engine does one thing at a time)
 The slice update runs where the executor issues it: on a CUDA rank's collective stream,
 right before the block's all-gather (it overlaps the compute stream's work; what the
-two streams share is priced by zoplan.sim.gpushare), on a CPU rank in its serial order.
+two streams share is priced by zoplan.pricing.overlap), on a CPU rank in its serial order.
 Collectives (allgather, allreduce) are one node per member rank with a shared `group`;
 the simulator starts a group when all members have reached it.
 
 Each node carries the work of the task: `dur_s` (compute time, or the fixed latency of
 a collective), `issue` ((start, end) of its issue on the rank's host lane, CUDA:
-zoplan.sim.gpushare; (0, 0) on CPUs) and `flows` ((bytes, route of link names, private cap in bytes/s), ...):
+zoplan.pricing.host; (0, 0) on CPUs) and `flows` ((bytes, route of link names, private cap in bytes/s), ...):
 transfers whose rate the simulator decides by max-min fair sharing of the links. The
 graph's `links` give each link's capacity, `contended` the capacity of a direction link
 while the opposite direction of the same PCIe link or switch uplink is busy.
@@ -48,7 +49,8 @@ while the opposite direction of the same PCIe link or switch uplink is busy.
 
 from __future__ import annotations
 
-import networkx as nx
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from zoplan.sim.costs import StepCosts
 from zoplan.trace import KIND_LANE, NO_BLOCK, task_id
@@ -65,13 +67,15 @@ SLICE_UPDATE = "slice_update"
 
 def rank_order(costs: StepCosts, num_blocks: int) -> list[tuple[str, int]]:
     """(kind, block) of one rank's tasks in program order (the CPU's serial order)."""
+    kinds = {resident: block_kinds(costs, resident) for resident in (False, True)}
     order = [("embed", NO_BLOCK)]
-    order += [(kind, b) for b in range(num_blocks) for kind in _block_kinds(costs, b)]
+    order += [(kind, b) for b in range(num_blocks) for kind in kinds[costs.is_resident(b)]]
     return order + [("head", NO_BLOCK), ("allreduce", NO_BLOCK)]
 
 
-def _block_kinds(costs: StepCosts, block: int) -> list[str]:
-    resident = costs.is_resident(block)
+def block_kinds(costs: StepCosts, resident: bool) -> list[str]:
+    """The kinds of a block's tasks on one rank in program order (a resident block's,
+    or an offloaded one's)."""
     kinds = [] if resident else ["h2d"]
     kinds += [SLICE_UPDATE] if costs.split_update else []
     kinds += ["allgather"] if costs.layout.slices > 1 else []
@@ -79,13 +83,91 @@ def _block_kinds(costs: StepCosts, block: int) -> list[str]:
     return kinds + ["update", "forward"] + ([] if resident or costs.read_only else ["d2h"])
 
 
-def build_step_graph(costs: StepCosts, *, num_blocks: int | None = None):
-    """The networkx DiGraph of one step on node 0 (`num_blocks` < the model's blocks
-    gives the reduced graphs the search extrapolates from)."""
+class _View:
+    """A mapping of names (nodes) or (u, v) pairs (edges) to attribute dicts, read the
+    way networkx reads its views: iterate, index, or call with data=True / a key."""
+
+    def __init__(self, items: dict):
+        self._items = items
+
+    def __iter__(self) -> Iterator:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __getitem__(self, key: Any) -> dict:
+        return self._items[key]
+
+    def __call__(self, data: bool | str = False) -> list:
+        flat = [(*k, a) if isinstance(k, tuple) else (k, a) for k, a in self._items.items()]
+        if data is True:
+            return flat
+        if data:
+            return [(*row[:-1], row[-1].get(data)) for row in flat]
+        return [row[:-1] if len(row) > 2 else row[0] for row in flat]
+
+
+class StepGraph:
+    """A directed graph of one step's tasks: the subset of networkx's DiGraph the
+    simulator and the tests read (nodes, edges, in_edges, has_edge, number_of_nodes,
+    the `graph` attributes), built without networkx: a search builds dozens of them
+    and networkx's import alone is a fifth of the planner's start-up. Edges iterate
+    in networkx's order (by source in node order, then by target as first added); an
+    edge added twice keeps its place and takes the later attributes."""
+
+    def __init__(self, **graph: Any):
+        self.graph = graph
+        self._nodes: dict[str, dict] = {}
+        self._succ: dict[str, dict[str, dict]] = {}
+        self._pred: dict[str, dict[str, dict]] = {}
+
+    def add_nodes_from(self, nodes: Iterable[tuple[str, dict]]) -> None:
+        for name, attrs in nodes:
+            self._add_node(name).update(attrs)
+
+    def _add_node(self, name: str) -> dict:
+        if name not in self._nodes:
+            self._nodes[name], self._succ[name], self._pred[name] = {}, {}, {}
+        return self._nodes[name]
+
+    def add_edges_from(self, edges: Iterable[tuple[str, str, dict]]) -> None:
+        for u, v, attrs in edges:
+            self._add_node(u)
+            self._add_node(v)
+            data = self._succ[u].get(v)
+            if data is None:
+                data = self._succ[u][v] = self._pred[v][u] = {}
+            data.update(attrs)
+
+    @property
+    def nodes(self) -> _View:
+        return _View(self._nodes)
+
+    @property
+    def edges(self) -> _View:
+        return _View({(u, v): d for u, out in self._succ.items() for v, d in out.items()})
+
+    def in_edges(self, node: str, data: bool = False) -> list:
+        return [(u, node, d) if data else (u, node) for u, d in self._pred[node].items()]
+
+    def has_edge(self, u: str, v: str) -> bool:
+        return v in self._succ.get(u, {})
+
+    def number_of_nodes(self) -> int:
+        return len(self._nodes)
+
+
+def build_step_graph(costs: StepCosts, *, num_blocks: int | None = None) -> StepGraph:
+    """The graph of one step on node 0 (`num_blocks` < the model's blocks gives the
+    reduced graphs the search extrapolates from)."""
     num_blocks = costs.num_blocks if num_blocks is None else num_blocks
-    graph = nx.DiGraph(links=dict(costs.links), contended=dict(costs.contended),
-                       concurrent=costs.concurrent, num_blocks=num_blocks,
-                       local_ranks=costs.local_ranks)
+    graph = StepGraph(links=dict(costs.links), contended=dict(costs.contended),
+                      concurrent=costs.concurrent, num_blocks=num_blocks,
+                      local_ranks=costs.local_ranks)
     order = rank_order(costs, num_blocks)
     nodes, edges = [], []
     for lr in range(costs.local_ranks):

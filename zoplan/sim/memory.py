@@ -4,8 +4,10 @@ the profile's limits, and why not.
 The bytes are zoplan.memory's (the one model of what zoexec allocates, checked against
 the executor in tests/unit/test_memory_model.py): per GPU the terms alive at the rank's
 peak (rank_memory: held buffers, a step's hidden states, the largest transient of
-set-up, update, forward or head, and on CUDA NCCL and cuBLAS); they must fit
-device.memory_gib - device.reserved_gib. Per node the host's peak (node_host_memory:
+set-up, update, forward or head, and on CUDA NCCL and cuBLAS), and on CUDA what NVML
+shows beyond them (zoplan.pricing.devicemem: the context with its libraries, the
+caching allocator's slack), so a GPU's figure is what nvidia-smi would report; they must
+fit device.memory_gib - device.reserved_gib. Per node the host's peak (node_host_memory:
 the block store once, each local rank's process and resident master, on CPU profiles
 every rank's "device" bytes, or the builder's set-up peak); it must fit
 host.memory_gib.
@@ -20,12 +22,20 @@ well, with the same margin).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from zoplan.hardware import GIB, HardwareProfile
 from zoplan.layout import Layout
-from zoplan.memory import fmt_bytes, node_host_memory, rank_memory, resident_shard_bytes
+from zoplan.memory import (
+    RankMemory,
+    fmt_bytes,
+    node_host_memory,
+    rank_memory,
+    resident_shard_bytes,
+)
 from zoplan.models import ModelSpec
+from zoplan.pricing.devicemem import NVML_LABELS, nvml_terms
 from zoplan.workload import Workload
 
 __all__ = ["RESIDENT_MARGIN", "MemoryEstimate", "estimate_memory", "fmt_bytes",
@@ -87,15 +97,32 @@ class MemoryEstimate:
 
 def estimate_memory(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
                     layout: Layout, resident_blocks: int = 0) -> MemoryEstimate:
+    """The layout's bytes per device and per node against the profile's limits (cached:
+    the search asks again for each candidate's placement and baselines)."""
+    return _estimate(model, profile, workload, layout, resident_blocks)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str,
+          resident_blocks: int = 0) -> RankMemory:
+    return rank_memory(model=model, workload=workload, layout=layout,
+                       device_kind=device_kind, resident_blocks=resident_blocks)
+
+
+@functools.lru_cache(maxsize=4096)
+def _estimate(model: ModelSpec, profile: HardwareProfile, workload: Workload, layout: Layout,
+              resident_blocks: int) -> MemoryEstimate:
     kind = profile.device["kind"]
     shape = dict(model=model, workload=workload, layout=layout, device_kind=kind,
                  resident_blocks=resident_blocks)
-    rank = rank_memory(**shape)
+    rank = _rank(model, workload, layout, kind, resident_blocks)
     host = node_host_memory(**shape)
     gpu_terms, host_terms = rank.peak_terms(), host.peak_terms()
     labels = {t.key: t.label for t in gpu_terms}
     labels.update({t.key: t.label for t in host_terms})
-    return MemoryEstimate(gpu_parts=_merge(gpu_terms), host_parts=_merge(host_terms),
+    labels.update(NVML_LABELS)
+    gpu_parts = {**_merge(gpu_terms), **nvml_terms(profile)}   # as NVML reports it
+    return MemoryEstimate(gpu_parts=gpu_parts, host_parts=_merge(host_terms),
                           labels=labels,
                           gpu_limit_bytes=profile.device_memory_bytes,
                           host_limit_bytes=profile.host_memory_bytes,
@@ -122,10 +149,10 @@ def resident_capacity(*, model: ModelSpec, profile: HardwareProfile, workload: W
     blocks, if made already."""
     base = base or estimate_memory(model=model, profile=profile, workload=workload,
                                    layout=layout)
-    rank = rank_memory(model=model, workload=workload, layout=layout,
-                       device_kind=profile.device["kind"])
+    rank = _rank(model, workload, layout, profile.device["kind"])
     shard = resident_shard_bytes(model, workload, layout)
-    room = base.gpu_limit_bytes - resident_margin_bytes(profile) - sum(t.bytes for t in rank.outside)
+    room = (base.gpu_limit_bytes - resident_margin_bytes(profile) - sum(t.bytes for t in rank.outside)
+            - sum(nvml_terms(profile).values()))
     copies = max(_sum(rank.setup), *(rank.phase_bytes(p) for p in rank.phases if p != "setup"))
     if copies > room:
         return 0

@@ -5,7 +5,7 @@ Engines: one SimPy process per engine of the graph (per rank: compute, h2d, coll
 d2h on CUDA; one serial engine per rank on CPU profiles). A process walks its tasks in
 program order; a task starts when its dependencies are done and its rank's host has
 begun issuing it (a copy or collective: finished issuing it), and ends no sooner than
-its issue (the node's `issue` window, zoplan.sim.gpushare). A collective starts when
+its issue (the node's `issue` window, zoplan.pricing.host). A collective starts when
 its last member reaches it and ends for all members at once.
 
 Links (`FairShareNetwork`): a transfer is a set of flows, each crossing a route of links

@@ -1,6 +1,6 @@
 """`zoplan show`: the predicted step (and a measured one) as a Gantt chart; Chrome and SVG exports.
 
-`zoplan show plan.json` draws the predicted step as a Gantt chart (zoplan.gantt: cell,
+`zoplan show plan.json` draws the predicted step as a Gantt chart (zoplan.views.gantt: cell,
 critical-path and rank-folding rules are in its docstring), with `--trace DIR` the
 measured step under it on the same time axis and a per-lane table of busy times, and
 a summary panel (step time, tokens/s, utilisation, bottleneck, memory against capacity,

@@ -17,11 +17,15 @@ No write-back, no fence and no slice update (zoplan.sim.costs: read_only).
 
 from __future__ import annotations
 
+from typing import Any
+
 from zoplan.hardware import HardwareProfile
 from zoplan.lora import ADAPTER_BYTES, adapter_flops_per_token, adapter_tensor_numels
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.prefix import prefix_flops_per_token, prefix_tensor_numels
-from zoplan.sim.taskwork import EMBED_OPS, HEAD_OPS, forward_terms
+from zoplan.pricing.compute import EMBED_OPS, HEAD_OPS, forward_times, has_z_model, hbm_time_s
+from zoplan.pricing.host import forward_issue_s, launch_s
+from zoplan.pricing.zo import cpu_z_time_s, gpu_z_time_s, pass_time_s, z_issue_s, zo_time_s
 from zoplan.workload import Workload
 
 LORA_LAUNCHES = 4   # per target module and stream: A x, B (A x), the scaling, the add
@@ -55,25 +59,26 @@ def adapter_pass_bytes(compute_bytes: int) -> tuple[int, int]:
 
 
 def lora_task_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
-                    tokens: int, streams: int, local_ranks: int) -> dict:
+                    tokens: int | float, streams: int, local_ranks: int) -> dict[str, Any]:
     """embed_s, update_s, forward_s, head_s (and the GPU host's "issue" seconds) of a
     LoRA or prefix step, in task_times' shape ("parts" None: no slice update)."""
     hw, wl = profile, workload
     numels = tuned_numels(model, wl)
-    fwd, lookups, head_fwd = forward_terms(
+    fwd, lookups, head_fwd = forward_times(
         model=model, profile=hw, workload=wl, tokens=tokens, streams=1,
         local_ranks=local_ranks, extra_flops_per_token=tuned_flops_per_token(model, wl))
     z, update, perturb = _adapter_zo(hw, numels, dtype_bytes(wl.compute_dtype), local_ranks)
-    out = {"embed_s": lookups, "update_s": 2 * z + update + perturb,
-           "forward_s": streams * fwd + (streams - 1) * perturb,
-           "head_s": streams * head_fwd, "parts": None, "issue": None}
+    out: dict[str, Any] = {"embed_s": lookups, "update_s": 2 * z + update + perturb,
+                           "forward_s": streams * fwd + (streams - 1) * perturb,
+                           "head_s": streams * head_fwd, "parts": None, "issue": None}
     if not hw.is_cpu:
-        launches = _tuned_launches(wl) * hw.launch_s
-        out["issue"] = {"embed": hw.forward_issue_s(EMBED_OPS),
-                        "update": 2 * hw.z_issue_s(numels) + 2 * hw.launch_s,
-                        "forward": streams * (hw.forward_issue_s() + launches)
-                        + (streams - 1) * hw.launch_s,
-                        "head": streams * hw.forward_issue_s(HEAD_OPS)}
+        launch = launch_s(hw)
+        launches = _tuned_launches(wl) * launch
+        out["issue"] = {"embed": forward_issue_s(hw, EMBED_OPS),
+                        "update": 2 * z_issue_s(hw, numels) + 2 * launch,
+                        "forward": streams * (forward_issue_s(hw) + launches)
+                        + (streams - 1) * launch,
+                        "head": streams * forward_issue_s(hw, HEAD_OPS)}
     return out
 
 
@@ -83,10 +88,10 @@ def _adapter_zo(hw: HardwareProfile, numels: list[int], compute_bytes: int,
     total = sum(numels)
     if not hw.is_cpu:
         upd, pert = adapter_pass_bytes(compute_bytes)
-        return (hw.z_time_s(numels, elem_bytes=ADAPTER_BYTES), hw.hbm_time_s(upd * total),
-                hw.hbm_time_s(pert * total))
-    if hw.has_z_model:
-        one = hw.pass_time_s(total, local_ranks)
-        return hw.z_time_s(numels, local_ranks), one, one
-    quarter = 0.25 * hw.zo_time_s(total, local_ranks)   # zo_ns_per_param: 2 draws + 2 passes
+        return (gpu_z_time_s(hw, numels, elem_bytes=ADAPTER_BYTES), hbm_time_s(hw, upd * total),
+                hbm_time_s(hw, pert * total))
+    if has_z_model(hw):
+        one = pass_time_s(hw, total, local_ranks)
+        return cpu_z_time_s(hw, numels, local_ranks), one, one
+    quarter = 0.25 * zo_time_s(hw, total, local_ranks)   # zo_ns_per_param: 2 draws + 2 passes
     return quarter, quarter, quarter

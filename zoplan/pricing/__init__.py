@@ -1,0 +1,20 @@
+"""Pricing: every cost term of a step, each a small documented function of the hardware
+profile's figures. The profile (zoplan.hardware) is data and its validation; the
+simulator (zoplan.sim) lays the tasks and links out and runs them; this package says
+what each costs (vidur keeps its execution-time predictor apart from its event loop
+the same way). tests/unit/test_pricing_layer.py checks that no module outside it reads
+a figure that prices anything.
+
+  units        the figures' units (US, NS, GBPS, ...)
+  work         Work: device and host seconds of a GPU task
+  compute      forward passes (CPU and GPU rooflines), GEMM rates by precision, ranks
+               sharing a host's cores, memory-bound work at the achieved HBM bandwidth
+  zo           the zo maths' primitives: a z draw, a pass, the update, rounding noise
+  schedules    the zo maths of each task, per schedule (zoexec's, ZO2's)
+  tasks, lora  the embed, update, forward and head tasks of one rank (full, LoRA)
+  host         the host lane of a GPU rank: launches, events, layer calls, the batch
+  overlap      the compute and collective streams sharing SMs and HBM
+  copies       host<->device and device<->device link capacities, duplex
+  collectives  the all-gather table, collective latency, scalar all-reduces
+  stragglers   ranks and nodes that do not run alike
+"""

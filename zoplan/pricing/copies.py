@@ -1,0 +1,100 @@
+"""Copies between host and device, and between devices: the capacity of each class of
+link a node's copies share (zoplan.sim.links lays the links out and routes the flows;
+the simulator shares them max-min fairly), and the lower capacity of a direction while
+the opposite direction of the same link runs (duplex).
+
+Link classes are named after the profile figure that sets their capacity:
+  host.mem_bw        host memory, the ceiling of all host<->device traffic of a node
+  pcie.h2d, pcie.d2h one GPU's (or CPU rank's) host link, per direction, alone
+  pcie.duplex        both directions of one rank's link together
+  pcie.uplink_*      a PCIe switch's uplink, per direction, shared by its GPUs
+  fabric.nvlink      a GPU's NVLink ports, per direction
+  host.socket_*      the link between a two-socket host's sockets, per direction
+"""
+
+from __future__ import annotations
+
+from zoplan.hardware import HardwareProfile
+from zoplan.pricing.units import GBPS
+
+HOST_MEM = "host.mem_bw"
+PCIE_H2D = "pcie.h2d"
+PCIE_D2H = "pcie.d2h"
+PCIE_DUPLEX = "pcie.duplex"
+UPLINK_H2D = "pcie.uplink_h2d"
+UPLINK_D2H = "pcie.uplink_d2h"
+NVLINK = "fabric.nvlink"
+# The link between the sockets of a two-socket host, per direction: the store's pages
+# spread over the sockets, so every host<->device flow sends remote_share of its bytes
+# across it; its capacity is counted in the flows' bytes (the link's own GB/s /
+# remote_share), so fair sharing among those flows stays exact.
+SOCKET_H2D = "host.socket_h2d"
+SOCKET_D2H = "host.socket_d2h"
+
+
+def remote_share(profile: HardwareProfile) -> float:
+    """Share of the node store's bytes a GPU reads from the other socket(s): the
+    store's pages spread over host.sockets sockets (0 without host.socket_link_gbps)."""
+    if "socket_link_gbps" not in profile.host:
+        return 0.0
+    sockets: int = profile.host["sockets"]
+    return (sockets - 1) / sockets
+
+
+def duplex_gbps(profile: HardwareProfile) -> float:
+    """Both directions of one rank's host link together: pcie.duplex_gbps (CPU), or
+    on GPUs the two duplex figures' sum, never below one direction alone (it bounds
+    any mix of the two directions)."""
+    p = profile.pcie
+    if profile.is_cpu:
+        cpu: float = p["duplex_gbps"]
+        return cpu
+    both: float = max(p["h2d_duplex_gbps"] + p["d2h_duplex_gbps"], p["h2d_gbps"], p["d2h_gbps"])
+    return both
+
+
+def duplex_rates_gbps(profile: HardwareProfile, link: str) -> tuple[float, float] | None:
+    """(H2D, D2H) rates of a GPU's link ("gpu") or a switch uplink ("uplink") while
+    both directions run; None where the profile has no such figures (CPU ranks copy
+    one way at a time; uplinks without uplink_*_duplex_gbps)."""
+    p = profile.pcie
+    if profile.is_cpu:
+        return None
+    if link == "gpu":
+        return p["h2d_duplex_gbps"], p["d2h_duplex_gbps"]
+    if "uplink_h2d_duplex_gbps" in p:
+        return p["uplink_h2d_duplex_gbps"], p["uplink_d2h_duplex_gbps"]
+    return None
+
+
+def link_capacities(profile: HardwareProfile) -> dict[str, float]:
+    """Capacity in bytes/s of one link of each class the profile has (alone)."""
+    p = profile.pcie
+    caps: dict[str, float] = {HOST_MEM: profile.host["mem_bw_gbps"] * GBPS,
+                              PCIE_H2D: p["h2d_gbps"] * GBPS, PCIE_D2H: p["d2h_gbps"] * GBPS,
+                              PCIE_DUPLEX: duplex_gbps(profile) * GBPS,
+                              UPLINK_H2D: p["switch_uplink_gbps"] * GBPS,
+                              UPLINK_D2H: p["switch_uplink_gbps"] * GBPS}
+    if profile.fabric["kind"] in ("nvswitch", "bridge"):
+        caps[NVLINK] = profile.fabric["p2p_gbps"] * GBPS
+    share = remote_share(profile)
+    if share:
+        caps[SOCKET_H2D] = caps[SOCKET_D2H] = profile.host["socket_link_gbps"] * GBPS / share
+    return caps
+
+
+def contended_capacities(profile: HardwareProfile) -> dict[str, tuple[str, float]]:
+    """Per direction class whose capacity drops while the opposite direction of the
+    same link carries a transfer: class -> (opposite class, capacity then, bytes/s). A
+    GPU's PCIe link (pcie.h2d_duplex_gbps / d2h_duplex_gbps) and, where the profile
+    gives its figures, a switch uplink. Not yet capped by the capacity alone
+    (zoplan.sim.links.contended_links does, per link)."""
+    out: dict[str, tuple[str, float]] = {}
+    for h2d_class, d2h_class, kind in ((PCIE_H2D, PCIE_D2H, "gpu"),
+                                       (UPLINK_H2D, UPLINK_D2H, "uplink")):
+        rates = duplex_rates_gbps(profile, kind)
+        if rates is None:
+            continue
+        out[h2d_class] = (d2h_class, rates[0] * GBPS)
+        out[d2h_class] = (h2d_class, rates[1] * GBPS)
+    return out

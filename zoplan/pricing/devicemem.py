@@ -1,0 +1,24 @@
+"""Device memory as NVML reports it, beyond what a program allocates: the CUDA context
+with the libraries a run loads (device.context_gib) and the slack torch's caching
+allocator holds over what it has allocated (device.allocator_slack_gib). NVML's "used"
+counts both; torch's allocator statistics count neither (docs/sources.md:
+gpu-check-h200, pytorch-context). Zero where a profile has no such figure (CPU ranks:
+their memory is the host's)."""
+
+from __future__ import annotations
+
+from zoplan.hardware import HardwareProfile
+from zoplan.pricing.units import GIB
+
+NVML_LABELS = {"cuda_context": "CUDA context and the libraries it loaded (NVML)",
+               "allocator_slack": "caching allocator's reserved beyond allocated"}
+
+
+def nvml_terms(profile: HardwareProfile) -> dict[str, float]:
+    """The device bytes NVML shows beyond a program's allocations, by named term."""
+    if profile.is_cpu:
+        return {}
+    context: float = profile.device.get("context_gib", 0.0)
+    slack: float = profile.device.get("allocator_slack_gib", 0.0)
+    terms = {"cuda_context": context * GIB, "allocator_slack": slack * GIB}
+    return {k: v for k, v in terms.items() if v}

@@ -1,0 +1,168 @@
+"""The zo maths' primitives, each a small function of the profile's figures: a z draw,
+an element-wise pass over the weights, the update (plain, fp32 masters, or stochastic
+rounding and its noise). The schedules (zoplan.pricing.schedules) add them up per
+task; a new estimator's cost is one more function of these.
+
+GPU. A z draw is arithmetic-bound (Philox normal draws: some 2-6 ps a value in public
+kernel benchmarks, well above 4 B over HBM bandwidth; docs/sources.md, "z per value"):
+its elements at compute.z_ns_per_elem on the device, never below writing the draw at
+the achieved HBM bandwidth, and one seeded generator launch per Z_CHUNK_CUDA elements
+of a tensor at compute.z_launch_us of host time (zoplan.execrules.z_draw_calls). A pass
+(perturb, update) is memory-bound: its bytes (zo_pass_bytes) at the achieved HBM
+bandwidth, one launch. The stochastic update works per chunk in fp32 scratch
+(SR_BYTES an element, SR_KERNELS kernels a chunk) with its noise drawn like z.
+CPU. A measured profile's z model: z chunks spread over the rank's threads (the
+busiest thread sets the time, zoplan.execrules.z_makespan), z_call_us to hand them to a
+pool, z_chunk_us a chunk, z_ns_per_elem an element, 1 / z_rank_scaling with several
+ranks; a pass at zo_pass_ns an element. A profile without it: compute.zo_ns_per_param
+prices an update task's 2 draws + 2 passes per parameter.
+"""
+
+from __future__ import annotations
+
+from zoplan.execrules import (
+    chunk_bounds,
+    sr_chunk,
+    threads_per_rank,
+    z_draw_calls,
+    z_makespan,
+    z_uses_pool,
+)
+from zoplan.hardware import HardwareProfile
+from zoplan.hwcheck import Z_MODEL
+from zoplan.pricing.compute import compute_share, has_z_model, hbm_time_s
+from zoplan.pricing.host import launch_s
+from zoplan.pricing.units import NS, US
+from zoplan.pricing.work import Work
+
+# Bytes per parameter of the zo passes on a GPU (the executor's passes, docs/precision.md;
+# p: the stored (param) dtype's bytes, c: the compute dtype's, in which z is drawn):
+#   update pass    theta -= lr*g*z (zo.apply_update): reads theta and z, writes theta  2p + c
+#   perturb pass   work = theta + eps*z (zo.perturb_into): reads theta and z, writes work
+#                  in the compute dtype                                                p + 2c
+#   ZO2 in place   theta += s*eps*z: reads theta and z, writes theta                   2p + c
+# The stochastic update (zo.apply_update_stochastic; 16-bit theta and z) works per chunk
+# of execrules.sr_chunk elements in fp32 scratch: copy theta in (6 bytes per element),
+# add lr*g*z (10), draw the integer noise (one generator launch per chunk, priced like
+# z), and round on the bits (zo.round_stochastic_: add the noise 12, shift or mask 8, copy
+# into the 16-bit store 6): SR_BYTES per element in SR_KERNELS element-wise kernels per
+# chunk, in place of the update pass (weight decay, when set, adds a multiply: not priced).
+SR_BYTES = 6 + 10 + 12 + 8 + 6
+SR_KERNELS = 5
+CPU_PASS_BYTES = 12   # an fp32 pass, what compute.zo_pass_ns is measured on (CPU profiles)
+
+
+def zo_pass_bytes(*, param_bytes: int, compute_bytes: int) -> tuple[int, int]:
+    """(update pass, perturb pass) bytes per parameter on a GPU (plain and master; the
+    stochastic update replaces the update pass by SR_BYTES)."""
+    p, c = param_bytes, compute_bytes
+    return 2 * p + c, p + 2 * c
+
+
+def sr_chunks(tensor_numels: list[int], device_kind: str) -> int:
+    """Chunks of the stochastic update over these tensors (a noise draw and SR_KERNELS
+    kernels each)."""
+    chunk = sr_chunk(device_kind)
+    return sum(len(chunk_bounds(n, chunk)) for n in tensor_numels)
+
+
+def update_figures(profile: HardwareProfile) -> tuple[str, ...]:
+    """The compute figures that price the update task (what a refit scales)."""
+    if not profile.is_cpu:
+        return ("z_launch_us", "z_ns_per_elem")
+    if has_z_model(profile):
+        return tuple(p.split(".")[1] for p in Z_MODEL)
+    return ("zo_ns_per_param",)
+
+
+# ---- CPU ---------------------------------------------------------------------------
+def zo_time_s(profile: HardwareProfile, num_params: int, local_ranks: int = 1) -> float:
+    """The update task's zo maths (2 z draws + 2 passes) by compute.zo_ns_per_param
+    (CPU profiles without the z model)."""
+    share = compute_share(profile, local_ranks, key="zo_rank_scaling")
+    per_param: float = profile.compute["zo_ns_per_param"]
+    return num_params * per_param * NS / share
+
+
+def pass_time_s(profile: HardwareProfile, num_elems: float, local_ranks: int = 1) -> float:
+    """One element-wise pass of the zo maths (perturb or update) over `num_elems`, on a
+    CPU profile with the z model (compute.zo_pass_ns per element)."""
+    share = compute_share(profile, local_ranks, key="mem_rank_scaling")
+    per_elem: float = profile.compute["zo_pass_ns"]
+    return num_elems * per_elem * NS / share
+
+
+def cpu_z_time_s(profile: HardwareProfile, tensor_numels: list[int], local_ranks: int = 1) -> float:
+    """One z draw on a CPU rank (z model): the rank's threads split the chunks
+    (zoplan.execrules.balance), so the busiest thread sets the time; handing the chunks
+    to a thread pool costs z_call_us (one thread draws them itself)."""
+    c = profile.compute
+    threads = threads_per_rank(profile.host["cores"], local_ranks)
+    elems, chunks = z_makespan(tensor_numels, threads)
+    scale = c.get("z_rank_scaling", 1.0) if local_ranks > 1 else 1.0
+    call = c["z_call_us"] * US if z_uses_pool(tensor_numels, threads) else 0.0
+    seconds: float = (call + chunks * c.get("z_chunk_us", 0.0) * US
+                      + elems * c["z_ns_per_elem"] * NS / scale)
+    return seconds
+
+
+def cpu_noise_s(profile: HardwareProfile, tensor_numels: list[int]) -> float:
+    """The stochastic update's noise over these tensors on a CPU rank: drawn chunk by
+    chunk on one thread (z_chunk_us a chunk, z_ns_per_elem an element)."""
+    c = profile.compute
+    seconds: float = (sr_chunks(tensor_numels, "cpu") * c.get("z_chunk_us", 0.0) * US
+                      + sum(tensor_numels) * c["z_ns_per_elem"] * NS)
+    return seconds
+
+
+def cpu_rounding_s(profile: HardwareProfile, noise_numels: list[int], one_pass_s: float) -> float:
+    """The stochastic update in place of an update pass on a CPU rank: its noise and
+    SR_BYTES of element-wise work (SR_BYTES / CPU_PASS_BYTES passes of `one_pass_s`)."""
+    return cpu_noise_s(profile, noise_numels) + SR_BYTES / CPU_PASS_BYTES * one_pass_s
+
+
+# ---- GPU ---------------------------------------------------------------------------
+def gpu_z_time_s(profile: HardwareProfile, tensor_numels: list[int], elem_bytes: int = 4) -> float:
+    """Device seconds of one z draw on a GPU: z_ns_per_elem per element, never below
+    writing `elem_bytes` per element at the achieved HBM bandwidth."""
+    total = sum(tensor_numels)
+    per_elem: float = profile.compute["z_ns_per_elem"]
+    return max(total * per_elem * NS, hbm_time_s(profile, total * elem_bytes))
+
+
+def z_issue_s(profile: HardwareProfile, tensor_numels: list[int]) -> float:
+    """Host time to issue one z draw on a GPU: one seeded generator launch per chunk
+    of Z_CHUNK_CUDA elements of each tensor (zoplan.execrules.z_draw_calls) at
+    compute.z_launch_us."""
+    launch: float = profile.compute["z_launch_us"]
+    return z_draw_calls(tensor_numels, "cuda") * launch * US
+
+
+def z_draw(profile: HardwareProfile, tensor_numels: list[int], elem_bytes: int) -> Work:
+    """A z draw over these tensors on a GPU: device and host seconds."""
+    return Work(gpu_z_time_s(profile, tensor_numels, elem_bytes),
+                z_issue_s(profile, tensor_numels))
+
+
+def hbm_pass(profile: HardwareProfile, num_bytes: float, launches: float = 1.0) -> Work:
+    """A memory-bound pass moving `num_bytes` in `launches` kernel launches."""
+    return Work(hbm_time_s(profile, num_bytes), launches * launch_s(profile))
+
+
+def rounding_noise(profile: HardwareProfile, chunks: int, numels: float) -> Work:
+    """The stochastic rounding's noise draws and kernels on a GPU: `numels` values at
+    z_ns_per_elem, and per chunk a seeded draw and SR_KERNELS kernels."""
+    c = profile.compute
+    return Work(numels * c["z_ns_per_elem"] * NS,
+                (1 + SR_KERNELS) * chunks * c["z_launch_us"] * US)
+
+
+def gpu_update(profile: HardwareProfile, tensor_numels: list[int], *, update: str,
+               update_bytes: int) -> Work:
+    """The update pass over these tensors on a GPU: `update_bytes` a parameter (plain,
+    master), or the stochastic update (its noise, SR_BYTES an element)."""
+    total = sum(tensor_numels)
+    if update != "stochastic":
+        return hbm_pass(profile, update_bytes * total)
+    return (rounding_noise(profile, sr_chunks(tensor_numels, "cuda"), total)
+            + hbm_pass(profile, SR_BYTES * total, 0))
