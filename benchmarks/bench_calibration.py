@@ -38,11 +38,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-LAYOUTS = [  # label, gpus, fixed axes
+LAYOUTS = [  # label, gpus, fixed axes (every one: the search may use fewer devices)
     ("1 rank", 1, []),
-    ("PertP 2", 2, ["--pertp", "2", "--slices", "1"]),
-    ("DDP 2", 2, ["--pertp", "1", "--slices", "1"]),
-    ("DDP 2 sliced", 2, ["--pertp", "1", "--slices", "2"]),
+    ("PertP 2", 2, ["--pertp", "2", "--ddp", "1", "--slices", "1"]),
+    ("DDP 2", 2, ["--pertp", "1", "--ddp", "2", "--slices", "1"]),
+    ("DDP 2 sliced", 2, ["--pertp", "1", "--ddp", "2", "--slices", "2"]),
 ]
 
 
@@ -151,7 +151,11 @@ def run_layout(label: str, gpus: int, axes: list[str], *, args, out: Path, profi
     sh(str(BIN / "zoplan"), "optimize", "--model", str(model), "--gpus", str(gpus),
        "--profile", str(profile), "--batch", str(args.batch), "--seq", str(args.seq),
        "--prefetch", "2", *axes, "-q", "-o", str(plan))
-    predicted = json.loads(plan.read_text())["predicted"]["step_time_s"]
+    data = json.loads(plan.read_text())
+    ranks = data["layout"]["pertp"] * data["layout"]["ddp"] * data["layout"]["nodes"]
+    if ranks != gpus:   # a layout measured under another's label measures nothing
+        sys.exit(f"{label}: the planner chose {ranks} rank(s), not {gpus}: fix its axes")
+    predicted = data["predicted"]["step_time_s"]
     steps = max(args.steps, steps_for_seconds(predicted, args.seconds, skip=args.skip))
     runs = []
     for attempt in range(args.retries + 1):

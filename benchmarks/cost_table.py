@@ -58,6 +58,10 @@ def _neutral(hw: HardwareProfile, section: str, key: str, value) -> HardwareProf
     if key == "launch_us":   # the whole host lane: its other figures too
         data["compute"]["z_launch_us"] = data["compute"]["overhead_us"] = 0.0
         data["host"].pop("batch_us", None)
+    if key == "overlap_slowdown":   # every interference figure (zoplan.pricing.overlap)
+        for other in ("overlap_gemm_slowdown", "overlap_side_slowdown"):
+            if other in data["compute"]:
+                data["compute"][other] = 0.0
     return HardwareProfile.from_dict(data)
 
 
@@ -102,7 +106,7 @@ def main() -> None:
     print(f"{args.model} x {args.gpus} on {args.profile}, batch {args.batch} x {args.seq}: "
           f"{win.label} {win.update}, {win.step_time_s:.3f} s/step "
           f"(overlap factors compute x{win.costs.overlap[0]:.3f}, "
-          f"collective x{win.costs.overlap[1]:.3f})")
+          f"slice update x{win.costs.overlap[1]:.3f}, all-gather x{win.costs.overlap[2]:.3f})")
     spec = SPEC.get(args.profile)
     print("\n| component (per rank, per step) | priced s | bound s | bound |")
     print("|---|---|---|---|")

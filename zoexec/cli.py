@@ -29,10 +29,11 @@ from zoexec.data.presets import with_preset
 from zoexec.flags import given, section_params, with_params
 from zoexec.runtime.hostenv import quiet_openmp
 from zoplan.errors import EXIT_USER_ERROR, ZoError, exit_with_error, need_exec_extra
+from zoplan.usage import OneLineUsage
 
 quiet_openmp()   # before torch is imported: the ranks inherit it
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(cls=OneLineUsage, add_completion=False, no_args_is_help=True,
                   help="Execute a zoplan plan: MeZO fine-tuning with blocks streamed from host memory.")
 err_console = Console(stderr=True)
 
@@ -159,9 +160,14 @@ def export_cmd(
     merge: Annotated[Path, typer.Option(help="A LoRA run's final/ or snapshot (a PEFT adapter folder)")],
     base: Annotated[Path, typer.Option(help="The base model folder the run trained on (config.json, weights)")],
     output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Where to write the merged HF model folder")],
+    accept_other_base: Annotated[bool, typer.Option(
+        "--accept-other-base", help="Merge into a base other than the one the run trained on "
+                                    "(its recorded fingerprint differs, or it trained on random weights)")] = False,
 ) -> None:
     """Merge LoRA adapters into their base model (peft's merge_and_unload) and write
-    one plain HF model folder."""
+    one plain HF model folder. The adapters are checked first: every file against the
+    checksums their state.json records, their r, alpha and targets against the run's,
+    and --base against the base the run trained on."""
     try:
         from zoexec.model.lora import merge_adapters
     except ModuleNotFoundError as exc:
@@ -169,7 +175,7 @@ def export_cmd(
     try:
         if output.exists() and any(output.iterdir()) if output.is_dir() else output.exists():
             raise ZoError(f"-o {output}: exists and is not an empty folder")
-        merge_adapters(merge, base, output)
+        merge_adapters(merge, base, output, accept_other_base=accept_other_base)
     except ZoError as exc:
         exit_with_error(str(exc), EXIT_USER_ERROR)
     print(f"zoexec: read LoRA adapters {merge} and the base model {base} (unchanged); "

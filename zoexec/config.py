@@ -39,6 +39,7 @@ from zoexec.fields import (  # noqa: F401 - FieldError, parse_* and the checks a
     parse_every,
     parse_size,
     positive_finite,
+    within,
 )
 from zoexec.maths.schedule import lr_from
 from zoplan.errors import ZoError
@@ -47,6 +48,8 @@ from zoplan.layout import Layout
 from zoplan.models import ModelSpec
 from zoplan.plan import Plan
 from zoplan.workload import Workload
+
+MAX_THREADS = 1024   # --threads: far past any node's cores; OpenMP fails creating ~30,000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,8 +125,8 @@ class OptimOptions(Section):
 def parse_best(text: str) -> tuple[str, bool]:
     """--save-best "eval_accuracy:max" -> ("eval_accuracy", True), the name one of the
     task types' metrics (zoexec.data.tasktypes.METRICS); ValueError if bad."""
-    name, _, way = text.strip().partition(":")
-    if name not in METRICS or way not in ("", "max", "min"):
+    name, colon, way = text.strip().partition(":")
+    if name not in METRICS or (colon and way not in ("max", "min")):
         raise ValueError(f"not a metric[:max|min]: {text!r}")
     return name, (way == "max") if way else name != "eval_loss"
 
@@ -223,7 +226,8 @@ class RuntimeOptions(Section):
     PANEL: ClassVar[str] = "Runtime"
 
     threads: int | None = option(
-        None, "torch threads per rank (default: cores / local ranks)", check=at_least(1))
+        None, "torch threads per rank (default: cores / local ranks)",
+        check=within(1, MAX_THREADS))
     timeout_s: float = option(
         600.0, "Seconds any wait of a rank may take (process groups, collectives, the node's "
         "loading) before the run fails", env="ZOEXEC_TIMEOUT_S", check=positive_finite)
@@ -386,6 +390,7 @@ class RunConfig:
     extensions: tuple = ()         # run.json's record of --steps changes on resumes
     identity: dict | None = None   # a resume: run.json as rank 0 rewrites it (unsealed)
     log_bytes: int | None = None   # a resume: the log's whole lines (a torn one after: cut)
+    history: str | None = None     # a resume: the digest of the logged history (saved weights record it)
     notes: tuple[str, ...] = ()    # lines for the terminal once the checks passed
     speed_checks: bool = True   # traced CPU runs: speed checks and probes (SpeedMonitor)
     fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`

@@ -61,6 +61,10 @@ def at_least(low: float, unit: str = "") -> Callable[[Any], str | None]:
     return lambda v: None if v >= low else f">= {low}{unit}"
 
 
+def within(low: int, high: int) -> Callable[[Any], str | None]:
+    return lambda v: None if low <= v <= high else f"in {low}..{high}"
+
+
 def finite_at_least(low: float) -> Callable[[Any], str | None]:
     return lambda v: None if math.isfinite(v) and v >= low else f"a finite number >= {low}"
 

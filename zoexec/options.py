@@ -30,7 +30,7 @@ from zoexec.run.verify import fingerprints
 from zoexec.run.watch import BestMetric
 from zoplan.errors import ZoError
 from zoplan.execrules import default_steps
-from zoplan.io import sha256_json, sha256_path
+from zoplan.io import need_input, sha256_json, sha256_path
 from zoplan.plan import Plan
 
 
@@ -96,6 +96,9 @@ def _check_together(given: dict) -> None:
     """The options given that do not go together."""
     if "model_path" in given and "init" in given:
         raise ZoError("give either --model-path DIR or --init random, not both")
+    if "resume" in given and given.get("overwrite"):
+        raise ZoError("give either --resume DIR (continue the run) or --overwrite (replace it "
+                      "with a new one), not both")
     if "resume" in given and "out" in given and Path(given["out"]) != Path(given["resume"]):
         raise ZoError("--resume DIR continues the run in DIR: give no other --out")
     if "save_steps" in given and "save_every" in given:
@@ -106,8 +109,8 @@ def _check_together(given: dict) -> None:
                           f"data to evaluate)")
     if "save_best" in given and "out" not in given and "resume" not in given:
         raise ZoError("--save-best writes OUT/best/: give --out DIR")
-    if "eval_data" in given and not Path(given["eval_data"]).exists():
-        raise ZoError(f"--eval-data {given['eval_data']}: no such file or folder")
+    if "eval_data" in given:
+        need_input(given["eval_data"], what="--eval-data")
 
 
 def _check_new_run(given: dict) -> None:
@@ -135,6 +138,7 @@ def _claim(out: str | None, overwrite: bool) -> None:
             raise ZoError("--overwrite needs --out DIR")
         return
     rundir = RunDir(out)
+    rundir.check_own()
     if not rundir.holds_a_run:
         return
     rundir.check_free()
@@ -196,6 +200,7 @@ def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str) -> RunCon
                           steps=total, out=str(folder), load_from=start.init,
                           start_step=start.start_step, replay=start.replay, resumed=True,
                           inputs=ident["inputs"], identity=ident, log_bytes=start.log_bytes,
+                          history=start.history,
                           schedule=tuple(tuple(s) for s in ident["schedule"]),
                           extensions=tuple(ident["extensions"]),
                           notes=(*start.notes, *([extended] if extended else [])))

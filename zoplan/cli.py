@@ -22,6 +22,7 @@ from zoplan.errors import ZoError, exit_with_error, need_exec_extra
 from zoplan.lora import DEFAULT_LORA_ALPHA, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS
 from zoplan.prefix import DEFAULT_PREFIX_TOKENS
 from zoplan.search.tuning import TUNING_CHOICES
+from zoplan.usage import OneLineUsage
 from zoplan.views import calibrate as calibrate_view
 from zoplan.views import optimize as optimize_view
 from zoplan.views.compare import compare_command
@@ -30,7 +31,7 @@ from zoplan.views.profile import profile_progress, render_summary
 from zoplan.views.show import render_short_timeline, show_command
 from zoplan.views.tuning import render_tunings
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(cls=OneLineUsage, add_completion=False, no_args_is_help=True,
                   help="Plan zeroth-order fine-tuning of models streamed from host memory.")
 console = Console()
 

@@ -71,9 +71,11 @@ zoplan.pricing's (a function per term, named below):
 - CUDA, the priced physics (docs/costs.md), each optional and neutral where absent:
   device.hbm_fraction (memory-bound kernels reach this share of hbm_gbps);
   compute.launch_us (host time of one launch or event from Python: the host lane, with
-  z_launch_us per z chunk and overhead_us per layer call); compute.overlap_slowdown (a
-  GEMM and a memory-bound kernel on two streams each run this much slower while both
-  run); host.sockets + host.socket_link_gbps (the store's pages spread over the
+  z_launch_us per z chunk and overhead_us per layer call); compute.overlap_slowdown (an
+  all-gather's kernels and the compute stream each run this much slower while both
+  run), compute.overlap_gemm_slowdown and overlap_side_slowdown (the compute stream
+  beside the slice update's passes, and those passes beside the compute stream:
+  zoplan.pricing.overlap); host.sockets + host.socket_link_gbps (the store's pages spread over the
   sockets: a GPU reads (sockets - 1) / sockets of its bytes across the socket link);
   host.batch_us (a rank assembles its batch on the host before each step);
   host.disk_write_gbps (a snapshot's write; reported, not part of a step);

@@ -43,18 +43,21 @@ _OPTIONAL_BY_KIND = {
     "cuda": ("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps",
              "compute.node_spread", "compute.rank_jitter", "compute.slow_node_fraction",
              "compute.slow_node_penalty", "device.hbm_fraction", "compute.launch_us",
-             "compute.overlap_slowdown", "host.sockets", "host.socket_link_gbps", "host.batch_us",
+             "compute.overlap_slowdown", "compute.overlap_gemm_slowdown",
+             "compute.overlap_side_slowdown", "host.sockets", "host.socket_link_gbps", "host.batch_us",
              "host.disk_write_gbps", "device.context_gib", "device.allocator_slack_gib",
              "pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps"),
 }
 _NONNEG = {"device.reserved_gib", "device.context_gib", "device.allocator_slack_gib", "compute.overhead_us", "compute.m_half_tokens",
            "compute.elem_ns", "compute.rope_overhead_us", "compute.z_call_us", "compute.z_chunk_us",
            "compute.rank_jitter", "compute.z_launch_us", "compute.node_spread",
-           "compute.launch_us", "compute.overlap_slowdown", "host.batch_us",
+           "compute.launch_us", "compute.overlap_slowdown", "compute.overlap_gemm_slowdown",
+           "compute.overlap_side_slowdown", "host.batch_us",
            "compute.slow_node_fraction", "compute.slow_node_penalty"}
 # The GPU figures of the priced physics (docs/costs.md): each, where a profile has it,
 # must say where it came from (a source note of its own).
 NEEDS_SOURCE = ("device.hbm_fraction", "compute.launch_us", "compute.overlap_slowdown",
+                "compute.overlap_gemm_slowdown", "compute.overlap_side_slowdown",
                 "host.sockets", "host.socket_link_gbps",
                 "host.batch_us", "host.disk_write_gbps", "compute.slow_node_fraction",
                 "compute.slow_node_penalty", "device.context_gib", "device.allocator_slack_gib",
@@ -85,6 +88,8 @@ _RANGES_BY_SUFFIX = (
 _RANGES_BY_KEY = {"cores": (1, 100_000, "cores"), "m_half_tokens": (0.01, 1e7, "tokens"),
                   "rank_jitter": (1e-6, 10.0, "x"), "node_spread": (0.0, 1.0, "x"),
                   "hbm_fraction": (0.05, 1.0, "x"), "overlap_slowdown": (0.0, 1.0, "x"),
+                  "overlap_gemm_slowdown": (0.0, 1.0, "x"),
+                  "overlap_side_slowdown": (0.0, 10.0, "x"),   # a kernel beside GEMMs: x2.5 measured
                   "sockets": (1, 16, "sockets"), "slow_node_fraction": (0.0, 1.0, "x"),
                   "slow_node_penalty": (0.0, 1.0, "x")}
 _INTEGER = {"host.cores", "host.sockets"}
@@ -192,6 +197,10 @@ def _check_kinds(origin: str, sections: dict) -> None:
         raise _fail(origin, "device.concurrent_engines must be true or false")
     if not isinstance(sections["pcie"].get("pinned", True), bool):
         raise _fail(origin, "pcie.pinned must be true or false")
+    if kind == "cuda" and sections["pcie"].get("pinned", True) is False \
+            and "pageable_h2d_gbps" not in sections["pcie"]:
+        raise _fail(origin, "pcie.pinned is false: the copies are staged by the host, "
+                    "priced at pcie.pageable_h2d_gbps and pageable_d2h_gbps, which it lacks")
     if not isinstance(sections["device"].get("model", ""), str):
         raise _fail(origin, "device.model must be a string")
 

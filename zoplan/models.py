@@ -213,6 +213,12 @@ class ModelSpec:
         extra = 4 * qk if self.family == "qwen3" else 0
         return 8 * h + 4 * qk + 2 * h + 2 * f + h + extra
 
+    def block_bias_elems_per_token(self) -> float:
+        """The bias broadcasts among block_elems_per_token's outputs: q, k, v, out, fc1
+        and fc2 of a LayerNorm block (OPT, GPT-2, GPT-NeoX); the other families' counts
+        hold none."""
+        return 5.0 * self.hidden + self.ffn if self.layer_norm else 0.0
+
     def embed_elems_per_token(self) -> float:
         """Token (and learned position) embedding lookups and their sum."""
         return float(self.hidden) if self.rotary else 3.0 * self.hidden

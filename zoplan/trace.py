@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from zoplan.errors import ZoError
-from zoplan.io import atomic_write_text, load_json, loads_strict
+from zoplan.io import atomic_write_text, load_json, loads_strict, need_file, not_utf8
 from zoplan.layout import MAX_RANKS, Layout
 from zoplan.models import SHAPE_BOUNDS
 
@@ -340,12 +340,11 @@ def _read_spans(path: Path) -> list[Span]:
     match = re.fullmatch(r"rank(\d+)\.jsonl", path.name)
     if not match:
         raise ZoError(f"{path}: a span file is named rank<r>.jsonl")
-    if not path.is_file():
-        raise ZoError(f"{path} is not a file")
+    need_file(path, what="span file")
     try:
         text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ZoError(f"{path} is not a text file") from None
+    except UnicodeDecodeError as exc:
+        raise ZoError(f"{path} is not a text file ({not_utf8(exc)})") from None
     except OSError as exc:
         raise ZoError(f"cannot read {path}: {exc.strerror}") from None
     numbered = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]

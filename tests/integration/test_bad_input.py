@@ -159,7 +159,7 @@ CASES = [
          "--task classification needs --data FILE"),
     Case("run-report-to-unknown", X, RUN + ("--report-to", "wandb"),
          "--report-to wandb: must be one of none, tensorboard"),
-    Case("run-threads-zero", X, RUN + ("--threads", "0"), "--threads 0: must be >= 1"),
+    Case("run-threads-zero", X, RUN + ("--threads", "0"), "--threads 0: must be in 1..1024"),
     Case("run-check-nodes-every-zero", X, RUN + ("--check-nodes-every", "0"),
          "--check-nodes-every 0: must be >= 1"),
     Case("run-save-steps-and-save-every", X, RUN + ("--save-steps", "2", "--save-every", "3"),
@@ -168,7 +168,8 @@ CASES = [
          "not both"),
     Case("run-eval-every-without-eval-data", X, RUN + ("--eval-every", "2"),
          "--eval-every needs --eval-data FILE"),
-    Case("run-eval-data-missing", X, RUN + ("--eval-data", "{in}/nope.jsonl"), "no such file or folder"),
+    Case("run-eval-data-missing", X, RUN + ("--eval-data", "{in}/no-eval.jsonl"),
+         "no-eval.jsonl does not exist"),
     Case("run-overwrite-without-out", X, RUN + ("--overwrite",), "--overwrite needs --out DIR"),
     Case("run-new-schedule-without-resume", X, RUN + ("--new-schedule",),
          "--new-schedule changes a run being resumed: it needs --resume DIR"),
@@ -176,7 +177,7 @@ CASES = [
          "--accept-moved-inputs changes a run being resumed"),
     # zoexec run: paths and files
     Case("run-data-missing", X, RUN + ("--data", "{in}/nope.jsonl"), "nope.jsonl does not exist"),
-    Case("run-model-path-missing", X, RUN + ("--model-path", "{in}/nomodel"), "is not a directory"),
+    Case("run-model-path-missing", X, RUN + ("--model-path", "{in}/nomodel"), "nomodel does not exist"),
     Case("run-model-without-config", X, RUN + ("--model-path", "{in}/noconfig"), "has no config.json"),
     Case("run-model-shard-truncated", X, RUN + ("--model-path", "{in}/m-trunc"), "model.safetensors is truncated: its tensors need"),
     Case("run-out-name-too-long", X, RUN + ("--out", "x" * 300), "/run.json: File name too long"),
@@ -191,6 +192,151 @@ CASES = [
     Case("eval-truncated-weights", X, ("eval", "{in}/m-trunc", "--data", "{in}/d-ids.jsonl"),
          "model.safetensors is truncated: its tensors need"),
     Case("eval-model-missing", X, ("eval", "{in}/nomodel", "--data", "{in}/d-ids.jsonl"), "nomodel"),
+    # every input a regular file (or a folder of them): a FIFO, a device, a folder refused
+    # for what it is before it is opened (a FIFO read hangs, /dev/zero never ends)
+    Case("run-model-shard-a-fifo", X, RUN + ("--model-path", "{in}/m-fifo"),
+         "m-fifo/model.safetensors is a FIFO (named pipe), not a regular file"),
+    Case("run-model-shard-a-fifo-with-out", X, RUN + ("--model-path", "{in}/m-fifo", "--out", "o"),
+         "m-fifo/model.safetensors is a FIFO (named pipe)"),   # read for run.json's fingerprint
+    Case("run-data-a-fifo", X, RUN + ("--data", "{in}/d-fifo.jsonl"),
+         "d-fifo.jsonl is a FIFO (named pipe), not a regular file"),
+    Case("run-data-dev-zero", X, RUN + ("--data", "/dev/zero"),
+         "data file /dev/zero is a character device, not a regular file"),
+    Case("run-eval-data-a-fifo", X, RUN + ("--data", "{in}/d-ids.jsonl", "--eval-data", "{in}/d-fifo.jsonl"),
+         "d-fifo.jsonl is a FIFO (named pipe)"),
+    Case("eval-model-shard-a-fifo", X, ("eval", "{in}/m-fifo", "--data", "{in}/d-ids.jsonl"),
+         "model.safetensors is a FIFO (named pipe), not a regular file"),
+    Case("eval-data-a-folder-with-a-fifo", X, ("eval", "{in}/m-good", "--data", "{in}/d-fifo-folder"),
+         "d-fifo-folder/data-00000-of-00001.arrow is a FIFO"),
+    Case("import-gguf-a-fifo", X, ("import-gguf", "{in}/g-fifo.gguf", "-o", "hf"),
+         "g-fifo.gguf is a FIFO (named pipe), not a regular file"),
+    Case("import-gguf-dev-zero", X, ("import-gguf", "/dev/zero", "-o", "hf"),
+         "GGUF file /dev/zero is a character device, not a regular file"),
+    Case("export-adapter-a-fifo", X, ("export", "--merge", "{in}/a-fifo", "--base", "{in}/m-good", "-o", "m"),
+         "a-fifo/adapter_model.safetensors is a FIFO"),
+    Case("lengths-data-a-fifo", X, ("lengths", "{in}/d-fifo.jsonl", "--model-path", "{in}/m-good",
+                                    "--task-preset", "sst2", "-o", "l.json"),
+         "d-fifo.jsonl is a FIFO (named pipe), not a regular file"),
+    Case("show-plan-a-fifo", P, ("show", "{in}/pl-fifo.json"), "pl-fifo.json is a FIFO (named pipe)"),
+    Case("show-plan-a-folder", P, ("show", "{in}/trace"), "trace is a folder, not a regular file"),
+    Case("optimize-profile-a-fifo", P, OPT + ("--model", "tiny-opt", "--profile", "{in}/p-fifo.json"),
+         "p-fifo.json is a FIFO (named pipe)"),
+    Case("optimize-model-config-a-fifo", P, OPT + ("--model", "{in}/c-fifo.json", "--profile", "cpu"),
+         "c-fifo.json is a FIFO (named pipe)"),
+    Case("show-trace-span-file-a-fifo", P, ("show", "{in}/plan.json", "--trace", "{in}/tr-fifo"),
+         "rank0.jsonl is a FIFO (named pipe)"),
+    # bytes that are not UTF-8: the file and the byte offset
+    Case("run-classification-not-utf8", X, RUN + ("--data", "{in}/d-latin1-sst2.jsonl", "--task-preset",
+                                                  "sst2", "--model-path", "{in}/m-good"),
+         "is not UTF-8 text (byte 0xe9 at byte offset 58 is not UTF-8)"),
+    Case("run-multiple-choice-not-utf8", X, RUN + ("--data", "{in}/d-latin1-copa.jsonl", "--task-preset",
+                                                   "copa", "--model-path", "{in}/m-good"),
+         "is not UTF-8 text (byte 0xe9 at byte offset 20 is not UTF-8)"),
+    Case("run-generation-not-utf8", X, RUN + ("--data", "{in}/d-latin1-squad.jsonl", "--task-preset",
+                                              "squad", "--model-path", "{in}/m-good"),
+         "is not UTF-8 text (byte 0xe9 at byte offset 14 is not UTF-8)"),
+    Case("run-text-not-utf8", X, RUN + ("--data", "{in}/d-latin1-text.jsonl", "--model-path", "{in}/m-good"),
+         "d-latin1-text.jsonl:2 is not UTF-8 text (byte 0xe9 at byte offset 167 is not UTF-8)"),
+    # destinations the OS refuses: one line for every command that writes
+    Case("export-into-sys", X, ("export", "--merge", "{in}/lora-run/final", "--base", "{in}/m-good",
+                                "-o", "/sys/zoexec-merged"), "cannot write /sys/zoexec-merged"),
+    Case("import-gguf-into-sys", X, ("import-gguf", "{in}/g-good.gguf", "-o", "/sys/zoexec-hf"),
+         "cannot write /sys/zoexec-hf"),
+    # usage errors: one line, not the usage text and a box
+    Case("run-unknown-option", X, RUN + ("--frobnicate",), "No such option: --frobnicate"),
+    Case("run-steps-not-a-number", X, RUN[:2] + ("--steps", "many"), "Invalid value for '--steps'"),
+    Case("run-without-a-plan", X, ("run",), "Missing argument 'plan'"),
+    Case("zoexec-unknown-command", X, ("frob",), "No such command 'frob'"),
+    Case("optimize-gpus-without-a-value", P, ("optimize", "--gpus"), "Option '--gpus' requires an argument"),
+    # zoexec export --merge: the adapters and the base checked against what the run saved
+    Case("export-adapter-bits-flipped", X, ("export", "--merge", "{in}/a-flipped", "--base",
+                                            "{in}/m-good", "-o", "m"),
+         "a-flipped/adapter_model.safetensors changed (sha256"),
+    Case("export-alpha-edited", X, ("export", "--merge", "{in}/a-alpha", "--base", "{in}/m-good", "-o", "m"),
+         "a-alpha/adapter_config.json changed (sha256"),
+    Case("export-targets-cut-checksums-redone", X, ("export", "--merge", "{in}/a-targets", "--base",
+                                                    "{in}/m-good", "-o", "m"),
+         "adapters of (r, alpha, targets) (8, 16, ['q_proj']), the run's are (8, 16, ['q_proj', 'v_proj'])"),
+    Case("export-into-another-base", X, ("export", "--merge", "{in}/lora-run/final", "--base",
+                                         "{in}/m-other", "-o", "m"),
+         "m-other is not the base the run trained on"),
+    Case("export-base-of-a-random-init-run", X, ("export", "--merge", "{in}/a-random", "--base",
+                                                 "{in}/m-good", "-o", "m"),
+         "the run trained on random weights (no model folder recorded)"),
+    # a new run's folder: a symbolic link among its paths refused before anything is written
+    Case("run-out-with-a-linked-metrics-file", X, RUN + ("--out", "out"),
+         "out/metrics.jsonl is a symbolic link (to", setup="link:out/metrics.jsonl"),
+    Case("run-overwrite-a-linked-snapshots-folder", X, RUN + ("--out", "out", "--overwrite"),
+         "out/snapshots is a symbolic link (to", setup="link:out/snapshots"),
+    Case("run-out-with-a-final-not-written-by-zoexec", X, RUN + ("--out", "out"),
+         "out/final was not written by zoexec (no state.json)", setup="dir:out/final"),
+    # task data that cannot be right: the row and the column named
+    Case("run-copa-empty-candidate", X, RUN + ("--data", "{in}/t-copa-empty.jsonl", "--task-preset",
+                                               "copa", "--model-path", "{in}/m-good"),
+         "t-copa-empty.jsonl row 2: column 'choice2' is empty"),
+    Case("run-copa-whitespace-candidate", X, RUN + ("--data", "{in}/t-copa-blank.jsonl", "--task-preset",
+                                                    "copa", "--model-path", "{in}/m-good"),
+         "t-copa-blank.jsonl row 1: column 'choice1' is empty"),
+    Case("run-choices-template-fills-empty", X, RUN + (
+        "--data", "{in}/t-copa-empty.jsonl", "--task", "multiple-choice", "--template", "{premise}",
+        "--choices", "{choice1}|{choice2}", "--model-path", "{in}/m-good"),
+         "row 2: candidate 2 (--choices '{choice2}', from 'choice2') is empty"),
+    Case("run-copa-candidates-the-same", X, RUN + ("--data", "{in}/t-copa-same.jsonl", "--task-preset",
+                                                   "copa", "--model-path", "{in}/m-good"),
+         "t-copa-same.jsonl row 1: candidates 1 and 2"),
+    Case("run-record-query-without-placeholder", X, RUN + (
+        "--data", "{in}/t-record-noplace.jsonl", "--task-preset", "record", "--model-path", "{in}/m-good"),
+         "t-record-noplace.jsonl row 1: column 'query' holds no @placeholder"),
+    Case("run-record-empty-entity", X, RUN + ("--data", "{in}/t-record-empty.jsonl", "--task-preset",
+                                              "record", "--model-path", "{in}/m-good"),
+         "t-record-empty.jsonl row 1: item 2 of column 'entities' is empty"),
+    Case("run-choices-column-empty-list", X, RUN + (
+        "--data", "{in}/t-options-empty.jsonl", "--task", "multiple-choice", "--template", "{q}",
+        "--choices-column", "options", "--model-path", "{in}/m-good"),
+         "t-options-empty.jsonl row 1: column 'options' holds an empty list: no candidates"),
+    Case("run-classification-label-true", X, RUN + ("--data", "{in}/t-sst2-true.jsonl", "--task-preset",
+                                                    "sst2", "--model-path", "{in}/m-good"),
+         "t-sst2-true.jsonl row 1: label True in column 'label' is true/false, not an index"),
+    Case("run-classification-label-float", X, RUN + ("--data", "{in}/t-sst2-float.jsonl", "--task-preset",
+                                                     "sst2", "--model-path", "{in}/m-good"),
+         "t-sst2-float.jsonl row 1: label 0.0 in column 'label' is a float, not an integer (a column"),
+    Case("run-multiple-choice-label-true", X, RUN + ("--data", "{in}/t-copa-true.jsonl", "--task-preset",
+                                                     "copa", "--model-path", "{in}/m-good"),
+         "t-copa-true.jsonl row 1: label True in column 'label' is true/false, not an index"),
+    Case("run-save-best-trailing-colon", X, RUN + ("--data", "{in}/d-ids.jsonl", "--eval-data",
+                                                   "{in}/d-ids.jsonl", "--save-best", "eval_loss:",
+                                                   "--out", "o"),
+         "--save-best eval_loss:: must be one of"),
+    # the hostile round: what broke, and is one line now
+    Case("show-plan-a-link-loop", P, ("show", "loop.json"), "loop.json: Too many levels of symbolic links",
+         setup="link:loop.json>loop.json"),
+    Case("show-plan-nested-too-deeply", P, ("show", "{in}/pl-deep.json"), "is not valid JSON: nested too deeply"),
+    Case("show-plan-an-integer-of-5000-digits", P, ("show", "{in}/pl-digits.json"),
+         "Exceeds the limit (4300 digits) for integer string conversion"),
+    Case("optimize-plan-over-its-profile", P, OPT[:-3] + ("-o", "{in}/p-own.json", "-q", "--model", "tiny-opt",
+                                                         "--profile", "{in}/p-own.json"),
+         "it is the input"),
+    Case("profile-output-in-sys", P, ("profile", "--quick", "-o", "/sys/zoplan-profile.json"),
+         "cannot write /sys/zoplan-profile.json"),
+    Case("run-threads-100000", X, RUN + ("--threads", "100000"), "--threads 100000: must be in 1..1024"),
+    Case("run-data-nested-too-deeply", X, RUN + ("--data", "{in}/d-deep.jsonl", "--task-preset", "sst2",
+                                                 "--model-path", "{in}/m-good"),
+         "d-deep.jsonl:1: JSON nested too deeply (over 1000 levels)"),
+    Case("run-data-parquet-damaged", X, RUN + ("--data", "{in}/d-bad.parquet", "--task-preset", "sst2",
+                                               "--model-path", "{in}/m-good"),
+         "cannot read data file"),
+    Case("run-data-csv-header-only", X, RUN + ("--data", "{in}/d-header.csv", "--task-preset", "sst2",
+                                               "--model-path", "{in}/m-good"),
+         "d-header.csv holds no rows"),
+    Case("run-data-a-link-loop", X, RUN + ("--data", "loop.jsonl"), "loop.jsonl: Too many levels of symbolic links",
+         setup="link:loop.jsonl>loop.jsonl"),
+    Case("run-resume-and-overwrite", X, RUN[:2] + ("--resume", "a", "--overwrite"),
+         "give either --resume DIR (continue the run) or --overwrite"),
+    Case("lengths-over-its-data", X, ("lengths", "{in}/d-sst2.jsonl", "--model-path", "{in}/m-good",
+                                      "--task-preset", "sst2", "-o", "{in}/d-sst2.jsonl"),
+         "it is the input"),
+    Case("import-gguf-truncated", X, ("import-gguf", "{in}/g-cut.gguf", "-o", "hf"),
+         "g-cut.gguf: truncated or damaged"),
     # zoplan calibrate --fit refits only from a trace of the plan's own run
     Case("calibrate-fit-another-plan-s-trace", P,
          ("calibrate", "{in}/plan.json", "{in}/tr-other", "--profile", "cpu", "--fit", "-o", "fit.json"),
@@ -285,6 +431,124 @@ def _data(where: Path) -> None:
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
 
 
+def _special(where: Path) -> None:
+    """Inputs that are FIFOs where a regular file belongs (each made with mkfifo)."""
+    for name in ("d-fifo.jsonl", "g-fifo.gguf", "pl-fifo.json", "p-fifo.json", "c-fifo.json"):
+        os.mkfifo(where / name)
+    shutil.copytree(where / "m-good", where / "m-fifo")
+    (where / "m-fifo" / "model.safetensors").unlink()
+    os.mkfifo(where / "m-fifo" / "model.safetensors")
+    (where / "d-fifo-folder").mkdir()
+    (where / "d-fifo-folder" / "state.json").write_text("{}")
+    os.mkfifo(where / "d-fifo-folder" / "data-00000-of-00001.arrow")
+    shutil.copytree(where / "trace", where / "tr-fifo")
+    (where / "tr-fifo" / "rank0.jsonl").unlink()
+    os.mkfifo(where / "tr-fifo" / "rank0.jsonl")
+
+
+def _latin1(where: Path) -> None:
+    """Data whose bytes are not UTF-8 (Latin-1 text: 0xe9 is "é"), one file per task."""
+    rows = {"sst2": [{"sentence": "a good movie", "label": 1}, {"sentence": "caf\xe9 bad", "label": 0}],
+            "copa": [{"premise": "Ann caf\xe9.", "choice1": "a", "choice2": "b", "question": "cause",
+                      "label": 0}],
+            "squad": [{"title": "caf\xe9", "context": "c", "question": "q",
+                       "answers": {"text": ["a"], "answer_start": [0]}}],
+            "text": [{"input_ids": list(range(4, 40))}, {"text": "caf\xe9"}]}
+    for name, lines in rows.items():
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines)
+        (where / f"d-latin1-{name}.jsonl").write_bytes(text.encode("latin-1"))
+
+
+def _tasks(where: Path) -> None:
+    """Task data that cannot be right (each file one flaw)."""
+    copa = {"premise": "It was fun.", "choice1": "I liked it", "choice2": "I hated it",
+            "question": "effect", "label": 0}
+    record = {"passage": "the movie", "query": "@placeholder was good", "entities": ["it", "movie"],
+              "answers": ["it"]}
+    files = {"t-copa-empty": [copa, {**copa, "choice2": ""}],
+             "t-copa-blank": [{**copa, "choice1": "   "}],
+             "t-copa-same": [{**copa, "choice2": copa["choice1"]}],
+             "t-copa-true": [{**copa, "label": True}],
+             "t-record-noplace": [{**record, "query": "it was good"}],
+             "t-record-empty": [{**record, "entities": ["it", ""]}],
+             "t-options-empty": [{"q": "the movie", "options": [], "label": 0}],
+             "t-sst2-true": [{"sentence": "a good movie", "label": True}],
+             "t-sst2-float": [{"sentence": "a good movie", "label": 0}, {"sentence": "bad", "label": 1.0}]}
+    for name, rows in files.items():
+        (where / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _hostile(where: Path, plan: dict) -> None:
+    """What the hostile round fed the commands (docs: /work notes of issue 30)."""
+    _dump(where / "pl-deep.json", "[" * 200_000 + "]" * 200_000)
+    _dump(where / "pl-digits.json", json.dumps(plan).replace('"batch": 2', '"batch": ' + "9" * 5000, 1))
+    (where / "d-deep.jsonl").write_text('{"sentence": ' + "[" * 60_000 + "]" * 60_000 + ', "label": 0}\n')
+    (where / "d-bad.parquet").write_bytes(b"PAR1garbagePAR1")
+    (where / "d-header.csv").write_text("sentence,label\n")
+    shutil.copy(PROFILES_DIR / "cpu.json", where / "p-own.json")
+    (where / "d-sst2.jsonl").write_text(json.dumps({"sentence": "a good movie", "label": 1}) + "\n")
+
+
+def _lora(where: Path) -> None:
+    """A LoRA run of 2 steps on m-good (lora-run/final: its adapters), and adapter
+    folders damaged from it; m-other: a base of the same shape and other weights."""
+    from typer.testing import CliRunner
+
+    from zoexec.cli import app
+    from zoexec.model.saved import folder_checksums
+    from zoplan.handplan import hand_plan
+    from zoplan.layout import Layout
+    from zoplan.workload import Workload
+
+    workload = Workload(batch=2, seq=8, param_dtype="fp32", compute_dtype="fp32", tuning="lora")
+    hand_plan(model="tiny-opt", layout=Layout(), workload=workload).save(where / "lora-plan.json")
+    result = CliRunner().invoke(app, ["run", str(where / "lora-plan.json"), "--model-path",
+                                      str(where / "m-good"), "--steps", "2", "--threads", "1",
+                                      "-q", "--out", str(where / "lora-run")])
+    assert result.exit_code == 0, result.output
+    final = where / "lora-run" / "final"
+
+    def variant(name: str, change, *, reseal: bool = False) -> None:
+        shutil.copytree(final, where / name)
+        change(where / name)
+        if reseal:   # checksums redone over the change (state.json is not under them)
+            state = json.loads((where / name / "state.json").read_text())
+            state["files"] = folder_checksums(where / name)
+            (where / name / "state.json").write_text(json.dumps(state))
+
+    def edit(file: str, change):
+        def apply(folder: Path) -> None:
+            data = json.loads((folder / file).read_text())
+            change(data)
+            (folder / file).write_text(json.dumps(data))
+        return apply
+
+    def flip(folder: Path) -> None:
+        raw = bytearray((folder / "adapter_model.safetensors").read_bytes())
+        raw[-5] ^= 0x40
+        (folder / "adapter_model.safetensors").write_bytes(bytes(raw))
+
+    variant("a-flipped", flip)
+    variant("a-alpha", edit("adapter_config.json", lambda d: d.update(lora_alpha=64)))
+    variant("a-targets", edit("adapter_config.json", lambda d: d.update(target_modules=["q_proj"])),
+            reseal=True)
+    variant("a-random", edit("state.json", lambda d: d.update(base=None)))
+    variant("a-fifo", lambda f: ((f / "adapter_model.safetensors").unlink(),
+                                 os.mkfifo(f / "adapter_model.safetensors")))
+    make_model_dir(where / "m-other", seed=5)
+
+
+def _gguf(where: Path) -> None:
+    from gguf_file import write_llama_gguf
+
+    from zoexec.model.export import hf_tensors
+    from zoexec.store.loading import build_parts
+
+    parts, flats = build_parts("tiny-llama", seed=7)
+    write_llama_gguf(where / "g-good.gguf", {k: t.clone() for k, t in hf_tensors(parts, flats)},
+                     parts.config)
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("inputs")
@@ -295,6 +559,13 @@ def inputs(tmp_path_factory) -> Path:
     _plans(where, plan.data)
     _traces(where, plan)
     _data(where)
+    _special(where)
+    _latin1(where)
+    _tasks(where)
+    _lora(where)
+    _gguf(where)
+    _hostile(where, plan.data)
+    (where / "g-cut.gguf").write_bytes((where / "g-good.gguf").read_bytes()[:2000])
     return where
 
 
@@ -314,10 +585,25 @@ def _files(folder: Path) -> list[str]:
 
 
 def _folder(case: Case, cases: Path) -> Path:
+    """The case's working folder; "dir:NAME" makes a folder in it, "link:NAME" a
+    symbolic link NAME to a file or folder of the user's beside it (mine/)."""
     folder = cases / case.id
     folder.mkdir()
-    if case.setup.startswith("dir:"):
-        (folder / case.setup[4:]).mkdir()
+    kind, _, name = case.setup.partition(":")
+    name, _, target = name.partition(">")
+    if kind == "dir":
+        (folder / name).mkdir(parents=True)
+    elif kind == "link" and target:   # a link to the given target (itself: a loop)
+        (folder / name).symlink_to(target)
+    elif kind == "link":
+        target = folder / "mine" / Path(name).name
+        target.parent.mkdir()
+        if Path(name).suffix:
+            target.write_text("the user's own\n")
+        else:
+            (target / "keep").mkdir(parents=True)
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).symlink_to(target)
     return folder
 
 
@@ -382,8 +668,8 @@ def outcomes(inputs, tmp_path_factory):
             "shm_new": _shm_entries() - shm_before}
 
 
-GOOD_INPUTS = {"plan.json", "trace"}   # the valid plan and trace the broken ones are made from
-MISSING = {"nomodel", "nope.jsonl", "norun"}   # inputs cases name as missing, on purpose
+GOOD_INPUTS = {"plan.json", "trace", "lora-plan.json"}   # what the broken inputs are made from
+MISSING = {"nomodel", "nope.jsonl", "norun", "no-eval.jsonl"}   # inputs cases name as missing, on purpose
 
 
 def test_each_case_feeds_its_own_broken_input(inputs):

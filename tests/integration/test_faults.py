@@ -32,17 +32,21 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from zoexec.cli import app
+from zoexec.options import build_config
 from zoexec.run.verify import seal
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
+from zoplan.models import CATALOGUE_CONFIGS, get_model
 from zoplan.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from tiny_model import make_model_dir  # noqa: E402
 
 STEPS, KILLED_AFTER = 12, 6
-COMMON = ["--lr", "1e-3", "--seed", "7", "--save-every", "3", "--keep", "3", "-q"]
+COMMON = ["--lr", "1e-3", "--seed", "7", "--save-every", "3", "--keep", "3", "--threads", "1", "-q"]
 EXACT, REFUSED = "exact", "refused"
+MINI_OPT = {"num_hidden_layers": 1, "hidden_size": 32, "ffn_dim": 64, "num_attention_heads": 2,
+            "word_embed_proj_dim": 32, "vocab_size": 64, "max_position_embeddings": 32}
 
 
 def _zoexec(*args, cwd: Path | None = None):
@@ -72,8 +76,11 @@ def world(tmp_path_factory) -> dict:
     base = ["--data", "data.jsonl", "--model-path", "model", *COMMON]   # relative, as typed
     runs = {}
     for name, steps, extra in (("reference", STEPS, ()), ("short", 9, ()),
-                               ("linear", 4, ("--lr-schedule", "linear"))):
-        code, _, err, exc = _zoexec("plan.json", "--out", name, "--steps", steps, *base, *extra,
+                               ("linear", 4, ("--lr-schedule", "linear")),
+                               ("other-lr", 6, ("--lr", "2e-3")), ("other-seed", 9, ("--seed", "8"))):
+        options = [*base[:4], *(c for c in COMMON if c not in ("--lr", "1e-3", "--seed", "7")),
+                   *extra] if name.startswith("other") else [*base, *extra]
+        code, _, err, exc = _zoexec("plan.json", "--out", name, "--steps", steps, *options,
                                     cwd=where)
         assert code == 0, f"{name}: {err} {exc!r}"
         runs[name] = where / name
@@ -98,7 +105,7 @@ def _cut_back(folder: Path, step: int) -> None:
 
 def _listing(folder: Path) -> dict[str, str]:
     """Every path under `folder` with its sha256 (folders: "dir")."""
-    return {str(p.relative_to(folder)): ("dir" if p.is_dir() else
+    return {str(p.relative_to(folder)): ("dir" if p.is_dir() else "fifo" if p.is_fifo() else
                                          hashlib.sha256(p.read_bytes()).hexdigest())
             for p in sorted(folder.rglob("*"))}
 
@@ -143,6 +150,54 @@ def _reseal(folder: Path, change: Callable[[dict], None]) -> None:
     ident = json.loads((folder / "run.json").read_text())
     change(ident)
     (folder / "run.json").write_text(json.dumps(seal(ident), indent=1) + "\n")
+
+
+def _foreign(source: str, into: str):
+    """A saved folder of another run copied over one of this run's (or beside them)."""
+    def change(folder: Path, world: dict) -> None:
+        target = folder / into
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(world[source.split("/")[0]] / source.split("/", 1)[1], target)
+    return change
+
+
+def _state(step: int, change: Callable[[dict], None]):
+    """Snapshot `step`'s state.json edited (it is not under its own checksums)."""
+    def edit(folder: Path, world: dict) -> None:
+        path = _snap(folder, step) / "state.json"
+        state = json.loads(path.read_text())
+        change(state)
+        path.write_text(json.dumps(state))
+    return edit
+
+
+def _link(name: str, *, folder: bool = False):
+    """`name` in the run folder replaced by a symbolic link to a copy of it outside (the
+    user's folder beside it holds the copy and a file of its own)."""
+    def change(run: Path, world: dict) -> None:
+        outside = run.parent / "outside"
+        target = outside / name.replace("/", "-")
+        if (run / name).is_dir():
+            shutil.copytree(run / name, target)
+            (target / "users-own").mkdir()
+            shutil.rmtree(run / name)
+        elif (run / name).exists():
+            shutil.copy(run / name, target)
+            (run / name).unlink()
+        else:
+            target.write_text("the user's own file\n")
+        (run / name).symlink_to(target, target_is_directory=folder)
+    return change
+
+
+def _fifo(name: str):
+    """`name` in the run folder replaced by a FIFO (opening one blocks until the other
+    end opens: a read or a write of it would wait forever)."""
+    def change(run: Path, world: dict) -> None:
+        (run / name).unlink()
+        os.mkfifo(run / name)
+    return change
 
 
 def _torn_temp(folder: Path) -> None:
@@ -232,6 +287,42 @@ ROWS = [
                                            "--steps", STEPS), EXACT, "final is damaged", start="short"),
     Row("extended-decaying-schedule", _args("--steps", 8), REFUSED,
         "schedule decays over 4 steps and would change at step 4; give --new-schedule", start="linear"),
+    # saved weights of another run, step or history (copied in): refused before a step
+    Row("snapshot-from-a-run-of-another-lr", _do(_foreign("other-lr/snapshots/step-000002",
+                                                          "snapshots/step-000005")),
+        REFUSED, "step-000005/state.json is another run's (run digest"),
+    Row("final-from-a-run-of-another-seed", _do(_foreign("other-seed/final", "final"),
+                                                "--steps", STEPS),
+        REFUSED, "final/state.json is another run's (run digest", start="short"),
+    Row("best-from-another-run", _do(_foreign("other-lr/snapshots/step-000002", "best")),
+        REFUSED, "best/state.json is another run's (run digest"),
+    Row("snapshot-renamed-to-a-later-step", _do(_foreign("interrupted/snapshots/step-000002",
+                                                         "snapshots/step-000005")),
+        REFUSED, "records step 2, but its folder is named for step 5"),
+    Row("snapshot-of-another-history", _do(_state(5, lambda s: s.update(history_sha256="0" * 64))),
+        REFUSED, "continues another history than the log's through step 5"),
+    Row("snapshot-that-names-no-run", _do(_state(5, lambda s: s.pop("run_digest"))), EXACT,
+        "step-000005/state.json records no run digest"),
+    # symbolic links in the run folder: refused before anything is read, written or removed
+    Row("metrics-linked-outside", _do(_link("metrics.jsonl")), REFUSED,
+        "metrics.jsonl is a symbolic link (to"),
+    Row("log-linked-outside", _do(_link("losses.jsonl")), REFUSED,
+        "losses.jsonl is a symbolic link (to"),
+    Row("lock-linked-outside", _do(_link(".lock")), REFUSED, ".lock is a symbolic link (to"),
+    Row("snapshots-linked-outside", _do(_link("snapshots", folder=True)), REFUSED,
+        "snapshots is a symbolic link (to"),
+    Row("a-snapshot-linked-outside", _do(_link("snapshots/step-000002", folder=True)), REFUSED,
+        "step-000002 is a symbolic link (to"),
+    Row("final-linked-outside", _do(_link("final", folder=True), "--steps", STEPS), REFUSED,
+        "final is a symbolic link (to", start="short"),
+    # the hostile round: what a FIFO or a line nested too deeply did to a resume
+    Row("metrics-a-fifo", _do(_fifo("metrics.jsonl")), REFUSED,
+        "metrics.jsonl is a FIFO (named pipe), not a regular file", start="short"),
+    Row("log-a-fifo", _do(_fifo("losses.jsonl")), REFUSED, "losses.jsonl is a FIFO (named pipe)"),
+    Row("snapshot-shard-a-fifo", _do(_fifo("snapshots/step-000005/model.safetensors")), REFUSED,
+        "step-000005/model.safetensors is a FIFO (named pipe)"),
+    Row("log-line-nested-too-deeply", _do(lambda f, w: (f / "losses.jsonl").open("a").write(
+        "[" * 100_000 + "]" * 100_000 + "\n")), REFUSED, "losses.jsonl:8 is not a step record"),
 ]
 
 
@@ -273,7 +364,11 @@ def _inputs_for(row: Row, world: dict, folder: Path) -> tuple[list, Callable | N
 def test_a_damaged_run_folder_resumes_exactly_or_is_refused(world, row, tmp_path):
     folder = tmp_path / "run"
     shutil.copytree(world[row.start], folder)
+    outside = tmp_path / "outside"   # the user's folder beside the run: never touched
+    (outside / "mine").mkdir(parents=True)
+    (outside / "mine" / "notes.txt").write_text("the user's\n")
     extra = row.damage(folder, world)
+    untouched = _listing(outside)
     more, restore, cwd = _inputs_for(row, world, tmp_path)
     if cwd is not None:
         moved = cwd / "run"
@@ -281,12 +376,14 @@ def test_a_damaged_run_folder_resumes_exactly_or_is_refused(world, row, tmp_path
         folder = moved
     before = _listing(folder)
     try:
-        code, out, err, exc = _zoexec(world["plan"], "--resume", folder, *extra, *more, cwd=cwd)
+        code, out, err, exc = _zoexec(world["plan"], "--resume", folder, "--threads", "1", *extra, *more,
+                                      cwd=cwd)
     finally:
         if restore is not None:
             restore()
     shown = f"exit {code}\nstdout:\n{out}\nstderr:\n{err}\nexception: {exc!r}"
     assert "Traceback" not in out + err, shown
+    assert _listing(outside) == untouched, f"a file outside the run folder changed\n{shown}"
     if row.expect == REFUSED:
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), shown
@@ -308,3 +405,30 @@ def test_the_fault_table_covers_every_kind_of_damage():
              "data-changed", "model-changed", "torn-temp-folders", "snapshot-truncated-shard",
              "moved-run-folder", "extended-steps-constant"}
     assert kinds <= {r.id for r in ROWS} and len({r.id for r in ROWS}) == len(ROWS)
+
+
+def test_a_lora_run_resumes_from_its_last_snapshot(tmp_path):
+    """A LoRA run of 1,000 steps with a snapshot every 100, killed after 950: the resume
+    loads the adapters of step 899 (checked as a full run's weights) and replays the 50
+    logged steps after it, not the 950 from the start, and ends bit for bit where the
+    uninterrupted run ends."""
+    plan, config = tmp_path / "lora.json", tmp_path / "config.json"
+    config.write_text(json.dumps({**CATALOGUE_CONFIGS["tiny-opt"], **MINI_OPT}))   # one small block
+    workload = Workload(batch=1, seq=8, param_dtype="fp32", compute_dtype="fp32", tuning="lora")
+    hand_plan(model=get_model(str(config)), layout=Layout(), workload=workload).save(plan)
+    code, _, err, exc = _zoexec(plan, "--out", tmp_path / "whole", "--steps", 1000, "--lr", "1e-3",
+                                "--seed", "7", "--save-every", "100", "--keep", "2", "--threads", "1", "-q")
+    assert code == 0, f"{err} {exc!r}"
+    killed = tmp_path / "killed"
+    shutil.copytree(tmp_path / "whole", killed)
+    _cut_back(killed, 949)
+    assert sorted(p.name for p in (killed / "snapshots").iterdir()) == ["step-000799", "step-000899"]
+    cfg = build_config(plan=plan, resume=str(killed))
+    assert (cfg.start_step, len(cfg.replay)) == (950, 50) and cfg.load_from.endswith("step-000899")
+    assert cfg.notes == ()   # no snapshot passed over
+    code, _, err, exc = _zoexec(plan, "--resume", killed, "--threads", "1", "-q")
+    assert code == 0, f"{err} {exc!r}"
+    assert _log(killed) == _log(tmp_path / "whole")
+    got, want = (load_file(str(f / "final" / "adapter_model.safetensors"))
+                 for f in (killed, tmp_path / "whole"))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

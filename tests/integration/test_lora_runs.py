@@ -9,6 +9,7 @@ adapters and ends where an uninterrupted run does."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -124,9 +125,17 @@ def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path):
     assert out.shape == (1, 7)
     parts, flats = build_parts(MODEL, seed=SEED)
     export_weights(parts, flats, tmp_path / "base")
-    result = CliRunner().invoke(app, ["export", "--merge", str(final), "--base",
-                                      str(tmp_path / "base"), "-o", str(tmp_path / "merged")])
+    merge = ["export", "--merge", str(final), "--base", str(tmp_path / "base"), "-o",
+             str(tmp_path / "merged")]
+    refused = CliRunner().invoke(app, merge)   # a random-init run records no base to check
+    assert refused.exit_code == 2 and "--accept-other-base" in refused.output, refused.output
+    result = CliRunner().invoke(app, [*merge, "--accept-other-base"])
     assert result.exit_code == 0, result.output
+    umask = os.umask(0)
+    os.umask(umask)
+    for folder in (final, tmp_path / "merged"):   # one mode for every file saved: the umask's
+        modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+        assert set(modes.values()) == {0o666 & ~umask}, modes
     from transformers import AutoModelForCausalLM
 
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))
@@ -147,7 +156,7 @@ def test_a_killed_run_resumes_to_the_same_adapters(runs, tmp_path):
         spawn_local(cfg)
     assert (out / "snapshots" / "step-000001" / "adapter_model.safetensors").is_file()
     resumed = build_config(plan=tmp_path / "plan.json", resume=str(out), threads=1, quiet=True)
-    assert resumed.start_step == 2 and resumed.weights == "random"
+    assert resumed.start_step == 2 and resumed.weights == "random"   # the base: the run's start
     # from the snapshot (its checksums hold), not from the initial adapters and the log
     assert resumed.load_from.endswith("step-000001") and resumed.replay == () and not resumed.notes
     spawn_local(resumed)

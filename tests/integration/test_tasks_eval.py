@@ -176,7 +176,7 @@ def test_a_climbing_loss_stops_the_run_or_warns(tmp_path, model, mode):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["{tmp}/none", "--data", str(TEST)], "is not a model folder"),
+    (["{tmp}/none", "--data", str(TEST)], "none does not exist"),
     (["{model}", "--data", "{tmp}/none.jsonl"], "does not exist"),
     (["{model}", "--data", str(TEST), "--task", "classification", "--template", "{review} It was",
       "--label-words", "terrible,great"], "no column 'review'"),

@@ -20,7 +20,7 @@ from zoplan.hardware import load_profile
 from zoplan.layout import Layout
 from zoplan.models import get_model
 from zoplan.pricing.collectives import internode_allreduce_s
-from zoplan.pricing.compute import forward_time_s
+from zoplan.pricing.compute import forward_time_s, gemm_tflops, gpu_elems_per_token
 from zoplan.pricing.host import forward_issue_s
 from zoplan.pricing.tasks import task_times
 from zoplan.pricing.zo import cpu_z_time_s, gpu_z_time_s, pass_time_s, sr_chunks, z_issue_s
@@ -365,7 +365,9 @@ def test_gpu_gemm_rate_follows_the_precision():
 
 def test_gpu_attention_and_elementwise_work_cost_hbm_time():
     """Element-wise outputs move 2 words each at HBM bandwidth; attention costs its
-    FLOPs at the GEMM rate or its bytes at HBM bandwidth, whichever is longer."""
+    FLOPs at the GEMM rate or its bytes at HBM bandwidth, whichever is longer; a causal
+    kernel computes half of the scores (CAUSAL_ATTN_SHARE); the GEMMs' biases are
+    added in the GEMM's epilogue, not by kernels of their own (gpu_elems_per_token)."""
     hw = load_profile("dgx-a100-80gb")
     base = forward_time_s(hw, flops=1e12, weight_bytes=0, tokens=2048, compute_dtype="fp16")
     elems = forward_time_s(hw, flops=1e12, weight_bytes=0, tokens=2048, elems=1e9,
@@ -374,13 +376,21 @@ def test_gpu_attention_and_elementwise_work_cost_hbm_time():
     attn = forward_time_s(hw, flops=1e12, weight_bytes=0, tokens=2048, attn_flops=1e6,
                              attn_bytes=4e9, compute_dtype="fp16")
     assert attn - base == pytest.approx(4e9 / A100_HBM)
+    causal = forward_time_s(hw, flops=1e12, weight_bytes=0, tokens=2048, attn_flops=1e15,
+                            compute_dtype="fp16")
+    rate = gemm_tflops(hw, "fp16") * 1e12 * 2048 / (2048 + hw.compute["m_half_tokens"])
+    assert causal - base == pytest.approx(0.5e15 / rate)
     model = get_model("opt-1.3b")   # through the task: the element-wise bytes are in it
     wl = Workload(batch=8, seq=256, param_dtype="fp16", compute_dtype="fp16", update="plain")
     fwd = task_times(model=model, profile=hw, workload=wl, tokens=2048, streams=1,
                      local_ranks=1)["forward_s"]
     gemm_only = forward_time_s(hw, flops=2048 * model.block_gemm_flops_per_token(),
                                   weight_bytes=0, tokens=2048, compute_dtype="fp16")
-    assert fwd - gemm_only >= 2048 * model.block_elems_per_token() * 4 / A100_HBM
+    assert fwd - gemm_only >= 2048 * gpu_elems_per_token(model) * 4 / A100_HBM
+    h = model.hidden   # OPT: 2 LayerNorms, 2 residual adds, ReLU (4h), scaling, transpose
+    assert gpu_elems_per_token(model) == 2 * h + 2 * h + 4 * h + h + h
+    llama = get_model("llama-2-7b")   # no biases: every element-wise output is a kernel's
+    assert gpu_elems_per_token(llama) == llama.block_elems_per_token()
 
 
 def test_gpu_z_and_update_modes_follow_the_precision_table():

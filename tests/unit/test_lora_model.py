@@ -20,6 +20,7 @@ from zoexec.model.lora import (
     lora_spec,
     save_adapters,
 )
+from zoexec.model.saved import folder_checksums
 from zoexec.reference import peft_lora_model
 from zoplan.errors import ZoError
 from zoplan.lora import adapter_tensor_numels
@@ -91,8 +92,9 @@ def test_the_adapter_folder_round_trips_and_is_checked(tmp_path):
     _, _, prefix, spec = _model_and_spec()
     adapters = torch.randn(4, spec.numel, generator=torch.Generator().manual_seed(2))
     folder = save_adapters(tmp_path / "a", adapters, spec, layer_prefix=prefix, base="tiny-opt",
-                           state={"step": 5})
-    assert json.loads((folder / STATE).read_text())["step"] == 5
+                           state=lambda tmp: {"step": 5, "files": folder_checksums(tmp)})
+    state = json.loads((folder / STATE).read_text())
+    assert state["step"] == 5 and set(state["files"]) == {ADAPTER_WEIGHTS, "adapter_config.json"}
     assert torch.equal(load_adapters(folder, spec, layer_prefix=prefix, num_blocks=4), adapters)
     other = lora_spec(_model_and_spec()[1].layers[0], r=4, alpha=16, targets=TARGETS)
     with pytest.raises(ZoError, match="adapters of \\(r, alpha, targets\\)"):
@@ -100,7 +102,7 @@ def test_the_adapter_folder_round_trips_and_is_checked(tmp_path):
     raw = bytearray((folder / ADAPTER_WEIGHTS).read_bytes())
     raw[-1] ^= 1
     (folder / ADAPTER_WEIGHTS).write_bytes(bytes(raw))
-    with pytest.raises(ZoError, match="does not match the sha256"):
+    with pytest.raises(ZoError, match="adapter_model.safetensors changed \\(sha256"):
         load_adapters(folder, spec, layer_prefix=prefix, num_blocks=4)
     with pytest.raises(ZoError, match="non-finite"):
         save_adapters(tmp_path / "b", adapters * float("nan"), spec, layer_prefix=prefix,

@@ -20,6 +20,7 @@ from zoexec.model.prefix import (
     prefix_spec,
     save_prefixes,
 )
+from zoexec.model.saved import folder_checksums
 from zoexec.store.loading import build_parts
 from zoplan.errors import ZoError
 
@@ -45,7 +46,8 @@ def test_the_pipeline_with_a_prefix_is_pefts_prefix_tuning(model, tmp_path):
     spec = prefix_spec(parts, tokens=TOKENS)
     gen = torch.Generator().manual_seed(0)
     prefixes = torch.randn(len(flats), spec.numel, generator=gen)
-    save_prefixes(tmp_path / "final", prefixes, spec, base=model, state={"step": 0})
+    save_prefixes(tmp_path / "final", prefixes, spec, base=model,
+                  state=lambda tmp: {"step": 0, "files": folder_checksums(tmp)})
     ids = torch.randint(4, 60, (2, 7), generator=gen)
     ours = _pipeline_logits(parts, flats, prefixes, spec, ids)
     peft_model = PeftModel.from_pretrained(build_hf_model(model, seed=SEED), str(tmp_path / "final"))
@@ -84,13 +86,13 @@ def test_a_prefix_folder_that_is_not_the_plans_is_refused(tmp_path):
     parts, flats = build_parts("tiny-opt", seed=SEED)
     spec = prefix_spec(parts, tokens=TOKENS)
     save_prefixes(tmp_path / "p", torch.zeros(len(flats), spec.numel), spec, base="b",
-                  state={"step": 1})
+                  state=lambda tmp: {"step": 1, "files": folder_checksums(tmp)})
     with pytest.raises(ZoError, match="a prefix of 3 tokens over 4 layers, the plan's is 4"):
         load_prefixes(tmp_path / "p", prefix_spec(parts, tokens=4), num_blocks=len(flats))
     with (tmp_path / "p" / "adapter_model.safetensors").open("r+b") as handle:
         handle.seek(-1, 2)
         handle.write(b"\x01")
-    with pytest.raises(ZoError, match="does not match the sha256"):
+    with pytest.raises(ZoError, match="adapter_model.safetensors changed"):
         load_prefixes(tmp_path / "p", spec, num_blocks=len(flats))
     config = json.loads((tmp_path / "p" / "adapter_config.json").read_text())
     assert (config["peft_type"], config["num_virtual_tokens"], config["prefix_projection"]) == \

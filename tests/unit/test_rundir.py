@@ -16,9 +16,10 @@ import pytest
 from zoexec.config import RunConfig
 from zoexec.maths.history import StepRecord
 from zoexec.maths.zo import step_seed
+from zoexec.model.saved import check_saved, folder_checksums
 from zoexec.run.checkpoint import LossLog, read_log
-from zoexec.run.folder import RunDir, extend, logged_lr
-from zoexec.run.verify import check_saved, folder_checksums, z_problem
+from zoexec.run.folder import RunDir, extend, histories, logged_lr
+from zoexec.run.verify import binding, z_problem
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
@@ -33,7 +34,7 @@ def _record(step: int, **kw) -> StepRecord:
 
 
 def _log(rundir: RunDir, records) -> None:
-    log = LossLog(rundir.path)
+    log = LossLog(rundir.path, history=rundir.run_digest or "")
     for record in records:
         log.append(record)
     log.close()
@@ -84,7 +85,10 @@ def _snapshot(rundir: RunDir, step: int, *, whole: bool = True, path=None) -> No
     path.mkdir(parents=True)
     (path / "model.safetensors").write_bytes(bytes(range(step, step + 64)))
     if whole:
-        state = {"step": step, "files": folder_checksums(path)}
+        done = histories(rundir.run_digest or "", read_log(rundir.log_path))
+        history = done[step] if step < len(done) else ""
+        state = {**binding(run_digest=rundir.run_digest, step=step, history=history),
+                 "files": folder_checksums(path)}
         (path / "state.json").write_text(json.dumps(state))
 
 
@@ -275,3 +279,30 @@ def test_the_step_history_keeps_records_as_numbers_and_gives_them_back():
     back = list(history)
     assert back[1].step == 1 and math.isnan(back[1].g) and back[1].seed == records[1].seed
     assert [r.update for r in back] == [r.update for r in records]
+
+
+def test_overwrite_and_undo_remove_only_what_a_run_wrote(tmp_path):
+    """--overwrite (clear) and the undoing of a failed new run (discard) remove a run's
+    files by their markers; a user's files in the folder, and what was there before the
+    run started, stay; a final/ zoexec did not write is refused before anything goes."""
+    rundir = RunDir(tmp_path)
+    rundir.write_identity(_cfg(), "abc")
+    _log(rundir, [_record(0), _record(1)])
+    _snapshot(rundir, 1)
+    (tmp_path / "snapshots" / "notes.txt").write_text("the user's\n")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "events.out.tfevents.1.host").write_text("")
+    (tmp_path / "runs" / "my-board").mkdir()
+    (tmp_path / "keep.txt").write_text("the user's\n")
+    rundir.clear()
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert left == ["keep.txt", "runs", "runs/my-board", "snapshots", "snapshots/notes.txt"]
+    (tmp_path / "final").mkdir()   # a user's folder named final/ (no state.json)
+    with pytest.raises(ZoError, match="final was not written by zoexec"):
+        rundir.clear()
+    assert (tmp_path / "final").is_dir() and (tmp_path / "keep.txt").is_file()
+    (tmp_path / "final").rmdir()
+    before = rundir.present()
+    rundir.write_identity(_cfg(), "abc")   # a new run that fails before its first step
+    rundir.discard(existed=True, before=before)
+    assert not (tmp_path / "run.json").exists() and (tmp_path / "snapshots" / "notes.txt").is_file()

@@ -159,7 +159,7 @@ def test_other_formats_read_with_datasets(tmp_path, tok_dir, suffix):
     ([{"prompt": "up", "answer": " down"}], TaskOptions(name="completion"),
      r"no column 'completion' \(it has 'prompt', 'answer'\)"),
     ([{"text": "the film", "label": 0}], CLS, r"no column 'sentence'"),
-    ([{"sentence": "the film", "label": 2}], CLS, r"row 1: label 2 is neither 0..1 nor one of"),
+    ([{"sentence": "the film", "label": 2}], CLS, r"row 1: label 2 in column 'label' is neither 0..1 nor one of"),
     ([{"sentence": "the film", "label": 0}],
      TaskOptions(name="classification", template="{sentence}", label_words=("great", "awful")),
      r"label word 'awful' is not in the tokenizer's vocabulary"),

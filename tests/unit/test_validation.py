@@ -268,7 +268,7 @@ TRACE_CASES = [
     ("unknown lane", lambda t: _append(t, json.dumps({**SPAN, "lane": "gpu"})), "malformed span: lane"),
     ("span of another rank", lambda t: _append(t, json.dumps({**SPAN, "rank": 1})), "a span of rank 1 in the file of rank 0"),
     ("binary span file", lambda t: (t / "rank0.jsonl").write_bytes(b"\xff\xfe\n"), "rank0.jsonl is not a text file"),
-    ("span file a folder", lambda t: ((t / "rank3.jsonl").unlink(), (t / "rank3.jsonl").mkdir()), "rank3.jsonl is not a file"),
+    ("span file a folder", lambda t: ((t / "rank3.jsonl").unlink(), (t / "rank3.jsonl").mkdir()), "rank3.jsonl is a folder, not a regular file"),
 ]
 
 

@@ -13,7 +13,7 @@ from zoexec.data.section import TaskOptions
 from zoexec.data.sources import make_task_source
 from zoexec.data.text import TOKENIZER_FILES
 from zoplan.errors import ZoError
-from zoplan.io import check_writable
+from zoplan.io import check_writable, need_folder, need_input
 from zoplan.lengths import lengths_document, write_lengths
 from zoplan.models import get_model
 from zoplan.workload import MAX_SEQ
@@ -51,9 +51,8 @@ def measure_lengths(data: Path, spec: TaskOptions, *, model_dir: Path, output: P
         raise ZoError(f"--task {spec.name} packs documents into rows of the plan's seq: every "
                       f"row is full, so there are no lengths to measure (plan without --lengths)")
     _check_model_dir(model_dir)
-    check_writable(output, what="the lengths file")
-    if not Path(data).exists():
-        raise ZoError(f"data file {data} does not exist")
+    check_writable(output, what="the lengths file", inputs=(data,))
+    need_input(data, what="data")
     vocab = get_model(str(model_dir)).vocab
     source = make_task_source(str(data), spec, vocab=vocab, tokenizer_dir=str(model_dir))
     if not source.examples:
@@ -66,6 +65,7 @@ def measure_lengths(data: Path, spec: TaskOptions, *, model_dir: Path, output: P
 
 
 def _check_model_dir(model_dir: Path) -> None:
+    need_folder(model_dir, what="--model-path")
     if not (Path(model_dir) / "config.json").is_file():
         raise ZoError(f"--model-path {model_dir} is not a model folder (no config.json)")
     if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):

@@ -28,7 +28,7 @@ import torch
 
 from zoexec.data.batch import Batch, Choices, EpochOrder, Example, pack_examples
 from zoexec.data.records import check_columns
-from zoexec.data.templates import fill, joiner, template_fields, text_of
+from zoexec.data.templates import fill, joiner, not_a_label, template_fields, text_of
 from zoplan.errors import ZoError
 
 
@@ -74,24 +74,57 @@ def choice_texts(row: dict, values: dict, spec, preset, where: str) -> tuple[lis
         texts = [fill(t, values, where=where, option="--choices") for t in spec.choices]
         return texts, texts
     items = row[spec.choices_column]
-    if not isinstance(items, (list, tuple)) or not items:
+    if not isinstance(items, (list, tuple)):
         raise ZoError(f"{where}: column {spec.choices_column!r} holds "
                       f"{type(items).__name__}, not a list of candidates")
-    items = list(dict.fromkeys(text_of(i, spec.choices_column, where) for i in items))
+    if not items:
+        raise ZoError(f"{where}: column {spec.choices_column!r} holds an empty list: no "
+                      f"candidates")
+    items = [text_of(i, spec.choices_column, where) for i in items]
+    for index, item in enumerate(items):
+        if not item.strip():
+            raise ZoError(f"{where}: item {index + 1} of column {spec.choices_column!r} is empty: "
+                          f"an empty candidate is no answer")
+    items = list(dict.fromkeys(items))
     template = spec.choices[0] if spec.choices else "{choice}"
     texts = [fill(template, {**values, "choice": item,
-                             **(preset.choice_fields(row, item) if preset else {})},
+                             **(preset.choice_fields(row, item, where) if preset else {})},
                   where=where, option="--choices") for item in items]
     return items, texts
+
+
+def check_candidates(texts: list[str], spec, where: str) -> None:
+    """ZoError naming the row and the column when a candidate is empty (it would score 0
+    summed log-likelihood and always win) or two read the same (no right answer)."""
+    for index, text in enumerate(texts):
+        if not text.strip():
+            raise ZoError(f"{where}: candidate {index + 1} ({_source(spec, index)}) is empty: an "
+                          f"empty candidate scores no tokens and always wins")
+    seen: dict[str, int] = {}
+    for index, text in enumerate(texts):
+        if text in seen:
+            raise ZoError(f"{where}: candidates {seen[text] + 1} and {index + 1} "
+                          f"({_source(spec, seen[text])}, {_source(spec, index)}) read the same, "
+                          f"{text.strip()[:60]!r}: no candidate could be told right")
+        seen[text] = index
+
+
+def _source(spec, index: int) -> str:
+    """Where candidate `index` comes from, in words: an item of --choices-column, or a
+    --choices template (and the columns it names)."""
+    if spec.choices_column:
+        return f"item {index + 1} of column {spec.choices_column!r}"
+    template = spec.choices[index]
+    names = ", ".join(repr(n) for n in template_fields(template))
+    return f"--choices {template!r}" + (f", from {names}" if names else "")
 
 
 def golds_of(value, items: list[str], column: str, where: str) -> tuple[int, ...]:
     """The right candidates' indices from the label cell: an index, an item's text, or a
     list of items' texts (in the order the cell lists them)."""
-    if isinstance(value, bool):
-        value = int(value)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
+    if isinstance(value, (bool, float)):
+        raise ZoError(f"{where}: label {value!r} in column {column!r} is {not_a_label(value)}: "
+                      f"give a candidate's index (an integer, 0..{len(items) - 1}) or its text")
     if isinstance(value, str) and value.strip().isdigit() and value.strip() not in items:
         value = int(value.strip())
     if isinstance(value, int):
@@ -115,9 +148,10 @@ def choice_examples(rows, spec, tokens, path, preset=None) -> list[MultipleChoic
     for number, row in enumerate(rows, start=1):
         where = f"{path} row {number}"
         values = {n: text_of(row[n], n, where) for n in columns}
-        values.update(preset.fields(row) if preset else {})
+        values.update(preset.fields(row, where) if preset else {})
         prompt_text = fill(spec.template, values, where=where)
         items, texts = choice_texts(row, values, spec, preset, where)
+        check_candidates(texts, spec, where)
         gap = joiner(prompt_text)
         candidates = tuple(tuple(tokens.encode(gap + text, special=False, what=f"candidate {i}"))
                            for i, text in enumerate(texts))

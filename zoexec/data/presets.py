@@ -39,12 +39,20 @@ class Preset:
     note: str = ""
     columns: tuple[str, ...] = field(default=())
 
-    def fields(self, row: dict) -> dict:
-        """The derived fields of `row` ({} without any)."""
-        return self.derive(row) if self.derive else {}
+    def fields(self, row: dict, where: str) -> dict:
+        """The derived fields of `row` ({} without any); ZoError naming `where` (the
+        row) and the column when the row cannot give them."""
+        return _named(where, self.derive, row) if self.derive else {}
 
-    def choice_fields(self, row: dict, choice: str) -> dict:
-        return self.derive_choice(row, choice) if self.derive_choice else {}
+    def choice_fields(self, row: dict, choice: str, where: str) -> dict:
+        return _named(where, self.derive_choice, row, choice) if self.derive_choice else {}
+
+
+def _named(where: str, derive: Callable, *args) -> dict:
+    try:
+        return derive(*args)
+    except ValueError as exc:
+        raise ZoError(f"{where}: {exc}") from None
 
 
 def _lower_first(text: str) -> str:
@@ -55,7 +63,11 @@ def _copa(row: dict) -> dict:
     premise = str(row.get("premise", "")).rstrip()
     question = str(row.get("question", "")).strip()
     if question not in ("cause", "effect"):
-        raise ZoError(f"copa: column 'question' is {question!r}, not 'cause' or 'effect'")
+        raise ValueError(f"column 'question' is {question!r}, not 'cause' or 'effect'")
+    for column in ("choice1", "choice2"):
+        if not str(row.get(column, "")).strip():
+            raise ValueError(f"column {column!r} is empty: an empty candidate scores no tokens "
+                             f"and always wins")
     return {"premise_stem": premise[:-1] if premise.endswith(".") else premise,
             "connector": "because" if question == "cause" else "so",
             "choice1_lc": _lower_first(str(row.get("choice1", ""))),
@@ -67,7 +79,11 @@ def _record(row: dict) -> dict:
 
 
 def _record_choice(row: dict, choice: str) -> dict:
-    return {"filled_query": str(row.get("query", "")).replace("@placeholder", choice)}
+    query = str(row.get("query", ""))
+    if "@placeholder" not in query:
+        raise ValueError("column 'query' holds no @placeholder: every candidate would read "
+                         "the same query")
+    return {"filled_query": query.replace("@placeholder", choice)}
 
 
 def _classification(template: str, words: tuple[str, ...]) -> dict:

@@ -8,7 +8,9 @@ import tempfile
 from pathlib import Path
 
 from zoplan.errors import ZoError, first_line
+from zoplan.io import need_file, need_tree, not_utf8
 
+MAX_NESTING = 1000   # JSON levels: Python's reader stops near its recursion limit
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -17,15 +19,16 @@ def load_records(path) -> list[dict]:
     the file when it cannot be read, holds no rows, or is not a table)."""
     path = Path(path)
     if path.is_dir():
-        data = _from_disk(path)
-    elif not path.is_file():
-        raise ZoError(f"data file {path} does not exist")
-    elif path.suffix.lower() not in FORMATS:
+        data = _from_disk(need_tree(path, what="data folder"))
+    elif need_file(path, what="data file").suffix.lower() not in FORMATS:
         raise ZoError(f"data file {path}: unknown format {path.suffix or '(no suffix)'!r}; "
                       f"give .jsonl, .json, .csv, .parquet or a save_to_disk folder")
     else:
         data = _from_file(path, FORMATS[path.suffix.lower()])
-    rows = data.to_list()
+    try:
+        rows = data.to_list()
+    except UnicodeDecodeError as exc:   # a text column's bytes (pyarrow decodes them here)
+        raise ZoError(f"data {path} is not UTF-8 text ({_where_not_utf8(path, exc)})") from None
     if not rows:
         raise ZoError(f"data file {path} holds no rows")
     return rows
@@ -35,7 +38,9 @@ def _datasets():
     import datasets
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    # not even its errors: a file it cannot read is our one error line (the parquet
+    # reader logs "Failed to read schema ..." before it raises)
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     return datasets
 
 
@@ -55,6 +60,8 @@ def _from_disk(path: Path):
 
 
 def _from_file(path: Path, builder: str):
+    if builder == "json":
+        _check_nesting(path)
     datasets = _datasets()
     try:
         with tempfile.TemporaryDirectory(prefix="zoexec-data-") as cache:
@@ -63,18 +70,62 @@ def _from_file(path: Path, builder: str):
     except Exception as exc:  # noqa: BLE001 - the file's problem, named below
         if builder == "json":
             _find_bad_json_line(path)
-        if isinstance(exc, StopIteration) or "empty" in str(exc).lower():
+        if isinstance(exc, StopIteration) or "empty" in str(exc).lower() or _no_rows(path):
             raise ZoError(f"data file {path} holds no rows") from None
         cause = exc.__cause__ or exc
         raise ZoError(f"cannot read data file {path}: {first_line(cause)}") from None
+
+
+def _where_not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
+    """Where the bytes of data `path` are not UTF-8: the byte and its offset in the file
+    (a text file), else the value pyarrow could not decode (a folder, parquet)."""
+    if path.is_file() and path.suffix.lower() in (".jsonl", ".json", ".csv"):
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as whole:
+            return not_utf8(whole)
+    return f"a value holds byte {exc.object[exc.start]:#04x}, not UTF-8"
+
+
+def _check_nesting(path: Path) -> None:
+    """ZoError naming the line of a JSON(L) file nested deeper than Python's JSON reader
+    goes (about 1,000 levels; pyarrow's reader crashes the process on ~50,000): only a
+    line (a .json file: the whole) with more brackets than that is parsed to find out."""
+    with path.open("rb") as handle:
+        chunks = [handle.read()] if path.suffix.lower() == ".json" else handle
+        for number, raw in enumerate(chunks, start=1):
+            if raw.count(b"[") + raw.count(b"{") < MAX_NESTING:
+                continue
+            try:
+                json.loads(raw)
+            except RecursionError:
+                where = f"{path}:{number}" if path.suffix.lower() == ".jsonl" else str(path)
+                raise ZoError(f"{where}: JSON nested too deeply (over {MAX_NESTING} levels)") from None
+            except ValueError:
+                continue   # another problem: the data set library names it
+
+
+def _no_rows(path: Path) -> bool:
+    """Does a text data file hold no rows: no line but blanks (and a CSV's header), or a
+    JSON file's empty list or object? (Read once the data set library failed on it.)"""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    lines = [line for line in text.splitlines() if line.strip()]
+    if path.suffix.lower() == ".csv":
+        return len(lines) <= 1
+    if path.suffix.lower() == ".json":
+        return text.strip() in ("[]", "{}")
+    return not lines
 
 
 def _find_bad_json_line(path: Path) -> None:
     """Name the first line of a JSONL file that is not one JSON object (when any)."""
     try:
         text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ZoError(f"data file {path} is not UTF-8 text") from None
+    except UnicodeDecodeError as exc:
+        raise ZoError(f"data file {path} is not UTF-8 text ({not_utf8(exc)})") from None
     if path.suffix.lower() == ".json":
         return
     for number, line in enumerate(text.splitlines(), start=1):
@@ -82,7 +133,7 @@ def _find_bad_json_line(path: Path) -> None:
             continue
         try:
             record = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ZoError(f"{path}:{number}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
         if not isinstance(record, dict):
             raise ZoError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")

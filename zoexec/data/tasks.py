@@ -28,7 +28,7 @@ from zoexec.data.batch import Batch, Choices, EpochOrder, Example, pack_examples
 from zoexec.data.choices import classification_metrics, subset
 from zoexec.data.generation import Decoding
 from zoexec.data.records import check_columns
-from zoexec.data.templates import joiner, template_fields, text_of
+from zoexec.data.templates import joiner, not_a_label, template_fields, text_of
 from zoplan.errors import ZoError
 
 if TYPE_CHECKING:
@@ -105,10 +105,10 @@ def label_word_ids(spec: TaskOptions, tokens: Tokens) -> tuple[tuple[int, ...], 
 
 def _label_index(value, spec: TaskOptions, where: str) -> int:
     words = [w.strip() for w in spec.label_words]
-    if isinstance(value, bool):
-        value = int(value)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
+    if isinstance(value, (bool, float)):
+        raise ZoError(f"{where}: label {value!r} in column {spec.label_column!r} is "
+                      f"{not_a_label(value)}: give an integer (0..{len(words) - 1}) or one of the "
+                      f"label words ({', '.join(words)})")
     if isinstance(value, str):
         if value.strip() in words:
             return words.index(value.strip())
@@ -116,8 +116,8 @@ def _label_index(value, spec: TaskOptions, where: str) -> int:
             value = int(value.strip())
     if isinstance(value, int) and 0 <= value < len(words):
         return value
-    raise ZoError(f"{where}: label {value!r} is neither 0..{len(words) - 1} nor one of the "
-                  f"label words ({', '.join(words)})")
+    raise ZoError(f"{where}: label {value!r} in column {spec.label_column!r} is neither "
+                  f"0..{len(words) - 1} nor one of the label words ({', '.join(words)})")
 
 
 def classification_examples(rows, spec: TaskOptions, tokens: Tokens, path) -> list[Labelled]:

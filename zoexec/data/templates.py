@@ -18,6 +18,14 @@ from zoplan.errors import ZoError
 DEMO_SEPARATOR = "\n\n"   # between demonstrations and before the prompt (MeZO's in-context format)
 
 
+def not_a_label(value) -> str:
+    """Why a true/false or float cell is not a label index, in words (a column of the
+    data holding one float holds every value as a float)."""
+    if isinstance(value, bool):
+        return "true/false, not an index"
+    return "a float, not an integer (a column with one float reads every value as a float)"
+
+
 def template_fields(template: str, *, option: str = "--template") -> list[str]:
     """The {name} fields of a template ({{ and }} are literal braces)."""
     try:

@@ -18,7 +18,7 @@ import torch
 from zoexec.data.batch import IGNORE, Batch, EpochOrder, Example, generator
 from zoexec.data.records import load_records
 from zoplan.errors import ZoError
-from zoplan.io import loads_strict
+from zoplan.io import loads_strict, need_file, not_utf8
 
 _TAG_SYNTHETIC = 0x5359      # separates the data streams' seeds from z's
 _TAG_JSONL = 0x4A53
@@ -64,15 +64,19 @@ class JsonlReader:
         self._tokenizer = None
 
     def documents(self) -> Iterator[list[int]]:
-        if not self.path.is_file():
-            raise ZoError(f"data file {self.path} does not exist")
+        need_file(self.path, what="data file")
+        offset = 0
         try:
-            with self.path.open(encoding="utf-8") as handle:
-                for number, line in enumerate(handle, start=1):
+            with self.path.open("rb") as handle:
+                for number, raw in enumerate(handle, start=1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise ZoError(f"data file {self.path}:{number} is not UTF-8 text "
+                                      f"({not_utf8(exc, offset=offset)})") from None
+                    offset += len(raw)
                     if line.strip():
                         yield self._line_ids(line, number)
-        except UnicodeDecodeError:
-            raise ZoError(f"data file {self.path} is not UTF-8 text") from None
         except OSError as exc:
             raise ZoError(f"cannot read data file {self.path}: {exc.strerror or exc}") from None
 

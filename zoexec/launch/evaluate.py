@@ -34,6 +34,7 @@ from zoexec.store.node import close_store, load_node_model, share_read_flags
 from zoexec.train.prefix import trainer_class
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
+from zoplan.io import need_folder, need_input
 from zoplan.layout import Layout
 from zoplan.models import get_model
 from zoplan.workload import Workload
@@ -55,12 +56,11 @@ def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
         raise ZoError(f"--demonstrations {task.demonstrations} needs --demonstrations-data "
                       f"FILE, the training file the demonstrations come from (here --data "
                       f"is the evaluated file)")
-    model_dir = Path(model_dir)
+    model_dir = need_folder(model_dir, what="model folder")
     adapters = _adapters(model_dir, ev.base)
     weights_dir = Path(adapters["base"]) if adapters else model_dir
-    _check_model_folder(weights_dir, task)
-    if not Path(data).exists():
-        raise ZoError(f"data file {data} does not exist")
+    _check_model_folder(need_folder(weights_dir, what="base model folder"), task)
+    need_input(data, what="data")
     model = get_model(str(weights_dir))
     seq = min(EVAL_SEQ, model.max_positions) if ev.seq is None else ev.seq
     lora = adapters["workload"] if adapters else {}

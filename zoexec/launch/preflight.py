@@ -19,6 +19,7 @@ from zoexec.runtime.devicemap import ENV_VISIBLE, cuda_index, visible_env
 from zoexec.runtime.groups import place_from_env
 from zoexec.store.loading import weight_files
 from zoplan.errors import ZoError
+from zoplan.io import need_folder, need_input
 from zoplan.memory import fmt_bytes, node_host_memory, rank_memory
 from zoplan.models import get_model
 from zoplan.plan import Plan
@@ -47,8 +48,8 @@ def preflight(cfg, *, world_size: int | None = None, local_world_size: int | Non
     _check_devices(cfg)
     _check_memory(cfg)
     _check_model(cfg)
-    if cfg.task.data != "synthetic" and not Path(cfg.task.data).exists():
-        raise ZoError(f"data file {cfg.task.data} does not exist")   # a file or a save_to_disk folder
+    if cfg.task.data != "synthetic":   # a file or a save_to_disk folder
+        need_input(cfg.task.data, what="data file")
     for what, where in (("--out", cfg.checkpoint.out), ("--trace", cfg.logging.trace)):
         if where:
             _check_output_folder(what, Path(where))
@@ -209,9 +210,7 @@ def _check_model(cfg) -> None:
     """--model-path: a directory with a config.json whose shape matches the plan's."""
     if cfg.weights == "random":
         return
-    path = Path(cfg.weights)
-    if not path.is_dir():
-        raise ZoError(f"model path {path} is not a directory")
+    path = need_folder(cfg.weights, what="model path")
     if not (path / "config.json").is_file():
         raise ZoError(f"model path {path} has no config.json")
     for shard in weight_files(path):   # safetensors weights, every shard there and whole

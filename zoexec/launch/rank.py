@@ -84,7 +84,7 @@ def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
                 cfg=cfg, env=env, parts=parts, store=store, source=source,
                 lanes=zlanes.make_lanes(env, epoch_s=epoch_s, spans=spans), flags=flags, speed=speed)
             out = cfg.checkpoint.out
-            loop = TrainLoop(trainer, RunDir(out) if out else None, reporter,
+            loop = TrainLoop(trainer, owned or (RunDir(out) if out else None), reporter,
                              evaluator, stop=stop)
             records = loop.run()
             speed.check()

@@ -25,6 +25,7 @@ from transformers import GenerationConfig
 
 from zoexec.model.families import resident_param_specs
 from zoplan.errors import ZoError
+from zoplan.io import usual_mode
 
 # Files of a model folder that a saved model carries along for AutoTokenizer (fast and
 # slow tokenizers: BPE, WordPiece, SentencePiece, tiktoken) and chat templates.
@@ -230,8 +231,13 @@ def _check_finite(flat, what: str) -> None:
 
 
 def _fsync_tree(folder: Path) -> None:
-    """Data of every file in `folder` on disk before the folder is renamed into place."""
-    for path in folder.iterdir():
+    """Data of every file under `folder` on disk before the folder is renamed into
+    place, and every file and folder in the mode the user's umask gives (one mode for
+    everything a run saves, whichever library wrote it: zoplan.io.usual_mode)."""
+    for path in (folder, *folder.rglob("*")):
+        if path.is_symlink():
+            continue
+        usual_mode(path)
         if path.is_file():
             with path.open("rb") as handle:
                 os.fsync(handle.fileno())

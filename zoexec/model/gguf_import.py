@@ -31,7 +31,8 @@ from zoexec.model.export import (
     write_safetensors,
 )
 from zoexec.model.families import TORCH_DTYPES, adapter_for
-from zoplan.errors import ZoError
+from zoplan.errors import ZoError, first_line
+from zoplan.io import need_file
 
 MAGIC = b"GGUF"
 
@@ -47,16 +48,19 @@ def import_gguf(path: Path, out: Path, *, dtype: str = "auto") -> Path:
     reader = _reader(path)
     config = _config(path, reader)
     tensors, out_dtype = _tensors(path, reader, config, dtype)
-    with atomic_folder(out) as tmp:
-        save_generation_config(save_config(config, _architecture(config), tmp, out_dtype), tmp, None)
-        write_safetensors(tensors.items(), tmp, dtype=out_dtype)
-        _save_tokenizer(path, tmp)
+    try:
+        with atomic_folder(out) as tmp:
+            save_generation_config(save_config(config, _architecture(config), tmp, out_dtype),
+                                   tmp, None)
+            write_safetensors(tensors.items(), tmp, dtype=out_dtype)
+            _save_tokenizer(path, tmp)
+    except OSError as exc:   # a read-only or full destination
+        raise ZoError(f"cannot write {out}: {exc.strerror or exc}") from None
     return out
 
 
 def _check_file(path: Path) -> None:
-    if not path.is_file():
-        raise ZoError(f"GGUF file {path} does not exist")
+    need_file(path, what="GGUF file")
     with path.open("rb") as handle:
         head = handle.read(4)
     if head != MAGIC:
@@ -69,7 +73,8 @@ def _reader(path: Path):
     try:
         return GGUFReader(str(path))
     except (ValueError, OSError, IndexError) as exc:
-        raise ZoError(f"cannot read the GGUF file {path}: {exc}") from None
+        raise ZoError(f"cannot read the GGUF file {path}: truncated or damaged "
+                      f"({first_line(exc)})") from None
 
 
 @contextlib.contextmanager

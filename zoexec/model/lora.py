@@ -19,17 +19,16 @@ Saved adapters (a snapshot, final/, best/) are a PEFT adapter folder: adapter_mo
 adapter_config.json (peft.LoraConfig: r, lora_alpha, target_modules, task_type
 CAUSAL_LM, ...), so peft.PeftModel.from_pretrained(base, folder) loads them; the base's
 tokenizer files (a few MB at most), so AutoTokenizer.from_pretrained(folder) works;
-state.json adds the step and the sha256 of the weights file, checked when a resume or
-`zoexec eval` reads it back.
+state.json records the sha256 of every other file (as a full run's saved weights:
+zoexec.run.verify), checked when a resume, `zoexec eval` or `zoexec export --merge`
+reads them back.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
-import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +36,11 @@ import torch
 from torch import nn
 
 from zoexec.maths.zo import mix_seed
+from zoexec.model.export import atomic_folder
 from zoexec.model.families import TensorSpec, make_specs
-from zoplan.errors import ZoError
+from zoexec.model.saved import check_saved, model_fingerprint
+from zoplan.errors import ZoError, first_line
+from zoplan.io import loads_strict, need_folder
 
 LORA_TAG = 0x4C6F5241            # "LoRA": the adapters' init seeds, apart from init_seed's
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -139,11 +141,11 @@ def peft_key(layer_prefix: str, block: int, name: str) -> str:
 
 
 def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer_prefix: str,
-                  base: str, state, tokenizer_from: Path | None = None) -> Path:
+                  base: str, state=None, tokenizer_from: Path | None = None) -> Path:
     """Write `folder` atomically as a PEFT adapter folder (module docstring) from the
     [blocks, numel] fp32 `adapters`, with the tokenizer files of model folder
     `tokenizer_from` (the base's: AutoTokenizer.from_pretrained(folder) works);
-    non-finite adapters are refused."""
+    `state`: as write_peft_folder takes it. Non-finite adapters are refused."""
     from peft import LoraConfig
 
     if not bool(torch.isfinite(adapters).all()):
@@ -158,54 +160,37 @@ def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer
     return write_peft_folder(folder, tensors, config, state=state, tokenizer_from=tokenizer_from)
 
 
-def write_peft_folder(folder: Path, tensors: dict, config, *, state,
+def write_peft_folder(folder: Path, tensors: dict, config, *, state=None,
                       tokenizer_from: Path | None = None) -> Path:
     """A PEFT adapter folder written aside and renamed (whole or absent): the tensors
     as adapter_model.safetensors, the PEFT `config` (its save_pretrained), the tokenizer
     files of `tokenizer_from` and state.json: `state` (or a function of the folder
-    written so far that returns it: the run's checksums of its files, which a resume
-    checks before it trusts the folder) and the weights' sha256."""
+    written so far that returns it: the checksums of its files, as a full run's saved
+    weights, which a resume checks before it trusts the folder)."""
     from safetensors.torch import save_file
 
     from zoexec.model.export import copy_tokenizer
 
-    folder = Path(folder)
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
+    with atomic_folder(Path(folder)) as tmp:
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         config.save_pretrained(str(tmp))
         copy_tokenizer(tokenizer_from, tmp)
-        state = {**(state(tmp) if callable(state) else state),
-                 "adapter_sha256": _sha256(tmp / ADAPTER_WEIGHTS)}
-        (tmp / STATE).write_text(json.dumps(state, indent=1, allow_nan=False) + "\n")
-        for path in tmp.iterdir():
-            if path.is_file():
-                with path.open("rb") as handle:
-                    os.fsync(handle.fileno())
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+        if state is not None:
+            content = state(tmp) if callable(state) else state
+            (tmp / STATE).write_text(json.dumps(content, indent=1, allow_nan=False) + "\n")
+    return Path(folder)
 
 
 def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
                   num_blocks: int) -> torch.Tensor:
     """The [blocks, numel] fp32 adapters of a folder save_adapters (or PEFT) wrote: its
-    weights file checked (check_adapter_file), its adapter settings and every key and
-    shape against `spec` (ZoError naming what differs)."""
+    files checked (check_adapter_file), its adapter settings and every key and shape
+    against `spec` (ZoError naming what differs)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    config = _read_json(folder / ADAPTER_CONFIG)
-    got = (config.get("r"), config.get("lora_alpha"), sorted(config.get("target_modules") or []))
-    if got != (spec.r, spec.alpha, sorted(spec.targets)):
-        raise ZoError(f"{folder}: adapters of (r, alpha, targets) {got}, the plan's are "
-                      f"{(spec.r, spec.alpha, sorted(spec.targets))}")
     check_adapter_file(folder)
+    check_adapter_config(folder, spec.r, spec.alpha, spec.targets, what="the plan's")
     tensors = load_file(str(folder / ADAPTER_WEIGHTS))
     out = torch.empty(num_blocks, spec.numel, dtype=torch.float32)
     expected = {peft_key(layer_prefix, b, t.name) for b in range(num_blocks) for t in spec.specs}
@@ -224,17 +209,25 @@ def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
 
 
 def check_adapter_file(folder: Path) -> None:
-    """ZoError unless the folder's weights file is the one its state.json recorded (its
-    sha256: a folder zoexec wrote). A folder without state.json (PEFT's own
-    save_pretrained writes none) is checked by whoever reads it: `zoexec eval` checks
-    the file's framing (zoexec.launch.evaluate); a resume reads only snapshots with a
-    state.json whose checksums hold (zoexec.run.folder)."""
+    """ZoError unless a folder zoexec wrote (one with a state.json) is whole: every file
+    as the checksums its state.json records (zoexec.model.saved.check_saved). A folder
+    without state.json (PEFT's own save_pretrained writes none) is checked by whoever
+    reads it: `zoexec eval` checks the weights file's framing (zoexec.launch.evaluate);
+    a resume reads only snapshots whose checksums hold (zoexec.run.folder)."""
     folder = Path(folder)
     if (folder / STATE).is_file():
-        want = _read_json(folder / STATE).get("adapter_sha256")
-        if want != _sha256(folder / ADAPTER_WEIGHTS):
-            raise ZoError(f"{folder / ADAPTER_WEIGHTS} does not match the sha256 its state.json "
-                          f"recorded: the adapters were changed or torn")
+        problem = check_saved(folder)
+        if problem:
+            raise ZoError(f"{folder}: {problem}: the adapters were changed or torn")
+
+
+def check_adapter_config(folder: Path, r: object, alpha: object, targets, *, what: str) -> None:
+    """ZoError unless adapter_config.json's (r, lora_alpha, target_modules) are these."""
+    config = _read_json(Path(folder) / ADAPTER_CONFIG)
+    got = (config.get("r"), config.get("lora_alpha"), sorted(config.get("target_modules") or []))
+    want = (r, alpha, sorted(targets))
+    if got != want:
+        raise ZoError(f"{folder}: adapters of (r, alpha, targets) {got}, {what} are {want}")
 
 
 # PEFT LoraConfig settings that change what the adapters compute; each must be off
@@ -278,7 +271,7 @@ def is_adapter_folder(folder: Path | str | None) -> bool:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = loads_strict(path.read_text())
     except (OSError, ValueError) as exc:
         raise ZoError(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
@@ -286,45 +279,72 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 # ---- merging (zoexec export --merge) ---------------------------------------------------------
-def merge_adapters(adapter_dir: Path, base_dir: Path, out_dir: Path) -> Path:
+def merge_adapters(adapter_dir: Path, base_dir: Path, out_dir: Path, *,
+                   accept_other_base: bool = False) -> Path:
     """Load the base HF model, apply the PEFT adapters, merge_and_unload, save the plain
     HF model (and the base's tokenizer) into `out_dir` (written aside and renamed:
-    whole or absent)."""
+    whole or absent). Checked first (check_merge): the adapters' files against their
+    checksums, their settings against the run's, the base against the run's."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from zoexec.model.export import copy_tokenizer
+
+    check_merge(Path(adapter_dir), Path(base_dir), accept_other_base=accept_other_base)
+    hf_logging.disable_progress_bar()   # the command's one line is its output
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)   # peft calls deprecated names
+            base = AutoModelForCausalLM.from_pretrained(str(base_dir), local_files_only=True)
+            merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise ZoError(f"cannot merge {adapter_dir} into {base_dir}: {first_line(exc)}") from None
+    try:
+        with atomic_folder(Path(out_dir)) as tmp:
+            merged.save_pretrained(str(tmp))
+            copy_tokenizer(Path(base_dir), tmp)
+    except OSError as exc:
+        raise ZoError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
+    return Path(out_dir)
+
+
+def check_merge(adapter_dir: Path, base_dir: Path, *, accept_other_base: bool) -> None:
+    """ZoError (one line) unless `adapter_dir` is a whole adapter folder a LoRA run
+    saved (every file's sha256 as its state.json records; adapter_config.json's r,
+    lora_alpha and target_modules the run's) and `base_dir` is the base the run trained
+    on (the fingerprint the run recorded: zoexec.model.saved.model_fingerprint),
+    unless `accept_other_base` (a deliberate swap)."""
+    need_folder(adapter_dir, what="--merge")
+    need_folder(base_dir, what="--base")
     if not is_adapter_folder(adapter_dir):
         raise ZoError(f"--merge {adapter_dir}: not a LoRA adapter folder (no {ADAPTER_WEIGHTS})")
-    if _read_json(Path(adapter_dir) / ADAPTER_CONFIG).get("peft_type") == "PREFIX_TUNING":
+    if _read_json(adapter_dir / ADAPTER_CONFIG).get("peft_type") == "PREFIX_TUNING":
         raise ZoError(f"--merge {adapter_dir}: a prefix has no weights to merge into the base "
                       f"(it is extra keys and values); load it with PeftModel.from_pretrained "
                       f"or evaluate it with zoexec eval {adapter_dir}")
-    if not (Path(base_dir) / "config.json").is_file():
+    if not (base_dir / "config.json").is_file():
         raise ZoError(f"--base {base_dir}: not an HF model folder (no config.json)")
-    try:
-        base = AutoModelForCausalLM.from_pretrained(str(base_dir), local_files_only=True)
-        merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ZoError(f"cannot merge {adapter_dir} into {base_dir}: {exc}") from None
-    out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        merged.save_pretrained(str(tmp))
-        copy_tokenizer(Path(base_dir), tmp)
-        if out.exists():
-            out.rmdir()   # the caller checked it is empty
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    problem = check_saved(adapter_dir)
+    if problem:
+        raise ZoError(f"--merge {adapter_dir}: {problem}: the adapters are not as the run "
+                      f"saved them")
+    state = _read_json(adapter_dir / STATE)
+    lora, base = state.get("lora"), state.get("base")
+    if not isinstance(lora, dict):
+        raise ZoError(f"--merge {adapter_dir}: {adapter_dir / STATE} records no LoRA settings "
+                      f"(not saved by a LoRA run of this zoexec)")
+    check_adapter_config(adapter_dir, lora.get("r"), lora.get("alpha"), lora.get("targets") or (),
+                         what="the run's")
+    if accept_other_base:
+        return
+    if not isinstance(base, dict) or not base.get("fingerprint"):
+        raise ZoError(f"--base {base_dir}: the run trained on random weights (no model "
+                      f"folder recorded): no base to check it against; give "
+                      f"--accept-other-base to merge into it")
+    have = model_fingerprint(base_dir)
+    if have != base["fingerprint"]:
+        raise ZoError(f"--base {base_dir} is not the base the run trained on ({base.get('path')}:"
+                      f" fingerprint {str(base['fingerprint'])[:12]}, this one {have[:12]}); "
+                      f"give --accept-other-base to merge into another base on purpose")

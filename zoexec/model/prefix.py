@@ -25,8 +25,8 @@ adapter_model.safetensors with "prompt_embeddings" [P, num_layers * 2 * kv_dim] 
 layer 0's key, its value, layer 1's key, ...: peft PeftModel.get_prompt's layout),
 adapter_config.json (PrefixTuningConfig: num_virtual_tokens P, token_dim kv_dim,
 num_attention_heads = key/value heads, num_layers), the base's tokenizer and state.json
-(the step, the sha256 of the weights file), so peft.PeftModel.from_pretrained(base,
-folder) loads them.
+(the step, what ties it to the run and the sha256 of every other file, as a LoRA
+folder's), so peft.PeftModel.from_pretrained(base, folder) loads them.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def from_prompt_embeddings(table: torch.Tensor, spec: PrefixSpec, blocks: int) -
 
 
 def save_prefixes(folder: Path, prefixes: torch.Tensor, spec: PrefixSpec, *, base: str,
-                  state, tokenizer_from: Path | None = None) -> Path:
+                  state=None, tokenizer_from: Path | None = None) -> Path:
     """Write `folder` atomically as a PEFT prefix-tuning folder (module docstring);
     `state`: as zoexec.model.lora.write_peft_folder takes it."""
     from peft import PrefixTuningConfig

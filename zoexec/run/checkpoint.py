@@ -18,28 +18,51 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zoexec.maths.history import StepRecord
+from zoexec.run.verify import history_digest
 from zoplan.errors import ZoError
+from zoplan.io import loads_strict
 
 _STRICT_JSON = json.JSONEncoder(allow_nan=False)   # one encoder (zoexec.run.report.STRICT_JSON)
+
+
+_MODES = {"w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND}
+
+
+def open_own(path: Path, mode: str):
+    """A run folder's text file opened for writing ("w" or "a") without following a
+    symbolic link (ELOOP: an OSError, never a write where the link points)."""
+    return os.fdopen(os.open(path, _MODES[mode] | os.O_NOFOLLOW, 0o666), mode)
 
 
 class LossLog:
     """Rank 0's log: losses.jsonl in the run folder, appended and fsynced step by step.
     `keep_bytes`: a resumed run's whole lines (LogRead.good_bytes): a torn last line
-    after them is cut off before the first new line."""
+    after them is cut off before the first new line. `history`: the digest of the run's
+    history before `start_step` (zoexec.run.verify.history_digest: the run's digest for
+    a new run); the log carries it on with each step, for saved weights to record."""
 
-    def __init__(self, out_dir: Path, *, keep_bytes: int | None = None) -> None:
+    def __init__(self, out_dir: Path, *, keep_bytes: int | None = None, history: str = "",
+                 start_step: int = 0) -> None:
         self.path = Path(out_dir) / "losses.jsonl"
         if keep_bytes is not None and self.path.is_file() \
                 and self.path.stat().st_size > keep_bytes:
             with self.path.open("r+b") as handle:
                 handle.truncate(keep_bytes)
-        self._handle = self.path.open("a")
+        self._handle = open_own(self.path, "a")
+        self._histories = {start_step - 1: history}   # the last two steps' digests
 
     def append(self, record: StepRecord) -> None:
         self._handle.write(_STRICT_JSON.encode(record.to_dict()) + "\n")
         self._handle.flush()
         os.fsync(self._handle.fileno())
+        previous = self._histories[record.step - 1]
+        self._histories = {record.step - 1: previous,
+                           record.step: history_digest(previous, record.step, record.update)}
+
+    def history(self, step: int) -> str:
+        """The digest of the history through `step` (the last logged step or the one
+        before it)."""
+        return self._histories[step]
 
     def close(self) -> None:
         if not self._handle.closed:
@@ -82,7 +105,7 @@ def read_log_checked(path: Path) -> LogRead:
 
 def _record(path: Path, number: int, raw: bytes) -> StepRecord:
     try:
-        return StepRecord.from_dict(json.loads(raw))
+        return StepRecord.from_dict(loads_strict(raw))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ZoError(f"{path}:{number} is not a step record ({type(exc).__name__}: "
                       f"{str(exc)[:80]}); only a torn last line is a crash's trace: the log "

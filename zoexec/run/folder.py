@@ -24,9 +24,13 @@ line by line and a torn last line is cut off.
 Nothing read back is trusted unread (zoexec.run.verify): run.json's digest, every
 logged line's seed and lr against the run's seed rule and schedule, the data's hash
 and the model's headers, each snapshot's checksums (a damaged one is passed over for
-the one before it plus the log, and said so). Any other damage (a missing or corrupt
-log beside snapshots, a changed input, an edited run.json) is one ZoError naming the
-file, and nothing in the folder is changed.
+the one before it plus the log, and said so). Saved weights are tied to their run:
+each state.json records the run's digest (run.json's "run_digest", fixed when the run
+starts), its step and the digest of the logged history through that step; a saved
+folder of another run, of another step than its name, or of another history than the
+log's (copied in from elsewhere) is refused, whichever it is, before anything trains.
+Any other damage (a missing or corrupt log beside snapshots, a changed input, an
+edited run.json) is one ZoError naming the file, and nothing in the folder is changed.
 """
 
 from __future__ import annotations
@@ -46,11 +50,20 @@ from zoexec.data.section import TaskOptions
 from zoexec.maths.history import StepRecord
 from zoexec.maths.schedule import lr_from
 from zoexec.maths.zo import step_seed
+from zoexec.model.saved import check_saved
 from zoexec.run.checkpoint import LogRead, read_log_checked
-from zoexec.run.verify import check_saved, check_seal, input_change, seal
+from zoexec.run.verify import (
+    binding_problem,
+    check_seal,
+    history_digest,
+    input_change,
+    seal,
+    unbound,
+)
+from zoexec.run.watch import BEST
 from zoplan import __version__
 from zoplan.errors import ZoError
-from zoplan.io import atomic_write_text, load_json
+from zoplan.io import atomic_write_text, kind_of, load_json, loads_strict, sha256_json
 
 SCHEMA_VERSION = 2
 IDENTITY = "run.json"
@@ -75,6 +88,7 @@ class ResumePlan:
     settings: dict
     identity: dict
     log_bytes: int = 0
+    history: str = ""     # the digest of the logged history (verify.history_digest)
     notes: tuple[str, ...] = ()
 
 
@@ -84,6 +98,7 @@ class RunDir:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self._lock = None
+        self.run_digest: str | None = None   # run.json's, once written (rank 0)
 
     @property
     def log_path(self) -> Path:
@@ -97,7 +112,12 @@ class RunDir:
     def lock(self) -> None:
         """Own the folder while the run is alive (ZoError if another run owns it)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        handle = (self.path / LOCK).open("a+")
+        self.check_own()
+        try:
+            handle = os.fdopen(os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                                       0o666), "r+")
+        except OSError as exc:
+            raise ZoError(f"cannot lock {self.path / LOCK}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -119,30 +139,79 @@ class RunDir:
             (self.path / LOCK).unlink(missing_ok=True)
 
     def check_free(self) -> None:
-        """ZoError if a live run owns the folder (the lock is taken and released)."""
+        """ZoError if a live run owns the folder (the lock is taken and released), or
+        if it is not the tool's alone (check_own)."""
+        self.check_own()
         if (self.path / LOCK).exists():
             self.lock()
             self.unlock()
 
-    def clear(self) -> None:
-        """Remove a previous run's files (--overwrite): only what a run writes."""
-        for name in RUN_FILES:
-            target = self.path / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            else:
-                target.unlink(missing_ok=True)
+    def check_own(self) -> None:
+        """ZoError, before anything is written or removed, when a path zoexec writes in
+        the folder is a symbolic link (a write or a removal would go where it points),
+        neither a regular file nor a folder (a FIFO blocks whoever opens it), or a
+        saved-weights folder zoexec did not write (no state.json: a user's own)."""
+        for path in self._own_paths():
+            if path.is_symlink():
+                raise ZoError(f"{path} is a symbolic link (to {os.readlink(path)}): zoexec "
+                              f"writes and removes only real files in its run folder; put "
+                              f"the file or folder itself there, or give another --out")
+            kind = kind_of(path)
+            if kind not in ("a file", "a folder"):   # a FIFO would block a read or a write
+                raise ZoError(f"{path} is {kind}, not a regular file: zoexec reads and writes "
+                              f"only regular files in its run folder")
+        for name in (FINAL, BEST):
+            folder = self.path / name
+            if folder.is_dir() and not (folder / "state.json").is_file():
+                raise ZoError(f"{folder} was not written by zoexec (no state.json): a run "
+                              f"would replace it; move it away or give another --out")
 
-    def discard(self, *, existed: bool) -> None:
-        """Undo a new run that failed before its first step: its files, and the folder
-        itself when the run created it and it is empty now."""
-        self.clear()
-        (self.path / LOCK).unlink(missing_ok=True)
+    def _own_paths(self):
+        """Every path under the folder that zoexec writes, reads or removes (not
+        following links): its files, its folders and everything in them."""
+        names = (*RUN_FILES, LOCK, f".{FINAL}.tmp", f".{BEST}.tmp")
+        for name in names:
+            top = self.path / name
+            if not (top.exists() or top.is_symlink()):
+                continue
+            yield top
+            if top.is_dir() and not top.is_symlink():
+                for root, dirs, files in os.walk(top):
+                    yield from (Path(root) / n for n in (*dirs, *files))
+
+    def present(self) -> set[str]:
+        """The names zoexec writes that are in the folder now."""
+        return {n for n in (*RUN_FILES, LOCK) if (self.path / n).exists()}
+
+    def clear(self, *, keep: set[str] = frozenset()) -> None:
+        """Remove a run's files (--overwrite; `keep`: names left alone): only what a run
+        writes, each known by its name and marker (a saved folder's state.json, a
+        snapshot's name, TensorBoard's event files); anything else stays. check_own first."""
+        self.check_own()
+        for name in {IDENTITY, LOG, "metrics.jsonl"} - keep:
+            (self.path / name).unlink(missing_ok=True)
+        for name in {FINAL, BEST} - keep:
+            if (self.path / name / "state.json").is_file():
+                shutil.rmtree(self.path / name)
+        if SNAPSHOTS not in keep:
+            for _, path, _ in self._snapshot_folders():
+                shutil.rmtree(path)
+            self.prune(0)
+        if "runs" not in keep:
+            for path in (self.path / "runs").glob("events.out.tfevents.*"):
+                path.unlink()
+        for name in {SNAPSHOTS, "runs"} - keep:
+            _remove_if_empty(self.path / name)
+
+    def discard(self, *, existed: bool, before: set[str]) -> None:
+        """Undo a new run that failed before its first step: the files it wrote (not
+        those in `before`: there when it started), and the folder itself when the run
+        created it and it is empty now."""
+        self.clear(keep=before)
+        if LOCK not in before:
+            (self.path / LOCK).unlink(missing_ok=True)
         if not existed:
-            try:
-                self.path.rmdir()
-            except OSError:
-                pass
+            _remove_if_empty(self.path)
 
     # ---- identity ------------------------------------------------------------------------
     def write_identity(self, cfg, plan_sha256: str, *, z: dict | None = None) -> None:
@@ -151,6 +220,7 @@ class RunDir:
 
     def write_sealed(self, data: dict) -> None:
         atomic_write_text(self.path / IDENTITY, json.dumps(seal(data), indent=1) + "\n")
+        self.run_digest = data["run_digest"]
 
     def read_identity(self) -> dict:
         """run.json, its digest checked (ZoError: missing, older, edited)."""
@@ -169,6 +239,7 @@ class RunDir:
                    if k not in data]
         if missing:
             raise ZoError(f"{path} is not a run identity (missing {', '.join(missing)})")
+        data.setdefault("run_digest", data["digest"])   # a run begun before it was recorded
         return data
 
     # ---- snapshots -----------------------------------------------------------------------
@@ -192,8 +263,8 @@ class RunDir:
         """(step, path) of final/ when it is whole (a run that ended; --steps can extend it)."""
         state = self.path / FINAL / "state.json"
         try:
-            return int(json.loads(state.read_text())["step"]), state.parent
-        except (OSError, ValueError, KeyError, TypeError):
+            return int(loads_strict(state.read_text())["step"]), state.parent
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return None
 
     def prune(self, keep: int) -> None:
@@ -224,6 +295,8 @@ class RunDir:
         _check_settings(ident, given)
         ident, moved = _checked_inputs(ident, given, accept_moved=accept_moved)
         log = self._verified_log(ident)
+        done = histories(ident["run_digest"], log.records)
+        self._check_bindings(ident["run_digest"], done)
         step, path, notes = self._start_point(log)
         replay = tuple(r.update for r in log.records
                        if (step is None or r.step > step) and r.update is not None)
@@ -231,7 +304,27 @@ class RunDir:
         return ResumePlan(init=str(path) if path else ident["init"], snapshot_step=step,
                           replay=replay, start_step=records[-1].step + 1 if records else 0,
                           settings={k: ident[k] for k in (*SETTINGS, *KEPT, "steps")},
-                          identity=ident, log_bytes=log.good_bytes, notes=(*moved, *notes))
+                          identity=ident, log_bytes=log.good_bytes,
+                          history=done[-1] if done else ident["run_digest"],
+                          notes=(*moved, *notes))
+
+    def saved_folders(self) -> list[tuple[int | None, Path]]:
+        """Every folder of saved weights: (the step its name gives, path): snapshots by
+        their names, final/ and best/ (None: named by no step)."""
+        found = [(step, path) for step, path, _ in self._snapshot_folders()]
+        return found + [(None, self.path / name) for name in (FINAL, BEST) if
+                        (self.path / name).is_dir()]
+
+    def _check_bindings(self, run_digest: str, histories: list[str]) -> None:
+        """ZoError when saved weights in the folder are not this run's (another run's,
+        another step's, another history's: zoexec.run.verify.binding_problem)."""
+        for step, path in sorted(self.saved_folders(), key=lambda s: str(s[1])):
+            problem = binding_problem(path, step=step, run_digest=run_digest,
+                                      histories=histories)
+            if problem:
+                raise ZoError(f"{problem}: weights copied in from elsewhere are not resumed "
+                              f"from; move {path} out of the run folder to resume from the "
+                              f"log")
 
     def _verified_log(self, ident: dict) -> LogRead:
         """The log, each line's seed and lr checked against the run's seed rule and lr
@@ -258,7 +351,7 @@ class RunDir:
         saved = sorted(s for s in self.snapshots() + ([final] if final else []) if s[0] <= last)
         notes = []
         for step, path in reversed(saved):
-            problem = check_saved(path)
+            problem = check_saved(path) or unbound(path)
             if problem is None:
                 return step, path, notes
             notes.append(f"zoexec: warning: {path} is damaged ({problem}): not used; the run "
@@ -331,6 +424,15 @@ def _check_record(path: Path, number: int, record: StepRecord, ident: dict) -> N
                       f"run's schedule gives {lr!r}: the log was altered and cannot be replayed")
 
 
+def histories(run_digest: str, records) -> list[str]:
+    """The digest of the run's history through each logged step (verify.history_digest)."""
+    out, previous = [], run_digest
+    for record in records:
+        previous = history_digest(previous, record.step, record.update)
+        out.append(previous)
+    return out
+
+
 def logged_lr(ident: dict, step: int) -> float:
     """The lr of `step` by run.json's schedule segments ([start, total] each)."""
     start, total = next((s, t) for s, t in reversed(ident["schedule"]) if s <= step)
@@ -346,12 +448,13 @@ def identity_of(cfg, plan_sha256: str, *, z: dict | None) -> dict:
         if inputs.get(_INPUT[key]):
             settings[key] = inputs[_INPUT[key]]["path"]
     c = cfg.checkpoint
-    return {"schema_version": SCHEMA_VERSION, "tool": f"zoexec {__version__}",
+    body = {"schema_version": SCHEMA_VERSION, "tool": f"zoexec {__version__}",
             "plan_sha256": plan_sha256, "plan_path": str(Path(cfg.plan_path).resolve()),
             "steps": cfg.optim.steps, **settings,
             "schedule": [list(s) for s in cfg.schedule] or [[0, cfg.optim.steps]],
             "extensions": list(cfg.extensions), "save_every": c.save_every,
             "save_steps": c.save_steps, "keep": c.keep, "inputs": inputs, "z": z}
+    return {**body, "run_digest": sha256_json(body)}   # fixed for the run's life
 
 
 def extend(ident: dict, *, steps: int, start_step: int, new_schedule: bool) -> tuple[dict, str | None]:
@@ -393,6 +496,7 @@ def undone_on_failure(cfg):
     logged (a rank's error, a bad shard, a full store): the same command can run again."""
     out = cfg.checkpoint.out if cfg is not None else None
     existed = out is not None and Path(out).exists()
+    before = RunDir(out).present() if existed else set()
     try:
         yield
     except BaseException:
@@ -401,10 +505,17 @@ def undone_on_failure(cfg):
             try:
                 rundir.check_free()   # not another run's folder
                 if not read_log_checked(rundir.log_path).records and not rundir.snapshots():
-                    rundir.discard(existed=existed)
+                    rundir.discard(existed=existed, before=before)
             except (OSError, ZoError):
                 pass
         raise
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 def say(lines) -> None:

@@ -30,11 +30,12 @@ import torch
 
 from zoexec.maths.history import StepHistory, StepRecord
 from zoexec.model.export import export_weights
+from zoexec.model.saved import folder_checksums
 from zoexec.run.agree import check_nodes
 from zoexec.run.checkpoint import LossLog
 from zoexec.run.folder import FINAL, RunDir
 from zoexec.run.report import Reporter
-from zoexec.run.verify import folder_checksums, free_bytes
+from zoexec.run.verify import binding, free_bytes
 from zoexec.run.watch import BEST, BestMetric, Divergence
 from zoexec.runtime.procwatch import StopRequest
 from zoexec.store.loading import fill_timeout_s
@@ -68,7 +69,8 @@ class TrainLoop:
         self.evaluator = evaluator   # zoexec.run.evaluate.Evaluator: --eval-data
         self.stop = stop             # the rank's stop signals (rank_main installs them)
         self.cfg, self.env = trainer.cfg, trainer.env
-        self.log = (LossLog(rundir.path, keep_bytes=self.cfg.log_bytes)
+        self.log = (LossLog(rundir.path, keep_bytes=self.cfg.log_bytes, start_step=self.cfg.start_step,
+                            history=self.cfg.history or rundir.run_digest)
                     if rundir and self.env.rank == 0 else None)
         self.last_save_s = time.monotonic()
         self.skips = 0
@@ -236,34 +238,48 @@ class TrainLoop:
                 self.rundir.prune(self.cfg.checkpoint.keep)
 
     def _write_weights(self, path: Path | None, step: int, **state) -> None:
-        trainer = self.trainer
-        if self.cfg.workload.frozen_base:   # the adapters or prefixes alone (every rank's)
-            self._write_adapters(path, step, **state)
-            return
-        store = trainer.store
-        trainer.store_shards()   # resident blocks: node 0's first slice group into the store
-        if self.env.rank == 0:
-            state = {"step": step, "seed": self.cfg.optim.seed, "update": self.cfg.workload.update,
-                     **state}
+        """Rank 0 writes the weights after `step` to `path` (the adapters or prefixes
+        alone in a LoRA or prefix run); state.json records what ties them to the run
+        (zoexec.run.verify.binding), `state` and the checksums of every file."""
+        trainer, store = self.trainer, self.trainer.store
+        if not self.cfg.workload.frozen_base:
+            trainer.store_shards()   # resident blocks: node 0's first slice group into the store
+        if self.env.rank == 0 and path is not None:
+            state = {**binding(run_digest=self.rundir.run_digest, step=step,
+                               history=self.log.history(step)),
+                     "seed": self.cfg.optim.seed, **self._kind(), **state}
             try:
-                export_weights(trainer.parts, [store.weights(b) for b in range(store.num_blocks)],
-                               path, resident=trainer.clean_resident_cpu(),
-                               extra_files=Path(self.cfg.source_dir) if self.cfg.source_dir else None,
-                               state=lambda tmp: {**state, "files": folder_checksums(tmp)},
-                               max_shard_bytes=self.cfg.checkpoint.max_shard_bytes)
+                self._export(path, lambda tmp: {**state, "files": folder_checksums(tmp)})
             except OSError as exc:
                 raise ZoError(_write_failed(path, exc)) from None
         monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the weights",
-                          timeout_s=fill_timeout_s(store.nbytes, base_s=self.env.timeout_s))
+                          timeout_s=fill_timeout_s(0 if self.cfg.workload.frozen_base else store.nbytes,
+                                                   base_s=self.env.timeout_s))
 
+    def _kind(self) -> dict:
+        """What state.json says of the weights: the update mode, or the LoRA (prefix)
+        settings and the base they adapt (its path and fingerprint; None: random
+        weights), which `zoexec export --merge` checks."""
+        wl = self.cfg.workload
+        if not wl.frozen_base:
+            return {"update": wl.update}
+        base = (self.cfg.inputs or {}).get("model")
+        if wl.tuning == "prefix":
+            return {"tuning": "prefix", "base": base, "prefix": {"tokens": wl.prefix_tokens}}
+        return {"tuning": "lora", "base": base,
+                "lora": {"r": wl.lora_r, "alpha": wl.lora_alpha, "targets": list(wl.lora_targets)}}
 
-    def _write_adapters(self, path: Path, step: int, **state) -> None:
-        """A LoRA or prefix run's weights: rank 0 writes them as a PEFT folder."""
-        if self.env.rank == 0:
-            self.trainer.save(path, step=step,
-                              state=lambda tmp: {**state, "files": folder_checksums(tmp)})
-        monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the adapters",
-                          timeout_s=self.env.timeout_s)
+    def _export(self, path: Path, state) -> None:
+        """The weights as an HF folder (full) or a PEFT adapter folder (LoRA, prefix)."""
+        trainer = self.trainer
+        if self.cfg.workload.frozen_base:
+            trainer.save(path, state=state)
+            return
+        store = trainer.store
+        export_weights(trainer.parts, [store.weights(b) for b in range(store.num_blocks)],
+                       path, resident=trainer.clean_resident_cpu(),
+                       extra_files=Path(self.cfg.source_dir) if self.cfg.source_dir else None,
+                       state=state, max_shard_bytes=self.cfg.checkpoint.max_shard_bytes)
 
 
 def _write_failed(path: Path, exc: OSError) -> str:

@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 from zoexec.maths.history import StepHistory
+from zoexec.run.checkpoint import open_own
 from zoplan.errors import ZoError
 
 METRICS = "metrics.jsonl"
@@ -266,10 +267,10 @@ class Reporter:
         its start step (a crash may have torn the last one)."""
         path = self.out / METRICS
         if METRICS in self._opened:
-            return path.open("a")
+            return open_own(path, "a")
         self._opened.add(METRICS)
         if not self.cfg.resumed or not path.is_file():
-            return path.open("w")
+            return open_own(path, "w")
         kept = []
         for line in path.read_text().splitlines():
             try:
@@ -278,8 +279,9 @@ class Reporter:
                     kept.append(line)
             except (ValueError, KeyError, TypeError):
                 break
-        path.write_text("".join(f"{line}\n" for line in kept))
-        return path.open("a")
+        with open_own(path, "w") as handle:
+            handle.write("".join(f"{line}\n" for line in kept))
+        return open_own(path, "a")
 
     def _tensorboard(self, data: dict) -> None:
         if self._writer is None:

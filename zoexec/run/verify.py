@@ -1,8 +1,10 @@
 """What a run folder checks before it trusts what it reads back: checksums of the files
-of saved weights (snapshots, final/), fingerprints of the run's inputs (the data's
-content hash; the model folder's safetensors headers and sizes, cheap for any size),
-the facts that decide z (device model, software versions), and the digest that seals
-run.json's settings. Torch-free except `z_environment`, which reads the device.
+of saved weights (snapshots, final/, best/; full weights and LoRA adapters alike), what
+ties saved weights to their run (the run's digest, the step, the digest of the logged
+history they continue), fingerprints of the run's inputs (the data's content hash; the
+model folder's safetensors headers and sizes, cheap for any size), the facts that decide
+z (device model, software versions), and the digest that seals run.json's settings.
+Torch-free except `z_environment`, which reads the device.
 
 A problem is a ZoError naming the file and what differs; none of these functions
 writes anything.
@@ -16,87 +18,82 @@ import os
 import struct
 from pathlib import Path
 
+from zoexec.model.saved import STATE, model_fingerprint
 from zoplan.errors import ZoError
-from zoplan.io import sha256_file, sha256_json, sha256_path
-
-STATE = "state.json"
+from zoplan.io import loads_strict, sha256_json, sha256_path
 
 
-# ---- checksums of saved weights --------------------------------------------------------------
-def folder_checksums(folder: Path) -> dict[str, str]:
-    """{file name: sha256} of every file of a saved weights folder but state.json."""
-    folder = Path(folder)
-    return {p.name: sha256_file(p) for p in sorted(folder.iterdir())
-            if p.is_file() and p.name != STATE}
+# ---- what ties saved weights to their run ----------------------------------------------------
+def history_digest(previous: str, step: int, update: tuple | None) -> str:
+    """The digest of a run's history through `step`: the one through the step before
+    (`previous`; before step 0, the run's digest) and this step's update ((seed, g, lr),
+    None for a step that applied none). Saved weights record it; a resume recomputes it
+    from the log, so weights are used only after the very updates they hold."""
+    body = json.dumps([step, list(update) if update else None])
+    return hashlib.sha256(f"{previous}\n{body}".encode()).hexdigest()
 
 
-def check_saved(folder: Path) -> str | None:
-    """What is wrong with a saved weights folder against the checksums its state.json
-    records (None: every file is whole): a missing, changed or unexpected file."""
-    folder = Path(folder)
+def _state(folder: Path) -> dict:
+    """A saved folder's state.json ({} when it cannot be read as a JSON object)."""
     try:
-        state = json.loads((folder / STATE).read_text())
-        recorded = state["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"{folder / STATE} records no checksums"
-    if not isinstance(recorded, dict) or not recorded:
-        return f"{folder / STATE} records no checksums"
-    for name, want in sorted(recorded.items()):
-        path = folder / name
-        if not path.is_file():
-            return f"{path} is missing"
-        have = sha256_file(path)
-        if have != want:
-            return f"{path} changed (sha256 {have[:12]}, saved as {want[:12]})"
-    extra = sorted(p.name for p in folder.glob("*.safetensors") if p.name not in recorded)
-    if extra:
-        return f"{folder / extra[0]} was not saved with this folder"
+        state = loads_strict((Path(folder) / STATE).read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def binding_of(folder: Path) -> tuple[str, int, str] | None:
+    """(run digest, step, history digest) a saved folder's state.json records (None:
+    it records none, or not in their types)."""
+    state = _state(folder)
+    digest, step, history = (state.get(k) for k in ("run_digest", "step", "history_sha256"))
+    if isinstance(digest, str) and type(step) is int and isinstance(history, str):
+        return digest, step, history
+    return None
+
+
+def unbound(folder: Path) -> str | None:
+    """Why a saved folder whose state.json does not say which run, step and history it
+    is (saved before zoexec recorded them, or damaged) is not resumed from (None: it
+    says)."""
+    if binding_of(folder) is not None:
+        return None
+    what = "a malformed step or history" if "run_digest" in _state(folder) else "no run digest"
+    return f"{Path(folder) / STATE} records {what}"
+
+
+def binding(*, run_digest: str, step: int, history: str) -> dict:
+    """The fields of a saved folder's state.json that tie it to its run."""
+    return {"step": step, "run_digest": run_digest, "history_sha256": history}
+
+
+def binding_problem(folder: Path, *, step: int | None, run_digest: str,
+                    histories: list[str]) -> str | None:
+    """Why saved weights in `folder` are not this run's (None: they are): state.json
+    names another run, another step than the folder's name (`step`; None: final/ and
+    best/, named by no step), a step past the log, or another history than the log's
+    (`histories[s]`: the digest through step s). A folder whose state.json records no
+    run (written before zoexec recorded it, or damaged) is not judged here: check_saved
+    and the resume's start point pass it over."""
+    recorded = binding_of(folder)
+    if recorded is None:
+        return None
+    digest, saved_step, history = recorded
+    where = Path(folder) / STATE
+    if digest != run_digest:
+        return (f"{where} is another run's (run digest {str(digest)[:12]}, this run's "
+                f"{run_digest[:12]})")
+    if step is not None and saved_step != step:
+        return f"{where} records step {saved_step}, but its folder is named for step {step}"
+    if not 0 <= saved_step < len(histories):
+        return f"{where} records step {saved_step}, past the {len(histories)} logged steps"
+    if history != histories[saved_step]:
+        return (f"{where} continues another history than the log's through step {saved_step} "
+                f"(history {str(history)[:12]}, the log's {histories[saved_step][:12]})")
     return None
 
 
 # ---- the run's inputs ------------------------------------------------------------------------
-SAMPLES, SAMPLE_BYTES = 16, 1 << 16   # windows of each shard's bytes in its fingerprint
-
-
-def model_fingerprint(folder: str | Path) -> str:
-    """sha256 of a model folder's config.json and, for each safetensors file, its name,
-    size, header (the tensors' names, shapes, dtypes and offsets) and SAMPLES windows
-    of its bytes spread over the file: another size, layout or set of weights shows
-    (new weights change every window), for about 1 MiB read a shard whatever its size."""
-    folder = Path(folder)
-    digest = hashlib.sha256()
-    config = folder / "config.json"
-    digest.update(config.read_bytes() if config.is_file() else b"")
-    for path in sorted(folder.glob("*.safetensors")):
-        size = path.stat().st_size
-        digest.update(f"\0{path.name}\0{size}\0".encode())
-        digest.update(_safetensors_header(path, size))
-        digest.update(_samples(path, size))
-    return digest.hexdigest()
-
-
-def _samples(path: Path, size: int) -> bytes:
-    """SAMPLES windows of SAMPLE_BYTES spread evenly over a file (the whole of a small one)."""
-    with path.open("rb") as handle:
-        if size <= SAMPLES * SAMPLE_BYTES:
-            return handle.read()
-        out = []
-        for index in range(SAMPLES):
-            handle.seek((size - SAMPLE_BYTES) * index // (SAMPLES - 1))
-            out.append(handle.read(SAMPLE_BYTES))
-        return b"".join(out)
-
-
-def _safetensors_header(path: Path, size: int) -> bytes:
-    """The header of a safetensors file (its length first), or what there is of it."""
-    with path.open("rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            return head
-        (length,) = struct.unpack("<Q", head)
-        return head + handle.read(min(length, max(0, size - 8), 100 << 20))
-
-
 def fingerprints(*, data: str, model: str) -> dict:
     """run.json's "inputs": each input's absolute path and fingerprint (None: built in)."""
     out = {"data": None, "model": None}
@@ -216,7 +213,7 @@ def check_safetensors(path: Path) -> str | None:
             return (f"{path} is truncated: its header alone needs {8 + length} bytes, the "
                     f"file has {size}")
         try:
-            header = json.loads(handle.read(length))
+            header = loads_strict(handle.read(length))
             ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
         except (ValueError, KeyError, TypeError, AttributeError):
             return f"{path} has a damaged safetensors header"

@@ -22,13 +22,13 @@ far back from best/state.json.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import deque
 from pathlib import Path
 
 from zoexec.maths.history import StepRecord
 from zoplan.errors import ZoError
+from zoplan.io import loads_strict
 
 FACTOR = 2.0     # the current level above this many times the start ...
 MARGIN = 1.0     # ... and this far above it (nats): diverging
@@ -100,7 +100,7 @@ def _saved_value(folder: Path, metric: str) -> float | None:
     if not path.is_file():
         return None
     try:
-        state = json.loads(path.read_text())
+        state = loads_strict(path.read_text())
         value = state["value"] if state["metric"] == metric else None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ZoError(f"{path}: not the state of a best/ folder ({exc}); move best/ away "

@@ -202,22 +202,13 @@ class LoraTrainer(Trainer):
     def store_shards(self) -> None:
         """Nothing: the base is never changed, the store already holds it."""
 
-    def save(self, folder, *, step: int, state=None) -> None:
+    def save(self, folder, *, state) -> None:
         """Rank 0: the adapters as a PEFT folder with the base's tokenizer
-        (zoexec.model.lora.save_adapters); `state(tmp)`: more for its state.json (the
-        run's checksums of the files, best/'s metric)."""
+        (zoexec.model.lora.save_adapters); `state`: state.json as a function of the
+        folder written so far (the tokenizer's files among its checksums)."""
         cfg = self.cfg
         path = cfg.model.model_path   # absolute: `zoexec eval FOLDER` finds it from anywhere
         base = str(Path(path).resolve()) if path else Plan(cfg.plan).model.name
         source = Path(cfg.source_dir) if cfg.source_dir else None
         save_adapters(folder, self.adapters.cpu(), self.lora, layer_prefix=self.parts.layer_prefix,
-                      base=base, tokenizer_from=source,
-                      state=folder_state(step, cfg.optim.seed, "lora", state))
-
-
-def folder_state(step: int, seed: int, tuning: str, more):
-    """state.json of a saved adapter or prefix folder: the step, the seed, the tuning,
-    and what `more(tmp)` adds (the caller's: the files' checksums, best/'s metric)."""
-    def state(tmp):
-        return {"step": step, "seed": seed, "tuning": tuning, **(more(tmp) if more else {})}
-    return state
+                      base=base, tokenizer_from=source, state=state)

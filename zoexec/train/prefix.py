@@ -24,7 +24,7 @@ from zoexec.model.prefix import (
     prefix_spec,
     save_prefixes,
 )
-from zoexec.train.lora import LoraTrainer, folder_state
+from zoexec.train.lora import LoraTrainer
 from zoplan.plan import Plan
 
 
@@ -65,7 +65,7 @@ class PrefixTrainer(LoraTrainer):
     def _eval_embed(self, ids: torch.Tensor):
         return prefix_embed(self.parts, ids, self.cache)
 
-    def save(self, folder, *, step: int, state=None) -> None:
+    def save(self, folder, *, state) -> None:
         """Rank 0: the prefixes as a PEFT prefix-tuning folder with the base's tokenizer
         (zoexec.model.prefix.save_prefixes)."""
         cfg = self.cfg
@@ -73,7 +73,7 @@ class PrefixTrainer(LoraTrainer):
         base = str(Path(path).resolve()) if path else Plan(cfg.plan).model.name
         source = Path(cfg.source_dir) if cfg.source_dir else None
         save_prefixes(folder, self.adapters.cpu(), self.lora, base=base, tokenizer_from=source,
-                      state=folder_state(step, cfg.optim.seed, "prefix", state))
+                      state=state)
 
 
 def trainer_class(workload) -> type:

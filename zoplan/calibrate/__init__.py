@@ -53,7 +53,7 @@ def calibrate(*, plan: Path, trace: Path, profile: str | None, skip: int, fit: b
     if fit:
         _check_fit_trace(the_plan, meta, trace)
     if fit and output is not None:
-        check_writable(Path(output))   # before the work, not after it
+        check_writable(Path(output), inputs=(plan,))   # before the work, not after it
     hw = resolve_profile(the_plan, profile, required=fit)
     cal = compare(the_plan, spans, skip=skip)
     cal.warnings.extend(check_inputs(the_plan, meta, hw))

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from zoplan.hardware import HardwareProfile
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.pricing.collectives import allgather_busbw_gbps, collective_latency_s
-from zoplan.pricing.compute import gemm_tflops, hbm_gbps, hbm_time_s
+from zoplan.pricing.compute import gemm_tflops, gpu_elems_per_token, hbm_gbps, hbm_time_s
 from zoplan.pricing.copies import duplex_rates_gbps
 from zoplan.pricing.devicemem import nvml_terms
 from zoplan.pricing.host import forward_issue_s, launch_s
@@ -93,14 +93,16 @@ def eager_block_forward_s(model: ModelSpec, profile: HardwareProfile, *, rows: i
                           compute_dtype: str) -> float:
     """One stream's forward of one HF block with eager attention over rows x seq tokens:
     the GEMMs (and the attention's) at the precision's rate x m / (m + m_half_tokens),
-    the scores' EAGER_SCORE_WORDS words each and the element-wise outputs at HBM speed."""
+    the scores' EAGER_SCORE_WORDS words each (eager attention computes every score, the
+    masked ones too) and the element-wise outputs (the GEMMs' biases in their epilogue:
+    gpu_elems_per_token) at HBM speed."""
     tokens = rows * seq
     word = dtype_bytes(compute_dtype)
     half: float = profile.compute["m_half_tokens"]
     rate = gemm_tflops(profile, compute_dtype) * TFLOPS * tokens / (tokens + half)
     flops = tokens * (model.block_gemm_flops_per_token() + model.block_attn_flops_per_token(seq))
     scores = rows * model.num_heads * seq * seq * EAGER_SCORE_WORDS * word
-    elems = tokens * model.block_elems_per_token() * 2 * word
+    elems = tokens * gpu_elems_per_token(model) * 2 * word
     return max(flops / rate, model.block_params * word / (hbm_gbps(profile) * GBPS)) \
         + hbm_time_s(profile, scores + elems)
 

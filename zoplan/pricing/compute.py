@@ -8,10 +8,14 @@ elem_ns where a measured profile has them; with k local ranks each gets peak / k
 rank_scaling (GEMMs) or mem_rank_scaling (memory-bound work).
 GPU (gpu_forward_terms): a roofline per part, GEMMs at the precision's tensor-core
 rate x m / (m + m_half_tokens) never faster than reading the weights at HBM speed,
-attention's FLOPs likewise against its bytes, element-wise operators as bytes over HBM
-bandwidth (memory-bound kernels: Williams, Waterman and Patterson, "Roofline", CACM
-2009; their achievable share of spec HBM, device.hbm_fraction, docs/sources.md). The
-dispatch is host time on a GPU (zoplan.pricing.host).
+attention's FLOPs (the causal half, CAUSAL_ATTN_SHARE) likewise against its bytes,
+element-wise operators as bytes over HBM bandwidth, the biases of the GEMMs excepted
+(gpu_elems_per_token) (memory-bound kernels: Williams, Waterman and Patterson,
+"Roofline", CACM 2009; their achievable share of spec HBM, device.hbm_fraction,
+docs/sources.md). The dispatch is host time on a GPU (zoplan.pricing.host), issued
+while the device runs what was issued before it: a forward alone takes the longer of
+its launches and its device work (gpu_forward_alone_s), the rule the profile's fit
+and the simulator's host lane (zoplan.sim.graph) both follow.
 """
 
 from __future__ import annotations
@@ -27,6 +31,12 @@ from zoplan.workload import HALF_DTYPES, Workload
 # dtype: it reads its input and writes its output (a binary one reads a second input:
 # a floor). Memory-bound GPU work is bytes over HBM bandwidth.
 ELEM_RW = 2
+# The share of a causal attention's score FLOPs a fused kernel computes: SDPA's flash
+# and memory-efficient kernels skip the key blocks above the diagonal when is_causal
+# (zoexec's masks: zoexec.model.adapter.causal_mask leaves is_causal to SDPA), about
+# half of them (Dao, "FlashAttention-2", arXiv 2307.08691, sec. 3.1.1;
+# docs/sources.md: flash2). Eager attention (the baselines) computes every score.
+CAUSAL_ATTN_SHARE = 0.5
 # Operators of an embedding lookup and of the head + loss, as a share of a block
 # forward's (~40 for an OPT block, ~4 and ~10): their share of its dispatch cost.
 EMBED_OPS, HEAD_OPS = 0.1, 0.25
@@ -111,22 +121,44 @@ def cpu_forward_terms(figures: dict[str, Any], *, flops: float, attn_flops: floa
     return dispatch * US, gemm, rest
 
 
+def gpu_elems_per_token(model: ModelSpec) -> float:
+    """Element-wise outputs a block forward writes per token on a GPU: the model's
+    (block_elems_per_token) less its GEMMs' bias broadcasts, which PyTorch adds in
+    cuBLASLt's bias epilogue of the GEMM itself (addmm with a 1-D bias, beta 1, fp16,
+    bf16 or fp32: ATen's addmm_out_cuda_impl; nn.Linear's contiguous 3-D input takes
+    that path) instead of a separate kernel (docs/sources.md: aten-addmm)."""
+    return model.block_elems_per_token() - model.block_bias_elems_per_token()
+
+
 def gpu_forward_terms(figures: dict[str, Any], *, rate_tflops: float, hbm_gbps: float,
                       flops: float, attn_flops: float, attn_bytes: float, elem_bytes: float,
                       weight_bytes: float, tokens: int | float) -> tuple[float, float, float]:
     """(launches, GEMMs, attention + element-wise work) in seconds of one forward on a
     GPU, a roofline per part: the GEMMs at the precision's rate x m / (m + m_half_tokens)
     (m token rows), never faster than reading the weights at HBM bandwidth; attention's
-    FLOPs at the same rate (the fused kernel runs on the tensor cores), never faster
+    FLOPs (`attn_flops`: every score; the causal kernel computes CAUSAL_ATTN_SHARE of
+    them) at the same rate (the fused kernel runs on the tensor cores), never faster
     than its bytes at HBM bandwidth; element-wise operators are memory-bound (bytes over
-    HBM bandwidth). The launches cost overhead_us (figures: the compute section, or a
-    fit's figures with m_half_tokens and overhead_us)."""
+    HBM bandwidth). The launches cost overhead_us of host time (figures: the compute
+    section, or a fit's figures with m_half_tokens and overhead_us), hidden behind the
+    device work they issue: gpu_forward_alone_s."""
     eff = tokens / (tokens + figures["m_half_tokens"]) if tokens > 0 else 1.0
     rate, hbm = rate_tflops * TFLOPS * eff, hbm_gbps * GBPS
     gemm = max(flops / rate, weight_bytes / hbm)
-    rest = max(attn_flops / rate, attn_bytes / hbm) + elem_bytes / hbm
+    rest = max(CAUSAL_ATTN_SHARE * attn_flops / rate, attn_bytes / hbm) + elem_bytes / hbm
     overhead: float = figures["overhead_us"]
     return overhead * US, gemm, rest
+
+
+def gpu_forward_alone_s(launches_s: float, device_s: float) -> float:
+    """Seconds of one forward timed alone on a GPU (the profiler's samples: the call,
+    then a synchronize): the host issues the launches one by one while the device runs
+    the kernels issued before, so the longer of the two sets the time, launches
+    (short forwards: the device waits for the host) or device work (long ones: the
+    host has queued everything long before the end). The simulator gives every GPU
+    compute task the same rule: it starts with its issue and ends no sooner than its
+    issue ends (zoplan.sim.simulate)."""
+    return max(launches_s, device_s)
 
 
 def gpu_block_bytes(*, attn_dim: int, kv_dim: int, elems_per_token: float, tokens: int | float,
@@ -176,15 +208,17 @@ def forward_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workl
     hw = profile
     cbytes = dtype_bytes(workload.compute_dtype)
     gpu: dict[str, Any] = dict(compute_dtype=workload.compute_dtype, tf32=workload.tf32)
+    elems = model.block_elems_per_token()
     if not hw.is_cpu:
         attn_bytes, _ = gpu_block_bytes(attn_dim=model.attn_dim, kv_dim=model.kv_dim,
                                         elems_per_token=0.0, tokens=tokens,
                                         dtype_bytes=cbytes)
         gpu["attn_bytes"] = attn_bytes
+        elems = gpu_elems_per_token(model)
     gemm = model.block_gemm_flops_per_token() + extra_flops_per_token
     fwd = forward_time_s(hw, flops=tokens * gemm,
                          attn_flops=tokens * model.block_attn_flops_per_token(workload.priced_seq),
-                         elems=tokens * model.block_elems_per_token(),
+                         elems=tokens * elems,
                          weight_bytes=model.block_params * cbytes, tokens=tokens,
                          local_ranks=local_ranks, family=model.family, **gpu)
     gpu.pop("attn_bytes", None)

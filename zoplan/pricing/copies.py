@@ -10,6 +10,10 @@ Link classes are named after the profile figure that sets their capacity:
   pcie.uplink_*      a PCIe switch's uplink, per direction, shared by its GPUs
   fabric.nvlink      a GPU's NVLink ports, per direction
   host.socket_*      the link between a two-socket host's sockets, per direction
+A store that cannot be page-locked (pcie.pinned false) is copied through a ring of
+pinned slots (zoexec.runtime.pinning.Staging): the rank's host thread copies each piece
+into a slot (h2d) or out of one (d2h) while the DMA runs at the pinned rates
+(staging_s).
 """
 
 from __future__ import annotations
@@ -98,3 +102,23 @@ def contended_capacities(profile: HardwareProfile) -> dict[str, tuple[str, float
         out[h2d_class] = (d2h_class, rates[0] * GBPS)
         out[d2h_class] = (h2d_class, rates[1] * GBPS)
     return out
+
+
+def staged(profile: HardwareProfile) -> bool:
+    """Whether a GPU rank's copies go through pinned staging slots: the profile says
+    its host memory is not page-locked (pcie.pinned false; CPU ranks copy themselves)."""
+    pinned: bool = profile.pcie.get("pinned", True)
+    return not profile.is_cpu and not pinned
+
+
+def staging_s(profile: HardwareProfile, num_bytes: float, direction: str) -> float:
+    """Host seconds the rank's thread spends copying `num_bytes` between the store and
+    the pinned slots for one copy in `direction` ("h2d" or "d2h"), 0 where the store
+    is page-locked: a host memcpy into (out of) pinned memory per chunk, as the CUDA
+    driver's own pageable copies do, so at their measured rates
+    (pcie.pageable_h2d_gbps / pageable_d2h_gbps; docs/sources.md: cuda-sync). The DMA
+    itself runs at the pinned rates beside it, chunk by chunk."""
+    if not staged(profile):
+        return 0.0
+    rate: float = profile.pcie[f"pageable_{direction}_gbps"]
+    return num_bytes / (rate * GBPS)

@@ -7,7 +7,10 @@ its issue starts, nor end before its issue ends (zoplan.sim.graph gives each tas
 window). What a task costs the host: two timing events (zoexec.runtime.lanes.CudaLanes.task),
 its launches at compute.launch_us, a seeded generator launch per z chunk at
 compute.z_launch_us (zoplan.pricing.zo), an HF layer call per perturbation at
-compute.overhead_us; the rank's batch (host.batch_us) is assembled before the embed.
+compute.overhead_us; the rank's batch (host.batch_us) is assembled before the embed;
+where the store is not page-locked (pcie.pinned false) the thread stages every copy
+through pinned slots itself (zoplan.pricing.copies.staging_s), and such a copy starts
+with its issue instead of after it (zoplan.sim.simulate).
 A kernel launch from Python costs some 5-25 us of host time (docs/sources.md, "launch
 costs"). Where a block's device time is about a millisecond or less (small hidden
 sizes, resident blocks) the host is the bottleneck (zoplan.sim.bounds: "host"). CPU
@@ -19,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from zoplan.hardware import HardwareProfile
+from zoplan.pricing.copies import staging_s
 from zoplan.pricing.units import US
 
 EVENTS_PER_TASK = 2   # CudaLanes.task records a start and an end event per task
@@ -48,11 +52,14 @@ def batch_s(profile: HardwareProfile) -> float:
 
 
 def host_issue(profile: HardwareProfile, issue: dict[str, float] | None,
-               parts: dict[str, Any]) -> dict[str, Any]:
+               parts: dict[str, Any], *, copy_bytes: tuple[float, float] = (0.0, 0.0)
+               ) -> dict[str, Any]:
     """Host seconds to issue each task kind of one rank ({} on CPU profiles: a CPU rank
     runs its tasks itself, their times include the dispatch). `issue`: task_times'
     "issue"; `parts`: the placement's (update and slice update with slice_update, the
-    shard copy of a resident block without it)."""
+    shard copy of a resident block without it); `copy_bytes`: the rank's (h2d, d2h)
+    bytes of one block, which its thread stages itself where the store is not
+    page-locked (zoplan.pricing.copies.staging_s)."""
     if profile.is_cpu or issue is None:
         return {}
     launch = launch_s(profile)
@@ -65,4 +72,6 @@ def host_issue(profile: HardwareProfile, issue: dict[str, float] | None,
         "forward": events + issue["forward"], "head": events + issue["head"],
         "slice_update": tuple(events + h for h in parts.get("slice_update", ()))}
     out.update({kind: events + launch for kind in ONE_LAUNCH})
+    for kind, num_bytes in zip(("h2d", "d2h"), copy_bytes):
+        out[kind] += staging_s(profile, num_bytes, kind)
     return out

@@ -1,34 +1,67 @@
 """What a GPU's streams share: the SMs and HBM between the compute stream and the
 collective stream.
 
-A memory-bound kernel on the collective stream (the slice update, the all-gather's NCCL
-kernels) beside the compute stream's GEMMs and passes slows both: each runs
-compute.overlap_slowdown (k) slower for the share of its time the other stream is busy
-(docs/sources.md, "stream interference"). Per block and rank, with C the compute
-stream's work and L the collective stream's: compute tasks x (1 + k min(1, L / C)), the
-slice update and the all-gather x (1 + k min(1, C / L)). The copy engines' PCIe traffic
-(tens of GB/s against HBM's thousands) is not counted.
+A kernel on the collective stream (the slice update's z and update passes, the
+all-gather's NCCL kernels) beside the compute stream's GEMMs and passes slows both
+while both run (docs/sources.md, "stream interference"), and not alike: a GEMM holds
+the SMs its tiles fill, so the memory-bound kernels beside it wait for what it leaves,
+while the GEMM loses little. The H200 measured it (scripts/gpu_check.sh, its overlap
+stage: docs/sources.md `gpu-check-h200`): z + update passes beside a forward +154%, the
+forward beside them +4.7%. Three figures, each the slowdown for the share of a task's
+time the other stream is busy:
+- k_gemm (compute.overlap_gemm_slowdown): the compute stream beside the slice update;
+- k_side (compute.overlap_side_slowdown): the slice update beside the compute stream;
+- k (compute.overlap_slowdown): an all-gather (and the fence) beside the compute
+  stream and the compute stream beside it, one figure both ways (no measurement of
+  NCCL's kernels beside GEMMs here); the other two default to it.
+Per block and rank, with C the compute stream's work, S the slice update's and G the
+collective stream's other work (L = S + G): compute tasks x (1 + min(1, L / C) (k_gemm S
++ k G) / L), the slice update x (1 + k_side min(1, C / L)), the all-gather x (1 + k
+min(1, C / L)). The copy engines' PCIe traffic (tens of GB/s against HBM's thousands)
+is not counted: an H2D copy beside a forward slowed neither by 2% on the H200.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from zoplan.hardware import HardwareProfile
 
 
-def overlap_slowdown(profile: HardwareProfile) -> float:
-    """How much a GEMM and a memory-bound kernel on another stream slow each other
-    while both run (compute.overlap_slowdown; 0 where absent and on CPU profiles)."""
+class Interference(NamedTuple):
+    """The slowdowns of stream interference (module docstring), 0 where none."""
+
+    k: float        # NCCL's kernels and the compute stream, either way
+    k_gemm: float   # the compute stream beside the slice update
+    k_side: float   # the slice update beside the compute stream
+
+
+NONE = Interference(0.0, 0.0, 0.0)
+
+
+def interference(profile: HardwareProfile) -> Interference:
+    """The profile's stream-interference figures (compute.overlap_slowdown, and
+    overlap_gemm_slowdown / overlap_side_slowdown, each that one where absent; none on
+    CPU profiles, whose ranks run one task at a time)."""
     if profile.is_cpu:
-        return 0.0
-    k: float = profile.compute.get("overlap_slowdown", 0.0)
-    return k
+        return NONE
+    c = profile.compute
+    k: float = c.get("overlap_slowdown", 0.0)
+    k_gemm: float = c.get("overlap_gemm_slowdown", k)
+    k_side: float = c.get("overlap_side_slowdown", k)
+    return Interference(k, k_gemm, k_side)
 
 
-def stream_factors(*, compute_s: float, collective_s: float, k: float) -> tuple[float, float]:
-    """(compute stream, collective stream) time factors of one rank's block tasks when
-    the two streams share the GPU: `compute_s` and `collective_s` of work per block on
-    each (1, 1 without sharing)."""
-    if k <= 0 or compute_s <= 0 or collective_s <= 0:
-        return 1.0, 1.0
-    return (1.0 + k * min(1.0, collective_s / compute_s),
-            1.0 + k * min(1.0, compute_s / collective_s))
+def stream_factors(*, compute_s: float, slice_s: float, other_s: float,
+                   k: Interference) -> tuple[float, float, float]:
+    """(compute stream, slice update, all-gather) time factors of one rank's block tasks
+    when the two streams share the GPU: `compute_s` of work per block on the compute
+    stream, `slice_s` (the slice update) and `other_s` (the all-gather and fence) on the
+    collective stream ((1, 1, 1) without sharing)."""
+    collective_s = slice_s + other_s
+    if compute_s <= 0 or collective_s <= 0 or k == NONE:
+        return 1.0, 1.0, 1.0
+    beside_compute = min(1.0, compute_s / collective_s)
+    k_compute = (k.k_gemm * slice_s + k.k * other_s) / collective_s
+    return (1.0 + k_compute * min(1.0, collective_s / compute_s),
+            1.0 + k.k_side * beside_compute, 1.0 + k.k * beside_compute)

@@ -6,8 +6,9 @@
 - the z fit: z draws of several blocks -> a fixed cost per draw and per chunk and a
   cost per element of the busiest thread;
 - the GPU fits: forwards per GEMM precision -> a rate each, one efficiency term and a
-  launch cost (zoplan.pricing.compute.gpu_forward_terms is the model); z draws -> a cost per
-  launch and per element; the zo passes -> the HBM bandwidth;
+  launch cost, a forward taking the longer of its launches and its device work
+  (zoplan.pricing.compute.gpu_forward_terms, gpu_forward_alone_s); z draws -> a cost
+  per launch and per element; the zo passes -> the HBM bandwidth;
 - rank scalings: how k ranks on one host share its cores, from paired samples of all
   ranks at once and rank 0 alone;
 - collectives: latency, small all-reduce and the all-gather bus bandwidth table;
@@ -24,7 +25,14 @@ import statistics
 
 from zoplan.errors import ZoError
 from zoplan.models import one_block_config, spec_from_hf_config
-from zoplan.pricing.compute import cpu_forward_terms, gpu_block_bytes
+from zoplan.pricing.compute import (
+    CAUSAL_ATTN_SHARE,
+    cpu_forward_terms,
+    gpu_block_bytes,
+    gpu_elems_per_token,
+    gpu_forward_alone_s,
+    gpu_forward_terms,
+)
 from zoplan.pricing.zo import zo_pass_bytes  # the one formula of a pass's bytes
 
 SHARE_THRESHOLD = 0.75        # two GPUs share an uplink when each gets < 75% of alone
@@ -181,24 +189,27 @@ PRECISION_BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
 
 def gpu_point_bytes(point: dict) -> tuple[float, float]:
     """(attention, element-wise) HBM bytes of a timed GPU forward (its block:
-    zoplan.models.one_block_config; zoplan.pricing.compute.gpu_block_bytes)."""
+    zoplan.models.one_block_config; zoplan.pricing.compute.gpu_block_bytes, the
+    element-wise outputs a GPU writes: gpu_elems_per_token)."""
     spec = spec_from_hf_config(one_block_config(point["hidden"], point["seq"],
                                                 point.get("family", "opt")), name="block")
     return gpu_block_bytes(attn_dim=spec.attn_dim, kv_dim=spec.kv_dim,
-                           elems_per_token=spec.block_elems_per_token(),
+                           elems_per_token=gpu_elems_per_token(spec),
                            tokens=point["tokens"],
                            dtype_bytes=PRECISION_BYTES[point["precision"]])
 
 
 def fit_gpu_compute(points: list[dict], *, hbm_gbps: float) -> dict:
-    """Least-squares fit (relative error) of the GPU forward model
-    (zoplan.pricing.compute.gpu_forward_terms) to forwards timed in bf16, fp32 with TF32
-    ("tf32") and fp32 ("fp32"): one GEMM rate per precision, one efficiency term
-    m / (m + m_half_tokens) and one launch cost (overhead_us) for all; attention and
-    element-wise bytes at the measured HBM bandwidth are known, not fitted. m_half is
-    searched on a log grid; for each, the rates and the overhead are a non-negative
+    """Least-squares fit (relative error) of the GPU forward model to forwards timed in
+    bf16, fp32 with TF32 ("tf32") and fp32 ("fp32"): t = max(launches, device work)
+    (zoplan.pricing.compute.gpu_forward_alone_s of gpu_forward_terms): one GEMM rate
+    per precision, one efficiency term m / (m + m_half_tokens) and one launch cost
+    (overhead_us) for all; attention and element-wise bytes at the measured HBM
+    bandwidth are known, not fitted. m_half is searched on a log grid; for each, the k
+    fastest forwards are taken as bound by the launches (k = 0, 1, ...: overhead_us is
+    their weighted mean) and the others by the device (the rates: a non-negative
     weighted least-squares problem, refitted while points change sides of their
-    rooflines (weights or attention memory-bound)."""
+    rooflines), and the split whose whole model fits every point best is kept."""
     missing = sorted(set(GPU_RATES) - {p.get("precision") for p in points})
     if missing:
         raise ZoError(f"the GPU compute fit needs forwards in {', '.join(GPU_RATES)}; "
@@ -215,39 +226,73 @@ def fit_gpu_compute(points: list[dict], *, hbm_gbps: float) -> dict:
 
 
 def _gpu_fit_at(work: list[tuple], m_half: float, hbm_gbps: float) -> dict | None:
+    """The best split of the points into launch-bound and device-bound at this m_half."""
+    ts = [p["median_s"] for p, _, _ in work]
+    order = sorted(range(len(work)), key=lambda i: ts[i])
+    best = None
+    for k in range(len(work)):
+        host, device = order[:k], order[k:]
+        if {work[i][0]["precision"] for i in device} != set(GPU_RATES):
+            continue    # a rate no device-bound point measures
+        o = sum(1 / ts[i] for i in host) / sum(1 / ts[i] ** 2 for i in host) if host else 0.0
+        rate = _gpu_rates(work, device, m_half, hbm_gbps)
+        if rate is None:
+            continue
+        fit = _gpu_fit_figures(work, o, rate, m_half, hbm_gbps)
+        if best is None or fit["rel_rms_pct"] < best["rel_rms_pct"]:
+            best = {**fit, "launch_bound": k}
+    return best
+
+
+def _gpu_device_s(point: tuple, inv_rate: float, m_half: float, hbm_gbps: float) -> float:
+    """A forward's device seconds with 1 / rate `inv_rate` (s per FLOP)."""
+    p, attn_bytes, elem_bytes = point
+    return sum(gpu_forward_terms({"m_half_tokens": m_half, "overhead_us": 0.0},
+                                 rate_tflops=1.0 / inv_rate / 1e12, hbm_gbps=hbm_gbps,
+                                 flops=p["flops"], attn_flops=p["attn_flops"],
+                                 attn_bytes=attn_bytes, elem_bytes=elem_bytes,
+                                 weight_bytes=p["weight_bytes"], tokens=p["tokens"]))
+
+
+def _gpu_rates(work: list[tuple], device: list[int], m_half: float,
+               hbm_gbps: float) -> dict[str, float] | None:
+    """1 / rate per precision (s per FLOP) fitted to the device-bound points, refitted
+    while points change sides of their rooflines (weights or attention memory-bound)."""
     hbm = hbm_gbps * 1e9
     precisions = list(GPU_RATES)
     ts = [p["median_s"] for p, _, _ in work]
     scale = [(p["tokens"] + m_half) / p["tokens"] for p, _, _ in work]
     attn_compute = [True] * len(work)     # attention above its bytes' time
-    keep = list(range(len(work)))         # points whose GEMMs are above the weights' time
-    coef = None
+    keep = list(device)                   # points whose GEMMs are above the weights' time
+    rate = None
     for _ in range(6):
-        cols = [[1.0] * len(keep)]
-        for d in precisions:
-            cols.append([(work[i][0]["flops"] + work[i][0]["attn_flops"] * attn_compute[i])
-                         * scale[i] * (work[i][0]["precision"] == d) for i in keep])
+        cols = [[(work[i][0]["flops"] + CAUSAL_ATTN_SHARE * work[i][0]["attn_flops"]
+                  * attn_compute[i]) * scale[i] * (work[i][0]["precision"] == d)
+                 for i in keep] for d in precisions]
         known = [work[i][2] / hbm + (0.0 if attn_compute[i] else work[i][1] / hbm) for i in keep]
-        target = [ts[i] - k for i, k in zip(keep, known)]
-        coef = _wls_nonneg(cols, target, required=tuple(range(1, len(cols))),
+        coef = _wls_nonneg(cols, [ts[i] - k for i, k in zip(keep, known)],
+                           required=tuple(range(len(cols))),
                            weights=[1.0 / ts[i] ** 2 for i in keep])
         if coef is None:
             return None
-        rate = {d: coef[1 + j] for j, d in enumerate(precisions)}
+        rate = dict(zip(precisions, coef))
         inv = [rate[p["precision"]] * s for (p, _, _), s in zip(work, scale)]
-        attn_next = [a * p["attn_flops"] >= ab / hbm for (p, ab, _), a in zip(work, inv)]
-        keep_next = [i for i, (p, _, _) in enumerate(work)
-                     if inv[i] * p["flops"] >= p["weight_bytes"] / hbm]
-        if (keep_next == keep and attn_next == attn_compute) or len(keep_next) < 1 + len(cols):
+        attn_next = [a * CAUSAL_ATTN_SHARE * p["attn_flops"] >= ab / hbm
+                     for (p, ab, _), a in zip(work, inv)]
+        keep_next = [i for i in device if inv[i] * work[i][0]["flops"] >= work[i][0]["weight_bytes"] / hbm]
+        if (keep_next == keep and attn_next == attn_compute) or len(keep_next) < len(cols):
             break
         keep, attn_compute = keep_next, attn_next
-    o = coef[0]
-    rate = {d: coef[1 + j] for j, d in enumerate(precisions)}
-    model = [o + max(rate[p["precision"]] * s * p["flops"], p["weight_bytes"] / hbm)
-             + max(rate[p["precision"]] * s * p["attn_flops"], ab / hbm) + eb / hbm
-             for (p, ab, eb), s in zip(work, scale)]
-    resid = [100.0 * (m - t) / t for m, t in zip(model, ts)]
-    out = {GPU_RATES[d]: 1.0 / rate[d] / 1e12 for d in precisions}
+    return rate
+
+
+def _gpu_fit_figures(work: list[tuple], o: float, rate: dict[str, float], m_half: float,
+                     hbm_gbps: float) -> dict:
+    """The fit's figures and its residuals over every point, t = max(launches, device)."""
+    model = [gpu_forward_alone_s(o, _gpu_device_s(w, rate[w[0]["precision"]], m_half, hbm_gbps))
+             for w in work]
+    resid = [100.0 * (m - p["median_s"]) / p["median_s"] for m, (p, _, _) in zip(model, work)]
+    out = {GPU_RATES[d]: 1.0 / inv / 1e12 for d, inv in rate.items()}
     out.update({"overhead_us": o * 1e6, "m_half_tokens": m_half, "hbm_gbps": hbm_gbps,
                 "rel_rms_pct": math.sqrt(sum(r * r for r in resid) / len(resid)),
                 "residuals_pct": [round(r, 2) for r in resid]})

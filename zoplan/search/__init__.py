@@ -36,7 +36,7 @@ def optimize(*, model: str, gpus: int, profile: str | None, batch: int, seq: int
                           precision=precision, update=update, tf32=tf32, pertp=pertp,
                           ddp=ddp, slices=slices, prefetch=prefetch, placement=placement,
                           lengths=lengths, **tuning)
-    check_output(Path(output))
+    check_output(Path(output), inputs=(profile, model, lengths))
     with paused_gc():   # the plan of a large search is built beside all its objects too
         plan = build_plan(search(req, progress=progress))
         plan.save(output)
@@ -48,7 +48,8 @@ def optimize_tunings(*, output: Path, update: str | None = None, progress=None,
     """`--tuning auto`: the best full plan and the best LoRA plan of the request (the
     arguments of optimize; --update applies to the full search only); the faster is
     written to `output`. Returns (the written plan, {"full": ..., "lora": ...})."""
-    check_output(Path(output))
+    check_output(Path(output), inputs=(request.get("profile"), request.get("model"),
+                                       request.get("lengths")))
     lora = {k: request.pop(k) for k in ("lora_r", "lora_alpha", "lora_targets") if k in request}
     request.pop("tuning", None)
     plans = {}
@@ -61,6 +62,7 @@ def optimize_tunings(*, output: Path, update: str | None = None, progress=None,
     return chosen, plans
 
 
-def check_output(output: Path) -> None:
-    """Fail before searching, and never replace a device or a folder with a plan."""
-    check_writable(output, what="the plan to")
+def check_output(output: Path, *, inputs: tuple = ()) -> None:
+    """Fail before searching, and never replace a device, a folder or an input (a
+    profile, a model config, a lengths file) with a plan."""
+    check_writable(output, what="the plan to", inputs=inputs)

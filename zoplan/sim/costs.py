@@ -24,9 +24,10 @@ from zoplan.pricing.collectives import (
     internode_allreduce_s,
 )
 from zoplan.pricing.compute import device_copy_s
+from zoplan.pricing.copies import staged
 from zoplan.pricing.host import host_issue, launch_s
 from zoplan.pricing.lora import lora_task_times
-from zoplan.pricing.overlap import overlap_slowdown, stream_factors
+from zoplan.pricing.overlap import Interference, interference, stream_factors
 from zoplan.pricing.stragglers import rank_factors
 from zoplan.pricing.tasks import task_times
 from zoplan.pricing.units import GBPS
@@ -68,7 +69,8 @@ class StepCosts:
     # before "embed"), and per local rank its slice update's (zoplan.pricing.host)
     issue_s: dict = field(default_factory=dict)
     allgather_slowdown_s: float = 0.0   # an all-gather beside the compute stream's work
-    overlap: tuple[float, float] = (1.0, 1.0)   # (compute, collective) sharing factors
+    overlap: tuple[float, float, float] = (1.0, 1.0, 1.0)   # (compute, slice update, all-gather)
+    staged: bool = False   # copies through pinned slots (pcie.pinned false): start with their issue
 
     def factor(self, local_rank: int) -> float:
         return self.rank_factors[local_rank] if self.rank_factors else 1.0
@@ -161,7 +163,8 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
                                 period=period, update_s=work["update_s"]))
     if workload.frozen_base:
         work.update(_read_only(work))
-    issue = host_issue(profile, work.pop("issue"), work.pop("issue_parts"))
+    issue = host_issue(profile, work.pop("issue"), work.pop("issue_parts"),
+                       copy_bytes=(block / layout.slices, block / lr))
     links = node_links(profile, lr)
     internode = internode_allreduce_s(profile, layout.nodes)
     small_s = allreduce_small_s(profile)
@@ -175,29 +178,30 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
         internode_s=internode, allgather_latency_s=collective_latency_s(profile),
         links=links, rank_factors=rank_factors(profile, lr),
         fence_s=small_s if not profile.is_cpu and fence_needed(layout) else 0.0,
-        contended=contended_links(profile, links), **flows)
+        contended=contended_links(profile, links), staged=staged(profile), **flows)
     if workload.frozen_base:
         costs = dataclasses.replace(costs, read_only=True, fence_s=0.0,
                                     d2h=tuple(() for _ in range(lr)))
-    return shared_gpu(costs, overlap_slowdown(profile))
+    return shared_gpu(costs, interference(profile))
 
 
-def shared_gpu(costs: StepCosts, k: float) -> StepCosts:
+def shared_gpu(costs: StepCosts, k: Interference) -> StepCosts:
     """`costs` with its block tasks slowed by the compute and collective streams
     sharing the GPU (zoplan.pricing.overlap.stream_factors of one rank's work per
-    block on each stream; k = compute.overlap_slowdown)."""
+    block on each stream; k: the profile's interference figures)."""
     if not costs.concurrent or not costs.num_blocks:
         return costs
-    comp, coll = stream_factors(compute_s=_compute_stream_s(costs),
-                                collective_s=_collective_stream_s(costs), k=k)
-    if comp == coll == 1.0:
+    comp, side, coll = stream_factors(compute_s=_compute_stream_s(costs),
+                                      slice_s=costs.slice_s(0),
+                                      other_s=_collective_other_s(costs), k=k)
+    if comp == side == coll == 1.0:
         return costs
     gather = costs.allgather_alone_s(0) - costs.allgather_latency_s if costs.layout.slices > 1 else 0.0
     return dataclasses.replace(
         costs, update_s=costs.update_s * comp, forward_s=costs.forward_s * comp,
         resident_update_s=costs.resident_update_s * comp,
-        slice_update_s=tuple(s * coll for s in costs.slice_update_s),
-        allgather_slowdown_s=gather * (coll - 1.0), overlap=(comp, coll))
+        slice_update_s=tuple(s * side for s in costs.slice_update_s),
+        allgather_slowdown_s=gather * (coll - 1.0), overlap=(comp, side, coll))
 
 
 def _compute_stream_s(costs: StepCosts) -> float:
@@ -207,12 +211,11 @@ def _compute_stream_s(costs: StepCosts) -> float:
                               + (blocks - res) * costs.update_s) / blocks
 
 
-def _collective_stream_s(costs: StepCosts) -> float:
-    """Rank 0's collective stream per block: its slice update, the all-gather alone and
-    the write-back fence of an offloaded block."""
+def _collective_other_s(costs: StepCosts) -> float:
+    """Rank 0's collective stream per block besides its slice update: the all-gather
+    alone and the write-back fence of an offloaded block."""
     blocks, res = costs.num_blocks, costs.num_resident()
-    return (costs.slice_s(0) + costs.allgather_alone_s(0)
-            + costs.fence_s * (blocks - res) / blocks)
+    return costs.allgather_alone_s(0) + costs.fence_s * (blocks - res) / blocks
 
 
 @functools.lru_cache(maxsize=1024)

@@ -198,6 +198,8 @@ def _rank_nodes(costs: StepCosts, lr: int, order: list[tuple[str, int]]) -> list
         attrs = {"kind": kind, "rank": lr, "block": block, "lane": LANE_OF[kind],
                  "engine": engine, "seq": seq[engine], "record": kind != FENCE,
                  "issue": (start, issued), **task}
+        if costs.staged and kind in ("h2d", "d2h"):
+            attrs["staged"] = True   # the host stages it as it issues it: it starts then
         if kind == "allgather":
             attrs["group"] = ("allgather", block, lr // costs.layout.slices)
         elif kind == FENCE:

@@ -278,6 +278,7 @@ class _Sim:
                                     contended)
         self.dur = [a["dur_s"] for a in self.attrs]
         self.issue = [a.get("issue", (0.0, 0.0)) for a in self.attrs]
+        self.staged = [a.get("staged", False) for a in self.attrs]
         self.finished = [False] * len(names)
         self.waiters: dict[int, Event] = {}   # task -> event, made only when waited for
         self.start = [0.0] * len(names)
@@ -322,8 +323,10 @@ class _Sim:
             group = self.group_of[i]
             issue_start, issue_end = self.issue[i]
             # the host lane: a task starts once its issue starts (a copy or a collective
-            # once it is issued) and ends no sooner than its issue
-            ready = issue_end if flows[i] or group is not None else issue_start
+            # once it is issued, a copy the host stages as it issues it at once) and
+            # ends no sooner than its issue
+            ready = issue_end if (flows[i] and not self.staged[i]) or group is not None \
+                else issue_start
             if env.now < ready:
                 yield env.timeout(ready - env.now)
             if group is None:
