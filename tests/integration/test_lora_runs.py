@@ -20,7 +20,6 @@ from typer.testing import CliRunner
 
 from zoexec.cli import app
 from zoexec.data.text import SyntheticTask
-from zoexec.launch.spawn import RankFailure, spawn_local
 from zoexec.model.export import export_weights
 from zoexec.model.families import build_hf_model
 from zoexec.options import build_config
@@ -32,7 +31,7 @@ from zoplan.layout import Layout
 from zoplan.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from frozen_base import layout_runs  # noqa: E402
+from frozen_base import killed_and_resumed, layout_runs  # noqa: E402
 
 MODEL, SEED, STEPS, LR, EPS = "tiny-opt", 3, 3, 1e-3, 1e-2
 WORKLOAD = Workload(batch=4, seq=16, param_dtype="fp32", compute_dtype="fp32", tuning="lora")
@@ -146,20 +145,10 @@ def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path):
 def test_a_killed_run_resumes_to_the_same_adapters(runs, tmp_path):
     """Stopped by a fault at step 2 after the snapshot of step 1; the resume loads the
     snapshot's adapters (sha256 checked), replays nothing more and runs step 2."""
-    plan = hand_plan(model=MODEL, layout=Layout(), workload=WORKLOAD)
-    plan.save(tmp_path / "plan.json")
+    resumed = killed_and_resumed(tmp_path, model=MODEL, workload=WORKLOAD, steps=STEPS,
+                                 seed=SEED, lr=LR, eps=EPS)
+    assert resumed.weights == "random"   # the base: the run's start
     out = tmp_path / "out"
-    options = dict(steps=STEPS, seed=SEED, lr=LR, eps=EPS, threads=1, quiet=True,
-                   out=str(out), save_every="1")
-    cfg = build_config(plan=tmp_path / "plan.json", **options).replaced(fail_at=(0, 2))
-    with pytest.raises(RankFailure):
-        spawn_local(cfg)
-    assert (out / "snapshots" / "step-000001" / "adapter_model.safetensors").is_file()
-    resumed = build_config(plan=tmp_path / "plan.json", resume=str(out), threads=1, quiet=True)
-    assert resumed.start_step == 2 and resumed.weights == "random"   # the base: the run's start
-    # from the snapshot (its checksums hold), not from the initial adapters and the log
-    assert resumed.load_from.endswith("step-000001") and resumed.replay == () and not resumed.notes
-    spawn_local(resumed)
     got = load_file(str(out / "final" / "adapter_model.safetensors"))
     for key, tensor in runs["one"]["weights"].items():
         assert torch.equal(got[key], tensor), key

@@ -15,7 +15,6 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from zoexec.cli import app
-from zoexec.launch.spawn import RankFailure, spawn_local
 from zoexec.options import build_config
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
@@ -23,7 +22,7 @@ from zoplan.models import get_model
 from zoplan.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from frozen_base import layout_runs, losses  # noqa: E402
+from frozen_base import killed_and_resumed, layout_runs, losses  # noqa: E402
 
 MODEL, SEED, STEPS, LR, EPS = "tiny-opt", 3, 3, 1e-2, 1e-1
 WORKLOAD = Workload.for_prefix(batch=4, seq=16, compute_dtype="fp32")
@@ -54,19 +53,9 @@ def test_pertp2_with_resident_slices_trains_the_prefixes_of_one_rank(runs):
 
 
 def test_a_killed_prefix_run_resumes_to_the_same_prefixes(runs, tmp_path):
-    plan = hand_plan(model=MODEL, layout=Layout(), workload=WORKLOAD)
-    plan.save(tmp_path / "plan.json")
+    killed_and_resumed(tmp_path, model=MODEL, workload=WORKLOAD, steps=STEPS, seed=SEED,
+                       lr=LR, eps=EPS)
     out = tmp_path / "out"
-    options = dict(steps=STEPS, seed=SEED, lr=LR, eps=EPS, threads=1, quiet=True,
-                   out=str(out), save_every="1")
-    cfg = build_config(plan=tmp_path / "plan.json", **options).replaced(fail_at=(0, 2))
-    with pytest.raises(RankFailure):
-        spawn_local(cfg)
-    assert (out / "snapshots" / "step-000001" / "adapter_model.safetensors").is_file()
-    resumed = build_config(plan=tmp_path / "plan.json", resume=str(out), threads=1, quiet=True)
-    assert resumed.start_step == 2
-    assert resumed.load_from.endswith("step-000001") and resumed.replay == () and not resumed.notes
-    spawn_local(resumed)
     got = load_file(str(out / "final" / "adapter_model.safetensors"))["prompt_embeddings"]
     assert (got == runs["one"]["weights"]["prompt_embeddings"]).all()
     assert [r["g"] for r in losses(out)] == [r["g"] for r in runs["one"]["losses"]]
