@@ -75,13 +75,37 @@ def sweep_lines(r: dict) -> list[str]:
     return [head] + [f"  lr {float(lr):g}: {sweep_line(run)}" for lr, run in sweep["runs"].items()]
 
 
+def fine_tuned_lines(r: dict) -> list[str]:
+    """The zoexec runs' rows for the benchmark's table: per evaluation step (--eval-every)
+    the held-out accuracy over the seeds, the eval loss at the last, the seconds a step
+    (each seed's median) and the training seconds (steps x that)."""
+    ft = r.get("zoexec_fine_tuned") or {}
+    seeds = [s for s in ft.get("seeds", {}).values() if "evals" in s]
+    if not seeds:
+        return []
+    at: dict[int, list[dict]] = {}
+    for seed in seeds:
+        for ev in seed["evals"]:
+            at.setdefault(ev["step"], []).append(ev)
+    last = max(at) if at else None
+    per_step = "; ".join(f"step {step}: {mean_sd([e['eval_accuracy'] for e in evs])}"
+                         for step, evs in sorted(at.items()))
+    secs = [s["step_seconds"] for s in seeds if s.get("step_seconds")]
+    loss = mean_sd([e["eval_loss"] for e in at[last]]) if last is not None else "n/a"
+    return [f"zoexec {ft.get('tuning', 'full')} lr {ft['lr']:g} eps {ft['eps']:g}, {len(seeds)} "
+            f"seed(s), held-out accuracy {per_step or 'n/a'}; eval loss at step {last}: {loss}",
+            f"  seconds a step {mean_sd(secs, 2)}, training "
+            f"{mean_sd([x * ft['steps'] for x in secs], 0)} s"
+            f" ({ft['steps']} steps x each seed's median step)"]
+
+
 def _fig(metrics: dict) -> str:
     if "eval_accuracy" not in metrics:
         return metrics.get("note", "n/a")
     return f"accuracy {metrics['eval_accuracy']:.4f}, loss {metrics['eval_loss']:.3f}"
 
 
-def mean_sd(values: list[float]) -> str:
+def mean_sd(values: list[float], digits: int = 4) -> str:
     if len(values) < 2:
-        return f"{values[0]:.4f}" if values else "n/a"
-    return f"{statistics.fmean(values):.4f} +- {statistics.stdev(values):.4f}"
+        return f"{values[0]:.{digits}f}" if values else "n/a"
+    return f"{statistics.fmean(values):.{digits}f} +- {statistics.stdev(values):.{digits}f}"

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from accuracy_plain import PlainTask, mezo_train, pick_demos, score  # noqa: E402
 from accuracy_setup import CACHE, DATA_DIR, MODEL_DIR, ready  # noqa: E402
-from accuracy_tuning import EPS, TUNINGS, part_sweep, sweep_lines  # noqa: E402
+from accuracy_tuning import EPS, TUNINGS, fine_tuned_lines, part_sweep, sweep_lines  # noqa: E402
 from accuracy_zoexec import Zoexec, step_seconds  # noqa: E402
 
 TEMPLATE, LABEL_WORDS = "Review: {sentence} Sentiment:", ("negative", "positive")
@@ -329,6 +329,7 @@ def table(r: dict) -> list[str]:
         lines.append(f"lr grid, plain, {r['lr_grid']['steps']} steps, lr {float(lr):g}: loss "
                      f"{loss['first']:.3f} -> {loss['last']:.3f} (max {loss['max']:.3f}): "
                      f"{loss['verdict']}; held-out {run['accuracy']:.4f}")
+    lines += fine_tuned_lines(r)
     lines += sweep_lines(r)
     lines += speed_lines(r)
     return lines
