@@ -45,10 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from accuracy_plain import PlainTask, mezo_train, pick_demos, score  # noqa: E402
 from accuracy_setup import CACHE, DATA_DIR, MODEL_DIR, ready  # noqa: E402
+from accuracy_tuning import EPS, TUNINGS, fine_tuned_lines, part_sweep, sweep_lines  # noqa: E402
 from accuracy_zoexec import Zoexec, step_seconds  # noqa: E402
 
 TEMPLATE, LABEL_WORDS = "Review: {sentence} Sentiment:", ("negative", "positive")
-PARTS = ("zero", "few", "grid", "plain", "zoexec", "speed")
+PARTS = ("zero", "few", "grid", "plain", "zoexec", "speed", "sweep")
 FULL = dict(seeds="0,1,2", steps=300, demos=4, grid="1e-5,3e-5,1e-4", grid_steps=100,
             eval_every=100, speed_rounds=3, speed_steps=5)
 QUICK = dict(seeds="0", steps=40, demos=4, grid="", grid_steps=40, eval_every=0,
@@ -60,12 +61,19 @@ STEP_TARGET, EVAL_TARGET = 1.3, 1.5
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1 seed, 40 steps, no lr grid")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated of {PARTS}")
+    p.add_argument("--parts", default=",".join(PARTS[:-1]),
+                   help=f"comma-separated of {PARTS} (default: all but sweep)")
     p.add_argument("--seeds", help="comma-separated (full: 0,1,2)")
     p.add_argument("--steps", type=int, help="fine-tuning steps (full: 300)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--eps", type=float, default=1e-3)
+    p.add_argument("--eps", type=float, help="perturbation scale (default: MeZO's for the "
+                   "--tuning: 1e-3 full, 1e-2 lora, 1e-1 prefix)")
+    p.add_argument("--tuning", choices=TUNINGS, default="full",
+                   help="what zoexec's runs train (zoplan optimize --tuning; the plain loop is "
+                   "full MeZO)")
+    p.add_argument("--eval-samples", type=int, help="the sweep: held-out sentences "
+                   "evaluated after each run (drawn with a fixed seed; default: all)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--test", type=int, default=400, help="held-out sentences scored")
     p.add_argument("--demos", type=int, help="few-shot demonstrations K (full: 4)")
@@ -86,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.eps is None:
+        args.eps = EPS[args.tuning]
     args.seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
     args.grid = [float(x) for x in str(args.grid).split(",") if x.strip()]
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
@@ -117,7 +127,7 @@ class Bench:
         self.zoexec = Zoexec(model=self.model_dir, train=data / "train.jsonl", test=test_file,
                              work=CACHE / "zoexec", template=args.template,
                              label_words=tuple(args.label_words),
-                             threads=args.threads)
+                             threads=args.threads, tuning=args.tuning)
         self.results = {"date": time.strftime("%Y-%m-%d %H:%M"), "settings": _settings(args),
                         "packages": manifest["packages"], "load_before": os.getloadavg()}
 
@@ -229,11 +239,14 @@ def _run_name(args: argparse.Namespace, seed: int) -> str:
     """A fine-tuning run's folder: its label words, lr and seed (runs of other settings
     keep their own folders)."""
     words = "-".join("".join(c for c in w if c.isalnum()) or "w" for w in args.label_words)
-    return f"ft-{words}-lr{args.lr:g}-seed{seed}"
+    tuning = "" if args.tuning == "full" else f"{args.tuning}-"
+    return f"ft-{tuning}{words}-lr{args.lr:g}-seed{seed}"
 
 
 def part_zoexec(b: Bench) -> None:
-    out = b.results["zoexec_fine_tuned"] = {"steps": b.args.steps, "lr": b.args.lr, "seeds": {}}
+    out = b.results["zoexec_fine_tuned"] = {"steps": b.args.steps, "lr": b.args.lr,
+                                            "tuning": b.args.tuning, "eps": b.args.eps,
+                                            "seeds": {}}
     plan = b.zoexec.plan(batch=b.args.batch, seq=b.seq())
     for seed in b.args.seeds:
         run = b.zoexec.train_run(_run_name(b.args, seed), plan=plan, seed=seed, steps=b.args.steps,
@@ -316,6 +329,8 @@ def table(r: dict) -> list[str]:
         lines.append(f"lr grid, plain, {r['lr_grid']['steps']} steps, lr {float(lr):g}: loss "
                      f"{loss['first']:.3f} -> {loss['last']:.3f} (max {loss['max']:.3f}): "
                      f"{loss['verdict']}; held-out {run['accuracy']:.4f}")
+    lines += fine_tuned_lines(r)
+    lines += sweep_lines(r)
     lines += speed_lines(r)
     return lines
 
@@ -356,7 +371,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     bench = Bench(args, manifest)
     steps = {"zero": part_zero, "few": part_few, "grid": part_grid, "plain": part_plain,
-             "zoexec": part_zoexec, "speed": part_speed}
+             "zoexec": part_zoexec, "speed": part_speed,
+             "sweep": lambda b: part_sweep(b, loss_windows)}
     for name in args.parts:
         bench.log(f"part {name}")
         steps[name](bench)

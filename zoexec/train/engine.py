@@ -275,7 +275,7 @@ class Trainer:
         batch = batch.to(self.env.device)
         with self.lanes.task("embed"):
             self.work_r.copy_(self.theta_r)
-            acts = [self.parts.embed(batch.ids)]
+            acts = [self._eval_embed(batch.ids)]
         self._blocks(None, acts)
         with self.lanes.task("head"):
             out = (head or heads.row_scores)(self.parts, acts[0][0], batch)
@@ -323,6 +323,10 @@ class Trainer:
                 apply_update(theta, z, lr=pend.lr, g=pend.g, weight_decay=wd,
                              decay_mask_or_specs=specs, start=start or 0)
             self.rounding.after(theta, z, before, g=pend.g)
+
+    def _eval_embed(self, ids: torch.Tensor):
+        """An evaluation's (hidden, ctx) entering block 0 (prefix tuning: after its prefix)."""
+        return self.parts.embed(ids)
 
     def _embed(self, seed: int, ids: torch.Tensor) -> list:
         specs = self.parts.resident_specs
