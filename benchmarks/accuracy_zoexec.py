@@ -1,9 +1,9 @@
 """The accuracy benchmark's zoexec side, through the command lines a user types:
 `zoplan optimize` for the plan (one CPU rank), `zoexec run` to fine-tune, `zoexec eval`
-for held-out accuracy. Options that later code may add (`--eval-samples`,
-`--demonstrations`) are passed only where `--help` lists them, so the same script runs
-on the code of today and on the code after it; what a command prints on failure is kept
-as the figure's note instead of stopping the benchmark."""
+for held-out accuracy (few-shot: `--demonstrations K --demonstrations-data TRAIN`).
+Options are passed only where the command's `--help` lists them, so the same script
+also measures older code (a checkout of an earlier commit); what a command prints on
+failure is kept as the figure's note instead of stopping the benchmark."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class Zoexec:
     template: str
     label_words: tuple[str, ...]
     threads: int
+    tuning: str = "full"          # zoplan optimize --tuning: full, lora (or prefix)
     helps: dict[str, str] = field(default_factory=dict)
 
     def task_args(self) -> list[str]:
@@ -49,13 +50,15 @@ class Zoexec:
     def plan(self, *, batch: int, seq: int, extra: tuple[str, ...] = ()) -> Path:
         """A plan for one CPU rank (the planner's choice of the rest), made once;
         `extra`: more `zoplan optimize` options (an estimator's), named in its file."""
+        tuning = "" if self.tuning == "full" else f"{self.tuning}-"
         tag = "".join(f"-{x.lstrip('-')}" for x in extra)
-        path = self.work / f"plan-b{batch}-s{seq}{tag}.json"
+        path = self.work / f"plan-{tuning}b{batch}-s{seq}{tag}.json"
         if not path.exists():
             self.work.mkdir(parents=True, exist_ok=True)
             _checked(_cli("zoplan.cli", "optimize", "--model", str(self.model / "config.json"),
                           "--gpus", "1", "--profile", "cpu", "--batch", str(batch),
-                          "--seq", str(seq), *extra, "-o", str(path), "-q"))
+                          "--seq", str(seq), "--tuning", self.tuning, *extra, "-o", str(path),
+                          "-q"))
         return path
 
     def evaluate(self, model: Path, *, demos: int = 0, seed: int = 0,
@@ -65,7 +68,7 @@ class Zoexec:
                 "--threads", str(self.threads)]
         if demos:
             if not self.supports("eval", "--demonstrations"):
-                return {"note": "zoexec eval has no --demonstrations yet"}
+                return {"note": "this zoexec eval has no --demonstrations"}
             args += ["--demonstrations", str(demos), "--demonstrations-data", str(self.train)] \
                 if self.supports("eval", "--demonstrations-data") else ["--demonstrations", str(demos)]
             args += ["--seed", str(seed)] if self.supports("eval", "--seed") else []

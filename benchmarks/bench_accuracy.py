@@ -46,28 +46,37 @@ import accuracy_estimators as estimators  # noqa: E402
 import torch  # noqa: E402
 from accuracy_plain import PlainTask, mezo_train, pick_demos, score  # noqa: E402
 from accuracy_setup import CACHE, DATA_DIR, MODEL_DIR, ready  # noqa: E402
+from accuracy_tuning import EPS, TUNINGS, fine_tuned_lines, part_sweep, sweep_lines  # noqa: E402
 from accuracy_zoexec import Zoexec, step_seconds  # noqa: E402
 
 TEMPLATE, LABEL_WORDS = "Review: {sentence} Sentiment:", ("negative", "positive")
-PARTS = ("zero", "few", "grid", "plain", "zoexec", "speed", "estimators")
+PARTS = ("zero", "few", "grid", "plain", "zoexec", "speed", "sweep", "estimators")
 FULL = dict(seeds="0,1,2", steps=300, demos=4, grid="1e-5,3e-5,1e-4", grid_steps=100,
             eval_every=100, speed_rounds=3, speed_steps=5)
 QUICK = dict(seeds="0", steps=40, demos=4, grid="", grid_steps=40, eval_every=0,
              speed_rounds=1, speed_steps=4)
 # the issue's targets
 STEP_TARGET, EVAL_TARGET = 1.3, 1.5
-_ARGS = argparse.Namespace(label_words=list(LABEL_WORDS))   # what run names take from the args
+_ARGS = argparse.Namespace(label_words=list(LABEL_WORDS), tuning="full")   # what run names take from the args
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1 seed, 40 steps, no lr grid")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated of {PARTS}")
+    p.add_argument("--parts", default=",".join(PARTS[:-1]),
+                   help=f"comma-separated of {PARTS} (default: all but sweep)")
     p.add_argument("--seeds", help="comma-separated (full: 0,1,2)")
     p.add_argument("--steps", type=int, help="fine-tuning steps (full: 300)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--eps", type=float, default=1e-3)
+    p.add_argument("--eps", type=float, help="perturbation scale (default: MeZO's for the "
+                   "--tuning: 1e-3 full, 1e-2 lora, 1e-1 prefix)")
+    p.add_argument("--tuning", choices=TUNINGS, default="full",
+                   help="what zoexec's runs train (zoplan optimize --tuning; the plain loop is "
+                   "full MeZO)")
+    p.add_argument("--eval-samples", type=int, help="the sweep and part estimators: held-out "
+                   "sentences evaluated (the sweep: after each run, drawn with a fixed seed; "
+                   "estimators: at each evaluation; default: all --test)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--test", type=int, default=400, help="held-out sentences scored")
     p.add_argument("--demos", type=int, help="few-shot demonstrations K (full: 4)")
@@ -91,8 +100,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lowrank-rank", type=int, help="lowrank's rank r (the planner's default)")
     p.add_argument("--lowrank-every", type=int, help="lowrank: steps V is kept (default: the planner's)")
     p.add_argument("--sparse-share", type=float, help="sparse: the share perturbed (default: the planner's)")
-    p.add_argument("--eval-samples", type=int, help="part estimators: held-out sentences "
-                   "each evaluation scores (default: all --test)")
     p.add_argument("--json", type=Path, default=CACHE / "results.json")
     p.add_argument("--show", type=Path, nargs="+", help="print the table of a results JSON and "
                    "exit (several: their estimators' runs merged, seeds of one entry together)")
@@ -100,6 +107,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.eps is None:
+        args.eps = EPS[args.tuning]
     args.seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
     args.grid = [float(x) for x in str(args.grid).split(",") if x.strip()]
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
@@ -135,7 +144,7 @@ class Bench:
         self.zoexec = Zoexec(model=self.model_dir, train=data / "train.jsonl", test=test_file,
                              work=CACHE / "zoexec", template=args.template,
                              label_words=tuple(args.label_words),
-                             threads=args.threads)
+                             threads=args.threads, tuning=args.tuning)
         self.results = {"date": time.strftime("%Y-%m-%d %H:%M"), "settings": _settings(args),
                         "packages": manifest["packages"], "load_before": os.getloadavg()}
 
@@ -247,13 +256,16 @@ def _run_name(args: argparse.Namespace, seed: int) -> str:
     """A fine-tuning run's folder: its label words, lr and seed (runs of other settings
     keep their own folders)."""
     words = "-".join("".join(c for c in w if c.isalnum()) or "w" for w in args.label_words)
+    tuning = "" if args.tuning == "full" else f"{args.tuning}-"
     est = "" if (args.estimator, args.directions) == ("mezo", 1) else \
         f"-{args.estimator}-q{args.directions}"
-    return f"ft-{words}{est}-lr{args.lr:g}-seed{seed}"
+    return f"ft-{tuning}{words}{est}-lr{args.lr:g}-seed{seed}"
 
 
 def part_zoexec(b: Bench) -> None:
-    out = b.results["zoexec_fine_tuned"] = {"steps": b.args.steps, "lr": b.args.lr, "seeds": {}}
+    out = b.results["zoexec_fine_tuned"] = {"steps": b.args.steps, "lr": b.args.lr,
+                                            "tuning": b.args.tuning, "eps": b.args.eps,
+                                            "seeds": {}}
     entry = estimators.Entry(estimator=b.args.estimator, directions=b.args.directions,
                              lr=b.args.lr)
     plan = b.zoexec.plan(batch=b.args.batch, seq=b.seq(),
@@ -311,7 +323,8 @@ def part_estimators(b: Bench) -> None:
 
 def _entry_run_name(entry, seed: int) -> str:
     words = "-".join("".join(c for c in w if c.isalnum()) or "w" for w in _ARGS.label_words)
-    return f"est-{entry.estimator}-q{entry.directions}-{words}-lr{entry.lr:g}-seed{seed}"
+    tuning = "" if _ARGS.tuning == "full" else f"{_ARGS.tuning}-"
+    return f"est-{tuning}{entry.estimator}-q{entry.directions}-{words}-lr{entry.lr:g}-seed{seed}"
 
 
 # ---- the table ----------------------------------------------------------------------------------
@@ -350,6 +363,8 @@ def table(r: dict) -> list[str]:
         lines.append(f"lr grid, plain, {r['lr_grid']['steps']} steps, lr {float(lr):g}: loss "
                      f"{loss['first']:.3f} -> {loss['last']:.3f} (max {loss['max']:.3f}): "
                      f"{loss['verdict']}; held-out {run['accuracy']:.4f}")
+    lines += fine_tuned_lines(r)
+    lines += sweep_lines(r)
     lines += speed_lines(r)
     lines += estimators.table_lines(r.get("estimators", {}))
     return lines
@@ -392,8 +407,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     bench = Bench(args, manifest)
     steps = {"zero": part_zero, "few": part_few, "grid": part_grid, "plain": part_plain,
-             "zoexec": part_zoexec, "speed": part_speed, "estimators": part_estimators}
-    _ARGS.label_words = args.label_words
+             "zoexec": part_zoexec, "speed": part_speed,
+             "sweep": lambda b: part_sweep(b, loss_windows), "estimators": part_estimators}
+    _ARGS.label_words, _ARGS.tuning = args.label_words, args.tuning
     for name in args.parts:
         bench.log(f"part {name}")
         steps[name](bench)

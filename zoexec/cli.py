@@ -102,16 +102,20 @@ def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, **values) -> No
     print(f"{model_dir}: {shown}")
 
 
+# task options that only training reads: `zoexec eval --help` does not list them
+TRAINING_ONLY = ("demonstrations_in_training",)
 EVAL_PARAMS = [
     inspect.Parameter("model_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
         Path, typer.Argument(help="Local HF model folder (config.json, weights, tokenizer): a "
-                                  "base model or a run's final/ or snapshot")]),
+                                  "base model or a run's final/, best/ or snapshot; or a LoRA "
+                                  "run's (a PEFT adapter folder), over its base")]),
     inspect.Parameter("data", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[
         Path, typer.Option(help="Evaluation data: .jsonl, .json, .csv, .parquet or a "
                                 "save_to_disk folder")]),
     inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
         bool, typer.Option("--json", help="Print the metrics as one JSON object")]),
-    *section_params(TaskOptions, keep=(*TASK_FIELDS, "eval_samples")),
+    *section_params(TaskOptions, keep=(*(f for f in TASK_FIELDS if f not in TRAINING_ONLY),
+                                       "eval_samples")),
     *section_params(EvalOptions), *section_params(RuntimeOptions, keep=("threads",))]
 app.command("eval")(with_params(eval_cmd, EVAL_PARAMS))
 
@@ -174,7 +178,9 @@ def export_cmd(
         merge_adapters(merge, base, output, accept_other_base=accept_other_base)
     except ZoError as exc:
         exit_with_error(str(exc), EXIT_USER_ERROR)
-    print(f"merged {merge} into {base}: {output}")
+    print(f"zoexec: read LoRA adapters {merge} and the base model {base} (unchanged); "
+          f"wrote {output}: a plain HF model folder (config, safetensors, tokenizer) of the "
+          f"base with the adapters merged in")
 
 
 def main() -> None:

@@ -261,14 +261,17 @@ class TuningOptions(Section):
 
     PANEL: ClassVar[str] = "Tuning (the plan's; given, they must match it)"
 
-    tuning: Literal["full", "lora"] | None = option(
-        None, "full (every weight) or lora (adapters on a frozen base)", shown="the plan's")
+    tuning: Literal["full", "lora", "prefix"] | None = option(
+        None, "full (every weight), lora (adapters on a frozen base) or prefix (prefix keys "
+        "and values on a frozen base)", shown="the plan's")
     lora_r: int | None = option(None, "LoRA rank r", shown="the plan's", check=at_least(1))
     lora_alpha: int | None = option(None, "LoRA alpha (scaling alpha / r)", shown="the plan's",
                                     check=at_least(1))
     lora_targets: tuple[str, ...] | None = option(
         None, "Block modules LoRA adapts, comma-separated", shown="the plan's",
         parse=_targets, check=_module_names)
+    prefix_tokens: int | None = option(None, "Prefix tuning: keys and values per block",
+                                       shown="the plan's", check=at_least(1))
 
     @property
     def given(self) -> bool:
@@ -280,13 +283,15 @@ class TuningOptions(Section):
         if workload.is_lora:
             planned.update(lora_r=workload.lora_r, lora_alpha=workload.lora_alpha,
                            lora_targets=workload.lora_targets)
-        for name in ("tuning", "lora_r", "lora_alpha", "lora_targets"):
+        if workload.is_prefix:
+            planned.update(prefix_tokens=workload.prefix_tokens)
+        for name in ("tuning", "lora_r", "lora_alpha", "lora_targets", "prefix_tokens"):
             value = getattr(self, name)
             if value is None:
                 continue
             if name not in planned:
                 raise FieldError(name, value, f"left out: the plan is a {workload.tuning} "
-                                 f"plan (make a LoRA one with zoplan optimize --tuning lora)")
+                                 f"plan (zoplan optimize --tuning decides it)")
             if tuple(value) != tuple(planned[name]) if name == "lora_targets" \
                     else value != planned[name]:
                 shown = planned[name]
@@ -356,6 +361,9 @@ class EvalOptions(Section):
         check=at_least(2))
     precision: Literal["fp32", "bf16", "fp16"] = option(
         "fp32", "Precision of the weights and the forward", aliases=("--dtype",))
+    base: str | None = option(
+        None, "An adapter folder's base model folder (default: the base_model_name_or_path "
+        "of its adapter_config.json)", metavar="DIR")
 
 
 SECTIONS = {"model": ModelOptions, "task": TaskOptions, "optim": OptimOptions,
@@ -483,9 +491,10 @@ class RunConfig:
 
     @property
     def weights(self) -> str:
-        """What the ranks load: a snapshot, the model folder, or "random" (LoRA: the
-        frozen base, always the run's start; a snapshot holds adapters only)."""
-        if self.workload.is_lora:
+        """What the ranks load: a snapshot, the model folder, or "random" (LoRA and
+        prefix: the frozen base, always the run's start; a snapshot holds adapters or
+        prefixes only)."""
+        if self.workload.frozen_base:
             return self.model.start
         return self.load_from or self.model.start
 

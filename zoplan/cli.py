@@ -28,6 +28,7 @@ from zoplan.estimators import (
 )
 from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
 from zoplan.lora import DEFAULT_LORA_ALPHA, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS
+from zoplan.prefix import DEFAULT_PREFIX_TOKENS
 from zoplan.search.tuning import TUNING_CHOICES
 from zoplan.usage import OneLineUsage
 from zoplan.views import calibrate as calibrate_view
@@ -84,10 +85,11 @@ def optimize_cmd(
     prefetch: Annotated[Optional[int], typer.Option(help="Fix prefetch depth (block buffers per GPU)")] = None,
     lengths: Annotated[Optional[Path], typer.Option(help="Row lengths of the data (`zoexec lengths DATA ... -o lengths.json`): the step is priced at a batch's expected padded width (at most --seq); memory stays sized for --seq")] = None,
     placement: Annotated[str, typer.Option(help="Where the blocks live: host (every block offloaded, streamed each step) or auto (the search keeps as many resident on the GPUs as fit)")] = "auto",
-    tuning: Annotated[str, typer.Option(help="full (every weight), lora (adapters on a frozen, read-only base) or auto (both searched and shown side by side; the faster is written)")] = "full",
+    tuning: Annotated[str, typer.Option(help="full (every weight), lora (adapters on a frozen, read-only base), prefix (prefix keys and values on a frozen base) or auto (full and lora searched and shown side by side; the faster is written)")] = "full",
     lora_r: Annotated[int, typer.Option(help="LoRA rank r (MeZO's LoRA runs: 8)")] = DEFAULT_LORA_R,
     lora_alpha: Annotated[int, typer.Option(help="LoRA alpha: the adapters' output is scaled by alpha / r (MeZO's: 16)")] = DEFAULT_LORA_ALPHA,
     lora_targets: Annotated[str, typer.Option(help="Block modules LoRA adapts, comma-separated (default: the attention query and value projections)")] = ",".join(DEFAULT_LORA_TARGETS),
+    prefix_tokens: Annotated[int, typer.Option(help="Prefix tuning: keys and values per block (MeZO's prefix runs: 5)")] = DEFAULT_PREFIX_TOKENS,
     estimator: Annotated[str, typer.Option(help="The zeroth-order estimator: mezo (z over every weight), lowrank (U V^T per matrix, V kept for --lowrank-every steps) or sparse (the smallest-magnitude --sparse-share of each tensor); docs/estimators.md")] = DEFAULT_ESTIMATOR,
     lowrank_rank: Annotated[int, typer.Option(help="lowrank: the rank r of U V^T")] = DEFAULT_LOWRANK_RANK,
     lowrank_every: Annotated[int, typer.Option(help="lowrank: steps V is kept before it is redrawn")] = DEFAULT_LOWRANK_EVERY,
@@ -103,6 +105,7 @@ def optimize_cmd(
     devices used; write the best as a plan."""
     optimize_view.check_top(top)
     lora = lora_options(tuning, r=lora_r, alpha=lora_alpha, targets=lora_targets)
+    lora.update(prefix_options(tuning, prefix_tokens))
     lora["estimator"] = estimator_options(estimator=estimator, lowrank_rank=lowrank_rank,
                                           lowrank_every=lowrank_every,
                                           sparse_share=sparse_share, directions=directions)
@@ -149,6 +152,12 @@ def lora_options(tuning: str, *, r: int, alpha: int, targets: str) -> dict:
         if given:
             raise ZoError(f"{', '.join(given)}: settings of --tuning lora (or auto), not full")
         return {}
+    if tuning == "prefix":
+        if settings != {"lora_r": DEFAULT_LORA_R, "lora_alpha": DEFAULT_LORA_ALPHA,
+                        "lora_targets": DEFAULT_LORA_TARGETS}:
+            raise ZoError("--lora-r, --lora-alpha and --lora-targets are settings of --tuning "
+                          "lora, not prefix")
+        return {"tuning": "prefix"}
     return settings if tuning == "auto" else {"tuning": "lora", **settings}
 
 
@@ -163,6 +172,17 @@ def estimator_options(**given) -> dict | None:
     return changed or None
 
 
+def prefix_options(tuning: str, tokens: int) -> dict:
+    """optimize's --prefix-tokens: a ZoError below 1 or with another --tuning."""
+    if tokens < 1:
+        raise ZoError(f"--prefix-tokens {tokens}: must be a whole number >= 1")
+    if tuning != "prefix":
+        if tokens != DEFAULT_PREFIX_TOKENS:
+            raise ZoError(f"--prefix-tokens {tokens}: a setting of --tuning prefix, not {tuning}")
+        return {}
+    return {"prefix_tokens": tokens}
+
+
 @command("profile")
 def profile_cmd(
     output: Annotated[Optional[Path], typer.Option("-o", "--out", "--output", help="Where to write the profile (default hwprofiles/<name>.json)")] = None,
@@ -171,8 +191,11 @@ def profile_cmd(
     repeats: Annotated[int, typer.Option(help="Repetitions of each measurement")] = 5,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer sizes and repetitions (for tests)")] = False,
     cpu: Annotated[bool, typer.Option("--cpu", help="Profile the CPU/gloo path even where CUDA exists")] = False,
+    time_budget: Annotated[Optional[float], typer.Option("--time-budget", metavar="SECONDS", help="How long measuring may take: rounds and retakes of disturbed samples stop there (default: 120 on the CPU, 60 on GPUs; the first round always ends, and the profile says by how much it ran over)")] = None,
 ) -> None:
-    """Measure this machine (CUDA GPUs, or gloo ranks on the CPU) into a hardware profile."""
+    """Measure this machine (CUDA GPUs, or gloo ranks on the CPU) into a hardware profile,
+    within a time budget; a progress line per stage with the ETA, and one line at the
+    end on how much other processes disturbed the samples."""
     try:
         from zoexec import profiler  # the one import of the executor in the planner (the rule)
     except ModuleNotFoundError as exc:
@@ -180,7 +203,8 @@ def profile_cmd(
 
     profile, path = profiling.profile_machine(
         profiler=profiler, output=output, name=name, ranks=ranks, repeats=repeats,
-        quick=quick, force_cpu=cpu, progress=lambda: profile_progress(console))
+        quick=quick, force_cpu=cpu, progress=lambda: profile_progress(console),
+        time_budget_s=time_budget)
     render_summary(profile, path, console)
 
 

@@ -73,6 +73,7 @@ from zoplan.execrules import SR_SCRATCH, sr_chunk, z_chunk
 from zoplan.layout import Layout
 from zoplan.lora import ADAPTER_BYTES, adapter_params, linear_shapes
 from zoplan.models import ModelSpec, dtype_bytes
+from zoplan.prefix import prefix_params
 from zoplan.workload import Workload
 
 GIB = 2**30
@@ -219,7 +220,7 @@ def rank_memory(*, model: ModelSpec, workload: Workload, layout: Layout, device_
         raise ValueError(f"device_kind must be one of {', '.join(DEVICE_KINDS)}, got {device_kind!r}")
     if not 0 <= resident_blocks <= model.num_layers:
         raise ValueError(f"resident_blocks must be 0..{model.num_layers}, got {resident_blocks}")
-    lora = workload.is_lora
+    lora = workload.frozen_base
     held = (_lora_held if lora else _held)(model, workload, layout, device_kind)
     setup = (_lora_setup if lora else _setup)(model, workload, layout, device_kind)
     if resident_blocks:   # made last in set-up (Trainer._allocate_shards), once the
@@ -472,8 +473,11 @@ def _setup(model, workload, layout, device_kind) -> list[Term]:
     return [buffers, work, z, *max(first, second, key=_sum)]
 
 
-# ---- LoRA (Workload.tuning "lora"; zoexec.train.lora.LoraTrainer) -------------------------
+# ---- LoRA and prefix (Workload.frozen_base; zoexec.train.lora, zoexec.train.prefix) ------
 def _adapters(model: ModelSpec, workload: Workload) -> int:
+    """One block's trained elements: LoRA's adapters or the prefix's keys and values."""
+    if workload.is_prefix:
+        return prefix_params(model, tokens=workload.prefix_tokens)
     return adapter_params(model, r=workload.lora_r, targets=workload.lora_targets)
 
 
@@ -482,12 +486,13 @@ def _lora_held(model, workload, layout, device_kind) -> list[Term]:
     the frozen resident parts once (compute dtype: nothing perturbs them), every block's
     fp32 adapters, one block's working adapters (compute dtype) and their fp32 z."""
     a, r, c = _adapters(model, workload), model.resident_params, dtype_bytes(workload.compute_dtype)
+    what = "prefixes" if workload.is_prefix else "LoRA adapters"
     terms = [_buffers(model, workload, layout),
              Term(key="resident_work", bytes=r * c, label="resident parts (frozen)"),
              Term(key="adapters", bytes=model.num_layers * a * ADAPTER_BYTES,
-                  label=f"LoRA adapters, every block ({model.num_layers} x {a:,} fp32)"),
-             Term(key="adapter_work", bytes=a * c, label="perturbed adapters of a block"),
-             Term(key="adapter_z", bytes=a * ADAPTER_BYTES, label="z of a block's adapters")]
+                  label=f"{what}, every block ({model.num_layers} x {a:,} fp32)"),
+             Term(key="adapter_work", bytes=a * c, label=f"perturbed {what} of a block"),
+             Term(key="adapter_z", bytes=a * ADAPTER_BYTES, label=f"z of a block's {what}")]
     if device_kind == "cuda":
         terms.append(Term(key="cublas_workspace", bytes=CUBLAS_WORKSPACE_BYTES,
                           label="cuBLAS workspace"))
@@ -506,9 +511,18 @@ def _lora_setup(model, workload, layout, device_kind) -> list[Term]:
 
 def _lora_forward(model, workload, layout) -> list[Term]:
     """One stream's block forward, plus what an adapted module holds beside it: A x
-    and the scaled B (A x) of the largest target."""
+    and the scaled B (A x) of the largest target; with a prefix, the keys and values
+    joined to the prefix's (the input's and the prefix's, for every row)."""
     tokens, _ = _tokens(workload, layout)
     c = dtype_bytes(workload.compute_dtype)
+    if workload.is_prefix:
+        rows = tokens / workload.seq
+        extra = int(2 * rows * (workload.seq + workload.prefix_tokens) * model.kv_dim * c)
+        return [Term(key="block_activations", bytes=model.block_activation_bytes(
+                    tokens, workload.seq, workload.compute_dtype),
+                     label=f"one block's forward ({tokens} tokens)"),
+                Term(key="adapter_activations", bytes=extra,
+                     label="keys and values joined to the prefix's")]
     widest = max(out for name, (_, out) in linear_shapes(model).items()
                  if name in workload.lora_targets)
     extra = tokens * (workload.lora_r + 2 * widest) * c

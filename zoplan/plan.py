@@ -352,9 +352,11 @@ def _check_agreement(data: dict, origin: str, *, layout: Layout, workload: Workl
     if workload.batch % layout.ddp:
         raise ZoError(f"{origin}: batch ({workload.batch}) is not divisible "
                       f"by ddp ({layout.ddp})")
-    if workload.seq > spec.max_positions:
-        raise ZoError(f"{origin}: seq ({workload.seq}) exceeds the {spec.max_positions} "
-                      f"positions of {spec.name}")
+    seq = workload.seq + (workload.prefix_tokens if workload.is_prefix else 0)
+    if seq > spec.max_positions:
+        raise ZoError(f"{origin}: seq ({workload.seq}"
+                      f"{' + prefix ' + str(workload.prefix_tokens) if workload.is_prefix else ''}"
+                      f") exceeds the {spec.max_positions} positions of {spec.name}")
     if layout.local_ranks > data["profile"]["gpus_per_node"]:
         raise ZoError(f"{origin}: {layout.local_ranks} ranks per node, but the profile's "
                       f"node has {data['profile']['gpus_per_node']}")

@@ -16,10 +16,12 @@ Precision is three choices (docs/precision.md):
 
 Tuning (docs/lora.md): "full" trains every weight (the above); "lora" freezes the base
 and trains LoRA adapters (zoplan.lora: rank `lora_r`, scale `lora_alpha` / `lora_r`, on
-the block modules named in `lora_targets`). The base is read-only: stored as it
-computes (param_dtype == compute_dtype, no fp32 masters), never updated nor written
-back; the adapters are fp32 masters on every rank, so `update` is "master". A full
-workload's dict (to_dict) holds no tuning keys: plans of full runs keep their bytes.
+the block modules named in `lora_targets`); "prefix" freezes the base and trains
+`prefix_tokens` keys and values per block (zoplan.prefix). With either the base is
+read-only (`frozen_base`): stored as it computes (param_dtype == compute_dtype, no fp32
+masters), never updated nor written back; the adapters or prefixes are fp32 masters on
+every rank, so `update` is "master". A workload's dict (to_dict) holds only its own
+tuning's keys: plans of full runs keep their bytes.
 
 Estimator (zoplan.estimators, docs/estimators.md): the direction a step perturbs and
 updates along ("mezo", "lowrank", "sparse", their settings) and the directions a step
@@ -47,19 +49,21 @@ from zoplan.lora import (
     TUNINGS,
 )
 from zoplan.models import DTYPE_BYTES
+from zoplan.prefix import DEFAULT_PREFIX_TOKENS, MAX_PREFIX_TOKENS
 
 UPDATE_MODES = ("master", "stochastic", "plain")
 MAX_BATCH = 2**24        # sequences per step
 MAX_SEQ = 2**24          # tokens per sequence (zoplan.models.SHAPE_BOUNDS' positions)
 HALF_DTYPES = ("fp16", "bf16")
 LORA_KEYS = ("tuning", "lora_r", "lora_alpha", "lora_targets")
+PREFIX_KEYS = ("tuning", "prefix_tokens")
+FROZEN_BASE = ("lora", "prefix")   # tunings that train small tensors over a read-only base
 
 
 def default_update(param_dtype: str, tuning: str = "full") -> str:
     """The update mode a workload gets when none is named: fp32 blocks are their own
-    masters; 16-bit blocks are rounded stochastically (round to nearest loses most
-    MeZO updates); LoRA's adapters are fp32 masters."""
-    return "master" if param_dtype == "fp32" or tuning == "lora" else "stochastic"
+    MeZO updates); LoRA's adapters and prefixes are fp32 masters."""
+    return "master" if param_dtype == "fp32" or tuning in FROZEN_BASE else "stochastic"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,10 +77,12 @@ class Workload:
     tf32: bool = True            # fp32 GEMMs on CUDA may use TF32 tensor cores
     lengths: RowLengths | None = None   # the data's row lengths (`zoplan optimize
                                         # --lengths`): steps priced at the padded width
-    tuning: str = "full"         # "full" (every weight) or "lora" (adapters on a frozen base)
+    tuning: str = "full"         # "full" (every weight), "lora" (adapters on a frozen base)
+                                 # or "prefix" (prefix keys and values on a frozen base)
     lora_r: int = DEFAULT_LORA_R             # LoRA: rank of the adapters
     lora_alpha: int = DEFAULT_LORA_ALPHA     # LoRA: scale alpha / r
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS   # LoRA: block modules adapted
+    prefix_tokens: int = DEFAULT_PREFIX_TOKENS   # prefix: keys and values per block
     estimator: str = DEFAULT_ESTIMATOR               # mezo, lowrank or sparse
     lowrank_rank: int = DEFAULT_LOWRANK_RANK         # lowrank: r of U V^T
     lowrank_every: int = DEFAULT_LOWRANK_EVERY       # lowrank: steps V is kept
@@ -100,8 +106,8 @@ class Workload:
         if self.update not in UPDATE_MODES:
             raise ValueError(f"update must be one of {', '.join(UPDATE_MODES)}, "
                              f"got {self.update!r}")
-        if self.tuning == "lora":
-            self._check_lora()
+        if self.frozen_base:
+            self._check_frozen()
         elif (self.update == "master") != (self.param_dtype == "fp32"):
             raise ValueError(f"update {self.update!r} with param_dtype {self.param_dtype!r}: "
                              f"'master' keeps fp32 blocks, 'stochastic' and 'plain' 16-bit ones")
@@ -111,6 +117,9 @@ class Workload:
             raise ValueError(f"lengths must be a RowLengths, got {self.lengths!r}")
         spec = self.estimator_spec
         object.__setattr__(self, "sparse_share", spec.sparse_share)
+        if self.tuning == "prefix" and not spec.is_default:
+            raise ValueError(f"estimator {spec.describe()} with tuning prefix: prefix tuning "
+                             f"runs MeZO-SGD with one direction only (docs/estimators.md)")
         if self.batch % self.directions:
             raise ValueError(f"batch ({self.batch}) must be divisible by directions "
                              f"({self.directions}): each direction evaluates an equal part "
@@ -132,22 +141,34 @@ class Workload:
                 or not all(isinstance(t, str) and t.isidentifier() for t in targets)):
             raise ValueError(f"lora_targets must be distinct module names (e.g. q_proj, "
                              f"v_proj), got {targets!r}")
-        if self.tuning == "full" and (self.lora_r, self.lora_alpha, targets) != (
+        if self.tuning != "lora" and (self.lora_r, self.lora_alpha, targets) != (
                 DEFAULT_LORA_R, DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS):
             raise ValueError(f"lora_r, lora_alpha and lora_targets are settings of tuning "
-                             f"'lora', got them with tuning 'full' (r {self.lora_r}, alpha "
-                             f"{self.lora_alpha}, targets {','.join(targets)})")
+                             f"'lora', got them with tuning {self.tuning!r} (r {self.lora_r}, "
+                             f"alpha {self.lora_alpha}, targets {','.join(targets)})")
+        self._check_prefix()
 
-    def _check_lora(self) -> None:
-        """LoRA: the base is stored as it computes (no masters: it is never updated);
-        the adapters are fp32 masters ("master")."""
+    def _check_prefix(self) -> None:
+        tokens = self.prefix_tokens
+        if not isinstance(tokens, int) or isinstance(tokens, bool) \
+                or not 1 <= tokens <= MAX_PREFIX_TOKENS:
+            raise ValueError(f"prefix_tokens must be a whole number in 1..{MAX_PREFIX_TOKENS}, "
+                             f"got {tokens!r}")
+        if self.tuning != "prefix" and tokens != DEFAULT_PREFIX_TOKENS:
+            raise ValueError(f"prefix_tokens is a setting of tuning 'prefix', got "
+                             f"{tokens} with tuning {self.tuning!r}")
+
+    def _check_frozen(self) -> None:
+        """LoRA and prefix: the base is stored as it computes (no masters: it is never
+        updated); the adapters or prefixes are fp32 masters ("master")."""
         if self.update != "master":
-            raise ValueError(f"update {self.update!r} with tuning 'lora': the adapters are "
-                             f"fp32 masters ('master'); the base is never updated")
+            raise ValueError(f"update {self.update!r} with tuning {self.tuning!r}: the "
+                             f"trained tensors are fp32 masters ('master'); the base is never "
+                             f"updated")
         if self.param_dtype != self.compute_dtype:
             raise ValueError(f"param_dtype {self.param_dtype!r} with compute_dtype "
-                             f"{self.compute_dtype!r} and tuning 'lora': the frozen base is "
-                             f"stored as it computes")
+                             f"{self.compute_dtype!r} and tuning {self.tuning!r}: the frozen "
+                             f"base is stored as it computes")
 
     @property
     def is_lora(self) -> bool:
@@ -157,6 +178,15 @@ class Workload:
     def estimator_spec(self) -> EstimatorSpec:
         """The estimator and its settings (ValueError for a bad one)."""
         return EstimatorSpec(**{k: getattr(self, k) for k in ESTIMATOR_KEYS})
+
+    @property
+    def is_prefix(self) -> bool:
+        return self.tuning == "prefix"
+
+    @property
+    def frozen_base(self) -> bool:
+        """LoRA or prefix: small fp32 tensors trained over a read-only base."""
+        return self.tuning in FROZEN_BASE
 
     def check_bounds(self) -> None:
         """Raise ValueError for sizes no plan may hold (a search prunes what does not
@@ -196,15 +226,15 @@ class Workload:
 
     def to_dict(self) -> dict:
         """The plan's workload: a full workload without the tuning keys (its bytes as
-        before LoRA), a LoRA one with them; the estimator's keys unless it is MeZO-SGD
-        with one direction (zoplan.estimators); with row lengths also `lengths` and the
-        derived `priced_seq`."""
+        before LoRA), a LoRA or prefix one with its own; the estimator's keys unless it is
+        MeZO-SGD with one direction (zoplan.estimators); with row lengths also `lengths`
+        and the derived `priced_seq`."""
         out = asdict(self)
         del out["lengths"]
-        if not self.is_lora:
-            for key in LORA_KEYS:
-                del out[key]
-        else:
+        keep = {"lora": LORA_KEYS, "prefix": PREFIX_KEYS}.get(self.tuning, ())
+        for key in {*LORA_KEYS, *PREFIX_KEYS} - set(keep):
+            del out[key]
+        if self.is_lora:
             out["lora_targets"] = list(self.lora_targets)
         for key in ESTIMATOR_KEYS:
             del out[key]
@@ -249,3 +279,10 @@ class Workload:
         return cls(batch=batch, seq=seq, param_dtype=compute_dtype, compute_dtype=compute_dtype,
                    update="master", tf32=tf32, tuning="lora", lora_r=r, lora_alpha=alpha,
                    lora_targets=tuple(targets))
+
+    @classmethod
+    def for_prefix(cls, *, batch: int, seq: int, compute_dtype: str, tf32: bool = True,
+                   tokens: int = DEFAULT_PREFIX_TOKENS) -> Workload:
+        """A prefix-tuning workload: the base stored in the compute dtype, fp32 prefixes."""
+        return cls(batch=batch, seq=seq, param_dtype=compute_dtype, compute_dtype=compute_dtype,
+                   update="master", tf32=tf32, tuning="prefix", prefix_tokens=tokens)

@@ -40,6 +40,9 @@ def test_profile_plan_run_calibrate(tmp_path):
     assert profile.sources["compute.peak_tflops"].startswith("[M] zoplan profile")
     prov, meas = profile.extra["provenance"], profile.extra["measurements"]
     assert {"torch", "transformers", "zoplan"} <= set(prov["versions"])
+    budget = prov["budget"]   # the time budget and the load, in the profile and in one line
+    assert budget["rounds"] == budget["rounds_planned"] == 1 and budget["samples"] > 0
+    assert "1 of 1 rounds" in prov["disturbance"]
     fit = meas["fit"]
     assert len(fit["residuals_pct"]) == len(meas["forward_alone"]) >= 10
     assert 0 < fit["rel_rms_pct"] < 100 and fit["peak_tflops"] > 0

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,9 +19,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from zoexec.cli import app
-from zoexec.config import RunConfig
 from zoexec.data.text import SyntheticTask
-from zoexec.launch.spawn import RankFailure, spawn_local
 from zoexec.model.export import export_weights
 from zoexec.model.families import build_hf_model
 from zoexec.options import build_config
@@ -29,8 +28,10 @@ from zoexec.store.loading import build_parts
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
-from zoplan.trace import read_trace
 from zoplan.workload import Workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from frozen_base import killed_and_resumed, layout_runs  # noqa: E402
 
 MODEL, SEED, STEPS, LR, EPS = "tiny-opt", 3, 3, 1e-3, 1e-2
 WORKLOAD = Workload(batch=4, seq=16, param_dtype="fp32", compute_dtype="fp32", tuning="lora")
@@ -45,29 +46,12 @@ LAYOUTS = {   # name: (layout, resident blocks)
 }
 
 
-def _config(tmp, name, layout, resident=(), **kw) -> RunConfig:
-    plan = hand_plan(model=MODEL, layout=layout, workload=WORKLOAD, resident=resident)
-    return RunConfig.make(plan=plan.data, plan_path=f"{name}.json", steps=STEPS, seed=SEED,
-                          lr=LR, eps=EPS, threads=1, quiet=True, out=str(tmp / name / "out"),
-                          trace=str(tmp / name / "trace"), run_id=f"t{uuid.uuid4().hex[:10]}",
-                          **kw)
-
-
-def _losses(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
+SETTINGS = dict(model=MODEL, workload=WORKLOAD, steps=STEPS, seed=SEED, lr=LR, eps=EPS)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lora")
-    out = {}
-    for name, (layout, resident) in LAYOUTS.items():
-        spawn_local(_config(tmp, name, layout, resident))
-        folder = tmp / name / "out"
-        out[name] = {"losses": _losses(folder), "final": folder / "final",
-                     "adapters": load_file(str(folder / "final" / "adapter_model.safetensors")),
-                     "trace": read_trace(tmp / name / "trace")}
-    return out
+    return layout_runs(tmp_path_factory.mktemp("lora"), LAYOUTS, **SETTINGS)
 
 
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "one"])
@@ -78,12 +62,12 @@ def test_every_layout_trains_the_same_adapters(runs, name):
         for key in ("loss_plus", "loss_minus"):
             assert b[key] == pytest.approx(a[key], rel=0 if exact else LOSS_RTOL), (key, a, b)
         assert b["g"] == pytest.approx(a["g"], abs=0 if exact else G_ATOL)
-    assert got["adapters"].keys() == ref["adapters"].keys()
-    for key, tensor in ref["adapters"].items():
+    assert got["weights"].keys() == ref["weights"].keys()
+    for key, tensor in ref["weights"].items():
         if exact:
-            assert torch.equal(got["adapters"][key], tensor), key
+            assert torch.equal(got["weights"][key], tensor), key
         else:
-            torch.testing.assert_close(got["adapters"][key], tensor, rtol=0, atol=A_ATOL)
+            torch.testing.assert_close(got["weights"][key], tensor, rtol=0, atol=A_ATOL)
 
 
 def test_one_rank_equals_the_peft_reference_loop(runs):
@@ -104,7 +88,7 @@ def test_one_rank_equals_the_peft_reference_loop(runs):
         assert rec["loss_minus"] == pytest.approx(lm, rel=1e-6)
         assert rec["g"] == pytest.approx(g, rel=1e-3, abs=1e-3)
     want = get_peft_model_state_dict(wrapped)
-    got = runs["one"]["adapters"]
+    got = runs["one"]["weights"]
     assert got.keys() == want.keys()
     moved = 0.0
     for key, tensor in want.items():
@@ -132,8 +116,8 @@ def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path):
     base = build_hf_model(MODEL, seed=SEED)
     peft_model = PeftModel.from_pretrained(base, str(final))
     loaded = get_peft_model_state_dict(peft_model)   # PEFT took our tensors, every one
-    assert loaded.keys() == runs["one"]["adapters"].keys()
-    for key, tensor in runs["one"]["adapters"].items():
+    assert loaded.keys() == runs["one"]["weights"].keys()
+    for key, tensor in runs["one"]["weights"].items():
         assert torch.equal(loaded[key], tensor), key
     ids = torch.tensor([[5, 6, 7, 8]])
     out = peft_model.generate(input_ids=ids, max_new_tokens=3, do_sample=False)
@@ -161,21 +145,12 @@ def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path):
 def test_a_killed_run_resumes_to_the_same_adapters(runs, tmp_path):
     """Stopped by a fault at step 2 after the snapshot of step 1; the resume loads the
     snapshot's adapters (sha256 checked), replays nothing more and runs step 2."""
-    plan = hand_plan(model=MODEL, layout=Layout(), workload=WORKLOAD)
-    plan.save(tmp_path / "plan.json")
+    resumed = killed_and_resumed(tmp_path, model=MODEL, workload=WORKLOAD, steps=STEPS,
+                                 seed=SEED, lr=LR, eps=EPS)
+    assert resumed.weights == "random"   # the base: the run's start
     out = tmp_path / "out"
-    options = dict(steps=STEPS, seed=SEED, lr=LR, eps=EPS, threads=1, quiet=True,
-                   out=str(out), save_every="1")
-    cfg = build_config(plan=tmp_path / "plan.json", **options).replaced(fail_at=(0, 2))
-    with pytest.raises(RankFailure):
-        spawn_local(cfg)
-    assert (out / "snapshots" / "step-000001" / "adapter_model.safetensors").is_file()
-    resumed = build_config(plan=tmp_path / "plan.json", resume=str(out), threads=1, quiet=True)
-    assert resumed.start_step == 2 and resumed.weights == "random"   # the base: the run's start
-    assert resumed.load_from.endswith("step-000001") and resumed.replay == () and not resumed.notes
-    spawn_local(resumed)
     got = load_file(str(out / "final" / "adapter_model.safetensors"))
-    for key, tensor in runs["one"]["adapters"].items():
+    for key, tensor in runs["one"]["weights"].items():
         assert torch.equal(got[key], tensor), key
 
 
@@ -189,3 +164,69 @@ def test_a_tuning_option_that_is_not_the_plans_is_refused(tmp_path):
     full.save(tmp_path / "full.json")
     with pytest.raises(ZoError, match="--tuning lora: must be full, the plan's"):
         build_config(plan=tmp_path / "full.json", tuning="lora")
+
+
+# ---- a LoRA run over a model folder with a tokenizer: what a PEFT user does next --------
+def test_a_lora_run_of_a_model_folder_works_on_the_first_try(tmp_path):
+    """final/, best/ and the snapshots carry the base's tokenizer; the summary's loading
+    line runs as printed; `zoexec eval final/` (the base from adapter_config.json, or
+    --base) gives the run's last evaluation, best/ its best; export --merge says what it
+    read and wrote."""
+    import re
+
+    from frozen_base import micro_task
+    from transformers import AutoTokenizer
+
+    micro = micro_task(tmp_path, Workload(batch=8, seq=48, param_dtype="fp32",
+                                          compute_dtype="fp32", tuning="lora"))
+    base, test, task = micro.base, micro.test, micro.task
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "run", str(micro.plan), "--model-path", str(base), "--data", str(micro.train), *task,
+        "--eval-data", str(test),
+        "--eval-every", "2", "--steps", "4", "--lr", "5e-2", "--eps", "1e-2", "--out", str(out),
+        "--save-every", "2", "--save-best", "eval_loss:max", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    snapshots = sorted((out / "snapshots").glob("step-*"))
+    assert snapshots
+    for folder in (out / "final", out / "best", *snapshots):
+        assert AutoTokenizer.from_pretrained(folder)("It was great")["input_ids"], folder
+    # the summary's loading line, run as printed
+    line = re.search(r"load: (PeftModel\.from_pretrained\(.*\))$", result.output, re.M)
+    assert line, result.output
+    from peft import PeftModel  # noqa: F401 - the names the line uses
+    from transformers import AutoModelForCausalLM  # noqa: F401
+
+    loaded = eval(line[1])   # noqa: S307 - the printed line itself is what is tested
+    assert type(loaded).__name__ == "PeftModelForCausalLM"
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in evals if "eval_loss" in e]
+    state = json.loads((out / "best" / "state.json").read_text())   # a resume reads it back
+    assert (state["metric"], state["value"]) == ("eval_loss", max(e["eval_loss"] for e in evals))
+    for folder, extra, want in ((out / "final", [], evals[-1]),
+                                (out / "final", ["--base", str(base)], evals[-1]),
+                                (out / "best", [], max(evals, key=lambda e: e["eval_loss"]))):
+        result = CliRunner().invoke(app, ["eval", str(folder), "--data", str(test), *task,
+                                          "--batch", "8", "--seq", "48", *extra, "--json"])
+        assert result.exit_code == 0, result.output
+        shown = json.loads(result.output.strip().splitlines()[-1])
+        assert shown["eval_accuracy"] == want["eval_accuracy"], (folder, shown, want)
+        assert shown["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-6), (folder, shown)
+    result = CliRunner().invoke(app, ["export", "--merge", str(out / "final"), "--base", str(base),
+                                      "-o", str(tmp_path / "merged")])
+    assert result.exit_code == 0, result.output
+    assert f"read LoRA adapters {out / 'final'} and the base model {base} (unchanged)" in \
+        result.output and f"wrote {tmp_path / 'merged'}: a plain HF model folder" in result.output
+
+
+def test_eval_of_adapters_without_a_base_names_base(tmp_path):
+    final = tmp_path / "final"
+    final.mkdir()
+    from peft import LoraConfig
+
+    LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj"], task_type="CAUSAL_LM",
+               base_model_name_or_path=str(tmp_path / "gone")).save_pretrained(str(final))
+    (final / "adapter_model.safetensors").write_bytes(b"")
+    result = CliRunner().invoke(app, ["eval", str(final), "--data", str(tmp_path / "d.jsonl")])
+    assert result.exit_code == 2, result.output
+    assert "give --base DIR" in result.output and "Traceback" not in result.output

@@ -137,7 +137,7 @@ def test_zoexec_eval_generates_what_transformers_generate_does(setup):
     scores = [answer_scores(s, list(g)) for s, g in zip(said, evals.decoding.golds)]
     result = CliRunner().invoke(app, ["eval", str(model), "--data", str(test), "--task-preset", "squad",
                                       "--max-new-tokens", "4", "--demonstrations", "1", "--seq", "48",
-                                      "--json"])
+                                      "--demonstrations-data", str(test), "--json"])
     assert result.exit_code == 0, result.output
     shown = json.loads(result.output.strip().splitlines()[-1])
     assert shown["eval_exact_match"] == pytest.approx(sum(s[0] for s in scores) / len(scores))

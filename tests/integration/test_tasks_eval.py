@@ -183,6 +183,9 @@ def test_a_climbing_loss_stops_the_run_or_warns(tmp_path, model, mode):
     (["{model}", "--data", str(TEST), "--task", "classification", "--template", "{sentence}",
       "--label-words", "terrible,splendid"], "label word 'splendid' is not in the tokenizer"),
     (["{model}", "--data", "{tmp}/empty.jsonl", "--task", "completion"], "holds no rows"),
+    (["{model}", "--data", str(TEST), *TASK, "--demonstrations", "2"],
+     "--demonstrations 2 needs --demonstrations-data FILE, the training file"),
+    (["{model}", "--data", str(TEST), "--demonstrations-in-training"], "No such option"),
 ])
 def test_eval_bad_input_is_one_error_line(tmp_path, model, args, message):
     (tmp_path / "empty.jsonl").write_text("")

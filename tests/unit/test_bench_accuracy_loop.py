@@ -156,3 +156,20 @@ def test_a_model_folder_is_reused_only_when_every_file_has_its_recorded_hash(tmp
     assert not _intact(tmp_path, folder)
     (folder / "weights").unlink()
     assert not _intact(tmp_path, folder)
+
+
+def test_the_table_gives_the_zoexec_runs_accuracy_at_each_evaluation_over_the_seeds():
+    from accuracy_tuning import fine_tuned_lines
+
+    def seed(accs, loss, secs):
+        return {"evals": [{"step": 100 * (i + 1), "eval_accuracy": a, "eval_loss": loss + i}
+                          for i, a in enumerate(accs)], "step_seconds": secs}
+    r = {"zoexec_fine_tuned": {"tuning": "lora", "lr": 3e-3, "eps": 1e-2, "steps": 300, "seeds": {
+        "0": seed([0.5, 0.6, 0.7], 0.5, 2.0), "1": seed([0.6, 0.7, 0.8], 0.7, 4.0),
+        "2": {"note": "exit 1: diverged"}}}}
+    head, secs = fine_tuned_lines(r)
+    assert head == ("zoexec lora lr 0.003 eps 0.01, 2 seed(s), held-out accuracy step 100: "
+                    "0.5500 +- 0.0707; step 200: 0.6500 +- 0.0707; step 300: 0.7500 +- 0.0707; "
+                    "eval loss at step 300: 2.6000 +- 0.1414")
+    assert secs == "  seconds a step 3.00 +- 1.41, training 900 +- 424 s (300 steps x each seed's median step)"
+    assert fine_tuned_lines({}) == []

@@ -126,6 +126,11 @@ def test_a_plan_of_an_estimator_carries_mezo_on_its_layout(tmp_path):
     result = runner.invoke(app, [*args, "--sparse-share", "0.5", "-o", str(tmp_path / "x.json")])
     assert result.exit_code == 2 and "--sparse-share: not a setting of estimator 'mezo'" \
         in result.output
+    result = runner.invoke(app, [*args, "--tuning", "prefix", "--directions", "2",
+                                 "-o", str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and "mezo, 2 directions with tuning prefix: prefix tuning " \
+        "runs MeZO-SGD with one direction only" in " ".join(result.output.split())
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_lora_prices_the_estimators_draws_over_the_adapters():

@@ -19,6 +19,7 @@ from zoplan.lora import adapter_params, adapter_tensor_numels
 from zoplan.memory import rank_memory
 from zoplan.models import get_model
 from zoplan.plan import Plan
+from zoplan.prefix import prefix_params
 from zoplan.search.tuning import pcie_bytes_per_step, snapshot_bytes
 from zoplan.sim.costs import step_costs
 from zoplan.sim.graph import build_step_graph
@@ -40,13 +41,20 @@ def test_a_full_workload_writes_no_tuning_keys_and_lora_round_trips():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(tuning="lora", param_dtype="fp16", compute_dtype="fp16", update="stochastic"),
-     "adapters are fp32 masters"),
+     "trained tensors are fp32 masters"),
     (dict(tuning="lora", param_dtype="fp32", compute_dtype="fp16"), "stored as it computes"),
     (dict(lora_r=4), "settings of tuning 'lora'"),
     (dict(tuning="lora", param_dtype="fp32", compute_dtype="fp32", lora_r=0), "lora_r must be"),
     (dict(tuning="lora", param_dtype="fp32", compute_dtype="fp32", lora_targets=()),
      "lora_targets must be"),
-    (dict(tuning="prefix"), "tuning must be one of"),
+    (dict(tuning="dora"), "tuning must be one of"),
+    (dict(tuning="prefix", param_dtype="fp16", compute_dtype="fp16", update="stochastic"),
+     "trained tensors are fp32 masters"),
+    (dict(tuning="prefix", param_dtype="fp32", compute_dtype="fp32", prefix_tokens=0),
+     "prefix_tokens must be a whole number in 1..4096"),
+    (dict(prefix_tokens=8), "prefix_tokens is a setting of tuning 'prefix'"),
+    (dict(tuning="prefix", param_dtype="fp32", compute_dtype="fp32", lora_r=4),
+     "settings of tuning 'lora', got them with tuning 'prefix'"),
 ])
 def test_bad_tuning_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -120,6 +128,12 @@ def test_optimize_tuning_lora_and_auto(tmp_path):
     (["--tuning", "lora", "--update", "master"], "--update master is for full tuning"),
     (["--tuning", "lora", "--lora-targets", "fc9"], "fc9: not a linear module"),
     (["--tuning", "half"], "--tuning must be one of"),
+    (["--prefix-tokens", "8"], "--prefix-tokens 8: a setting of --tuning prefix, not full"),
+    (["--tuning", "prefix", "--prefix-tokens", "0"], "--prefix-tokens 0: must be a whole number"),
+    (["--tuning", "prefix", "--lora-r", "4"], "settings of --tuning lora, not prefix"),
+    (["--tuning", "prefix", "--update", "master"], "--update master is for full tuning"),
+    (["--tuning", "prefix", "--seq", "500", "--prefix-tokens", "16"],
+     "seq (500) + --prefix-tokens (16) exceeds the 512 positions"),
 ])
 def test_bad_tuning_options_exit_2_with_one_line(tmp_path, args, message):
     out = tmp_path / "plan.json"
@@ -127,3 +141,38 @@ def test_bad_tuning_options_exit_2_with_one_line(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert not out.exists()
+
+
+# ---- prefix tuning (zoplan.prefix): planned and priced as LoRA is ---------------------------
+PREFIX = Workload.for_prefix(batch=8, seq=64, compute_dtype="fp16")
+
+
+def test_prefix_is_priced_memory_checked_and_written_like_lora(tmp_path):
+    """A prefix step writes nothing back and prices its prefix's z and passes, and the
+    attention over the prefix's keys; its memory holds every block's fp32 prefix; a
+    snapshot is the prefixes; the plan round-trips with its prefix_tokens only."""
+    model, hw = get_model("tiny-opt"), load_profile(NODE4)
+    layout = Layout(pertp=2, ddp=2, slices=2)
+    full = step_costs(model=model, profile=hw, workload=FULL, layout=layout)
+    prefix = step_costs(model=model, profile=hw, workload=PREFIX, layout=layout)
+    wider = step_costs(model=model, profile=hw, layout=layout,
+                       workload=Workload.for_prefix(batch=8, seq=64, compute_dtype="fp16",
+                                                    tokens=512))
+    kinds = {attrs["kind"] for _, attrs in build_step_graph(prefix).nodes(data=True)}
+    assert "d2h" not in kinds and "fence" not in kinds and prefix.read_only
+    assert prefix.update_s < full.update_s and wider.forward_s > prefix.forward_s
+    assert prefix_params(model, tokens=5) == 2 * 5 * model.kv_dim
+    held = {t.key: t.bytes for t in rank_memory(model=model, workload=PREFIX, layout=Layout(),
+                                               device_kind="cuda").held}
+    assert held["adapters"] == model.num_layers * 2 * 5 * model.kv_dim * 4
+    plan = hand_plan(model=model, layout=Layout(ddp=4, slices=2), workload=PREFIX)
+    assert snapshot_bytes(plan) == held["adapters"]
+    assert pcie_bytes_per_step(plan)[1] == 0.0
+    data = json.loads(json.dumps(PREFIX.to_dict()))
+    assert (data["tuning"], data["prefix_tokens"]) == ("prefix", 5) and "lora_r" not in data
+    assert Workload.from_dict(data) == PREFIX and "prefix_tokens" not in FULL.to_dict()
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(app, [*SMALL, "--tuning", "prefix", "--prefix-tokens", "3",
+                                      "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (Plan.load(out).workload.tuning, Plan.load(out).workload.prefix_tokens) == ("prefix", 3)

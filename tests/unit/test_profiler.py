@@ -10,12 +10,14 @@ from typer.testing import CliRunner
 from zoexec.profiler import blocks as profiler_blocks
 from zoexec.profiler import collectives, timing
 from zoexec.profiler.blocks import WARM_VISIT_BELOW_S, forward_grid
+from zoexec.profiler.budget import FIRST_ROUND_SHARE, MIN_PASSES, STAGE_WEIGHTS, Budget
 from zoexec.profiler.collectives import collective_samples
 from zoexec.profiler.probe import SPEED_CHECKS
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import summarize
 from zoplan.cli import app
 from zoplan.execrules import SPEED_CHECK_KINDS
+from zoplan.profiling.build import disturbance_line
 
 
 def test_settings_travel_as_plain_data():
@@ -77,7 +79,11 @@ def test_forward_grid_warms_short_shapes_before_each_sample(monkeypatch):
 
 
 @pytest.mark.parametrize("args,message", [(["--ranks", "0"], "--ranks must be >= 1, got 0"),
-                                          (["--repeats", "0"], "repeats must be >= 1, got 0")])
+                                          (["--repeats", "0"], "repeats must be >= 1, got 0"),
+                                          (["--time-budget", "0"], "--time-budget must be a "
+                                           "number of seconds > 0, got 0"),
+                                          (["--time-budget", "nan"], "--time-budget must be a "
+                                           "number of seconds > 0, got nan")])
 def test_profile_refuses_bad_settings_in_one_line(tmp_path, args, message):
     out = tmp_path / "p.json"
     result = CliRunner().invoke(app, ["profile", "--cpu", "--quick", *args, "-o", str(out)])
@@ -209,3 +215,155 @@ def test_gpu_zo_costs_give_what_the_gpu_fits_take(monkeypatch):
     assert zo["passes"][0]["elems"] == 1 << 17
     assert fit_gpu_z(zo["z_draws"])["z_launch_us"] >= 0
     assert hbm_from_passes(zo["passes"])["hbm_gbps"] > 0
+
+
+# ---- the time budget -------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_budget_runs_later_rounds_only_while_they_fit():
+    """The first round always runs (its allowance FIRST_ROUND_SHARE of the budget, split
+    over the stages by their weights); a later one only when the time left holds
+    another round as long as the last (the loaded machine of the issue: rounds of 50 s
+    in a 120 s budget give 2, not 3)."""
+    clock = Clock()
+    budget = Budget(seconds=120.0, device="cpu", rounds_planned=3, clock=clock)
+    assert budget.next_round() and budget.allowance == pytest.approx(120 * FIRST_ROUND_SHARE)
+    weights = dict(STAGE_WEIGHTS["cpu"])
+    assert budget.stage("copies") == pytest.approx(50.0 + budget.allowance * weights["copies"])
+    assert budget.stage("ranks") == pytest.approx(50.0 + budget.allowance)
+    clock.now += 50.0
+    budget.end_round()
+    assert budget.next_round()                      # 70 s left hold another 50 s round
+    assert budget.allowance == pytest.approx(70.0 / 2)
+    clock.now += 50.0
+    assert not budget.next_round()                  # 20 s left: no third round
+    assert budget.rounds_done == 2
+    quiet = Budget(seconds=120.0, rounds_planned=3, clock=Clock())
+    for _ in range(3):
+        assert quiet.next_round()
+        quiet.clock.now += 30.0
+    assert not quiet.next_round() and quiet.rounds_done == 3   # all planned rounds, no more
+
+
+def test_the_eta_counts_the_rounds_that_fit():
+    """Early in the first round the ETA is what its allowance leaves (not the pace of its
+    first small stage: the demo under load printed ETA 8m43s); from half its weight on,
+    the pace; after it, the rounds that fit at the first round's length."""
+    clock = Clock()
+    budget = Budget(seconds=120.0, rounds_planned=3, clock=clock)
+    budget.next_round()
+    budget.stage("forwards")
+    clock.now += 4.0                                 # copies (weight 0.05) took 4 s
+    assert budget.eta_s() == pytest.approx(budget.allowance - 4.0)
+    budget.stage("zo")                               # copies and forwards: half the weight
+    clock.now += 26.0                                # 30 s for 0.5: 30 s more at that pace,
+    assert budget.eta_s() == pytest.approx(36.0)     # but the allowance runs 36 s more
+    budget.stage("done")                             # a 30 s round: two more fit
+    assert budget.eta_s() == pytest.approx(60.0)
+    clock.now += 36.0                                # a 66 s round: none fits the 54 s left
+    assert budget.eta_s() == 0.0
+    short = Budget(seconds=120.0, rounds_planned=3, clock=Clock())
+    short.next_round()
+    short.clock.now += 30.0
+    short.next_round()                               # rounds of 30 s: two more fit
+    assert short.eta_s() == pytest.approx(60.0)
+    short.clock.now += 10.0
+    assert short.eta_s() == pytest.approx(50.0)
+
+
+def test_disturbed_samples_are_retaken_until_the_deadline_then_kept_and_counted(monkeypatch):
+    clock = FakeTime()
+    monkeypatch.setattr(timing, "time", clock)
+
+    class Busy(timing.Guard):
+        def clean(self, mark, wall_s):   # every sample disturbed (a busy machine)
+            return False
+
+    guard = Busy(retries=8, deadline=clock.now + 10 * timing.BACKOFF_S + 0.05)
+    job = lambda: clock.sleep(0.01)  # noqa: E731
+    out = timing.time_samples(job, repeats=5, guard=guard)
+    assert len(out) == 5
+    # retaken while before the deadline (each retake sleeps BACKOFF_S), then kept
+    assert guard.rejected == 10 and guard.disturbed_kept == 5 and guard.samples == 5
+    free = Busy(retries=8)                           # no deadline: the old bound, 8 x repeats
+    timing.time_samples(job, repeats=2, guard=free)
+    assert free.rejected == 16 and free.disturbed_kept == 2
+
+
+def test_a_late_forward_grid_stops_after_min_passes(monkeypatch):
+    clock = FakeTime()
+    monkeypatch.setattr(timing, "time", clock)
+
+    class Block:
+        def embed(self, ids):
+            return None, None
+
+        def block_forward(self, hidden, ctx):
+            clock.sleep(0.1)
+
+    monkeypatch.setattr(profiler_blocks, "build_block", lambda hidden, seq, **kw: Block())
+    monkeypatch.setattr(Settings, "forward_grid", property(lambda self: [("opt", 128, 1, 32)]))
+    settings = Settings(repeats=5, quick=False, ranks=1, cores=2)
+    guard = timing.Guard(deadline=clock.now)         # already late
+    monkeypatch.setattr(timing, "ACTIVE_GUARD", [guard])
+    monkeypatch.setattr(profiler_blocks, "ACTIVE_GUARD", [guard])
+    points = forward_grid(settings, dtype="fp32", device="cpu")
+    assert len(points[0]["samples_s"]) == MIN_PASSES and guard.cut == ["forwards fp32"]
+    guard.deadline = None                            # in time: every pass
+    assert len(forward_grid(settings, dtype="fp32", device="cpu")[0]["samples_s"]) == 5
+
+
+@pytest.mark.parametrize("budget,expect", [
+    (dict(time_budget_s=120, elapsed_s=95, rounds=2, rounds_planned=3, samples=400, retaken=0,
+          disturbed_kept=0, cut=[]),
+     "1m35s of a 2m00s budget, 2 of 3 rounds; no sample disturbed by other processes"),
+    (dict(time_budget_s=120, elapsed_s=131, rounds=1, rounds_planned=3, samples=300,
+          retaken=100, disturbed_kept=140, cut=["forwards fp32"]),
+     "2m11s, 11s over its 2m00s budget (the first round's least work), 1 of 3 rounds; other "
+     "processes used 96% of the CPUs and disturbed 60% of 400 samples (100 retaken, 140 kept "
+     "disturbed; cut short: forwards fp32): the figures are slower and noisier than this "
+     "machine's own: re-measure when it is quiet"),
+])
+def test_the_disturbance_in_one_line(budget, expect):
+    assert disturbance_line(budget, 96.0) == expect
+
+
+class OneRank:
+    """torch.distributed as one rank sees it alone (barriers and all-reduces do nothing)."""
+
+    @staticmethod
+    def barrier():
+        pass
+
+    @staticmethod
+    def all_reduce(tensor, op=None):
+        pass
+
+    @staticmethod
+    def get_rank():
+        return 0
+
+
+def test_late_ranks_keep_fewer_pairs_and_keep_disturbed_samples():
+    from zoexec.profiler import cpu
+
+    settings = Settings(repeats=5, quick=False, ranks=2, cores=2)
+    calls = []
+    out = cpu._paired(lambda: calls.append(1), OneRank, settings, 1, late=lambda: True)
+    assert len(out["together"]["samples_s"]) == cpu.PAIRS_LATE
+    out = cpu._paired(lambda: None, OneRank, settings, 1)
+    assert len(out["together"]["samples_s"]) == max(settings.repeats, cpu.PAIRS_MIN)
+
+    class Busy(timing.Guard):
+        def clean(self, mark, wall_s):
+            return False
+
+    late = Busy(retries=8, deadline=0.0)
+    assert len(timing.rank_samples(lambda: None, repeats=3, dist=OneRank, guard=late)) == 3
+    assert (late.rejected, late.disturbed_kept) == (0, 3)

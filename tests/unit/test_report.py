@@ -354,3 +354,40 @@ def test_summary_loss_of_short_runs():
             rep.train(_record(step, 3.0 - step))
         rep.close()
         assert expect in rep.summary() + "\n", (steps, rep.summary())
+
+
+def test_summary_of_a_resumed_run_counts_the_evaluations_before_the_resume(tmp_path):
+    """The best of the whole run: the evaluation of step 10, before the resume at 16,
+    is better than the one after step 20 (the stale "best of 2" left it out)."""
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 0, "eval_loss": 3.0, "eval_accuracy": 0.5},
+        {"step": 10, "eval_loss": 1.0, "eval_accuracy": 0.9},
+        {"step": 18, "eval_loss": 9.0, "eval_accuracy": 0.1})))   # after the start: dropped
+    clock = Clock()
+    rep = Reporter(_cfg(steps=20, start_step=16, resumed=True, out=str(tmp_path)),
+                   stream=io.StringIO(), clock=clock)
+    _drive(rep, clock, range(16, 20))
+    rep.evaluate(20, {"eval_loss": 2.0, "eval_accuracy": 0.7})
+    rep.close()
+    text = rep.summary()
+    assert "eval, final (after step 20): eval_loss 2.0000  eval_accuracy 0.7000" in text
+    assert ("eval, best of 3 (2 before the resume) by highest eval_accuracy (after step 10): "
+            "eval_loss 1.0000  eval_accuracy 0.9000") in text, text
+
+
+def test_summary_of_a_lora_run_names_the_adapters_and_how_to_load_them(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "tokenizer.json").write_text("{}")
+    final = tmp_path / "run" / "final"
+    final.mkdir(parents=True)
+    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json"):
+        (final / name).write_text("{}")
+    rep = Reporter(_cfg(steps=2, out=str(tmp_path / "run"), model_path=str(base)),
+                   stream=io.StringIO(), clock=Clock())
+    rep.close()
+    text = rep.summary()
+    assert f"adapters: {final}  (PEFT adapters: adapter_model.safetensors" in text
+    assert (f"load: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
+            f"{str(base.resolve())!r}), {str(final.resolve())!r})") in text
+    assert f"tokenizer: in {final}" in text and "model.safetensors;" not in text

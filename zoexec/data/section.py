@@ -92,8 +92,9 @@ class TaskOptions(Section):
         False, "The demonstrations before each training prompt too", kept="task")
     demonstrations_seed: int = option(0, "The seed that picks the demonstrations", kept="task")
     demonstrations_data: str | None = option(
-        None, "The file the demonstrations come from (default: --data; never the evaluated "
-        "example itself)", metavar="FILE", kept="task")
+        None, "The file the demonstrations come from, never the evaluated example itself "
+        "(zoexec run: default --data, the training file; zoexec eval: required with "
+        "--demonstrations, as its --data is the evaluated file)", metavar="FILE", kept="task")
     eval_data: str | None = option(
         None, "Held-out data (the task's format): eval_loss (and eval_accuracy, eval_f1 for "
         "classification) after the last step", metavar="FILE")

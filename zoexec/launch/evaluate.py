@@ -1,7 +1,7 @@
-"""`zoexec eval MODEL_DIR --data FILE`: a model folder evaluated on one rank of a
-hand-built plan for the model, through the path training evaluates with
-(zoexec.run.evaluate): blocks streamed from host memory, so a model that does not fit on
-the device is evaluated the way it trains."""
+"""`zoexec eval MODEL_DIR --data FILE`: a model folder (or a LoRA adapter folder over its
+base) evaluated on one rank of a hand-built plan for the model, through the path
+training evaluates with (zoexec.run.evaluate): blocks streamed from host memory, so a
+model that does not fit on the device is evaluated the way it trains."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from zoexec.runtime import groups as zgroups
 from zoexec.runtime import lanes as zlanes
 from zoexec.store.loading import weight_files
 from zoexec.store.node import close_store, load_node_model, share_read_flags
-from zoexec.train.engine import Trainer
+from zoexec.train.prefix import trainer_class
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.io import need_folder, need_input
@@ -44,14 +44,78 @@ EVAL_SEQ = 512     # zoexec eval: longest row (tokens) when not given, capped by
 
 def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
     """A one-rank RunConfig that evaluates `model_dir` on `data` (a hand-built plan);
-    `values`: the options given (zoexec.config.EvalOptions, TaskOptions, --threads)."""
+    `values`: the options given (zoexec.config.EvalOptions, TaskOptions, --threads).
+    `model_dir` is an HF model folder, or a LoRA run's adapter folder (final/, best/,
+    a snapshot; any PEFT LoRA folder) evaluated over its base as the run computes it:
+    the base streamed, the adapters applied on the fly, no merged copy written."""
     ev = EvalOptions(**{f.name: values.pop(f.name) for f in option_fields(EvalOptions)
                         if f.name in values})
     runtime = RuntimeOptions(threads=values.pop("threads", None))
     task = TaskOptions(data=str(data), eval_data=str(data), **with_preset(values))
+    if task.demonstrations and not task.demonstrations_data:
+        raise ZoError(f"--demonstrations {task.demonstrations} needs --demonstrations-data "
+                      f"FILE, the training file the demonstrations come from (here --data "
+                      f"is the evaluated file)")
     model_dir = need_folder(model_dir, what="model folder")
+    adapters = _adapters(model_dir, ev.base)
+    weights_dir = Path(adapters["base"]) if adapters else model_dir
+    _check_model_folder(need_folder(weights_dir, what="base model folder"), task)
+    need_input(data, what="data")
+    model = get_model(str(weights_dir))
+    seq = min(EVAL_SEQ, model.max_positions) if ev.seq is None else ev.seq
+    lora = adapters["workload"] if adapters else {}
+    workload = Workload(batch=ev.eval_batch, seq=seq, param_dtype=ev.precision,
+                        compute_dtype=ev.precision, **lora)
+    plan = hand_plan(model=model, layout=Layout(), workload=workload, device_kind=_device_kind(),
+                     profile_name="zoexec-eval")
+    return RunConfig(plan=plan.data, plan_path="(zoexec eval)",
+                     model=ModelOptions(model_path=str(weights_dir)), task=task,
+                     optim=OptimOptions(steps=1), logging=LoggingOptions(quiet=True),
+                     runtime=runtime, speed_checks=False,
+                     load_from=str(model_dir) if adapters else None)
+
+
+def _adapters(folder: Path, base: str | None) -> dict | None:
+    """A PEFT LoRA or prefix-tuning folder's base folder (--base, else its
+    adapter_config.json's) and the workload keys of its tuning; None for any other
+    folder."""
+    from zoexec.model.lora import (
+        ADAPTER_CONFIG,
+        ADAPTER_WEIGHTS,
+        adapter_settings,
+        check_adapter_file,
+    )
+    from zoexec.model.prefix import is_prefix_folder, prefix_settings
+
+    if not (folder / ADAPTER_CONFIG).is_file():
+        if base is not None:
+            raise ZoError(f"--base {base}: {folder} is not an adapter folder (no "
+                          f"{ADAPTER_CONFIG}); --base is the base of LoRA or prefix adapters")
+        return None
+    if is_prefix_folder(folder):
+        settings = prefix_settings(folder)
+        workload = {"tuning": "prefix", "prefix_tokens": settings["tokens"]}
+    else:
+        settings = adapter_settings(folder)
+        workload = {"tuning": "lora", "lora_r": settings["r"], "lora_alpha": settings["alpha"],
+                    "lora_targets": settings["targets"]}
+    given = base or settings["base"]
+    if not given or not (Path(given) / "config.json").is_file():
+        raise ZoError(f"{folder} holds adapters whose base model folder "
+                      f"{given or '(none recorded)'} has no config.json: give --base DIR, "
+                      f"the model folder the run trained on")
+    check_adapter_file(folder)
+    problem = check_safetensors(folder / ADAPTER_WEIGHTS)   # whole (PEFT's: no state.json)
+    if problem:
+        raise ZoError(problem)
+    return {"workload": workload, "base": given}
+
+
+def _check_model_folder(model_dir: Path, task: TaskOptions) -> None:
+    """A model folder with whole weights and (any task but text) a tokenizer."""
     if not (model_dir / "config.json").is_file():
-        raise ZoError(f"{model_dir} is not a model folder (no config.json)")
+        raise ZoError(f"{model_dir} is not a model folder (no config.json) nor a LoRA "
+                      f"adapter folder (no adapter_config.json)")
     for shard in weight_files(model_dir):   # whole shards: a truncated one is one line
         problem = check_safetensors(shard)
         if problem:
@@ -59,17 +123,6 @@ def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES) and task.name != "text":
         raise ZoError(f"{model_dir} holds no tokenizer (no {', '.join(TOKENIZER_FILES)}): "
                       f"--task {task.name} needs one")
-    need_input(data, what="data")
-    model = get_model(str(model_dir))
-    seq = min(EVAL_SEQ, model.max_positions) if ev.seq is None else ev.seq
-    workload = Workload(batch=ev.eval_batch, seq=seq, param_dtype=ev.precision,
-                        compute_dtype=ev.precision)
-    plan = hand_plan(model=model, layout=Layout(), workload=workload, device_kind=_device_kind(),
-                     profile_name="zoexec-eval")
-    return RunConfig(plan=plan.data, plan_path="(zoexec eval)",
-                     model=ModelOptions(model_path=str(model_dir)), task=task,
-                     optim=OptimOptions(steps=1), logging=LoggingOptions(quiet=True),
-                     runtime=runtime, speed_checks=False)
 
 
 def _device_kind() -> str:
@@ -88,9 +141,12 @@ def eval_model(cfg) -> dict[str, float]:
             zgroups.set_threads(cfg.runtime.threads, 1)
             with torch.no_grad(), quiet_libraries(True):
                 parts, store = load_node_model(cfg, env, cfg.run_id)
-                flags = share_read_flags(env, cfg.run_id, num_blocks=store.num_blocks)
-                trainer = Trainer(cfg=cfg, env=env, parts=parts, store=store, source=None,
-                                  lanes=zlanes.make_lanes(env, epoch_s=0.0), flags=flags)
+                lora = cfg.workload.frozen_base   # a read-only store: no read stamps
+                flags = None if lora else share_read_flags(env, cfg.run_id,
+                                                           num_blocks=store.num_blocks)
+                trainer = trainer_class(cfg.workload)(
+                    cfg=cfg, env=env, parts=parts, store=store, source=None,
+                    lanes=zlanes.make_lanes(env, epoch_s=0.0), flags=flags)
                 metrics = evaluator.run(trainer)
         finally:
             close_store(store)

@@ -27,7 +27,7 @@ from zoexec.runtime.errors import failing
 from zoexec.runtime.hostenv import keep_freed_memory
 from zoexec.store.node import close_store, host_memory_probe, load_node_model, share_read_flags
 from zoexec.train.engine import Trainer
-from zoexec.train.lora import LoraTrainer
+from zoexec.train.prefix import trainer_class
 from zoexec.train.speed import SpeedMonitor
 from zoplan.errors import ZoError
 from zoplan.io import sha256_json
@@ -73,14 +73,14 @@ def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
                                             else uuid.uuid4().hex[:12])
         parts, store = load_node_model(cfg, env, run_id)
         try:
-            lora = cfg.workload.is_lora   # a read-only store: no read stamps
+            lora = cfg.workload.frozen_base   # a read-only store: no read stamps
             flags = None if lora else share_read_flags(env, run_id, num_blocks=store.num_blocks)
             speed = SpeedMonitor.make(cfg, env, threads)
             speed.check()
             with failing("clock", rank=env.rank):
                 epoch_s, clock = zlanes.clock_epoch(env)
             spans = SpanWriter(Path(cfg.logging.trace), env.rank) if cfg.logging.trace else None
-            trainer = (LoraTrainer if lora else Trainer)(
+            trainer = trainer_class(cfg.workload)(
                 cfg=cfg, env=env, parts=parts, store=store, source=source,
                 lanes=zlanes.make_lanes(env, epoch_s=epoch_s, spans=spans), flags=flags, speed=speed)
             out = cfg.checkpoint.out

@@ -14,12 +14,14 @@ names as PEFT's state dict has them inside a block ("self_attn.q_proj.lora_A.wei
 Initialisation as PEFT's (init_lora_weights=True): A Kaiming-uniform with a = sqrt(5),
 B zeros, drawn for block b from the seed mix_seed(seed, LORA_TAG, b).
 
-Saved adapters (a snapshot, final/) are a PEFT adapter folder: adapter_model.safetensors
+Saved adapters (a snapshot, final/, best/) are a PEFT adapter folder: adapter_model.safetensors
 (keys "base_model.model." + the HF module path + ".lora_A.weight", fp32) and
 adapter_config.json (peft.LoraConfig: r, lora_alpha, target_modules, task_type
-CAUSAL_LM, ...), so peft.PeftModel.from_pretrained(base, folder) loads them; state.json
-records the sha256 of every other file (as a full run's saved weights: zoexec.run.verify),
-checked when a resume or `zoexec export --merge` reads them back.
+CAUSAL_LM, ...), so peft.PeftModel.from_pretrained(base, folder) loads them; the base's
+tokenizer files (a few MB at most), so AutoTokenizer.from_pretrained(folder) works;
+state.json records the sha256 of every other file (as a full run's saved weights:
+zoexec.run.verify), checked when a resume, `zoexec eval` or `zoexec export --merge`
+reads them back.
 """
 
 from __future__ import annotations
@@ -139,25 +141,40 @@ def peft_key(layer_prefix: str, block: int, name: str) -> str:
 
 
 def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer_prefix: str,
-                  base: str, state=None) -> Path:
+                  base: str, state=None, tokenizer_from: Path | None = None) -> Path:
     """Write `folder` atomically as a PEFT adapter folder (module docstring) from the
-    [blocks, numel] fp32 `adapters`; `state`: state.json (or a function of the folder
-    written so far that returns it: the checksums of its files, as a full run's saved
-    weights). Non-finite adapters are refused."""
+    [blocks, numel] fp32 `adapters`, with the tokenizer files of model folder
+    `tokenizer_from` (the base's: AutoTokenizer.from_pretrained(folder) works);
+    `state`: as write_peft_folder takes it. Non-finite adapters are refused."""
     from peft import LoraConfig
-    from safetensors.torch import save_file
 
     if not bool(torch.isfinite(adapters).all()):
         raise ZoError("the LoRA adapters hold non-finite weights: not saved (the run "
                       "diverged; resume from an earlier snapshot with a smaller --lr)")
+    tensors = {peft_key(layer_prefix, b, t.name):
+               adapters[b, t.offset:t.stop].view(t.shape).to("cpu", torch.float32).clone()
+               for b in range(adapters.shape[0]) for t in spec.specs}
+    config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, target_modules=list(spec.targets),
+                        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                        base_model_name_or_path=base)
+    return write_peft_folder(folder, tensors, config, state=state, tokenizer_from=tokenizer_from)
+
+
+def write_peft_folder(folder: Path, tensors: dict, config, *, state=None,
+                      tokenizer_from: Path | None = None) -> Path:
+    """A PEFT adapter folder written aside and renamed (whole or absent): the tensors
+    as adapter_model.safetensors, the PEFT `config` (its save_pretrained), the tokenizer
+    files of `tokenizer_from` and state.json: `state` (or a function of the folder
+    written so far that returns it: the checksums of its files, as a full run's saved
+    weights, which a resume checks before it trusts the folder)."""
+    from safetensors.torch import save_file
+
+    from zoexec.model.export import copy_tokenizer
+
     with atomic_folder(Path(folder)) as tmp:
-        tensors = {peft_key(layer_prefix, b, t.name):
-                   adapters[b, t.offset:t.stop].view(t.shape).to("cpu", torch.float32).clone()
-                   for b in range(adapters.shape[0]) for t in spec.specs}
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        LoraConfig(r=spec.r, lora_alpha=spec.alpha, target_modules=list(spec.targets),
-                   lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
-                   base_model_name_or_path=base).save_pretrained(str(tmp))
+        config.save_pretrained(str(tmp))
+        copy_tokenizer(tokenizer_from, tmp)
         if state is not None:
             content = state(tmp) if callable(state) else state
             (tmp / STATE).write_text(json.dumps(content, indent=1, allow_nan=False) + "\n")
@@ -166,16 +183,13 @@ def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer
 
 def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
                   num_blocks: int) -> torch.Tensor:
-    """The [blocks, numel] fp32 adapters of a folder save_adapters wrote: its files
-    checked against the checksums its state.json records (zoexec.run.verify.check_saved),
-    its adapter settings and every key and shape against `spec` (ZoError naming what
-    differs)."""
+    """The [blocks, numel] fp32 adapters of a folder save_adapters (or PEFT) wrote: its
+    files checked (check_adapter_file), its adapter settings and every key and shape
+    against `spec` (ZoError naming what differs)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    problem = check_saved(folder)
-    if problem:
-        raise ZoError(f"{folder}: {problem}: the adapters were changed or torn")
+    check_adapter_file(folder)
     check_adapter_config(folder, spec.r, spec.alpha, spec.targets, what="the plan's")
     tensors = load_file(str(folder / ADAPTER_WEIGHTS))
     out = torch.empty(num_blocks, spec.numel, dtype=torch.float32)
@@ -194,6 +208,19 @@ def load_adapters(folder: Path, spec: LoraSpec, *, layer_prefix: str,
     return out
 
 
+def check_adapter_file(folder: Path) -> None:
+    """ZoError unless a folder zoexec wrote (one with a state.json) is whole: every file
+    as the checksums its state.json records (zoexec.model.saved.check_saved). A folder
+    without state.json (PEFT's own save_pretrained writes none) is checked by whoever
+    reads it: `zoexec eval` checks the weights file's framing (zoexec.launch.evaluate);
+    a resume reads only snapshots whose checksums hold (zoexec.run.folder)."""
+    folder = Path(folder)
+    if (folder / STATE).is_file():
+        problem = check_saved(folder)
+        if problem:
+            raise ZoError(f"{folder}: {problem}: the adapters were changed or torn")
+
+
 def check_adapter_config(folder: Path, r: object, alpha: object, targets, *, what: str) -> None:
     """ZoError unless adapter_config.json's (r, lora_alpha, target_modules) are these."""
     config = _read_json(Path(folder) / ADAPTER_CONFIG)
@@ -201,6 +228,41 @@ def check_adapter_config(folder: Path, r: object, alpha: object, targets, *, wha
     want = (r, alpha, sorted(targets))
     if got != want:
         raise ZoError(f"{folder}: adapters of (r, alpha, targets) {got}, {what} are {want}")
+
+
+# PEFT LoraConfig settings that change what the adapters compute; each must be off
+# (None, False, "none", empty) for y = W x + B (A x) * alpha / r on every block, which
+# is what zoexec computes
+LORA_EXTRAS = ("use_rslora", "use_dora", "use_qalora", "bias", "lora_bias", "fan_in_fan_out",
+               "rank_pattern", "alpha_pattern", "layers_to_transform", "modules_to_save",
+               "exclude_modules", "trainable_token_indices", "target_parameters",
+               "layer_replication", "alora_invocation_tokens")
+_OFF: tuple[object, ...] = (None, False, "none", [], {})
+
+
+def adapter_settings(folder: Path) -> dict:
+    """What a PEFT LoRA folder's adapter_config.json says that zoexec reads: {"r",
+    "alpha", "targets", "base"} (base: base_model_name_or_path, may be None); a ZoError
+    for a folder that is not LoRA or uses a setting zoexec does not compute (DoRA,
+    rsLoRA, per-layer ranks, ...)."""
+    folder = Path(folder)
+    config = _read_json(folder / ADAPTER_CONFIG)
+    if config.get("peft_type") != "LORA":
+        raise ZoError(f"{folder / ADAPTER_CONFIG}: peft_type {config.get('peft_type')!r}, "
+                      f"zoexec reads LORA adapters")
+    for key in LORA_EXTRAS:
+        if config.get(key) not in _OFF:
+            raise ZoError(f"{folder / ADAPTER_CONFIG}: {key} {config[key]!r}: zoexec computes "
+                          f"plain LoRA only (y = W x + B A x * alpha / r on every block)")
+    targets = config.get("target_modules")
+    r, alpha = config.get("r"), config.get("lora_alpha")
+    if not (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)) \
+            or not isinstance(r, int) or not isinstance(alpha, int):
+        raise ZoError(f"{folder / ADAPTER_CONFIG}: give r, lora_alpha (whole numbers) and "
+                      f"target_modules (a list of module names); got r {r!r}, lora_alpha "
+                      f"{alpha!r}, target_modules {targets!r}")
+    return {"r": r, "alpha": alpha, "targets": tuple(targets),
+            "base": config.get("base_model_name_or_path")}
 
 
 def is_adapter_folder(folder: Path | str | None) -> bool:
@@ -258,6 +320,10 @@ def check_merge(adapter_dir: Path, base_dir: Path, *, accept_other_base: bool) -
     need_folder(base_dir, what="--base")
     if not is_adapter_folder(adapter_dir):
         raise ZoError(f"--merge {adapter_dir}: not a LoRA adapter folder (no {ADAPTER_WEIGHTS})")
+    if _read_json(adapter_dir / ADAPTER_CONFIG).get("peft_type") == "PREFIX_TUNING":
+        raise ZoError(f"--merge {adapter_dir}: a prefix has no weights to merge into the base "
+                      f"(it is extra keys and values); load it with PeftModel.from_pretrained "
+                      f"or evaluate it with zoexec eval {adapter_dir}")
     if not (base_dir / "config.json").is_file():
         raise ZoError(f"--base {base_dir}: not an HF model folder (no config.json)")
     problem = check_saved(adapter_dir)

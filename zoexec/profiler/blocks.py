@@ -17,8 +17,9 @@ import torch
 from zoexec.maths import zo
 from zoexec.maths.zo import apply_update, perturb_into, z_block
 from zoexec.model.families import bind_block, torch_dtype
+from zoexec.profiler.budget import MIN_PASSES
 from zoexec.profiler.settings import Settings
-from zoexec.profiler.timing import summarize, time_samples
+from zoexec.profiler.timing import ACTIVE_GUARD, summarize, time_samples
 from zoexec.store.loading import build_parts
 from zoplan.execrules import z_draw_calls, z_makespan
 from zoplan.models import block_forward_work, dtype_bytes, one_block_config
@@ -84,12 +85,24 @@ def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None
             if tick:
                 tick(f"block forwards{' in ' + precision if precision else ''}: pass "
                      f"{rep + 1}/{settings.repeats + 1} over {len(jobs)} shapes")
+            if _late(rep, settings.repeats, f"forwards {precision or dtype}"):
+                break
     points = []
     for (family, hidden, batch, seq), times in zip(grid, samples):
         stats = summarize(times)
         points.append({**forward_point(hidden, batch, seq, stats, dtype_bytes=dtype_bytes(dtype),
                                        family=family), "precision": precision or dtype})
     return points
+
+
+def _late(timed: int, repeats: int, what: str) -> bool:
+    """Past the time budget's deadline (the active guard's) with MIN_PASSES timed passes
+    done: the grid stops there (noted as a cut stage)."""
+    guard = ACTIVE_GUARD[0] if ACTIVE_GUARD else None
+    if guard is None or timed < MIN_PASSES or timed >= repeats or guard.in_time():
+        return False
+    guard.cut.append(what)
+    return True
 
 
 def zo_steps(hidden: int, *, device, dtype=None) -> tuple[dict, int]:

@@ -72,39 +72,50 @@ def cpu_copy(num_bytes: int, *, repeats: int, store_bytes: int) -> dict:
             "d2h_gbps": gbps(num_bytes, d2h["median_s"])}
 
 
-def measure_cpu(settings: Settings, tick: Callable[[str], None]) -> dict:
-    """Everything the CPU profile needs (one rank here, then `ranks` spawned ranks)."""
+def measure_cpu(settings: Settings, tick: Callable[[str], None],
+                stage: Callable[[str], float | None] = lambda name: None) -> dict:
+    """Everything the CPU profile needs (one rank here, then `ranks` spawned ranks);
+    `stage(name)` starts a stage of the time budget (zoexec.profiler.budget) and
+    returns its deadline."""
     keep_freed_memory()   # as zoexec's CPU ranks do
     torch.set_num_threads(threads_per_rank(settings.cores, 1))
     m: dict = {"threads_alone": torch.get_num_threads()}
+    stage("copies")
     m["copy_alone"] = [cpu_copy(size, repeats=settings.repeats, store_bytes=settings.store_bytes)
                        for size in settings.copy_sweep]
     tick(f"copy, one rank: {m['copy_alone'][-1]['h2d_gbps']:.1f} GB/s")
+    stage("forwards")
     probe, probes = SpeedProbe(), []
     m["forward_alone"] = forward_grid(settings, dtype="fp32", device="cpu", tick=tick,
                                       between=lambda: probes.append(probe.sample()))
+    stage("zo")
     m["zo_alone"] = zo_costs(settings, device="cpu")
     tick(f"zo update task: {m['zo_alone']['ns_per_param']:.2f} ns/param")
+    stage("speed check")
     m["speed_check"] = merge_probes(probe.check(), probes)
-    m["ranks"] = spawn_cpu_ranks(settings) if settings.ranks > 1 else None
+    deadline = stage("ranks")
+    m["ranks"] = spawn_cpu_ranks(settings, deadline=deadline) if settings.ranks > 1 else None
+    stage("done")
     tick(f"{settings.ranks} gloo ranks at once")
     return m
 
 
-def spawn_cpu_ranks(settings: Settings) -> dict:
+def spawn_cpu_ranks(settings: Settings, *, deadline: float | None = None) -> dict:
     """Run `_cpu_rank` on settings.ranks gloo processes; returns the per-rank results."""
-    ranks = spawn_ranks(_cpu_rank, settings, what=f"with {settings.ranks} gloo ranks")
+    ranks = spawn_ranks(_cpu_rank, settings, what=f"with {settings.ranks} gloo ranks",
+                        deadline=deadline)
     return {"threads_per_rank": ranks[0]["threads"], "per_rank": ranks}
 
 
-def _cpu_rank(rank: int, settings: Settings, tmp: str) -> None:
-    """One spawned rank: concurrent copies, gloo collectives, concurrent forward and zo."""
+def _cpu_rank(rank: int, settings: Settings, tmp: str, deadline: float | None = None) -> None:
+    """One spawned rank: concurrent copies, gloo collectives, concurrent forward and zo;
+    disturbed samples are retaken until `deadline` (the time budget's)."""
     keep_freed_memory()   # as zoexec's CPU ranks do
     threads = threads_per_rank(settings.cores, settings.ranks)
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=rendezvous(tmp), rank=rank,
                             world_size=settings.ranks)
-    guard = Guard(os.getppid(), retries=settings.retries)
+    guard = Guard(os.getppid(), retries=settings.retries, deadline=deadline)
     sample = partial(rank_samples, dist=dist, guard=guard)
     try:
         with torch.no_grad():   # not inference_mode: the z threads would not inherit it
@@ -113,8 +124,9 @@ def _cpu_rank(rank: int, settings: Settings, tmp: str) -> None:
             after_last = partial(collective_samples, dist=dist)
             out["allgather"] = allgather_sweep(settings, dist, device="cpu", sample=after_last)
             out["allreduce"] = allreduce_small(dist, device="cpu", sample=after_last)
-            out.update(_rank_compute(settings, dist, sample))
+            out.update(_rank_compute(settings, dist, sample, late=partial(_all_late, dist, guard)))
             out["rejected"] = guard.rejected
+            out["samples"], out["disturbed_kept"] = guard.samples, guard.disturbed_kept
         write_rank_result(tmp, rank, out)
     finally:
         dist.destroy_process_group()
@@ -127,7 +139,14 @@ def _rank_copies(settings: Settings, sample) -> dict:
     return {"copy_bytes": settings.copy_bytes, "h2d": summarize(h2d), "d2h": summarize(d2h)}
 
 
-def _rank_compute(settings: Settings, dist, sample) -> dict:
+def _all_late(dist, guard: Guard) -> bool:
+    """Has any rank passed the time budget's deadline? (collective: every rank asks)"""
+    flag = torch.tensor([0.0 if guard.in_time() else 1.0])
+    dist.all_reduce(flag)
+    return bool(flag.item())
+
+
+def _rank_compute(settings: Settings, dist, sample, *, late: Callable[[], bool]) -> dict:
     """The update task with all ranks at once, and paired samples of a block forward
     and a z draw: all ranks at once (cores // ranks threads each), then rank 0 alone
     with all cores while the others wait, in turn, so a machine whose speed drifts
@@ -141,12 +160,13 @@ def _rank_compute(settings: Settings, dist, sample) -> dict:
     numels = steps.pop("numels")
     task = summarize(sample(steps["task"], repeats=settings.repeats))
     threads = torch.get_num_threads()
-    fwd = _paired(lambda: parts.block_forward(hid, ctx), dist, settings, threads)
+    fwd = _paired(lambda: parts.block_forward(hid, ctx), dist, settings, threads, late=late)
     mem = SPEED_CHECKS["memory"]   # a memory-bound forward: attention, element-wise work
     small = build_block(mem["hidden"], mem["seq"], dtype="fp32", device="cpu")
     m_hid, m_ctx = small.embed(torch.randint(0, 64, (mem["batch"], mem["seq"])))
-    fwd_mem = _paired(lambda: small.block_forward(m_hid, m_ctx), dist, settings, threads)
-    z = _paired(steps["z"], dist, settings, threads)
+    fwd_mem = _paired(lambda: small.block_forward(m_hid, m_ctx), dist, settings, threads,
+                      late=late)
+    z = _paired(steps["z"], dist, settings, threads, late=late)
     return {"forward": {"family": family, "hidden": hidden, "batch": batch, "seq": seq,
                         **fwd},
             "forward_memory": {**forward_point(mem["hidden"], mem["batch"], mem["seq"], {},
@@ -160,16 +180,21 @@ def _rank_compute(settings: Settings, dist, sample) -> dict:
 
 # Pairs of _paired, at least: the rank scalings are medians of per-pair ratios, and the
 # machine's speed can change between the two halves of a pair (docs/measurements.md).
-PAIRS_MIN = 7
+# Past the time budget's deadline, PAIRS_LATE pairs are enough.
+PAIRS_MIN, PAIRS_LATE = 7, 3
 
 
-def _paired(fn: Callable[[], Any], dist, settings: Settings, threads: int) -> dict:
+def _paired(fn: Callable[[], Any], dist, settings: Settings, threads: int, *,
+            late: Callable[[], bool] = lambda: False) -> dict:
     """Samples of `fn` on all ranks at once and on rank 0 alone with all cores, in
-    turn (one warm-up pair, then max(repeats, PAIRS_MIN) pairs); rank 0's samples count
-    (every rank runs the same work)."""
+    turn (one warm-up pair, then max(repeats, PAIRS_MIN) pairs, PAIRS_LATE once `late()`,
+    a collective, says the deadline has passed); rank 0's samples count (every rank
+    runs the same work)."""
     together, alone = [], []
     rank = dist.get_rank()
     for index in range(max(settings.repeats, PAIRS_MIN) + 1):
+        if index > PAIRS_LATE and late():
+            break
         dist.barrier()
         start = time.perf_counter()
         fn()

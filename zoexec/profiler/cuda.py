@@ -153,9 +153,12 @@ def nvlink_matrix(n: int) -> list[list[str]] | None:
     return topo_gpu_matrix(re.sub(r"\x1b\[[0-9;]*m", "", text), physical)   # no colours
 
 
-def measure_cuda(settings: Settings, tick: Callable[[str], None]) -> dict:
-    """Everything the CUDA profile needs, GPUs 0..ranks-1 of this machine."""
+def measure_cuda(settings: Settings, tick: Callable[[str], None],
+                 stage: Callable[[str], float | None] = lambda name: None) -> dict:
+    """Everything the CUDA profile needs, GPUs 0..ranks-1 of this machine; `stage(name)`
+    starts a stage of the time budget (zoexec.profiler.budget)."""
     n, size, reps = settings.ranks, settings.copy_bytes, settings.repeats
+    stage("copies")
     m: dict = {"devices": [torch.cuda.get_device_name(i) for i in range(n)],
                "memory": [list(torch.cuda.mem_get_info(i)) for i in range(n)]}
     m["h2d"] = [cuda_copy([i], size, ("h2d",), reps) for i in range(n)]
@@ -174,13 +177,17 @@ def measure_cuda(settings: Settings, tick: Callable[[str], None]) -> dict:
     tick(f"host copies, all {n} GPUs: {m['all']['total_gbps']:.1f} GB/s H2D, "
          f"{m['all_duplex']['total_gbps']:.1f} GB/s both ways")
     m.update(_cuda_device_copies(settings))
+    stage("forwards")
     m["forward_alone"] = _forward_grids(settings, tick)
+    stage("zo")
     m["zo_alone"] = gpu_zo_costs(settings, device="cuda:0", sync=torch.cuda.synchronize)
     draws = m["zo_alone"]["z_draws"]
     tick(f"z draws: {draws[0]['median_s'] * 1e3:.2f} ms ({draws[0]['tensors']} tensors), "
          f"{draws[-1]['median_s'] * 1e3:.2f} ms ({draws[-1]['tensors']} tensors)")
+    stage("collectives")
     m["topology"] = nvlink_matrix(n)
     m["nccl"] = spawn_nccl_ranks(settings) if n > 1 else None
+    stage("done")
     tick("NCCL collectives" if n > 1 else "one GPU: no collectives")
     return m
 
@@ -224,7 +231,7 @@ def spawn_nccl_ranks(settings: Settings) -> dict:
     return spawn_ranks(_nccl_rank, settings, what=f"NCCL with {settings.ranks} GPUs")[0]
 
 
-def _nccl_rank(rank: int, settings: Settings, tmp: str) -> None:
+def _nccl_rank(rank: int, settings: Settings, tmp: str, deadline: float | None = None) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=rendezvous(tmp), rank=rank,
                             world_size=settings.ranks, device_id=torch.device("cuda", rank))

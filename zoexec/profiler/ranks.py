@@ -14,13 +14,15 @@ from zoexec.profiler.settings import Settings
 from zoplan.errors import ZoError
 
 
-def spawn_ranks(target: Callable, settings: Settings, *, what: str) -> list[dict | None]:
-    """Run `target(rank, settings, tmp)` on settings.ranks processes; a rank's results
-    are what it wrote to tmp/rank<r>.json (None where it wrote nothing). A failing rank
-    is one ZoError line: "profiling <what> failed: <its last line>"."""
+def spawn_ranks(target: Callable, settings: Settings, *, what: str,
+                deadline: float | None = None) -> list[dict | None]:
+    """Run `target(rank, settings, tmp, deadline)` on settings.ranks processes
+    (`deadline`: the time budget's for this stage, perf_counter seconds); a rank's
+    results are what it wrote to tmp/rank<r>.json (None where it wrote nothing). A
+    failing rank is one ZoError line: "profiling <what> failed: <its last line>"."""
     with tempfile.TemporaryDirectory(prefix="zoplan-profile-") as tmp:
         try:
-            mp.spawn(target, args=(settings, tmp), nprocs=settings.ranks, join=True)
+            mp.spawn(target, args=(settings, tmp, deadline), nprocs=settings.ranks, join=True)
         except Exception as exc:  # ProcessRaisedException carries the rank's traceback
             last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
             raise ZoError(f"profiling {what} failed: {last}") from None

@@ -21,17 +21,22 @@ class Settings:
     ranks: int
     cores: int
     device: str = "cpu"
+    time_budget_s: float = 120.0   # the whole profile's (zoexec.profiler.budget)
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if not (self.time_budget_s > 0 and self.time_budget_s < float("inf")):
+            raise ValueError(f"--time-budget must be a number of seconds > 0, got "
+                             f"{self.time_budget_s:g}")
         if self.ranks < 1:
             raise ValueError(f"ranks must be >= 1, got {self.ranks}")
 
     @property
     def rounds(self) -> int:
-        """Whole measurement rounds, a minute apart; the profile takes the median of each
-        figure (CPU hosts: a shared or virtual machine's speed drifts)."""
+        """Measurement rounds planned (as many run as the time budget holds); the profile
+        takes the median of each figure (CPU hosts: a shared or virtual machine's speed
+        drifts)."""
         return 1 if self.quick or self.device == "cuda" else 3
 
     @property
@@ -133,6 +138,7 @@ class Settings:
         """The settings and every size and shape derived from them (plain JSON)."""
         return {"repeats": self.repeats, "quick": self.quick, "ranks": self.ranks,
                 "cores": self.cores, "device": self.device, "rounds": self.rounds,
+                "time_budget_s": self.time_budget_s,
                 "copy_bytes": self.copy_bytes, "store_bytes": self.store_bytes,
                 "copy_sweep": self.copy_sweep, "gather_sizes": self.gather_sizes,
                 "forward_grid": [list(s) for s in self.forward_grid],

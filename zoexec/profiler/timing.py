@@ -2,9 +2,11 @@
 sample during which other processes used the CPUs.
 
 Noise: a sample during which OTHER processes used the CPUs is taken again after a pause
-(Guard; counted in the samples as rejected), and a full CPU profile measures everything
-in 3 rounds whose medians the profile keeps (a shared or virtual machine's speed drifts
-by tens of percent from one minute to the next).
+(Guard; counted in the samples as rejected) until the stage's deadline of the time
+budget (zoexec.profiler.budget); after it a disturbed sample is kept and counted as
+such. A full CPU profile measures everything in up to 3 rounds, as many as the budget
+holds, whose medians the profile keeps (a shared or virtual machine's speed drifts by
+tens of percent from one minute to the next).
 """
 
 from __future__ import annotations
@@ -45,11 +47,28 @@ class Guard:
     work on the cores slows a measurement by far more than its share (torch threads
     wait for each other), so such samples are taken again."""
 
-    def __init__(self, root_pid: int | None = None, *, retries: int = RETRIES) -> None:
+    def __init__(self, root_pid: int | None = None, *, retries: int = RETRIES,
+                 deadline: float | None = None) -> None:
         self._psutil = psutil
         self.retries = retries
         self.root = psutil.Process(root_pid or os.getpid())
-        self.rejected = 0
+        self.deadline = deadline     # perf_counter time after which nothing is retaken
+        self.rejected = 0            # samples retaken
+        self.samples = 0             # samples kept
+        self.disturbed_kept = 0      # of those, disturbed (kept: the deadline had passed)
+        self.cut: list[str] = []     # stages whose passes the deadline cut short
+
+    def in_time(self) -> bool:
+        """Before the current stage's deadline (always, without one)?"""
+        return self.deadline is None or time.perf_counter() < self.deadline
+
+    def keep(self, disturbed: bool) -> None:
+        self.samples += 1
+        self.disturbed_kept += int(disturbed)
+
+    def counts(self) -> dict:
+        return {"samples": self.samples, "rejected": self.rejected,
+                "disturbed_kept": self.disturbed_kept}
 
     def _host_busy(self) -> float:
         t = self._psutil.cpu_times()
@@ -83,10 +102,10 @@ ACTIVE_GUARD: list[Guard] = []   # the guard of the running `zoplan profile` (th
 def rank_samples(fn: Callable[[], Any], *, repeats: int, dist, guard: Guard,
                  warmup: int = 1, sync: Callable[[], Any] | None = None) -> list[float]:
     """time_samples for ranks measuring at once: every rank starts a sample after a
-    barrier, and all ranks keep or drop it together (an all-reduce of the guard's verdict),
-    so they stay in step."""
+    barrier, and all ranks keep or drop it together (an all-reduce of the guard's verdict
+    and of whether the deadline has passed), so they stay in step."""
     out: list[float] = []
-    flag = torch.zeros(1)
+    flag = torch.zeros(2)
     for tries in range(1, warmup + (guard.retries + 1) * repeats + 1):
         dist.barrier()
         mark = guard.mark()
@@ -95,14 +114,17 @@ def rank_samples(fn: Callable[[], Any], *, repeats: int, dist, guard: Guard,
         if sync:
             sync()
         wall = time.perf_counter() - start
-        flag.fill_(0.0 if guard.clean(mark, wall) else 1.0)
+        flag[0] = 0.0 if guard.clean(mark, wall) else 1.0
+        flag[1] = 0.0 if guard.in_time() else 1.0
         dist.all_reduce(flag)
         if tries <= warmup:
             continue
-        if flag.item() and tries <= warmup + guard.retries * repeats:
+        disturbed, late = bool(flag[0].item()), bool(flag[1].item())
+        if disturbed and not late and tries <= warmup + guard.retries * repeats:
             guard.rejected += 1
             time.sleep(BACKOFF_S)
             continue
+        guard.keep(disturbed)
         out.append(wall)
         if len(out) == repeats:
             break
@@ -116,7 +138,8 @@ def time_samples(fn: Callable[[], Any], *, repeats: int, warmup: int = 1,
     """Wall time of `fn` (then `sync`), `repeats` times after `warmup` untimed runs;
     `before` runs untimed ahead of each run (a barrier, say). With a `guard`, a sample
     during which other processes used the CPUs is taken again after a pause (at most
-    RETRIES x repeats extra tries; the guard counts the rejects)."""
+    RETRIES x repeats extra tries, and only before the guard's deadline; the guard
+    counts the rejects and the disturbed samples kept)."""
     out: list[float] = []
     tries = 0
     while len(out) < repeats:
@@ -132,9 +155,12 @@ def time_samples(fn: Callable[[], Any], *, repeats: int, warmup: int = 1,
         tries += 1
         if tries <= warmup:
             continue
-        if active and not active.clean(mark, wall) and tries <= warmup + active.retries * repeats:
+        disturbed = active is not None and not active.clean(mark, wall)
+        if disturbed and tries <= warmup + active.retries * repeats and active.in_time():
             active.rejected += 1
             time.sleep(BACKOFF_S)
             continue
+        if active is not None:
+            active.keep(disturbed)
         out.append(wall)
     return out

@@ -238,11 +238,11 @@ class TrainLoop:
                 self.rundir.prune(self.cfg.checkpoint.keep)
 
     def _write_weights(self, path: Path | None, step: int, **state) -> None:
-        """Rank 0 writes the weights after `step` (the adapters alone in a LoRA run) to
-        `path`; state.json records what ties them to the run (zoexec.run.verify.binding),
-        `state` and the checksums of every file."""
+        """Rank 0 writes the weights after `step` to `path` (the adapters or prefixes
+        alone in a LoRA or prefix run); state.json records what ties them to the run
+        (zoexec.run.verify.binding), `state` and the checksums of every file."""
         trainer, store = self.trainer, self.trainer.store
-        if not self.cfg.workload.is_lora:
+        if not self.cfg.workload.frozen_base:
             trainer.store_shards()   # resident blocks: node 0's first slice group into the store
         if self.env.rank == 0 and path is not None:
             state = {**binding(run_digest=self.rundir.run_digest, step=step,
@@ -253,23 +253,26 @@ class TrainLoop:
             except OSError as exc:
                 raise ZoError(_write_failed(path, exc)) from None
         monitored_barrier(self.env, self.env.host_world, what="rank 0 to save the weights",
-                          timeout_s=fill_timeout_s(0 if self.cfg.workload.is_lora else store.nbytes,
+                          timeout_s=fill_timeout_s(0 if self.cfg.workload.frozen_base else store.nbytes,
                                                    base_s=self.env.timeout_s))
 
     def _kind(self) -> dict:
-        """What state.json says of the weights: the update mode, or the LoRA settings and
-        the base they adapt (its path and fingerprint; None: random weights), which
-        `zoexec export --merge` checks."""
+        """What state.json says of the weights: the update mode, or the LoRA (prefix)
+        settings and the base they adapt (its path and fingerprint; None: random
+        weights), which `zoexec export --merge` checks."""
         wl = self.cfg.workload
-        if not wl.is_lora:
+        if not wl.frozen_base:
             return {"update": wl.update}
-        return {"tuning": "lora", "base": (self.cfg.inputs or {}).get("model"),
+        base = (self.cfg.inputs or {}).get("model")
+        if wl.tuning == "prefix":
+            return {"tuning": "prefix", "base": base, "prefix": {"tokens": wl.prefix_tokens}}
+        return {"tuning": "lora", "base": base,
                 "lora": {"r": wl.lora_r, "alpha": wl.lora_alpha, "targets": list(wl.lora_targets)}}
 
     def _export(self, path: Path, state) -> None:
-        """The weights as an HF folder (full) or a PEFT adapter folder (LoRA)."""
+        """The weights as an HF folder (full) or a PEFT adapter folder (LoRA, prefix)."""
         trainer = self.trainer
-        if self.cfg.workload.is_lora:
+        if self.cfg.workload.frozen_base:
             trainer.save(path, state=state)
             return
         store = trainer.store

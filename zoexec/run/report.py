@@ -26,9 +26,11 @@ go under <out>/runs/ with the Trainer's tags: "train/loss", "train/learning_rate
 
 The summary (rank 0, stderr, plain text), after the weights and the trace are
 written: the steps and where the time went, the loss at the start and the end, the
-final and the best evaluation (the highest eval_accuracy, else the lowest eval_loss),
-and where everything was written (run folder, final/, snapshots, metrics.jsonl,
-losses.jsonl, TensorBoard, trace). A run that stops early (a signal, a non-finite
+final and the best evaluation of the whole run (a resumed run's earlier evaluations
+too, read back from metrics.jsonl; the highest eval_accuracy, else the lowest
+eval_loss), and where everything was written (run folder, final/ and how to load it: a
+model folder, or a LoRA run's PEFT adapter folder with the line that loads it onto its
+base, snapshots, metrics.jsonl, losses.jsonl, TensorBoard, trace). A run that stops early (a signal, a non-finite
 loss) prints none: its one error line says what happened.
 """
 
@@ -50,6 +52,7 @@ METRICS = "metrics.jsonl"
 # those live in reference cycles until the collector runs (a long run's RSS grew by them)
 STRICT_JSON = json.JSONEncoder(allow_nan=False)
 TENSORBOARD_DIR = "runs"
+ADAPTER_CONFIG = "adapter_config.json"   # a PEFT adapter folder's (zoexec.model.lora)
 LOG_EVERY_S = 30.0        # progress lines without --log-every: about this often
 LOSS_WINDOW = 10          # the summary's first and last loss: means of this many steps
 
@@ -135,6 +138,7 @@ class Reporter:
         self.first, self.total = cfg.start_step, cfg.optim.steps
         self.records = StepHistory()            # this invocation's steps (StepRecords, compact)
         self.evals: list[tuple[int, dict]] = []
+        self.earlier = self._earlier_evals()   # a resumed run's evaluations before its start
         self.created_s = clock()
         self.begin_s: float | None = None
         self.end_s: float | None = None
@@ -194,16 +198,38 @@ class Reporter:
             self._say(f"zoexec: eval after step {step}/{self.total}: {text}")
 
     def best_eval(self) -> tuple[int, dict, str] | None:
-        """(step, metrics, the metric it was chosen by) of the best evaluation: the
-        highest eval_accuracy when the evaluations have one, else the lowest eval_loss
-        (the earliest of equals); None without such a figure."""
+        """(step, metrics, the metric it was chosen by) of the best evaluation of the
+        whole run (a resumed run's earlier ones too): the highest eval_accuracy when the
+        evaluations have one, else the lowest eval_loss (the earliest of equals); None
+        without such a figure."""
+        evals = self.earlier + self.evals
         for key, sign in (("eval_accuracy", -1.0), ("eval_loss", 1.0)):
-            seen = [(sign * m[key], i) for i, (_, m) in enumerate(self.evals)
+            seen = [(sign * m[key], i) for i, (_, m) in enumerate(evals)
                     if isinstance(m.get(key), int | float) and math.isfinite(m[key])]
             if seen:
                 index = min(seen)[1]
-                return self.evals[index][0], self.evals[index][1], key
+                return evals[index][0], evals[index][1], key
         return None
+
+    def _earlier_evals(self) -> list[tuple[int, dict]]:
+        """A resumed run's evaluations up to its start step, as its metrics.jsonl holds
+        them (the lines _open_metrics keeps); [] for a new run."""
+        path = self.out / METRICS if self.out is not None else None
+        if not self.cfg.resumed or path is None or not path.is_file():
+            return []
+        found = []
+        for line in path.read_text().splitlines():
+            try:
+                data = json.loads(line)
+                step = int(data["step"])
+            except (ValueError, KeyError, TypeError):
+                break
+            if step > self.first:
+                break
+            row = {k: v for k, v in data.items() if k.startswith("eval_")}
+            if row:
+                found.append((step, row))
+        return found
 
     def close(self) -> None:
         """The steps are over (or stopped): the bar ends, the files are closed. After a
@@ -418,10 +444,12 @@ def _eval_lines(rep: Reporter) -> list[str]:
     step, last = rep.evals[-1]
     lines = [f"  eval, final (after step {step}): {figures(last)}"]
     best = rep.best_eval()
-    if len(rep.evals) > 1 and best is not None:
+    count = len(rep.earlier) + len(rep.evals)
+    if count > 1 and best is not None:
         how = "highest" if best[2] == "eval_accuracy" else "lowest"
-        lines.append(f"  eval, best of {len(rep.evals)} by {how} {best[2]} (after step {best[0]}): "
-                     f"{figures(best[1])}")
+        before = f" ({len(rep.earlier)} before the resume)" if rep.earlier else ""
+        lines.append(f"  eval, best of {count}{before} by {how} {best[2]} (after step "
+                     f"{best[0]}): {figures(best[1])}")
     return lines
 
 
@@ -434,8 +462,8 @@ def _output_lines(rep: Reporter) -> list[str]:
         lines.append(f"  run folder: {rep.out}")
         final = rep.out / "final"
         if final.is_dir():
-            lines.append(f"  model: {final}  ({_weights_note(final)}; "
-                         f"AutoModelForCausalLM.from_pretrained)")
+            lines += _adapter_lines(cfg, final) if (final / ADAPTER_CONFIG).is_file() else [
+                f"  model: {final}  ({_weights_note(final)}; AutoModelForCausalLM.from_pretrained)"]
             lines.append(f"  tokenizer: {_tokenizer_note(cfg, final)}")
         snaps = sorted(p.name for p in (rep.out / "snapshots").glob("step-*") if p.is_dir())
         if snaps:
@@ -455,6 +483,20 @@ def _weights_note(final: Path) -> str:
     return f"config, generation config, {weights}"
 
 
+def _adapter_lines(cfg, final: Path) -> list[str]:
+    """A LoRA run's final/: a PEFT adapter folder, and the line that loads it."""
+    head = f"  adapters: {final}  (PEFT adapters: adapter_model.safetensors, {ADAPTER_CONFIG})"
+    if cfg.source_dir is None:
+        return [head, "  base: the run's random weights (--init random), which no folder "
+                      "holds: the adapters load onto those weights only"]
+    base = Path(cfg.source_dir).resolve()
+    return [head,
+            f"  load: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
+            f"{str(base)!r}), {str(final.resolve())!r})",
+            f"  or: zoexec eval {final} --data FILE;  zoexec export --merge {final} "
+            f"--base {cfg.source_dir} -o DIR (one plain HF folder)"]
+
+
 def _tokenizer_note(cfg, final: Path) -> str:
     from zoexec.model.export import tokenizer_files
 
@@ -463,4 +505,6 @@ def _tokenizer_note(cfg, final: Path) -> str:
     if cfg.source_dir is None:
         return ("none: the run started from random weights (--init random); "
                 "copy a tokenizer into it to use it with AutoTokenizer")
+    if tokenizer_files(Path(cfg.source_dir)):
+        return f"in {cfg.source_dir} (AutoTokenizer.from_pretrained)"
     return f"none: {cfg.source_dir} has no tokenizer files"

@@ -336,7 +336,7 @@ class Trainer:
         batch = batch.to(self.env.device)
         with self.lanes.task("embed"):
             self.work_r.copy_(self.theta_r)
-            acts = [self.parts.embed(batch.ids)]
+            acts = [self._eval_embed(batch.ids)]
         self._blocks(None, acts)
         with self.lanes.task("head"):
             out = (head or heads.row_scores)(self.parts, acts[0][0], batch)
@@ -398,6 +398,10 @@ class Trainer:
         step, seed = self.now
         self.dirs.fill(z, seed=direction_seed(seed, direction), step=step, block=block,
                        specs=specs, theta=theta)
+
+    def _eval_embed(self, ids: torch.Tensor):
+        """An evaluation's (hidden, ctx) entering block 0 (prefix tuning: after its prefix)."""
+        return self.parts.embed(ids)
 
     def _embed(self, seed: int, batches: list) -> list:
         """The resident parts' pending updates, then per stream its perturbation (d

@@ -21,6 +21,7 @@ a resume's replay update the adapters alone, without a pass over the blocks.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -70,21 +71,29 @@ class LoraTrainer(Trainer):
         self.work_r = resident.to(dev)
         self.theta_r = self.work_r       # frozen: the clean copy is the working one
         bind_resident(parts, self.work_r)
-        wl = self.cfg.workload
-        self.lora = lora_spec(parts.block, r=wl.lora_r, alpha=wl.lora_alpha,
-                              targets=wl.lora_targets)
-        self.adapters = self._initial_adapters().to(dev)
-        self.work_a = torch.empty(self.lora.numel, dtype=parts.dtype, device=dev)
-        self.z_a = torch.empty(self.lora.numel, dtype=torch.float32, device=dev)
-        self.hooks = AdapterHooks(parts.block, self.lora)
-        self.hooks.bind(self.work_a)
+        self.lora = self._tuned_spec()
         self.work = self.z = self.z_r = None
         self.scratch = []
         self.dirs = self._directions(specs=list(self.lora.specs))
         self.block_now = 0
         self.staging = store_staging(self.env, self.store)
         self.token = torch.zeros(1, device=dev)
+        self.adapters = self._initial_adapters().to(dev)
+        self.work_a = torch.empty(self.lora.numel, dtype=parts.dtype, device=dev)
+        self.z_a = torch.empty(self.lora.numel, dtype=torch.float32, device=dev)
+        self._attach(self.work_a)
         self._allocate_shards()
+
+    def _tuned_spec(self):
+        """The trained tensors of a block (their specs and numel): LoRA's adapters."""
+        wl = self.cfg.workload
+        return lora_spec(self.parts.block, r=wl.lora_r, alpha=wl.lora_alpha,
+                         targets=wl.lora_targets)
+
+    def _attach(self, work: torch.Tensor) -> None:
+        """Make the working block compute with the working tensors `work`."""
+        self.hooks = AdapterHooks(self.parts.block, self.lora)
+        self.hooks.bind(work)
 
     def _initial_adapters(self) -> torch.Tensor:
         """[blocks, numel] fp32: a resumed run's snapshot (checked), else PEFT's
@@ -164,11 +173,12 @@ class LoraTrainer(Trainer):
 
     # ---- the step ----------------------------------------------------------------------
     def _embed(self, seed: int, batches: list) -> list:
-        """The embeddings of each stream's rows, once per distinct rows (frozen)."""
+        """The embeddings of each stream's rows, once per distinct rows (frozen: an
+        evaluation's, _eval_embed; prefix tuning's after its prefix)."""
         out, done = [], {}
         for batch in batches:
             if id(batch) not in done:
-                done[id(batch)] = self.parts.embed(batch.ids)
+                done[id(batch)] = self._eval_embed(batch.ids)
             out.append(done[id(batch)])
         return out
 
@@ -216,9 +226,12 @@ class LoraTrainer(Trainer):
         """Nothing: the base is never changed, the store already holds it."""
 
     def save(self, folder, *, state) -> None:
-        """Rank 0: the adapters as a PEFT folder (zoexec.model.lora.save_adapters);
-        `state`: state.json as a function of the folder written so far."""
+        """Rank 0: the adapters as a PEFT folder with the base's tokenizer
+        (zoexec.model.lora.save_adapters); `state`: state.json as a function of the
+        folder written so far (the tokenizer's files among its checksums)."""
         cfg = self.cfg
-        base = cfg.model.model_path or Plan(cfg.plan).model.name
+        path = cfg.model.model_path   # absolute: `zoexec eval FOLDER` finds it from anywhere
+        base = str(Path(path).resolve()) if path else Plan(cfg.plan).model.name
+        source = Path(cfg.source_dir) if cfg.source_dir else None
         save_adapters(folder, self.adapters.cpu(), self.lora, layer_prefix=self.parts.layer_prefix,
-                      base=base, state=state)
+                      base=base, tokenizer_from=source, state=state)

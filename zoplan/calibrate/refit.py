@@ -54,7 +54,7 @@ def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
     """The plan's per-task times on `profile` (zoplan.pricing.tasks.task_times; LoRA's
     zoplan.pricing.lora.lora_task_times)."""
     lay, wl = plan.layout, plan.workload
-    times = lora_task_times if wl.is_lora else task_times
+    times = lora_task_times if wl.frozen_base else task_times
     return times(model=plan.model, profile=profile, workload=wl,
                  tokens=wl.priced_tokens(lay.ddp),
                             streams=2 if lay.pertp == 1 else 1, local_ranks=lay.local_ranks)

@@ -22,15 +22,17 @@ __all__ = ["build_profile", "profile_machine"]
 
 def profile_machine(*, profiler: Any, output: Path | None, name: str | None,
                     ranks: int | None, repeats: int, quick: bool, force_cpu: bool,
-                    progress: Callable[[], AbstractContextManager]) -> tuple[HardwareProfile, Path]:
+                    progress: Callable[[], AbstractContextManager],
+                    time_budget_s: float | None = None) -> tuple[HardwareProfile, Path]:
     """Check the request, measure with `profiler` (zoexec.profiler: make_settings,
     measure) inside `progress()` (which yields tick and warn), build and validate the
     profile and write it atomically (default hwprofiles/<name>.json); returns it and
-    where it went. Bad input fails before anything is measured."""
+    where it went. Bad input fails before anything is measured. `time_budget_s`: how
+    long the measuring may take (None: the profiler's default for the device)."""
     if output is not None:
         check_writable(output)   # before minutes of measuring
     settings = profiler.make_settings(ranks=ranks, repeats=repeats, quick=quick,
-                                      force_cpu=force_cpu)
+                                      force_cpu=force_cpu, time_budget_s=time_budget_s)
     with progress() as (tick, warn):
         samples = profiler.measure(settings, tick=tick, warn=warn)
     data = build_profile(samples, name=name)

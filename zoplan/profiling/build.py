@@ -71,7 +71,44 @@ def provenance(samples: dict) -> dict:
             "device_kind": s["device"], "devices": samples["devices"], "ranks": s["ranks"],
             "repeats": s["repeats"], "quick": s["quick"],
             "other_load_pct": round(samples["other_load_pct"], 1),
-            "threads_rule": THREADS_RULE, "command": samples["command"]}
+            "threads_rule": THREADS_RULE, "command": samples["command"],
+            **_budget(samples)}
+
+
+def _budget(samples: dict) -> dict:
+    """The time budget and what the load did to the samples (a profile measured before
+    the budget existed has none)."""
+    budget = samples.get("budget")
+    if not budget:
+        return {}
+    return {"budget": budget,
+            "disturbance": disturbance_line(budget, samples["other_load_pct"])}
+
+
+def disturbance_line(budget: dict, other_load_pct: float) -> str:
+    """One line: how long the profile took against its budget, the rounds, and how
+    disturbed its samples were (retaken, and kept although disturbed)."""
+    taken = budget["samples"] + budget["retaken"]
+    hit = budget["retaken"] + budget["disturbed_kept"]
+    share = 100.0 * hit / taken if taken else 0.0
+    over = budget["elapsed_s"] - budget["time_budget_s"]
+    when = (f"{_fmt_s(budget['elapsed_s'])} of a {_fmt_s(budget['time_budget_s'])} budget"
+            if over <= 0 else f"{_fmt_s(budget['elapsed_s'])}, {_fmt_s(over)} over its "
+            f"{_fmt_s(budget['time_budget_s'])} budget (the first round's least work)")
+    rounds = f"{budget['rounds']} of {budget['rounds_planned']} rounds"
+    if not hit:
+        return f"{when}, {rounds}; no sample disturbed by other processes"
+    cut = f"; cut short: {', '.join(budget['cut'])}" if budget.get("cut") else ""
+    verdict = ("the figures are slower and noisier than this machine's own: re-measure "
+               "when it is quiet" if share >= 10 else "a few samples retaken")
+    return (f"{when}, {rounds}; other processes used {other_load_pct:.0f}% of the CPUs and "
+            f"disturbed {share:.0f}% of {taken} samples ({budget['retaken']} retaken, "
+            f"{budget['disturbed_kept']} kept disturbed{cut}): {verdict}")
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds}s" if seconds < 60 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 # ---- one round ---------------------------------------------------------------------------

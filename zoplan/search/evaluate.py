@@ -290,8 +290,8 @@ def zo2_baseline(req: Request, workload: Workload) -> Candidate:
     CPU profile (ZO2 needs CUDA streams: no real program to price) zoexec's schedule
     with ZO2's zo maths: +eps, -2eps, +eps in place and the update, z drawn four times
     per block and step (zoplan.pricing.tasks.task_times, schedule "zo2"). ZO2 trains
-    every weight: against a LoRA winner it is ZO2 in the same precision, full-parameter."""
-    if workload.is_lora:
+    every weight: against a LoRA or prefix winner it is ZO2 in the same precision, full-parameter."""
+    if workload.frozen_base:
         workload = Workload.for_update(batch=workload.batch, seq=workload.seq,
                                        compute_dtype=workload.compute_dtype,
                                        update=default_update(workload.compute_dtype),

@@ -33,6 +33,7 @@ from zoplan.lora import (
     check_targets,
 )
 from zoplan.models import DTYPE_BYTES, ModelSpec, get_model
+from zoplan.prefix import DEFAULT_PREFIX_TOKENS
 from zoplan.pricing.baselines import BaselineStep
 from zoplan.pricing.stragglers import straggler_factor
 from zoplan.search.placement import PLACEMENTS, resident_pattern
@@ -88,12 +89,14 @@ def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, s
                     fewer: bool = True, lengths: str | None = None, tuning: str = "full",
                     lora_r: int = DEFAULT_LORA_R, lora_alpha: int = DEFAULT_LORA_ALPHA,
                     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS,
+                    prefix_tokens: int = DEFAULT_PREFIX_TOKENS,
                     estimator: dict | None = None) -> Request:
     """Check the inputs; every problem is a ZoError with the numbers. `fewer`: search
     smaller world sizes too (world_sizes; off when --ddp fixes the world); `lengths`: a
     lengths file (`zoexec lengths`): the step priced at the batches' padded width.
-    `tuning` "lora": the LoRA workload (zoplan.lora) instead of the update modes.
-    `estimator`: the estimator's settings (zoplan.estimators; default MeZO-SGD)."""
+    `tuning` "lora" or "prefix": that workload (zoplan.lora, zoplan.prefix) instead of
+    the update modes. `estimator`: the estimator's settings (zoplan.estimators; default
+    MeZO-SGD)."""
     spec = get_model(model)
     hw = load_profile(profile or DEFAULT_PROFILE)
     if batch < 1 or seq < 1:
@@ -115,6 +118,12 @@ def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, s
         workloads = (lora if rows is None else dataclasses.replace(lora, lengths=rows),)
         note += (f"; tuning lora (r {lora_r}, alpha {lora_alpha}, targets "
                  f"{','.join(lora_targets)}): a frozen {dtype} base, fp32 adapters")
+    elif tuning == "prefix":
+        prefix = _prefix_workload(spec, update, batch=batch, seq=seq, compute_dtype=dtype,
+                                  tf32=tf32, tokens=prefix_tokens)
+        workloads = (prefix if rows is None else dataclasses.replace(prefix, lengths=rows),)
+        note += (f"; tuning prefix ({prefix_tokens} tokens): a frozen {dtype} base, fp32 "
+                 f"prefix keys and values")
     else:
         modes = _update_modes(dtype, update)
         note += (f"; update {modes[0]}: fixed by --update" if update else
@@ -161,6 +170,23 @@ def _with_estimator(workloads: tuple[Workload, ...], estimator: dict) -> tuple[W
         return tuple(dataclasses.replace(w, **estimator) for w in workloads)
     except ValueError as exc:
         raise ZoError(f"--{str(exc).replace('_', '-')}") from None
+
+
+def _prefix_workload(spec: ModelSpec, update: str | None, *, tokens: int, seq: int,
+                     **settings) -> Workload:
+    """The prefix workload: its prefix and the sequence within the model's positions
+    (the input sits after the prefix), its update the prefix's own (fp32 masters)."""
+    if update is not None:
+        raise ZoError(f"--update {update} is for full tuning: the prefixes are fp32 masters "
+                      f"and the base is never updated")
+    if seq + tokens > spec.max_positions:
+        raise ZoError(f"seq ({seq}) + --prefix-tokens ({tokens}) exceeds the "
+                      f"{spec.max_positions} positions of {spec.name} (the input sits after "
+                      f"the prefix)")
+    try:
+        return Workload.for_prefix(tokens=tokens, seq=seq, **settings)
+    except ValueError as exc:
+        raise ZoError(f"tuning prefix: {exc}") from None
 
 
 def _lora_workload(spec: ModelSpec, update: str | None, *, targets: tuple[str, ...],
@@ -322,7 +348,7 @@ def enumerate_space(req: Request, fixed: dict) -> tuple[list[Candidate], list[Pr
     for gpus, nodes in req.world_sizes:
         for workload in req.workloads:
             for pertp, slices, prefetch, su in layout_axes(req, fixed, gpus, nodes,
-                                                           read_only=workload.is_lora):
+                                                           read_only=workload.frozen_base):
                 axes = {"pertp": pertp, "ddp": gpus // pertp, "nodes": nodes,
                         "slices": slices, "prefetch": prefetch, "slice_update": su}
                 reason, overshoot = invalid_reason(req, axes, gpus=gpus), math.inf

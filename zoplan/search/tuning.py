@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from zoplan.lora import ADAPTER_BYTES, adapter_params
 from zoplan.models import dtype_bytes
 from zoplan.plan import Plan
+from zoplan.prefix import PREFIX_BYTES, prefix_params
 
-TUNING_CHOICES = ("full", "lora", "auto")
+TUNING_CHOICES = ("full", "lora", "prefix", "auto")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,18 +39,21 @@ class TuningRow:
 def pcie_bytes_per_step(plan: Plan) -> tuple[float, float]:
     """(h2d, d2h) bytes one node moves over PCIe in a step: each offloaded block is
     uploaded once per slice group (every rank its 1/slices) and, full tuning, written
-    back once (every local rank its 1/local_ranks); LoRA writes nothing back."""
+    back once (every local rank its 1/local_ranks); LoRA and prefix tuning write
+    nothing back."""
     lay, wl = plan.layout, plan.workload
     offloaded = plan.model.num_layers - len(plan.resident_blocks)
     block = plan.model.block_bytes(wl.param_dtype)
     h2d = offloaded * block * lay.local_ranks / lay.slices
-    return h2d, 0.0 if wl.is_lora else offloaded * block
+    return h2d, 0.0 if wl.frozen_base else offloaded * block
 
 
 def snapshot_bytes(plan: Plan) -> float:
     """Bytes of a snapshot's weights: the whole model in the stored precision (full),
-    the adapters in fp32 (LoRA)."""
+    the adapters (LoRA) or the prefixes in fp32."""
     model, wl = plan.model, plan.workload
+    if wl.is_prefix:
+        return model.num_layers * prefix_params(model, tokens=wl.prefix_tokens) * PREFIX_BYTES
     if wl.is_lora:
         return model.num_layers * adapter_params(
             model, r=wl.lora_r, targets=wl.lora_targets) * ADAPTER_BYTES

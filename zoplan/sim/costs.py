@@ -167,7 +167,7 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     work.update(_placement_work(model=model, profile=profile, workload=workload,
                                 layout=layout, parts=parts, resident=resident,
                                 period=period, update_s=work["update_s"]))
-    if workload.is_lora:
+    if workload.frozen_base:
         work.update(_read_only(work))
     issue = host_issue(profile, work.pop("issue"), work.pop("issue_parts"),
                        copy_bytes=(block / layout.slices, block / lr))
@@ -185,7 +185,7 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
         links=links, rank_factors=rank_factors(profile, lr),
         fence_s=small_s if not profile.is_cpu and fence_needed(layout) else 0.0,
         contended=contended_links(profile, links), staged=staged(profile), **flows)
-    if workload.is_lora:
+    if workload.frozen_base:
         costs = dataclasses.replace(costs, read_only=True, fence_s=0.0,
                                     d2h=tuple(() for _ in range(lr)))
     return shared_gpu(costs, interference(profile))
@@ -230,7 +230,7 @@ def _task_work(model: ModelSpec, profile: HardwareProfile, workload: Workload,
                here: int = 1) -> dict:
     """The task times of zoplan.pricing (cached: a search asks for the same ones for
     every prefetch depth, slice group and placement; callers copy before changing)."""
-    if workload.is_lora:
+    if workload.frozen_base:
         return lora_task_times(model=model, profile=profile, workload=workload, tokens=tokens,
                                streams=streams, local_ranks=local_ranks, here=here)
     return task_times(model=model, profile=profile, workload=workload, tokens=tokens,
