@@ -254,8 +254,17 @@ def _module_names(value: tuple) -> str | None:
         "block module names, comma-separated (q_proj,v_proj)"
 
 
+class PlanDecided(Section):
+    """A section whose options the plan decides: each defaults to None (the plan's), and a
+    given one must agree with the plan (`check_plan`)."""
+
+    @property
+    def given(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in option_fields(type(self)))
+
+
 @dataclass(frozen=True, kw_only=True)
-class TuningOptions(Section):
+class TuningOptions(PlanDecided):
     """Full-parameter or LoRA MeZO: the plan decides (zoplan optimize --tuning); given
     here, each must agree with the plan (docs/lora.md)."""
 
@@ -272,10 +281,6 @@ class TuningOptions(Section):
         parse=_targets, check=_module_names)
     prefix_tokens: int | None = option(None, "Prefix tuning: keys and values per block",
                                        shown="the plan's", check=at_least(1))
-
-    @property
-    def given(self) -> bool:
-        return any(getattr(self, f.name) is not None for f in option_fields(type(self)))
 
     def check_plan(self, workload: Workload) -> None:
         """FieldError for a given option that is not the plan's."""
@@ -305,7 +310,7 @@ def _share(v: float) -> str | None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EstimatorOptions(Section):
+class EstimatorOptions(PlanDecided):
     """The zeroth-order estimator: the plan decides (zoplan optimize --estimator); given
     here, each must agree with the plan (docs/estimators.md)."""
 
@@ -325,10 +330,6 @@ class EstimatorOptions(Section):
     directions: int | None = option(
         None, "Directions a step, each on its equal part of the global batch (each DDP "
         "group its own where the layout has them)", shown="the plan's", check=at_least(1))
-
-    @property
-    def given(self) -> bool:
-        return any(getattr(self, f.name) is not None for f in option_fields(type(self)))
 
     def check_plan(self, workload: Workload) -> None:
         """FieldError for a given option that is not the plan's."""
