@@ -26,11 +26,13 @@ class Entry:
     estimator: str
     directions: int
     lr: float
+    tuning: str = "full"   # a `--parts zoexec` run's --tuning (lora, prefix: named in the tag)
 
     @property
     def tag(self) -> str:
         more = f"+q{self.directions}" if self.directions > 1 else ""
-        return f"{self.estimator}{more}@{self.lr:g}"
+        tuning = "" if self.tuning == "full" else f"{self.tuning}:"
+        return f"{tuning}{self.estimator}{more}@{self.lr:g}"
 
 
 def parse_compare(text: str) -> list[Entry]:
@@ -85,8 +87,17 @@ def run_entry(b, entry: Entry, *, plan, name_of) -> dict:
 def merged(results: list[dict]) -> dict:
     """Several saved runs as one: the first's figures, with every run's estimator
     entries merged by entry (their seeds together, in the order first seen); a run of
-    the zoexec part (`--parts zoexec`) counts as its estimator's entry (from_zoexec)."""
+    the zoexec part (`--parts zoexec`) counts as its estimator's entry (from_zoexec),
+    and the zoexec parts of the same settings as the first one's (zoexec_key) give
+    their seeds to its summary; the zero-shot figures are the first run's that has them."""
     out = dict(results[0])
+    out.update({part: r[part] for r in reversed(results) for part in ("zero_shot",)
+                if part in r and part not in results[0]})
+    parts = [r["zoexec_fine_tuned"] for r in results if r.get("zoexec_fine_tuned")]
+    if parts:
+        seeds = {k: v for p in parts if zoexec_key(p) == zoexec_key(parts[0])
+                 for k, v in p.get("seeds", {}).items()}
+        out["zoexec_fine_tuned"] = {**parts[0], "seeds": seeds}
     entries: dict[str, dict] = {}
     for r in results:
         for e in [*from_zoexec(r), *r.get("estimators", {}).get("entries", [])]:
@@ -113,8 +124,14 @@ def from_zoexec(r: dict) -> list[dict]:
     if not seeds:
         return []
     entry = Entry(estimator=settings.get("estimator") or "mezo",
-                  directions=settings.get("directions") or 1, lr=part["lr"])
+                  directions=settings.get("directions") or 1, lr=part["lr"],
+                  tuning=part.get("tuning") or "full")
     return [{"entry": entry.tag, "seeds": seeds}]
+
+
+def zoexec_key(part: dict) -> tuple:
+    """What makes two saved zoexec parts seeds of one setting."""
+    return tuple(part.get(k) for k in ("tuning", "lr", "eps", "steps"))
 
 
 def mean_sd(values: list, *, count: bool = False) -> str:

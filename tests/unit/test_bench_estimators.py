@@ -81,3 +81,26 @@ def test_a_zoexec_part_run_joins_the_table_as_its_estimators_entry():
     assert mezo["seeds"]["0"]["evals"][200] == {"accuracy": 0.8, "train_seconds": 800.0}
     lines = table_lines(both["estimators"])
     assert "800 (step 200)" in lines[1] and "300 (step 100)" in lines[2]
+
+
+def test_zoexec_parts_saved_apart_merge_their_seeds_and_keep_lora_apart():
+    """Seeds of one `--parts zoexec` setting saved to their own files make one summary
+    (3 seeds, not the first file's 2); a LoRA run's entry is named as LoRA, not taken
+    for full MeZO-SGD at its lr; the zero-shot figure is the file's that has it."""
+    import json
+
+    from accuracy_estimators import merged
+
+    def part(seeds, *, tuning="full", lr=3e-5):
+        return {"steps": 300, "lr": lr, "eps": 1e-3, "tuning": tuning, "seeds": {
+            str(s): {"accuracy": a, "step_seconds": 3.0,
+                     "evals": [{"step": 300, "eval_accuracy": a}]} for s, a in seeds}}
+    first = {"settings": {}, "zoexec_fine_tuned": part([(0, 0.70), (1, 0.72)])}
+    third = {"settings": {}, "zero_shot": {"zoexec": {"eval_accuracy": 0.465}},
+             "zoexec_fine_tuned": part([(2, 0.65)])}
+    lora = {"settings": {}, "zoexec_fine_tuned": part([(0, 0.585)], tuning="lora", lr=1e-3)}
+    out = json.loads(json.dumps(merged([first, third, lora])))
+    assert sorted(out["zoexec_fine_tuned"]["seeds"]) == ["0", "1", "2"]
+    assert out["zero_shot"]["zoexec"]["eval_accuracy"] == 0.465
+    tags = [e["entry"] for e in out["estimators"]["entries"]]
+    assert tags == ["mezo@3e-05", "lora:mezo@0.001"]
