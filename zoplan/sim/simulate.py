@@ -207,33 +207,57 @@ def link_components(num_links: int, routes) -> list[int]:
 
 def fill_rates(flows: list[_Flow], cap: list[float]) -> None:
     """Max-min fair rates by progressive filling. `flows` must be closed under link
-    sharing (every flow on a link they use is in the list)."""
-    links: dict[int, list[float]] = {}
+    sharing (every flow on a link they use is in the list). One flow alone (the most
+    common case) takes its rate alone at once: the same figure the filling reaches."""
+    if len(flows) == 1 and _fill_one(flows[0], cap):
+        return
+    _fill_progressive(flows, cap)
+
+
+def _fill_one(flow: _Flow, cap: list[float]) -> bool:
+    """A lone flow's rate: the least of its cap and its links' capacities, as the first
+    round of _fill_progressive sets it (False, nothing set, when its route crosses a
+    link twice: that link's share is halved, left to the general path)."""
+    links = flow.links
+    if len(links) > 1 and len(set(links)) < len(links):
+        return False
+    level = flow.cap
+    for link in links:
+        share = cap[link] / 1    # a float, as the general path's share (capacity / count)
+        if share < level:
+            level = share
+    flow.rate = max(level, 0.0)
+    return True
+
+
+def _fill_progressive(flows: list[_Flow], cap: list[float]) -> None:
+    """Progressive filling: every round raises the unfrozen flows to the least of their
+    caps and their links' fair shares (capacity left / flows left), then freezes the
+    flows at a cap or on a link that saturates at that level."""
+    left: dict[int, float] = {}
+    count: dict[int, int] = {}
     for flow in flows:
         for link in flow.links:
-            entry = links.get(link)
-            if entry is None:
-                links[link] = [cap[link], 1]
+            if link in count:
+                count[link] += 1
             else:
-                entry[1] += 1
+                left[link], count[link] = cap[link], 1
     unfrozen = flows
     while unfrozen:
-        level = min(f.cap for f in unfrozen)
-        for left, count in links.values():
-            if count:
-                level = min(level, left / count)
+        shares = {link: left[link] / n for link, n in count.items() if n}
+        level = min([f.cap for f in unfrozen])
+        if shares:
+            level = min(level, min(shares.values()))
         level = max(level, 0.0)
         limit = level * (1 + 1e-12)
-        saturated = {link for link, (left, count) in links.items()
-                     if count and left / count <= limit}
+        saturated = {link for link, share in shares.items() if share <= limit}
         rest = []
         for flow in unfrozen:
-            if flow.cap <= limit or any(link in saturated for link in flow.links):
+            if flow.cap <= limit or not saturated.isdisjoint(flow.links):
                 flow.rate = level
                 for link in flow.links:
-                    entry = links[link]
-                    entry[0] -= level
-                    entry[1] -= 1
+                    left[link] -= level
+                    count[link] -= 1
             else:
                 rest.append(flow)
         unfrozen = rest
