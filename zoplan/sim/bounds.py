@@ -119,12 +119,12 @@ def step_bounds(costs: StepCosts, num_blocks: int | None = None) -> StepBounds:
         resources[cls] = max(resources.get(cls, 0.0), moved / costs.links[name])
     for cls, busy in _duplex_busy_s(costs, nbytes).items():
         resources[cls] = max(resources.get(cls, 0.0), busy)
-    alone = [_task_alone(costs, lr) for lr in range(costs.local_ranks)]
+    alone = _ranks_alone(costs)
     engines = [_engine_busy(costs, lr, blocks, alone[lr]) for lr in range(costs.local_ranks)]
     for busy in engines:
         for name, seconds in busy.items():
             resources[name] = max(resources.get(name, 0.0), seconds)
-    host = [host_lane_s(costs, lr, blocks) for lr in range(costs.local_ranks)]
+    host = _host_lanes(costs, blocks)
     if costs.issue_s:
         resources[HOST] = max(host)
     shapes = _chain_shapes(costs, blocks)
@@ -148,9 +148,34 @@ def host_lane_s(costs: StepCosts, lr: int, blocks: int) -> float:
     return total
 
 
-def _task_alone(costs: StepCosts, lr: int) -> dict[str, float]:
-    return {"h2d": costs.alone_s(costs.h2d[lr]), "d2h": costs.alone_s(costs.d2h[lr]),
-            "allgather": costs.allgather_alone_s(lr)}
+def _host_lanes(costs: StepCosts, blocks: int) -> list[float]:
+    """host_lane_s of every local rank, computed once per distinct slice-update issue:
+    the one figure of host_lane_s that depends on the rank (every other kind's issue
+    is the same for all ranks), so ranks with the same one have the same lane."""
+    slice_issue = costs.issue_s.get("slice_update") if costs.issue_s else None
+    lanes: dict[float | None, float] = {}
+    out = []
+    for lr in range(costs.local_ranks):
+        key = slice_issue[lr] if slice_issue else None
+        if key not in lanes:
+            lanes[key] = host_lane_s(costs, lr, blocks)
+        out.append(lanes[key])
+    return out
+
+
+def _ranks_alone(costs: StepCosts) -> list[dict[str, float]]:
+    """Per local rank, its h2d, d2h and all-gather of one block, each alone; the
+    all-gather's computed once per slice group (StepCosts.allgather_alone_s depends on
+    the rank only through its group)."""
+    gathers: dict[int, float] = {}
+    out = []
+    for lr in range(costs.local_ranks):
+        group = lr // costs.layout.slices
+        if group not in gathers:
+            gathers[group] = costs.allgather_alone_s(lr)
+        out.append({"h2d": costs.alone_s(costs.h2d[lr]), "d2h": costs.alone_s(costs.d2h[lr]),
+                    "allgather": gathers[group]})
+    return out
 
 
 def _compute_s(costs: StepCosts, lr: int, blocks: int) -> float:

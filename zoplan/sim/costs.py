@@ -116,8 +116,11 @@ class StepCosts:
 
     def flow_rate_worst(self, flow: Flow) -> float:
         """A flow's rate alone on links whose opposite direction is busy (contended)."""
-        return min([flow.cap_Bps] + [self.contended.get(name, (None, self.links[name]))[1]
-                                     for name in flow.route])
+        rates = [flow.cap_Bps]
+        for name in flow.route:
+            pair = self.contended.get(name)
+            rates.append(self.links[name] if pair is None else pair[1])
+        return min(rates)
 
     def allgather_alone_s(self, local_rank: int) -> float:
         """All-gather of the rank's group with the fabric to itself (latency + bytes)."""
