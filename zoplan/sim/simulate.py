@@ -279,12 +279,13 @@ class _Sim:
 
     def __init__(self, graph):
         self.env = simpy.Environment()
-        names = list(graph.nodes)
+        nodes = graph.nodes
+        names = list(nodes)
         index = {n: i for i, n in enumerate(names)}
         self.names = names
-        self.attrs = [graph.nodes[n] for n in names]
+        self.attrs = [nodes[n] for n in names]
         self.deps: list[list[int]] = [[] for _ in names]
-        for u, v, why in graph.edges(data="why"):
+        for u, v, why in graph.edge_values("why"):
             if why != "order":   # the engine's program order already holds it
                 self.deps[index[v]].append(index[u])
         links = graph.graph["links"]
