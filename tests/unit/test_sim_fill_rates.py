@@ -1,6 +1,7 @@
 """Max-min fair rates (zoplan.sim.simulate.fill_rates): its lone-flow fast path and its
-progressive filling give, bit for bit, the rates of the textbook progressive filling
-below, on random flows, routes and capacities (ties, caps and idle links included)."""
+progressive filling (fair_rates, cached or not) give, bit for bit, the rates of the
+textbook progressive filling below, on random flows, routes and capacities (ties, caps
+and idle links included)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 
 import pytest
 
-from zoplan.sim.simulate import _fill_progressive, _Flow, fill_rates
+from zoplan.sim.simulate import _Flow, fair_rates, fill_rates
 
 
 def _textbook(flows: list[_Flow], cap: list[float]) -> None:
@@ -73,7 +74,9 @@ def test_fill_rates_matches_the_textbook_filling_bit_for_bit(num_flows):
         spec, cap = _random_case(rng, num_flows)
         want = _rates(_textbook, spec, cap)
         assert _rates(fill_rates, spec, cap) == want, (spec, cap)
-        assert _rates(_fill_progressive, spec, cap) == want, (spec, cap)
+        assert _rates(fill_rates, spec, cap) == want, (spec, cap)   # again: from the cache
+        assert list(fair_rates.__wrapped__(tuple((links, limit) for _, links, limit in spec),
+                                           tuple(cap))) == want, (spec, cap)
 
 
 def test_a_lone_flow_on_a_link_it_crosses_twice_gets_half_of_it():
