@@ -53,12 +53,14 @@ class MemoryEstimate:
     host_limit_bytes: float
     reserved_gib: float
     device_word: str = "GPU"         # "GPU", or "CPU rank" on CPU profiles
+    # gpu_bytes, host_bytes and reason are cached: estimate_memory hands the same
+    # estimate to every candidate of a layout, and the search asks each several times
 
-    @property
+    @functools.cached_property
     def gpu_bytes(self) -> float:
         return sum(self.gpu_parts.values())
 
-    @property
+    @functools.cached_property
     def host_bytes(self) -> float:
         return sum(self.host_parts.values())
 
@@ -76,7 +78,7 @@ class MemoryEstimate:
         return max(self.gpu_bytes / max(self.gpu_limit_bytes, 1.0),
                    self.host_bytes / max(self.host_limit_bytes, 1.0))
 
-    @property
+    @functools.cached_property
     def reason(self) -> str | None:
         """Why the layout does not fit (None when it does)."""
         if not self.fits_gpu:
