@@ -260,10 +260,17 @@ def _sizes(model: ModelSpec, workload: Workload) -> tuple[int, int, int, int]:
 
 
 def _buffers(model: ModelSpec, workload: Workload, layout: Layout) -> Term:
-    count = max(1, min(layout.prefetch, model.num_layers))
-    stride = store_stride(model.block_params, slices=layout.slices,
-                          local_ranks=layout.local_ranks)
-    one = stride * dtype_bytes(workload.param_dtype)
+    return _buffers_term(model, workload.param_dtype, max(1, min(layout.prefetch, model.num_layers)),
+                         layout.slices, layout.local_ranks)
+
+
+@functools.lru_cache(maxsize=1024)
+def _buffers_term(model: ModelSpec, param_dtype: str, count: int, slices: int,
+                  local_ranks: int) -> Term:
+    """`count` block buffers, each a block as the node's store lays it out (cached:
+    asked for twice a layout, and many layouts share their buffers)."""
+    stride = store_stride(model.block_params, slices=slices, local_ranks=local_ranks)
+    one = stride * dtype_bytes(param_dtype)
     return Term(key="block_buffers", bytes=count * one,
                 label=f"{count} x {fmt_bytes(one)} block buffers")
 

@@ -109,10 +109,14 @@ class StepCosts:
     def alone_s(self, flows: tuple[Flow, ...]) -> float:
         """Time of a set of flows that start together with the links to themselves
         (a lower bound on their time in any schedule)."""
-        return max((f.num_bytes / self.flow_rate_alone(f) for f in flows), default=0.0)
+        return max([f.num_bytes / self.flow_rate_alone(f) for f in flows], default=0.0)
 
     def flow_rate_alone(self, flow: Flow) -> float:
-        return min([flow.cap_Bps] + [self.links[name] for name in flow.route])
+        rate, links = flow.cap_Bps, self.links
+        for name in flow.route:
+            if links[name] < rate:   # min(), as min([cap] + capacities) picks it
+                rate = links[name]
+        return rate
 
     def flow_rate_worst(self, flow: Flow) -> float:
         """A flow's rate alone on links whose opposite direction is busy (contended)."""
