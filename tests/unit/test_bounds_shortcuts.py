@@ -60,3 +60,14 @@ def test_per_rank_shortcuts_equal_the_per_rank_computation(costs):
          "allgather": costs.allgather_alone_s(lr)} for lr in ranks]
     assert _host_lanes(costs, costs.num_blocks) == [host_lane_s(costs, lr, costs.num_blocks)
                                                     for lr in ranks]
+
+
+@pytest.mark.parametrize("costs", list(_cases()), ids=lambda c: c.layout.label())
+def test_a_flows_rates_are_the_least_of_its_cap_and_its_links(costs):
+    """flow_rate_alone / flow_rate_worst (loops) against min() over the same figures."""
+    for flows in costs.h2d + costs.d2h + costs.allgather:
+        for f in flows:
+            assert costs.flow_rate_alone(f) == min([f.cap_Bps] + [costs.links[n] for n in f.route])
+            worst = [costs.contended[n][1] if n in costs.contended else costs.links[n]
+                     for n in f.route]
+            assert costs.flow_rate_worst(f) == min([f.cap_Bps] + worst)

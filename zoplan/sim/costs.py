@@ -120,11 +120,13 @@ class StepCosts:
 
     def flow_rate_worst(self, flow: Flow) -> float:
         """A flow's rate alone on links whose opposite direction is busy (contended)."""
-        rates = [flow.cap_Bps]
+        rate, contended = flow.cap_Bps, self.contended
         for name in flow.route:
-            pair = self.contended.get(name)
-            rates.append(self.links[name] if pair is None else pair[1])
-        return min(rates)
+            pair = contended.get(name)
+            link = self.links[name] if pair is None else pair[1]
+            if link < rate:   # min(), first of equals kept
+                rate = link
+        return rate
 
     def allgather_alone_s(self, local_rank: int) -> float:
         """All-gather of the rank's group with the fabric to itself (latency + bytes)."""
