@@ -112,13 +112,14 @@ class FairShareNetwork:
     def _occupy(self, links: tuple[int, ...], delta: int) -> None:
         """Count a flow on its links; a link that becomes busy or idle sets the
         capacity of the links it contends with (re-rated at this instant's recompute)."""
+        busy, watchers = self.busy, self.watchers
         for link in links:
-            before = self.busy[link]
-            self.busy[link] += delta
-            if (before == 0) == (self.busy[link] == 0):
+            before = busy[link]
+            busy[link] += delta
+            if (before == 0) == (busy[link] == 0):
                 continue
-            for other in self.watchers.get(link, ()):
-                self.cap[other] = (self.contended[other][1] if self.busy[link]
+            for other in watchers.get(link, ()):
+                self.cap[other] = (self.contended[other][1] if busy[link]
                                    else self.base[other])
                 self._dirty.add(self.component_of[other])
 
@@ -352,16 +353,17 @@ class _Sim:
     def _engine(self, tasks: list[int]):
         env, finished, deps, dur, flows = (self.env, self.finished, self.deps, self.dur,
                                            self.flows)
+        group_of, issue, staged, waiters = self.group_of, self.issue, self.staged, self.waiters
         for i in tasks:
             for j in deps[i]:
                 if not finished[j]:
                     yield self._waiter(j)
-            group = self.group_of[i]
-            issue_start, issue_end = self.issue[i]
+            group = group_of[i]
+            issue_start, issue_end = issue[i]
             # the host lane: a task starts once its issue starts (a copy or a collective
             # once it is issued, a copy the host stages as it issues it at once) and
             # ends no sooner than its issue
-            ready = issue_end if (flows[i] and not self.staged[i]) or group is not None \
+            ready = issue_end if (flows[i] and not staged[i]) or group is not None \
                 else issue_start
             if env.now < ready:
                 yield env.timeout(ready - env.now)
@@ -378,7 +380,7 @@ class _Sim:
                 start = group.start
             self.start[i], self.end[i] = start, env.now
             finished[i] = True
-            waiter = self.waiters.pop(i, None)
+            waiter = waiters.pop(i, None)
             if waiter is not None:
                 waiter.succeed()
 
