@@ -20,7 +20,7 @@ world = nodes x local_ranks. Rank r sits on node r // local_ranks.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 
 from zoplan.errors import ZoError
@@ -130,7 +130,8 @@ class Layout:
         return axes_label(self.to_dict())
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The axes by name (asdict's, without its deep copy: every axis is a scalar)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Layout:

@@ -65,6 +65,7 @@ set-up peak while local rank 0 fills the store block by block (node_host_memory)
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -150,7 +151,7 @@ class RankMemory:
         """What torch has allocated at the peak of `phase` ("setup" or a transient)."""
         if phase == "setup":   # the buffers Trainer._allocate keeps exist by its end
             return max(_sum(self.setup), _sum(self._allocated_at_setup()))
-        return _sum(self.held) + _sum(self.step) + _sum(self.transients[phase])
+        return self.steady_bytes + _sum(self.transients[phase])
 
     def _allocated_at_setup(self) -> list[Term]:
         return [t for t in self.held if t.key not in AFTER_SETUP]
@@ -159,7 +160,7 @@ class RankMemory:
     def phases(self) -> list[str]:
         return ["setup", *self.transients]
 
-    @property
+    @functools.cached_property
     def peak_phase(self) -> str:
         return max(self.phases, key=self.phase_bytes)
 
@@ -168,9 +169,10 @@ class RankMemory:
         """Peak of what torch allocates (what a tracker or max_memory_allocated sees)."""
         return self.phase_bytes(self.peak_phase)
 
-    @property
+    @functools.cached_property
     def steady_bytes(self) -> int:
-        """What stays allocated through a step, between its transients."""
+        """What stays allocated through a step, between its transients (cached, as
+        peak_phase: the search asks for them again and again; the terms are frozen)."""
         return _sum(self.held) + _sum(self.step)
 
     @property
@@ -226,18 +228,30 @@ def rank_memory(*, model: ModelSpec, workload: Workload, layout: Layout, device_
     if resident_blocks:   # made last in set-up (Trainer._allocate_shards), once the
         # module copies are gone: held, so in set-up's end (RankMemory.phase_bytes)
         held.insert(1, _shards(model, workload, layout, resident_blocks))
-    step = _step(model, workload, layout)
-    kernel = kernel_scratch
-    transients = {
-        "update": [] if lora else _update(model, workload, device_kind, kernel=kernel),
-        "forward": (_lora_forward(model, workload, layout) if lora else
-                    _forward(model, workload, layout, device_kind, kernel=kernel)),
-        "head": _head(model, workload, layout, device_kind, kernel=kernel),
-        "embed": _embed(model, workload, layout, device_kind, step, kernel=kernel),
-    }
-    return RankMemory(held=tuple(held), step=tuple(step), transients=transients,
+    step, transients = _stream_terms(model, workload, Layout(pertp=layout.pertp, ddp=layout.ddp),
+                                     device_kind, kernel=kernel_scratch)
+    return RankMemory(held=tuple(held), step=step, transients=dict(transients),
                       setup=tuple(setup),
                       outside=tuple(_outside(layout, device_kind)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _stream_terms(model: ModelSpec, workload: Workload, shards: Layout, device_kind: str, *,
+                  kernel: bool) -> tuple[tuple[Term, ...], dict[str, tuple[Term, ...]]]:
+    """(step, transients) of rank_memory: they depend on the layout only through its
+    perturbation and data degrees (_tokens, the rank's rows), so `shards` is a layout
+    of those two alone (cached: a search prices thousands of layouts over a few dozen
+    (pertp, ddp); tuples, and rank_memory copies the dict, so nothing shared changes)."""
+    lora = workload.frozen_base
+    step = _step(model, workload, shards)
+    transients = {
+        "update": [] if lora else _update(model, workload, device_kind, kernel=kernel),
+        "forward": (_lora_forward(model, workload, shards) if lora else
+                    _forward(model, workload, shards, device_kind, kernel=kernel)),
+        "head": _head(model, workload, shards, device_kind, kernel=kernel),
+        "embed": _embed(model, workload, shards, device_kind, step, kernel=kernel),
+    }
+    return tuple(step), {phase: tuple(terms) for phase, terms in transients.items()}
 
 
 def _sizes(model: ModelSpec, workload: Workload) -> tuple[int, int, int, int]:
@@ -246,10 +260,17 @@ def _sizes(model: ModelSpec, workload: Workload) -> tuple[int, int, int, int]:
 
 
 def _buffers(model: ModelSpec, workload: Workload, layout: Layout) -> Term:
-    count = max(1, min(layout.prefetch, model.num_layers))
-    stride = store_stride(model.block_params, slices=layout.slices,
-                          local_ranks=layout.local_ranks)
-    one = stride * dtype_bytes(workload.param_dtype)
+    return _buffers_term(model, workload.param_dtype, max(1, min(layout.prefetch, model.num_layers)),
+                         layout.slices, layout.local_ranks)
+
+
+@functools.lru_cache(maxsize=1024)
+def _buffers_term(model: ModelSpec, param_dtype: str, count: int, slices: int,
+                  local_ranks: int) -> Term:
+    """`count` block buffers, each a block as the node's store lays it out (cached:
+    asked for twice a layout, and many layouts share their buffers)."""
+    stride = store_stride(model.block_params, slices=slices, local_ranks=local_ranks)
+    one = stride * dtype_bytes(param_dtype)
     return Term(key="block_buffers", bytes=count * one,
                 label=f"{count} x {fmt_bytes(one)} block buffers")
 
@@ -269,14 +290,17 @@ def _shards(model: ModelSpec, workload: Workload, layout: Layout, count: int) ->
                 label=f"{count} resident block shards ({share}, {fmt_bytes(one)} each)")
 
 
-def _working(model: ModelSpec, workload: Workload) -> list[Term]:
+@functools.lru_cache(maxsize=256)
+def _working(model: ModelSpec, workload: Workload) -> tuple[Term, ...]:
+    """The working block, its z and the resident parts' three copies (cached: the same
+    for every layout)."""
     n, r, p, c = _sizes(model, workload)
-    return [Term(key="work_block", bytes=n * c, label="perturbed working block"),
+    return (Term(key="work_block", bytes=n * c, label="perturbed working block"),
             Term(key="z_block", bytes=n * c, label="z of a block"),
             Term(key="resident_clean", bytes=r * p,
                  label=f"resident parts, clean ({workload.param_dtype})"),
             Term(key="resident_work", bytes=r * c, label="resident parts, perturbed"),
-            Term(key="resident_z", bytes=r * c, label="resident parts, z")]
+            Term(key="resident_z", bytes=r * c, label="resident parts, z"))
 
 
 def _held(model, workload, layout, device_kind) -> list[Term]:
@@ -284,12 +308,8 @@ def _held(model, workload, layout, device_kind) -> list[Term]:
     if device_kind == "cuda":   # from torch's allocator at the first GEMM, kept
         terms.append(Term(key="cublas_workspace", bytes=CUBLAS_WORKSPACE_BYTES,
                           label="cuBLAS workspace"))
-    scratch = None
-    if workload.update == "stochastic":
-        size = min(sr_chunk(device_kind), max(model.block_tensor_numels()
-                                              + model.resident_tensor_numels()))
-        scratch = Term(key="rounding_scratch", bytes=SR_SCRATCH * size * 4,
-                       label=f"stochastic rounding scratch ({SR_SCRATCH} x {size:,} fp32)")
+    scratch = _rounding_scratch(model, device_kind) if workload.update == "stochastic" else None
+    if scratch is not None:
         terms.append(scratch)
     if device_kind == "cuda" and layout.slice_update and layout.slices > 1:
         stride = store_stride(model.block_params, slices=layout.slices,
@@ -304,16 +324,28 @@ def _held(model, workload, layout, device_kind) -> list[Term]:
         if scratch is not None:
             terms.append(Term(key="slice_rounding_scratch", bytes=scratch.bytes,
                               label="stochastic rounding scratch of the slice update"))
-    return terms + _estimator_held(model, workload, layout, device_kind)
-
-
-def _estimator_held(model, workload, layout, device_kind) -> list[Term]:
-    """lowrank: the fp32 tile a 16-bit d, or a tile a slice cuts, is computed in
-    (zoexec.maths.estimators.Directions; the slice update's own on CUDA)."""
-    spec, chunk = workload.estimator_spec, z_chunk(device_kind)
     split = layout.slice_update and layout.slices > 1
+    return terms + list(_estimator_held(model, workload, split, device_kind))
+
+
+@functools.lru_cache(maxsize=256)
+def _rounding_scratch(model: ModelSpec, device_kind: str) -> Term:
+    """Stochastic rounding's fp32 scratch, a chunk of the largest tensor (cached)."""
+    size = min(sr_chunk(device_kind), max(model.block_tensor_numels()
+                                          + model.resident_tensor_numels()))
+    return Term(key="rounding_scratch", bytes=SR_SCRATCH * size * 4,
+                label=f"stochastic rounding scratch ({SR_SCRATCH} x {size:,} fp32)")
+
+
+@functools.lru_cache(maxsize=256)
+def _estimator_held(model: ModelSpec, workload: Workload, split: bool,
+                    device_kind: str) -> tuple[Term, ...]:
+    """lowrank: the fp32 tile a 16-bit d, or a tile a slice cuts (`split`: the slice
+    update of a slice group), is computed in (zoexec.maths.estimators.Directions; the
+    slice update's own on CUDA). Cached: it depends on the layout through `split` alone."""
+    spec, chunk = workload.estimator_spec, z_chunk(device_kind)
     if spec.estimator != "lowrank" or (workload.compute_dtype == "fp32" and not split):
-        return []
+        return ()
     shapes = model.block_tensor_shapes() + model.resident_tensor_shapes()
     tile = largest_tile(shapes, chunk)
     terms = [Term(key="lowrank_tile", bytes=4 * tile, label=f"lowrank tile ({tile:,} fp32)")]
@@ -321,7 +353,7 @@ def _estimator_held(model, workload, layout, device_kind) -> list[Term]:
         tile = largest_tile(model.block_tensor_shapes(), chunk)
         terms.append(Term(key="slice_lowrank_tile", bytes=4 * tile,
                           label="lowrank tile of the slice update"))
-    return terms
+    return tuple(terms)
 
 
 def estimator_transient(workload: Workload, shapes: list[tuple[int, ...]],

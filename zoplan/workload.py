@@ -30,6 +30,7 @@ updates along ("mezo", "lowrank", "sparse", their settings) and the directions a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 from zoplan.estimators import (
@@ -174,9 +175,10 @@ class Workload:
     def is_lora(self) -> bool:
         return self.tuning == "lora"
 
-    @property
+    @functools.cached_property
     def estimator_spec(self) -> EstimatorSpec:
-        """The estimator and its settings (ValueError for a bad one)."""
+        """The estimator and its settings (ValueError for a bad one; cached: the search
+        asks thousands of times, and the workload is frozen)."""
         return EstimatorSpec(**{k: getattr(self, k) for k in ESTIMATOR_KEYS})
 
     @property

@@ -245,6 +245,7 @@ def _check_dependencies(graph, result, label):
     assert len(times) == graph.number_of_nodes()
     for u, v, why in graph.edges(data="why"):
         assert times[u][1] <= times[v][0] + 1e-12, f"{label}: {why} {u} -> {v}"
+    assert list(graph.edge_values("why")) == graph.edges(data="why")   # what the simulator reads
 
 
 def test_cpu_ranks_run_tasks_in_the_fixed_order():

@@ -119,18 +119,34 @@ def step_bounds(costs: StepCosts, num_blocks: int | None = None) -> StepBounds:
         resources[cls] = max(resources.get(cls, 0.0), moved / costs.links[name])
     for cls, busy in _duplex_busy_s(costs, nbytes).items():
         resources[cls] = max(resources.get(cls, 0.0), busy)
-    alone = [_task_alone(costs, lr) for lr in range(costs.local_ranks)]
-    engines = [_engine_busy(costs, lr, blocks, alone[lr]) for lr in range(costs.local_ranks)]
+    alone = _ranks_alone(costs)
+    step = _blocks_of(costs, blocks)
+    engines = [_engine_busy(costs, lr, step, alone[lr]) for lr in range(costs.local_ranks)]
     for busy in engines:
         for name, seconds in busy.items():
             resources[name] = max(resources.get(name, 0.0), seconds)
-    host = [host_lane_s(costs, lr, blocks) for lr in range(costs.local_ranks)]
+    host = _host_lanes(costs, blocks)
     if costs.issue_s:
         resources[HOST] = max(host)
     shapes = _chain_shapes(costs, blocks)
-    chain = max(_chain_s(costs, lr, blocks, alone[lr], shapes) for lr in range(costs.local_ranks))
+    chain = max(_chain_s(costs, lr, step, alone[lr], shapes) for lr in range(costs.local_ranks))
     return StepBounds(resources=resources, chain_s=chain,
-                      serial_s=_serial_s(costs, blocks) + max(host))
+                      serial_s=_serial_s(costs, step) + max(host))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Blocks:
+    """What the bounds of every rank share: the step's blocks, how many of them are
+    offloaded, and their compute before a rank's factor (computed once a step)."""
+
+    count: int
+    offloaded: int
+    compute_s: float
+
+
+def _blocks_of(costs: StepCosts, blocks: int) -> _Blocks:
+    return _Blocks(count=blocks, offloaded=blocks - costs.num_resident(blocks),
+                   compute_s=_blocks_compute_s(costs, 0, blocks))
 
 
 def host_lane_s(costs: StepCosts, lr: int, blocks: int) -> float:
@@ -148,14 +164,39 @@ def host_lane_s(costs: StepCosts, lr: int, blocks: int) -> float:
     return total
 
 
-def _task_alone(costs: StepCosts, lr: int) -> dict[str, float]:
-    return {"h2d": costs.alone_s(costs.h2d[lr]), "d2h": costs.alone_s(costs.d2h[lr]),
-            "allgather": costs.allgather_alone_s(lr)}
+def _host_lanes(costs: StepCosts, blocks: int) -> list[float]:
+    """host_lane_s of every local rank, computed once per distinct slice-update issue:
+    the one figure of host_lane_s that depends on the rank (every other kind's issue
+    is the same for all ranks), so ranks with the same one have the same lane."""
+    slice_issue = costs.issue_s.get("slice_update") if costs.issue_s else None
+    lanes: dict[float | None, float] = {}
+    out = []
+    for lr in range(costs.local_ranks):
+        key = slice_issue[lr] if slice_issue else None
+        if key not in lanes:
+            lanes[key] = host_lane_s(costs, lr, blocks)
+        out.append(lanes[key])
+    return out
 
 
-def _compute_s(costs: StepCosts, lr: int, blocks: int) -> float:
-    """The rank's compute engine's work in a step of `blocks` blocks."""
-    return (costs.embed_s + _blocks_compute_s(costs, 0, blocks) + costs.head_s) * costs.factor(lr)
+def _ranks_alone(costs: StepCosts) -> list[dict[str, float]]:
+    """Per local rank, its h2d, d2h and all-gather of one block, each alone; the
+    all-gather's computed once per slice group (StepCosts.allgather_alone_s depends on
+    the rank only through its group)."""
+    gathers: dict[int, float] = {}
+    out = []
+    for lr in range(costs.local_ranks):
+        group = lr // costs.layout.slices
+        if group not in gathers:
+            gathers[group] = costs.allgather_alone_s(lr)
+        out.append({"h2d": costs.alone_s(costs.h2d[lr]), "d2h": costs.alone_s(costs.d2h[lr]),
+                    "allgather": gathers[group]})
+    return out
+
+
+def _compute_s(costs: StepCosts, lr: int, step: _Blocks) -> float:
+    """The rank's compute engine's work in a step of `step.count` blocks."""
+    return (costs.embed_s + step.compute_s + costs.head_s) * costs.factor(lr)
 
 
 def _blocks_compute_s(costs: StepCosts, first: int, stop: int) -> float:
@@ -166,9 +207,9 @@ def _blocks_compute_s(costs: StepCosts, first: int, stop: int) -> float:
             + (count - resident) * costs.update_s)
 
 
-def _engine_busy(costs: StepCosts, lr: int, blocks: int, alone: dict) -> dict[str, float]:
-    offloaded = blocks - costs.num_resident(blocks)
-    compute = _compute_s(costs, lr, blocks)
+def _engine_busy(costs: StepCosts, lr: int, step: _Blocks, alone: dict) -> dict[str, float]:
+    blocks, offloaded = step.count, step.offloaded
+    compute = _compute_s(costs, lr, step)
     slices = blocks * costs.slice_s(lr) * costs.factor(lr)
     if not costs.concurrent:
         moves = offloaded * (alone["h2d"] + alone["d2h"]) + blocks * alone["allgather"]
@@ -201,7 +242,7 @@ def _chain_shapes(costs: StepCosts, blocks: int) -> list[tuple[int, int, int, in
     return shapes
 
 
-def _chain_s(costs: StepCosts, lr: int, blocks: int, alone: dict,
+def _chain_s(costs: StepCosts, lr: int, step: _Blocks, alone: dict,
              shapes: list[tuple[int, int, int, int, float]] | None) -> float:
     """Longest dependency path of the rank through its `prefetch` block buffers
     (`shapes`: _chain_shapes): each block of a chain runs its pipeline (fill ..
@@ -210,7 +251,7 @@ def _chain_s(costs: StepCosts, lr: int, blocks: int, alone: dict,
     f = costs.factor(lr)
     tail = costs.head_s * f + costs.allreduce_s
     if shapes is None:   # the compute engine's program order alone
-        return _compute_s(costs, lr, blocks) + costs.allreduce_s
+        return _compute_s(costs, lr, step) + costs.allreduce_s
     slice_s = costs.slice_s(lr)
     best = 0.0
     for length, n_host, n_res, releases, after in shapes:
@@ -223,14 +264,14 @@ def _chain_s(costs: StepCosts, lr: int, blocks: int, alone: dict,
     return best + tail
 
 
-def _serial_s(costs: StepCosts, blocks: int) -> float:
+def _serial_s(costs: StepCosts, step: _Blocks) -> float:
     """Every task and every flow of the node one after the other, each alone."""
-    offloaded = blocks - costs.num_resident(blocks)
+    blocks, offloaded = step.count, step.offloaded
     total = costs.allreduce_s
     num_groups = costs.local_ranks // costs.layout.slices if costs.layout.slices > 1 else 0
     total += blocks * num_groups * costs.allgather_latency_s + offloaded * costs.fence_s
     for lr in range(costs.local_ranks):
-        total += _compute_s(costs, lr, blocks) + blocks * costs.slice_s(lr) * costs.factor(lr)
+        total += _compute_s(costs, lr, step) + blocks * costs.slice_s(lr) * costs.factor(lr)
         moves = ((offloaded, costs.h2d[lr] + costs.d2h[lr]), (blocks, costs.allgather[lr]))
         total += sum(count * sum(f.num_bytes / costs.flow_rate_worst(f) for f in flows)
                      for count, flows in moves)

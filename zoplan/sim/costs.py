@@ -109,15 +109,24 @@ class StepCosts:
     def alone_s(self, flows: tuple[Flow, ...]) -> float:
         """Time of a set of flows that start together with the links to themselves
         (a lower bound on their time in any schedule)."""
-        return max((f.num_bytes / self.flow_rate_alone(f) for f in flows), default=0.0)
+        return max([f.num_bytes / self.flow_rate_alone(f) for f in flows], default=0.0)
 
     def flow_rate_alone(self, flow: Flow) -> float:
-        return min([flow.cap_Bps] + [self.links[name] for name in flow.route])
+        rate, links = flow.cap_Bps, self.links
+        for name in flow.route:
+            if links[name] < rate:   # min(), as min([cap] + capacities) picks it
+                rate = links[name]
+        return rate
 
     def flow_rate_worst(self, flow: Flow) -> float:
         """A flow's rate alone on links whose opposite direction is busy (contended)."""
-        return min([flow.cap_Bps] + [self.contended.get(name, (None, self.links[name]))[1]
-                                     for name in flow.route])
+        rate, contended = flow.cap_Bps, self.contended
+        for name in flow.route:
+            pair = contended.get(name)
+            link = self.links[name] if pair is None else pair[1]
+            if link < rate:   # min(), first of equals kept
+                rate = link
+        return rate
 
     def allgather_alone_s(self, local_rank: int) -> float:
         """All-gather of the rank's group with the fabric to itself (latency + bytes)."""

@@ -135,10 +135,13 @@ class StepGraph:
         return self._nodes[name]
 
     def add_edges_from(self, edges: Iterable[tuple[str, str, dict]]) -> None:
+        succ = self._succ
         for u, v, attrs in edges:
-            self._add_node(u)
-            self._add_node(v)
-            data = self._succ[u].get(v)
+            if u not in succ:
+                self._add_node(u)
+            if v not in succ:
+                self._add_node(v)
+            data = succ[u].get(v)
             if data is None:
                 data = self._succ[u][v] = self._pred[v][u] = {}
             data.update(attrs)
@@ -150,6 +153,13 @@ class StepGraph:
     @property
     def edges(self) -> _View:
         return _View({(u, v): d for u, out in self._succ.items() for v, d in out.items()})
+
+    def edge_values(self, key: str) -> Iterator[tuple[str, str, Any]]:
+        """(u, v, the edge's `key` attribute or None) of every edge, in the edges'
+        order: edges(data=key) without building the views."""
+        for u, out in self._succ.items():
+            for v, d in out.items():
+                yield u, v, d.get(key)
 
     def in_edges(self, node: str, data: bool = False) -> list:
         return [(u, node, d) if data else (u, node) for u, d in self._pred[node].items()]

@@ -34,8 +34,10 @@ from zoplan.pricing.copies import (
 INF = math.inf
 
 
+@functools.lru_cache(maxsize=4096)
 def link_class(name: str) -> str:
-    """`pcie.h2d/3` -> `pcie.h2d`."""
+    """`pcie.h2d/3` -> `pcie.h2d` (cached: the bounds ask for every link of every
+    layout)."""
     return name.split("/", 1)[0]
 
 

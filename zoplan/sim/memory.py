@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from zoplan.hardware import GIB, HardwareProfile
 from zoplan.layout import Layout
 from zoplan.memory import (
+    HostMemory,
     RankMemory,
     fmt_bytes,
     node_host_memory,
@@ -53,12 +54,14 @@ class MemoryEstimate:
     host_limit_bytes: float
     reserved_gib: float
     device_word: str = "GPU"         # "GPU", or "CPU rank" on CPU profiles
+    # gpu_bytes, host_bytes and reason are cached: estimate_memory hands the same
+    # estimate to every candidate of a layout, and the search asks each several times
 
-    @property
+    @functools.cached_property
     def gpu_bytes(self) -> float:
         return sum(self.gpu_parts.values())
 
-    @property
+    @functools.cached_property
     def host_bytes(self) -> float:
         return sum(self.host_parts.values())
 
@@ -76,7 +79,7 @@ class MemoryEstimate:
         return max(self.gpu_bytes / max(self.gpu_limit_bytes, 1.0),
                    self.host_bytes / max(self.host_limit_bytes, 1.0))
 
-    @property
+    @functools.cached_property
     def reason(self) -> str | None:
         """Why the layout does not fit (None when it does)."""
         if not self.fits_gpu:
@@ -110,13 +113,22 @@ def _rank(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str
 
 
 @functools.lru_cache(maxsize=4096)
+def _host(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str,
+          resident_blocks: int) -> HostMemory:
+    """node_host_memory, cached (on CUDA profiles, many layouts share a node's one)."""
+    return node_host_memory(model=model, workload=workload, layout=layout,
+                            device_kind=device_kind, resident_blocks=resident_blocks)
+
+
+@functools.lru_cache(maxsize=4096)
 def _estimate(model: ModelSpec, profile: HardwareProfile, workload: Workload, layout: Layout,
               resident_blocks: int) -> MemoryEstimate:
     kind = profile.device["kind"]
-    shape = dict(model=model, workload=workload, layout=layout, device_kind=kind,
-                 resident_blocks=resident_blocks)
     rank = _rank(model, workload, layout, kind, resident_blocks)
-    host = node_host_memory(**shape)
+    if kind == "cuda":   # a node's host bytes depend on its ranks and slices alone there
+        host = _host(model, workload, Layout(ddp=layout.local_ranks, slices=layout.slices), kind, 0)
+    else:                # every rank's device bytes are host memory too
+        host = _host(model, workload, layout, kind, resident_blocks)
     gpu_terms, host_terms = rank.peak_terms(), host.peak_terms()
     labels = {t.key: t.label for t in gpu_terms}
     labels.update({t.key: t.label for t in host_terms})

@@ -24,9 +24,9 @@ one timer; a rate change re-arms it and the stale timer is ignored (SimPy cannot
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
-from functools import partial
 
 import simpy
 from simpy.events import Event
@@ -112,13 +112,14 @@ class FairShareNetwork:
     def _occupy(self, links: tuple[int, ...], delta: int) -> None:
         """Count a flow on its links; a link that becomes busy or idle sets the
         capacity of the links it contends with (re-rated at this instant's recompute)."""
+        busy, watchers = self.busy, self.watchers
         for link in links:
-            before = self.busy[link]
-            self.busy[link] += delta
-            if (before == 0) == (self.busy[link] == 0):
+            before = busy[link]
+            busy[link] += delta
+            if (before == 0) == (busy[link] == 0):
                 continue
-            for other in self.watchers.get(link, ()):
-                self.cap[other] = (self.contended[other][1] if self.busy[link]
+            for other in watchers.get(link, ()):
+                self.cap[other] = (self.contended[other][1] if busy[link]
                                    else self.base[other])
                 self._dirty.add(self.component_of[other])
 
@@ -158,7 +159,7 @@ class FairShareNetwork:
                     soonest = left
         if soonest < math.inf:
             timer = self.env.timeout(max(soonest, 0.0))
-            timer.callbacks.append(partial(self._on_timer, self._gen))
+            timer.callbacks.append(functools.partial(self._on_timer, self._gen))
 
     def _on_timer(self, gen: int, _event) -> None:
         if gen != self._gen:
@@ -207,36 +208,71 @@ def link_components(num_links: int, routes) -> list[int]:
 
 def fill_rates(flows: list[_Flow], cap: list[float]) -> None:
     """Max-min fair rates by progressive filling. `flows` must be closed under link
-    sharing (every flow on a link they use is in the list)."""
-    links: dict[int, list[float]] = {}
-    for flow in flows:
-        for link in flow.links:
-            entry = links.get(link)
-            if entry is None:
-                links[link] = [cap[link], 1]
+    sharing (every flow on a link they use is in the list). One flow alone (the most
+    common case) takes its rate alone at once: the same figure the filling reaches.
+    Several are filled by fair_rates, cached on what the rates depend on (each flow's
+    links and cap, the links' capacities now): a step repeats the same few sets of
+    concurrent flows block after block (a 65,536-GPU search: 7,410 fills, 278 sets)."""
+    if len(flows) == 1 and _fill_one(flows[0], cap):
+        return
+    rates = fair_rates(tuple((f.links, f.cap) for f in flows), tuple(cap))
+    for flow, rate in zip(flows, rates):
+        flow.rate = rate
+
+
+def _fill_one(flow: _Flow, cap: list[float]) -> bool:
+    """A lone flow's rate: the least of its cap and its links' capacities, as the first
+    round of fair_rates sets it (False, nothing set, when its route crosses a link
+    twice: that link's share is halved, left to the general path)."""
+    links = flow.links
+    if len(links) > 1 and len(set(links)) < len(links):
+        return False
+    level = flow.cap
+    for link in links:
+        share = cap[link] / 1    # a float, as the general path's share (capacity / count)
+        if share < level:
+            level = share
+    flow.rate = max(level, 0.0)
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def fair_rates(flows: tuple[tuple[tuple[int, ...], float], ...],
+               cap: tuple[float, ...]) -> tuple[float, ...]:
+    """Max-min fair rate of each flow ((links, cap) each; `cap`: every link's capacity)
+    by progressive filling: every round raises the unfrozen flows to the least of their
+    caps and their links' fair shares (capacity left / flows left), then freezes the
+    flows at a cap or on a link that saturates at that level."""
+    left: dict[int, float] = {}
+    count: dict[int, int] = {}
+    for links, _ in flows:
+        for link in links:
+            if link in count:
+                count[link] += 1
             else:
-                entry[1] += 1
-    unfrozen = flows
+                left[link], count[link] = cap[link], 1
+    rates = [0.0] * len(flows)
+    unfrozen = list(range(len(flows)))
     while unfrozen:
-        level = min(f.cap for f in unfrozen)
-        for left, count in links.values():
-            if count:
-                level = min(level, left / count)
+        shares = {link: left[link] / n for link, n in count.items() if n}
+        level = min([flows[i][1] for i in unfrozen])
+        if shares:
+            level = min(level, min(shares.values()))
         level = max(level, 0.0)
         limit = level * (1 + 1e-12)
-        saturated = {link for link, (left, count) in links.items()
-                     if count and left / count <= limit}
+        saturated = {link for link, share in shares.items() if share <= limit}
         rest = []
-        for flow in unfrozen:
-            if flow.cap <= limit or any(link in saturated for link in flow.links):
-                flow.rate = level
-                for link in flow.links:
-                    entry = links[link]
-                    entry[0] -= level
-                    entry[1] -= 1
+        for i in unfrozen:
+            links, flow_cap = flows[i]
+            if flow_cap <= limit or not saturated.isdisjoint(links):
+                rates[i] = level
+                for link in links:
+                    left[link] -= level
+                    count[link] -= 1
             else:
-                rest.append(flow)
+                rest.append(i)
         unfrozen = rest
+    return tuple(rates)
 
 
 # ---- the simulation -----------------------------------------------------------------
@@ -255,12 +291,13 @@ class _Sim:
 
     def __init__(self, graph):
         self.env = simpy.Environment()
-        names = list(graph.nodes)
+        nodes = graph.nodes
+        names = list(nodes)
         index = {n: i for i, n in enumerate(names)}
         self.names = names
-        self.attrs = [graph.nodes[n] for n in names]
+        self.attrs = [nodes[n] for n in names]
         self.deps: list[list[int]] = [[] for _ in names]
-        for u, v, why in graph.edges(data="why"):
+        for u, v, why in graph.edge_values("why"):
             if why != "order":   # the engine's program order already holds it
                 self.deps[index[v]].append(index[u])
         links = graph.graph["links"]
@@ -316,16 +353,17 @@ class _Sim:
     def _engine(self, tasks: list[int]):
         env, finished, deps, dur, flows = (self.env, self.finished, self.deps, self.dur,
                                            self.flows)
+        group_of, issue, staged, waiters = self.group_of, self.issue, self.staged, self.waiters
         for i in tasks:
             for j in deps[i]:
                 if not finished[j]:
                     yield self._waiter(j)
-            group = self.group_of[i]
-            issue_start, issue_end = self.issue[i]
+            group = group_of[i]
+            issue_start, issue_end = issue[i]
             # the host lane: a task starts once its issue starts (a copy or a collective
             # once it is issued, a copy the host stages as it issues it at once) and
             # ends no sooner than its issue
-            ready = issue_end if (flows[i] and not self.staged[i]) or group is not None \
+            ready = issue_end if (flows[i] and not staged[i]) or group is not None \
                 else issue_start
             if env.now < ready:
                 yield env.timeout(ready - env.now)
@@ -342,7 +380,7 @@ class _Sim:
                 start = group.start
             self.start[i], self.end[i] = start, env.now
             finished[i] = True
-            waiter = self.waiters.pop(i, None)
+            waiter = waiters.pop(i, None)
             if waiter is not None:
                 waiter.succeed()
 
