@@ -256,11 +256,37 @@ def _module_names(value: tuple) -> str | None:
 
 class PlanDecided(Section):
     """A section whose options the plan decides: each defaults to None (the plan's), and a
-    given one must agree with the plan (`check_plan`)."""
+    given one must agree with the plan (`check_plan`). A subclass says what the plan holds
+    (`planned`), why an option the plan has no value for is refused (`left_out`) and which
+    `zoplan optimize` option decides them (DECIDED_BY)."""
+
+    DECIDED_BY: ClassVar[str]
 
     @property
     def given(self) -> bool:
         return any(getattr(self, f.name) is not None for f in option_fields(type(self)))
+
+    def planned(self, workload: Workload) -> dict:
+        """The plan's value of each option it decides (a name left out: it has none)."""
+        raise NotImplementedError
+
+    def left_out(self, workload: Workload) -> str:
+        raise NotImplementedError
+
+    def check_plan(self, workload: Workload) -> None:
+        """FieldError for a given option that is not the plan's."""
+        planned = self.planned(workload)
+        for f in option_fields(type(self)):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if f.name not in planned:
+                raise FieldError(f.name, value, self.left_out(workload))
+            want = planned[f.name]
+            if (tuple(value) if isinstance(want, tuple) else value) != want:
+                shown = ",".join(want) if isinstance(want, tuple) else want
+                raise FieldError(f.name, value, f"{shown}, the plan's (zoplan optimize "
+                                 f"--{self.DECIDED_BY} decides it)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,27 +308,19 @@ class TuningOptions(PlanDecided):
     prefix_tokens: int | None = option(None, "Prefix tuning: keys and values per block",
                                        shown="the plan's", check=at_least(1))
 
-    def check_plan(self, workload: Workload) -> None:
-        """FieldError for a given option that is not the plan's."""
-        planned = {"tuning": workload.tuning}
+    DECIDED_BY: ClassVar[str] = "tuning"
+
+    def planned(self, workload: Workload) -> dict:
+        planned: dict = {"tuning": workload.tuning}
         if workload.is_lora:
             planned.update(lora_r=workload.lora_r, lora_alpha=workload.lora_alpha,
-                           lora_targets=workload.lora_targets)
+                           lora_targets=tuple(workload.lora_targets))
         if workload.is_prefix:
             planned.update(prefix_tokens=workload.prefix_tokens)
-        for name in ("tuning", "lora_r", "lora_alpha", "lora_targets", "prefix_tokens"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if name not in planned:
-                raise FieldError(name, value, f"left out: the plan is a {workload.tuning} "
-                                 f"plan (zoplan optimize --tuning decides it)")
-            if tuple(value) != tuple(planned[name]) if name == "lora_targets" \
-                    else value != planned[name]:
-                shown = planned[name]
-                shown = ",".join(shown) if isinstance(shown, tuple) else shown
-                raise FieldError(name, value, f"{shown}, the plan's (zoplan optimize "
-                                 f"--tuning decides it)")
+        return planned
+
+    def left_out(self, workload: Workload) -> str:
+        return f"left out: the plan is a {workload.tuning} plan (zoplan optimize --tuning decides it)"
 
 
 def _share(v: float) -> str | None:
@@ -331,22 +349,14 @@ class EstimatorOptions(PlanDecided):
         None, "Directions a step, each on its equal part of the global batch (each DDP "
         "group its own where the layout has them)", shown="the plan's", check=at_least(1))
 
-    def check_plan(self, workload: Workload) -> None:
-        """FieldError for a given option that is not the plan's."""
-        planned = workload.estimator_spec
-        for f in option_fields(type(self)):
-            value = getattr(self, f.name)
-            if value is None:
-                continue
-            want = getattr(planned, f.name)
-            if f.name not in ("estimator", "directions") \
-                    and f.name not in planned.to_dict():
-                raise FieldError(f.name, value, f"left out: the plan's estimator is "
-                                 f"{planned.estimator} (make another with zoplan optimize "
-                                 f"--estimator)")
-            if value != want:
-                raise FieldError(f.name, value, f"{want}, the plan's (zoplan optimize "
-                                 f"--estimator decides it)")
+    DECIDED_BY: ClassVar[str] = "estimator"
+
+    def planned(self, workload: Workload) -> dict:
+        return workload.estimator_spec.to_dict()   # its name, own settings and directions
+
+    def left_out(self, workload: Workload) -> str:
+        return (f"left out: the plan's estimator is {workload.estimator_spec.estimator} "
+                f"(make another with zoplan optimize --estimator)")
 
 
 @dataclass(frozen=True, kw_only=True)
