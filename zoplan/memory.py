@@ -598,7 +598,17 @@ def node_host_memory(*, model: ModelSpec, workload: Workload, layout: Layout,
     zeros, a copy of the handed-over master) and the handover file. The store keeps
     every block, resident ones included (they are loaded through it, and snapshots
     are written from it); on CPU profiles the ranks' resident shards are host memory
-    on top (`resident_blocks`)."""
+    on top (`resident_blocks`). Cached; on CUDA on the node's local ranks and slices
+    alone, all of the layout its bytes depend on there (a search prices thousands of
+    layouts over a few nodes' shapes)."""
+    if device_kind == "cuda":
+        layout, resident_blocks = Layout(ddp=layout.local_ranks, slices=layout.slices), 0
+    return _node_host(model, workload, layout, device_kind, random_init, resident_blocks)
+
+
+@functools.lru_cache(maxsize=4096)
+def _node_host(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str,
+               random_init: bool, resident_blocks: int) -> HostMemory:
     n, r, p, c = _sizes(model, workload)
     ranks = layout.local_ranks
     stride = store_stride(n, slices=layout.slices, local_ranks=ranks)

@@ -66,14 +66,13 @@ def test_a_layouts_dict_is_asdicts():
 
 @pytest.mark.parametrize("workload", WORKLOADS, ids=["stochastic", "lowrank-q4", "lora"])
 def test_a_cuda_nodes_host_bytes_depend_on_its_ranks_and_slices_alone(workload):
-    """zoplan.sim.memory prices a CUDA node's host memory on Layout(ddp=local ranks,
-    slices) for every layout: the same terms as from the whole layout."""
+    """node_host_memory prices a CUDA node's host memory on Layout(ddp=local ranks,
+    slices) for every layout (cached): the same terms as from the whole layout."""
     model = get_model("opt-125m")
+    whole_layout = memory._node_host.__wrapped__   # the body, on the layout as given
     for layout in _layouts():
         for resident in (0, 3):
-            whole = memory.node_host_memory(model=model, workload=workload, layout=layout,
-                                            device_kind="cuda", resident_blocks=resident)
-            node = memory.node_host_memory(
-                model=model, workload=workload, device_kind="cuda", resident_blocks=0,
-                layout=Layout(ddp=layout.local_ranks, slices=layout.slices))
+            whole = whole_layout(model, workload, layout, "cuda", True, resident)
+            node = memory.node_host_memory(model=model, workload=workload, layout=layout,
+                                           device_kind="cuda", resident_blocks=resident)
             assert whole == node, layout

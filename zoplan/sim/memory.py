@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from zoplan.hardware import GIB, HardwareProfile
 from zoplan.layout import Layout
 from zoplan.memory import (
-    HostMemory,
     RankMemory,
     fmt_bytes,
     node_host_memory,
@@ -113,22 +112,12 @@ def _rank(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str
 
 
 @functools.lru_cache(maxsize=4096)
-def _host(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str,
-          resident_blocks: int) -> HostMemory:
-    """node_host_memory, cached (on CUDA profiles, many layouts share a node's one)."""
-    return node_host_memory(model=model, workload=workload, layout=layout,
-                            device_kind=device_kind, resident_blocks=resident_blocks)
-
-
-@functools.lru_cache(maxsize=4096)
 def _estimate(model: ModelSpec, profile: HardwareProfile, workload: Workload, layout: Layout,
               resident_blocks: int) -> MemoryEstimate:
     kind = profile.device["kind"]
     rank = _rank(model, workload, layout, kind, resident_blocks)
-    if kind == "cuda":   # a node's host bytes depend on its ranks and slices alone there
-        host = _host(model, workload, Layout(ddp=layout.local_ranks, slices=layout.slices), kind, 0)
-    else:                # every rank's device bytes are host memory too
-        host = _host(model, workload, layout, kind, resident_blocks)
+    host = node_host_memory(model=model, workload=workload, layout=layout, device_kind=kind,
+                            resident_blocks=resident_blocks)
     gpu_terms, host_terms = rank.peak_terms(), host.peak_terms()
     labels = {t.key: t.label for t in gpu_terms}
     labels.update({t.key: t.label for t in host_terms})
