@@ -91,8 +91,9 @@ def merged(results: list[dict]) -> dict:
     and the zoexec parts of the same settings as the first one's (zoexec_key) give
     their seeds to its summary; the zero-shot figures are the first run's that has them."""
     out = dict(results[0])
-    out.update({part: r[part] for r in reversed(results) for part in ("zero_shot",)
-                if part in r and part not in results[0]})
+    zero = next((r["zero_shot"] for r in results if "zero_shot" in r), None)
+    if zero is not None:
+        out["zero_shot"] = zero
     parts = [r["zoexec_fine_tuned"] for r in results if r.get("zoexec_fine_tuned")]
     if parts:
         seeds = {k: v for p in parts if zoexec_key(p) == zoexec_key(parts[0])

@@ -229,7 +229,7 @@ def _fill_one(flow: _Flow, cap: list[float]) -> bool:
         return False
     level = flow.cap
     for link in links:
-        share = cap[link] / 1    # a float, as the general path's share (capacity / count)
+        share = float(cap[link])   # a float, as the general path's share (capacity / count)
         if share < level:
             level = share
     flow.rate = max(level, 0.0)
