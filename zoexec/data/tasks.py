@@ -32,7 +32,7 @@ from zoexec.data.templates import joiner, not_a_label, template_fields, text_of
 from zoplan.errors import ZoError
 
 if TYPE_CHECKING:
-    from zoexec.data.section import TaskOptions
+    from zoexec.data.taskfields import TaskFields
 
 TAG_ROWS = 0x5257   # the training rows' order (every prompt type's)
 
@@ -58,7 +58,7 @@ class Tokens:
         return ids
 
 
-def completion_examples(rows, spec: TaskOptions, tokens: Tokens, path) -> list[Example]:
+def completion_examples(rows, spec: TaskFields, tokens: Tokens, path) -> list[Example]:
     check_columns(rows, (spec.prompt_column, spec.completion_column), path)
     out = []
     for number, row in enumerate(rows, start=1):
@@ -87,7 +87,7 @@ class Labelled:
         return Example(self.prompt, self.candidates[self.label if index is None else index])
 
 
-def label_word_ids(spec: TaskOptions, tokens: Tokens) -> tuple[tuple[int, ...], ...]:
+def label_word_ids(spec: TaskFields, tokens: Tokens) -> tuple[tuple[int, ...], ...]:
     out = []
     for word in spec.label_words:
         ids = tokens.encode(joiner(spec.template) + word, special=False, what=f"label word {word!r}")
@@ -103,7 +103,7 @@ def label_word_ids(spec: TaskOptions, tokens: Tokens) -> tuple[tuple[int, ...], 
     return tuple(out)
 
 
-def _label_index(value, spec: TaskOptions, where: str) -> int:
+def _label_index(value, spec: TaskFields, where: str) -> int:
     words = [w.strip() for w in spec.label_words]
     if isinstance(value, (bool, float)):
         raise ZoError(f"{where}: label {value!r} in column {spec.label_column!r} is "
@@ -120,7 +120,7 @@ def _label_index(value, spec: TaskOptions, where: str) -> int:
                   f"0..{len(words) - 1} nor one of the label words ({', '.join(words)})")
 
 
-def classification_examples(rows, spec: TaskOptions, tokens: Tokens, path) -> list[Labelled]:
+def classification_examples(rows, spec: TaskFields, tokens: Tokens, path) -> list[Labelled]:
     fields = template_fields(spec.template)
     check_columns(rows, (*fields, spec.label_column), path)
     candidates = label_word_ids(spec, tokens)
@@ -221,7 +221,7 @@ class EvalSet:
 
 
 # ---- evaluation sets of the types ---------------------------------------------------------
-def classification_eval_set(examples: list, spec: TaskOptions, *, pad: int) -> EvalSet:
+def classification_eval_set(examples: list, spec: TaskFields, *, pad: int) -> EvalSet:
     """The classification examples' evaluation rows: a row each with single-token
     candidates (scored at the answer position), else a row per candidate."""
     labels = [ex.label for ex in examples]

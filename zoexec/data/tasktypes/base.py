@@ -24,7 +24,7 @@ from zoplan.errors import ZoError
 
 if TYPE_CHECKING:   # type names only: these modules import torch (or this one)
     from zoexec.data.demos import Demonstrations
-    from zoexec.data.section import TaskOptions
+    from zoexec.data.taskfields import TaskFields
     from zoexec.data.tasks import EvalSet, Tokens
 
 # the options of in-context demonstrations, read by every prompt type
@@ -59,23 +59,23 @@ class TaskType(Protocol):
     def packed(self) -> bool:
         """Rows are documents packed to the plan's seq: no row lengths to measure."""
 
-    def check(self, task: TaskOptions) -> None:
+    def check(self, task: TaskFields) -> None:
         """ZoError for options that do not go together (each field checks itself)."""
 
-    def reports(self, task: TaskOptions) -> tuple[str, ...]:
+    def reports(self, task: TaskFields) -> tuple[str, ...]:
         """The metrics an evaluation of `task` reports (a subset of `metrics`)."""
 
-    def source(self, path: str, task: TaskOptions, *, vocab: int, seed: int,
+    def source(self, path: str, task: TaskFields, *, vocab: int, seed: int,
                tokenizer_dir: str | None, seq: int | None) -> Any:
         """The training source over the file or folder `path`: batch(step, rows, seq)."""
 
-    def eval_set(self, path: str, task: TaskOptions, *, vocab: int, seq: int,
+    def eval_set(self, path: str, task: TaskFields, *, vocab: int, seq: int,
                  tokenizer_dir: str | None, samples: int | None,
                  train_path: str | None) -> EvalSet:
         """The evaluation rows over `path` (`samples` of them; demonstrations drawn from
         task.demonstrations_data, else `train_path`, else `path`)."""
 
-    def check_data(self, path: str, task: TaskOptions, *, vocab: int, batch: int, seq: int,
+    def check_data(self, path: str, task: TaskFields, *, vocab: int, batch: int, seq: int,
                    tokenizer_dir: str | None) -> None:
         """ZoError for what a rank would refuse in `path`, before any rank starts."""
 
@@ -121,32 +121,32 @@ class PromptType:
     extras: tuple[str, ...] = DEMONSTRATIONS
     packed = False
 
-    def check(self, task: TaskOptions) -> None:
+    def check(self, task: TaskFields) -> None:
         if task.demonstrations_in_training and not task.demonstrations:
             raise ZoError("--demonstrations-in-training needs --demonstrations K (K >= 1)")
 
-    def reports(self, task: TaskOptions) -> tuple[str, ...]:
+    def reports(self, task: TaskFields) -> tuple[str, ...]:
         return self.metrics
 
-    def examples(self, rows: list[dict[str, Any]], task: TaskOptions, tokens: Tokens,
+    def examples(self, rows: list[dict[str, Any]], task: TaskFields, tokens: Tokens,
                  path: str) -> list[Any]:
         raise NotImplementedError
 
-    def train_rows(self, examples: list[Any], task: TaskOptions, *, pad: int, seed: int,
+    def train_rows(self, examples: list[Any], task: TaskFields, *, pad: int, seed: int,
                    path: str) -> Any:
         """The training source of `examples`: one a row, a fresh order each epoch."""
         from zoexec.data.tasks import ExampleRows
 
         return ExampleRows(examples, pad=pad, seed=seed, path=path)
 
-    def evaluation(self, prompted: Prompted, task: TaskOptions) -> EvalSet:
+    def evaluation(self, prompted: Prompted, task: TaskFields) -> EvalSet:
         """The evaluation set of the examples: one row each, eval_loss on its target."""
         from zoexec.data.tasks import EvalSet
 
         return EvalSet(rows=prompted.fed(), pad=prompted.tokens.pad)
 
     # ---- the flow every prompt type shares ----------------------------------------------
-    def source(self, path: str, task: TaskOptions, *, vocab: int, seed: int = 0,
+    def source(self, path: str, task: TaskFields, *, vocab: int, seed: int = 0,
                tokenizer_dir: str | None = None, seq: int | None = None) -> Any:
         from zoexec.data.demos import with_demonstrations
 
@@ -160,7 +160,7 @@ class PromptType:
             examples = with_demonstrations(examples, rows, demos, seq=seq, reserve=target_length)
         return self.train_rows(examples, task, pad=tokens.pad, seed=seed, path=path)
 
-    def eval_set(self, path: str, task: TaskOptions, *, vocab: int, seq: int,
+    def eval_set(self, path: str, task: TaskFields, *, vocab: int, seq: int,
                  tokenizer_dir: str | None = None, samples: int | None = None,
                  train_path: str | None = None) -> EvalSet:
         from zoexec.data.tasks import some
@@ -176,11 +176,11 @@ class PromptType:
                                         rows=some(rows, samples), demos=demos, seq=seq,
                                         tokens=tokens), task)
 
-    def check_data(self, path: str, task: TaskOptions, *, vocab: int, batch: int, seq: int,
+    def check_data(self, path: str, task: TaskFields, *, vocab: int, batch: int, seq: int,
                    tokenizer_dir: str | None = None) -> None:
         self.source(path, task, vocab=vocab, tokenizer_dir=tokenizer_dir, seq=seq).check(seq)
 
-    def _demonstrations(self, task: TaskOptions, tokens: Tokens, pool: str, *,
+    def _demonstrations(self, task: TaskFields, tokens: Tokens, pool: str, *,
                         rows: list[dict[str, Any]] | None = None) -> Demonstrations:
         """The demonstrations of `task` drawn from the file `pool` (`rows`: its rows,
         read already)."""

@@ -21,7 +21,7 @@ from zoexec.data.templates import template_fields
 from zoplan.errors import ZoError
 
 if TYPE_CHECKING:
-    from zoexec.data.section import TaskOptions
+    from zoexec.data.taskfields import TaskFields
     from zoexec.data.tasks import EvalSet, Tokens
 
 
@@ -31,7 +31,7 @@ class ClassificationTask(PromptType):
     options = ("template", "label_words", "label_column", "classification_loss")
     metrics = ("eval_loss", "eval_accuracy", "eval_f1")
 
-    def check(self, task: TaskOptions) -> None:
+    def check(self, task: TaskFields) -> None:
         super().check(task)
         if not task.template:
             raise ZoError("--task classification needs --template, e.g. \"{sentence} It was\" "
@@ -48,17 +48,17 @@ class ClassificationTask(PromptType):
         if len(set(words)) != len(words):
             raise ZoError(f"--label-words {','.join(words)!r}: a word appears twice")
 
-    def reports(self, task: TaskOptions) -> tuple[str, ...]:
+    def reports(self, task: TaskFields) -> tuple[str, ...]:
         """eval_f1 (of label 1) with two label words only."""
         return self.metrics if len(task.label_words) == 2 else self.metrics[:2]
 
-    def examples(self, rows: list[dict[str, Any]], task: TaskOptions, tokens: Tokens,
+    def examples(self, rows: list[dict[str, Any]], task: TaskFields, tokens: Tokens,
                  path: str) -> list[Any]:
         from zoexec.data.tasks import classification_examples
 
         return classification_examples(rows, task, tokens, path)
 
-    def train_rows(self, examples: list[Any], task: TaskOptions, *, pad: int, seed: int,
+    def train_rows(self, examples: list[Any], task: TaskFields, *, pad: int, seed: int,
                    path: str) -> Any:
         from zoexec.data.choices import ChoiceRows
         from zoexec.data.tasks import TAG_ROWS
@@ -66,7 +66,7 @@ class ClassificationTask(PromptType):
         return ChoiceRows(examples, loss=task.classification_loss, pad=pad, seed=seed,
                           tag=TAG_ROWS, path=path)
 
-    def evaluation(self, prompted: Prompted, task: TaskOptions) -> EvalSet:
+    def evaluation(self, prompted: Prompted, task: TaskFields) -> EvalSet:
         from zoexec.data.tasks import classification_eval_set
 
         return classification_eval_set(prompted.fed(), task, pad=prompted.tokens.pad)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from zoexec.data.tasktypes.base import PromptType
 
 if TYPE_CHECKING:
-    from zoexec.data.section import TaskOptions
+    from zoexec.data.taskfields import TaskFields
     from zoexec.data.tasks import Tokens
 
 
@@ -24,7 +24,7 @@ class CompletionTask(PromptType):
     options = ("prompt_column", "completion_column")
     metrics = ("eval_loss",)
 
-    def examples(self, rows: list[dict[str, Any]], task: TaskOptions, tokens: Tokens,
+    def examples(self, rows: list[dict[str, Any]], task: TaskFields, tokens: Tokens,
                  path: str) -> list[Any]:
         from zoexec.data.tasks import completion_examples
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from zoexec.data.tasktypes.base import Prompted, PromptType
 
 if TYPE_CHECKING:
-    from zoexec.data.section import TaskOptions
+    from zoexec.data.taskfields import TaskFields
     from zoexec.data.tasks import EvalSet, Tokens
 
 
@@ -21,18 +21,18 @@ class GenerationTask(PromptType):
     options = ("template", "prompt_column", "answer_column", "max_new_tokens", "stop_at")
     metrics = ("eval_loss", "eval_exact_match", "eval_f1")
 
-    def examples(self, rows: list[dict[str, Any]], task: TaskOptions, tokens: Tokens,
+    def examples(self, rows: list[dict[str, Any]], task: TaskFields, tokens: Tokens,
                  path: str) -> list[Any]:
         from zoexec.data.generation import generation_examples
 
         return generation_examples(rows, task, tokens, path)
 
-    def train_rows(self, examples: list[Any], task: TaskOptions, *, pad: int, seed: int,
+    def train_rows(self, examples: list[Any], task: TaskFields, *, pad: int, seed: int,
                    path: str) -> Any:
         return super().train_rows([ex.example() for ex in examples], task, pad=pad, seed=seed,
                                   path=path)
 
-    def evaluation(self, prompted: Prompted, task: TaskOptions) -> EvalSet:
+    def evaluation(self, prompted: Prompted, task: TaskFields) -> EvalSet:
         """A row per example (its first answer: eval_loss) and the prompts to generate
         from, fitted to leave --max-new-tokens."""
         from zoexec.data.generation import decoding_of

@@ -14,7 +14,7 @@ from zoexec.data.tasktypes.base import Prompted, PromptType
 from zoplan.errors import ZoError
 
 if TYPE_CHECKING:
-    from zoexec.data.section import TaskOptions
+    from zoexec.data.taskfields import TaskFields
     from zoexec.data.tasks import EvalSet, Tokens
 
 
@@ -24,7 +24,7 @@ class MultipleChoiceTask(PromptType):
     options = ("template", "choices", "choices_column", "label_column", "choice_score")
     metrics = ("eval_loss", "eval_accuracy", "eval_accuracy_norm")
 
-    def check(self, task: TaskOptions) -> None:
+    def check(self, task: TaskFields) -> None:
         super().check(task)
         if not task.template or not (task.choices or task.choices_column):
             raise ZoError("--task multiple-choice needs --template (the prompt) and the "
@@ -37,13 +37,13 @@ class MultipleChoiceTask(PromptType):
             raise ZoError(f"--choices {task.choices[0]!r}: give two or more templates, "
                           f"'|'-separated")
 
-    def examples(self, rows: list[dict[str, Any]], task: TaskOptions, tokens: Tokens,
+    def examples(self, rows: list[dict[str, Any]], task: TaskFields, tokens: Tokens,
                  path: str) -> list[Any]:
         from zoexec.data.multichoice import choice_examples
 
         return choice_examples(rows, task, tokens, path, preset(task.task_preset))
 
-    def train_rows(self, examples: list[Any], task: TaskOptions, *, pad: int, seed: int,
+    def train_rows(self, examples: list[Any], task: TaskFields, *, pad: int, seed: int,
                    path: str) -> Any:
         from zoexec.data.multichoice import MultipleChoiceRows
         from zoexec.data.tasks import TAG_ROWS
@@ -51,7 +51,7 @@ class MultipleChoiceTask(PromptType):
         return MultipleChoiceRows(examples, score=task.choice_score, pad=pad, seed=seed,
                                   tag=TAG_ROWS, path=path)
 
-    def evaluation(self, prompted: Prompted, task: TaskOptions) -> EvalSet:
+    def evaluation(self, prompted: Prompted, task: TaskFields) -> EvalSet:
         from zoexec.data.multichoice import choice_eval_parts
         from zoexec.data.tasks import EvalSet
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from zoexec.data.section import TaskOptions
+    from zoexec.data.taskfields import TaskFields
     from zoexec.data.tasks import EvalSet
 
 
@@ -23,20 +23,20 @@ class TextTask:
     metrics: tuple[str, ...] = ("eval_loss",)
     packed = True
 
-    def check(self, task: TaskOptions) -> None:
+    def check(self, task: TaskFields) -> None:
         pass
 
-    def reports(self, task: TaskOptions) -> tuple[str, ...]:
+    def reports(self, task: TaskFields) -> tuple[str, ...]:
         return self.metrics
 
-    def source(self, path: str, task: TaskOptions, *, vocab: int, seed: int = 0,
+    def source(self, path: str, task: TaskFields, *, vocab: int, seed: int = 0,
                tokenizer_dir: str | None = None, seq: int | None = None) -> Any:
         from zoexec.data.text import TextData
 
         return TextData.from_path(path, vocab=vocab, seed=seed, tokenizer_dir=tokenizer_dir,
                                   column=task.text_column)
 
-    def eval_set(self, path: str, task: TaskOptions, *, vocab: int, seq: int,
+    def eval_set(self, path: str, task: TaskFields, *, vocab: int, seq: int,
                  tokenizer_dir: str | None = None, samples: int | None = None,
                  train_path: str | None = None) -> EvalSet:
         from zoexec.data.tasks import EvalSet, some
@@ -44,7 +44,7 @@ class TextTask:
         data = self.source(path, task, vocab=vocab, tokenizer_dir=tokenizer_dir)
         return EvalSet(rows=some(data.eval_examples(seq), samples), pad=0)
 
-    def check_data(self, path: str, task: TaskOptions, *, vocab: int, batch: int, seq: int,
+    def check_data(self, path: str, task: TaskFields, *, vocab: int, batch: int, seq: int,
                    tokenizer_dir: str | None = None) -> None:
         from zoexec.data.text import check_data
 
