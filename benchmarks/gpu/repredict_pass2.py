@@ -1,6 +1,6 @@
-"""The H200's pass-2 traces re-predicted: the committed GPU plans' layouts
-(scripts/gpu_plans/, OPT-1.3B bf16 8 x 512, every block offloaded / resident) simulated
-again on a profile (default the shipped hgx-h200) and compared, per task kind (median
+"""The H200's pass-2 traces re-predicted: the layouts the pass ran (its traces'
+meta.json) with the committed GPU plans' workloads and placements (scripts/gpu_plans/,
+OPT-1.3B bf16 8 x 512, every block offloaded / resident) simulated again on a profile (default the shipped hgx-h200) and compared, per task kind (median
 task) and for the step (median over steps 1-19), with what the H200 measured
 (benchmarks/results/h200-2026-12-04/pass2/run-*/trace).
 
@@ -25,11 +25,13 @@ if str(REPO) not in sys.path:
 
 from zoplan.calibrate.compare import step_span  # noqa: E402
 from zoplan.hardware import HardwareProfile, load_profile  # noqa: E402
+from zoplan.layout import Layout  # noqa: E402
 from zoplan.plan import Plan  # noqa: E402
 from zoplan.sim import costs as sim_costs  # noqa: E402
 from zoplan.sim import graph  # noqa: E402
 from zoplan.sim.simulate import simulate  # noqa: E402
 from zoplan.trace import read_trace  # noqa: E402
+from zoplan.workload import Workload  # noqa: E402
 
 PASS2 = REPO / "benchmarks" / "results" / "h200-2026-12-04" / "pass2"
 PLANS = REPO / "scripts" / "gpu_plans"
@@ -51,13 +53,17 @@ def measured(run: str, skip: int = 1) -> dict[str, float]:
 
 
 def predicted(run: str, profile: HardwareProfile, kernel: str = "torch") -> dict[str, float]:
-    """The committed plan's layout and placement simulated on `profile`: median task
-    per kind, and the step."""
+    """The layout the trace ran (its meta.json) with the committed plan's model,
+    workload and placement, simulated on `profile`: median task per kind, and the step."""
     plan = Plan.load(PLANS / f"opt-1.3b-{run}.plan.json")
+    meta, _ = read_trace(PASS2 / f"run-{run}" / "trace")
     workload = dataclasses.replace(plan.workload, update_kernel=kernel)
+    if Workload.from_dict(meta["workload"]) != plan.workload:
+        raise SystemExit(f"the committed {run} plan's workload is not the one pass 2 ran")
     resident = tuple(b["placement"] == "resident" for b in plan.data["blocks"])
     costs = sim_costs.step_costs(model=plan.model, profile=profile, workload=workload,
-                                 layout=plan.layout, resident=resident, period=0)
+                                 layout=Layout.from_dict(meta["layout"]), resident=resident,
+                                 period=0)
     result = simulate(graph.build_step_graph(costs))
     out = {"step": result.step_time_s}
     for kind in KINDS:
