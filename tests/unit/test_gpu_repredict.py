@@ -61,3 +61,21 @@ def test_the_fused_pass_is_priced_below_the_torch_path(run):
     torch_path, fused = repredict.predicted(run, h200), repredict.predicted(run, h200, "fused")
     assert fused["update"] < 0.6 * torch_path["update"]
     assert fused["step"] < torch_path["step"]
+
+
+def test_the_update_kernel_is_a_workload_key_only_when_fused():
+    """Plans of the torch path write no key (byte-identical to before); the fused pass
+    is recorded, read back, and refused where it prices nothing (other estimators)."""
+    from zoplan.workload import Workload
+
+    torch_path = Workload(batch=8, seq=512, param_dtype="bf16", compute_dtype="bf16")
+    assert "update_kernel" not in torch_path.to_dict()
+    fused = Workload(batch=8, seq=512, param_dtype="bf16", compute_dtype="bf16",
+                     update_kernel="fused")
+    assert fused.to_dict()["update_kernel"] == "fused"
+    assert Workload.from_dict(fused.to_dict()) == fused
+    with pytest.raises(ValueError, match="update_kernel must be one of"):
+        Workload(batch=8, seq=512, update_kernel="triton")
+    with pytest.raises(ValueError, match="fused"):
+        Workload(batch=8, seq=512, param_dtype="bf16", compute_dtype="bf16",
+                 update_kernel="fused", estimator="lowrank")
