@@ -165,15 +165,24 @@ def _measured_table() -> dict:
 
 
 def repredict_block() -> str:
-    """docs/gpu.md's table of the pass-2 traces re-predicted on the shipped hgx-h200."""
+    """docs/gpu.md's table of the pass-2 traces re-predicted on the shipped hgx-h200:
+    predicted and measured per task kind, the priced device and host seconds of one task
+    (torch path), and the fused pass's prediction."""
     from zoplan.hardware import load_profile
 
     module = _repredict()
+    h200 = load_profile("hgx-h200")
+    fused = {(run, kind): pred for run, kind, pred, _ in module.table(h200, "fused")}
+    splits = {run: module.split(run, h200) for run in module.RUNS}
     lines = [REPREDICT_START, "",
-             "| run | kind | predicted ms | measured ms | error |", "|---|---|---|---|---|"]
-    for run, kind, pred, meas in module.table(load_profile("hgx-h200")):
+             "| run | kind | predicted ms | measured ms | error | device / host issue ms (one task) "
+             "| fused pass, predicted ms |",
+             "|---|---|---|---|---|---|---|"]
+    for run, kind, pred, meas in module.table(h200):
+        device, host = splits[run].get(kind, (None, None))
+        both = "-" if device is None else f"{device * 1e3:.3f} / {host * 1e3:.3f}"
         lines.append(f"| {run} | {kind} | {pred * 1e3:.3f} | {meas * 1e3:.3f} | "
-                     f"{_pct(pred, meas)} |")
+                     f"{_pct(pred, meas)} | {both} | {fused[(run, kind)] * 1e3:.3f} |")
     return "\n".join([*lines, "", REPREDICT_END])
 
 

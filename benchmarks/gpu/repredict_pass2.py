@@ -71,6 +71,22 @@ def predicted(run: str, profile: HardwareProfile, kernel: str = "torch") -> dict
     return out
 
 
+def split(run: str, profile: HardwareProfile, kernel: str = "torch") -> dict[str, tuple[float, float]]:
+    """Per task kind of `run`: (device seconds, the host's seconds to issue it) of one
+    task as priced (block tasks: block 0)."""
+    plan = Plan.load(PLANS / f"opt-1.3b-{run}.plan.json")
+    meta, _ = read_trace(PASS2 / f"run-{run}" / "trace")
+    workload = dataclasses.replace(plan.workload, update_kernel=kernel)
+    resident = tuple(b["placement"] == "resident" for b in plan.data["blocks"])
+    costs = sim_costs.step_costs(model=plan.model, profile=profile, workload=workload,
+                                 layout=Layout.from_dict(meta["layout"]), resident=resident,
+                                 period=0)
+    device = {"update": costs.update_task_s(0), "forward": costs.forward_s,
+              "head": costs.head_s, "embed": costs.embed_s}
+    block = {"update": 0, "forward": 0, "head": -1, "embed": -1}
+    return {kind: (device[kind], costs.issue(kind, block[kind], 0)) for kind in KINDS}
+
+
 def table(profile: HardwareProfile, kernel: str = "torch") -> list[tuple[str, str, float, float]]:
     """(run, kind, predicted s, measured s) of both runs, step first."""
     rows = []
