@@ -10,7 +10,9 @@ the achieved HBM bandwidth, and one seeded generator launch per Z_CHUNK_CUDA ele
 of a tensor at compute.z_launch_us of host time (zoplan.execrules.z_draw_calls). A pass
 (perturb, update) is memory-bound: its bytes (zo_pass_bytes) at the achieved HBM
 bandwidth, one launch. The stochastic update works per chunk in fp32 scratch
-(SR_BYTES an element, SR_KERNELS kernels a chunk) with its noise drawn like z.
+(SR_BYTES an element, SR_KERNELS kernels a chunk) with its noise, a uniform draw
+seeded like z, written at HBM speed (NOISE_BYTES). The fused pass (Workload.update_kernel
+"fused": fused_pass below) is one kernel per pass that regenerates z in place.
 CPU. A measured profile's z model: z chunks spread over the rank's threads (the
 busiest thread sets the time, zoplan.execrules.z_makespan), z_call_us to hand them to a
 pool, z_chunk_us a chunk, z_ns_per_elem an element, 1 / z_rank_scaling with several
