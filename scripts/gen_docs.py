@@ -145,12 +145,16 @@ def readme_figures(readme: str, figures: str) -> str:
 
 
 def _gpu_figures():
+    """scripts/gpu_figures.py, loaded once a process (its figures are computed once)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_figures", ROOT / "scripts" / "gpu_figures.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = sys.modules.get("gpu_figures")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("gpu_figures", ROOT / "scripts" / "gpu_figures.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["gpu_figures"] = module
     return module
 
 
