@@ -5,7 +5,10 @@
   commands that take it and what a resume does with it, and what each task type reads
   (zoexec.data.tasktypes); the part above MARKER is prose, kept as it is;
 - the README's Figures section, a copy of docs/figures.md's "At a glance" section
-  (links made relative to the repository's root).
+  (links made relative to the repository's root);
+- the GPU figures of docs/gpu.md and docs/figures.md (scripts/gpu_figures.py): table
+  rows and docs/gpu.md's re-prediction of the GPU pass, made from the pass's results and
+  the planner on the shipped profiles, never copied by hand.
 
     .venv/bin/python scripts/gen_docs.py           rewrite both
     .venv/bin/python scripts/gen_docs.py --check   exit 1 (naming the first difference)
@@ -27,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "options.md"
 README = ROOT / "README.md"
 FIGURES = ROOT / "docs" / "figures.md"
+GPU_DOC = ROOT / "docs" / "gpu.md"
 MARKER = "<!-- generated below by scripts/gen_docs.py from the option fields: do not edit -->"
 GLANCE = "## At a glance"
 README_START = "<!-- the Figures below are docs/figures.md's \"At a glance\", copied by scripts/gen_docs.py: edit them there -->"
@@ -140,10 +144,27 @@ def readme_figures(readme: str, figures: str) -> str:
     return f"{head}{README_START}\n## Figures\n\n{glance}\n\n{README_END}{tail}"
 
 
+def _gpu_figures():
+    """scripts/gpu_figures.py, loaded once a process (its figures are computed once)."""
+    import importlib.util
+
+    module = sys.modules.get("gpu_figures")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("gpu_figures", ROOT / "scripts" / "gpu_figures.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["gpu_figures"] = module
+    return module
+
+
 def expected() -> dict[Path, str]:
     """Each generated file as it should read now."""
-    return {DOC: current(DOC.read_text()),
-            README: readme_figures(README.read_text(), FIGURES.read_text())}
+    gpu = _gpu_figures()
+    figures = gpu.apply("figures.md", FIGURES.read_text())
+    return {DOC: current(DOC.read_text()), FIGURES: figures,
+            GPU_DOC: gpu.apply("gpu.md", GPU_DOC.read_text()),
+            README: readme_figures(README.read_text(), figures)}
 
 
 def problem(path: Path, text: str, want: str) -> str | None:

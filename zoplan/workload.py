@@ -53,6 +53,12 @@ from zoplan.models import DTYPE_BYTES
 from zoplan.prefix import DEFAULT_PREFIX_TOKENS, MAX_PREFIX_TOKENS
 
 UPDATE_MODES = ("master", "stochastic", "plain")
+# How a GPU rank runs the zo passes (zoplan.pricing.zo): "torch", one torch kernel per
+# operation and z drawn into a buffer (zoexec.maths.zo, what runs today); "fused", one
+# kernel per pass that regenerates z (and the rounding's noise) from a counter-based
+# generator, updates, rounds and writes the next perturbation in one read and one write
+# of the weights. A plan of the torch path writes no key (its bytes as before).
+UPDATE_KERNELS = ("torch", "fused")
 MAX_BATCH = 2**24        # sequences per step
 MAX_SEQ = 2**24          # tokens per sequence (zoplan.models.SHAPE_BOUNDS' positions)
 HALF_DTYPES = ("fp16", "bf16")
@@ -89,6 +95,7 @@ class Workload:
     lowrank_every: int = DEFAULT_LOWRANK_EVERY       # lowrank: steps V is kept
     sparse_share: float = DEFAULT_SPARSE_SHARE       # sparse: share perturbed
     directions: int = 1          # directions a step (each on its part of the batch)
+    update_kernel: str = "torch"   # the zo passes on a GPU (UPDATE_KERNELS)
 
     def __post_init__(self) -> None:
         for name in ("batch", "seq"):
@@ -104,6 +111,14 @@ class Workload:
         self._check_tuning()
         if not self.update:
             object.__setattr__(self, "update", default_update(self.param_dtype, self.tuning))
+        if self.update_kernel not in UPDATE_KERNELS:
+            raise ValueError(f"update_kernel must be one of {', '.join(UPDATE_KERNELS)}, "
+                             f"got {self.update_kernel!r}")
+        if self.update_kernel == "fused" and (self.tuning != "full"
+                                              or not self.estimator_spec.is_default):
+            raise ValueError("update_kernel 'fused' prices full tuning with MeZO-SGD's one "
+                             "direction only; LoRA, prefix and the other estimators run the "
+                             "torch path")
         if self.update not in UPDATE_MODES:
             raise ValueError(f"update must be one of {', '.join(UPDATE_MODES)}, "
                              f"got {self.update!r}")
@@ -240,6 +255,8 @@ class Workload:
             out["lora_targets"] = list(self.lora_targets)
         for key in ESTIMATOR_KEYS:
             del out[key]
+        if self.update_kernel == "torch":
+            del out["update_kernel"]
         if not self.estimator_spec.is_default:
             out.update(self.estimator_spec.to_dict())
         if self.lengths is not None:

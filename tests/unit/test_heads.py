@@ -184,3 +184,27 @@ def test_the_steps_loss_vector_is_made_on_the_device(monkeypatch):
     monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or torch.zeros(1))
     vec = loss_vector((0.0, 1.0), torch.device("cpu"))
     assert not made and vec.tolist() == [0.0, 0.0, 0.0, 0.0, 1.0]
+
+
+def test_candidate_token_logits_equal_the_whole_heads_and_never_make_them(hidden_states,
+                                                                          monkeypatch):
+    """The candidate loss of single-token candidates from the LM head's rows of the
+    candidate tokens alone: the same loss as the whole logits gathered (float
+    rounding), and the whole logits are never computed (parts.logits not called)."""
+    parts, hidden, labels = hidden_states
+    one = labels[1:2]
+    tokens = torch.tensor([[3, 7, 11]])
+    batch = Batch(one, one, Choices(torch.tensor([2]), tokens=tokens))
+    with torch.no_grad():
+        whole = parts.logits(hidden[1:2, 5:6])[:, 0].float().gather(1, tokens)
+        total, _ = heads.loss_sum(parts, hidden[1:2], batch)
+        hand = torch.nn.functional.cross_entropy(whole, torch.tensor([2]), reduction="sum")
+
+        def refuse(_hidden):
+            raise AssertionError("the whole logits were computed")
+        monkeypatch.setattr(parts, "logits", refuse)
+        again, _ = heads.loss_sum(parts, hidden[1:2], batch)
+        picked = heads.candidate_token_logits(parts, hidden[1:2], batch.positions, tokens)
+    torch.testing.assert_close(picked, whole, rtol=1e-5, atol=1e-6)
+    assert math.isclose(float(total), float(hand), rel_tol=1e-5)
+    assert float(again) == float(total)

@@ -194,9 +194,11 @@ def test_fixed_axes_plan_exactly_one_layout():
 # ---- extrapolation -------------------------------------------------------------------
 @pytest.mark.parametrize("profile,gpus,pertp,slices,prefetch,method", [
     ("dgx-a100-80gb", 8, 1, 8, 2, "extrapolated"),
-    # the H2D/D2H duplex drop on the shared uplinks makes a transient here; since z is
-    # priced per 2**24-element chunk on CUDA the two extrapolations agree within 0.5%
-    ("dgx-a100-80gb", 8, 2, 4, 3, "extrapolated"),
+    # the H2D/D2H duplex drop on the shared uplinks makes a transient here; since the
+    # rounding's noise is priced as its write (a shorter update task) the two
+    # extrapolations disagree by more than the check allows and it simulates the layout
+    # whole (the estimate stays within 1%)
+    ("dgx-a100-80gb", 8, 2, 4, 3, "simulated"),
     ("dgx-a100-80gb", 8, 1, 1, 1, "extrapolated"), (NODE4, 4, 2, 4, 2, "extrapolated"),
     # the host-fabric case has a long transient: the check sends it to a full simulation
     (str(FIXTURES / "pcie-host4.json"), 4, 1, 2, 2, "simulated")])

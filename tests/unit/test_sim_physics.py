@@ -116,12 +116,14 @@ def test_the_h200s_interference_is_priced_as_it_was_measured():
 
 def test_z_is_arithmetic_bound_and_the_h200_draws_like_the_h100():
     """Philox draws cost the generation's figure per value, not bytes over HBM: the
-    H200 (the H100's SMs, faster HBM) costs what the H100 does; the A100's z is above
-    its bytes at HBM."""
+    H200 (the H100's SMs; its element-wise passes measured at 2399 GB/s, below the
+    H100's public figure) costs what the H100 does (3.676 ps measured, 3.7 public);
+    the A100's z is above its bytes at HBM."""
     h100, h200 = load_profile("dgx-h100"), load_profile("hgx-h200")
     numels = get_model("opt-13b").block_tensor_numels()
-    assert gpu_z_time_s(h200, numels, elem_bytes=2) == pytest.approx(gpu_z_time_s(h100, numels, elem_bytes=2))
-    assert hbm_gbps(h200) > hbm_gbps(h100)
+    assert gpu_z_time_s(h200, numels, elem_bytes=2) == pytest.approx(
+        gpu_z_time_s(h100, numels, elem_bytes=2), rel=0.01)
+    assert hbm_gbps(h200) == pytest.approx(2399)
     n = sum(numels)
     assert gpu_z_time_s(A100, numels) > 4 * n / (A100.device["hbm_gbps"] * 1e9)
     assert z_issue_s(A100, numels) > 0   # its launches are the host's
@@ -196,5 +198,7 @@ def test_a_store_that_cannot_be_page_locked_is_staged_by_the_host():
     assert not any("staged" in a for _, a in build_step_graph(pinned).nodes(data=True))
     data = copy.deepcopy(A100.to_dict())
     data["pcie"]["pinned"] = False
+    for key in ("pageable_h2d_gbps", "pageable_d2h_gbps"):   # the shipped ones (assumed)
+        del data["pcie"][key], data["sources"][f"pcie.{key}"]
     with pytest.raises(ZoError, match="pcie.pinned is false"):
         HardwareProfile.from_dict(data)

@@ -82,7 +82,25 @@ class Adapter:
     def logits(self, model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """The final norm (and the like), the LM head and any soft cap, as the HF
         model's forward applies them."""
-        logits = model.lm_head(self.final(self.decoder(model), hidden))
+        return self._capped(model, model.lm_head(self.final(self.decoder(model), hidden)))
+
+    def token_logits(self, model: nn.Module, hidden: torch.Tensor,
+                     tokens: torch.Tensor) -> torch.Tensor:
+        """logits(hidden[i])[tokens[i]] for each of the N rows of `hidden` [N, h] and
+        `tokens` [N, C], from the LM head's rows of those tokens alone (N x C x h work,
+        not N x vocab x h: the whole logits are never made). An LM head other than a
+        plain nn.Linear (an adapter around it) takes the whole logits and gathers."""
+        head = model.lm_head
+        if type(head) is not nn.Linear:
+            return self.logits(model, hidden).gather(1, tokens)
+        final = self.final(self.decoder(model), hidden)
+        rows = head.weight[tokens]                                 # [N, C, h]
+        out = torch.bmm(rows, final.unsqueeze(-1)).squeeze(-1)     # [N, C]
+        if head.bias is not None:
+            out = out + head.bias[tokens]
+        return self._capped(model, out)
+
+    def _capped(self, model: nn.Module, logits: torch.Tensor) -> torch.Tensor:
         cap = getattr(model.config, self.logit_softcap, None) if self.logit_softcap else None
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

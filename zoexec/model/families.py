@@ -144,6 +144,11 @@ class ModelParts:
         """The final norm, the LM head and any soft cap (the adapter's)."""
         return self.adapter.logits(self.resident, hidden)
 
+    def token_logits(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The logits of `tokens` [N, C] alone at each of the N positions of `hidden`
+        (Adapter.token_logits: the LM head's rows of those tokens, no whole logits)."""
+        return self.adapter.token_logits(self.resident, hidden, tokens)
+
     @property
     def layer_prefix(self) -> str:
         return self.adapter.layer_prefix

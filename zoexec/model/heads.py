@@ -7,7 +7,9 @@ positions that predict a label are gathered first and only those go through the 
 and the head (ModelParts.logits): for a classification row that is one position (the
 answer position, the prompt's last token), for a completion its completion's tokens,
 for packed text nearly all. The figures equal the full computation's up to float
-rounding (the head's matrix product over fewer rows).
+rounding (the head's matrix product over fewer rows). The candidate loss of
+single-token candidates goes further: only the LM head's rows of the candidate tokens
+are applied (candidate_token_logits), never the [rows, vocabulary] logits.
 
 Losses (a sum and what it is counted over, so that the engine's all-reduce of sums
 gives the mean over the global batch whatever the layout):
@@ -81,13 +83,27 @@ def candidate_logits(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
         if set(where.counts) != {1}:
             raise ZoError(f"single-token candidates need one labelled position per row; the "
                           f"batch's {batch.rows} rows have {sum(where.counts)}")
-        _, _, logits = gathered_logits(parts, hidden, batch.labels, where)
-        return logits.gather(1, choices.tokens)
+        return candidate_token_logits(parts, hidden, where, choices.tokens)
     sums = row_losses(parts, hidden, batch.labels, batch.positions)
     scores = -sums[:, 0] / sums[:, 1].clamp(min=1) if choices.mean else -sums[:, 0]
     if choices.valid is not None:   # padding rows of fewer candidates
         scores = scores.masked_fill(~choices.valid.reshape(-1), -torch.inf)
     return scores.float().view(-1, choices.size)
+
+
+def candidate_token_logits(parts, hidden: torch.Tensor, where: Positions,
+                           tokens: torch.Tensor) -> torch.Tensor:
+    """[rows, candidates] fp32 logits of the single-token candidates at each row's
+    answer position. The training loss needs nothing else (the vocabulary's normaliser
+    cancels in the softmax over the candidates), so only the LM head's rows of the
+    candidate tokens are applied (ModelParts.token_logits): rows x candidates x hidden
+    multiply-adds instead of rows x vocabulary x hidden, and no [rows, vocabulary]
+    logits. A head without token_logits gives the whole logits, gathered."""
+    picked = hidden[where.rows, where.cols]
+    by_rows = getattr(parts, "token_logits", None)
+    if by_rows is None:
+        return parts.logits(picked).float().gather(1, tokens)
+    return by_rows(picked, tokens).float()
 
 
 def row_scores(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:

@@ -42,7 +42,7 @@ from zoplan.hardware import HardwareProfile
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.pricing.collectives import allgather_busbw_gbps, collective_latency_s
 from zoplan.pricing.compute import gemm_tflops, gpu_elems_per_token, hbm_gbps, hbm_time_s
-from zoplan.pricing.copies import duplex_rates_gbps
+from zoplan.pricing.copies import duplex_rates_gbps, pageable_copies_s
 from zoplan.pricing.devicemem import nvml_terms
 from zoplan.pricing.host import forward_issue_s, launch_s
 from zoplan.pricing.units import GBPS, NS, TFLOPS
@@ -209,13 +209,8 @@ def copy_period(profile: HardwareProfile, num_bytes: float, issue: float, *,
     if pinned:
         upload = duplex_upload_s(profile, num_bytes, offload_bytes=num_bytes, offload_lead_s=issue)
         return upload, issue + upload
-    p = profile.pcie
-    if "pageable_h2d_gbps" not in p:
-        raise ValueError(f"profile {profile.name} has no pageable copy figures "
-                         f"(pcie.pageable_h2d_gbps, pageable_d2h_gbps)")
-    upload = num_bytes / (p["pageable_h2d_gbps"] * GBPS)
-    offload = num_bytes / (p["pageable_d2h_gbps"] * GBPS)
-    return upload, offload + issue + upload
+    upload = pageable_copies_s(profile, num_bytes, 0.0)
+    return upload, issue + pageable_copies_s(profile, num_bytes, num_bytes)
 
 
 def distzo2_step(model: ModelSpec, profile: HardwareProfile, *, batch: int, seq: int,

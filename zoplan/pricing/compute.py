@@ -40,6 +40,22 @@ CAUSAL_ATTN_SHARE = 0.5
 # Operators of an embedding lookup and of the head + loss, as a share of a block
 # forward's (~40 for an OPT block, ~4 and ~10): their share of its dispatch cost.
 EMBED_OPS, HEAD_OPS = 0.1, 0.25
+# HBM bytes per logit of the vocabulary loss on a GPU, after the LM head's GEMM
+# (zoexec.model.heads.token_losses): the GEMM writes the logits (c bytes, compute
+# dtype), `.float()` reads them and writes fp32 (c + 4; nothing where c is 4), and
+# cross_entropy's log-softmax reads its fp32 row and writes it (8). PyTorch's softmax
+# kernel for rows longer than its shared memory (cunn_SoftMaxForward) reads a row three
+# times (max, sum of exponentials, output); the two re-reads are taken as L2 hits: the
+# rows in flight, one per SM (132 x 201 KB for OPT's 50,272 words), fit the H100/H200's
+# 50 MB L2 (docs/sources.md: h100-ds). Counting them at HBM would add 8 bytes a logit
+# (+18% on the H200's head, pass 2). The loss gathers one logit a row: not priced.
+LOGSOFTMAX_BYTES = 8
+
+
+def gpu_logit_bytes(compute_dtype: str) -> int:
+    """HBM bytes per logit of the GPU head's vocabulary loss (LOGSOFTMAX_BYTES above)."""
+    c = DTYPE_BYTES[compute_dtype]
+    return c + (c + 4 if c != 4 else 0) + LOGSOFTMAX_BYTES
 
 
 def has_z_model(profile: HardwareProfile) -> bool:
@@ -174,21 +190,22 @@ def forward_time_s(profile: HardwareProfile, *, flops: float, weight_bytes: floa
                    tokens: int | float, local_ranks: int = 1, attn_flops: float = 0.0,
                    elems: float = 0.0, overhead_share: float = 1.0, family: str = "opt",
                    attn_bytes: float = 0.0, compute_dtype: str = "fp32",
-                   tf32: bool = True) -> float:
+                   tf32: bool = True, extra_bytes: float = 0.0) -> float:
     """Device seconds of one forward call: `flops` of GEMMs over `tokens` tokens,
     `attn_flops` of attention and `elems` element-wise outputs. CPU
     (cpu_forward_terms): `overhead_share` of the dispatch (the call's operators as a
     share of a block forward's), the GEMMs shared by rank_scaling, attention and
     element-wise work by mem_rank_scaling. GPU (gpu_forward_terms): the precision's GEMM
     rate, attention and element-wise bytes (`attn_bytes`, elems x ELEM_RW words) at HBM
-    bandwidth; the dispatch is host time (zoplan.pricing.host.forward_issue_s)."""
+    bandwidth, and `extra_bytes` of memory-bound work more (the head's logits); the
+    dispatch is host time (zoplan.pricing.host.forward_issue_s)."""
     c = profile.compute
     if not profile.is_cpu:
         dsize = DTYPE_BYTES[compute_dtype]
         _, gemm, rest = gpu_forward_terms(
             c, rate_tflops=gemm_tflops(profile, compute_dtype, tf32),
             hbm_gbps=hbm_gbps(profile), flops=flops, attn_flops=attn_flops,
-            attn_bytes=attn_bytes, elem_bytes=elems * ELEM_RW * dsize,
+            attn_bytes=attn_bytes, elem_bytes=elems * ELEM_RW * dsize + extra_bytes,
             weight_bytes=weight_bytes, tokens=tokens)
         return gemm + rest
     share = compute_share(profile, local_ranks)
@@ -232,8 +249,12 @@ def forward_times(*, model: ModelSpec, profile: HardwareProfile, workload: Workl
                             tokens=tokens, local_ranks=local_ranks,
                             overhead_share=EMBED_OPS if per_call else 1.0, **gpu)
     labelled = tokens * workload.head_share   # the head acts where a label is predicted
+    head_elems = model.head_elems_per_token()
+    if not hw.is_cpu:   # the final norm as element-wise work, the logits by their bytes
+        head_elems -= model.vocab
+        gpu["extra_bytes"] = labelled * model.vocab * gpu_logit_bytes(workload.compute_dtype)
     head_fwd = forward_time_s(hw, flops=labelled * model.head_flops_per_token(),
-                              elems=labelled * model.head_elems_per_token(),
+                              elems=labelled * head_elems,
                               weight_bytes=model.vocab * model.hidden * cbytes,
                               tokens=labelled, local_ranks=local_ranks,
                               overhead_share=HEAD_OPS if per_call else 1.0, **gpu)

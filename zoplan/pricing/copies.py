@@ -122,3 +122,25 @@ def staging_s(profile: HardwareProfile, num_bytes: float, direction: str) -> flo
         return 0.0
     rate: float = profile.pcie[f"pageable_{direction}_gbps"]
     return num_bytes / (rate * GBPS)
+
+
+def pageable_gbps(profile: HardwareProfile) -> tuple[float, float]:
+    """(H2D, D2H) GB/s of raw copies of pageable host memory (pcie.pageable_h2d_gbps,
+    pageable_d2h_gbps); ValueError where the profile lacks them."""
+    p = profile.pcie
+    if "pageable_h2d_gbps" not in p or "pageable_d2h_gbps" not in p:
+        raise ValueError(f"profile {profile.name} has no pageable copy figures "
+                         f"(pcie.pageable_h2d_gbps, pageable_d2h_gbps)")
+    return float(p["pageable_h2d_gbps"]), float(p["pageable_d2h_gbps"])
+
+
+def pageable_copies_s(profile: HardwareProfile, h2d_bytes: float, d2h_bytes: float) -> float:
+    """Seconds of raw pageable copies (`tensor.copy_` / `.to()` of memory that is not
+    page-locked, what a baseline's code does): the driver stages each through its own
+    pinned buffer and the issuing thread waits until an H2D is staged and a D2H is done
+    (docs/sources.md: cuda-sync), so the two directions never overlap, with each other
+    or with the thread's other work: each at its pageable rate, one after the other,
+    all of it host time. The H200 (pass 2, 256 MiB each way queued on two streams from
+    one thread) ran both in 59.2 ms, 9.06 GB/s over both; this prices 58.3 ms (9.21)."""
+    h2d, d2h = pageable_gbps(profile)
+    return h2d_bytes / (h2d * GBPS) + d2h_bytes / (d2h * GBPS)

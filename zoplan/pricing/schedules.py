@@ -34,6 +34,8 @@ from zoplan.pricing.zo import (
     SR_BYTES,
     cpu_rounding_s,
     cpu_z_time_s,
+    fused_perturb,
+    fused_update,
     gpu_update,
     hbm_pass,
     pass_time_s,
@@ -127,6 +129,8 @@ def gpu(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
     if not workload.estimator_spec.is_default and schedule != "zo2":
         return _gpu_estimated(model=model, profile=profile, workload=workload,
                               streams=streams, here=here)
+    if workload.update_kernel == "fused" and schedule != "zo2":
+        return _gpu_fused(model=model, profile=profile, workload=workload, streams=streams)
     del local_ranks
     hw, c = profile, dtype_bytes(workload.compute_dtype)
     upd, pert = zo_pass_bytes(param_bytes=dtype_bytes(workload.param_dtype), compute_bytes=c)
@@ -226,6 +230,36 @@ def _gpu_estimated(*, model: ModelSpec, profile: HardwareProfile, workload: Work
     out: ZoMaths = {kind: w.device_s for kind, w in work.items()}
     out["issue"] = {kind: w.host_s for kind, w in work.items()}
     out["parts"] = {"deferred": deferred, "perturb": d_block + pert_block}
+    return out
+
+
+def _gpu_fused(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+               streams: int) -> ZoMaths:
+    """A GPU rank's zo maths on the fused pass (Workload.update_kernel "fused";
+    zoplan.pricing.zo.fused_update): the update task one pass per block (update and
+    first perturbation), the forward and head tasks one perturbation pass per further
+    stream, the embed task the resident parts' pass and their other streams'; a slice's
+    deferred update one pass over its elements (no perturbation), the slice update's
+    perturbation one pass over the block."""
+    hw = profile
+    p, c = dtype_bytes(workload.param_dtype), dtype_bytes(workload.compute_dtype)
+    block, res = model.block_params, model.resident_params
+
+    def update(n: float) -> Work:
+        return fused_update(hw, n, param_bytes=p, compute_bytes=c)
+
+    def perturb(n: float) -> Work:
+        return fused_perturb(hw, n, param_bytes=p, compute_bytes=c)
+
+    def deferred(_z_numels: list[int], pieces: list[int], _draws: list[int]) -> Work:
+        """A slice's deferred update: one pass over its elements."""
+        return fused_update(hw, sum(pieces), param_bytes=p, compute_bytes=c, perturb=False)
+    work = {"embed": update(res) + perturb(res) * (streams - 1),
+            "update": update(block), "forward": perturb(block) * (streams - 1),
+            "head": perturb(res) * (streams - 1)}
+    out: ZoMaths = {kind: w.device_s for kind, w in work.items()}
+    out["issue"] = {kind: w.host_s for kind, w in work.items()}
+    out["parts"] = {"deferred": deferred, "perturb": perturb(block)}
     return out
 
 

@@ -10,7 +10,9 @@ the achieved HBM bandwidth, and one seeded generator launch per Z_CHUNK_CUDA ele
 of a tensor at compute.z_launch_us of host time (zoplan.execrules.z_draw_calls). A pass
 (perturb, update) is memory-bound: its bytes (zo_pass_bytes) at the achieved HBM
 bandwidth, one launch. The stochastic update works per chunk in fp32 scratch
-(SR_BYTES an element, SR_KERNELS kernels a chunk) with its noise drawn like z.
+(SR_BYTES an element, SR_KERNELS kernels a chunk) with its noise, a uniform draw
+seeded like z, written at HBM speed (NOISE_BYTES). The fused pass (Workload.update_kernel
+"fused": fused_pass below) is one kernel per pass that regenerates z in place.
 CPU. A measured profile's z model: z chunks spread over the rank's threads (the
 busiest thread sets the time, zoplan.execrules.z_makespan), z_call_us to hand them to a
 pool, z_chunk_us a chunk, z_ns_per_elem an element, 1 / z_rank_scaling with several
@@ -49,6 +51,7 @@ from zoplan.pricing.work import Work
 # chunk, in place of the update pass (weight decay, when set, adds a multiply: not priced).
 SR_BYTES = 6 + 10 + 12 + 8 + 6
 SR_KERNELS = 5
+NOISE_BYTES = 4   # the rounding's int32 noise, written by its draw (read again in SR_BYTES)
 CPU_PASS_BYTES = 12   # an fp32 pass, what compute.zo_pass_ns is measured on (CPU profiles)
 
 
@@ -150,11 +153,16 @@ def hbm_pass(profile: HardwareProfile, num_bytes: float, launches: float = 1.0) 
 
 
 def rounding_noise(profile: HardwareProfile, chunks: int, numels: float) -> Work:
-    """The stochastic rounding's noise draws and kernels on a GPU: `numels` values at
-    z_ns_per_elem, and per chunk a seeded draw and SR_KERNELS kernels."""
+    """The stochastic rounding's noise draws and kernels on a GPU. Device: `numels`
+    uniform integers written (NOISE_BYTES each at the achieved HBM bandwidth: a uniform
+    draw is Philox's raw output, no Box-Muller transform as z's normal draw has). Host:
+    per chunk a seeded draw (compute.z_launch_us) and SR_KERNELS plain launches
+    (compute.launch_us). On the H200 (pass 2's profile stage, apply_update_stochastic
+    over 4 x 2**24 bf16 values: 1.238 ms) this and SR_BYTES price 1.287 ms (+4%); the
+    noise at z's arithmetic rate would price 1.42 ms (+15%)."""
     c = profile.compute
-    return Work(numels * c["z_ns_per_elem"] * NS,
-                (1 + SR_KERNELS) * chunks * c["z_launch_us"] * US)
+    return Work(hbm_time_s(profile, NOISE_BYTES * numels),
+                chunks * (c["z_launch_us"] * US + SR_KERNELS * launch_s(profile)))
 
 
 def gpu_update(profile: HardwareProfile, tensor_numels: list[int], *, update: str,
@@ -166,3 +174,39 @@ def gpu_update(profile: HardwareProfile, tensor_numels: list[int], *, update: st
         return hbm_pass(profile, update_bytes * total)
     return (rounding_noise(profile, sr_chunks(tensor_numels, "cuda"), total)
             + hbm_pass(profile, SR_BYTES * total, 0))
+
+
+# ---- GPU, the fused pass (Workload.update_kernel "fused") ----------------------------
+# One kernel per pass over a flat block (or slice): z is regenerated from a counter-based
+# generator in the kernel (no z buffer), the pending update and its stochastic rounding
+# (noise from the same counter space) and the next perturbation are computed in
+# registers: the weights are read once and written once (p bytes each), the perturbed
+# copy written once (c bytes). The second sign of the dual forward is a second pass that
+# reads the weights and writes the copy (p + c). Each z a pass regenerates costs
+# compute.z_ns_per_elem (a normal draw's Philox and Box-Muller: arithmetic-bound,
+# docs/sources.md: flaggems); the rounding's uniform noise is Philox's raw output, taken
+# as free beside them. A pass takes the longer of its bytes at the achieved HBM
+# bandwidth and its draws, and one launch (compute.launch_us).
+def fused_pass(profile: HardwareProfile, numel: float, *, read: int, write: int,
+               draws: int) -> Work:
+    """A fused pass over `numel` elements: `read` + `write` bytes an element, `draws`
+    z values regenerated an element, one launch."""
+    per_elem: float = profile.compute["z_ns_per_elem"]
+    device = max(hbm_time_s(profile, (read + write) * numel), draws * numel * per_elem * NS)
+    return Work(device, launch_s(profile))
+
+
+def fused_update(profile: HardwareProfile, numel: float, *, param_bytes: int,
+                 compute_bytes: int, perturb: bool = True) -> Work:
+    """The update task's fused pass: the pending update (z of the last step) and, with
+    `perturb`, the first perturbation (z of this step) written beside it."""
+    return fused_pass(profile, numel, read=param_bytes,
+                      write=param_bytes + (compute_bytes if perturb else 0),
+                      draws=2 if perturb else 1)
+
+
+def fused_perturb(profile: HardwareProfile, numel: float, *, param_bytes: int,
+                  compute_bytes: int) -> Work:
+    """A perturbation alone (the dual forward's other sign): read the weights, write
+    the copy, z regenerated."""
+    return fused_pass(profile, numel, read=param_bytes, write=compute_bytes, draws=1)

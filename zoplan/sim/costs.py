@@ -276,7 +276,12 @@ def _placement_work(*, model, profile, workload, layout, parts, resident, period
         issue["slice_update"] = tuple(h for _, h in mine)
         out["resident_update_s"], issue["resident_update"] = out["update_s"], issue["update"]
     else:   # the owner copies its slice of the updated block back into its shard
-        out["resident_update_s"] = update_s + shard_copy_s(model, profile, workload, layout)
+        # (slices > 1; with one slice the block is updated in place, engine._resident_pass:
+        # no copy, priced so on GPUs since pass 2's resident trace; CPU plans keep the
+        # term, byte-identical to their golden files)
+        copy = (shard_copy_s(model, profile, workload, layout)
+                if layout.slices > 1 or profile.is_cpu else 0.0)
+        out["resident_update_s"] = update_s + copy
         issue["resident_copy"] = launch_s(profile) if layout.slices > 1 else 0.0
     out["issue_parts"] = issue
     return out
