@@ -83,12 +83,17 @@ class Held:
     head: list[tuple[torch.Tensor, bool]]     # ... of the head stage (final norm, head)
 
 
-def load(cfg: BaselineConfig, device: torch.device, *, untie: bool) -> Held:
-    """Parts and block buffers in `cfg.dtype` (weights and compute alike), the
-    resident modules on `device`, the block buffers on the host (pageable)."""
-    parts, flats = build_parts(cfg.model, init=cfg.init, param_dtype=cfg.dtype,
-                               compute_dtype=cfg.dtype, seed=cfg.seed,
-                               attn_implementation=cfg.attn)
+def build(cfg: BaselineConfig) -> tuple[ModelParts, list[torch.Tensor]]:
+    """The model's parts and block buffers in `cfg.dtype` (weights and compute alike)."""
+    return build_parts(cfg.model, init=cfg.init, param_dtype=cfg.dtype, compute_dtype=cfg.dtype,
+                       seed=cfg.seed, attn_implementation=cfg.attn)
+
+
+def load(cfg: BaselineConfig, device: torch.device, *, untie: bool,
+         built: tuple[ModelParts, list[torch.Tensor]] | None = None) -> Held:
+    """The model (`built`, else built now), the resident modules on `device`, the
+    block buffers on the host (pageable)."""
+    parts, flats = built or build(cfg)
     if untie:
         untie_head(parts.resident)
     parts.to(device)

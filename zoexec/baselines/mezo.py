@@ -38,7 +38,7 @@ from zoexec.baselines.common import (
     update,
 )
 from zoexec.maths import zo
-from zoexec.model.families import bind_block
+from zoexec.model.families import ModelParts, bind_block
 
 
 class Mezo:
@@ -87,10 +87,12 @@ class Mezo:
         return loss_plus, loss_minus
 
 
-def run_mezo(cfg: BaselineConfig) -> tuple[BaselineResult, Held]:
-    """Train with MeZO for cfg.steps steps, timed; (the result, the trained model)."""
+def run_mezo(cfg: BaselineConfig, *, built: tuple[ModelParts, list[torch.Tensor]] | None = None
+             ) -> tuple[BaselineResult, Held]:
+    """Train with MeZO for cfg.steps steps, timed; (the result, the trained model).
+    `built`: the model already built (common.build), used as it is."""
     device = device_of(cfg)
-    held = load(cfg, device, untie=cfg.untie_head)
+    held = load(cfg, device, untie=cfg.untie_head, built=built)
     spans = Spans()
     lanes = make_lanes(device, spans)
     program = Mezo(cfg, held, device, lanes)

@@ -3,8 +3,12 @@ zoplan.pricing.baselines describes it), written here from the algorithm:
 
 - the embeddings, the final norm and the LM head (untied: each resident tensor is
   perturbed in one stage, as ZO2's runs untie it) stay on the device; every block lives
-  in host memory, pageable (what ZO2's code holds; `host_memory="pinned"` page-locks the
-  blocks instead) and crosses the link once a step, one tensor at a time (Module.to);
+  in host memory and crosses the link once a step, one tensor at a time (Module.to): the
+  blocks start pageable (what ZO2's code loads; `host_memory="pinned"` page-locks them
+  first) and come back as Module.to("cpu", non_blocking=True) brings them, into new
+  host tensors that PyTorch page-locks (ATen's _to_copy pins the output of a
+  non-blocking copy from a GPU), so from the second step on both directions copy pinned
+  memory on a GPU;
 - three streams (zoexec's lanes: h2d, compute, d2h); at block i the host waits for the
   compute of block i-2 and enqueues its offload, waits for the upload of block i-1 and
   enqueues its compute, then enqueues the upload of block i (ZO2's synchronisation per
@@ -47,7 +51,7 @@ from zoexec.baselines.common import (
     update,
 )
 from zoexec.maths import zo
-from zoexec.model.families import bind_block
+from zoexec.model.families import ModelParts, bind_block
 
 Tensors = list[tuple[torch.Tensor, bool]]
 RING = 3          # device buffers: the block leaving, the one computing, the one arriving
@@ -157,34 +161,47 @@ class Zo2:
         return last
 
     def offload(self, block: int, *, after: Any) -> Any:
+        """Each tensor back to the host as ZO2's Module.to("cpu", non_blocking=True)
+        does: a new host tensor, which ATen page-locks for a non-blocking copy from a
+        GPU (so from the second step on, the blocks are in pinned memory)."""
         with self.lanes.task("d2h", block, after=(after,)) as task:
-            for (dev, _), (host, _) in zip(self.ring_tensors[block % RING], self.host[block]):
-                host.copy_(dev, non_blocking=True)
+            self.host[block] = [(dev.to("cpu", non_blocking=True, copy=True), decay)
+                                for dev, decay in self.ring_tensors[block % RING]]
         return task
 
     def flush(self) -> None:
         """The last step's pending update on every tensor, in z order (each block
-        uploaded, updated and written back in turn); nothing timed."""
-        if self.pending is None:
-            return
-        device, (seed, g) = self.ring[0].device, self.pending
-        kw = dict(lr=self.cfg.lr, g=g, weight_decay=self.cfg.weight_decay)
-        self.gen.manual_seed(seed)
-        update(self.held.embed, self.gen, **kw)
-        for host in self.host:
-            dev = [(h.to(device, copy=True), d) for h, d in host]
-            update(dev, self.gen, **kw)
-            for (d, _), (h, _) in zip(dev, host):
-                h.copy_(d)
-        update(self.held.head, self.gen, **kw)
-        self.pending = None
+        uploaded, updated and brought back in turn), and every block's weights back in
+        `held.flats`; nothing timed."""
+        if self.pending is not None:
+            device, (seed, g) = self.ring[0].device, self.pending
+            kw = dict(lr=self.cfg.lr, g=g, weight_decay=self.cfg.weight_decay)
+            self.gen.manual_seed(seed)
+            update(self.held.embed, self.gen, **kw)
+            for b, host in enumerate(self.host):
+                dev = [(h.to(device, copy=True), d) for h, d in host]
+                update(dev, self.gen, **kw)
+                self.host[b] = [(d.to("cpu", copy=True), decay) for d, decay in dev]
+            update(self.held.head, self.gen, **kw)
+            self.pending = None
+        self.write_back()
+
+    def write_back(self) -> None:
+        """The blocks' current host tensors into `held.flats` (the device idle)."""
+        if self.ring[0].device.type == "cuda":
+            torch.cuda.synchronize(self.ring[0].device)
+        for flat, host in zip(self.held.flats, self.host):
+            for (view, _), (h, _) in zip(block_tensors(self.held.parts, flat), host):
+                view.copy_(h)
 
 
-def run_zo2(cfg: BaselineConfig, *, flush: bool = True) -> tuple[BaselineResult, Held]:
+def run_zo2(cfg: BaselineConfig, *, flush: bool = True,
+            built: tuple[ModelParts, list[torch.Tensor]] | None = None) -> tuple[BaselineResult, Held]:
     """Train with ZO2 for cfg.steps steps, timed (then the pending update flushed);
-    (the result, the trained model: held.flats are the host blocks)."""
+    (the result, the trained model: held.flats hold the blocks' weights).
+    `built`: the model already built (common.build), used as it is."""
     device = device_of(cfg)
-    held = load(cfg, device, untie=True)
+    held = load(cfg, device, untie=True, built=built)
     spans = Spans()
     lanes = make_lanes(device, spans)
     program = Zo2(cfg, held, device, lanes)
@@ -192,9 +209,11 @@ def run_zo2(cfg: BaselineConfig, *, flush: bool = True) -> tuple[BaselineResult,
                                  batches_for(cfg, held.parts, device))
     if flush:
         program.flush()
-    notes = [f"blocks in {cfg.host_memory} host memory" +
+    else:
+        program.write_back()
+    notes = [f"the blocks start in {cfg.host_memory} host memory" +
              (" (the CPU: no page-locking)" if device.type == "cpu" and cfg.host_memory == "pinned"
-              else ""),
+              else "") + "; its offload (Tensor.to cpu, non_blocking) page-locks them on a GPU",
              "a tied head untied; z per tensor (torch.normal), 4 draws a block a step"]
     return BaselineResult(name="zo2", config=cfg, records=records, kind_s=kinds,
                           notes=notes), held
