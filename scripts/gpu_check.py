@@ -1,4 +1,4 @@
-"""GPU check: what one CUDA GPU (the H200 this project can borrow) must tell about
+"""GPU check: what one CUDA GPU (an H100 or an H200, the kinds this project can borrow) must tell about
 zoplan + zoexec, most valuable first, every result kept as it comes (docs/gpu.md).
 Started by scripts/gpu_check.sh, which installs the carried wheels and runs this under
 `timeout -s TERM`.
@@ -35,50 +35,85 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 STAGES_PY = REPO / "scripts" / "gpu_stages.py"
 PLANS = REPO / "scripts" / "gpu_plans"
+PROFILE_BUDGET_S = 12      # zoplan profile's --time-budget: inside its stage's ceiling
 
 
 @dataclass(frozen=True, kw_only=True)
 class Stage:
     """A stage of the check: its ceilings in seconds on a CUDA GPU and in the CPU dry
-    run (the child is killed there), and what it measures."""
+    run (the child is killed there), what it measures, and whether a check without
+    --stages runs it (`default`; the others run when named, or with --stages all)."""
 
     name: str
     cuda_s: float
     cpu_s: float
     what: str
+    default: bool = True
 
 
-# In order of value. The ceilings of the CUDA column: the first H200 pass's seconds
-# (docs/gpu.md: preflight 10.4, run-offload 25.9, run-resident 21.2, profile 17.8,
-# oracle 12.2, slices 12.8, issue 14.2 with one block size, context 4.1) with room. The CPU column (the dry run, tiny shapes) only guards against
-# a hang: a loaded 2-core machine may take 3x its idle time; the deadline
-# (scripts/gpu_check.sh: 120 s for the dry run) bounds the whole.
+# In order of value. The CUDA ceilings: the H200 passes' seconds where a stage ran there
+# (docs/gpu.md: preflight 10.4-11.3; run-offload 28.0 and run-resident 24.4 for 20 steps,
+# about 0.09 s and 0.07 s more a step; profile 27.4 with a 60 s budget, now 12 s) with
+# room; the new stages (baselines, shared-gpu, staging) from their parts' H200 figures
+# (an OPT-1.3B build and a zoexec run's start, the steps at their priced length). The
+# default stages, the wheels and the last writes stay under 240 s with margin; the
+# stages the H200 passes already measured (oracle, slices, issue, overlap, context) run
+# when named. The CPU column (the dry run, tiny shapes) only guards against a hang: a
+# loaded 2-core machine may take 3x its idle time.
 STAGES = (
     Stage(name="preflight", cuda_s=15, cpu_s=40,
           what="imports; a tmpfs with room for the store (mounted if /dev/shm is small); "
-               "the GPU, its compute mode; 1 GiB of the store page-locked (else: staged)"),
-    Stage(name="run-offload", cuda_s=35, cpu_s=60,
-          what="`zoexec run --trace` of the committed plan made from hwprofiles/hgx-h200.json: "
-               "OPT-1.3B, every block streamed from host memory, bf16; predicted vs measured"),
-    Stage(name="run-resident", cuda_s=30, cpu_s=60,
+               "the GPU, its name (whose committed plans run) and compute mode; 1 GiB of the store "
+               "page-locked (else: staged)"),
+    Stage(name="run-offload", cuda_s=38, cpu_s=60,
+          what="`zoexec run --trace` (60 steps) of the committed plan for this GPU "
+               "(scripts/gpu_plans/KIND/): OPT-1.3B, every block streamed from host memory, "
+               "bf16; predicted vs measured"),
+    Stage(name="run-resident", cuda_s=32, cpu_s=60,
           what="the same with every block resident on the GPU"),
-    Stage(name="profile", cuda_s=30, cpu_s=10,
-          what="`zoplan profile --quick`: copies and duplex, forwards, z (the dry run skips it)"),
-    Stage(name="oracle", cuda_s=20, cpu_s=45,
+    Stage(name="baselines", cuda_s=40, cpu_s=60,
+          what="MeZO and ZO2 (zoexec baseline) on the same model, batch and precision: "
+               "zoexec's step over each, measured, beside the planner's ratio"),
+    Stage(name="shared-gpu", cuda_s=40, cpu_s=90,
+          what="PertP 2, DDP 2 and the update on 2 slices as two processes on one GPU over "
+               "gloo: final weights against one rank's, bit for bit"),
+    Stage(name="staging", cuda_s=15, cpu_s=20,
+          what="H2D, D2H and both at once: pageable and page-locked memory, and a pageable "
+               "store through the staging ring"),
+    Stage(name="profile", cuda_s=28, cpu_s=10,
+          what=f"`zoplan profile --quick --time-budget {PROFILE_BUDGET_S}`: copies and "
+               "duplex, forwards, z (the dry run skips it)"),
+    Stage(name="oracle", cuda_s=20, cpu_s=45, default=False,
           what="zoexec.reference's loop on the device against `zoexec run`: the same bits"),
-    Stage(name="slices", cuda_s=20, cpu_s=45,
+    Stage(name="slices", cuda_s=20, cpu_s=45, default=False,
           what="z and the update of 2 and 8 slices of a block are the whole block's bits"),
-    Stage(name="issue", cuda_s=30, cpu_s=45,
+    Stage(name="issue", cuda_s=30, cpu_s=45, default=False,
           what="host issue time of a step (no device wait inside it) against its GPU time"),
-    Stage(name="overlap", cuda_s=25, cpu_s=8,
+    Stage(name="overlap", cuda_s=25, cpu_s=8, default=False,
           what="a forward beside an update and beside an H2D copy of the same length: "
                "each stream's slowdown; pinned and pageable copies, alone and duplex"),
-    Stage(name="context", cuda_s=10, cpu_s=8,
+    Stage(name="context", cuda_s=10, cpu_s=8, default=False,
           what="the CUDA context's and cuBLAS's device bytes as NVML reports them"),
 )
 # the wrapper's install of the carried wheels, and the final writes
 FIXED_S = {"wheels": 10, "pack": 5}
 BY_NAME = {s.name: s for s in STAGES}
+# Plans per GPU kind, each from the shipped profile of that GPU (--make-plans): the
+# check runs the kind whose name the GPU's name holds (preflight reports the name).
+GPU_KINDS = {"h100": ("H100", "dgx-h100"), "h200": ("H200", "hgx-h200")}
+DEFAULT_KIND = "h200"
+
+
+def plan_kind(gpu_name: str | None) -> tuple[str, str]:
+    """(kind, why) of the committed plans for the GPU named `gpu_name` (torch's
+    device name: "NVIDIA H100 80GB HBM3", "NVIDIA H200"); a GPU of another kind gets
+    the H200's plans, and `why` says so."""
+    for kind, (word, profile) in GPU_KINDS.items():
+        if gpu_name and word in gpu_name.upper():
+            return kind, f"{gpu_name}: the plans of hwprofiles/{profile}.json"
+    profile = GPU_KINDS[DEFAULT_KIND][1]
+    return DEFAULT_KIND, (f"{gpu_name or 'no GPU name'}: no plans for it; those of "
+                          f"hwprofiles/{profile}.json")
 
 
 class Interrupted(Exception):
@@ -89,15 +124,21 @@ def ceilings(device_kind: str) -> dict[str, float]:
     return {s.name: s.cuda_s if device_kind == "cuda" else s.cpu_s for s in STAGES}
 
 
-def budget_total(device_kind: str) -> float:
-    return sum(ceilings(device_kind).values()) + sum(FIXED_S.values())
+def budget_total(device_kind: str, names: list[str] | None = None) -> float:
+    """The ceilings of `names` (default: the default stages) and the fixed costs."""
+    names = names or [s.name for s in STAGES if s.default]
+    return sum(ceilings(device_kind)[n] for n in names) + sum(FIXED_S.values())
 
 
 def plan_only(device_kind: str) -> str:
-    """The stages, their ceilings and the total, as --plan-only prints them."""
-    rows = [f"{s.name:13s} {ceilings(device_kind)[s.name]:5.0f} s  {s.what}" for s in STAGES]
+    """The default stages, their ceilings and the total, as --plan-only prints them, then
+    the stages that run when named."""
+    ceiling = ceilings(device_kind)
+    rows = [f"{s.name:13s} {ceiling[s.name]:5.0f} s  {s.what}" for s in STAGES if s.default]
     rows += [f"{name:13s} {seconds:5.0f} s  (outside the stages)" for name, seconds in FIXED_S.items()]
     rows.append(f"{'total':13s} {budget_total(device_kind):5.0f} s  ({device_kind})")
+    rows.append("when named (--stages NAME,... or all):")
+    rows += [f"{s.name:13s} {ceiling[s.name]:5.0f} s  {s.what}" for s in STAGES if not s.default]
     return "\n".join(rows)
 
 
@@ -149,6 +190,7 @@ class Conductor:
         self.began = time.monotonic()
         self.deadline = self.began + args.deadline_s
         self.child: subprocess.Popen | None = None
+        self.gpu_kind = DEFAULT_KIND
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120"}
         self.summary = {"device_kind": args.device_kind, "state": "running",
                         "deadline_s": args.deadline_s, "elapsed_s": 0.0,
@@ -201,10 +243,19 @@ class Conductor:
         self.keep_files(folder)
         return result
 
+    def pick_plans(self, preflight: dict) -> None:
+        """The GPU kind whose plans the later stages run (--gpu-name, else the GPU
+        preflight found), recorded in the summary."""
+        kind, why = plan_kind(self.args.gpu_name or preflight.get("gpu"))
+        self.gpu_kind = kind
+        self.summary["plans"] = {"kind": kind, "why": why}
+        print(f"plans: {kind} ({why})", flush=True)
+
     def stage_command(self, name: str, folder: Path) -> list[str]:
         a = self.args
         cmd = [sys.executable, str(STAGES_PY), name, "--work", str(a.work), "--folder", str(folder),
-               "--device-kind", a.device_kind, "--steps", str(a.steps)]
+               "--device-kind", a.device_kind, "--steps", str(a.steps),
+               "--gpu-kind", self.gpu_kind]
         if a.hang_stage == name:
             cmd.append("--hang")
         return cmd
@@ -235,6 +286,8 @@ class Conductor:
 # ---- the whole check ----------------------------------------------------------------------------
 def selected_stages(text: str | None) -> list[str]:
     if not text:
+        return [s.name for s in STAGES if s.default]
+    if text.strip() == "all":
         return [s.name for s in STAGES]
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in BY_NAME]
@@ -260,6 +313,8 @@ def check(args) -> int:
             print(f"{name:13s} {stage_line(result)}", flush=True)
             if name == "preflight" and result.get("store_dir"):
                 conductor.env["ZOEXEC_SHM_DIR"] = result["store_dir"]
+            if name == "preflight":
+                conductor.pick_plans(result)
             if name == "preflight" and not result.get("ok"):
                 conductor.summary["state"] = "stopped at preflight"
                 print(f"error: preflight: {result.get('error')}", file=sys.stderr, flush=True)
@@ -287,19 +342,27 @@ def check(args) -> int:
 
 
 def make_plans() -> None:
-    """Write the committed plans of the run stages from the shipped hgx-h200 profile."""
-    PLANS.mkdir(exist_ok=True)
-    for name, placement in (("offload", "host"), ("resident", "auto")):
-        out = PLANS / f"opt-1.3b-{name}.plan.json"
-        subprocess.run([sys.executable, "-m", "zoplan.cli", "optimize", *PLAN_ARGS,
-                        "--placement", placement, "-o", str(out)], cwd=REPO, check=True,
-                       stdout=subprocess.DEVNULL)
-        print(f"wrote {out.relative_to(REPO)}")
+    """Write the committed plans of the run stages, for each GPU kind from its shipped
+    profile (scripts/gpu_plans/KIND/)."""
+    for kind, (_, profile) in GPU_KINDS.items():
+        (PLANS / kind).mkdir(parents=True, exist_ok=True)
+        for name, placement in (("offload", "host"), ("resident", "auto")):
+            out = plan_path(kind, name)
+            subprocess.run([sys.executable, "-m", "zoplan.cli", "optimize", *plan_args(profile),
+                            "--placement", placement, "-o", str(out)], cwd=REPO, check=True,
+                           stdout=subprocess.DEVNULL)
+            print(f"wrote {out.relative_to(REPO)}")
 
 
-# the committed plans' command (tests/unit/test_gpu_check_plan.py checks they are today's)
-PLAN_ARGS = ("--model", "opt-1.3b", "--gpus", "1", "--profile", "hgx-h200", "--batch", "8",
-             "--seq", "512", "--precision", "bf16")
+def plan_path(kind: str, name: str) -> Path:
+    return PLANS / kind / f"opt-1.3b-{name}.plan.json"
+
+
+def plan_args(profile: str) -> tuple[str, ...]:
+    """The committed plans' command (tests/unit/test_gpu_check_plan.py checks they are
+    today's)."""
+    return ("--model", "opt-1.3b", "--gpus", "1", "--profile", profile, "--batch", "8",
+            "--seq", "512", "--precision", "bf16")
 
 
 def main() -> None:
@@ -313,13 +376,16 @@ def main() -> None:
     parser.add_argument("--deadline-s", type=float, default=None,
                         help="end the check cleanly after this many seconds (default: the "
                              "sum of the ceilings)")
-    parser.add_argument("--steps", type=int, default=20, help="steps of each run stage")
+    parser.add_argument("--steps", type=int, default=60,
+                        help="steps of each run stage (the baselines: a third of it)")
+    parser.add_argument("--gpu-name", help="pick the plans for a GPU of this name instead "
+                        "of preflight's (a dry run on the CPU: --gpu-name 'NVIDIA H100 80GB HBM3')")
     parser.add_argument("--device-kind", default="cuda", choices=("cuda", "cpu"),
                         help="cpu: the dry run (tiny shapes, the shipped cpu profile)")
     parser.add_argument("--plan-only", action="store_true",
                         help="print the stages, their ceilings and the total; run nothing")
     parser.add_argument("--make-plans", action="store_true",
-                        help="rewrite scripts/gpu_plans/ from hwprofiles/hgx-h200.json")
+                        help="rewrite scripts/gpu_plans/KIND/ from each GPU kind's shipped profile")
     parser.add_argument("--hang-stage", help=argparse.SUPPRESS)   # test hook: the stage hangs
     args = parser.parse_args()
     if args.plan_only:
@@ -331,7 +397,8 @@ def main() -> None:
     if args.out is None:
         parser.error("--out is required")
     if args.deadline_s is None:
-        args.deadline_s = budget_total(args.device_kind) - sum(FIXED_S.values())
+        args.deadline_s = budget_total(args.device_kind, selected_stages(args.stages)) \
+            - sum(FIXED_S.values())
     sys.exit(check(args))
 
 

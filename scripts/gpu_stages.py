@@ -84,7 +84,7 @@ def needed_store_bytes(args) -> int:
     """The run stages' host memory (the plans' figure) and the profiler's buffers."""
     if not _cuda(args):
         return 256 << 20
-    plans = [json.loads(p.read_text()) for p in sorted(PLANS.glob("*.plan.json"))]
+    plans = [json.loads(p.read_text()) for p in sorted(PLANS.glob("*/*.plan.json"))]
     if not plans:
         raise Failed(f"no committed plans in {PLANS} (python scripts/gpu_check.py --make-plans)")
     return max(p["predicted"]["host_mem_bytes"] for p in plans) + 2 * GIB
@@ -173,13 +173,15 @@ def page_locking(folder: Path) -> dict:
 # ---- the runs ---------------------------------------------------------------------------------------
 def run_plan(args, which: str) -> dict:
     """`zoexec run --trace` of a plan, then predicted vs measured: on a GPU the committed
-    plan made from hwprofiles/hgx-h200.json (scripts/gpu_plans/), on the CPU one made now
-    for tiny-opt from the cpu profile."""
+    plan for its kind (scripts/gpu_plans/KIND/, made from that GPU's shipped profile), on
+    the CPU one made now for tiny-opt from the cpu profile."""
+    from gpu_check import GPU_KINDS, plan_path
+
     folder = args.folder
     plan, trace = folder / "plan.json", folder / "trace"
     if _cuda(args):
-        shutil.copyfile(PLANS / f"opt-1.3b-{which}.plan.json", plan)
-        profile, plan_s = "hgx-h200", 0.0
+        shutil.copyfile(plan_path(args.gpu_kind, which), plan)
+        profile, plan_s = GPU_KINDS[args.gpu_kind][1], 0.0
     else:
         profile = "cpu"
         plan_s = command([sys.executable, "-m", "zoplan.cli", "optimize", "--model", "tiny-opt",
@@ -191,7 +193,8 @@ def run_plan(args, which: str) -> dict:
                      "--steps", str(args.steps), "--lr", "1e-6", "--trace", str(trace), "--quiet"],
                     folder / "run.log")
     log(f"zoexec run took {run_s:.1f} s; calibrating")
-    return {**summarise_run(plan, trace, profile), "plan_s": plan_s, "run_wall_s": run_s}
+    return {**summarise_run(plan, trace, profile), "plan_s": plan_s, "run_wall_s": run_s,
+            "plans": args.gpu_kind if _cuda(args) else "made now (cpu)"}
 
 
 def summarise_run(plan: Path, trace: Path, profile: str) -> dict:
@@ -223,12 +226,15 @@ def summarise_run(plan: Path, trace: Path, profile: str) -> dict:
 
 
 def profile(args) -> dict:
-    """`zoplan profile --quick` of this machine and its headline figures."""
+    """`zoplan profile --quick` of this machine within its time budget (inside the
+    stage's ceiling) and its headline figures."""
+    from gpu_check import PROFILE_BUDGET_S
+
     if not _cuda(args):
         return {"ok": True, "skipped": "the dry run does not profile the CPU (minutes)"}
     out = args.folder / "profile.json"
-    cmd = [sys.executable, "-m", "zoplan.cli", "profile", "--quick", "--name", "h200-check",
-           "-o", str(out)]
+    cmd = [sys.executable, "-m", "zoplan.cli", "profile", "--quick", "--name",
+           f"{args.gpu_kind}-check", "--time-budget", str(PROFILE_BUDGET_S), "-o", str(out)]
     seconds = command(cmd, args.folder / "profile.log")
     prof = json.loads(out.read_text())
     pcie, compute = prof.get("pcie", {}), prof.get("compute", {})
@@ -540,8 +546,16 @@ def context(args) -> dict:
             "allocator_reserved_bytes": reserved, "used_before_bytes": before}
 
 
+# the stages of their own modules, imported when they run
+def _from(module: str, name: str):
+    return lambda args: getattr(__import__(module), name)(args)
+
+
 STAGES = {"preflight": preflight, "run-offload": lambda a: run_plan(a, "offload"),
-          "run-resident": lambda a: run_plan(a, "resident"), "profile": profile,
+          "run-resident": lambda a: run_plan(a, "resident"),
+          "baselines": _from("gpu_compare", "baselines"),
+          "shared-gpu": _from("gpu_compare", "shared_gpu"),
+          "staging": _from("gpu_staging", "staging"), "profile": profile,
           "oracle": oracle, "slices": slices, "issue": issue, "overlap": overlap,
           "context": context}
 
@@ -552,7 +566,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--device-kind", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--gpu-kind", default="h200", help="whose committed plans (gpu_check.GPU_KINDS)")
     parser.add_argument("--hang", action="store_true", help=argparse.SUPPRESS)  # test hook
     args = parser.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # as `zoexec run`, before torch loads

@@ -239,5 +239,11 @@ def import_gguf_cmd(
     print(f"zoexec: wrote {folder} from {gguf_file}")
 
 
+# `zoexec baseline mezo|zo2`: the programs zoexec is measured against (torch-free here)
+from zoexec.baselines.command import baseline_cmd  # noqa: E402
+
+app.command("baseline")(baseline_cmd)
+
+
 if __name__ == "__main__":
     main()

@@ -243,6 +243,10 @@ class RuntimeOptions(Section):
         "forkserver", "How local ranks are started (multiprocessing)",
         env="ZOEXEC_START_METHOD")
     debug: bool = option(False, "A failing rank prints its traceback too", env="ZOEXEC_DEBUG")
+    backend: Literal["auto", "gloo"] = option(
+        "auto", "Collectives' backend: auto (NCCL for CUDA jobs of several ranks, gloo "
+        "otherwise); gloo on CUDA too, so that several ranks may share one GPU (the block "
+        "all-gather composed from broadcasts): the GPU check's two ranks on one GPU")
 
 
 def _targets(text: str) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from zoexec.config import RuntimeOptions
 from zoexec.launch import preflight as zpreflight
 from zoexec.profiler.cuda import nvlink_matrix
 from zoexec.runtime import device as zdevice
@@ -70,7 +71,8 @@ def test_select_device_per_task_binding_and_subsets(monkeypatch):
 
 
 def _cfg(local_ranks: int):
-    return SimpleNamespace(device_kind="cuda", layout=Layout(ddp=local_ranks))
+    return SimpleNamespace(device_kind="cuda", layout=Layout(ddp=local_ranks),
+                           runtime=RuntimeOptions())
 
 
 def test_preflight_devices_per_rank_or_for_the_spawned_ranks(monkeypatch):
@@ -144,7 +146,7 @@ def tf32_flags():
 def _init(monkeypatch, device: torch.device, **kw) -> zgroups.DistEnv:
     """init_distributed with the device choice, the process group and the groups faked."""
     monkeypatch.setattr(zgroups, "select_device",
-                        lambda kind, rank, *, local_world_size, world_size: (device, "nccl"))
+                        lambda kind, rank, *, local_world_size, world_size, **_: (device, "nccl"))
     monkeypatch.setattr(zgroups.dist, "init_process_group", lambda *a, **k: None)
     monkeypatch.setattr(zgroups, "_build_groups", lambda env: None)
     monkeypatch.setattr(numa, "bind_near_pci", lambda address, **k: "0-7")

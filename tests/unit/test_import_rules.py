@@ -33,7 +33,7 @@ CONTRACTS = {"zoplan", "zoplan.errors", "zoplan.io", "zoplan.models", "zoplan.wo
 EXCEPTIONS = {("zoplan.cli", "zoexec.profiler")}   # `zoplan profile` measures with torch
 # The executor's layers, lowest first: the maths every layer shares; data and the model
 # families; the run configuration and the oracle; the process runtime; the node's block
-# store; the torch profiler; one training step; the run on disk; starting the ranks; the
+# store; the torch profiler; the baselines (MeZO, ZO2); one training step; the run on disk; starting the ranks; the
 # face. The longest prefix of a module's name decides its layer.
 EXECUTOR_LAYERS = (
     ("zoexec.maths", "zoexec.fields"),   # fields: how an option is declared (any layer may)
@@ -43,6 +43,7 @@ EXECUTOR_LAYERS = (
     ("zoexec.runtime",),
     ("zoexec.store",),
     ("zoexec.profiler",),
+    ("zoexec.baselines",),   # MeZO and ZO2 as their code runs (on the lanes, the store's loading)
     ("zoexec.train",),
     ("zoexec.run",),
     ("zoexec.launch",),

@@ -98,7 +98,8 @@ def _check_devices(cfg) -> None:
     started by torchrun or srun (RANK set) runs alone in its process: it needs a GPU of
     its own among those it sees, or exactly one (per-task binding; the rule is
     zoexec.runtime.devicemap.cuda_index). The ranks a local launch spawns see what this
-    process sees: it needs one visible GPU per rank."""
+    process sees: it needs one visible GPU per rank, unless --backend gloo lets them
+    share one (NCCL refuses two ranks on a GPU)."""
     if cfg.device_kind != "cuda":
         return
     need, have = cfg.layout.local_ranks, device_count(cfg.device_kind)
@@ -111,9 +112,10 @@ def _check_devices(cfg) -> None:
     if place is not None:
         cuda_index(place.local_rank, local_world_size=need, num_visible=have,
                    visible_env=visible)
-    elif have < need:
+    elif have < need and cfg.runtime.backend != "gloo":   # gloo: ranks may share a GPU
         raise ZoError(f"the plan needs {need} CUDA GPU(s) per node but this process sees "
-                      f"{have} ({ENV_VISIBLE}={shown}); the ranks it starts share them")
+                      f"{have} ({ENV_VISIBLE}={shown}); the ranks it starts share them (--backend gloo "
+                      f"lets ranks share a GPU)")
 
 
 def _check_memory(cfg) -> None:

@@ -5,7 +5,10 @@ near a GPU, NCCL's environment).
 `select_device` picks the device and the backend: a CUDA GPU + NCCL where the plan is
 for CUDA GPUs and the job has more than one rank, a CUDA GPU + gloo for a job of one
 rank (no collective runs there: the default group only carries host-side objects, and
-no NCCL communicator takes device memory), the CPU + gloo otherwise. Nothing else in
+no NCCL communicator takes device memory) or where `--backend gloo` asks for it (ranks
+sharing one GPU, which NCCL refuses; gloo reduces and broadcasts CUDA tensors, and the
+block all-gather is composed from broadcasts: `gather_by_broadcasts`), the CPU + gloo
+otherwise. Nothing else in
 zoexec calls `.cuda()`, names a backend or creates a stream; the rest of the code moves
 tensors with `.to(env.device)` and runs its tasks through the lanes (zoexec.runtime.lanes).
 
@@ -36,16 +39,28 @@ from zoplan.errors import ZoError
 NCCL_DEFAULTS = {"NCCL_NVLS_ENABLE": "0"}
 
 
-def backend_for(device_kind: str, world_size: int) -> str:
+def backend_for(device_kind: str, world_size: int, choice: str = "auto") -> str:
     """The default group's backend: NCCL for CUDA jobs of more than one rank; gloo for
-    the CPU and for a CUDA job of one rank (no collective runs on its device)."""
-    return "nccl" if device_kind == "cuda" and world_size > 1 else "gloo"
+    the CPU and for a CUDA job of one rank (no collective runs on its device), and
+    wherever `choice` (--backend) is "gloo" (ranks sharing one GPU: NCCL refuses two
+    ranks on one device)."""
+    if choice not in ("auto", "gloo"):
+        raise ZoError(f"--backend must be auto or gloo, got {choice!r}")
+    return "nccl" if device_kind == "cuda" and world_size > 1 and choice == "auto" else "gloo"
+
+
+def gather_by_broadcasts(backend: str, tensor_device: str) -> bool:
+    """Whether a group's all-gather of tensors on `tensor_device` is composed from one
+    broadcast per member (zoexec.runtime.groups.all_gather_flat): gloo has no all-gather
+    of CUDA tensors, but broadcasts them; NCCL and gloo on the CPU gather natively."""
+    return backend == "gloo" and tensor_device == "cuda"
 
 
 def select_device(device_kind: str, local_rank: int, *, local_world_size: int,
-                  world_size: int) -> tuple[torch.device, str]:
+                  world_size: int, backend: str = "auto") -> tuple[torch.device, str]:
     """(device, backend) of a rank: a CUDA GPU (devicemap.cuda_index), made the
-    process's current device, or the CPU; the backend is backend_for's."""
+    process's current device, or the CPU; the backend is backend_for's (`backend`:
+    the --backend choice)."""
     if device_kind == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
@@ -54,9 +69,10 @@ def select_device(device_kind: str, local_rank: int, *, local_world_size: int,
         index = cuda_index(local_rank, local_world_size=local_world_size, num_visible=count,
                            visible_env=visible_env())
         torch.cuda.set_device(index)
-        return torch.device("cuda", index), backend_for(device_kind, world_size)
+        return torch.device("cuda", index), backend_for(device_kind, world_size, backend)
     if device_kind != "cpu":
         raise ZoError(f"profile.device_kind {device_kind!r} is neither 'cuda' nor 'cpu'")
+    backend_for(device_kind, world_size, backend)    # the choice checked
     return torch.device("cpu"), "gloo"
 
 

@@ -97,7 +97,7 @@ def init_distributed(*, place: RankPlace, layout: Layout, device_kind: str,
     runtime = runtime or RuntimeOptions()
     device, backend = select_device(device_kind, place.local_rank,
                                     local_world_size=place.local_world_size,
-                                    world_size=place.world_size)
+                                    world_size=place.world_size, backend=runtime.backend)
     set_tf32(device, tf32)
     cpus = bind_near_gpu(device)
     nccl_defaults(backend)
@@ -206,8 +206,46 @@ def all_gather_call(module=dist):
 
 
 def all_gather_flat(out: torch.Tensor, mine: torch.Tensor, *, group, async_op: bool = True):
-    """`out` <- every member's `mine`, in rank order (group size x mine's length)."""
+    """`out` <- every member's `mine`, in rank order (group size x mine's length): the
+    backend's own all-gather, or one broadcast per member where the backend has none
+    for these tensors (zoexec.runtime.device.gather_by_broadcasts: gloo and CUDA)."""
+    if zdevice.gather_by_broadcasts(dist.get_backend(group), mine.device.type):
+        return gather_by_broadcasts(out, mine, group=group, async_op=async_op)
     return all_gather_call()(out, mine, group=group, async_op=async_op)
+
+
+class Works:
+    """The handles of several collectives as one (`wait` waits for each)."""
+
+    def __init__(self, works: list) -> None:
+        self.works = works
+
+    def wait(self) -> bool:
+        for work in self.works:
+            work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+
+def gather_by_broadcasts(out: torch.Tensor, mine: torch.Tensor, *, group,
+                         async_op: bool = True):
+    """The all-gather as broadcasts: member i's piece of `out` (mine's length) is
+    broadcast from member i, after this rank copied `mine` into its own piece (nothing
+    to copy where `mine` is that piece already, as a block buffer's slice is)."""
+    group = group or dist.group.WORLD
+    members = dist.get_process_group_ranks(group)
+    size, me = mine.numel(), dist.get_rank(group)
+    if out.numel() != size * len(members):
+        raise ValueError(f"all-gather into {out.numel()} elements of {len(members)} pieces "
+                         f"of {size}")
+    own = out[me * size:(me + 1) * size]
+    if own.data_ptr() != mine.data_ptr():
+        own.copy_(mine)
+    works = [dist.broadcast(out[i * size:(i + 1) * size], src=member, group=group,
+                            async_op=async_op) for i, member in enumerate(members)]
+    return Works(works) if async_op else None
 
 
 def device_memory_peak(env: DistEnv) -> dict:
