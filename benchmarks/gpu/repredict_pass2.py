@@ -34,7 +34,7 @@ from zoplan.trace import read_trace  # noqa: E402
 from zoplan.workload import Workload  # noqa: E402
 
 PASS2 = REPO / "benchmarks" / "results" / "h200-2026-12-04" / "pass2"
-PLANS = REPO / "scripts" / "gpu_plans"
+PLANS = REPO / "scripts" / "gpu_plans" / "h200"   # the pass ran on an H200
 RUNS = ("offload", "resident")
 KINDS = ("update", "forward", "head", "embed")
 
