@@ -100,6 +100,7 @@ def optimize_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan JSON to stdout instead of the tables")] = False,
     top: Annotated[int, typer.Option(help="Candidates shown in the table")] = 8,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No tables, no timeline: just write the plan")] = False,
+    sensitivity: Annotated[bool, typer.Option("--sensitivity/--no-sensitivity", help="Price the winner again with each assumed figure of the profile at the ends of its plausible range: the step as a range, the figures that move it, whether the winner stays the winner (docs/planner.md)")] = True,
 ) -> None:
     """Search PertP x DDP layouts, slice size, prefetch depth, block placement and the
     devices used; write the best as a plan."""
@@ -115,7 +116,7 @@ def optimize_cmd(
                        precision=precision, update=update, tf32=tf32, pertp=pertp, ddp=ddp,
                        slices=slices, prefetch=prefetch, placement=placement, output=output,
                        progress=progress, lengths=None if lengths is None else str(lengths),
-                       **lora)
+                       sensitivity=sensitivity, **lora)
         if tuning == "auto":
             plan, plans = search.optimize_tunings(**request)
         else:
