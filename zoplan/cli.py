@@ -249,6 +249,29 @@ def compare_cmd(
     compare_command(plans=plans, console=console)
 
 
+@command("distzo2")
+def distzo2_cmd(
+    model: Annotated[str, typer.Option(help="Catalogue name (see `zoplan models`)")] = "opt-1.3b",
+    gpus: Annotated[int, typer.Option(help="GPUs of one node")] = 4,
+    profile: Annotated[str, typer.Option(help="Shipped profile name or profile JSON path (a GPU profile)")] = "dgx-a100-80gb",
+    batch: Annotated[int, typer.Option(help="Global batch (sequences per step)")] = 4,
+    seq: Annotated[int, typer.Option(help="Tokens per sequence")] = 2048,
+    pertp: Annotated[int, typer.Option(help="Perturbation-Parallel degree (1 or 2); ddp = gpus / pertp")] = 2,
+    precision: Annotated[str, typer.Option(help="fp16, bf16 or fp32")] = "fp16",
+    pageable: Annotated[bool, typer.Option("--pageable", help="Blocks in pageable host memory (priced at the profile's pageable copy figures)")] = False,
+) -> None:
+    """DistZO2's own configurations, naive (every GPU uploads and offloads the whole
+    block) and sliced (slices all-gathered over the fast fabric): the step and each
+    stream's share of the step's GPU activity (docs/validation.md)."""
+    from zoplan.views.distzo2 import distzo2_configs, render_distzo2
+
+    configs = distzo2_configs(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
+                              pertp=pertp, precision=precision, pageable=pageable)
+    render_distzo2(configs, console, title=(
+        f"DistZO2 on {model}, {gpus} GPUs of {profile} (pertp {pertp} x ddp {gpus // pertp}), "
+        f"batch {batch} x seq {seq}, {precision}, {'pageable' if pageable else 'pinned'}"))
+
+
 def main() -> None:
     """Entry point. Commands turn ZoError into one red line and exit code 2 themselves
     (see `command`); typer's standalone mode gives usage errors exit code 2 too."""
