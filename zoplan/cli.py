@@ -272,6 +272,61 @@ def distzo2_cmd(
         f"batch {batch} x seq {seq}, {precision}, {'pageable' if pageable else 'pinned'}"))
 
 
+@command("spec")
+def spec_cmd(
+    gpu: Annotated[str, typer.Option(help="GPU model: h100-sxm, h100-pcie, h200, a100-sxm-80, a100-sxm-40, a100-pcie-80, a100-pcie-40, l40s, rtx4090")],
+    count: Annotated[int, typer.Option(help="GPUs in the node")],
+    host_memory_gb: Annotated[float, typer.Option(help="Host memory of the node, GB as sold")],
+    output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Where to write the profile")],
+    sockets: Annotated[int, typer.Option(help="CPU sockets")] = 2,
+    cores: Annotated[int, typer.Option(help="Cores per socket")] = 64,
+    pcie_gen: Annotated[Optional[int], typer.Option(help="PCIe generation of the GPUs' links (default: the GPU model's)")] = None,
+    lanes: Annotated[int, typer.Option(help="PCIe lanes per GPU")] = 16,
+    per_switch: Annotated[int, typer.Option(help="GPUs sharing one PCIe switch uplink (1: each GPU its own path to the host)")] = 1,
+    nvlink: Annotated[Optional[bool], typer.Option("--nvlink/--no-nvlink", help="NVLink between the GPUs (default: the model's: SXM an NVSwitch, PCIe cards bridged pairs)")] = None,
+    memory_gib: Annotated[Optional[float], typer.Option(help="GPU memory in GiB (default: the model's)")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Profile name (default: spec-COUNTx-GPU)")] = None,
+) -> None:
+    """Write a profile from a spec sheet: the GPU model's public figures and the few
+    given here; every other figure assumed by a rule the profile records (docs/planner.md)."""
+    from zoplan.io import atomic_write_text, check_writable, dumps_canonical
+    from zoplan.origins import counts
+    from zoplan.profiling.spec import SpecSheet, build_spec_profile, spec_name_ok
+
+    if name is not None and not spec_name_ok(name):
+        raise ZoError(f"--name {name!r}: letters, digits, '.', '_' and '-' only")
+    sheet = SpecSheet(gpu=gpu, count=count, host_memory_gb=host_memory_gb, sockets=sockets,
+                      cores=cores, pcie_gen=pcie_gen, lanes=lanes, per_switch=per_switch,
+                      nvlink=nvlink, memory_gib=memory_gib, name=name)
+    data = build_spec_profile(sheet)
+    check_writable(output, what="the profile to")
+    atomic_write_text(output, dumps_canonical(data), what="the profile to")
+    from zoplan.hardware import load_profile
+    made = counts(load_profile(output).origins)
+    console.print(f"profile {data['name']} written to {output}: {made['public']} public "
+                  f"figures, {made['assumed']} assumed (each with its rule: the profile's "
+                  f"origins and sources)", highlight=False)
+
+
+@command("rent")
+def rent_cmd(
+    model: Annotated[str, typer.Option(help="Catalogue name (see `zoplan models`) or path to an HF config.json")],
+    on: Annotated[list[str], typer.Option("--on", help="A machine: PROFILE:GPUS or PROFILE:GPUS:PRICE_PER_GPU_HOUR (repeat for each)")],
+    batch: Annotated[int, typer.Option(help="Global batch (sequences per step)")] = 16,
+    seq: Annotated[int, typer.Option(help="Tokens per sequence")] = 512,
+    precision: Annotated[Optional[str], typer.Option(help="Compute precision (default: the model family's dtype)")] = None,
+) -> None:
+    """What should I rent? One job planned on each machine given: the best layout, the
+    step and its range over the assumed figures, memory, ZO2 beside it, time and cost
+    of 1,000 steps; the fastest and the cheapest marked."""
+    from zoplan.search.rent import Option, rent
+    from zoplan.views.rent import render_rent
+
+    rows = rent([Option.parse(text) for text in on], model=model, batch=batch, seq=seq,
+                precision=precision)
+    render_rent(rows, console, title=f"{model}, batch {batch} x seq {seq}: where to run it")
+
+
 def main() -> None:
     """Entry point. Commands turn ZoError into one red line and exit code 2 themselves
     (see `command`); typer's standalone mode gives usage errors exit code 2 too."""
