@@ -27,15 +27,22 @@ from zoplan.estimators import (
     EstimatorSpec,
 )
 from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
+from zoplan.hardware import load_profile
+from zoplan.io import atomic_write_text, check_writable, dumps_canonical
 from zoplan.lora import DEFAULT_LORA_ALPHA, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS
+from zoplan.origins import counts
 from zoplan.prefix import DEFAULT_PREFIX_TOKENS
+from zoplan.profiling.spec import SpecSheet, build_spec_profile, spec_name_ok
+from zoplan.search.rent import Option, rent
 from zoplan.search.tuning import TUNING_CHOICES
 from zoplan.usage import OneLineUsage
 from zoplan.views import calibrate as calibrate_view
 from zoplan.views import optimize as optimize_view
 from zoplan.views.compare import compare_command
+from zoplan.views.distzo2 import distzo2_configs, render_distzo2
 from zoplan.views.listings import render_models, render_profiles
 from zoplan.views.profile import profile_progress, render_summary
+from zoplan.views.rent import render_rent
 from zoplan.views.show import render_short_timeline, show_command
 from zoplan.views.tuning import render_tunings
 
@@ -263,8 +270,6 @@ def distzo2_cmd(
     """DistZO2's own configurations, naive (every GPU uploads and offloads the whole
     block) and sliced (slices all-gathered over the fast fabric): the step and each
     stream's share of the step's GPU activity (docs/validation.md)."""
-    from zoplan.views.distzo2 import distzo2_configs, render_distzo2
-
     configs = distzo2_configs(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
                               pertp=pertp, precision=precision, pageable=pageable)
     render_distzo2(configs, console, title=(
@@ -289,10 +294,6 @@ def spec_cmd(
 ) -> None:
     """Write a profile from a spec sheet: the GPU model's public figures and the few
     given here; every other figure assumed by a rule the profile records (docs/planner.md)."""
-    from zoplan.io import atomic_write_text, check_writable, dumps_canonical
-    from zoplan.origins import counts
-    from zoplan.profiling.spec import SpecSheet, build_spec_profile, spec_name_ok
-
     if name is not None and not spec_name_ok(name):
         raise ZoError(f"--name {name!r}: letters, digits, '.', '_' and '-' only")
     sheet = SpecSheet(gpu=gpu, count=count, host_memory_gb=host_memory_gb, sockets=sockets,
@@ -301,7 +302,6 @@ def spec_cmd(
     data = build_spec_profile(sheet)
     check_writable(output, what="the profile to")
     atomic_write_text(output, dumps_canonical(data), what="the profile to")
-    from zoplan.hardware import load_profile
     made = counts(load_profile(output).origins)
     console.print(f"profile {data['name']} written to {output}: {made['public']} public "
                   f"figures, {made['assumed']} assumed (each with its rule: the profile's "
@@ -319,9 +319,6 @@ def rent_cmd(
     """What should I rent? One job planned on each machine given: the best layout, the
     step and its range over the assumed figures, memory, ZO2 beside it, time and cost
     of 1,000 steps; the fastest and the cheapest marked."""
-    from zoplan.search.rent import Option, rent
-    from zoplan.views.rent import render_rent
-
     rows = rent([Option.parse(text) for text in on], model=model, batch=batch, seq=seq,
                 precision=precision)
     render_rent(rows, console, title=f"{model}, batch {batch} x seq {seq}: where to run it")

@@ -59,14 +59,14 @@ def offload_s(profile: HardwareProfile, num_bytes: float, ranks: int, *,
     pcie.pageable_d2h_gbps (staged by the host, one at a time)."""
     p = profile.pcie
     if not pinned:
-        return num_bytes / (p["pageable_d2h_gbps"] * GBPS)
+        return float(num_bytes / (p["pageable_d2h_gbps"] * GBPS))
     both = duplex_rates_gbps(profile, "gpu")
     d2h = (both[1] if both else p["d2h_gbps"]) * GBPS
     groups = p.get("switch_groups") or []
     sharing = max([sum(1 for r in g if r < ranks) for g in groups] or [1])
     uplink = p["switch_uplink_gbps"] * GBPS
     host = profile.host["mem_bw_gbps"] * GBPS
-    return max(num_bytes / d2h, sharing * num_bytes / uplink, 2 * ranks * num_bytes / host)
+    return float(max(num_bytes / d2h, sharing * num_bytes / uplink, 2 * ranks * num_bytes / host))
 
 
 def lane_step(model: ModelSpec, profile: HardwareProfile, *, config: str, batch: int, seq: int,

@@ -61,7 +61,7 @@ GIB_PER_GB = 1e9 / 2**30
 LANE_GBPS = {3: 0.985, 4: 1.969, 5: 3.938}   # PCIe raw rate per lane and direction, GB/s
 # Each rule: (value or function of the inputs, the words of the rule). Values are those
 # of the shipped profiles where a public figure backs them (docs/sources.md).
-RULES = {
+RULES: dict[str, tuple[Any, str]] = {
     "peak": (0.83, "the best matmul found reaches 80-86% of the datasheet's dense 16-bit "
                    "rate (A100 SXM 267.9 of 312, H100 SXM 792 of 989: docs/sources.md mamf)"),
     "pcie": (0.80, "pinned copies reach ~80% of the link's raw rate (25-26 of 31.5 GB/s on "
