@@ -101,6 +101,7 @@ class Priced:
     gpu_bytes: float | None
     runner_up: float | None
     zo2: float | None
+    mezo: float | None = None     # MeZO-SGD on the winner's layout (an estimator's winner)
 
 
 _SIMULATED: dict[str, float] = {}   # StepCosts -> node step: a figure that leaves a layout's
@@ -139,7 +140,8 @@ def _step(req: Request, cand: Candidate, *, quick: bool = False
 
 def price(req: Request, profile: HardwareProfile, winner: Candidate,
           runner_up: Candidate | None, *, zo2: bool = False, memory_only: bool = False,
-          nominal_step: float | None = None, quick: bool = False) -> Priced:
+          nominal_step: float | None = None, quick: bool = False,
+          mezo: Candidate | None = None) -> Priced:
     """The winner, the runner-up and (`zo2`) ZO2 priced on `profile` (`memory_only`:
     the winner's memory, its step taken as `nominal_step`)."""
     req = dataclasses.replace(req, profile=profile)
@@ -152,7 +154,8 @@ def price(req: Request, profile: HardwareProfile, winner: Candidate,
     step, mem = _step(req, winner, quick=quick)
     other = _step(req, runner_up)[0] if runner_up is not None else None
     base = zo2_baseline(req, winner.workload).step_time_s if zo2 else None
-    return Priced(winner=step, gpu_bytes=mem, runner_up=other, zo2=base)
+    plain = _step(req, mezo)[0] if mezo is not None else None
+    return Priced(winner=step, gpu_bytes=mem, runner_up=other, zo2=base, mezo=plain)
 
 
 def _scaled(p: Priced, screen: float | None, nominal: float | None) -> Priced:
@@ -194,7 +197,7 @@ def sensitivity(result: SearchResult) -> dict[str, Any]:
     """The plan's `sensitivity` section (docs/planner.md; module docstring)."""
     req, win = result.request, result.winner
     runner = _runner_up(result)
-    nominal = price(req, req.profile, win, runner, zo2=True)
+    nominal = price(req, req.profile, win, runner, zo2=True, mezo=result.mezo)
     screen = price(req, req.profile, win, None, quick=True).winner   # the screening's nominal
     figures, fast, slow, small, big = [], {}, {}, {}, {}
     values = {f"{s}.{k}": v for s in ("device", "host", "pcie", "fabric", "collective",
@@ -233,7 +236,8 @@ def sensitivity(result: SearchResult) -> dict[str, Any]:
         small[path], big[path] = (low if by_mem[0][0] == "low" else high), \
             (low if by_mem[-1][0] == "low" else high)
     figures.sort(key=lambda f: -_spread(f, nominal.winner))
-    return _section(req, win, runner, nominal, figures, fast, slow, small, big)
+    return _section(req, win, runner, nominal, figures, fast, slow, small, big,
+                    mezo=result.mezo)
 
 
 def _spread(entry: dict[str, Any], nominal: float | None) -> float:
@@ -243,13 +247,15 @@ def _spread(entry: dict[str, Any], nominal: float | None) -> float:
 
 def _section(req: Request, win: Candidate, runner: Candidate | None, nominal: Priced,
              figures: list[dict[str, Any]], fast: dict[str, Any], slow: dict[str, Any],
-             small: dict[str, Any], big: dict[str, Any]) -> dict[str, Any]:
+             small: dict[str, Any], big: dict[str, Any], *, mezo: Candidate | None = None
+             ) -> dict[str, Any]:
     """Every assumed figure at its fast end, then at its slow end, together."""
     combos = {}
     for name, changes in (("fast", fast), ("slow", slow), ("small", small), ("big", big)):
         variant = with_figure(req.profile, changes) if changes else req.profile
-        combos[name] = (price(req, variant, win, runner, zo2=name in ("fast", "slow"))
-                        if variant else nominal)
+        corner = name in ("fast", "slow")
+        combos[name] = (price(req, variant, win, runner, zo2=corner,
+                              mezo=mezo if corner else None) if variant else nominal)
     points = [nominal, combos["fast"], combos["slow"]]
     stays = runner is None or all(
         p.runner_up is None or p.winner is None or p.runner_up >= p.winner * (1 - 1e-9)
@@ -257,6 +263,7 @@ def _section(req: Request, win: Candidate, runner: Candidate | None, nominal: Pr
     steps = [p.winner for p in points if p.winner is not None]
     mems = [p.gpu_bytes for p in (nominal, combos["small"], combos["big"]) if p.gpu_bytes]
     ratios = [p.zo2 / p.winner for p in points if p.zo2 and p.winner]
+    over_mezo = [p.mezo / p.winner for p in points if p.mezo and p.winner]
     return {
         "method": "each assumed figure at the low and the high end of its plausible range "
                   "(zoplan.search.sensitivity.RANGES), then all at their fast and at their "
@@ -265,6 +272,8 @@ def _section(req: Request, win: Candidate, runner: Candidate | None, nominal: Pr
         "step_time_s": {"low": min(steps), "high": max(steps)},
         "gpu_mem_bytes": {"low": int(min(mems)), "high": int(max(mems))} if mems else None,
         "zo2_ratio": {"low": min(ratios), "high": max(ratios)} if ratios else None,
+        "mezo_ratio": ({"low": min(over_mezo), "high": max(over_mezo)} if over_mezo
+                       else None),   # an estimator's winner over MeZO-SGD on its layout
         "runner_up": None if runner is None else runner.label,
         "runner_up_step_s": None if runner is None else {
             "nominal": nominal.runner_up, "fast": combos["fast"].runner_up,

@@ -69,6 +69,10 @@ def sensitivity_lines(d: dict[str, Any]) -> list[str]:
     ratio = sens.get("zo2_ratio")
     if ratio:
         lines.append(f"over ZO2: {ratio['low']:.2f}x-{ratio['high']:.2f}x across them")
+    over_mezo = sens.get("mezo_ratio")
+    if over_mezo:
+        lines.append(f"over MeZO-SGD on the winner's layout: {over_mezo['low']:.2f}x-"
+                     f"{over_mezo['high']:.2f}x across them")
     lines.append("assumed figures that move it (each alone, at the low and the high end):")
     mem_now = float(d["predicted"]["gpu_mem_bytes"])
     lines += [figure_line(f, nominal, mem_now) for f in figures[:FIGURES_SHOWN]]
