@@ -27,15 +27,22 @@ from zoplan.estimators import (
     EstimatorSpec,
 )
 from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
+from zoplan.hardware import load_profile
+from zoplan.io import atomic_write_text, check_writable, dumps_canonical
 from zoplan.lora import DEFAULT_LORA_ALPHA, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS
+from zoplan.origins import counts
 from zoplan.prefix import DEFAULT_PREFIX_TOKENS
+from zoplan.profiling.spec import SpecSheet, build_spec_profile, spec_name_ok
+from zoplan.search.rent import Option, rent
 from zoplan.search.tuning import TUNING_CHOICES
 from zoplan.usage import OneLineUsage
 from zoplan.views import calibrate as calibrate_view
 from zoplan.views import optimize as optimize_view
 from zoplan.views.compare import compare_command
+from zoplan.views.distzo2 import distzo2_configs, render_distzo2
 from zoplan.views.listings import render_models, render_profiles
 from zoplan.views.profile import profile_progress, render_summary
+from zoplan.views.rent import render_rent
 from zoplan.views.show import render_short_timeline, show_command
 from zoplan.views.tuning import render_tunings
 
@@ -100,6 +107,7 @@ def optimize_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan JSON to stdout instead of the tables")] = False,
     top: Annotated[int, typer.Option(help="Candidates shown in the table")] = 8,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No tables, no timeline: just write the plan")] = False,
+    sensitivity: Annotated[bool, typer.Option("--sensitivity/--no-sensitivity", help="Price the winner again with each assumed figure of the profile at the ends of its plausible range: the step as a range, the figures that move it, whether the winner stays the winner (docs/planner.md)")] = True,
 ) -> None:
     """Search PertP x DDP layouts, slice size, prefetch depth, block placement and the
     devices used; write the best as a plan."""
@@ -115,7 +123,7 @@ def optimize_cmd(
                        precision=precision, update=update, tf32=tf32, pertp=pertp, ddp=ddp,
                        slices=slices, prefetch=prefetch, placement=placement, output=output,
                        progress=progress, lengths=None if lengths is None else str(lengths),
-                       **lora)
+                       sensitivity=sensitivity, **lora)
         if tuning == "auto":
             plan, plans = search.optimize_tunings(**request)
         else:
@@ -246,6 +254,74 @@ def compare_cmd(
 ) -> None:
     """Side-by-side table of plans (or of one plan's ranked candidates)."""
     compare_command(plans=plans, console=console)
+
+
+@command("distzo2")
+def distzo2_cmd(
+    model: Annotated[str, typer.Option(help="Catalogue name (see `zoplan models`)")] = "opt-1.3b",
+    gpus: Annotated[int, typer.Option(help="GPUs of one node")] = 4,
+    profile: Annotated[str, typer.Option(help="Shipped profile name or profile JSON path (a GPU profile)")] = "dgx-a100-80gb",
+    batch: Annotated[int, typer.Option(help="Global batch (sequences per step)")] = 4,
+    seq: Annotated[int, typer.Option(help="Tokens per sequence")] = 2048,
+    pertp: Annotated[int, typer.Option(help="Perturbation-Parallel degree (1 or 2); ddp = gpus / pertp")] = 2,
+    precision: Annotated[str, typer.Option(help="fp16, bf16 or fp32")] = "fp16",
+    pageable: Annotated[bool, typer.Option("--pageable", help="Blocks in pageable host memory (priced at the profile's pageable copy figures)")] = False,
+) -> None:
+    """DistZO2's own configurations, naive (every GPU uploads and offloads the whole
+    block) and sliced (slices all-gathered over the fast fabric): the step and each
+    stream's share of the step's GPU activity (docs/validation.md)."""
+    configs = distzo2_configs(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
+                              pertp=pertp, precision=precision, pageable=pageable)
+    render_distzo2(configs, console, title=(
+        f"DistZO2 on {model}, {gpus} GPUs of {profile} (pertp {pertp} x ddp {gpus // pertp}), "
+        f"batch {batch} x seq {seq}, {precision}, {'pageable' if pageable else 'pinned'}"))
+
+
+@command("spec")
+def spec_cmd(
+    gpu: Annotated[str, typer.Option(help="GPU model: h100-sxm, h100-pcie, h200, a100-sxm-80, a100-sxm-40, a100-pcie-80, a100-pcie-40, l40s, rtx4090")],
+    count: Annotated[int, typer.Option(help="GPUs in the node")],
+    host_memory_gb: Annotated[float, typer.Option(help="Host memory of the node, GB as sold")],
+    output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Where to write the profile")],
+    sockets: Annotated[int, typer.Option(help="CPU sockets")] = 2,
+    cores: Annotated[int, typer.Option(help="Cores per socket")] = 64,
+    pcie_gen: Annotated[Optional[int], typer.Option(help="PCIe generation of the GPUs' links (default: the GPU model's)")] = None,
+    lanes: Annotated[int, typer.Option(help="PCIe lanes per GPU")] = 16,
+    per_switch: Annotated[int, typer.Option(help="GPUs sharing one PCIe switch uplink (1: each GPU its own path to the host)")] = 1,
+    nvlink: Annotated[Optional[bool], typer.Option("--nvlink/--no-nvlink", help="NVLink between the GPUs (default: the model's: SXM an NVSwitch, PCIe cards bridged pairs)")] = None,
+    memory_gib: Annotated[Optional[float], typer.Option(help="GPU memory in GiB (default: the model's)")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Profile name (default: spec-COUNTx-GPU)")] = None,
+) -> None:
+    """Write a profile from a spec sheet: the GPU model's public figures and the few
+    given here; every other figure assumed by a rule the profile records (docs/planner.md)."""
+    if name is not None and not spec_name_ok(name):
+        raise ZoError(f"--name {name!r}: letters, digits, '.', '_' and '-' only")
+    sheet = SpecSheet(gpu=gpu, count=count, host_memory_gb=host_memory_gb, sockets=sockets,
+                      cores=cores, pcie_gen=pcie_gen, lanes=lanes, per_switch=per_switch,
+                      nvlink=nvlink, memory_gib=memory_gib, name=name)
+    data = build_spec_profile(sheet)
+    check_writable(output, what="the profile to")
+    atomic_write_text(output, dumps_canonical(data), what="the profile to")
+    made = counts(load_profile(output).origins)
+    console.print(f"profile {data['name']} written to {output}: {made['public']} public "
+                  f"figures, {made['assumed']} assumed (each with its rule: the profile's "
+                  f"origins and sources)", highlight=False)
+
+
+@command("rent")
+def rent_cmd(
+    model: Annotated[str, typer.Option(help="Catalogue name (see `zoplan models`) or path to an HF config.json")],
+    on: Annotated[list[str], typer.Option("--on", help="A machine: PROFILE:GPUS or PROFILE:GPUS:PRICE_PER_GPU_HOUR (repeat for each)")],
+    batch: Annotated[int, typer.Option(help="Global batch (sequences per step)")] = 16,
+    seq: Annotated[int, typer.Option(help="Tokens per sequence")] = 512,
+    precision: Annotated[Optional[str], typer.Option(help="Compute precision (default: the model family's dtype)")] = None,
+) -> None:
+    """What should I rent? One job planned on each machine given: the best layout, the
+    step and its range over the assumed figures, memory, ZO2 beside it, time and cost
+    of 1,000 steps; the fastest and the cheapest marked."""
+    rows = rent([Option.parse(text) for text in on], model=model, batch=batch, seq=seq,
+                precision=precision)
+    render_rent(rows, console, title=f"{model}, batch {batch} x seq {seq}: where to run it")
 
 
 def main() -> None:

@@ -92,6 +92,7 @@ from typing import Any
 from zoplan.errors import ZoError
 from zoplan.hwcheck import PROFILE_SCHEMA_VERSION, validate
 from zoplan.io import dumps_canonical, load_json, sha256_json
+from zoplan.origins import Origin, check_origins, figure_origins
 
 GIB = 2**30
 SECTIONS = ("device", "host", "pcie", "fabric", "collective", "network", "compute")
@@ -175,7 +176,20 @@ class HardwareProfile:
 
     @classmethod
     def from_dict(cls, data: Any, *, origin: str = "profile") -> HardwareProfile:
-        return cls(**validate(data, origin))
+        fields = validate(data, origin)
+        check_origins(fields["extra"].get("origins"), fields, origin)
+        return cls(**fields)
+
+    # ---- where each figure comes from (zoplan.origins) --------------------------------
+    @property
+    def origins(self) -> dict[str, Origin]:
+        """Every figure's origin: measured, public or assumed (zoplan.origins)."""
+        sections = {section: getattr(self, section) for section in SECTIONS}
+        return figure_origins(sections, self.sources, self.extra.get("origins"))
+
+    def assumed_figures(self) -> list[str]:
+        """The figures of this profile that are assumed, in a fixed order."""
+        return [path for path, o in self.origins.items() if o.kind == "assumed"]
 
 
 # ---- loading ------------------------------------------------------------------------

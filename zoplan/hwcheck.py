@@ -62,7 +62,8 @@ NEEDS_SOURCE = ("device.hbm_fraction", "compute.launch_us", "compute.overlap_slo
                 "host.batch_us", "host.disk_write_gbps", "compute.slow_node_fraction",
                 "compute.slow_node_penalty", "device.context_gib", "device.allocator_slack_gib",
                 "pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps")
-_OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check"}
+_OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check",
+                 "origins"}   # origins: zoplan.origins (checked there)
 Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")   # CPU
 _SLOW_NODES = ("compute.slow_node_fraction", "compute.slow_node_penalty")
 _TOGETHER = {"cuda": [("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps"),

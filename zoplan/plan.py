@@ -38,6 +38,10 @@ Keys (all required unless marked optional):
   pruned (optional)         [{"layout", "reason"}]
   notes (optional)          {name: text}: what the plan's numbers do not say (ddp)
   scaling (optional)        {"nodes", "one_node_step_s", "efficiency", "sweep": [...]}
+  sensitivity (optional)    the step, memory and ZO2 ratio with the profile's assumed
+                            figures across their plausible ranges, each figure's effect,
+                            and whether the winner stays the winner
+                            (zoplan.search.sensitivity; docs/planner.md)
 """
 
 from __future__ import annotations
@@ -306,6 +310,7 @@ class PlanSchema(Checked):
     search: dict | None = None
     notes: dict[str, str] | None = None
     scaling: _Scaling | None = None
+    sensitivity: dict | None = None   # optional: zoplan.search.sensitivity
 
 
 def validate_plan(data: Any, origin: str) -> None:

@@ -33,7 +33,8 @@ HOMES = ("zoplan/pricing/", "zoplan/hwcheck.py", "zoplan/profiling/", "zoplan/ca
 DATA_MEMBERS = {"name", "gpus_per_node", "device", "host", "pcie", "fabric", "collective",
                 "network", "compute", "sources", "extra", "is_cpu", "device_word",
                 "device_memory_bytes", "host_memory_bytes", "fabric_groups",
-                "fabric_group_of", "max_slices", "sha256", "to_dict", "to_json", "from_dict"}
+                "fabric_group_of", "max_slices", "sha256", "to_dict", "to_json", "from_dict",
+                "origins", "assumed_figures"}   # where each figure comes from (zoplan.origins)
 
 
 def _key(node: ast.AST) -> str | None:

@@ -16,6 +16,7 @@ from zoplan.io import check_writable
 from zoplan.plan import Plan
 from zoplan.search.build import build_plan
 from zoplan.search.evaluate import SearchResult, paused_gc, search
+from zoplan.search.sensitivity import with_sensitivity
 from zoplan.search.space import Request, resolve_request
 from zoplan.search.tuning import faster
 
@@ -27,18 +28,23 @@ def optimize(*, model: str, gpus: int, profile: str | None, batch: int, seq: int
              precision: str | None = None, update: str | None = None, tf32: bool = True,
              pertp: int | None = None, ddp: int | None = None, slices: int | None = None,
              prefetch: int | None = None, placement: str = "auto", output: Path,
-             progress=None, lengths: str | None = None, **tuning) -> Plan:
+             progress=None, lengths: str | None = None, sensitivity: bool = False,
+             **tuning) -> Plan:
     """Search the layouts for this request and write the winner's plan to `output`.
     `progress(total) -> tick` (zoplan.views.optimize.search_progress) follows the search.
     `tuning`: tuning ("full", "lora" or "prefix"), lora_r, lora_alpha, lora_targets,
-    prefix_tokens."""
+    prefix_tokens. `sensitivity`: add the plan's sensitivity section
+    (zoplan.search.sensitivity; `zoplan optimize` does by default)."""
     req = resolve_request(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
                           precision=precision, update=update, tf32=tf32, pertp=pertp,
                           ddp=ddp, slices=slices, prefetch=prefetch, placement=placement,
                           lengths=lengths, **tuning)
     check_output(Path(output), inputs=(profile, model, lengths))
     with paused_gc():   # the plan of a large search is built beside all its objects too
-        plan = build_plan(search(req, progress=progress))
+        result = search(req, progress=progress)
+        plan = build_plan(result)
+        if sensitivity:
+            plan = with_sensitivity(plan, result)
         plan.save(output)
     return plan
 
@@ -52,6 +58,7 @@ def optimize_tunings(*, output: Path, update: str | None = None, progress=None,
                                        request.get("lengths")))
     lora = {k: request.pop(k) for k in ("lora_r", "lora_alpha", "lora_targets") if k in request}
     request.pop("tuning", None)
+    request.pop("sensitivity", None)   # the sensitivity of one search: optimize's
     plans = {}
     for tuning in ("full", "lora"):
         extra = {"update": update} if tuning == "full" else {"tuning": "lora", **lora}

@@ -15,6 +15,7 @@ from zoplan.errors import ZoError
 from zoplan.hardware import GIB
 from zoplan.layout import axes_label
 from zoplan.plan import Plan
+from zoplan.views.sensitivity import sensitivity_lines
 
 
 @contextlib.contextmanager
@@ -106,6 +107,8 @@ def render_optimize(plan: Plan, console, *, top: int, output: Path,
             table.add_row(*_row(title, base, zo2), style="dim")
     console.print(table)
     for line in _summary(d, output):
+        console.print(line, highlight=False)
+    for line in sensitivity_lines(d):   # zoplan.views.sensitivity
         console.print(line, highlight=False)
     if sweep_nodes:
         console.print(sweep_table(d))
