@@ -1,0 +1,208 @@
+"""The fused pass (`--zo-kernel fused`): zoexec.maths.counter's maths as one Triton kernel
+per tensor of a range and update term. A launch reads theta once, regenerates z (and
+the rounding's noise) from the counter in registers, applies the term with its
+rounding, writes theta, and with the last term also writes the next perturbation: no z
+buffer, no scratch. zoexec.maths.counter says what is computed; this module only how,
+in the same order of operations (tests/unit/test_fused_zo.py: bit for bit the same
+under TRITON_INTERPRET=1).
+
+Only Triton APIs present in 3.6 (the GPU image's) and 3.9 (the CPU tests'): tl.load,
+tl.store, tl.arange, tl.program_id, tl.static_range, tl.where, tl.full, tl.umulhi,
+tl.sqrt_rn, tl.div_rn, .to() with bitcast. Imported only where the fused path runs
+(zoexec.train.engine) or is tested: triton is the `cuda` extra's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from zoexec.maths import counter as cm
+from zoexec.maths.counter import Perturb, Term, counter_key, pieces
+
+BLOCK = 1024   # elements a program computes
+
+_SQRT2 = tl.constexpr(cm.SQRT2)
+_LN2_HI = tl.constexpr(cm.LN2_HI)
+_LN2_LO = tl.constexpr(cm.LN2_LO)
+_HALF_PI = tl.constexpr(cm.HALF_PI)
+_TWO_M24 = tl.constexpr(cm.TWO_M24)
+_L0, _L1, _L2, _L3, _L4 = (tl.constexpr(c) for c in cm.LOG_C)
+_C0, _C1, _C2, _C3, _C4, _C5 = (tl.constexpr(c) for c in cm.COS_C)
+_S0, _S1, _S2, _S3, _S4, _S5 = (tl.constexpr(c) for c in cm.SIN_C)
+# the dtypes a kernel reads and writes: fp32, bf16 (passed as its int16 bits), fp16
+F32, BF16, F16 = 0, 1, 2
+_KIND = {torch.float32: F32, torch.bfloat16: BF16, torch.float16: F16}
+
+
+@triton.jit
+def _philox(index, k0, k1, n: tl.constexpr):
+    """Philox4x32-10 of the counters (index lo, index hi, 0, 0) under (k0, k1)."""
+    c0 = (index & 0xFFFFFFFF).to(tl.uint32)
+    c1 = (index >> 32).to(tl.uint32)
+    c2 = tl.full([n], 0, tl.uint32)
+    c3 = tl.full([n], 0, tl.uint32)
+    m0 = tl.full([n], 0xD2511F53, tl.uint32)
+    m1 = tl.full([n], 0xCD9E8D57, tl.uint32)
+    w0 = tl.full([n], 0x9E3779B9, tl.uint32)
+    w1 = tl.full([n], 0xBB67AE85, tl.uint32)
+    a = tl.full([n], 0, tl.uint32) + k0
+    b = tl.full([n], 0, tl.uint32) + k1
+    for step in tl.static_range(10):
+        if step > 0:
+            a = a + w0
+            b = b + w1
+        hi0 = tl.umulhi(c0, m0)
+        lo0 = c0 * m0
+        hi1 = tl.umulhi(c2, m1)
+        lo1 = c2 * m1
+        c0, c1, c2, c3 = hi1 ^ c1 ^ a, lo1, hi0 ^ c3 ^ b, lo0
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _gaussian(w0, w1):
+    """Box-Muller's cosine branch (zoexec.maths.counter.gaussian), same operations."""
+    x = ((w0 >> 9) * 2 + 1).to(tl.float32)
+    bits = x.to(tl.int32, bitcast=True)
+    e = (bits >> 23) - 127
+    f = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    big = f > _SQRT2
+    f = tl.where(big, f * 0.5, f)
+    ef = (tl.where(big, e + 1, e) - 24).to(tl.float32)
+    s = tl.div_rn(f - 1.0, f + 1.0)
+    s2 = s * s
+    p = s2 * _L0 + _L1
+    p = p * s2 + _L2
+    p = p * s2 + _L3
+    p = p * s2 + _L4
+    p = p * s2 + 2.0
+    log_u = ef * _LN2_HI + (s * p + ef * _LN2_LO)
+    r = tl.sqrt_rn(log_u * -2.0)
+    quadrant = w1 >> 30
+    a = ((((w1 >> 7) & 0x7FFFFF) * 2 + 1).to(tl.float32) * _TWO_M24) * _HALF_PI
+    a2 = a * a
+    c = a2 * _C0 + _C1
+    c = c * a2 + _C2
+    c = c * a2 + _C3
+    c = c * a2 + _C4
+    c = c * a2 + _C5
+    c = c * a2 + 1.0
+    t = a2 * _S0 + _S1
+    t = t * a2 + _S2
+    t = t * a2 + _S3
+    t = t * a2 + _S4
+    t = t * a2 + _S5
+    t = a * (t * a2 + 1.0)
+    v = tl.where(quadrant == 0, c, tl.where(quadrant == 1, -t, tl.where(quadrant == 2, -c, t)))
+    return r * v
+
+
+@triton.jit
+def _load32(ptr, offs, mask, kind: tl.constexpr):
+    if kind == 1:
+        raw = tl.load(ptr + offs, mask=mask, other=0).to(tl.int32)
+        return (raw << 16).to(tl.float32, bitcast=True)
+    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store(ptr, offs, mask, x, word, kind: tl.constexpr, stochastic: tl.constexpr):
+    """x (fp32) into `kind`: as is, to nearest even, or stochastically with `word`."""
+    if kind == 0:
+        tl.store(ptr + offs, x, mask=mask)
+    else:
+        bits = x.to(tl.int32, bitcast=True)
+        if stochastic:
+            if kind == 1:
+                bits = bits + (word >> 16).to(tl.int32)
+                tl.store(ptr + offs, (bits >> 16).to(tl.int16), mask=mask)
+            else:
+                bits = bits + (word >> 19).to(tl.int32)
+                y = (bits & -8192).to(tl.float32, bitcast=True)
+                tl.store(ptr + offs, y.to(tl.float16), mask=mask)
+        else:
+            if kind == 1:
+                bits = bits + (0x7FFF + ((bits >> 16) & 1))
+                tl.store(ptr + offs, (bits >> 16).to(tl.int16), mask=mask)
+            else:
+                tl.store(ptr + offs, x.to(tl.float16), mask=mask)
+
+
+@triton.jit
+def _zo_pass(theta, work, count, first, uk0, uk1, alpha, shrink, pk0, pk1, scale,
+             UPDATE: tl.constexpr, DECAY: tl.constexpr, STEP: tl.constexpr,
+             PERTURB: tl.constexpr, THETA: tl.constexpr, WORK: tl.constexpr,
+             STOCHASTIC: tl.constexpr, N: tl.constexpr):
+    """One tensor's part of a range: elements [0, count) at `theta` (and `work`), the
+    first of them element `first` of the tensor; one update term (UPDATE; its decay:
+    DECAY, its z term: STEP) then the perturbation (PERTURB)."""
+    offs = tl.program_id(0).to(tl.int64) * N + tl.arange(0, N).to(tl.int64)
+    mask = offs < count
+    index = offs + first
+    x = _load32(theta, offs, mask, THETA)
+    if UPDATE:
+        w0, w1, w2, w3 = _philox(index, uk0.to(tl.uint32, bitcast=True),
+                                 uk1.to(tl.uint32, bitcast=True), N)
+        if DECAY:
+            x = x * shrink
+        if STEP:
+            x = x + _gaussian(w0, w1) * alpha
+        _store(theta, offs, mask, x, w2, THETA, STOCHASTIC)
+        if PERTURB:
+            x = _load32(theta, offs, mask, THETA)
+    if PERTURB:
+        v0, v1, v2, v3 = _philox(index, pk0.to(tl.uint32, bitcast=True),
+                                 pk1.to(tl.uint32, bitcast=True), N)
+        y = x + _gaussian(v0, v1) * scale
+        _store(work, offs, mask, y, v2, WORK, False)
+
+
+def _i32(word: int) -> int:
+    """A uint32 as the int32 of the same bits (one kernel signature for every key)."""
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+def _as_kernel(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def fused_pass(theta: torch.Tensor, *, specs: Sequence, block: int, terms: Sequence[Term],
+               perturb: Perturb | None = None, start: int = 0,
+               kind: str = "stochastic", block_elems: int = BLOCK) -> int:
+    """zoexec.maths.counter.counter_pass as Triton launches: per tensor of the range, one
+    per term (the last also writes `perturb`), or one perturbation alone without terms;
+    `block_elems` elements a program (a power of two; never changes a bit). Returns the
+    launches made."""
+    assert kind in cm.KINDS, kind
+    launches = 0
+    if not terms and perturb is None:
+        return launches
+    theta_k = _as_kernel(theta)
+    work_k = _as_kernel(perturb.out) if perturb is not None else theta_k
+    for piece in pieces(specs, start, start + theta.numel()):
+        count = piece.hi - piece.lo
+        grid = (triton.cdiv(count, block_elems),)
+        t_view = theta_k[piece.lo:piece.hi]
+        w_view = work_k[piece.lo:piece.hi] if perturb is not None else t_view
+        pk = counter_key(perturb.seed, block, piece.index) if perturb is not None else (0, 0)
+        jobs: list[Term | None] = list(terms) or [None]
+        for number, term in enumerate(jobs):
+            last = number == len(jobs) - 1
+            uk = counter_key(term.seed, block, piece.index) if term is not None else (0, 0)
+            _zo_pass[grid](
+                t_view, w_view, count, piece.first, _i32(uk[0]), _i32(uk[1]),
+                term.alpha if term is not None else 0.0,
+                term.shrink if term is not None else 1.0, _i32(pk[0]), _i32(pk[1]),
+                perturb.scale if perturb is not None else 0.0,
+                UPDATE=term is not None, DECAY=bool(term is not None and piece.decay
+                                                    and term.decays),
+                STEP=bool(term is not None and term.alpha),
+                PERTURB=last and perturb is not None, THETA=_KIND[theta.dtype],
+                WORK=_KIND[perturb.out.dtype] if perturb is not None else 0,
+                STOCHASTIC=kind == "stochastic", N=block_elems)
+            launches += 1
+    return launches
