@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zoexec.maths.estimators import direction_seed
 from zoexec.maths.zo import mix_seed
 
 COUNTER_TAG = 0x435A       # "CZ": the counter generator's keys
@@ -80,11 +81,11 @@ def counter_key(seed: int, block: int, index: int) -> tuple[int, int]:
 
 
 def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(high, low) 32-bit words of a * m (a: int64 holding uint32; m < 2^32), through
-    16-bit halves: no product leaves int64."""
-    p1 = (a & 0xFFFF) * m
-    mid = (a >> 16) * m + (p1 >> 16)
-    return mid >> 16, ((mid & 0xFFFF) << 16) | (p1 & 0xFFFF)
+    """(high, low) 32-bit words of a * m (a: int64 holding uint32; m < 2^32): the int64
+    product wraps modulo 2^64 (two's complement, as torch's CPU and CUDA kernels
+    multiply), which keeps all 64 bits of it (the known-answer test checks it)."""
+    p = a * m
+    return (p >> 32) & MASK32, p & MASK32
 
 
 def philox(index: torch.Tensor, key: tuple[int, int]) -> tuple[torch.Tensor, ...]:
@@ -181,6 +182,20 @@ class Term:
     @property
     def decays(self) -> bool:
         return self.shrink != 1.0
+
+
+def terms_of(updates: Sequence, *, weight_decay: float) -> list[Term]:
+    """Pending updates (zoexec.maths.history.Update, in order) as terms: each direction j
+    its g_j / q along direction_seed(seed, j), weight decay with each update's first
+    (as the torch path applies them); terms that change nothing are left out."""
+    out = []
+    for update in updates:
+        for index, (direction, g) in enumerate(update.terms):
+            decay = weight_decay if index == 0 else 0.0
+            if update.lr and (g or decay):
+                out.append(Term.of(seed=direction_seed(update.seed, direction), lr=update.lr,
+                                   g=g, weight_decay=decay))
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
