@@ -246,8 +246,8 @@ class RuntimeOptions(Section):
         "auto", "How z, the update and the perturbation are computed: torch (z from torch's "
         "generators into buffers), counter (a counter-based z regenerated per element, plain "
         "torch), fused (the counter maths as one Triton pass, CUDA); auto: fused on CUDA "
-        "with triton for mezo full tuning, torch otherwise. run.json records the path; a "
-        "resume takes the same (docs/gpu.md)")
+        "with triton for mezo full tuning, torch otherwise. run.json records the path taken; "
+        "a resume must take the same one (docs/gpu.md)")
     debug: bool = option(False, "A failing rank prints its traceback too", env="ZOEXEC_DEBUG")
 
 

@@ -182,3 +182,40 @@ def test_the_kernel_applies_several_terms_in_order_and_fp32_weights():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_kernels_stochastic_rounding_is_unbiased(dtype):
     assert abs(_rounding_bias(dtype, fused.fused_pass, block_elems=8192)) < 1
+
+
+# ---- which path a run takes, and what run.json says of it ---------------------------------
+def test_auto_takes_fused_only_where_it_runs_and_says_why_it_fell_back():
+    from zoexec.maths.paths import choose
+    from zoplan.errors import ZoError
+
+    cpu = "the fused kernel runs on CUDA GPUs, this rank's device is cpu"
+    assert choose("auto", fused_problem=cpu, estimator="mezo", tuning="full") == ("torch", None)
+    assert choose("auto", fused_problem=None, estimator="mezo", tuning="full") == ("fused", None)
+    path, why = choose("auto", fused_problem=None, estimator="lowrank", tuning="full")
+    assert path == "torch" and "lowrank" in why
+    assert choose("counter", fused_problem=cpu, estimator="mezo", tuning="full")[0] == "counter"
+    for named, estimator, tuning, words in (("fused", "mezo", "full", "runs on CUDA"),
+                                            ("counter", "sparse", "full", "sparse"),
+                                            ("fused", "mezo", "lora", "lora")):
+        with pytest.raises(ZoError, match=words):
+            choose(named, fused_problem=cpu if tuning == "full" else None,
+                   estimator=estimator, tuning=tuning)
+
+
+def test_a_resume_on_another_path_or_before_the_option_is_judged_by_the_recorded_path():
+    from zoexec.run.verify import z_problem
+
+    cpu = {"device_kind": "cpu", "torch": "2.13.0"}
+    fused_run = {**cpu, "zo_kernel": "fused", "triton": "3.6.0"}
+    problem = z_problem([{**cpu, "zo_kernel": "torch"}], recorded=fused_run, resumed=True,
+                        local_ranks=1)
+    assert problem and "--zo-kernel fused" in problem and "\n" not in problem
+    # run.json written before --zo-kernel: its runs drew z with torch
+    assert z_problem([{**cpu, "zo_kernel": "torch"}], recorded=cpu, resumed=True,
+                     local_ranks=1) is None
+    assert "--zo-kernel torch" in z_problem([{**cpu, "zo_kernel": "counter"}], recorded=cpu,
+                                            resumed=True, local_ranks=1)
+    mixed = z_problem([{**cpu, "zo_kernel": "torch"}, {**cpu, "zo_kernel": "counter"}],
+                      recorded=None, resumed=False, local_ranks=2)
+    assert mixed and "different --zo-kernel paths" in mixed

@@ -105,31 +105,37 @@ def _gaussian(w0, w1):
 def _load32(ptr, offs, mask, kind: tl.constexpr):
     if kind == 1:
         raw = tl.load(ptr + offs, mask=mask, other=0).to(tl.int32)
-        return (raw << 16).to(tl.float32, bitcast=True)
-    return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        x = (raw << 16).to(tl.float32, bitcast=True)
+    else:
+        x = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return x
 
 
 @triton.jit
 def _store(ptr, offs, mask, x, word, kind: tl.constexpr, stochastic: tl.constexpr):
-    """x (fp32) into `kind`: as is, to nearest even, or stochastically with `word`."""
+    """x (fp32) into `kind`: as is, to nearest even, or stochastically with `word`;
+    returns the stored value in fp32 (no second read of what was written)."""
+    out = x
     if kind == 0:
         tl.store(ptr + offs, x, mask=mask)
-    else:
+    elif kind == 1:
         bits = x.to(tl.int32, bitcast=True)
         if stochastic:
-            if kind == 1:
-                bits = bits + (word >> 16).to(tl.int32)
-                tl.store(ptr + offs, (bits >> 16).to(tl.int16), mask=mask)
-            else:
-                bits = bits + (word >> 19).to(tl.int32)
-                y = (bits & -8192).to(tl.float32, bitcast=True)
-                tl.store(ptr + offs, y.to(tl.float16), mask=mask)
+            bits = bits + (word >> 16).to(tl.int32)
         else:
-            if kind == 1:
-                bits = bits + (0x7FFF + ((bits >> 16) & 1))
-                tl.store(ptr + offs, (bits >> 16).to(tl.int16), mask=mask)
-            else:
-                tl.store(ptr + offs, x.to(tl.float16), mask=mask)
+            bits = bits + (0x7FFF + ((bits >> 16) & 1))
+        top = (bits >> 16).to(tl.int16)
+        tl.store(ptr + offs, top, mask=mask)
+        out = (top.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        if stochastic:
+            bits = x.to(tl.int32, bitcast=True) + (word >> 19).to(tl.int32)
+            y = (bits & -8192).to(tl.float32, bitcast=True).to(tl.float16)
+        else:
+            y = x.to(tl.float16)
+        tl.store(ptr + offs, y, mask=mask)
+        out = y.to(tl.float32)
+    return out
 
 
 @triton.jit
@@ -151,9 +157,7 @@ def _zo_pass(theta, work, count, first, uk0, uk1, alpha, shrink, pk0, pk1, scale
             x = x * shrink
         if STEP:
             x = x + _gaussian(w0, w1) * alpha
-        _store(theta, offs, mask, x, w2, THETA, STOCHASTIC)
-        if PERTURB:
-            x = _load32(theta, offs, mask, THETA)
+        x = _store(theta, offs, mask, x, w2, THETA, STOCHASTIC)
     if PERTURB:
         v0, v1, v2, v3 = _philox(index, pk0.to(tl.uint32, bitcast=True),
                                  pk1.to(tl.uint32, bitcast=True), N)
@@ -203,6 +207,6 @@ def fused_pass(theta: torch.Tensor, *, specs: Sequence, block: int, terms: Seque
                 STEP=bool(term is not None and term.alpha),
                 PERTURB=last and perturb is not None, THETA=_KIND[theta.dtype],
                 WORK=_KIND[perturb.out.dtype] if perturb is not None else 0,
-                STOCHASTIC=kind == "stochastic", N=block_elems)
+                STOCHASTIC=kind == "stochastic", N=block_elems, enable_fp_fusion=False)
             launches += 1
     return launches
