@@ -39,10 +39,12 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from zoexec.maths.estimators import direction_seed
+from zoexec.maths.history import Update
 from zoexec.maths.zo import mix_seed
 
 COUNTER_TAG = 0x435A       # "CZ": the counter generator's keys
@@ -184,7 +186,7 @@ class Term:
         return self.shrink != 1.0
 
 
-def terms_of(updates: Sequence, *, weight_decay: float) -> list[Term]:
+def terms_of(updates: Sequence[Update], *, weight_decay: float) -> list[Term]:
     """Pending updates (zoexec.maths.history.Update, in order) as terms: each direction j
     its g_j / q along direction_seed(seed, j), weight decay with each update's first
     (as the torch path applies them); terms that change nothing are left out."""
@@ -220,7 +222,7 @@ class Piece:
     decay: bool
 
 
-def pieces(specs: Sequence, start: int, stop: int) -> list[Piece]:
+def pieces(specs: Sequence[Any], start: int, stop: int) -> list[Piece]:
     """Each tensor's part of the block's flat range [start, stop), in range positions."""
     out = []
     for index, spec in enumerate(specs):
@@ -231,7 +233,7 @@ def pieces(specs: Sequence, start: int, stop: int) -> list[Piece]:
     return out
 
 
-def counter_pass(theta: torch.Tensor, *, specs: Sequence, block: int, terms: Sequence[Term],
+def counter_pass(theta: torch.Tensor, *, specs: Sequence[Any], block: int, terms: Sequence[Term],
                  perturb: Perturb | None = None, start: int = 0,
                  kind: str = "stochastic") -> None:
     """The pending `terms` applied to `theta` (flat, the block's range [start, start +

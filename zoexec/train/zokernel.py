@@ -21,10 +21,10 @@ def zo_kernel_of(cfg: RunConfig, device: torch.device) -> tuple[str, str | None]
                          estimator=wl.estimator_spec.estimator, tuning=wl.tuning)
 
 
-def zo_kernel_record(cfg: RunConfig, device: torch.device) -> dict:
+def zo_kernel_record(cfg: RunConfig, device: torch.device) -> dict[str, str]:
     """What run.json's "z" records of the path (zoexec.run.verify: a resume must agree)."""
     path, note = zo_kernel_of(cfg, device)
-    out: dict = {"zo_kernel": path}
+    out: dict[str, str] = {"zo_kernel": path}
     if note:
         out["zo_kernel_fallback"] = note
     if path == "fused":
@@ -33,7 +33,7 @@ def zo_kernel_record(cfg: RunConfig, device: torch.device) -> dict:
     return out
 
 
-def zo_pass_fn(path: str) -> Callable | None:
+def zo_pass_fn(path: str) -> Callable[..., object] | None:
     """The pass of a counter path (None: the torch path)."""
     if path == "fused":
         from zoexec.maths.fused import fused_pass
