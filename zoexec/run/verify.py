@@ -188,9 +188,8 @@ def z_problem(every: list[dict], *, recorded: dict | None, resumed: bool,
     and one software stack for the whole job)."""
     if resumed and recorded is None:
         return "run.json records no device for z (written without it): the run cannot be resumed exactly"
-    want = recorded if resumed else every[0]
-    if resumed:
-        want = {"zo_kernel": "torch", **want}   # recorded before --zo-kernel: torch's z
+    every = [{"zo_kernel": "torch", **have} for have in every]   # before --zo-kernel: torch's z
+    want = {"zo_kernel": "torch", **recorded} if resumed and recorded else every[0]
     for rank, have in enumerate(every):
         diff = z_difference(want, have)
         if diff is None:
