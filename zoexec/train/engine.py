@@ -61,6 +61,12 @@ one, the deferred update applies every direction's share, and the loss all-reduc
 carries [l+, l-, count] per direction. Each step's StepRecord (seed, g, losses) is known on every
 rank; seed replay = running the update half of the schedule over a log.
 
+With --zo-kernel counter or fused (zoexec.maths.paths, .counter, .fused) no z is drawn
+into a buffer: the update task's pending updates and the first perturbation are one
+counter pass over the block (z regenerated per element from its address), each further
+perturbation is another, the slice update one over the slice; the estimator is mezo
+(lowrank, sparse, LoRA and prefix run on the torch path).
+
 On CUDA the lanes are streams and the host only enqueues: h2d of block b+1 runs
 while block b computes, limited by the buffers; the slice update runs on the
 collective stream (zoplan.trace.KIND_LANE) with its own z of a slice, chunk scratch and
