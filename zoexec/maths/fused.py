@@ -15,13 +15,15 @@ tl.sqrt_rn, tl.div_rn, .to() with bitcast. Imported only where the fused path ru
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from zoexec.maths import counter as cm
-from zoexec.maths.counter import Perturb, Term, counter_key, pieces
+from zoexec.maths import zo
+from zoexec.maths.counter import Perturb, Term
 
 BLOCK = 1024   # elements a program computes
 
@@ -139,28 +141,53 @@ def _store(ptr, offs, mask, x, word, kind: tl.constexpr, stochastic: tl.constexp
 
 
 @triton.jit
-def _zo_pass(theta, work, count, first, uk0, uk1, alpha, shrink, pk0, pk1, scale,
-             UPDATE: tl.constexpr, DECAY: tl.constexpr, STEP: tl.constexpr,
+def _splitmix(x):
+    x = x + 0x9E3779B97F4A7C15
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+    return x ^ (x >> 31)
+
+
+@triton.jit
+def _key(h_lo, h_hi, tensor):
+    """Philox's key of `tensor` (per element): zoexec.maths.counter.counter_key, the
+    hash chain after (seed, block) given as h, continued by the tensor and the tag."""
+    h = (h_hi.to(tl.uint32, bitcast=True).to(tl.uint64) << 32) \
+        | h_lo.to(tl.uint32, bitcast=True).to(tl.uint64)
+    h = _splitmix(h ^ tensor.to(tl.uint64))
+    h = _splitmix(h ^ 0x435A) >> 1
+    return (h & 0xFFFFFFFF).to(tl.uint32), (h >> 32).to(tl.uint32)
+
+
+@triton.jit
+def _zo_pass(theta, work, count, start, table, decays, num_tensors, uh0, uh1, alpha, shrink,
+             ph0, ph1, scale, UPDATE: tl.constexpr, DECAY: tl.constexpr, STEP: tl.constexpr,
              PERTURB: tl.constexpr, THETA: tl.constexpr, WORK: tl.constexpr,
              STOCHASTIC: tl.constexpr, N: tl.constexpr):
-    """One tensor's part of a range: elements [0, count) at `theta` (and `work`), the
-    first of them element `first` of the tensor; one update term (UPDATE; its decay:
-    DECAY, its z term: STEP) then the perturbation (PERTURB)."""
+    """The block's range [start, start + count) at `theta` (and `work`): each element's
+    tensor from `table` (the tensors' first offsets, then the block's end) and its
+    decay from `decays`; one update term (UPDATE; its decay: DECAY, its z term: STEP)
+    then the perturbation (PERTURB)."""
     offs = tl.program_id(0).to(tl.int64) * N + tl.arange(0, N).to(tl.int64)
     mask = offs < count
-    index = offs + first
+    where = offs + start
+    tensor = tl.zeros([N], dtype=tl.int32)
+    for i in range(1, num_tensors):
+        tensor += (where >= tl.load(table + i)).to(tl.int32)
+    index = where - tl.load(table + tensor, mask=mask, other=0)
     x = _load32(theta, offs, mask, THETA)
     if UPDATE:
-        w0, w1, w2, w3 = _philox(index, uk0.to(tl.uint32, bitcast=True),
-                                 uk1.to(tl.uint32, bitcast=True), N)
+        k0, k1 = _key(uh0, uh1, tensor)
+        w0, w1, w2, w3 = _philox(index, k0, k1, N)
         if DECAY:
-            x = x * shrink
+            decayed = tl.load(decays + tensor, mask=mask, other=0) != 0
+            x = tl.where(decayed, x * shrink, x)
         if STEP:
             x = x + _gaussian(w0, w1) * alpha
         x = _store(theta, offs, mask, x, w2, THETA, STOCHASTIC)
     if PERTURB:
-        v0, v1, v2, v3 = _philox(index, pk0.to(tl.uint32, bitcast=True),
-                                 pk1.to(tl.uint32, bitcast=True), N)
+        k0, k1 = _key(ph0, ph1, tensor)
+        v0, v1, v2, v3 = _philox(index, k0, k1, N)
         y = x + _gaussian(v0, v1) * scale
         _store(work, offs, mask, y, v2, WORK, False)
 
@@ -174,39 +201,65 @@ def _as_kernel(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
 
-def fused_pass(theta: torch.Tensor, *, specs: Sequence, block: int, terms: Sequence[Term],
+def _halves(seed: int, block: int) -> tuple[int, int]:
+    """The key hash after (seed, block) (zoexec.maths.zo.mix_seed's chain) as two int32."""
+    h = 0x5A4F5A4F5A4F5A4F
+    for part in (seed, block):
+        h = zo._splitmix64(h ^ (int(part) & zo._MASK64))
+    return _i32(h & cm.MASK32), _i32(h >> 32)
+
+
+_TABLES: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def spec_table(specs: Sequence[Any], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's tensor table on `device` (each tensor's first offset, then the block's
+    end: int64; each tensor's decay: int8), made once per block layout and device (the
+    specs never change during a run, so no step copies it)."""
+    fields = tuple((int(s.offset), int(s.numel), bool(getattr(s, "decay", False)))
+                   for s in specs)
+    key = (device, fields)
+    if key not in _TABLES:
+        stop = 0
+        for offset, numel, _ in fields:
+            if offset != stop:
+                raise ValueError(f"the fused pass needs a block's tensors back to back: one "
+                                 f"starts at {offset}, the one before ends at {stop}")
+            stop = offset + numel
+        starts = [offset for offset, _, _ in fields] + [stop]
+        _TABLES[key] = (torch.tensor(starts, dtype=torch.int64, device=device),
+                        torch.tensor([d for _, _, d in fields], dtype=torch.int8, device=device))
+    return _TABLES[key]
+
+
+def fused_pass(theta: torch.Tensor, *, specs: Sequence[Any], block: int, terms: Sequence[Term],
                perturb: Perturb | None = None, start: int = 0,
                kind: str = "stochastic", block_elems: int = BLOCK) -> int:
-    """zoexec.maths.counter.counter_pass as Triton launches: per tensor of the range, one
-    per term (the last also writes `perturb`), or one perturbation alone without terms;
-    `block_elems` elements a program (a power of two; never changes a bit). Returns the
-    launches made."""
+    """zoexec.maths.counter.counter_pass as Triton launches over the whole range (every
+    tensor it meets): one a term (the last also writes `perturb`), or one perturbation
+    alone without terms; `block_elems` elements a program (a power of two; never
+    changes a bit). Returns the launches made."""
     assert kind in cm.KINDS, kind
-    launches = 0
-    if not terms and perturb is None:
-        return launches
+    count = min(theta.numel(), max(0, (specs[-1].offset + specs[-1].numel if specs else 0)
+                                   - start))
+    if count <= 0 or (not terms and perturb is None):
+        return 0
+    table, decays = spec_table(specs, theta.device)
     theta_k = _as_kernel(theta)
     work_k = _as_kernel(perturb.out) if perturb is not None else theta_k
-    for piece in pieces(specs, start, start + theta.numel()):
-        count = piece.hi - piece.lo
-        grid = (triton.cdiv(count, block_elems),)
-        t_view = theta_k[piece.lo:piece.hi]
-        w_view = work_k[piece.lo:piece.hi] if perturb is not None else t_view
-        pk = counter_key(perturb.seed, block, piece.index) if perturb is not None else (0, 0)
-        jobs: list[Term | None] = list(terms) or [None]
-        for number, term in enumerate(jobs):
-            last = number == len(jobs) - 1
-            uk = counter_key(term.seed, block, piece.index) if term is not None else (0, 0)
-            _zo_pass[grid](
-                t_view, w_view, count, piece.first, _i32(uk[0]), _i32(uk[1]),
-                term.alpha if term is not None else 0.0,
-                term.shrink if term is not None else 1.0, _i32(pk[0]), _i32(pk[1]),
-                perturb.scale if perturb is not None else 0.0,
-                UPDATE=term is not None, DECAY=bool(term is not None and piece.decay
-                                                    and term.decays),
-                STEP=bool(term is not None and term.alpha),
-                PERTURB=last and perturb is not None, THETA=_KIND[theta.dtype],
-                WORK=_KIND[perturb.out.dtype] if perturb is not None else 0,
-                STOCHASTIC=kind == "stochastic", N=block_elems, enable_fp_fusion=False)
-            launches += 1
-    return launches
+    ph = _halves(perturb.seed, block) if perturb is not None else (0, 0)
+    grid = (triton.cdiv(count, block_elems),)
+    jobs: list[Term | None] = list(terms) or [None]
+    for number, term in enumerate(jobs):
+        last = number == len(jobs) - 1
+        uh = _halves(term.seed, block) if term is not None else (0, 0)
+        _zo_pass[grid](
+            theta_k, work_k, count, start, table, decays, len(specs), uh[0], uh[1],
+            term.alpha if term is not None else 0.0, term.shrink if term is not None else 1.0,
+            ph[0], ph[1], perturb.scale if perturb is not None else 0.0,
+            UPDATE=term is not None, DECAY=bool(term is not None and term.decays),
+            STEP=bool(term is not None and term.alpha), PERTURB=last and perturb is not None,
+            THETA=_KIND[theta.dtype],
+            WORK=_KIND[perturb.out.dtype] if perturb is not None else 0,
+            STOCHASTIC=kind == "stochastic", N=block_elems, enable_fp_fusion=False)
+    return len(jobs)
