@@ -1,8 +1,10 @@
 """The fused pass (`--zo-kernel fused`): zoexec.maths.counter's maths as one Triton kernel
-per tensor of a range and update term. A launch reads theta once, regenerates z (and
-the rounding's noise) from the counter in registers, applies the term with its
-rounding, writes theta, and with the last term also writes the next perturbation: no z
-buffer, no scratch. zoexec.maths.counter says what is computed; this module only how,
+launch per range (a block or a slice of it) and update term. A launch reads theta once,
+regenerates z (and the rounding's noise) from the counter in registers, applies the
+term with its rounding, writes theta, and with the last term also writes the next
+perturbation: no z buffer, no scratch. Each element finds its tensor in the block's
+table (spec_table: the tensors' offsets and decay, on the device once per layout) and
+computes its tensor's key from the (seed, block) hash chain. zoexec.maths.counter says what is computed; this module only how,
 in the same order of operations (tests/unit/test_fused_zo.py: bit for bit the same
 under TRITON_INTERPRET=1).
 
