@@ -138,4 +138,9 @@ def fused_zo_problem(device: torch.device) -> str | None:
         import triton  # noqa: F401
     except ImportError as exc:
         return f"triton is not importable ({exc}); pip install '.[cuda]' pins it"
+    import shutil
+
+    # triton builds its launcher with a C compiler at the first launch (its runtime/build.py)
+    if not (os.environ.get("CC") or shutil.which("clang") or shutil.which("gcc")):
+        return "triton finds no C compiler to build its launcher (no $CC, clang or gcc)"
     return None
