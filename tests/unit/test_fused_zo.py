@@ -218,3 +218,19 @@ def test_a_resume_on_another_path_or_before_the_option_is_judged_by_the_recorded
     mixed = z_problem([{**cpu, "zo_kernel": "torch"}, {**cpu, "zo_kernel": "counter"}],
                       recorded=None, resumed=False, local_ranks=2)
     assert mixed and "different --zo-kernel paths" in mixed
+
+
+def test_the_device_module_says_where_the_fused_kernel_cannot_run(monkeypatch):
+    import shutil
+
+    from zoexec.runtime.device import fused_zo_problem
+
+    assert "this rank's device is cpu" in fused_zo_problem(torch.device("cpu"))
+    if fused is None:
+        assert "triton is not importable" in fused_zo_problem(torch.device("cuda", 0))
+        return
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert "no C compiler" in fused_zo_problem(torch.device("cuda", 0))
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert fused_zo_problem(torch.device("cuda", 0)) is None
