@@ -234,3 +234,15 @@ def test_the_device_module_says_where_the_fused_kernel_cannot_run(monkeypatch):
     assert "no C compiler" in fused_zo_problem(torch.device("cuda", 0))
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
     assert fused_zo_problem(torch.device("cuda", 0)) is None
+
+
+def test_pending_updates_become_terms_in_order_with_weight_decay_once_an_update():
+    from zoexec.maths.estimators import direction_seed
+    from zoexec.maths.history import Update
+
+    two = Update(step=3, seed=44, g=1.5, lr=1e-3, gs=(1.0, 2.0))
+    terms = cm.terms_of([Update(step=2, seed=33, g=0.5, lr=1e-3), two,
+                         Update(step=4, seed=55, g=1.0, lr=0.0)], weight_decay=0.1)
+    assert [t.seed for t in terms] == [33, direction_seed(44, 0), direction_seed(44, 1)]
+    assert [t.decays for t in terms] == [True, True, False]
+    assert terms[1].alpha == cm.f32(-1e-3 * 0.5) and terms[2].alpha == cm.f32(-1e-3 * 1.0)
