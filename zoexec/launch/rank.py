@@ -29,6 +29,7 @@ from zoexec.store.node import close_store, host_memory_probe, load_node_model, s
 from zoexec.train.engine import Trainer
 from zoexec.train.prefix import trainer_class
 from zoexec.train.speed import SpeedMonitor
+from zoexec.train.zokernel import zo_kernel_record
 from zoplan.errors import ZoError
 from zoplan.io import sha256_json
 from zoplan.trace import SpanWriter, write_trace_meta
@@ -107,7 +108,7 @@ def _agreed_z(cfg: RunConfig, env: zgroups.DistEnv) -> dict:
     """What decides z on this rank's device (zoexec.run.verify.z_environment), the same
     on every rank and, on a resume, the run's: else a ZoError on every rank before
     anything is written."""
-    mine = z_environment(env.device)
+    mine = {**z_environment(env.device), **zo_kernel_record(cfg, env.device)}
     every = zgroups.gather_objects(env, mine)
     problem = None
     if env.rank == 0:

@@ -188,12 +188,15 @@ def z_problem(every: list[dict], *, recorded: dict | None, resumed: bool,
     and one software stack for the whole job)."""
     if resumed and recorded is None:
         return "run.json records no device for z (written without it): the run cannot be resumed exactly"
-    want = recorded if resumed else every[0]
+    every = [{"zo_kernel": "torch", **have} for have in every]   # before --zo-kernel: torch's z
+    want = {"zo_kernel": "torch", **recorded} if resumed and recorded else every[0]
     for rank, have in enumerate(every):
         diff = z_difference(want, have)
         if diff is None:
             continue
         where = f"rank {rank} (node {rank // local_ranks})"
+        if want.get("zo_kernel") != have.get("zo_kernel"):
+            return _path_problem(where, want["zo_kernel"], have.get("zo_kernel"), resumed=resumed)
         if resumed:
             return (f"{where} would draw z on {diff}: a resume on another device model or "
                     f"software version replays the logged updates along another z; resume "
@@ -201,6 +204,16 @@ def z_problem(every: list[dict], *, recorded: dict | None, resumed: bool,
         return (f"the ranks would draw different z: {where} has {diff.replace('(the run', '(rank 0')}; "
                 f"a run needs one device model and one torch/CUDA version on every node")
     return None
+
+
+def _path_problem(where: str, want: str, have: str | None, *, resumed: bool) -> str:
+    """A rank whose --zo-kernel path (run.json's z "zo_kernel") is not the run's, in words."""
+    if resumed:
+        return (f"--zo-kernel takes the {have} path on {where}, but the run used {want}: a "
+                f"resume replays the logged updates along the run's z; resume it with "
+                f"--zo-kernel {want} where that path runs")
+    return (f"the ranks would take different --zo-kernel paths: {where} {have}, rank 0 "
+            f"{want}; give one --zo-kernel the whole job can run")
 
 
 def check_safetensors(path: Path) -> str | None:

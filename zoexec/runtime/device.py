@@ -143,3 +143,20 @@ def device_memory_peak(device: torch.device) -> dict:
         return {}
     return {"gpu_peak_allocated": int(torch.cuda.max_memory_allocated(device)),
             "gpu_peak_reserved": int(torch.cuda.max_memory_reserved(device))}
+
+
+def fused_zo_problem(device: torch.device) -> str | None:
+    """Why the fused ZO kernel (zoexec.maths.fused: Triton, CUDA only) cannot run on
+    `device` (None: it can): `--zo-kernel auto` takes it where it can."""
+    if device.type != "cuda":
+        return f"the fused kernel runs on CUDA GPUs, this rank's device is {device.type}"
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:
+        return f"triton is not importable ({exc}); pip install '.[cuda]' pins it"
+    import shutil
+
+    # triton builds its launcher with a C compiler at the first launch (its runtime/build.py)
+    if not (os.environ.get("CC") or shutil.which("clang") or shutil.which("gcc")):
+        return "triton finds no C compiler to build its launcher (no $CC, clang or gcc)"
+    return None

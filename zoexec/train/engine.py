@@ -61,6 +61,12 @@ one, the deferred update applies every direction's share, and the loss all-reduc
 carries [l+, l-, count] per direction. Each step's StepRecord (seed, g, losses) is known on every
 rank; seed replay = running the update half of the schedule over a log.
 
+With --zo-kernel counter or fused (zoexec.maths.paths, .counter, .fused) no z is drawn
+into a buffer: the update task's pending updates and the first perturbation are one
+counter pass over the block (z regenerated per element from its address), each further
+perturbation is another, the slice update one over the slice; the estimator is mezo
+(lowrank, sparse, LoRA and prefix run on the torch path).
+
 On CUDA the lanes are streams and the host only enqueues: h2d of block b+1 runs
 while block b computes, limited by the buffers; the slice update runs on the
 collective stream (zoplan.trace.KIND_LANE) with its own z of a slice, chunk scratch and
@@ -78,6 +84,7 @@ import torch.distributed as dist
 
 from zoexec.config import RunConfig
 from zoexec.data.batch import Batch, as_batch, shard
+from zoexec.maths.counter import Perturb, Term, f32, terms_of
 from zoexec.maths.estimators import Directions, direction_seed
 from zoexec.maths.history import StepRecord, Update
 from zoexec.maths.zo import (
@@ -97,6 +104,7 @@ from zoexec.store.blocks import BlockStore
 from zoexec.store.fence import ReadFlags
 from zoexec.store.node import store_staging
 from zoexec.train.speed import SpeedMonitor
+from zoexec.train.zokernel import zo_kernel_of, zo_pass_fn
 from zoplan.errors import ZoError
 from zoplan.estimators import direction_parts
 from zoplan.execrules import SR_SCRATCH, fence_needed, sr_chunk, z_chunk
@@ -172,6 +180,9 @@ class Trainer:
                           f"CPU need the node's read stamps (share_read_flags)")
         self.rounding = LostUpdates(enabled=rank == 0, update=wl.update, lr=self.cfg.optim.lr,
                                     dtype=self.parts.param_dtype, quiet=not self.cfg.logging.progress)
+        self.zo_kernel = zo_kernel_of(self.cfg, self.env.device)[0]
+        self.zk = zo_pass_fn(self.zo_kernel)   # None: z drawn into buffers (torch)
+        self.zk_kind = "stochastic" if wl.update == "stochastic" else "nearest"
         self._allocate()
 
     def _allocate(self) -> None:
@@ -187,14 +198,16 @@ class Trainer:
         self.bufs = [torch.empty(self.store.stride, dtype=parts.param_dtype, device=dev)
                      for _ in range(count)]
         self.work = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
-        self.z = torch.empty(parts.block_numel, dtype=parts.dtype, device=dev)
+        zsize = 0 if self.zk else parts.block_numel   # the counter paths keep no z
+        self.z = torch.empty(zsize, dtype=parts.dtype, device=dev)
         theta_r = parts.resident_master if parts.resident_master is not None \
             else resident_flat(parts)
         parts.to(dev)
         bind_block(parts, self.work)
         self.theta_r = theta_r.to(dev)                       # clean, stored precision
         self.work_r = self.theta_r.to(parts.dtype, copy=True)  # perturbed, compute precision
-        self.z_r = torch.empty_like(self.work_r)
+        self.z_r = torch.empty(0 if self.zk else self.work_r.numel(), dtype=parts.dtype,
+                               device=dev)
         bind_resident(parts, self.work_r)
         self.scratch = self._update_scratch()
         self.dirs = self._directions()
@@ -227,7 +240,7 @@ class Trainer:
             self.shards[block] = shard
         self.slice_z, self.slice_edge, self.slice_scratch = self.z, None, self.scratch
         self.slice_dirs = self.dirs
-        if self.split and self.env.is_cuda:
+        if self.split and self.env.is_cuda and self.zk is None:
             self.slice_dirs = self._directions(shared=self.dirs)
             largest = max(s.numel for s in parts.block_specs)
             self.slice_z = torch.empty(size, dtype=parts.dtype, device=dev)
@@ -366,7 +379,11 @@ class Trainer:
         `start`, `theta` is the flat range [start, start + len) of the block (the update
         on the slice): d is drawn for it alone (zoexec.maths.estimators, cut chunks
         through `edge`), the same bits land there as with the whole block; `scratch`,
-        `dirs`: the rounding's and the draws' (default the compute stream's)."""
+        `dirs`: the rounding's and the draws' (default the compute stream's). The counter
+        paths: every term in one pass (zoexec.maths.counter), no z buffer."""
+        if self.zk:
+            self._zo_pass(theta, block, specs, terms=self._terms(), start=start or 0)
+            return
         z = z if start is None else z[:theta.numel()]
         for pend in self.pending:
             for index, (direction, g) in enumerate(pend.terms):
@@ -394,10 +411,30 @@ class Trainer:
         self.rounding.after(theta, z, before, g=g)
 
     def _draw(self, z, theta, block: int, specs, direction: int) -> None:
-        """z <- d of the step in progress along `direction` (the whole block)."""
+        """z <- d of the step in progress along `direction` (the whole block; nothing on
+        the counter paths: their passes regenerate z)."""
+        if self.zk:
+            return
         step, seed = self.now
         self.dirs.fill(z, seed=direction_seed(seed, direction), step=step, block=block,
                        specs=specs, theta=theta)
+
+    # ---- the counter paths (--zo-kernel counter, fused) -------------------------------------
+    def _terms(self) -> list[Term]:
+        """The pending updates as the counter pass's terms (zoexec.maths.counter.terms_of)."""
+        return terms_of(self.pending, weight_decay=self.cfg.optim.weight_decay)
+
+    def _zo_pass(self, theta, block: int, specs, *, terms=(), stream: Stream | None = None,
+                 work=None, start: int = 0) -> None:
+        """One counter pass over `theta` (the block's range from `start`): `terms`, then
+        `stream`'s perturbation of the step in progress into `work`."""
+        perturb = None
+        if stream is not None:
+            perturb = Perturb(seed=direction_seed(self.now[1], stream.direction),
+                              scale=f32(stream.sign * self.cfg.optim.eps), out=work)
+        if terms or perturb is not None:
+            self.zk(theta, specs=specs, block=block, terms=terms, perturb=perturb, start=start,
+                    kind=self.zk_kind)
 
     def _eval_embed(self, ids: torch.Tensor):
         """An evaluation's (hidden, ctx) entering block 0 (prefix tuning: after its prefix)."""
@@ -407,9 +444,17 @@ class Trainer:
         """The resident parts' pending updates, then per stream its perturbation (d
         drawn again when the direction changes) and the embedding of its rows."""
         specs = self.parts.resident_specs
-        self._apply_pending(self.theta_r, RESIDENT_BLOCK, specs, self.z_r)
+        terms = self._terms() if self.zk else None   # the counter paths: with the first perturbation
+        if terms is None:
+            self._apply_pending(self.theta_r, RESIDENT_BLOCK, specs, self.z_r)
         acts, drawn = [], None
         for stream, batch in zip(self.streams, batches, strict=True):
+            if terms is not None:
+                self._zo_pass(self.theta_r, RESIDENT_BLOCK, specs, terms=terms, stream=stream,
+                              work=self.work_r)
+                terms = []
+                acts.append(self.parts.embed(batch.ids))
+                continue
             if stream.direction != drawn:
                 self._draw(self.z_r, self.theta_r, RESIDENT_BLOCK, specs, stream.direction)
                 drawn = stream.direction
@@ -431,7 +476,10 @@ class Trainer:
                 self._draw(self.z_r, self.theta_r, RESIDENT_BLOCK, self.parts.resident_specs,
                            stream.direction)
                 drawn = stream.direction
-            if turn:
+            if turn and self.zk:
+                self._zo_pass(self.theta_r, RESIDENT_BLOCK, self.parts.resident_specs,
+                              stream=stream, work=self.work_r)
+            elif turn:
                 perturb_into(self.work_r, self.theta_r, self.z_r,
                              stream.sign * self.cfg.optim.eps)
             total, count = heads.loss_sum(self.parts, acts[index][0], batches[index])
@@ -589,6 +637,11 @@ class Trainer:
         """[The pending updates,] then d of step `seed` along the first stream's
         direction and its perturbation."""
         specs = self.parts.block_specs
+        if self.zk:   # the counter paths: the pending updates and the perturbation in one pass
+            first = self.streams[0] if seed is not None else None
+            self._zo_pass(theta, block, specs, terms=self._terms() if pending else [],
+                          stream=first, work=self.work)
+            return
         if pending:
             self._apply_pending(theta, block, specs, self.z)
         if seed is not None:
@@ -602,7 +655,10 @@ class Trainer:
         (d drawn again when the direction changes)."""
         streams = streams or self.streams
         for index, stream in enumerate(streams):
-            if index:
+            if index and self.zk:
+                self._zo_pass(theta, block, self.parts.block_specs, stream=stream,
+                              work=self.work)
+            elif index:
                 if stream.direction != streams[index - 1].direction:
                     self._draw(self.z, theta, block, self.parts.block_specs, stream.direction)
                 perturb_into(self.work, theta, self.z, stream.sign * self.cfg.optim.eps)
