@@ -245,8 +245,9 @@ class RuntimeOptions(Section):
     zo_kernel: Literal["auto", "torch", "counter", "fused"] = option(
         "auto", "How z, the update and the perturbation are computed: torch (z from torch's "
         "generators into buffers), counter (a counter-based z regenerated per element, plain "
-        "torch), fused (the counter maths as one Triton pass, CUDA); auto: fused on CUDA "
-        "with triton for mezo full tuning, torch otherwise. run.json records the path taken; "
+        "torch), fused (the counter maths as one Triton pass, CUDA); auto: what the plan "
+        "priced (zoplan optimize --update-kernel): fused where the plan priced it and the "
+        "rank's device runs it (CUDA with triton), torch otherwise. run.json records the path taken; "
         "a resume must take the same one (docs/gpu.md)")
     debug: bool = option(False, "A failing rank prints its traceback too", env="ZOEXEC_DEBUG")
     backend: Literal["auto", "gloo"] = option(

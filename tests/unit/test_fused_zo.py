@@ -191,6 +191,11 @@ def test_auto_takes_fused_only_where_it_runs_and_says_why_it_fell_back():
     cpu = "the fused kernel runs on CUDA GPUs, this rank's device is cpu"
     assert choose("auto", fused_problem=cpu, estimator="mezo", tuning="full") == ("torch", None)
     assert choose("auto", fused_problem=None, estimator="mezo", tuning="full") == ("fused", None)
+    # a plan that priced the torch path runs it (the measured step is the predicted one)
+    assert choose("auto", fused_problem=None, estimator="mezo", tuning="full",
+                  planned="torch") == ("torch", None)
+    assert choose("fused", fused_problem=None, estimator="mezo", tuning="full",
+                  planned="torch") == ("fused", None)
     path, why = choose("auto", fused_problem=None, estimator="lowrank", tuning="full")
     assert path == "torch" and "lowrank" in why
     assert choose("counter", fused_problem=cpu, estimator="mezo", tuning="full")[0] == "counter"

@@ -31,10 +31,13 @@ def unsupported(*, estimator: str, tuning: str) -> str | None:
 
 
 def choose(choice: str, *, fused_problem: str | None, estimator: str,
-           tuning: str) -> tuple[str, str | None]:
+           tuning: str, planned: str = "fused") -> tuple[str, str | None]:
     """(the path a run takes, why "auto" fell back to torch or None) for `--zo-kernel
     choice`; ZoError for a named path that cannot run (`fused_problem`: why the fused
-    kernel cannot run on the rank's device, zoexec.runtime.device.fused_zo_problem)."""
+    kernel cannot run on the rank's device, zoexec.runtime.device.fused_zo_problem).
+    `planned` is the update kernel the plan priced (its workload's update_kernel): "auto"
+    takes the fused pass only where the plan priced it, so the measured step is the one
+    predicted; a plan of the torch path runs the torch path unless a kernel is named."""
     if choice not in ZO_KERNELS:
         raise ZoError(f"--zo-kernel {choice!r}: one of {', '.join(ZO_KERNELS)}")
     if choice == "torch":
@@ -42,6 +45,8 @@ def choose(choice: str, *, fused_problem: str | None, estimator: str,
     why = unsupported(estimator=estimator, tuning=tuning)
     if choice == "auto":
         if fused_problem is not None:
+            return "torch", None
+        if planned != "fused":
             return "torch", None
         return ("torch", why) if why else ("fused", None)
     if why:

@@ -18,7 +18,8 @@ def zo_kernel_of(cfg: RunConfig, device: torch.device) -> tuple[str, str | None]
     workload) and why "auto" fell back to torch (None: it did not)."""
     wl = cfg.workload
     return zpaths.choose(cfg.runtime.zo_kernel, fused_problem=fused_zo_problem(device),
-                         estimator=wl.estimator_spec.estimator, tuning=wl.tuning)
+                         estimator=wl.estimator_spec.estimator, tuning=wl.tuning,
+                         planned=wl.update_kernel)
 
 
 def zo_kernel_record(cfg: RunConfig, device: torch.device) -> dict[str, str]:
