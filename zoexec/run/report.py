@@ -490,11 +490,13 @@ def _adapter_lines(cfg, final: Path) -> list[str]:
         return [head, "  base: the run's random weights (--init random), which no folder "
                       "holds: the adapters load onto those weights only"]
     base = Path(cfg.source_dir).resolve()
+    # a prefix has no weights to merge (zoexec export refuses it): it is loaded over its base
+    merge = ("" if cfg.workload.is_prefix else f";  zoexec export --merge {final} --base "
+             f"{cfg.source_dir} -o DIR (one plain HF folder)")
     return [head,
             f"  load: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
             f"{str(base)!r}), {str(final.resolve())!r})",
-            f"  or: zoexec eval {final} --data FILE;  zoexec export --merge {final} "
-            f"--base {cfg.source_dir} -o DIR (one plain HF folder)"]
+            f"  or: zoexec eval {final} --data FILE{merge}"]
 
 
 def _tokenizer_note(cfg, final: Path) -> str:
