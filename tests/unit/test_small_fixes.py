@@ -49,7 +49,7 @@ def test_cost_table_prices_a_user_written_profile(monkeypatch, capsys):
 
 def test_piped_zoplan_output_keeps_wide_tables_whole(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    done = subprocess.run([str(BIN / "zoplan"), "optimize", "--model", "opt-125m", "--gpus", "1",
+    done = subprocess.run([str(BIN / "zoplan"), "optimize", "--model", "opt-125m", "--gpus", "4",
                            "--profile", "dgx-a100-80gb", "--batch", "4", "--seq", "128", "-o",
                            str(tmp_path / "plan.json")], capture_output=True, text=True,
                           timeout=120, env=env)
