@@ -57,6 +57,10 @@ def run_cmd(plan: Path, **values) -> None:
         def note() -> None:
             for line in cfg.notes:   # the run folder's: a damaged snapshot passed over, ...
                 err_console.print(line, highlight=False, soft_wrap=True)
+            if cfg.checkpoint.out and cfg.logging.progress:   # for a run killed (kill -9)
+                err_console.print(f"zoexec: if the run stops, resume it with: "
+                                  f"{cfg.resume_command()}", style="dim", highlight=False,
+                                  soft_wrap=True)
             if "steps" not in options and "trace" in options and cfg.logging.progress \
                     and not cfg.resumed:
                 step_s = cfg.plan["predicted"]["step_time_s"]
