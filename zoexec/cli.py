@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -22,11 +22,12 @@ from zoexec.config import (
     ModelOptions,
     RuntimeOptions,
     TaskOptions,
+    check_given,
     env_defaults,
     option_error,
 )
 from zoexec.data.presets import with_preset
-from zoexec.flags import given, section_params, with_params
+from zoexec.flags import config_options, config_values, given, section_params, with_params
 from zoexec.runtime.hostenv import quiet_openmp
 from zoplan.errors import EXIT_USER_ERROR, ZoError, exit_with_error, need_exec_extra
 from zoplan.usage import OneLineUsage
@@ -43,15 +44,25 @@ def _root() -> None:
     """Execute zoplan plans (NCCL on CUDA GPUs, gloo on the CPU)."""
 
 
-def run_cmd(plan: Path, **values) -> None:
+def run_cmd(plan: Path, config: Path | None = None, print_config: str | None = None,
+            **values) -> None:
     """Run the plan's ranks (here, or one rank per process under torchrun)."""
+    try:
+        options = {**(config_options(config, *SECTIONS.values()) if config else {}),
+                   **given(values)}   # the command line over the file
+        if print_config is not None:
+            _print_config(options, print_config)
+            return
+    except FieldError as exc:
+        exit_with_error(option_error(exc), EXIT_USER_ERROR)
+    except ZoError as exc:
+        exit_with_error(str(exc), EXIT_USER_ERROR)
     try:
         from zoexec.launch.spawn import RankFailure, run  # torch: after quiet_openmp
         from zoexec.options import build_config
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec run")))
     try:
-        options = given(values)
         cfg = build_config(plan=plan, **options)
 
         def note() -> None:
@@ -76,9 +87,34 @@ def run_cmd(plan: Path, **values) -> None:
         exit_with_error(str(exc), exc.exit_code)
 
 
+def _print_config(options: dict, target: str) -> None:
+    """--print-config: the options (checked, each on its own) as a config file."""
+    from zoplan.configfile import write_config
+
+    check_given(options)
+    text = write_config(config_values(options), target)
+    if text is not None:
+        print(text, end="")
+    else:
+        err_console.print(f"zoexec: wrote {target} (zoexec run PLAN --config {target})",
+                          highlight=False, soft_wrap=True)
+
+
 PLAN_ARG = inspect.Parameter("plan", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
     Path, typer.Argument(help="plan.json written by `zoplan optimize`")])
-app.command("run")(with_params(run_cmd, [PLAN_ARG, *section_params(*SECTIONS.values())]))
+CONFIG_PARAMS = [
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        Optional[Path], typer.Option(
+            help="Options from a YAML or JSON file (any option under its name or an HF Trainer "
+                 "alias: learning_rate: 1.0e-6); the command line overrides it (docs/options.md)",
+            metavar="FILE")]),
+    inspect.Parameter("print_config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        Optional[str], typer.Option(
+            help="Write the options given (the file's and the command line's) as a config file "
+                 "--config reads (YAML; .json: JSON; -: stdout) and run nothing",
+            metavar="FILE")])]
+app.command("run")(with_params(run_cmd, [PLAN_ARG, *CONFIG_PARAMS,
+                                         *section_params(*SECTIONS.values())]))
 
 
 def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, **values) -> None:

@@ -208,9 +208,11 @@ class LoggingOptions(Section):
 
     trace: str | None = option(
         None, "Trace folder: measured spans (zoplan show/calibrate)", metavar="DIR")
-    report_to: Literal["none", "tensorboard"] = option(
-        "none", "Metrics besides OUT/metrics.jsonl: 'none' or 'tensorboard' (OUT/runs/; needs "
-        "the tensorboard package)", kept="run")
+    report_to: Literal["none", "tensorboard", "wandb", "mlflow"] = option(
+        "none", "Metrics besides OUT/metrics.jsonl: 'none', 'tensorboard' (OUT/runs/), "
+        "'wandb' (offline unless $WANDB_MODE: OUT/wandb/) or 'mlflow' ($MLFLOW_TRACKING_URI, "
+        "else a file store in OUT/mlruns/); each needs its package (docs/watch.md)",
+        kept="run")
     log_every: int | None = option(
         None, "Off a terminal, a progress line every N steps (default: about every 30 s)",
         aliases=("--logging-steps", "--logging_steps"), check=at_least(1), kept="run")
@@ -429,7 +431,7 @@ def repeated(given: dict) -> tuple[str, ...]:
     return tuple(words)
 
 
-def resume_command(plan_path: str, folder: Path | str, repeat: tuple[str, ...]) -> str:
+def resume_command(plan_path: Path | str, folder: Path | str, repeat: tuple[str, ...]) -> str:
     """The whole command that resumes the run in `folder` (run.json keeps the rest)."""
     return shlex.join(["zoexec", "run", str(plan_path), "--resume", str(folder), *repeat])
 

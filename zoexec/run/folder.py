@@ -72,7 +72,8 @@ LOG = "losses.jsonl"
 SNAPSHOTS = "snapshots"
 FINAL = "final"
 LOCK = ".lock"
-RUN_FILES = (IDENTITY, LOG, SNAPSHOTS, FINAL, "best", "metrics.jsonl", "runs")   # what a run writes
+RUN_FILES = (IDENTITY, LOG, SNAPSHOTS, FINAL, "best", "metrics.jsonl", "runs", "wandb",
+             "mlruns")   # what a run writes
 _SNAPSHOT = re.compile(r"step-(\d+)")
 
 
