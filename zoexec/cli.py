@@ -30,6 +30,7 @@ from zoexec.data.presets import with_preset
 from zoexec.flags import config_options, config_values, given, section_params, with_params
 from zoexec.runtime.hostenv import quiet_openmp
 from zoplan.errors import EXIT_USER_ERROR, ZoError, exit_with_error, need_exec_extra
+from zoplan.hubcache import model_folder
 from zoplan.usage import OneLineUsage
 
 quiet_openmp()   # before torch is imported: the ranks inherit it
@@ -127,6 +128,7 @@ def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, **values) -> No
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec eval")))
     try:
+        model_dir = model_folder(str(model_dir), what="zoexec eval")   # or a Hub id, cached
         cfg = eval_config(model_dir, data, **given(values))
         metrics = eval_model(cfg)
     except FieldError as exc:
@@ -148,7 +150,8 @@ EVAL_PARAMS = [
     inspect.Parameter("model_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
         Path, typer.Argument(help="Local HF model folder (config.json, weights, tokenizer): a "
                                   "base model or a run's final/, best/ or snapshot; or a LoRA "
-                                  "run's (a PEFT adapter folder), over its base")]),
+                                  "run's (a PEFT adapter folder), over its base; or a Hub id "
+                                  "in the local HF cache")]),
     inspect.Parameter("data", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[
         Path, typer.Option(help="Evaluation data: .jsonl, .json, .csv, .parquet or a "
                                 "save_to_disk folder")]),
@@ -172,6 +175,7 @@ def lengths_cmd(data: Path, output: Path, **values) -> None:
         model_dir = options.pop("model_path", None)
         if model_dir is None:
             raise ZoError("zoexec lengths needs --model-path DIR (the tokenizer to count with)")
+        model_dir = model_folder(model_dir)
         task = TaskOptions(data=str(data), **options)
         doc = measure_lengths(data, task, model_dir=Path(model_dir), output=output)
     except FieldError as exc:

@@ -61,8 +61,9 @@ class ModelOptions(Section):
     PANEL: ClassVar[str] = "Model"
 
     model_path: str | None = option(
-        None, "Local HF model directory (config.json + weights); default: random init",
-        metavar="DIR")
+        None, "Local HF model directory (config.json + weights), or a Hub id in the local HF "
+        "cache (HuggingFaceTB/SmolLM2-135M: $HF_HUB_CACHE, $HF_HOME; never downloaded); "
+        "default: random init", metavar="DIR")
     init: Literal["random"] | None = option(
         None, "'random': seeded random weights (the default without --model-path)")
 

@@ -35,6 +35,7 @@ from zoexec.run.verify import fingerprints
 from zoexec.run.watch import BestMetric
 from zoplan.errors import ZoError
 from zoplan.execrules import default_steps
+from zoplan.hubcache import model_folder
 from zoplan.io import need_input, sha256_json, sha256_path
 from zoplan.plan import Plan
 
@@ -49,6 +50,8 @@ def build_config(*, plan: Path | str, **values) -> RunConfig:
         raise TypeError(f"build_config: no option field {', '.join(unknown)}")
     loaded = Plan.load(plan)
     repeat = repeated(given)   # as given: not the environment's defaults
+    if "model_path" in given:   # a folder, or a Hub id in the local cache (zoplan.hubcache)
+        given["model_path"] = str(model_folder(given["model_path"]))
     given = with_preset({**env_defaults(given), **given})
     try:
         check_given(given)

@@ -147,7 +147,7 @@ def _one_error_line(args: list[str], *, match: str) -> None:
     (["--steps", "0"], "--steps 0: must be >= 1"),
     (["--max-steps", "0"], "--steps 0: must be >= 1"),
     (["--on-nonfinite", "retry"], "--on-nonfinite retry: must be one of stop, skip"),
-    (["--report-to", "wandb"], "--report-to wandb: must be one of none, tensorboard"),
+    (["--report-to", "comet"], "--report-to comet: must be one of none, tensorboard, wandb, mlflow"),
     (["--save-every", "soon"], "--save-every soon: must be N steps (500) or a duration"),
     (["--save-every", "5", "--save-steps", "5"], "either --save-every or --save-steps"),
     (["--timeout-s", "0"], "--timeout-s 0.0: must be a finite number > 0"),

@@ -22,8 +22,10 @@ BIN = Path(sys.executable).parent
 def test_the_summary_suggests_a_merge_for_lora_only(prefix, tmp_path):
     from zoexec.run.report import _adapter_lines
 
-    cfg = SimpleNamespace(source_dir=str(tmp_path / "base"),
-                          workload=SimpleNamespace(is_prefix=prefix))
+    cfg = SimpleNamespace(source_dir=str(tmp_path / "base"))
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "adapter_config.json").write_text(
+        '{"peft_type": "%s"}' % ("PREFIX_TUNING" if prefix else "LORA"))
     text = "\n".join(_adapter_lines(cfg, tmp_path / "final"))
     assert ("export --merge" in text) is not prefix, text
     assert f"zoexec eval {tmp_path / 'final'}" in text

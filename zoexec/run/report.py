@@ -508,12 +508,20 @@ def _adapter_lines(cfg, final: Path) -> list[str]:
                       "holds: the adapters load onto those weights only"]
     base = Path(cfg.source_dir).resolve()
     # a prefix has no weights to merge (zoexec export refuses it): it is loaded over its base
-    merge = ("" if cfg.workload.is_prefix else f";  zoexec export --merge {final} --base "
+    merge = ("" if _is_prefix(final) else f";  zoexec export --merge {final} --base "
              f"{cfg.source_dir} -o DIR (one plain HF folder)")
     return [head,
             f"  load: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
             f"{str(base)!r}), {str(final.resolve())!r})",
             f"  or: zoexec eval {final} --data FILE{merge}"]
+
+
+def _is_prefix(final: Path) -> bool:
+    """A PEFT folder of prefixes (PREFIX_TUNING), not of LoRA adapters."""
+    try:
+        return json.loads((final / ADAPTER_CONFIG).read_text()).get("peft_type") == "PREFIX_TUNING"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _tokenizer_note(cfg, final: Path) -> str:

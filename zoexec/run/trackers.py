@@ -12,7 +12,7 @@ Both run without a network unless the user says otherwise:
 - MLflow: the tracking URI $MLFLOW_TRACKING_URI when set, else a file store in
   OUT/mlruns (MLflow's file backend, allowed for it: MLFLOW_ALLOW_FILE_STORE), the
   experiment "zoexec", one MLflow run per zoexec run (a resume finds its run by the tag
-  zoexec.run_digest and continues it).
+  zoexec_run_digest and continues it).
 Each package is optional (`pip install "zoplan[trackers]"`); check_tracker is the one
 line a run without it gets before anything starts."""
 
@@ -31,7 +31,7 @@ TRACKERS = {"wandb": "wandb", "mlflow": "mlflow"}   # --report-to NAME: the pack
 WANDB_DIR = "wandb"
 MLFLOW_DIR = "mlruns"
 EXPERIMENT = "zoexec"
-DIGEST_TAG = "zoexec.run_digest"
+DIGEST_TAG = "zoexec_run_digest"
 
 
 def check_tracker(name: str, out_dir: Any) -> None:
