@@ -5,7 +5,9 @@
   commands that take it and what a resume does with it, and what each task type reads
   (zoexec.data.tasktypes); the part above MARKER is prose, kept as it is;
 - the README's Figures section, a copy of docs/figures.md's "At a glance" section
-  (links made relative to the repository's root).
+  (links made relative to the repository's root);
+- docs/settings.md, the settings that worked on a real model per tuning mode and
+  estimator, from benchmarks/results/settings.json (each with its command).
 
     .venv/bin/python scripts/gen_docs.py           rewrite both
     .venv/bin/python scripts/gen_docs.py --check   exit 1 (naming the first difference)
@@ -31,6 +33,8 @@ MARKER = "<!-- generated below by scripts/gen_docs.py from the option fields: do
 GLANCE = "## At a glance"
 README_START = "<!-- the Figures below are docs/figures.md's \"At a glance\", copied by scripts/gen_docs.py: edit them there -->"
 README_END = "## Limits"
+SETTINGS_DOC = ROOT / "docs" / "settings.md"
+SETTINGS_RESULTS = ROOT / "benchmarks" / "results" / "settings.json"
 
 
 def _cell(text: str) -> str:
@@ -140,10 +144,42 @@ def readme_figures(readme: str, figures: str) -> str:
     return f"{head}{README_START}\n## Figures\n\n{glance}\n\n{README_END}{tail}"
 
 
+def settings_page(results: dict[str, Any]) -> str:
+    """docs/settings.md from benchmarks/results/settings.json: one row per measured
+    setting, by tuning mode and estimator, then each one's command."""
+    entries = results["entries"]
+    lines = ["# Settings that worked", "",
+             "<!-- made by scripts/gen_docs.py from benchmarks/results/settings.json: edit "
+             "that file, then run the script -->", "",
+             f"Measured on {results['model']}. Each row is a run's settings and what it gave "
+             "on held-out sentences; its command and the section with the whole table are "
+             "below. zoexec's defaults are MeZO's for OPT-13B (lr 1e-6, eps 1e-3): a small "
+             "model moves at larger rates. These are one model and one task: a starting "
+             "point for a sweep (`bench_accuracy.py --parts sweep`), not a rule.", "",
+             "| # | tuning | estimator | settings | steps x seeds | prompt | outcome | "
+             "not these |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, e in enumerate(entries, 1):
+        shown = ", ".join(f"{k} {v}" for k, v in e["settings"].items())
+        lines.append(f"| {i} | {e['tuning']} | {e['estimator']} | {_cell(shown)} | "
+                     f"{e['steps']} x {e['seeds']} | {_cell(e['prompt'])} | "
+                     f"{_cell(e['outcome'])} | {_cell(e.get('not', ''))} |")
+    lines += ["", "## The commands", ""]
+    for i, e in enumerate(entries, 1):
+        source = e["source"].removeprefix("docs/")
+        command = e["command"] if isinstance(e["command"], list) else [e["command"]]
+        lines += [f"{i}. {e['tuning']}, {e['estimator']} ([{source.split('#')[0]}]({source})):",
+                  "", "   ```", *(f"   {line}" for line in command), "   ```", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
 def expected() -> dict[Path, str]:
     """Each generated file as it should read now."""
+    import json
+
     return {DOC: current(DOC.read_text()),
-            README: readme_figures(README.read_text(), FIGURES.read_text())}
+            README: readme_figures(README.read_text(), FIGURES.read_text()),
+            SETTINGS_DOC: settings_page(json.loads(SETTINGS_RESULTS.read_text()))}
 
 
 def problem(path: Path, text: str, want: str) -> str | None:

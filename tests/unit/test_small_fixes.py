@@ -57,3 +57,19 @@ def test_piped_zoplan_output_keeps_wide_tables_whole(tmp_path):
                           timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     assert "bottleneck" in done.stdout and "…" not in done.stdout, done.stdout
+
+
+def test_the_settings_page_is_made_from_the_results_and_a_stale_one_is_found():
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen_docs.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    results = json.loads(gen.SETTINGS_RESULTS.read_text())
+    page = gen.settings_page(results)
+    assert page == gen.SETTINGS_DOC.read_text()
+    prefix = next(e for e in results["entries"] if e["tuning"] == "prefix")
+    assert f"| prefix | mezo | lr {prefix['settings']['lr']}, eps" in page
+    prefix["settings"]["lr"] = "1e-3"   # a figure changed in the results: the page is stale
+    assert gen.problem(gen.SETTINGS_DOC, page, gen.settings_page(results))
