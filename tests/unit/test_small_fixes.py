@@ -73,3 +73,16 @@ def test_the_settings_page_is_made_from_the_results_and_a_stale_one_is_found():
     assert f"| prefix | mezo | lr {prefix['settings']['lr']}, eps" in page
     prefix["settings"]["lr"] = "1e-3"   # a figure changed in the results: the page is stale
     assert gen.problem(gen.SETTINGS_DOC, page, gen.settings_page(results))
+
+
+@pytest.mark.parametrize("tracker, package", [("wandb", "wandb"), ("mlflow", "mlflow-skinny")])
+def test_a_tracker_without_its_package_is_one_line(monkeypatch, tracker, package):
+    import importlib.util
+
+    from zoexec.run.trackers import check_tracker
+    from zoplan.errors import ZoError
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ZoError, match=f"--report-to {tracker} needs the {package} package, "
+                                      f"which is not installed"):
+        check_tracker(tracker, "out")
