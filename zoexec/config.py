@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import shlex
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,8 +163,7 @@ class CheckpointOptions(Section):
                        aliases=("--save-total-limit", "--save_total_limit"), check=at_least(1),
                        kept="default")
     max_shard_size: str = option(
-        "5GB", "Saved weights in safetensors shards of at most this size", check=_size,
-        kept="run")
+        "5GB", "Saved weights in safetensors shards of at most this size", check=_size, kept="run")
     save_best: str | None = option(
         None, "Keep the weights of the best evaluation as OUT/best/ (needs --eval-data): a "
         "metric and a direction, e.g. eval_accuracy:max, eval_loss:min (the direction may "
@@ -210,9 +208,8 @@ class LoggingOptions(Section):
     trace: str | None = option(
         None, "Trace folder: measured spans (zoplan show/calibrate)", metavar="DIR")
     report_to: Literal["none", "tensorboard", "wandb", "mlflow"] = option(
-        "none", "Metrics besides OUT/metrics.jsonl: 'none', 'tensorboard' (OUT/runs/), "
-        "'wandb' (offline unless $WANDB_MODE: OUT/wandb/) or 'mlflow' ($MLFLOW_TRACKING_URI, "
-        "else a file store in OUT/mlruns/); each needs its package (docs/watch.md)",
+        "none", "Metrics besides OUT/metrics.jsonl: 'tensorboard' (OUT/runs/), 'wandb' (offline: "
+        "OUT/wandb/) or 'mlflow' (a file store OUT/mlruns/); each needs its package (docs/watch.md)",
         kept="run")
     log_every: int | None = option(
         None, "Off a terminal, a progress line every N steps (default: about every 30 s)",
@@ -400,43 +397,7 @@ def kept(kind: str) -> tuple[str, ...]:
 SETTINGS = (*kept("setting"), "init", "task")
 KEPT = kept("default")        # ... the checkpoint options a resume keeps unless given
 TASK_FIELDS = task_options()  # ... the options recorded in the task
-RUN_KEPT = kept("run")        # ... and the run's other options (evaluation, reporting, ...):
-                              # kept unless given; missing in an older run.json: not recorded
-# the options a resume takes from the plan or run.json, or that only a new run reads: the
-# resume command never repeats them (zoexec.config.repeated)
-NOT_REPEATED = ("out", "resume", "overwrite", "steps", "new_schedule", "accept_moved_inputs",
-                "model_path", "init", "save_steps")
-
-
-def run_options_of(values: dict) -> dict:
-    """RUN_KEPT's values of `values` as run.json records them (a path made absolute)."""
-    out = {k: values[k] for k in RUN_KEPT if k in values}
-    if out.get("eval_data") is not None:
-        out["eval_data"] = str(Path(out["eval_data"]).resolve())
-    return out
-
-
-def repeated(given: dict) -> tuple[str, ...]:
-    """The command-line words of the options given that a resume needs again: those
-    run.json does not keep (the runtime's, --quiet, --trace); the plan's sections' are
-    the plan's."""
-    words: list[str] = []
-    for name in ("model", "task", "optim", "checkpoint", "logging", "runtime"):
-        for f in option_fields(SECTIONS[name]):
-            value = given.get(f.name)
-            if f.metadata["kept"] is not None or f.name in NOT_REPEATED or value in (None, False):
-                continue
-            words.append(flag_of(f))
-            if value is not True:
-                words.append(",".join(value) if isinstance(value, tuple) else str(value))
-    return tuple(words)
-
-
-def resume_command(plan_path: Path | str, folder: Path | str, repeat: tuple[str, ...]) -> str:
-    """The whole command that resumes the run in `folder` (run.json keeps the rest)."""
-    return shlex.join(["zoexec", "run", str(plan_path), "--resume", str(folder), *repeat])
-
-
+RUN_KEPT = kept("run")        # ... and the others (evaluation, reporting): kept unless given
 def check_given(values: dict) -> None:
     """Each option's own check on its own (no check across fields): the builder runs it
     before it touches the run folder."""
@@ -495,7 +456,7 @@ class RunConfig:
     log_bytes: int | None = None   # a resume: the log's whole lines (a torn one after: cut)
     history: str | None = None     # a resume: the digest of the logged history (saved weights record it)
     notes: tuple[str, ...] = ()    # lines for the terminal once the checks passed
-    repeat: tuple[str, ...] = ()   # the options a resume command repeats (zoexec.config.repeated)
+    resume_cmd: str | None = None  # the whole resume command (zoexec.flags.resume_command)
     evaluate_first: bool = False   # a resume: the evaluation after start_step - 1 is missing (killed before it)
     speed_checks: bool = True   # traced CPU runs: speed checks and probes (SpeedMonitor)
     fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`
@@ -545,11 +506,12 @@ class RunConfig:
 
     def run_options(self) -> dict:
         """The run's other options run.json records (RUN_KEPT): evaluation, reporting, ..."""
-        return run_options_of({name: getattr(getattr(self, str(section_of(name))), name)
-                               for name in RUN_KEPT})
+        out = {name: getattr(getattr(self, str(section_of(name))), name) for name in RUN_KEPT}
+        return {**out, "eval_data": out["eval_data"] and str(Path(out["eval_data"]).resolve())}
 
     def resume_command(self) -> str:
-        return resume_command(self.plan_path, self.checkpoint.out or "DIR", self.repeat)
+        """The command that resumes this run (the builder's, else the plain one)."""
+        return self.resume_cmd or f"zoexec run {self.plan_path} --resume {self.checkpoint.out}"
 
     @property
     def weights(self) -> str:

@@ -11,12 +11,14 @@ the option is not given. The defaults themselves live in the fields alone.
 from __future__ import annotations
 
 import inspect
+import shlex
 import typing
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from zoexec.config import Section, choices_of, field_named, flag_of, option_fields
+from zoexec.config import SECTIONS, Section, choices_of, field_named, flag_of, option_fields
 from zoplan.configfile import key_of, names_table
 from zoplan.errors import ZoError
 
@@ -92,6 +94,34 @@ def given(values: dict) -> dict:
         parse = f.metadata["parse"] if f is not None else None
         out[name] = parse(value) if parse else value
     return out
+
+
+# ---- the resume command a run prints -----------------------------------------------------------
+# the options a resume takes from the plan or run.json, or that only a new run reads: the
+# resume command never repeats them (repeated)
+NOT_REPEATED = ("out", "resume", "overwrite", "steps", "new_schedule", "accept_moved_inputs",
+                "model_path", "init", "save_steps")
+
+
+def repeated(given: dict) -> tuple[str, ...]:
+    """The command-line words of the options given that a resume needs again: those
+    run.json does not keep (the runtime's, --quiet, --trace); the plan's sections' are
+    the plan's."""
+    words: list[str] = []
+    for name in ("model", "task", "optim", "checkpoint", "logging", "runtime"):
+        for f in option_fields(SECTIONS[name]):
+            value = given.get(f.name)
+            if f.metadata["kept"] is not None or f.name in NOT_REPEATED or value in (None, False):
+                continue
+            words.append(flag_of(f))
+            if value is not True:
+                words.append(",".join(value) if isinstance(value, tuple) else str(value))
+    return tuple(words)
+
+
+def resume_command(plan_path: Path | str, folder: Path | str, repeat: tuple[str, ...]) -> str:
+    """The whole command that resumes the run in `folder` (run.json keeps the rest)."""
+    return shlex.join(["zoexec", "run", str(plan_path), "--resume", str(folder), *repeat])
 
 
 # ---- options from a config file (zoplan.configfile) ------------------------------------------

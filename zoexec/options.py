@@ -23,12 +23,10 @@ from zoexec.config import (
     env_defaults,
     option_error,
     parse_best,
-    repeated,
-    resume_command,
-    run_options_of,
     section_of,
 )
 from zoexec.data.presets import with_preset
+from zoexec.flags import repeated, resume_command
 from zoexec.run.folder import RunDir, extend
 from zoexec.run.report import METRICS, check_report_to
 from zoexec.run.verify import fingerprints
@@ -69,7 +67,8 @@ def build_config(*, plan: Path | str, **values) -> RunConfig:
             given["steps"] = default_steps(loaded.step_time_s, traced=True)
         inputs = _fingerprints(given) if "out" in given else None
         return RunConfig.make(plan=loaded.data, plan_path=str(plan), **given, inputs=inputs,
-                              notes=_lengths_note(loaded, given, inputs), repeat=repeat)
+                              notes=_lengths_note(loaded, given, inputs),
+                              resume_cmd=resume_command(plan, given.get("out") or "DIR", repeat))
     except FieldError as exc:
         raise ZoError(option_error(exc)) from None
     except ValueError as exc:
@@ -178,6 +177,14 @@ def given_settings(given: dict) -> dict:
     return out
 
 
+def run_options_of(values: dict) -> dict:
+    """RUN_KEPT's values of `values` as run.json records them (a path made absolute)."""
+    out = {k: values[k] for k in RUN_KEPT if k in values}
+    if out.get("eval_data") is not None:
+        out["eval_data"] = str(Path(out["eval_data"]).resolve())
+    return out
+
+
 def _run_options(ident: dict, given: dict) -> tuple[dict, dict, str | None]:
     """A resume's evaluation, reporting and other run options (RUN_KEPT): run.json's
     (one it lacks, written before it was recorded: not recorded), those given instead;
@@ -268,7 +275,7 @@ def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str,
                           history=start.history,
                           schedule=tuple(tuple(s) for s in ident["schedule"]),
                           extensions=tuple(ident["extensions"]),
-                          repeat=repeat, evaluate_first=first, notes=(*start.notes, *([extended] if extended else []),
+                          resume_cmd=resume_command(plan_path, folder, repeat), evaluate_first=first, notes=(*start.notes, *([extended] if extended else []),
                                                 *([changed] if changed else [])))
 
 

@@ -66,6 +66,9 @@ def test_a_killed_run_resumed_with_its_printed_command_evaluates_as_the_whole_ru
         if log.exists() and len(log.read_text().splitlines()) >= KILL_AFTER:
             break
         time.sleep(0.02)
+    if proc.poll() is not None:
+        pytest.fail(f"the run ended (exit {proc.returncode}) before it was killed: "
+                    f"{command}{proc.stderr.read()[-2000:]}")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
     assert not (killed / "final").exists(), "the run ended before it was killed"

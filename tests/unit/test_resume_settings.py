@@ -8,7 +8,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from zoexec.config import RUN_KEPT, repeated, resume_command
+from zoexec.config import RUN_KEPT
+from zoexec.flags import repeated, resume_command
 from zoexec.options import _evaluation_missed, _run_options
 
 
