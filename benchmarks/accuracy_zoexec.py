@@ -33,6 +33,7 @@ class Zoexec:
     label_words: tuple[str, ...]
     threads: int
     tuning: str = "full"          # zoplan optimize --tuning: full, lora (or prefix)
+    profile: str = "cpu"          # zoplan optimize --profile: bench_accuracy's --plan-profile
     helps: dict[str, str] = field(default_factory=dict)
 
     def task_args(self) -> list[str]:
@@ -52,11 +53,11 @@ class Zoexec:
         `extra`: more `zoplan optimize` options (an estimator's), named in its file."""
         tuning = "" if self.tuning == "full" else f"{self.tuning}-"
         tag = "".join(f"-{x.lstrip('-')}" for x in extra)
-        path = self.work / f"plan-{tuning}b{batch}-s{seq}{tag}.json"
+        path = self.work / f"plan-{tuning}b{batch}-s{seq}{tag}-{Path(self.profile).stem}.json"
         if not path.exists():
             self.work.mkdir(parents=True, exist_ok=True)
             _checked(_cli("zoplan.cli", "optimize", "--model", str(self.model / "config.json"),
-                          "--gpus", "1", "--profile", "cpu", "--batch", str(batch),
+                          "--gpus", "1", "--profile", self.profile, "--batch", str(batch),
                           "--seq", str(seq), "--tuning", self.tuning, *extra, "-o", str(path),
                           "-q"))
         return path

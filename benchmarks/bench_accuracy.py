@@ -46,6 +46,11 @@ import accuracy_estimators as estimators  # noqa: E402
 import torch  # noqa: E402
 from accuracy_plain import PlainTask, mezo_train, pick_demos, score  # noqa: E402
 from accuracy_setup import CACHE, DATA_DIR, MODEL_DIR, ready  # noqa: E402
+
+# zoexec's plans: a profile measured on a CPU host like the one the benchmark ran on (gloo
+# ranks; the shipped `cpu` profile is a generic guess, 3-4x optimistic); the plan's layout
+# is one rank either way: only its predicted step changes
+PLAN_PROFILE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "cpu-measured4.json"
 from accuracy_tuning import EPS, TUNINGS, fine_tuned_lines, part_sweep, sweep_lines  # noqa: E402
 from accuracy_zoexec import Zoexec, step_seconds  # noqa: E402
 
@@ -100,6 +105,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lowrank-rank", type=int, help="lowrank's rank r (the planner's default)")
     p.add_argument("--lowrank-every", type=int, help="lowrank: steps V is kept (default: the planner's)")
     p.add_argument("--sparse-share", type=float, help="sparse: the share perturbed (default: the planner's)")
+    p.add_argument("--plan-profile", default=str(PLAN_PROFILE),
+                   help="the profile zoexec's plans are made with: a profile of the machine "
+                   "the runs run on (`zoplan profile --cpu --ranks 1` on a quiet machine; "
+                   "default: tests/fixtures/cpu-measured4.json, a measured CPU host); the "
+                   "shipped cpu profile is 3-4x optimistic")
     p.add_argument("--json", type=Path, default=CACHE / "results.json")
     p.add_argument("--show", type=Path, nargs="+", help="print the table of a results JSON and "
                    "exit (several: their estimators' runs merged, seeds of one entry together)")
@@ -144,7 +154,8 @@ class Bench:
         self.zoexec = Zoexec(model=self.model_dir, train=data / "train.jsonl", test=test_file,
                              work=CACHE / "zoexec", template=args.template,
                              label_words=tuple(args.label_words),
-                             threads=args.threads, tuning=args.tuning)
+                             threads=args.threads, tuning=args.tuning,
+                             profile=str(args.plan_profile))
         self.results = {"date": time.strftime("%Y-%m-%d %H:%M"), "settings": _settings(args),
                         "packages": manifest["packages"], "load_before": os.getloadavg()}
 

@@ -73,20 +73,23 @@ def components(req, win, spec: dict) -> list[tuple[str, float, float, str]]:
     flops = blocks * tokens * m.block_gemm_flops_per_token()
     gather_bytes = blocks * c.block_bytes * (win.layout.slices - 1) / win.layout.slices
     split = win.layout.slice_update and win.layout.slices > 1
-    hbm = spec.get("hbm_gbps", 1.0) * 1e9
+    # a profile without datasheet figures (a user's): no bound (0.0, shown as '-')
+    peak, hbm = spec.get("tflops", 0.0) * 1e12, spec.get("hbm_gbps", 0.0) * 1e9
+    link = spec.get("nvlink_gbps", 0.0) * 1e9
+    bound = lambda work, rate: work / rate if rate else 0.0
     # bytes per parameter (fp16): z written 2 and the perturbation pass 6 (docs/precision.md),
     # once per block on the compute lane; the slice update's z 2 + rounding SR_BYTES 42
     update_bytes = blocks * m.block_params * ((2 + 6) if split else 2 * (2 + 6))
     slice_bytes = blocks * m.block_params / win.layout.slices * (2 + 42) if split else 0.0
-    rows = [("forward (compute lane)", blocks * c.forward_s, flops / (spec["tflops"] * 1e12),
+    rows = [("forward (compute lane)", blocks * c.forward_s, bound(flops, peak),
              "GEMM FLOPs / spec peak"),
             ("update + perturbation (compute lane)",
              res * c.resident_update_s + (blocks - res) * c.update_s,
-             update_bytes / hbm, "z + pass bytes / spec HBM"),
-            ("slice updates (collective lane)", blocks * c.slice_s(0), slice_bytes / hbm,
+             bound(update_bytes, hbm), "z + pass bytes / spec HBM"),
+            ("slice updates (collective lane)", blocks * c.slice_s(0), bound(slice_bytes, hbm),
              "z + rounding bytes / spec HBM"),
             ("all-gathers (collective lane)", blocks * c.allgather_alone_s(0),
-             gather_bytes / (spec["nvlink_gbps"] * 1e9), "bytes / spec NVLink"),
+             bound(gather_bytes, link), "bytes / spec NVLink"),
             ("embed + head", c.embed_s + c.head_s, 0.0, "-"),
             ("host lane (rank 0)", host_lane_s(c, 0, blocks), 0.0, "-")]
     return rows
@@ -108,6 +111,9 @@ def main() -> None:
           f"(overlap factors compute x{win.costs.overlap[0]:.3f}, "
           f"slice update x{win.costs.overlap[1]:.3f}, all-gather x{win.costs.overlap[2]:.3f})")
     spec = SPEC.get(args.profile)
+    if spec is None:
+        print(f"(no datasheet figures for {args.profile}: the bounds are left out; "
+              f"known: {', '.join(SPEC)})")
     print("\n| component (per rank, per step) | priced s | bound s | bound |")
     print("|---|---|---|---|")
     for name, priced, bound, what in components(req, win, spec or {}):

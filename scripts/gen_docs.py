@@ -8,7 +8,9 @@
   (links made relative to the repository's root);
 - the GPU figures of docs/gpu.md and docs/figures.md (scripts/gpu_figures.py): table
   rows and docs/gpu.md's re-prediction of the GPU pass, made from the pass's results and
-  the planner on the shipped profiles, never copied by hand.
+  the planner on the shipped profiles, never copied by hand;
+- docs/settings.md, the settings that worked on a real model per tuning mode and
+  estimator, from benchmarks/results/settings.json (each with its command).
 
     .venv/bin/python scripts/gen_docs.py           rewrite both
     .venv/bin/python scripts/gen_docs.py --check   exit 1 (naming the first difference)
@@ -35,6 +37,8 @@ MARKER = "<!-- generated below by scripts/gen_docs.py from the option fields: do
 GLANCE = "## At a glance"
 README_START = "<!-- the Figures below are docs/figures.md's \"At a glance\", copied by scripts/gen_docs.py: edit them there -->"
 README_END = "## Limits"
+SETTINGS_DOC = ROOT / "docs" / "settings.md"
+SETTINGS_RESULTS = ROOT / "benchmarks" / "results" / "settings.json"
 
 
 def _cell(text: str) -> str:
@@ -158,13 +162,45 @@ def _gpu_figures():
     return module
 
 
+def settings_page(results: dict[str, Any]) -> str:
+    """docs/settings.md from benchmarks/results/settings.json: one row per measured
+    setting, by tuning mode and estimator, then each one's command."""
+    entries = results["entries"]
+    lines = ["# Settings that worked", "",
+             "<!-- made by scripts/gen_docs.py from benchmarks/results/settings.json: edit "
+             "that file, then run the script -->", "",
+             f"Measured on {results['model']}. Each row is a run's settings and what it gave "
+             "on held-out sentences; its command and the section with the whole table are "
+             "below. zoexec's defaults are MeZO's for OPT-13B (lr 1e-6, eps 1e-3): a small "
+             "model moves at larger rates. These are one model and one task: a starting "
+             "point for a sweep (`bench_accuracy.py --parts sweep`), not a rule.", "",
+             "| # | tuning | estimator | settings | steps x seeds | prompt | outcome | "
+             "not these |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, e in enumerate(entries, 1):
+        shown = ", ".join(f"{k} {v}" for k, v in e["settings"].items())
+        lines.append(f"| {i} | {e['tuning']} | {e['estimator']} | {_cell(shown)} | "
+                     f"{e['steps']} x {e['seeds']} | {_cell(e['prompt'])} | "
+                     f"{_cell(e['outcome'])} | {_cell(e.get('not', ''))} |")
+    lines += ["", "## The commands", ""]
+    for i, e in enumerate(entries, 1):
+        source = e["source"].removeprefix("docs/")
+        command = e["command"] if isinstance(e["command"], list) else [e["command"]]
+        lines += [f"{i}. {e['tuning']}, {e['estimator']} ([{source.split('#')[0]}]({source})):",
+                  "", "   ```", *(f"   {line}" for line in command), "   ```", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
 def expected() -> dict[Path, str]:
     """Each generated file as it should read now."""
+    import json
+
     gpu = _gpu_figures()
     figures = gpu.apply("figures.md", FIGURES.read_text())
     return {DOC: current(DOC.read_text()), FIGURES: figures,
             GPU_DOC: gpu.apply("gpu.md", GPU_DOC.read_text()),
-            README: readme_figures(README.read_text(), figures)}
+            README: readme_figures(README.read_text(), figures),
+            SETTINGS_DOC: settings_page(json.loads(SETTINGS_RESULTS.read_text()))}
 
 
 def problem(path: Path, text: str, want: str) -> str | None:

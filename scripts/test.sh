@@ -7,6 +7,19 @@
 # folder, or time waits) run afterwards, alone. Arguments go to every pytest run (e.g.
 # -x, -k NAME).
 set -euo pipefail
+usage() {
+  cat <<'USAGE'
+usage: scripts/test.sh [PYTEST-ARGS...]
+
+Install what is needed (scripts/setup.sh), lint (ruff), type-check (mypy), then run
+tests/unit and tests/integration on the CPU (two processes; the `serial` files alone).
+PYTEST-ARGS go to every pytest run, e.g. scripts/test.sh -x -k resume.
+  -h, --help   this text (pytest's own: .venv/bin/python -m pytest --help)
+USAGE
+}
+for arg in "$@"; do
+  case "$arg" in -h|--help) usage; exit 0;; esac
+done
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -22,13 +22,15 @@ from zoexec.config import (
     ModelOptions,
     RuntimeOptions,
     TaskOptions,
+    check_given,
     env_defaults,
     option_error,
 )
 from zoexec.data.presets import with_preset
-from zoexec.flags import given, section_params, with_params
+from zoexec.flags import config_options, config_values, given, section_params, with_params
 from zoexec.runtime.hostenv import quiet_openmp
 from zoplan.errors import EXIT_USER_ERROR, ZoError, exit_with_error, need_exec_extra
+from zoplan.hubcache import model_folder
 from zoplan.usage import OneLineUsage
 
 quiet_openmp()   # before torch is imported: the ranks inherit it
@@ -43,20 +45,34 @@ def _root() -> None:
     """Execute zoplan plans (NCCL on CUDA GPUs, gloo on the CPU)."""
 
 
-def run_cmd(plan: Path, **values) -> None:
+def run_cmd(plan: Path, config: Path | None = None, print_config: str | None = None,
+            **values) -> None:
     """Run the plan's ranks (here, or one rank per process under torchrun)."""
+    try:
+        options = {**(config_options(config, *SECTIONS.values()) if config else {}),
+                   **given(values)}   # the command line over the file
+        if print_config is not None:
+            _print_config(options, print_config)
+            return
+    except FieldError as exc:
+        exit_with_error(option_error(exc), EXIT_USER_ERROR)
+    except ZoError as exc:
+        exit_with_error(str(exc), EXIT_USER_ERROR)
     try:
         from zoexec.launch.spawn import RankFailure, run  # torch: after quiet_openmp
         from zoexec.options import build_config
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec run")))
     try:
-        options = given(values)
         cfg = build_config(plan=plan, **options)
 
         def note() -> None:
             for line in cfg.notes:   # the run folder's: a damaged snapshot passed over, ...
                 err_console.print(line, highlight=False, soft_wrap=True)
+            if cfg.checkpoint.out and cfg.logging.progress:   # for a run killed (kill -9)
+                err_console.print(f"zoexec: if the run stops, resume it with: "
+                                  f"{cfg.resume_command()}", style="dim", highlight=False,
+                                  soft_wrap=True)
             if "steps" not in options and "trace" in options and cfg.logging.progress \
                     and not cfg.resumed:
                 step_s = cfg.plan["predicted"]["step_time_s"]
@@ -72,9 +88,34 @@ def run_cmd(plan: Path, **values) -> None:
         exit_with_error(str(exc), exc.exit_code)
 
 
+def _print_config(options: dict, target: str) -> None:
+    """--print-config: the options (checked, each on its own) as a config file."""
+    from zoplan.configfile import write_config
+
+    check_given(options)
+    text = write_config(config_values(options), target)
+    if text is not None:
+        print(text, end="")
+    else:
+        err_console.print(f"zoexec: wrote {target} (zoexec run PLAN --config {target})",
+                          highlight=False, soft_wrap=True)
+
+
 PLAN_ARG = inspect.Parameter("plan", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
     Path, typer.Argument(help="plan.json written by `zoplan optimize`")])
-app.command("run")(with_params(run_cmd, [PLAN_ARG, *section_params(*SECTIONS.values())]))
+CONFIG_PARAMS = [
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        Optional[Path], typer.Option(
+            help="Options from a YAML or JSON file (any option under its name or an HF Trainer "
+                 "alias: learning_rate: 1.0e-6); the command line overrides it (docs/options.md)",
+            metavar="FILE")]),
+    inspect.Parameter("print_config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        Optional[str], typer.Option(
+            help="Write the options given (the file's and the command line's) as a config file "
+                 "--config reads (YAML; .json: JSON; -: stdout) and run nothing",
+            metavar="FILE")])]
+app.command("run")(with_params(run_cmd, [PLAN_ARG, *CONFIG_PARAMS,
+                                         *section_params(*SECTIONS.values())]))
 
 
 def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, **values) -> None:
@@ -87,6 +128,7 @@ def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, **values) -> No
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec eval")))
     try:
+        model_dir = model_folder(str(model_dir), what="zoexec eval")   # or a Hub id, cached
         cfg = eval_config(model_dir, data, **given(values))
         metrics = eval_model(cfg)
     except FieldError as exc:
@@ -108,7 +150,8 @@ EVAL_PARAMS = [
     inspect.Parameter("model_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
         Path, typer.Argument(help="Local HF model folder (config.json, weights, tokenizer): a "
                                   "base model or a run's final/, best/ or snapshot; or a LoRA "
-                                  "run's (a PEFT adapter folder), over its base")]),
+                                  "run's (a PEFT adapter folder), over its base; or a Hub id "
+                                  "in the local HF cache")]),
     inspect.Parameter("data", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[
         Path, typer.Option(help="Evaluation data: .jsonl, .json, .csv, .parquet or a "
                                 "save_to_disk folder")]),
@@ -132,6 +175,7 @@ def lengths_cmd(data: Path, output: Path, **values) -> None:
         model_dir = options.pop("model_path", None)
         if model_dir is None:
             raise ZoError("zoexec lengths needs --model-path DIR (the tokenizer to count with)")
+        model_dir = model_folder(model_dir)
         task = TaskOptions(data=str(data), **options)
         doc = measure_lengths(data, task, model_dir=Path(model_dir), output=output)
     except FieldError as exc:

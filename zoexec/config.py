@@ -19,6 +19,7 @@ import math
 import os
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from zoexec.data.presets import with_preset
@@ -59,8 +60,9 @@ class ModelOptions(Section):
     PANEL: ClassVar[str] = "Model"
 
     model_path: str | None = option(
-        None, "Local HF model directory (config.json + weights); default: random init",
-        metavar="DIR")
+        None, "Local HF model directory (config.json + weights), or a Hub id in the local HF "
+        "cache (HuggingFaceTB/SmolLM2-135M: $HF_HUB_CACHE, $HF_HOME; never downloaded); "
+        "default: random init", metavar="DIR")
     init: Literal["random"] | None = option(
         None, "'random': seeded random weights (the default without --model-path)")
 
@@ -105,14 +107,14 @@ class OptimOptions(Section):
                                  kept="setting")
     on_nonfinite: Literal["stop", "skip"] = option(
         "stop", "A non-finite loss: 'stop' the run (saving the weights before it) or 'skip' "
-        "the step")
+        "the step", kept="run")
     on_divergence: Literal["stop", "warn"] = option(
         "stop", "A climbing loss (the mean of the last --divergence-window steps above twice "
         "the mean of the run's first quarter-window of steps and 1.0 above it): 'stop' the "
-        "run (saving a snapshot) or 'warn' once and go on")
+        "run (saving a snapshot) or 'warn' once and go on", kept="run")
     divergence_window: int = option(
         20, "Steps the divergence check averages now (W; the start it compares with: the "
-        "first max(1, W // 4) steps)", check=at_least(2))
+        "first max(1, W // 4) steps)", check=at_least(2), kept="run")
     new_schedule: bool = option(
         False, "With --resume and another --steps: a new linear or cosine schedule from the "
         "step the run resumes at, over the steps left, from --lr (a constant lr just "
@@ -161,13 +163,13 @@ class CheckpointOptions(Section):
                        aliases=("--save-total-limit", "--save_total_limit"), check=at_least(1),
                        kept="default")
     max_shard_size: str = option(
-        "5GB", "Saved weights in safetensors shards of at most this size", check=_size)
+        "5GB", "Saved weights in safetensors shards of at most this size", check=_size, kept="run")
     save_best: str | None = option(
         None, "Keep the weights of the best evaluation as OUT/best/ (needs --eval-data): a "
         "metric and a direction, e.g. eval_accuracy:max, eval_loss:min (the direction may "
         "be left out: min for eval_loss, max otherwise)",
         aliases=("--metric-for-best-model", "--metric_for_best_model"),
-        check=_best, metavar="METRIC[:max|min]")
+        check=_best, metavar="METRIC[:max|min]", kept="run")
 
     @property
     def best(self) -> tuple[str, bool] | None:
@@ -176,7 +178,7 @@ class CheckpointOptions(Section):
     check_nodes_every: int | None = option(
         None, "Several nodes: every node checksums its block store every N steps too (always "
         "at each snapshot and at the end); a mismatch stops the run naming the nodes",
-        check=at_least(1))
+        check=at_least(1), kept="run")
     accept_moved_inputs: bool = option(
         False, "With --resume: take a --data or --model-path at another path than the run "
         "recorded when its content fingerprint is the recorded one")
@@ -205,15 +207,16 @@ class LoggingOptions(Section):
 
     trace: str | None = option(
         None, "Trace folder: measured spans (zoplan show/calibrate)", metavar="DIR")
-    report_to: Literal["none", "tensorboard"] = option(
-        "none", "Metrics besides OUT/metrics.jsonl: 'none' or 'tensorboard' (OUT/runs/; needs "
-        "the tensorboard package)")
+    report_to: Literal["none", "tensorboard", "wandb", "mlflow"] = option(
+        "none", "Metrics besides OUT/metrics.jsonl: 'tensorboard' (OUT/runs/), 'wandb' (offline: "
+        "OUT/wandb/) or 'mlflow' (a file store OUT/mlruns/); each needs its package (docs/watch.md)",
+        kept="run")
     log_every: int | None = option(
         None, "Off a terminal, a progress line every N steps (default: about every 30 s)",
-        aliases=("--logging-steps", "--logging_steps"), check=at_least(1))
+        aliases=("--logging-steps", "--logging_steps"), check=at_least(1), kept="run")
     eval_every: int | None = option(
         None, "Evaluate --eval-data every N steps too (default: after the last step only)",
-        aliases=("--eval-steps", "--eval_steps"), check=at_least(1))
+        aliases=("--eval-steps", "--eval_steps"), check=at_least(1), kept="run")
     quiet: bool = option(
         False, "No progress and no summary (errors and warnings only); silences "
         "transformers' bars too", aliases=("-q",))
@@ -404,9 +407,8 @@ def kept(kind: str) -> tuple[str, ...]:
 # `init`, the weights the run started from, and `task`, TaskOptions.record()) ...
 SETTINGS = (*kept("setting"), "init", "task")
 KEPT = kept("default")        # ... the checkpoint options a resume keeps unless given
-TASK_FIELDS = task_options()  # ... and the options recorded in the task
-
-
+TASK_FIELDS = task_options()  # ... the options recorded in the task
+RUN_KEPT = kept("run")        # ... and the others (evaluation, reporting): kept unless given
 def check_given(values: dict) -> None:
     """Each option's own check on its own (no check across fields): the builder runs it
     before it touches the run folder."""
@@ -465,6 +467,8 @@ class RunConfig:
     log_bytes: int | None = None   # a resume: the log's whole lines (a torn one after: cut)
     history: str | None = None     # a resume: the digest of the logged history (saved weights record it)
     notes: tuple[str, ...] = ()    # lines for the terminal once the checks passed
+    resume_cmd: str | None = None  # the whole resume command (zoexec.flags.resume_command)
+    evaluate_first: bool = False   # a resume: the evaluation after start_step - 1 is missing (killed before it)
     speed_checks: bool = True   # traced CPU runs: speed checks and probes (SpeedMonitor)
     fail_at: tuple[int, int] | None = None   # for tests: rank `fail_at[0]` raises at step `fail_at[1]`
     alter_store_at: tuple[int, int] | None = None   # for tests: (node, step): a bit of that node's store flipped after it
@@ -510,6 +514,15 @@ class RunConfig:
         out = {name: getattr(getattr(self, str(section_of(name))), name)
                for name in kept("setting")}
         return {**out, "init": self.model.start, "task": self.task.record()}
+
+    def run_options(self) -> dict:
+        """The run's other options run.json records (RUN_KEPT): evaluation, reporting, ..."""
+        out = {name: getattr(getattr(self, str(section_of(name))), name) for name in RUN_KEPT}
+        return {**out, "eval_data": out["eval_data"] and str(Path(out["eval_data"]).resolve())}
+
+    def resume_command(self) -> str:
+        """The command that resumes this run (the builder's, else the plain one)."""
+        return self.resume_cmd or f"zoexec run {self.plan_path} --resume {self.checkpoint.out}"
 
     @property
     def weights(self) -> str:

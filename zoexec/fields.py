@@ -26,12 +26,15 @@ class FieldError(ValueError):
 
 
 # ---- the declaration of an option ----------------------------------------------------------
-Kept = Literal["setting", "task", "default"]
+Kept = Literal["setting", "task", "default", "run"]
 KEPT_WORDS: dict[str, str] = {   # what a resume does with an option (`kept`), in words
     "setting": "run.json records it; a resume keeps it and refuses another value",
     "task": "run.json records it in the task (when the task type reads it); a resume "
             "keeps it and refuses another value",
-    "default": "run.json records it; a resume keeps it unless it is given again"}
+    "default": "run.json records it; a resume keeps it unless it is given again",
+    "run": "run.json records it; a resume keeps it unless it is given again, and says so "
+           "in one line when the value given differs (a run written before it was recorded: "
+           "the command line's)"}
 
 
 def option(default: Any, help: str, *, aliases: tuple[str, ...] = (), flag: str | None = None,

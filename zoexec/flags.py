@@ -11,12 +11,16 @@ the option is not given. The defaults themselves live in the fields alone.
 from __future__ import annotations
 
 import inspect
+import shlex
 import typing
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from zoexec.config import Section, choices_of, field_named, flag_of, option_fields
+from zoexec.config import SECTIONS, Section, choices_of, field_named, flag_of, option_fields
+from zoplan.configfile import key_of, names_table
+from zoplan.errors import ZoError
 
 PARAM = inspect.Parameter.KEYWORD_ONLY
 
@@ -89,4 +93,110 @@ def given(values: dict) -> dict:
         f = field_named(name)
         parse = f.metadata["parse"] if f is not None else None
         out[name] = parse(value) if parse else value
+    return out
+
+
+# ---- the resume command a run prints -----------------------------------------------------------
+# the options a resume takes from the plan or run.json, or that only a new run reads: the
+# resume command never repeats them (repeated)
+NOT_REPEATED = ("out", "resume", "overwrite", "steps", "new_schedule", "accept_moved_inputs",
+                "model_path", "init", "save_steps")
+
+
+def repeated(given: dict) -> tuple[str, ...]:
+    """The command-line words of the options given that a resume needs again: those
+    run.json does not keep (the runtime's, --quiet, --trace); the plan's sections' are
+    the plan's."""
+    words: list[str] = []
+    for name in ("model", "task", "optim", "checkpoint", "logging", "runtime"):
+        for f in option_fields(SECTIONS[name]):
+            value = given.get(f.name)
+            if f.metadata["kept"] is not None or f.name in NOT_REPEATED or value in (None, False):
+                continue
+            words.append(flag_of(f))
+            if value is not True:
+                words.append(",".join(value) if isinstance(value, tuple) else str(value))
+    return tuple(words)
+
+
+def resume_command(plan_path: Path | str, folder: Path | str, repeat: tuple[str, ...]) -> str:
+    """The whole command that resumes the run in `folder` (run.json keeps the rest)."""
+    return shlex.join(["zoexec", "run", str(plan_path), "--resume", str(folder), *repeat])
+
+
+# ---- options from a config file (zoplan.configfile) ------------------------------------------
+def names_of(*sections: type[Section]) -> dict[str, str]:
+    """{a config file's key: field name} of the sections' options: each under its field
+    name, its flag and its aliases (HF Trainer's included)."""
+    return names_table((f.name, (flag_of(f), *f.metadata["aliases"], *f.metadata["hidden_aliases"]))
+                       for section in sections for f in option_fields(section))
+
+
+def config_options(path, *sections: type[Section]) -> dict:
+    """The options of a config file as `given` returns the command line's, {field:
+    value}: each value of its option's type (a number, a flag, a text the option parses,
+    a list for a comma-separated one). ZoError (one line) naming a key whose value is not
+    of its option's type."""
+    from zoplan.configfile import read_config
+
+    hints = {f.name: (f, h) for s in sections for f, h in _hinted(s)}
+    out = {}
+    for name, value in read_config(path, names_of(*sections)).items():
+        f, hint = hints[name]
+        try:
+            out[name] = _typed(f, hint, value)
+        except (TypeError, ValueError):
+            raise ZoError(f"--config {path}: {name}: {value!r} is not {_kind_words(f, hint)}") from None
+    return {k: v for k, v in out.items() if v is not None and v is not False}
+
+
+def _hinted(section: type[Section]):
+    hints = typing.get_type_hints(section)
+    return [(f, hints[f.name]) for f in option_fields(section)]
+
+
+def _typed(f, hint, value):
+    """A file's value as the option's: what the command line's text would give."""
+    if value is None:
+        return None
+    kind = _base_type(f, hint)
+    if isinstance(value, list) and f.metadata["parse"] is not None:
+        if not all(isinstance(v, str) for v in value):
+            raise TypeError("a list of texts")
+        return tuple(value)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise TypeError("true or false")
+        return value
+    if isinstance(value, bool | list | dict):
+        raise TypeError(kind.__name__)
+    if kind is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return int(value) if isinstance(value, int | float) else int(str(value))
+    if kind is float:
+        return float(value)
+    text = str(value)
+    return f.metadata["parse"](text) if f.metadata["parse"] else text
+
+
+def _kind_words(f, hint) -> str:
+    kind = _base_type(f, hint)
+    if f.metadata["parse"] is not None:
+        return "a text (or a list of texts)"
+    return {bool: "true or false", int: "a whole number", float: "a number"}.get(kind, "a text")
+
+
+def config_values(options: dict) -> dict:
+    """`options` ({field: value}, as given) as a config file holds them: under the
+    option's flag (`task`, `lr`, `eval_every`), in plain values (a list for a
+    comma-separated option): what config_options reads back to the same options."""
+    out = {}
+    for name, value in options.items():
+        if isinstance(value, tuple):
+            value = list(value)
+        elif not isinstance(value, bool | int | float | str):
+            value = str(value)
+        f = field_named(name)
+        out[key_of(flag_of(f)) if f is not None else name] = value
     return out

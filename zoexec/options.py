@@ -7,11 +7,13 @@ is written."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from zoexec.config import (
     KEPT,
+    RUN_KEPT,
     SETTINGS,
     TASK_FIELDS,
     FieldError,
@@ -24,12 +26,14 @@ from zoexec.config import (
     section_of,
 )
 from zoexec.data.presets import with_preset
+from zoexec.flags import repeated, resume_command
 from zoexec.run.folder import RunDir, extend
-from zoexec.run.report import check_report_to
+from zoexec.run.report import METRICS, check_report_to
 from zoexec.run.verify import fingerprints
 from zoexec.run.watch import BestMetric
 from zoplan.errors import ZoError
 from zoplan.execrules import default_steps
+from zoplan.hubcache import model_folder
 from zoplan.io import need_input, sha256_json, sha256_path
 from zoplan.plan import Plan
 
@@ -43,6 +47,9 @@ def build_config(*, plan: Path | str, **values) -> RunConfig:
     if unknown:
         raise TypeError(f"build_config: no option field {', '.join(unknown)}")
     loaded = Plan.load(plan)
+    repeat = repeated(given)   # as given: not the environment's defaults
+    if "model_path" in given:   # a folder, or a Hub id in the local cache (zoplan.hubcache)
+        given["model_path"] = str(model_folder(given["model_path"]))
     given = with_preset({**env_defaults(given), **given})
     try:
         check_given(given)
@@ -52,14 +59,16 @@ def build_config(*, plan: Path | str, **values) -> RunConfig:
         check_report_to(given.get("report_to", "none"), given.get("out") or given.get("resume"))
         if "resume" in given or _restarted_by_torchrun(given.get("out"), loaded):
             return _resumed(Path(given.get("resume") or given["out"]), loaded, given,
-                            plan_path=str(plan))
+                            plan_path=str(plan), repeat=repeat)
         _check_new_run(given)
-        _claim(given.get("out"), given.get("overwrite", False))
+        _claim(given.get("out"), given.get("overwrite", False),
+               resume=resume_command(plan, given.get("out") or "DIR", repeat))
         if "steps" not in given and "trace" in given:
             given["steps"] = default_steps(loaded.step_time_s, traced=True)
         inputs = _fingerprints(given) if "out" in given else None
         return RunConfig.make(plan=loaded.data, plan_path=str(plan), **given, inputs=inputs,
-                              notes=_lengths_note(loaded, given, inputs))
+                              notes=_lengths_note(loaded, given, inputs),
+                              resume_cmd=resume_command(plan, given.get("out") or "DIR", repeat))
     except FieldError as exc:
         raise ZoError(option_error(exc)) from None
     except ValueError as exc:
@@ -103,14 +112,19 @@ def _check_together(given: dict) -> None:
         raise ZoError("--resume DIR continues the run in DIR: give no other --out")
     if "save_steps" in given and "save_every" in given:
         raise ZoError("give either --save-every or --save-steps, not both")
-    for name in ("eval_every", "eval_samples", "save_best"):
-        if name in given and "eval_data" not in given:
-            raise ZoError(f"--{name.replace('_', '-')} needs --eval-data FILE (the held-out "
-                          f"data to evaluate)")
+    if "resume" not in given:   # a resume: with the run's own (_resumed)
+        _check_eval(given)
     if "save_best" in given and "out" not in given and "resume" not in given:
         raise ZoError("--save-best writes OUT/best/: give --out DIR")
     if "eval_data" in given:
         need_input(given["eval_data"], what="--eval-data")
+
+
+def _check_eval(given: dict) -> None:
+    for name in ("eval_every", "eval_samples", "save_best"):
+        if given.get(name) is not None and given.get("eval_data") is None:
+            raise ZoError(f"--{name.replace('_', '-')} needs --eval-data FILE (the held-out "
+                          f"data to evaluate)")
 
 
 def _check_new_run(given: dict) -> None:
@@ -131,7 +145,7 @@ def _check_new_run(given: dict) -> None:
                       "held-out set)")
 
 
-def _claim(out: str | None, overwrite: bool) -> None:
+def _claim(out: str | None, overwrite: bool, *, resume: str) -> None:
     """A new run's folder: free, or emptied with --overwrite."""
     if out is None:
         if overwrite:
@@ -148,7 +162,7 @@ def _claim(out: str | None, overwrite: bool) -> None:
             what = f"step {done[-1].step + 1} logged" if done else "no step logged"
         except ZoError:
             what = "its log is damaged"
-        raise ZoError(f"{out} holds a run ({what}); resume it with --resume {out}, or give "
+        raise ZoError(f"{out} holds a run ({what}); resume it with: {resume}; or give "
                       f"--overwrite to replace it")
     rundir.clear()
 
@@ -163,7 +177,57 @@ def given_settings(given: dict) -> dict:
     return out
 
 
-def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str) -> RunConfig:
+def run_options_of(values: dict) -> dict:
+    """RUN_KEPT's values of `values` as run.json records them (a path made absolute)."""
+    out = {k: values[k] for k in RUN_KEPT if k in values}
+    if out.get("eval_data") is not None:
+        out["eval_data"] = str(Path(out["eval_data"]).resolve())
+    return out
+
+
+def _run_options(ident: dict, given: dict) -> tuple[dict, dict, str | None]:
+    """A resume's evaluation, reporting and other run options (RUN_KEPT): run.json's
+    (one it lacks, written before it was recorded: not recorded), those given instead;
+    returns (the values in use, run.json's record of them, the line saying what changed)."""
+    recorded = {k: ident[k] for k in RUN_KEPT if k in ident}
+    wanted = run_options_of(given)
+    use = {**{k: v for k, v in recorded.items() if v is not None}, **wanted}
+    changed = [f"--{k.replace('_', '-')} {_shown(recorded[k])} -> {_shown(v)}"
+               for k, v in wanted.items() if k in recorded and recorded[k] != v]
+    line = (f"zoexec: this resume changes the run's {', '.join(changed)} (run.json records "
+            f"the new values)" if changed else None)
+    return use, {**recorded, **run_options_of(use)}, line
+
+
+def _evaluation_missed(folder: Path, options: dict, start: int, total: int) -> bool:
+    """A resume after the step `start - 1`, which evaluates (--eval-every, or the last),
+    whose evaluation metrics.jsonl lacks (the run was killed before it): the resumed run
+    evaluates first, as the uninterrupted one did."""
+    every = options.get("eval_every")
+    if options.get("eval_data") is None or start < 1 or not (
+            start == total or (every is not None and start % every == 0)):
+        return False
+    try:
+        lines = (folder / METRICS).read_text().splitlines()
+    except OSError:
+        return True
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            break   # a torn last line: the reporter cuts it
+        if isinstance(row, dict) and row.get("step") == start and any(
+                k.startswith("eval_") for k in row):
+            return False
+    return True
+
+
+def _shown(value) -> str:
+    return "none" if value is None else str(value)
+
+
+def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str,
+             repeat: tuple[str, ...] = ()) -> RunConfig:
     """The config of a resume: every check of the run folder first (zoexec.run.folder),
     then the run's settings, inputs and checkpoint options, the steps (an extension:
     zoexec.run.folder.extend) and where it starts."""
@@ -171,8 +235,6 @@ def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str) -> RunCon
     if not rundir.path.is_dir():
         raise ZoError(f"--resume {folder}: no such folder")
     rundir.check_free()
-    if given.get("save_best"):   # best/state.json read (and checked) before any rank starts
-        BestMetric(*parse_best(given["save_best"]), folder)
     start = rundir.resume_plan(plan_sha256=sha256_json(plan.data), given=given_settings(given),
                                accept_moved=given.get("accept_moved_inputs", False))
     ident = start.identity
@@ -185,6 +247,15 @@ def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str) -> RunCon
     # replays the log and writes final/
     ident, extended = extend(ident, steps=total, start_step=start.start_step,
                              new_schedule=given.get("new_schedule", False))
+    options, record, changed = _run_options(ident, given)
+    _check_eval(options)
+    if options.get("eval_data") is not None and "eval_data" not in given:
+        need_input(options["eval_data"], what="the run's --eval-data")
+    check_report_to(options.get("report_to", "none"), folder)
+    if options.get("save_best"):   # best/state.json read (and checked) before any rank starts
+        BestMetric(*parse_best(options["save_best"]), folder)
+    ident = {**ident, **record}
+    first = _evaluation_missed(folder, options, start.start_step, total)
     kept = {k: ident[k] for k in SETTINGS if k not in ("init", "task")}
     kept.update(TaskOptions.record_fields(ident["task"]))
     if ident["init"] != "random":
@@ -194,8 +265,9 @@ def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str) -> RunCon
     elif "keep" not in given:
         kept["keep"] = ident["keep"]
     others = {k: v for k, v in given.items()
-              if k not in (*SETTINGS, *TASK_FIELDS, "model_path", "init", "resume", "out", "steps",
-                           "new_schedule", "accept_moved_inputs")}
+              if k not in (*SETTINGS, *TASK_FIELDS, *RUN_KEPT, "model_path", "init", "resume",
+                           "out", "steps", "new_schedule", "accept_moved_inputs")}
+    kept.update(options)
     return RunConfig.make(plan=plan.data, plan_path=plan_path, **{**others, **kept},
                           steps=total, out=str(folder), load_from=start.init,
                           start_step=start.start_step, replay=start.replay, resumed=True,
@@ -203,7 +275,8 @@ def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str) -> RunCon
                           history=start.history,
                           schedule=tuple(tuple(s) for s in ident["schedule"]),
                           extensions=tuple(ident["extensions"]),
-                          notes=(*start.notes, *([extended] if extended else [])))
+                          resume_cmd=resume_command(plan_path, folder, repeat), evaluate_first=first, notes=(*start.notes, *([extended] if extended else []),
+                                                *([changed] if changed else [])))
 
 
 def _restarted_by_torchrun(out: str | None, plan: Plan) -> bool:

@@ -38,6 +38,7 @@ from zoplan.search.tuning import TUNING_CHOICES
 from zoplan.usage import OneLineUsage
 from zoplan.views import calibrate as calibrate_view
 from zoplan.views import optimize as optimize_view
+from zoplan.views import stdout_console
 from zoplan.views.compare import compare_command
 from zoplan.views.distzo2 import distzo2_configs, render_distzo2
 from zoplan.views.listings import render_models, render_profiles
@@ -48,7 +49,7 @@ from zoplan.views.tuning import render_tunings
 
 app = typer.Typer(cls=OneLineUsage, add_completion=False, no_args_is_help=True,
                   help="Plan zeroth-order fine-tuning of models streamed from host memory.")
-console = Console()
+console = stdout_console()
 
 
 def command(name: str):

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from zoplan.errors import ZoError
+from zoplan.hubcache import cached_snapshot, is_repo_id, model_folder
 from zoplan.io import load_json
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -590,6 +591,9 @@ def get_model(name_or_path: str) -> ModelSpec:
     if key in CATALOGUE_CONFIGS:
         return spec_from_hf_config(CATALOGUE_CONFIGS[key], name=key)
     path = Path(name_or_path)
+    if not path.exists() and path.suffix != ".json" and is_repo_id(name_or_path) and (
+            "/" in name_or_path or cached_snapshot(name_or_path) is not None):
+        path = model_folder(name_or_path, what="--model")   # the local Hub cache's (zoplan.hubcache)
     if path.is_dir():
         path = path / "config.json"
     if path.suffix == ".json" or path.exists():

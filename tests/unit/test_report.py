@@ -210,8 +210,9 @@ def test_summary_without_out():
 
 def test_report_to_checks():
     check_report_to("none", None)
-    with pytest.raises(FieldError, match="report_to must be one of none, tensorboard, got 'wandb'"):
-        _cfg(report_to="wandb")
+    with pytest.raises(FieldError, match="report_to must be one of none, tensorboard, wandb, "
+                                         "mlflow, got 'comet'"):
+        _cfg(report_to="comet")
     with pytest.raises(ZoError, match="give --out DIR"):
         check_report_to("tensorboard", None)
 

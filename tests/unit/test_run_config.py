@@ -37,6 +37,9 @@ ENV_OPTIONS = {"--timeout-s": "ZOEXEC_TIMEOUT_S", "--stop-grace-s": "ZOEXEC_STOP
                "--debug": "ZOEXEC_DEBUG"}
 
 
+COMMAND_OWN = ("plan", "config", "print_config")   # zoexec run's own, not a field's
+
+
 def _command(name: str):
     return typer.main.get_command(app).commands[name]
 
@@ -50,11 +53,11 @@ def _plan(tmp_path) -> str:
 def _parsed(plan: str, *args: str) -> dict:
     """The options `zoexec run PLAN args` gives, as the command hands them on."""
     ctx = _command("run").make_context("run", [plan, *args])
-    return given({k: v for k, v in ctx.params.items() if k != "plan"})
+    return given({k: v for k, v in ctx.params.items() if k not in COMMAND_OWN})
 
 
 def test_every_run_option_is_a_config_field_and_every_field_an_option():
-    params = [p for p in _command("run").params if p.name not in ("plan", "help")]
+    params = [p for p in _command("run").params if p.name not in (*COMMAND_OWN, "help")]
     fields = [f for section in SECTIONS.values() for f in option_fields(section)]
     assert len({f.name for f in fields}) == len(fields), "two sections share a field name"
     assert sorted(p.name for p in params) == sorted(f.name for f in fields)
@@ -144,7 +147,7 @@ def _one_error_line(args: list[str], *, match: str) -> None:
     (["--steps", "0"], "--steps 0: must be >= 1"),
     (["--max-steps", "0"], "--steps 0: must be >= 1"),
     (["--on-nonfinite", "retry"], "--on-nonfinite retry: must be one of stop, skip"),
-    (["--report-to", "wandb"], "--report-to wandb: must be one of none, tensorboard"),
+    (["--report-to", "comet"], "--report-to comet: must be one of none, tensorboard, wandb, mlflow"),
     (["--save-every", "soon"], "--save-every soon: must be N steps (500) or a duration"),
     (["--save-every", "5", "--save-steps", "5"], "either --save-every or --save-steps"),
     (["--timeout-s", "0"], "--timeout-s 0.0: must be a finite number > 0"),

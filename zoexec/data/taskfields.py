@@ -87,7 +87,7 @@ class TaskFields(Section):
         "--demonstrations, as its --data is the evaluated file)", metavar="FILE", kept="task")
     eval_data: str | None = option(
         None, "Held-out data (the task's format): eval_loss (and eval_accuracy, eval_f1 for "
-        "classification) after the last step", metavar="FILE")
+        "classification) after the last step", metavar="FILE", kept="run")
     eval_samples: int | None = option(
         None, "Evaluate this many examples of the held-out data (text: rows), drawn with a "
-        "fixed seed (the same ones every time); default: all", check=at_least(1))
+        "fixed seed (the same ones every time); default: all", check=at_least(1), kept="run")

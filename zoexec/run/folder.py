@@ -72,7 +72,8 @@ LOG = "losses.jsonl"
 SNAPSHOTS = "snapshots"
 FINAL = "final"
 LOCK = ".lock"
-RUN_FILES = (IDENTITY, LOG, SNAPSHOTS, FINAL, "best", "metrics.jsonl", "runs")   # what a run writes
+RUN_FILES = (IDENTITY, LOG, SNAPSHOTS, FINAL, "best", "metrics.jsonl", "runs", "wandb",
+             "mlruns")   # what a run writes
 _SNAPSHOT = re.compile(r"step-(\d+)")
 
 
@@ -460,7 +461,7 @@ def identity_of(cfg, plan_sha256: str, *, z: dict | None) -> dict:
             "steps": cfg.optim.steps, **settings,
             "schedule": [list(s) for s in cfg.schedule] or [[0, cfg.optim.steps]],
             "extensions": list(cfg.extensions), "save_every": c.save_every,
-            "save_steps": c.save_steps, "keep": c.keep, "inputs": inputs, "z": z,
+            "save_steps": c.save_steps, "keep": c.keep, **cfg.run_options(), "inputs": inputs, "z": z,
             "estimator": cfg.workload.estimator_spec.to_dict()}   # the plan's (its sha256 pins it)
     return {**body, "run_digest": sha256_json(body)}   # fixed for the run's life
 

@@ -89,6 +89,8 @@ class TrainLoop:
             if cfg.replay:
                 self.trainer.replay(cfg.replay)
             self.reporter.begin()
+            if cfg.evaluate_first and self.evaluator is not None:   # a resume: the builder's
+                self._evaluate(cfg.start_step - 1)
             for step in range(cfg.start_step, cfg.optim.steps):
                 record, (stop, save) = self.trainer.step(step, lr=cfg.lr_of(step),
                                                          flags=self._flags())
@@ -172,10 +174,11 @@ class TrainLoop:
     def _evaluate(self, step: int) -> None:
         """Evaluate after `step`; with --save-best, a better evaluation's weights as best/."""
         metrics = self.evaluator.run(self.trainer)
-        self.reporter.evaluate(step + 1, metrics)
         if self.best and self.best.improved(metrics):   # the same on every rank
             folder = self.rundir.path / BEST if self.rundir else None   # rank 0 writes
             self._write_weights(folder, step, **self.best.state())
+        # recorded after best/: a run killed between them evaluates again on its resume
+        self.reporter.evaluate(step + 1, metrics)
 
     def _watch(self, record: StepRecord) -> None:
         """A climbing loss (zoexec.run.watch): a warning, or the run stops (a snapshot)."""
@@ -203,8 +206,7 @@ class TrainLoop:
     def _where(self, saved: Path | None) -> str:
         if saved is None:
             return " (no --out: nothing saved)"
-        return (f"; snapshot {saved}; resume with: zoexec run {self.cfg.plan_path} "
-                f"--resume {self.rundir.path}")
+        return f"; snapshot {saved}; resume with: {self.cfg.resume_command()}"
 
     def _say(self, text: str) -> None:
         if self.env.rank == 0:

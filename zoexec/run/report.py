@@ -45,6 +45,7 @@ from pathlib import Path
 
 from zoexec.maths.history import StepHistory
 from zoexec.run.checkpoint import open_own
+from zoexec.run.trackers import MLFLOW_DIR, TRACKERS, WANDB_DIR, check_tracker, open_tracker
 from zoplan.errors import ZoError
 
 METRICS = "metrics.jsonl"
@@ -60,7 +61,9 @@ LOSS_WINDOW = 10          # the summary's first and last loss: means of this man
 # ---- options -------------------------------------------------------------------------------
 def check_report_to(report_to: str, out_dir) -> None:
     """--report-to tensorboard needs --out and the tensorboard package (the choice itself
-    is checked by zoexec.config.LoggingOptions); a ZoError before the run starts."""
+    is checked by zoexec.config.LoggingOptions); wandb and mlflow alike
+    (zoexec.run.trackers); a ZoError before the run starts."""
+    check_tracker(report_to, out_dir)
     if report_to != "tensorboard":
         return
     if out_dir is None:
@@ -145,6 +148,7 @@ class Reporter:
         self.last_line_s = 0.0
         self._metrics = None
         self._writer = None
+        self._tracker = None   # --report-to wandb|mlflow (zoexec.run.trackers)
         self._bar = None
         self._opened: set[str] = set()          # files begun by this run: reopened to append
         self._totals_written = False
@@ -249,6 +253,9 @@ class Reporter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._tracker is not None:
+            self._tracker.close()
+            self._tracker = None
 
     # ---- metrics files -------------------------------------------------------------------
     def _write(self, data: dict) -> None:
@@ -261,6 +268,10 @@ class Reporter:
         self._metrics.flush()
         if self.report_to == "tensorboard":
             self._tensorboard(data)
+        elif self.report_to in TRACKERS:
+            if self._tracker is None:
+                self._tracker = open_tracker(self.report_to, self.cfg, self.out)
+            self._tracker.log(clean)
 
     def _open_metrics(self):
         """metrics.jsonl: new for a new run; a resumed run keeps its whole lines up to
@@ -472,6 +483,12 @@ def _output_lines(rep: Reporter) -> list[str]:
         if rep.report_to == "tensorboard":
             board = rep.out / TENSORBOARD_DIR
             lines.append(f"  tensorboard: {board}  (tensorboard --logdir {board})")
+        if rep.report_to == "wandb":
+            lines.append(f"  wandb: {rep.out / WANDB_DIR}  (offline: wandb sync "
+                         f"{rep.out / WANDB_DIR}/offline-run-*)")
+        if rep.report_to == "mlflow":
+            lines.append(f"  mlflow: {rep.out / MLFLOW_DIR}  (mlflow ui --backend-store-uri "
+                         f"{(rep.out / MLFLOW_DIR).resolve().as_uri()}; or $MLFLOW_TRACKING_URI)")
     if cfg.logging.trace:
         lines.append(f"  trace: {cfg.logging.trace}  (zoplan show / zoplan calibrate)")
     return lines
@@ -490,11 +507,21 @@ def _adapter_lines(cfg, final: Path) -> list[str]:
         return [head, "  base: the run's random weights (--init random), which no folder "
                       "holds: the adapters load onto those weights only"]
     base = Path(cfg.source_dir).resolve()
+    # a prefix has no weights to merge (zoexec export refuses it): it is loaded over its base
+    merge = ("" if _is_prefix(final) else f";  zoexec export --merge {final} --base "
+             f"{cfg.source_dir} -o DIR (one plain HF folder)")
     return [head,
             f"  load: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
             f"{str(base)!r}), {str(final.resolve())!r})",
-            f"  or: zoexec eval {final} --data FILE;  zoexec export --merge {final} "
-            f"--base {cfg.source_dir} -o DIR (one plain HF folder)"]
+            f"  or: zoexec eval {final} --data FILE{merge}"]
+
+
+def _is_prefix(final: Path) -> bool:
+    """A PEFT folder of prefixes (PREFIX_TUNING), not of LoRA adapters."""
+    try:
+        return json.loads((final / ADAPTER_CONFIG).read_text()).get("peft_type") == "PREFIX_TUNING"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _tokenizer_note(cfg, final: Path) -> str:

@@ -1,0 +1,72 @@
+"""Config files (zoplan.configfile, zoexec.flags.config_options): a key is any name of
+its option (field, flag, HF Trainer alias), an unknown one is one line with the nearest
+name, a value of the wrong type is one line, and what --print-config writes reads back
+to the same options, in YAML and in JSON."""
+
+from __future__ import annotations
+
+import pytest
+
+from zoexec.config import SECTIONS
+from zoexec.flags import config_options, config_values
+from zoplan.configfile import read_config, write_config
+from zoplan.errors import ZoError
+
+ALL = tuple(SECTIONS.values())
+
+
+def _read(tmp_path, text: str, name: str = "run.yaml") -> dict:
+    path = tmp_path / name
+    path.write_text(text)
+    return config_options(path, *ALL)
+
+
+def test_any_name_of_an_option_is_a_key(tmp_path):
+    got = _read(tmp_path, "learning_rate: 1e-3\nmax-steps: 20\n--eval-steps: 4\noutput_dir: r\n"
+                          "task: classification\nlabel_words: [terrible, great]\nquiet: true\n")
+    assert got == {"lr": 1e-3, "steps": 20, "eval_every": 4, "out": "r", "name": "classification",
+                   "label_words": ("terrible", "great"), "quiet": True}
+    assert _read(tmp_path, "label-words: 'no,yes'\nlora_targets: q_proj,v_proj\n") == {
+        "label_words": ("no", "yes"), "lora_targets": ("q_proj", "v_proj")}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lerning_rate: 1e-3\n", "unknown option 'lerning_rate' (did you mean 'learning_rate'?)"),
+    ("lr: fast\n", "lr: 'fast' is not a number"),
+    ("steps: 2.5\n", "steps: 2.5 is not a whole number"),
+    ("quiet: 1\n", "quiet: 1 is not true or false"),
+    ("- lr\n", "holds a list, not a mapping of option names to values"),
+    ("lr: 1\nlearning_rate: 2\n", "'learning_rate' sets 'lr' a second time"),
+    ("lr: [1\n", "not valid YAML (line 2)"),
+])
+def test_a_bad_config_is_one_line(tmp_path, text, message):
+    with pytest.raises(ZoError) as err:
+        _read(tmp_path, text)
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_other_files_are_refused(tmp_path):
+    with pytest.raises(ZoError, match="not valid JSON"):
+        _read(tmp_path, "{lr: 1}", "run.json")
+    with pytest.raises(ZoError, match=r"\.yaml, \.yml or \.json"):
+        _read(tmp_path, "lr: 1", "run.toml")
+    with pytest.raises(ZoError, match="does not exist|no such|not found|missing"):
+        config_options(tmp_path / "none.yaml", *ALL)
+
+
+@pytest.mark.parametrize("name", ["back.yaml", "back.json"])
+def test_print_config_reads_back_to_the_same_options(tmp_path, name):
+    options = {"model_path": "m", "data": "train.jsonl", "name": "classification",
+               "template": "{sentence} It was", "label_words": ("terrible", "great"),
+               "lr": 1e-7, "eps": 1e-3, "steps": 20000, "eval_every": 4000, "out": "runs/x",
+               "save_every": "30m", "quiet": True, "timeout_s": 60.0}
+    assert write_config(config_values(options), str(tmp_path / name)) is None
+    assert config_options(tmp_path / name, *ALL) == options
+    text = write_config(config_values(options), "-")
+    assert text is not None and "task: classification" in text
+
+
+def test_the_loader_alone_takes_any_table_of_names(tmp_path):   # zoplan's commands may use it
+    (tmp_path / "o.json").write_text('{"--gpus": 8, "model": "opt-13b"}')
+    assert read_config(tmp_path / "o.json", {"gpus": "gpus", "model": "model"}) == {
+        "gpus": 8, "model": "opt-13b"}
