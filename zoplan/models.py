@@ -22,6 +22,7 @@ from pathlib import Path
 
 from zoplan.errors import ZoError
 from zoplan.io import load_json
+from zoplan.modeldir import index_files
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 FAMILIES = ("opt", "llama", "qwen3", "qwen2", "mistral", "gemma", "gemma2", "gpt2", "gpt_neox")
@@ -591,6 +592,7 @@ def get_model(name_or_path: str) -> ModelSpec:
         return spec_from_hf_config(CATALOGUE_CONFIGS[key], name=key)
     path = Path(name_or_path)
     if path.is_dir():
+        index_files(path)   # a model folder: its index names no shard outside it
         path = path / "config.json"
     if path.suffix == ".json" or path.exists():
         config = load_json(path, what="model config")

@@ -41,6 +41,7 @@ from zoexec.model.families import TensorSpec, make_specs
 from zoexec.model.saved import check_saved, model_fingerprint
 from zoplan.errors import ZoError, first_line
 from zoplan.io import loads_strict, need_folder
+from zoplan.modeldir import weight_files
 
 LORA_TAG = 0x4C6F5241            # "LoRA": the adapters' init seeds, apart from init_seed's
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -326,6 +327,7 @@ def check_merge(adapter_dir: Path, base_dir: Path, *, accept_other_base: bool) -
                       f"or evaluate it with zoexec eval {adapter_dir}")
     if not (base_dir / "config.json").is_file():
         raise ZoError(f"--base {base_dir}: not an HF model folder (no config.json)")
+    weight_files(base_dir)   # every shard inside the folder (transformers would open any)
     problem = check_saved(adapter_dir)
     if problem:
         raise ZoError(f"--merge {adapter_dir}: {problem}: the adapters are not as the run "
