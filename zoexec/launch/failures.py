@@ -35,6 +35,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+from zoexec.run.writes import is_disk_full
 from zoexec.runtime.errors import LaneFailure, PeerGone, error_line
 from zoplan.errors import EXIT_USER_ERROR, ZoError, first_line
 
@@ -50,9 +51,12 @@ SIGNAL_HINTS = {signal.SIGKILL: "kill -9 or the out-of-memory killer",
 
 # ---- a rank's side -------------------------------------------------------------------------
 def failure_reason(exc: BaseException) -> str:
-    """One line saying why a rank stopped."""
+    """One line saying why a rank stopped (a full disk where no writer named its file:
+    the error, after "no space left on a device")."""
     if isinstance(exc, ZoError) or _exit_code(exc) is not None:
         return first_line(exc)
+    if is_disk_full(exc):
+        return f"no space left on a device: {error_line(exc)}"
     if isinstance(exc, LaneFailure):
         return exc.line()
     return error_line(exc)
@@ -75,7 +79,7 @@ def exit_code(exc: BaseException) -> int:
     own = _exit_code(exc)
     if own is not None:
         return own
-    return EXIT_USER_ERROR if isinstance(exc, ZoError) else EXIT_RANK_FAILED
+    return EXIT_USER_ERROR if isinstance(exc, ZoError) or is_disk_full(exc) else EXIT_RANK_FAILED
 
 
 def _exit_code(exc: BaseException) -> int | None:

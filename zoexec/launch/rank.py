@@ -20,6 +20,7 @@ from zoexec.run.folder import RunDir
 from zoexec.run.loop import EXIT_CODES, TrainLoop, prepare_rundir
 from zoexec.run.report import Reporter, quiet_libraries
 from zoexec.run.verify import z_environment, z_problem
+from zoexec.run.writes import writing
 from zoexec.runtime import groups as zgroups
 from zoexec.runtime import lanes as zlanes
 from zoexec.runtime import procwatch
@@ -79,7 +80,7 @@ def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
             speed.check()
             with failing("clock", rank=env.rank):
                 epoch_s, clock = zlanes.clock_epoch(env)
-            spans = SpanWriter(Path(cfg.logging.trace), env.rank) if cfg.logging.trace else None
+            spans = _TraceFile(Path(cfg.logging.trace), env.rank) if cfg.logging.trace else None
             trainer = trainer_class(cfg.workload)(
                 cfg=cfg, env=env, parts=parts, store=store, source=source,
                 lanes=zlanes.make_lanes(env, epoch_s=epoch_s, spans=spans), flags=flags, speed=speed)
@@ -101,6 +102,18 @@ def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
     finally:
         if owned is not None:
             owned.unlock()
+
+
+class _TraceFile(SpanWriter):
+    """A rank's span file whose refused write (a full disk) is one line naming it."""
+
+    def flush(self) -> None:
+        with writing(self.path, what="the trace"):
+            super().flush()
+
+    def close(self) -> None:
+        with writing(self.path, what="the trace"):
+            super().close()
 
 
 def _agreed_z(cfg: RunConfig, env: zgroups.DistEnv) -> dict:

@@ -35,14 +35,14 @@ from zoexec.run.agree import check_nodes
 from zoexec.run.checkpoint import LossLog
 from zoexec.run.folder import FINAL, RunDir
 from zoexec.run.report import Reporter
-from zoexec.run.verify import binding, free_bytes
+from zoexec.run.verify import binding
 from zoexec.run.watch import BEST, BestMetric, Divergence
+from zoexec.run.writes import write_failed
 from zoexec.runtime.procwatch import StopRequest
 from zoexec.store.loading import fill_timeout_s
 from zoexec.store.node import monitored_barrier
 from zoexec.train.engine import Trainer
 from zoplan.errors import ZoError
-from zoplan.memory import fmt_bytes
 
 MAX_SKIPS = 10
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -284,10 +284,7 @@ class TrainLoop:
 
 def _write_failed(path: Path, exc: OSError) -> str:
     """A failed save in one line: the folder, why, and the free space where it was."""
-    free = free_bytes(path)
-    room = f"; {fmt_bytes(free)} free on its file system" if free is not None else ""
-    return (f"cannot write the weights to {path}: {exc.strerror or exc}{room} (the last "
-            f"snapshot before it is kept)")
+    return write_failed(path, exc, what="the weights to", tail=" (the last snapshot before it is kept)")
 
 
 def prepare_rundir(cfg, env, plan_sha256: str, *, z: dict) -> RunDir | None:
