@@ -8,6 +8,9 @@ output is written; a rank that crashes is one red line naming the rank, exit cod
 from __future__ import annotations
 
 import inspect
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -44,9 +47,35 @@ def _root() -> None:
 
 
 def run_cmd(plan: Path, **values) -> None:
-    """Run the plan's ranks (here, or one rank per process under torchrun)."""
+    """Run the plan's ranks (here, or one rank per process under torchrun). A stop signal
+    while the run is not taking them (before its ranks do, after they end) stops at once,
+    the files made so far removed (zoexec.runtime.procwatch.stop_at_once): Ctrl-C exits
+    130 quietly, SIGTERM 143 and SIGHUP 129 with one line naming it."""
+    with _stops_at_once():
+        _run_cmd(plan, **values)
+
+
+@contextmanager
+def _stops_at_once():
+    """SIGINT, SIGTERM and SIGHUP stop the command at once, what it made removed
+    (zoexec.runtime.procwatch.stop_at_once), except where a run takes them over."""
+    from zoexec.runtime.procwatch import stop_at_once
+
+    main = threading.current_thread() is threading.main_thread()   # signals: the main thread's
+    previous = {s: signal.signal(s, stop_at_once)
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if main}
     try:
-        from zoexec.launch.spawn import RankFailure, run  # torch: after quiet_openmp
+        yield
+    except KeyboardInterrupt:   # a second Ctrl-C in a rank: at once, quietly
+        raise SystemExit(128 + signal.SIGINT) from None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run_cmd(plan: Path, **values) -> None:
+    try:
+        from zoexec.launch.spawn import RankFailure, Stopped, run  # torch: after quiet_openmp
         from zoexec.options import build_config
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec run")))
@@ -68,6 +97,9 @@ def run_cmd(plan: Path, **values) -> None:
         run(cfg, checked=note)
     except ZoError as exc:
         exit_with_error(str(exc), EXIT_USER_ERROR)
+    except Stopped as exc:   # a stop on purpose, saved and resumable: not an error
+        err_console.print(f"zoexec: {exc}", highlight=False, soft_wrap=True)
+        raise SystemExit(exc.exit_code) from None
     except RankFailure as exc:
         exit_with_error(str(exc), exc.exit_code)
 
@@ -88,7 +120,8 @@ def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, **values) -> No
         exit_with_error(str(need_exec_extra(exc, "zoexec eval")))
     try:
         cfg = eval_config(model_dir, data, **given(values))
-        metrics = eval_model(cfg)
+        with _stops_at_once():
+            metrics = eval_model(cfg)
     except FieldError as exc:
         exit_with_error(option_error(exc), EXIT_USER_ERROR)
     except (ZoError, ValueError) as exc:

@@ -3,8 +3,8 @@
 A rank that fails says why (`failure_reason`), with what exit code (`exit_code`), and
 whether it failed by itself (ERROR), because a peer went away or stopped answering
 (PEER: a collective that timed out or lost its connection, a wait that gave up) or
-stopped on purpose (HALT: an exception with exit_code 130 or 143, the engine's answer
-to SIGINT / SIGTERM, whose message names the snapshot). The launcher then names the
+stopped on purpose (HALT: an exception with exit_code 129, 130 or 143, the engine's answer
+to SIGHUP / SIGINT / SIGTERM, whose message names the snapshot). The launcher then names the
 rank that failed FIRST (`job_failure`), from what it saw of every rank:
 
 1. a rank's own error (an exception, a user error):
@@ -42,7 +42,7 @@ from zoplan.errors import EXIT_USER_ERROR, ZoError, first_line
 ERROR, PEER, HALT = "error", "peer", "halt"      # what a rank's failure was (HALT: on purpose)
 USER, RANK, STOPPED = "user", "rank", "stopped"    # what job_failure's line is
 EXIT_RANK_FAILED = 1
-HALT_CODES = (130, 143)                            # a rank that stopped on SIGINT / SIGTERM
+HALT_CODES = (129, 130, 143)                       # a rank that stopped on SIGHUP / SIGINT / SIGTERM
 SIGNAL_HINTS = {signal.SIGKILL: "kill -9 or the out-of-memory killer",
                 signal.SIGSEGV: "a crash in native code", signal.SIGABRT: "an abort in native code",
                 signal.SIGBUS: "shared memory ran out? see df /dev/shm",

@@ -62,6 +62,7 @@ from zoexec.run.verify import (
     unbound,
 )
 from zoexec.run.watch import BEST
+from zoexec.runtime.procwatch import undone_on_stop
 from zoplan import __version__
 from zoplan.errors import ZoError
 from zoplan.io import atomic_write_text, kind_of, load_json, loads_strict, sha256_json
@@ -510,27 +511,36 @@ def extend(ident: dict, *, steps: int, start_step: int, new_schedule: bool) -> t
 @contextmanager
 def undone_on_failure(cfg):
     """A new run's folder removed again when the run fails before its first step is
-    logged (a rank's error, a bad shard, a full store): the same command can run again."""
+    logged (a rank's error, a bad shard, a full store, a stop signal: `undo` is what
+    zoexec.runtime.procwatch.stop_at_once runs): the same command can run again."""
     out = cfg.checkpoint.out if cfg is not None else None
     existed = out is not None and Path(out).exists()
     before = RunDir(out).present() if existed else set()
     try:
-        yield
+        with undone_on_stop(lambda: _undo(cfg, existed=existed, before=before)):
+            yield
     except BaseException:
-        if out is not None and not cfg.resumed:
-            rundir = RunDir(out)
-            try:
-                rundir.lock()   # not another run's folder; held while its files go
-                try:
-                    if not read_log_checked(rundir.log_path).records and not rundir.snapshots():
-                        rundir.discard(before=before)
-                finally:
-                    rundir.unlock()
-                    if not existed:
-                        _remove_if_empty(rundir.path)
-            except (OSError, ZoError):
-                pass
+        _undo(cfg, existed=existed, before=before)
         raise
+
+
+def _undo(cfg, *, existed: bool, before: set[str]) -> None:
+    """Remove what a new run wrote in its folder if it logged no step (undone_on_failure)."""
+    out = cfg.checkpoint.out if cfg is not None else None
+    if out is None or cfg.resumed:
+        return
+    rundir = RunDir(out)
+    try:
+        rundir.lock()   # not another run's folder; held while its files go
+        try:
+            if not read_log_checked(rundir.log_path).records and not rundir.snapshots():
+                rundir.discard(before=before)
+        finally:
+            rundir.unlock()
+            if not existed:
+                _remove_if_empty(rundir.path)
+    except (OSError, ZoError):
+        pass
 
 
 def _same_file(handle, path: Path) -> bool:

@@ -45,7 +45,7 @@ from zoexec.train.engine import Trainer
 from zoplan.errors import ZoError
 
 MAX_SKIPS = 10
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}   # SIGHUP: as SIGTERM
 
 
 class RunStopped(Exception):

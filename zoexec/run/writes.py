@@ -22,7 +22,7 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 def write_failed(path: Path | str, exc: OSError, *, what: str, tail: str = "") -> str:
     """'cannot write <what> <path>: <why>; <free> free on its file system<tail>'."""
-    free = free_bytes(path)
+    free = free_bytes(Path(path))
     room = f"; {fmt_bytes(free)} free on its file system" if free is not None else ""
     return f"cannot write {what} {path}: {exc.strerror or exc}{room}{tail}"
 
