@@ -97,9 +97,11 @@ def _run_cmd(plan: Path, **values) -> None:
         run(cfg, checked=note)
     except ZoError as exc:
         exit_with_error(str(exc), EXIT_USER_ERROR)
-    except Stopped as exc:   # a stop on purpose, saved and resumable: not an error
-        err_console.print(f"zoexec: {exc}", highlight=False, soft_wrap=True)
-        raise SystemExit(exc.exit_code) from None
+    except Stopped as exc:
+        if exc.exit_code < 128:   # a non-finite step, a diverging loss: the run failed
+            exit_with_error(str(exc), exc.exit_code)
+        err_console.print(f"zoexec: {exc}", highlight=False, soft_wrap=True)   # a signal's stop,
+        raise SystemExit(exc.exit_code) from None                             # saved: no error
     except RankFailure as exc:
         exit_with_error(str(exc), exc.exit_code)
 

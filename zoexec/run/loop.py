@@ -161,13 +161,17 @@ class TrainLoop:
             record = StepRecord(**{**record.__dict__, "skipped": True})
             self.trainer.set_pending(record)
             return record
-        if self.log:
+        first = record.step == self.cfg.start_step
+        if self.log and not (first and not self.cfg.resumed):   # a new run's first: undone whole
             self.log.append(record)
         self.trainer.set_pending(record)   # nothing: a non-finite update is never applied
-        saved = self.snapshot(record.step - 1) if record.step > self.cfg.start_step else None
+        saved = self.snapshot(record.step - 1) if not first else None
         hint = (f"; {self.skips} in a row" if self.cfg.optim.on_nonfinite == "skip"
                 else "; --on-nonfinite skip would skip such steps")
-        raise RunStopped(f"{what}: stopped without applying it{self._where(saved)}{hint}", 1)
+        where = self._where(saved) if saved is not None or self.rundir is None else (
+            f"; nothing new saved in {self.rundir.path}" if self.cfg.resumed
+            else f"; nothing trained: {self.rundir.path} is removed again")
+        raise RunStopped(f"{what}: stopped without applying it{where}{hint}", 1)
 
     def _evaluate(self, step: int) -> None:
         """Evaluate after `step`; with --save-best, a better evaluation's weights as best/."""

@@ -129,6 +129,22 @@ class Checkpoint:
                         dest.copy_(handle.get_tensor(self.name_of(name)))
                     else:
                         _read_rows(path, self.name_of(name), dest)
+                    check_finite(dest, name=self.name_of(name), path=path)
+
+
+def check_finite(weights: torch.Tensor, *, name: str, path: Path) -> None:
+    """ZoError naming the tensor and its file when `weights` (as read) hold a NaN or an
+    infinity: found as the checkpoint is read, before a step runs (a NaN weight would
+    make every loss NaN: a "diverged" first step, an evaluation with nothing to score)."""
+    if not weights.is_floating_point() or bool(torch.isfinite(weights).all()):
+        return
+    nans = int(torch.isnan(weights).sum())
+    infs = int(torch.isinf(weights).sum())
+    what = " and ".join(f"{count:,} {kind}" for count, kind in ((nans, "NaN"), (infs, "infinite"))
+                        if count)
+    raise ZoError(f"checkpoint {path}: tensor {name} holds {what} value"
+                  f"{'s' if nans + infs > 1 else ''} (of {weights.numel():,}): the model's "
+                  f"weights are damaged; nothing was trained or written")
 
 
 def _read_rows(path: Path, name: str, dest: torch.Tensor) -> None:
