@@ -75,6 +75,10 @@ def _stops_at_once():
 
 def _run_cmd(plan: Path, **values) -> None:
     try:
+        _check_limits(plan, given(values))   # before torch: under a low ulimit it fails half-imported
+    except ZoError as exc:
+        exit_with_error(str(exc), EXIT_USER_ERROR)
+    try:
         from zoexec.launch.spawn import RankFailure, Stopped, run  # torch: after quiet_openmp
         from zoexec.options import build_config
     except ModuleNotFoundError as exc:
@@ -104,6 +108,27 @@ def _run_cmd(plan: Path, **values) -> None:
         raise SystemExit(exc.exit_code) from None                             # saved: no error
     except RankFailure as exc:
         exit_with_error(str(exc), exc.exit_code)
+
+
+def _check_limits(plan: Path, options: dict) -> None:
+    """The process limits against what the plan's local ranks need (zoexec.launch.limits)."""
+    import os
+
+    from zoexec.launch.limits import check_limits
+
+    ranks = 1
+    try:
+        if os.environ.get("LOCAL_WORLD_SIZE"):   # under torchrun: this node's ranks
+            ranks = int(os.environ["LOCAL_WORLD_SIZE"])
+        else:
+            from zoplan.io import load_json
+            from zoplan.layout import Layout
+
+            ranks = Layout.from_dict(load_json(plan, what="plan")["layout"]).local_ranks
+    except Exception:  # noqa: BLE001 - a bad plan: build_config says what is wrong
+        pass
+    threads = options.get("threads")
+    check_limits(threads=int(threads) if threads else None, ranks=max(1, ranks))
 
 
 PLAN_ARG = inspect.Parameter("plan", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[

@@ -178,6 +178,18 @@ def undone_on_stop(undo: Callable[[], object]) -> Iterator[None]:
         _ON_STOP.remove(undo)
 
 
+def end_now(code: int, line: str) -> None:
+    """End this process at once from any thread: what the command made removed
+    (undone_on_stop), `line` said ("zoexec: <line>"), exit `code`."""
+    for undo in reversed(list(_ON_STOP)):
+        try:
+            undo()
+        except Exception:  # noqa: BLE001 - the others still go; `zoexec clean` finds the rest
+            pass
+    say(f"zoexec: {line}")
+    os._exit(code)
+
+
 def stop_at_once(signum: int, _frame: object = None) -> None:
     """The handler of SIGINT, SIGTERM and SIGHUP while a command starts or ends (nothing
     to save: no step ran, or the run is over): what the command made so far is removed
