@@ -11,7 +11,7 @@ Python's handlers do not run). So:
   raised to its hard limit (as any process may), then each limit is compared with
   what a rank needs, and a run that would not fit is refused in one line naming every
   limit that is short, with the figure it needs. The address space a one-rank run
-  reaches (VmPeak of `benchmarks/executor/bench_limits.py`, a tiny model, 3 steps) is
+  reaches (VmPeak, as `benchmarks/executor/bench_limits.py` measures it) is
   NEED_AS_BASE with one torch thread and NEED_AS_PER_THREAD more for each further
   thread (glibc gives each thread that allocates its own 64 MiB arena, and a stack);
   the threads a rank starts are --threads (default: the cores over the local ranks)
@@ -41,7 +41,8 @@ from zoplan.errors import ZoError
 
 GIB = 2**30
 # measured on a 2-core VM (docs/failures.md, "Process limits"): VmPeak of a one-rank run
-# of a tiny model, --threads 1: 1,164,444 kB; --threads 2: 1,458,768 kB
+# of a tiny model from a checkpoint with a data file, --threads 1: 1,164,444 kB; --threads
+# 2: 1,458,768 kB (benchmarks/executor/bench_limits.py, random init: 1,172,656 and 1,395,392)
 NEED_AS_BASE = 1_164_444 * 1024
 NEED_AS_PER_THREAD = (1_458_768 - 1_164_444) * 1024
 NEED_FILES = 64          # open files a rank may hold at once (the data library, shards, sockets)
