@@ -245,7 +245,12 @@ def export_cmd(
 
 def main() -> None:
     """Entry point. Standalone mode: click shows usage errors (exit 2) and exits with
-    typer.Exit's code; run_cmd turns ZoError / RankFailure into one red line."""
+    typer.Exit's code; run_cmd turns ZoError / RankFailure into one red line. The
+    stop signals get their usual handlers back (zoexec/__init__.py exits at once on
+    them while the command line is imported); run and eval take them over."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
     app()
 
 
