@@ -90,3 +90,19 @@ def test_a_stop_signal_in_a_phase_that_does_not_return_ends_it():
                 time.sleep(0.05)
     code, said = _child(body)
     assert code == 143 and said == "zoexec: stopped by SIGTERM while joining the process group\n"
+
+
+def test_a_phase_short_of_threads_under_a_limit_names_the_limits(monkeypatch):
+    from zoexec.launch import limits
+    from zoplan.errors import ZoError
+
+    monkeypatch.setattr(limits.Limits, "now", classmethod(lambda cls: Limits(
+        **{**FREE, "address_space": GIB})))
+    with pytest.raises(ZoError, match=r"joining the process group failed \(RuntimeError: Resource "
+                                      r"temporarily unavailable\) under the process limits address "
+                                      r"space 1.00 GiB \(ulimit -v\)"):
+        with limits.limited("joining the process group"):
+            raise RuntimeError(os.strerror(11))
+    with pytest.raises(RuntimeError, match="connection reset"):   # not for want of resources
+        with limits.limited("joining the process group"):
+            raise RuntimeError("connection reset")

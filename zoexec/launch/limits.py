@@ -27,6 +27,7 @@ Python's handlers do not run). So:
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import select
@@ -133,6 +134,40 @@ def check_limits(*, threads: int | None, ranks: int, limits: Limits | None = Non
     if short:
         raise ZoError("; ".join(short) + ": raise " + ("it" if len(short) == 1 else "them")
                       + " (ulimit, or the job scheduler's limits) before starting zoexec run")
+
+
+@contextmanager
+def limited(phase: str) -> Iterator[None]:
+    """A start-up phase that fails for want of a resource (no memory, no thread, no file:
+    MemoryError, or an OS or runtime error of torch's) while a process limit is set: one
+    ZoError naming the phase, the error and the limits in force (they are the likely
+    cause: the user's to raise)."""
+    try:
+        yield
+    except (MemoryError, OSError, RuntimeError) as exc:
+        limits = Limits.now().words()
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        if limits == "none" or not _for_want_of_resources(cause):
+            raise
+        what = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise ZoError(f"{phase} failed ({type(cause).__name__}: {what}) under the process limits "
+                      f"{limits}: raise them (ulimit)") from None
+
+
+SHORT_OF = (errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE)
+# torch relays a failed thread or allocation as a RuntimeError carrying the C library's
+# words for it (no errno, no type of its own): those words are all there is to go by
+SHORT_OF_WORDS = (*(os.strerror(code) for code in SHORT_OF), "can't start new thread",
+                  "std::bad_alloc")
+
+
+def _for_want_of_resources(exc: BaseException) -> bool:
+    """A failure for want of memory, threads or files (see SHORT_OF_WORDS)."""
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno in SHORT_OF
+    return any(words in str(exc) for words in SHORT_OF_WORDS)
 
 
 # ---- the start-up phases' watchdog ---------------------------------------------------------------

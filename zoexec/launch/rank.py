@@ -13,7 +13,7 @@ import torch
 
 from zoexec.config import RunConfig
 from zoexec.data.sources import make_source
-from zoexec.launch.limits import watched
+from zoexec.launch.limits import limited, watched
 from zoexec.launch.noop import check_eps
 from zoexec.launch.preflight import check_gpu_memory
 from zoexec.maths.history import StepRecord
@@ -47,7 +47,7 @@ def rank_main(cfg: RunConfig, place: zgroups.RankPlace, *, on_failure=None) -> l
         try:
             if cfg.device_kind == "cpu":
                 keep_freed_memory()   # activations are reused, not page-faulted in every block
-            with failing("join", rank=place.rank), watched(
+            with limited("joining the process group"), failing("join", rank=place.rank), watched(
                     f"rank {place.rank} was joining the process group", limit_s=cfg.runtime.timeout_s,
                     end=procwatch.end_now):
                 env = zgroups.init_distributed(place=place, layout=cfg.layout,
