@@ -83,7 +83,7 @@ def test_a_stop_signal_in_a_phase_that_does_not_return_ends_it():
     waiting in native code never gets there: the watchdog ends it."""
     def body() -> None:
         signal.signal(signal.SIGTERM, lambda *_: None)   # noted, nothing more
-        with watched("joining the process group", limit_s=60, end=procwatch.end_now):
+        with watched("joining the process group", limit_s=60, end=procwatch.end_now, grace_s=0.2):
             os.kill(os.getpid(), signal.SIGTERM)
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:

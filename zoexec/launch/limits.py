@@ -172,10 +172,12 @@ def _for_want_of_resources(exc: BaseException) -> bool:
 
 # ---- the start-up phases' watchdog ---------------------------------------------------------------
 @contextmanager
-def watched(phase: str, *, limit_s: float, end: Callable[[int, str], None]) -> Iterator[None]:
+def watched(phase: str, *, limit_s: float, end: Callable[[int, str], None],
+            grace_s: float = 2.0) -> Iterator[None]:
     """Run the block under a watchdog (module docstring); `end(code, line)` ends the
-    process (procwatch.end_now: the command's files removed, the line said). Main
-    thread only (elsewhere the block runs unwatched)."""
+    process (procwatch.end_now: the command's files removed, the line said); a stop
+    signal the block has not ended on within `grace_s` ends it. Main thread only
+    (elsewhere the block runs unwatched)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -194,7 +196,7 @@ def watched(phase: str, *, limit_s: float, end: Callable[[int, str], None]) -> I
             if ready:
                 got = os.read(read, 64)
                 stops = [b for b in got if b in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
-                if stops and not _left_within(done, 2.0):   # the main thread did not act on it
+                if stops and not done.wait(grace_s):   # the main thread did not act on it
                     end(128 + stops[0], f"stopped by {signal.Signals(stops[0]).name} while "
                                         f"{phase}")
                 continue
@@ -213,6 +215,3 @@ def watched(phase: str, *, limit_s: float, end: Callable[[int, str], None]) -> I
         os.close(read)
         os.close(write)
 
-
-def _left_within(done: threading.Event, seconds: float) -> bool:
-    return done.wait(seconds)
