@@ -92,8 +92,9 @@ def timed_run(code: Path, cmd: list[str], limit_gib: float) -> tuple[float, floa
 
     env = {**os.environ, "PYTHONPATH": str(code)}
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=cap)
+    # run from the tree itself: `python -m` puts the working folder first on sys.path
+    proc = subprocess.Popen(cmd, env=env, cwd=code, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, preexec_fn=cap)
     out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
@@ -119,8 +120,10 @@ def main() -> None:
     parser.add_argument("--limit-gib", type=float, default=8.0,
                         help="address-space limit of each run (GiB)")
     parser.add_argument("--only", nargs="*", default=None, help="names of the files to run")
+    parser.add_argument("--no-now", action="store_true", help="run the --before tree only")
     args = parser.parse_args()
-    trees = [("now", HERE)] + ([("before", args.before.resolve())] if args.before else [])
+    trees = [] if args.no_now else [("now", HERE)]
+    trees += [("before", args.before.resolve())] if args.before else []
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         model, plan, files = make_inputs(Path(tmp))
         figures: dict[tuple[str, str], tuple[float, float, float, int, str]] = {}

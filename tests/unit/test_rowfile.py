@@ -44,7 +44,7 @@ def test_index_matches_a_plain_parse(tmp_path, monkeypatch):
     """Blank and whitespace lines skipped, CRLF ends, no final newline, lines split
     across the index's read chunks (7 bytes here)."""
     monkeypatch.setattr(rowfile, "CHUNK_BYTES", 7)
-    text = '{"a": 1}\n\n  \n{"a": "x y"}\r\n\t\n{"a": [1, 2, 3]}\n   {"a": 4}'
+    text = '{"a": 1}\n\n  \n{"a": "x y"}\r\n\t\n{"a": [1, 2, 3]}               \n   {"a": 4}'
     path = tmp_path / "d.jsonl"
     path.write_text(text)
     want = [json.loads(line) for line in text.splitlines() if line.strip()]
