@@ -11,11 +11,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from zoexec.data.rowfile import ROW_BYTES_FLOOR, JsonlRows, TableRows
+from zoexec.data.rowfile import MAX_NESTING, ROW_BYTES_FLOOR, JsonlRows, TableRows
 from zoplan.errors import ZoError, first_line
 from zoplan.io import need_file, need_tree, not_utf8
 
-MAX_NESTING = 1000   # JSON levels: Python's reader stops near its recursion limit
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 

@@ -31,6 +31,7 @@ from zoplan.io import loads_strict, not_utf8
 CHARS_PER_TOKEN = 32          # characters a token may stand for before text is cut
 ROW_BYTES_FLOOR = 16 << 20    # a JSONL row may always be this long (16 MiB)
 CHUNK_BYTES = 1 << 20         # the index reads the file this much at a time
+MAX_NESTING = 1000            # JSON levels: Python's reader stops near its recursion limit
 _BLANK = b" \t\r\n\x0b\x0c"
 Row = dict[str, Any]   # a row: its columns' values
 
@@ -108,8 +109,11 @@ class JsonlRows(Sequence[Row]):
         try:
             record = loads_strict(text)
         except ValueError as exc:
-            raise ZoError(f"{self.path}:{self.line_of(start)}: not valid JSON "
-                          f"({getattr(exc, 'msg', exc)})") from None
+            why = getattr(exc, "msg", exc)
+            if why == "nested too deeply":
+                raise ZoError(f"{self.path}:{self.line_of(start)}: JSON nested too deeply (over "
+                              f"{MAX_NESTING} levels)") from None
+            raise ZoError(f"{self.path}:{self.line_of(start)}: not valid JSON ({why})") from None
         if not isinstance(record, dict):
             raise ZoError(f"{self.path}:{self.line_of(start)}: expected a JSON object, got "
                           f"{type(record).__name__}")
