@@ -9,6 +9,7 @@ import math
 import tempfile
 from array import array
 from dataclasses import asdict, dataclass
+from typing import BinaryIO
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,7 +109,7 @@ class StepHistory:
         self._floats = array("d")      # _FLOATS: 6 per record
         self._gs: dict[int, tuple[float, ...]] = {}   # q > 1 directions: each record's gs
         self._moved = 0                # records in the file, in blocks of HELD
-        self._file = None
+        self._file: BinaryIO | None = None
         for record in records:
             self.append(record)
 
@@ -137,6 +138,7 @@ class StepHistory:
         if index >= self._moved:
             at = index - self._moved
             return list(self._ints[3 * at:3 * at + 3]), list(self._floats[6 * at:6 * at + 6])
+        assert self._file is not None, "records moved to no file"
         block, at = divmod(index, self.HELD)
         base = block * self.HELD * 72
         ints, floats = array("q"), array("d")
