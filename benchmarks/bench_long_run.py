@@ -10,6 +10,7 @@ log passes every `--every` steps.
     .venv/bin/python benchmarks/bench_long_run.py                  # 100,000 steps, 1 rank
     .venv/bin/python benchmarks/bench_long_run.py --only no-trace   # without --trace only
     .venv/bin/python benchmarks/bench_long_run.py --steps 3000 --ranks 2 --layers 40
+    .venv/bin/python benchmarks/bench_long_run.py --history   # the step history alone
 
 Prints per run and rank: RSS at the first sample after warm-up (`--warmup` steps), at
 the end, the growth per 1,000 steps between them (least-squares slope over the
@@ -129,6 +130,24 @@ def report(name: str, samples: dict, warmup: int) -> None:
               f"({'within' if above <= ABOVE_PCT else 'OVER'} the {ABOVE_PCT}% limit)")
 
 
+def history_memory(steps: int) -> None:
+    """What the step history of `steps` steps holds in memory (tracemalloc), the one
+    record a step that a run keeps (zoexec.maths.history.StepHistory)."""
+    import tracemalloc
+
+    from zoexec.maths.history import StepHistory, StepRecord
+
+    tracemalloc.start()
+    history = StepHistory()
+    for step in range(steps):
+        history.append(StepRecord(step=step, seed=step, loss_plus=1.0, loss_minus=1.0, g=0.1,
+                                  lr=1e-3, tokens_per_s=1.0, step_time_s=0.01))
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert history[0].step == 0 and history[-1].step == steps - 1
+    print(f"step history of {steps:,} steps: {held / MIB:.3f} MiB held in memory")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100_000)
@@ -137,7 +156,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5000)
     parser.add_argument("--every", type=int, default=5000, help="steps between RSS samples")
     parser.add_argument("--only", choices=("trace", "no-trace"), default=None)
+    parser.add_argument("--history", action="store_true",
+                        help="only print what the step history of --steps steps holds in memory")
     args = parser.parse_args()
+    if args.history:
+        history_memory(args.steps)
+        return
     if args.only is None:   # each in a fresh process: the second run must not find the
         for only in ("no-trace", "trace"):   # heap the first one grew
             subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", only], check=True)
