@@ -350,3 +350,15 @@ def test_overwrite_and_undo_remove_only_what_a_run_wrote(tmp_path):
     rundir.write_identity(_cfg(), "abc")   # a new run that fails before its first step
     rundir.discard(before=before)
     assert not (tmp_path / "run.json").exists() and (tmp_path / "snapshots" / "notes.txt").is_file()
+
+
+def test_the_step_history_holds_a_bounded_number_of_steps_in_memory(monkeypatch):
+    """Past HELD steps the older ones go to a file: what is in memory stays bounded
+    over a long run, and every record comes back as it went in."""
+    from zoexec.maths.history import StepHistory
+
+    monkeypatch.setattr(StepHistory, "HELD", 4)
+    records = [_record(i, skipped=i == 5) for i in range(11)]
+    history = StepHistory(records)
+    assert len(history._ints) <= 3 * 4 and len(history._floats) <= 6 * 4
+    assert len(history) == 11 and list(history) == records and history[-11] == records[0]
