@@ -32,9 +32,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zoplan.pricing.copies import PCIE_DUPLEX, PCIE_H2D, UPLINK_H2D
 from zoplan.sim.costs import StepCosts
 from zoplan.sim.graph import block_kinds
-from zoplan.sim.links import PCIE_DUPLEX, PCIE_H2D, UPLINK_H2D, link_class
+from zoplan.sim.links import link_class
 
 COMPUTE = "compute"
 COLLECTIVE = "collective"
