@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import zoplan, zoexec, torch, transformers, simpy, pytest, xdist, gguf, peft, mypy" 2>/dev/null \
+if ! .venv/bin/python -c "import zoplan, zoexec, torch, transformers, simpy, pytest, xdist, gguf, peft, mypy, yaml" 2>/dev/null \
     || [ ! -x .venv/bin/ruff ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   # byte-code compiled on every core after the install, not one file at a time by pip

@@ -48,6 +48,7 @@ from zoplan.errors import ZoError
 from zoplan.execrules import DEFAULT_STEPS
 from zoplan.layout import Layout
 from zoplan.models import ModelSpec
+from zoplan.names import Estimator, Tuning
 from zoplan.plan import Plan
 from zoplan.workload import Workload
 
@@ -296,7 +297,7 @@ class TuningOptions(PlanDecided):
 
     PANEL: ClassVar[str] = "Tuning (the plan's; given, they must match it)"
 
-    tuning: Literal["full", "lora", "prefix"] | None = option(
+    tuning: Tuning | None = option(
         None, "full (every weight), lora (adapters on a frozen base) or prefix (prefix keys "
         "and values on a frozen base)", shown="the plan's")
     lora_r: int | None = option(None, "LoRA rank r", shown="the plan's", check=at_least(1))
@@ -334,7 +335,7 @@ class EstimatorOptions(PlanDecided):
 
     PANEL: ClassVar[str] = "Estimator (the plan's; given, they must match it)"
 
-    estimator: Literal["mezo", "lowrank", "sparse"] | None = option(
+    estimator: Estimator | None = option(
         None, "mezo (z over every weight), lowrank (U V^T per matrix, V kept for "
         "--lowrank-every steps) or sparse (the smallest-magnitude --sparse-share of each "
         "tensor)", shown="the plan's")

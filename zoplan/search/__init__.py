@@ -30,8 +30,9 @@ def optimize(*, model: str, gpus: int, profile: str | None, batch: int, seq: int
              progress=None, lengths: str | None = None, **tuning) -> Plan:
     """Search the layouts for this request and write the winner's plan to `output`.
     `progress(total) -> tick` (zoplan.views.optimize.search_progress) follows the search.
-    `tuning`: tuning ("full", "lora" or "prefix"), lora_r, lora_alpha, lora_targets,
-    prefix_tokens."""
+    `tuning`: the request's other fields (zoplan.request: tuning "full", "lora" or
+    "prefix", lora_r, lora_alpha, lora_targets, prefix_tokens, max_gpu_memory) and
+    `estimator`, a dict of its settings."""
     req = resolve_request(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
                           precision=precision, update=update, tf32=tf32, pertp=pertp,
                           ddp=ddp, slices=slices, prefetch=prefetch, placement=placement,

@@ -15,6 +15,7 @@ from zoplan.errors import ZoError
 from zoplan.hardware import GIB
 from zoplan.layout import axes_label
 from zoplan.plan import Plan
+from zoplan.request import MAX_TOP
 
 
 @contextlib.contextmanager
@@ -46,9 +47,6 @@ def _secs(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{seconds:.3f}" if seconds < 100 else f"{seconds:.1f}"
-
-
-MAX_TOP = 10_000
 
 
 def check_top(top: int) -> None:
