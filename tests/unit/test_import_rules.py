@@ -250,22 +250,28 @@ def test_the_planner_imports_only_its_own_layer_or_lower_ones():
     assert planner_layer_violations() == []
 
 
-@pytest.mark.parametrize("where, source", [
-    ("_rule_probe.py", "from zoplan.pricing.compute import forward_flops\n"),   # contracts < pricing
-    ("pricing/_rule_probe.py", "from zoplan.sim.graph import step_costs\n"),    # pricing < sim
-    ("pricing/_rule_probe.py", "from zoplan.views.common import fmt\n"),        # (devicemem's once)
-    ("sim/_rule_probe.py", "from zoplan.search.space import Request\n"),        # sim < search
-    ("search/_rule_probe.py", "from zoplan.calibrate import calibrate\n"),      # search < calibrate
-    ("calibrate/_rule_probe.py", "from zoplan.views.show import show_command\n"),   # < views
-    ("views/_rule_probe.py", "def f():\n    from zoplan.cli import app\n"),      # views < cli
-])
-def test_a_planner_layer_broken_is_found(tree, where, source):
-    """A planner module that imports a higher layer (inside a function too) is found."""
+PLANNER_PROBES = (   # (file, source): each breaks one step of PLANNER_LAYERS
+    ("_probe_top.py", "from zoplan.pricing.compute import forward_flops\n"),   # contracts < pricing
+    ("pricing/_probe_sim.py", "from zoplan.sim.graph import step_costs\n"),    # pricing < sim
+    ("pricing/_probe_views.py", "from zoplan.views.common import fmt\n"),      # (devicemem's once)
+    ("sim/_probe_search.py", "from zoplan.search.space import Request\n"),     # sim < search
+    ("search/_probe_calibrate.py", "from zoplan.calibrate import calibrate\n"),   # < calibrate
+    ("calibrate/_probe_views.py", "from zoplan.views.show import show_command\n"),  # < views
+    ("views/_probe_cli.py", "def f():\n    from zoplan.cli import app\n"),    # views < cli
+)
+
+
+def test_each_planner_layer_broken_is_found(tree):
+    """A planner module that imports a higher layer (inside a function too) is found:
+    one probe per step of the layers, all in one copy of the tree."""
     assert planner_layer_violations() == []
-    (tree / "zoplan" / where).write_text(source)
-    name = source.split("from ")[1].split(" import")[0]
-    assert any(f"{where}:{source.count(chr(10))} imports {name}" in v
-               for v in planner_layer_violations())
+    for where, source in PLANNER_PROBES:
+        (tree / "zoplan" / where).write_text(source)
+    found = planner_layer_violations()
+    for where, source in PLANNER_PROBES:
+        name = source.split("from ")[1].split(" import")[0]
+        assert any(f"{where}:{source.count(chr(10))} imports {name}, a higher layer" in v
+                   for v in found), (where, found)
 
 
 def test_no_module_imports_itself_through_others():
