@@ -30,6 +30,7 @@ from zoplan.lora import check_targets
 from zoplan.models import ModelSpec, get_model
 from zoplan.names import AUTO_TUNING
 from zoplan.pricing.baselines import BaselineStep
+from zoplan.pricing.devicemem import with_device_memory
 from zoplan.pricing.stragglers import straggler_factor
 from zoplan.request import PlanRequest
 from zoplan.search.placement import resident_pattern
@@ -69,9 +70,7 @@ class Request:
         """The profile the memory check reads: the profile, its device's memory capped at
         --max-gpu-memory (pricing and the plan's record keep the profile itself)."""
         cap = self.max_gpu_memory_gib
-        if cap is None or cap >= self.profile.device["memory_gib"]:
-            return self.profile
-        return dataclasses.replace(self.profile, device={**self.profile.device, "memory_gib": cap})
+        return self.profile if cap is None else with_device_memory(self.profile, cap)
 
     @property
     def local_ranks(self) -> int:
