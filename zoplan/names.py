@@ -20,3 +20,16 @@ TUNING_CHOICES: tuple[str, ...] = (*TUNINGS, AUTO_TUNING)     # --tuning's
 
 Estimator = Literal["mezo", "lowrank", "sparse"]
 ESTIMATORS: tuple[str, ...] = typing.get_args(Estimator)
+
+# what each is, in the words of --tuning's and --estimator's help (both commands')
+TUNING_WORDS = {"full": "every weight", "lora": "adapters on a frozen, read-only base",
+                "prefix": "prefix keys and values on a frozen base"}
+ESTIMATOR_WORDS = {"mezo": "z over every weight",
+                   "lowrank": "U V^T per matrix, V kept for --lowrank-every steps",
+                   "sparse": "the smallest-magnitude --sparse-share of each tensor"}
+
+
+def described(words: dict[str, str]) -> str:
+    """'a (its words), b (...) or c (...)': a help's list of names with their words."""
+    parts = [f"{name} ({text})" for name, text in words.items()]
+    return ", ".join(parts[:-1]) + " or " + parts[-1]

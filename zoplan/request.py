@@ -29,7 +29,14 @@ from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
 from zoplan.estimators import EstimatorSpec
 from zoplan.lora import DEFAULT_LORA_ALPHA, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS
 from zoplan.models import DTYPE_BYTES
-from zoplan.names import ESTIMATORS, TUNING_CHOICES
+from zoplan.names import (
+    AUTO_TUNING,
+    ESTIMATOR_WORDS,
+    ESTIMATORS,
+    TUNING_CHOICES,
+    TUNING_WORDS,
+    described,
+)
 from zoplan.prefix import DEFAULT_PREFIX_TOKENS
 from zoplan.workload import UPDATE_MODES
 
@@ -212,9 +219,8 @@ class TuningOptions(Section):
     PANEL: ClassVar[str] = "Tuning"
 
     tuning: str = option(
-        "full", "full (every weight), lora (adapters on a frozen, read-only base), prefix "
-        "(prefix keys and values on a frozen base) or auto (full and lora searched and shown "
-        "side by side; the faster is written)", choices=TUNING_CHOICES)
+        "full", described({**TUNING_WORDS, AUTO_TUNING: "full and lora searched and shown "
+                           "side by side; the faster is written"}), choices=TUNING_CHOICES)
     lora_r: int = option(DEFAULT_LORA_R, "LoRA rank r (MeZO's LoRA runs: 8)", check=at_least(1))
     lora_alpha: int = option(DEFAULT_LORA_ALPHA, "LoRA alpha: the adapters' output is scaled "
                              "by alpha / r (MeZO's: 16)", check=at_least(1))
@@ -254,10 +260,8 @@ class EstimatorOptions(Section):
     PANEL: ClassVar[str] = "Estimator"
 
     estimator: str = option(
-        ESTIMATOR_DEFAULTS["estimator"], "The zeroth-order estimator: mezo (z over every "
-        "weight), lowrank (U V^T per matrix, V kept for --lowrank-every steps) or sparse (the "
-        "smallest-magnitude --sparse-share of each tensor); docs/estimators.md",
-        choices=ESTIMATORS)
+        ESTIMATOR_DEFAULTS["estimator"], f"The zeroth-order estimator: "
+        f"{described(ESTIMATOR_WORDS)}; docs/estimators.md", choices=ESTIMATORS)
     lowrank_rank: int = option(ESTIMATOR_DEFAULTS["lowrank_rank"],
                                "lowrank: the rank r of U V^T")
     lowrank_every: int = option(ESTIMATOR_DEFAULTS["lowrank_every"],
