@@ -246,3 +246,11 @@ def test_cpu_ranks_gain_nothing_from_prefetch_so_the_smallest_wins():
     same = [c for c in result.ranked if c.layout.pertp == result.winner.layout.pertp
             and c.layout.slices == result.winner.layout.slices]
     assert len({c.step_time_s for c in same}) == 1
+
+
+def test_the_winner_is_always_simulated_in_full():
+    """An extrapolated candidate within WINNER_MARGIN of the full runs once led the
+    ranking unsimulated and the plan's spans failed (OPT-175B, one H200: a traceback)."""
+    result = search(resolve_request(model="opt-175b", gpus=1, profile="hgx-h200", batch=16,
+                                    seq=512))
+    assert result.winner.sim is not None and result.winner.method == "simulated"

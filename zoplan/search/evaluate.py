@@ -158,7 +158,11 @@ def pick_winner(ranked: list[Candidate]) -> list[Candidate]:
         if i + 1 == len(ranked) or (
                 best.step_time_s <= ranked[i + 1].step_time_s * (1 + WINNER_MARGIN)):
             break
-    return sorted(ranked, key=rank_key)
+    out = sorted(ranked, key=rank_key)
+    while out[0].sim is None:   # an estimate within the margin leads: its full run decides
+        simulate_full(out[0])
+        out = sorted(out, key=rank_key)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
