@@ -108,13 +108,8 @@ def optimize_cmd(*, config: Path | None = None, print_config: bool = False, **va
         console.file.write(configfile.dumps(request.config()))
         return
     out = request.output
-    plans = None
     with optimize_view.search_progress(enabled=not (out.quiet or out.json_out)) as progress:
-        args = {**request.search_args(), "output": out.output, "progress": progress}
-        if request.tuning.tuning == "auto":
-            plan, plans = search.optimize_tunings(**args)
-        else:
-            plan = search.optimize(**args)
+        plan, plans = search.plan_request(request, progress=progress)
     warning = optimize_view.rough_profile_warning(plan)
     if warning:
         Console(stderr=True).print(warning, style="yellow", highlight=False)

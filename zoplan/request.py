@@ -6,8 +6,9 @@ its own (zoexec/fields.py).
 Everything else derives from the fields: the command line (zoplan.cli: one typer
 option each, in its section's panel), the checks (a section checks its fields when it
 is made, then what goes together: `check`), what `--config FILE` accepts and
-`--print-config` writes (zoplan.configfile), the search's arguments
-(PlanRequest.search_args) and docs/options.md's zoplan part (scripts/gen_docs.py).
+`--print-config` writes (zoplan.configfile), what the search reads
+(zoplan.search.plan_request takes the request itself) and docs/options.md's zoplan
+part (scripts/gen_docs.py).
 A check that needs the model or the profile (seq against the model's positions, a
 slice group against the node's fabric) is the search's (zoplan.search.space).
 
@@ -151,10 +152,6 @@ class Section:
     def check(self) -> None:
         """What goes together (a ZoError naming the options)."""
 
-    def search_args(self) -> dict[str, Any]:
-        """The section's arguments of the search (zoplan.search.optimize): its fields."""
-        return {f.name: getattr(self, f.name) for f in option_fields(type(self))}
-
 
 @dataclass(frozen=True, kw_only=True)
 class WorkloadOptions(Section):
@@ -177,11 +174,6 @@ class WorkloadOptions(Section):
         None, "Row lengths of the data (`zoexec lengths DATA ... -o lengths.json`): the step "
         "is priced at a batch's expected padded width (at most --seq); memory stays sized "
         "for --seq")
-
-    def search_args(self) -> dict[str, Any]:
-        args = super().search_args()
-        args["lengths"] = None if self.lengths is None else str(self.lengths)
-        return args
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -247,13 +239,6 @@ class TuningOptions(Section):
             raise ZoError(f"--prefix-tokens {self.prefix_tokens}: a setting of --tuning prefix, "
                           f"not {self.tuning}")
 
-    def search_args(self) -> dict[str, Any]:
-        """What the search reads: nothing for full; the tuning and its settings."""
-        lora = {"lora_r": self.lora_r, "lora_alpha": self.lora_alpha,
-                "lora_targets": self.lora_targets}
-        return {"full": {}, "prefix": {"tuning": "prefix", "prefix_tokens": self.prefix_tokens},
-                "auto": lora, "lora": {"tuning": "lora", **lora}}[self.tuning]
-
 
 @dataclass(frozen=True, kw_only=True)
 class EstimatorOptions(Section):
@@ -285,9 +270,6 @@ class EstimatorOptions(Section):
         except ValueError as exc:
             raise ZoError(f"--{str(exc).replace('_', '-')}") from None
 
-    def search_args(self) -> dict[str, Any]:
-        return {"estimator": self.changed() or None}
-
 
 @dataclass(frozen=True, kw_only=True)
 class OutputOptions(Section):
@@ -302,9 +284,6 @@ class OutputOptions(Section):
                          flags=("--quiet", "-q"))
     sweep_nodes: bool = option(False, "Also print throughput against node count (the "
                                "winner's per-node plan)")
-
-    def search_args(self) -> dict[str, Any]:
-        return {}
 
 
 SECTIONS: dict[str, type[Section]] = {
@@ -367,15 +346,6 @@ class PlanRequest:
         """Every field's value, by field name."""
         return {f.name: getattr(s, f.name) for s in self.sections().values()
                 for f in option_fields(type(s))}
-
-    def search_args(self) -> dict[str, Any]:
-        """The arguments of zoplan.search.optimize / optimize_tunings (output aside)."""
-        args: dict[str, Any] = {}
-        for section in self.sections().values():
-            args.update(section.search_args())
-        if self.hardware.max_gpu_memory is None:   # the search's default: the profile's
-            del args["max_gpu_memory"]
-        return args
 
     def config(self) -> dict[str, Any]:
         """What --print-config writes: every option set (not None) by its --config name,

@@ -106,7 +106,7 @@ def resolve(request: PlanRequest, *, fewer: bool = True) -> Request:
     gpus, update, tuning = request.hardware.gpus, w.update, tune.tuning
     assert w.model is not None and gpus is not None   # required: PlanRequest.make
     if tuning == AUTO_TUNING:
-        raise ValueError("resolve: --tuning auto is two requests (zoplan.search.optimize_tunings)")
+        raise ValueError("resolve: --tuning auto is two requests (zoplan.search.plan_request)")
     spec = get_model(w.model)
     hw = load_profile(request.hardware.profile or DEFAULT_PROFILE)
     if w.seq > spec.max_positions:
