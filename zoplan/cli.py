@@ -71,9 +71,8 @@ def profiles_cmd() -> None:
 
 
 def _option_param(f, hint, panel: str) -> inspect.Parameter:
-    """The typer parameter of one request field: default None (False for a lone flag),
-    so that what was given is known and overrides --config; the field's default is
-    what --help shows."""
+    """The typer parameter of one request field: default None, so that what was given
+    is known and overrides --config; the field's default is what --help shows."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     base = args[0] if args else hint
     if f.metadata["parse"] is not None or typing.get_origin(base) is tuple:
@@ -139,8 +138,9 @@ def optimize_request(config: Path | None, values: dict) -> PlanRequest:
     return PlanRequest.make(**merged)
 
 
+_HINTS = field_hints()
 optimize_cmd.__signature__ = inspect.Signature([   # type: ignore[attr-defined]
-    *(_option_param(f, field_hints()[f.name], section.PANEL) for section, f in all_fields()),
+    *(_option_param(f, _HINTS[f.name], section.PANEL) for section, f in all_fields()),
     *CONFIG_PARAMS])
 optimize_cmd = command("optimize")(optimize_cmd)
 
