@@ -188,7 +188,7 @@ class SearchResult:
 def paused_gc() -> Iterator[None]:
     """The cyclic garbage collector paused inside: a search makes millions of small
     objects it keeps, and the collector's passes over them took a third of its time
-    (benchmarks/bench_search.py); whatever cycles it leaves are collected after."""
+    (benchmarks/planner/bench_search.py); whatever cycles it leaves are collected after."""
     enabled = gc.isenabled()
     gc.disable()
     try:
