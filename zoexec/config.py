@@ -49,6 +49,7 @@ from zoplan.errors import ZoError
 from zoplan.execrules import DEFAULT_STEPS
 from zoplan.layout import Layout
 from zoplan.models import ModelSpec
+from zoplan.names import ESTIMATOR_WORDS, TUNING_WORDS, Estimator, Tuning, described
 from zoplan.plan import Plan
 from zoplan.workload import Workload
 
@@ -310,9 +311,7 @@ class TuningOptions(PlanDecided):
 
     PANEL: ClassVar[str] = "Tuning (the plan's; given, they must match it)"
 
-    tuning: Literal["full", "lora", "prefix"] | None = option(
-        None, "full (every weight), lora (adapters on a frozen base) or prefix (prefix keys "
-        "and values on a frozen base)", shown="the plan's")
+    tuning: Tuning | None = option(None, described(TUNING_WORDS), shown="the plan's")
     lora_r: int | None = option(None, "LoRA rank r", shown="the plan's", check=at_least(1))
     lora_alpha: int | None = option(None, "LoRA alpha (scaling alpha / r)", shown="the plan's",
                                     check=at_least(1))
@@ -348,10 +347,7 @@ class EstimatorOptions(PlanDecided):
 
     PANEL: ClassVar[str] = "Estimator (the plan's; given, they must match it)"
 
-    estimator: Literal["mezo", "lowrank", "sparse"] | None = option(
-        None, "mezo (z over every weight), lowrank (U V^T per matrix, V kept for "
-        "--lowrank-every steps) or sparse (the smallest-magnitude --sparse-share of each "
-        "tensor)", shown="the plan's")
+    estimator: Estimator | None = option(None, described(ESTIMATOR_WORDS), shown="the plan's")
     lowrank_rank: int | None = option(None, "lowrank: the rank r of U V^T", shown="the plan's",
                                       check=at_least(1))
     lowrank_every: int | None = option(None, "lowrank: steps V is kept before it is redrawn",

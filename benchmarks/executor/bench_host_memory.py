@@ -6,7 +6,7 @@ opt-125m, fp32), then reads what each rank measured of itself at the end of trai
 meta.json) and the PSS of a baseline process forked from the same forkserver (torch
 and transformers imported, no model).
 
-    .venv/bin/python benchmarks/bench_host_memory.py --model opt-125m --ranks 2
+    .venv/bin/python benchmarks/executor/bench_host_memory.py --model opt-125m --ranks 2
 
 Prints
 - store ratio: sum over ranks of the PSS of the store mapping / one copy of the blocks
