@@ -40,7 +40,7 @@ EXECUTOR_LAYERS = (
     ("zoexec.maths", "zoexec.fields"),   # fields: how an option is declared (any layer may)
     ("zoexec.data",),
     ("zoexec.model",),
-    ("zoexec.config", "zoexec.reference"),
+    ("zoexec.config", "zoexec.planned", "zoexec.reference"),
     ("zoexec.runtime",),
     ("zoexec.store",),
     ("zoexec.profiler",),
