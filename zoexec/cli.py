@@ -8,6 +8,9 @@ output is written; a rank that crashes is one red line naming the rank, exit cod
 from __future__ import annotations
 
 import inspect
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -47,7 +50,33 @@ def _root() -> None:
 
 def run_cmd(plan: Path, config: Path | None = None, print_config: str | None = None,
             **values) -> None:
-    """Run the plan's ranks (here, or one rank per process under torchrun)."""
+    """Run the plan's ranks (here, or one rank per process under torchrun). A stop signal
+    while the run is not taking them (before its ranks do, after they end) stops at once,
+    the files made so far removed (zoexec.runtime.procwatch.stop_at_once): Ctrl-C exits
+    130 quietly, SIGTERM 143 and SIGHUP 129 with one line naming it."""
+    with _stops_at_once():
+        _run_cmd(plan, config, print_config, **values)
+
+
+@contextmanager
+def _stops_at_once():
+    """SIGINT, SIGTERM and SIGHUP stop the command at once, what it made removed
+    (zoexec.runtime.procwatch.stop_at_once), except where a run takes them over."""
+    from zoexec.runtime.procwatch import stop_at_once
+
+    main = threading.current_thread() is threading.main_thread()   # signals: the main thread's
+    previous = {s: signal.signal(s, stop_at_once)
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if main}
+    try:
+        yield
+    except KeyboardInterrupt:   # a second Ctrl-C in a rank: at once, quietly
+        raise SystemExit(128 + signal.SIGINT) from None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run_cmd(plan: Path, config: Path | None, print_config: str | None, **values) -> None:
     try:
         options = {**(config_options(config, *SECTIONS.values()) if config else {}),
                    **given(values)}   # the command line over the file
@@ -59,7 +88,11 @@ def run_cmd(plan: Path, config: Path | None = None, print_config: str | None = N
     except ZoError as exc:
         exit_with_error(str(exc), EXIT_USER_ERROR)
     try:
-        from zoexec.launch.spawn import RankFailure, run  # torch: after quiet_openmp
+        _check_limits(plan, options)   # before torch: under a low ulimit it fails half-imported
+    except ZoError as exc:
+        exit_with_error(str(exc), EXIT_USER_ERROR)
+    try:
+        from zoexec.launch.spawn import RankFailure, Stopped, run  # torch: after quiet_openmp
         from zoexec.options import build_config
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec run")))
@@ -84,6 +117,11 @@ def run_cmd(plan: Path, config: Path | None = None, print_config: str | None = N
         run(cfg, checked=note)
     except ZoError as exc:
         exit_with_error(str(exc), EXIT_USER_ERROR)
+    except Stopped as exc:
+        if exc.exit_code < 128:   # a non-finite step, a diverging loss: the run failed
+            exit_with_error(str(exc), exc.exit_code)
+        err_console.print(f"zoexec: {exc}", highlight=False, soft_wrap=True)   # a signal's stop,
+        raise SystemExit(exc.exit_code) from None                             # saved: no error
     except RankFailure as exc:
         exit_with_error(str(exc), exc.exit_code)
 
@@ -99,6 +137,27 @@ def _print_config(options: dict, target: str) -> None:
     else:
         err_console.print(f"zoexec: wrote {target} (zoexec run PLAN --config {target})",
                           highlight=False, soft_wrap=True)
+
+
+def _check_limits(plan: Path, options: dict) -> None:
+    """The process limits against what the plan's local ranks need (zoexec.launch.limits)."""
+    import os
+
+    from zoexec.launch.limits import check_limits
+
+    ranks = 1
+    try:
+        if os.environ.get("LOCAL_WORLD_SIZE"):   # under torchrun: this node's ranks
+            ranks = int(os.environ["LOCAL_WORLD_SIZE"])
+        else:
+            from zoplan.io import load_json
+            from zoplan.layout import Layout
+
+            ranks = Layout.from_dict(load_json(plan, what="plan")["layout"]).local_ranks
+    except Exception:  # noqa: BLE001 - a bad plan: build_config says what is wrong
+        pass
+    threads = options.get("threads")
+    check_limits(threads=int(threads) if threads else None, ranks=max(1, ranks))
 
 
 PLAN_ARG = inspect.Parameter("plan", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
@@ -130,7 +189,8 @@ def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, **values) -> No
     try:
         model_dir = model_folder(str(model_dir), what="zoexec eval")   # or a Hub id, cached
         cfg = eval_config(model_dir, data, **given(values))
-        metrics = eval_model(cfg)
+        with _stops_at_once():
+            metrics = eval_model(cfg)
     except FieldError as exc:
         exit_with_error(option_error(exc), EXIT_USER_ERROR)
     except (ZoError, ValueError) as exc:
@@ -229,7 +289,12 @@ def export_cmd(
 
 def main() -> None:
     """Entry point. Standalone mode: click shows usage errors (exit 2) and exits with
-    typer.Exit's code; run_cmd turns ZoError / RankFailure into one red line."""
+    typer.Exit's code; run_cmd turns ZoError / RankFailure into one red line. The
+    stop signals get their usual handlers back (zoexec/__init__.py exits at once on
+    them while the command line is imported); run and eval take them over."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
     app()
 
 

@@ -12,8 +12,14 @@ shapes, built with random weights.
 
 from __future__ import annotations
 
+from typing import Any
 
-def _opt(name, layers, hidden, heads, *, proj=0, pre_ln=True) -> dict:
+Config = dict[str, Any]      # a config.json as Hugging Face writes it
+Entry = dict[str, Config]     # catalogue name -> its config
+
+
+def _opt(name: str, layers: int, hidden: int, heads: int, *, proj: int = 0,
+         pre_ln: bool = True) -> Entry:
     cfg = {"model_type": "opt", "num_hidden_layers": layers, "hidden_size": hidden,
            "ffn_dim": 4 * hidden, "num_attention_heads": heads, "vocab_size": 50272,
            "max_position_embeddings": 2048, "word_embed_proj_dim": proj or hidden,
@@ -21,7 +27,8 @@ def _opt(name, layers, hidden, heads, *, proj=0, pre_ln=True) -> dict:
     return {name: cfg}
 
 
-def _llama(name, layers, hidden, ffn, heads, kv, vocab, *, rope=10000.0, max_pos=4096):
+def _llama(name: str, layers: int, hidden: int, ffn: int, heads: int, kv: int, vocab: int, *,
+           rope: float = 10000.0, max_pos: int = 4096) -> Entry:
     cfg = {"model_type": "llama", "num_hidden_layers": layers, "hidden_size": hidden,
            "intermediate_size": ffn, "num_attention_heads": heads,
            "num_key_value_heads": kv, "vocab_size": vocab, "head_dim": 128,
@@ -30,7 +37,8 @@ def _llama(name, layers, hidden, ffn, heads, kv, vocab, *, rope=10000.0, max_pos
     return {name: cfg}
 
 
-def _qwen3(name, layers, hidden, ffn, heads, kv, *, tied):
+def _qwen3(name: str, layers: int, hidden: int, ffn: int, heads: int, kv: int, *,
+           tied: bool) -> Entry:
     cfg = {"model_type": "qwen3", "num_hidden_layers": layers, "hidden_size": hidden,
            "intermediate_size": ffn, "num_attention_heads": heads,
            "num_key_value_heads": kv, "vocab_size": 151936, "head_dim": 128,
@@ -39,7 +47,8 @@ def _qwen3(name, layers, hidden, ffn, heads, kv, *, tied):
     return {name: cfg}
 
 
-def _qwen2(name, layers, hidden, ffn, heads, kv, *, tied, vocab=151936, max_pos=32768):
+def _qwen2(name: str, layers: int, hidden: int, ffn: int, heads: int, kv: int, *, tied: bool,
+           vocab: int = 151936, max_pos: int = 32768) -> Entry:
     cfg = {"model_type": "qwen2", "num_hidden_layers": layers, "hidden_size": hidden,
            "intermediate_size": ffn, "num_attention_heads": heads,
            "num_key_value_heads": kv, "vocab_size": vocab, "max_position_embeddings": max_pos,
@@ -48,7 +57,8 @@ def _qwen2(name, layers, hidden, ffn, heads, kv, *, tied, vocab=151936, max_pos=
     return {name: cfg}
 
 
-def _gemma(name, family, layers, hidden, ffn, heads, kv, *, head_dim=256):
+def _gemma(name: str, family: str, layers: int, hidden: int, ffn: int, heads: int, kv: int, *,
+           head_dim: int = 256) -> Entry:
     cfg = {"model_type": family, "num_hidden_layers": layers, "hidden_size": hidden,
            "intermediate_size": ffn, "num_attention_heads": heads, "num_key_value_heads": kv,
            "head_dim": head_dim, "vocab_size": 256000, "max_position_embeddings": 8192,
@@ -59,13 +69,13 @@ def _gemma(name, family, layers, hidden, ffn, heads, kv, *, head_dim=256):
     return {name: cfg}
 
 
-def _gpt2(name, layers, hidden, heads):
+def _gpt2(name: str, layers: int, hidden: int, heads: int) -> Entry:
     cfg = {"model_type": "gpt2", "n_layer": layers, "n_embd": hidden, "n_head": heads,
            "n_positions": 1024, "vocab_size": 50257, "tie_word_embeddings": True}
     return {name: cfg}
 
 
-def _pythia(name, layers, hidden, heads):
+def _pythia(name: str, layers: int, hidden: int, heads: int) -> Entry:
     cfg = {"model_type": "gpt_neox", "num_hidden_layers": layers, "hidden_size": hidden,
            "intermediate_size": 4 * hidden, "num_attention_heads": heads, "vocab_size": 50304,
            "max_position_embeddings": 2048, "rotary_pct": 0.25, "rotary_emb_base": 10000,
@@ -73,7 +83,7 @@ def _pythia(name, layers, hidden, heads):
     return {name: cfg}
 
 
-def _tiny(name: str, family: str) -> dict:
+def _tiny(name: str, family: str) -> Entry:
     """Small random-weight models for tests, demos and CPU runs (not published models)."""
     cfg = {"model_type": family, "num_hidden_layers": 4, "hidden_size": 128,
            "num_attention_heads": 4, "vocab_size": 512, "max_position_embeddings": 512,
@@ -94,7 +104,7 @@ def _tiny(name: str, family: str) -> dict:
     return {name: cfg}
 
 
-CATALOGUE_CONFIGS: dict[str, dict] = {
+CATALOGUE_CONFIGS: dict[str, Config] = {
     **_tiny("tiny-opt", "opt"), **_tiny("tiny-llama", "llama"), **_tiny("tiny-qwen3", "qwen3"),
     **_tiny("tiny-qwen2", "qwen2"), **_tiny("tiny-mistral", "mistral"),
     **_tiny("tiny-gemma", "gemma"), **_tiny("tiny-gemma2", "gemma2"),

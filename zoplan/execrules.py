@@ -69,7 +69,8 @@ def balance(sizes: list[int], parts: int) -> list[list[int]]:
     """Indices of `sizes` per thread: largest first onto the least loaded thread (ties:
     the earlier item, then the lower thread), so a block's z work is spread the same way
     on every rank and the planner can compute its longest thread."""
-    loads, groups = [0] * parts, [[] for _ in range(parts)]
+    loads = [0] * parts
+    groups: list[list[int]] = [[] for _ in range(parts)]
     for index in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
         k = loads.index(min(loads))
         groups[k].append(index)
@@ -101,7 +102,8 @@ def z_range_draws(tensor_numels: list[int], start: int, stop: int,
     """Sizes of the chunk draws that z of the flat range [start, stop) of a block costs
     (its tensors laid end to end in this order, zoexec.maths.zo.z_range): every chunk that
     overlaps the range, whole (a chunk cannot be drawn from its middle)."""
-    chunk, sizes, offset = z_chunk(device_kind), [], 0
+    chunk, offset = z_chunk(device_kind), 0
+    sizes: list[int] = []
     if stop <= start:
         return sizes
     for numel in tensor_numels:

@@ -24,10 +24,11 @@ def hand_plan(*, model: str | ModelSpec, layout: Layout, workload: Workload,
     `resident`: the blocks kept on the devices as shards of their slice group."""
     spec = get_model(model) if isinstance(model, str) else model
     resident = tuple(sorted(set(resident)))
-    shape = dict(model=spec, workload=workload, layout=layout, device_kind=device_kind,
-                 resident_blocks=len([b for b in resident if 0 <= b < spec.num_layers]))
-    device_mem = rank_memory(**shape).total_bytes
-    host_mem = node_host_memory(**shape).total_bytes
+    placed = len([b for b in resident if 0 <= b < spec.num_layers])
+    device_mem = rank_memory(model=spec, workload=workload, layout=layout,
+                             device_kind=device_kind, resident_blocks=placed).total_bytes
+    host_mem = node_host_memory(model=spec, workload=workload, layout=layout,
+                                device_kind=device_kind, resident_blocks=placed).total_bytes
     predicted = {"step_time_s": step_time_s,
                  "tokens_per_s": workload.tokens_per_step / step_time_s,
                  "gpu_mem_bytes": device_mem, "host_mem_bytes": host_mem,

@@ -66,10 +66,11 @@ _OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_ch
                  "origins"}   # origins: zoplan.origins (checked there)
 Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")   # CPU
 _SLOW_NODES = ("compute.slow_node_fraction", "compute.slow_node_penalty")
-_TOGETHER = {"cuda": [("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps"),
-                      ("pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps"),
-                      ("host.sockets", "host.socket_link_gbps"), _SLOW_NODES],
-             "cpu": [Z_MODEL, _SLOW_NODES]}   # figures that come all together or not at all
+_TOGETHER: dict[str, list[tuple[str, ...]]] = {
+    "cuda": [("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps"),
+             ("pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps"),
+             ("host.sockets", "host.socket_link_gbps"), _SLOW_NODES],
+    "cpu": [Z_MODEL, _SLOW_NODES]}   # figures that come all together or not at all
 
 
 # ---- validation ---------------------------------------------------------------------
@@ -136,7 +137,7 @@ def _integer(origin: str, name: str, value: Any, high: int) -> int:
     return value
 
 
-def validate(data: Any, origin: str) -> dict:
+def validate(data: Any, origin: str) -> dict[str, Any]:
     """The keyword arguments of a HardwareProfile from a profile's JSON data, every
     figure checked (a ZoError naming the figure and its value otherwise)."""
     if not isinstance(data, dict):
@@ -187,7 +188,7 @@ def validate(data: Any, origin: str) -> dict:
             **sections}
 
 
-def _check_kinds(origin: str, sections: dict) -> None:
+def _check_kinds(origin: str, sections: dict[str, dict[str, Any]]) -> None:
     kind = sections["device"].get("kind")
     if kind not in DEVICE_KINDS:
         raise _fail(origin, f"device.kind must be one of {', '.join(DEVICE_KINDS)}, got {kind!r}")
@@ -206,7 +207,7 @@ def _check_kinds(origin: str, sections: dict) -> None:
         raise _fail(origin, "device.model must be a string")
 
 
-def _check_kind_figures(origin: str, sections: dict) -> None:
+def _check_kind_figures(origin: str, sections: dict[str, dict[str, Any]]) -> None:
     """The figures of the profile's device kind: required ones present, optional ones
     valid, those that come together complete, and none of the other kind's."""
     kind = sections["device"]["kind"]
@@ -231,7 +232,7 @@ def _check_kind_figures(origin: str, sections: dict) -> None:
                                 f"{', '.join(group)} or none")
 
 
-def _check_groups(origin: str, sections: dict, gpn: int) -> None:
+def _check_groups(origin: str, sections: dict[str, dict[str, Any]], gpn: int) -> None:
     for path, groups in (("pcie.switch_groups", sections["pcie"].get("switch_groups")),
                          ("fabric.groups", sections["fabric"].get("groups"))):
         if groups is None:
@@ -277,7 +278,8 @@ def _check_speed_check(origin: str, check: Any) -> None:
                 _SPEED_CHECK_S)
 
 
-def _check_sources(origin: str, sections: dict, sources: dict) -> None:
+def _check_sources(origin: str, sections: dict[str, dict[str, Any]],
+                   sources: dict[str, Any]) -> None:
     paths = [f"{section}.{key}" for section, fields in _REQUIRED.items() for key in fields]
     paths += list(_REQUIRED_BY_KIND[sections["device"]["kind"]])
     present = {f"{sec}.{key}" for sec, block in sections.items() for key in block}

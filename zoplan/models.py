@@ -18,6 +18,7 @@ from zoplan.catalogue import CATALOGUE_CONFIGS
 from zoplan.errors import ZoError
 from zoplan.hubcache import cached_snapshot, is_repo_id, model_folder
 from zoplan.io import load_json
+from zoplan.modeldir import index_files
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 FAMILIES = ("opt", "llama", "qwen3", "qwen2", "mistral", "gemma", "gemma2", "gpt2", "gpt_neox")
@@ -456,6 +457,7 @@ def get_model(name_or_path: str) -> ModelSpec:
             "/" in name_or_path or cached_snapshot(name_or_path) is not None):
         path = model_folder(name_or_path, what="--model")   # the local Hub cache's (zoplan.hubcache)
     if path.is_dir():
+        index_files(path)   # a model folder: its index names no shard outside it
         path = path / "config.json"
     if path.suffix == ".json" or path.exists():
         config = load_json(path, what="model config")

@@ -75,7 +75,7 @@ MAX_GPUS_PER_NODE = 1024     # zoplan.hardware's bound of a profile's node
 class Plan:
     """A validated plan. `data` is the JSON object; typed views are properties."""
 
-    data: dict
+    data: dict[str, Any]
 
     @property
     def layout(self) -> Layout:
@@ -90,19 +90,21 @@ class Plan:
         return ModelSpec.from_dict(self.data["model"]["spec"])
 
     @property
-    def ranks(self) -> list[dict]:
+    def ranks(self) -> list[dict[str, Any]]:
         """Every rank's row (built from the layout: as long as the world)."""
         if isinstance(self.data["ranks"], list):
-            return self.data["ranks"]
+            table: list[dict[str, Any]] = self.data["ranks"]
+            return table
         return self.layout.rank_table()
 
-    def rank_row(self, rank: int) -> dict:
+    def rank_row(self, rank: int) -> dict[str, Any]:
         """One rank's row of the table, without building the others."""
         lay = self.layout
         if not 0 <= rank < lay.world_size:
             raise ZoError(f"rank {rank}: the plan has {_indices('rank', lay.world_size)}")
         if isinstance(self.data["ranks"], list):
-            return self.data["ranks"][rank]
+            row: dict[str, Any] = self.data["ranks"][rank]
+            return row
         return _row(lay, rank)
 
     @property
@@ -111,8 +113,9 @@ class Plan:
         return tuple(b["block"] for b in self.data["blocks"] if b["placement"] == "resident")
 
     @property
-    def predicted(self) -> dict:
-        return self.data["predicted"]
+    def predicted(self) -> dict[str, Any]:
+        predicted: dict[str, Any] = self.data["predicted"]
+        return predicted
 
     @property
     def step_time_s(self) -> float:
@@ -120,12 +123,13 @@ class Plan:
 
     @property
     def device_kind(self) -> str:
-        return self.data["profile"]["device_kind"]
+        kind: str = self.data["profile"]["device_kind"]
+        return kind
 
     def spans(self) -> list[Span]:
         return [Span.from_dict(s) for s in self.data["predicted"]["spans"]]
 
-    def check_trace(self, meta: dict, spans: list[Span], *, origin: str) -> None:
+    def check_trace(self, meta: dict[str, Any], spans: list[Span], *, origin: str) -> None:
         """Raise ZoError where a trace (zoplan.trace.read_trace) cannot be of a run of
         this plan: another world size or layout, ranks or blocks the plan has not."""
         layout, num_blocks = self.layout, self.model.num_layers
@@ -165,16 +169,16 @@ def _indices(what: str, count: int) -> str:
     return f"{what}s 0-{count - 1}" if count > 1 else f"{what} 0"
 
 
-def tool_info() -> dict:
+def tool_info() -> dict[str, Any]:
     return {"name": "zoplan", "version": __version__}
 
 
-def compact_ranks() -> dict:
+def compact_ranks() -> dict[str, Any]:
     """The rank table of a plan: every row follows the layout, no exceptions."""
     return {"rule": RANK_RULE, "exceptions": []}
 
 
-def _row(layout: Layout, rank: int) -> dict:
+def _row(layout: Layout, rank: int) -> dict[str, Any]:
     return {"rank": rank, "node": layout.node_of(rank), "local_rank": layout.local_rank_of(rank),
             "role": layout.role_of(rank), "data_shard": layout.data_shard_of(rank),
             "slice_group": layout.slice_group_of(rank), "slice_index": layout.slice_index_of(rank)}
@@ -196,7 +200,7 @@ class _Tool(Checked):
 
 class _ModelRef(Checked):
     name: str
-    spec: dict
+    spec: dict[Any, Any]
     sha256: str
 
 
@@ -244,7 +248,7 @@ class _Predicted(Checked):
 class _Entry(Checked):
     """A ranked candidate or a baseline (step_time_s null: no such layout)."""
 
-    layout: dict | None = None
+    layout: dict[Any, Any] | None = None
     label: str | None = None
     update: str | None = None
     step_time_s: StepSeconds | None = None
@@ -257,13 +261,13 @@ class _Entry(Checked):
     method: str | None = None
     fits: bool | None = None
     reason: str | None = None
-    workload: dict | None = None
+    workload: dict[Any, Any] | None = None
     resident_blocks: Count | None = None
     gpu_headroom_bytes: Headroom | None = None
 
 
 class _Pruned(Checked):
-    layout: dict
+    layout: dict[Any, Any]
     reason: str
     update: str | None = None
     resident_blocks: Count | None = None
@@ -271,7 +275,7 @@ class _Pruned(Checked):
 
 class _Ranks(Checked):
     rule: Literal["layout"]
-    exceptions: list[dict]
+    exceptions: list[dict[Any, Any]]
 
 
 class _Sweep(Checked):
@@ -293,24 +297,25 @@ class _Scaling(Checked):
 
 
 class PlanSchema(Checked):
-    """plan.json (the keys in the module docstring)."""
+    """plan.json (the keys in the module docstring). dict[Any, Any]: an object whose
+    keys the schema leaves unchecked (pydantic's strict mode would check dict[str, ...])."""
 
-    schema_version: Literal[READABLE_VERSIONS]
+    schema_version: Literal[1, 2]   # READABLE_VERSIONS (test_plan checks)
     tool: _Tool
     model: _ModelRef
     profile: _ProfileRef
-    workload: dict
-    layout: dict
-    ranks: _Ranks | list[dict]
+    workload: dict[Any, Any]
+    layout: dict[Any, Any]
+    ranks: _Ranks | list[dict[Any, Any]]
     blocks: list[_Block]
     predicted: _Predicted
     baselines: dict[str, _Entry]
     candidates: list[_Entry]
     pruned: list[_Pruned] | None = None
-    search: dict | None = None
+    search: dict[Any, Any] | None = None
     notes: dict[str, str] | None = None
     scaling: _Scaling | None = None
-    sensitivity: dict | None = None   # optional: zoplan.search.sensitivity
+    sensitivity: dict[Any, Any] | None = None   # optional: zoplan.search.sensitivity
 
 
 def validate_plan(data: Any, origin: str) -> None:
@@ -347,7 +352,7 @@ def validate_plan(data: Any, origin: str) -> None:
     _check_agreement(data, origin, layout=layout, workload=workload, spec=spec)
 
 
-def _check_agreement(data: dict, origin: str, *, layout: Layout, workload: Workload,
+def _check_agreement(data: dict[str, Any], origin: str, *, layout: Layout, workload: Workload,
                      spec: ModelSpec) -> None:
     """What the plan's parts must agree on: ranks, blocks, batch, seq and spans."""
     _check_ranks(data, origin, layout)
@@ -372,7 +377,7 @@ def _check_agreement(data: dict, origin: str, *, layout: Layout, workload: Workl
                           f"rank(s) and {spec.num_layers} blocks")
 
 
-def _check_ranks(data: dict, origin: str, layout: Layout) -> None:
+def _check_ranks(data: dict[str, Any], origin: str, layout: Layout) -> None:
     """Version 2: the compact form, without exceptions (zoexec derives every rank's
     row from the layout); version 1: the whole table, row by row (bounded by the
     list it came as, never built larger)."""

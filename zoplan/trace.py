@@ -62,6 +62,10 @@ KIND_LANE = {
 }
 KINDS = tuple(KIND_LANE)
 NO_BLOCK = -1
+# the same names as types, for the schemas (test_trace checks they match KINDS and LANES)
+SpanKind = Literal["h2d", "slice_update", "allgather", "update", "forward", "d2h", "embed",
+                   "head", "allreduce"]
+SpanLane = Literal["", "compute", "h2d", "collective", "d2h"]   # "": the kind's lane
 
 
 def task_id(kind: str, rank: int, block: int = NO_BLOCK) -> str:
@@ -97,7 +101,7 @@ class Span:
     def end_s(self) -> float:
         return self.start_s + self.dur_s
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         # spelled out: dataclasses.asdict deep-copies and is ~10x slower on big traces
         return {"kind": self.kind, "rank": self.rank, "start_s": self.start_s,
                 "dur_s": self.dur_s, "block": self.block, "step": self.step,
@@ -133,13 +137,13 @@ Rank = Annotated[int, Field(ge=0, lt=MAX_RANKS)]
 class SpanRecord(Checked):
     """One line of a rank's span file, one entry of a plan's predicted spans."""
 
-    kind: Literal[KINDS]
+    kind: SpanKind
     rank: Rank
     start_s: Annotated[float, Field(ge=-MAX_SECONDS, le=MAX_SECONDS)]
     dur_s: Seconds
     block: Annotated[int, Field(ge=NO_BLOCK, lt=MAX_BLOCKS)] = NO_BLOCK
     step: Annotated[int, Field(ge=0, le=MAX_STEP)] = 0
-    lane: Literal[("",) + LANES] = ""
+    lane: SpanLane = ""
 
     @model_validator(mode="after")
     def _lane_of_kind(self) -> SpanRecord:
@@ -181,12 +185,12 @@ class TraceMeta(Checked):
     """meta.json: the entries zoplan reads (show, calibrate) are typed and bounded;
     others (records, host_memory, first_update, ...) are the executor's notes."""
 
-    schema_version: Literal[TRACE_SCHEMA_VERSION]
+    schema_version: Literal[1]   # TRACE_SCHEMA_VERSION (test_trace checks)
     plan_sha256: str | None = None
     plan_path: str | None = None
     world_size: Annotated[int, Field(ge=1, le=MAX_RANKS)] | None = None
     steps: Annotated[int, Field(ge=0, le=MAX_STEP)] | None = None
-    layout: dict | None = None
+    layout: dict[str, Any] | None = None
     device_kind: Literal["cuda", "cpu"] | None = None
     threads: Annotated[int, Field(ge=1)] | None = None
     speed_check: list[_SpeedCheck] | None = None
@@ -218,7 +222,7 @@ def step_time(spans: Iterable[Span]) -> float:
     return max(s.end_s for s in spans) - min(s.start_s for s in spans)
 
 
-def write_trace(directory: Path, spans: Iterable[Span], meta: dict) -> None:
+def write_trace(directory: Path, spans: Iterable[Span], meta: dict[str, Any]) -> None:
     """Write a trace directory: meta.json and one rank{r}.jsonl per rank. A non-finite
     number in `meta` (the loss of a run that diverged) is written as null: a trace is
     strict JSON, which read_trace reads back."""
@@ -283,7 +287,7 @@ class NoSpans:
         pass
 
 
-def write_trace_meta(directory: Path, meta: dict) -> None:
+def write_trace_meta(directory: Path, meta: dict[str, Any]) -> None:
     """meta.json of a trace whose span files the ranks wrote (SpanWriter)."""
     atomic_write_text(Path(directory) / "meta.json",
                       json.dumps(_finite({"schema_version": TRACE_SCHEMA_VERSION, **meta}),
@@ -301,7 +305,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def read_trace(directory: Path) -> tuple[dict, list[Span]]:
+def read_trace(directory: Path) -> tuple[dict[str, Any], list[Span]]:
     """Read a trace directory written by write_trace (or by zoexec ranks), checked: the
     meta (TraceMeta), every span line (SpanRecord) and each span's rank against its
     file's."""
@@ -322,9 +326,9 @@ def read_trace(directory: Path) -> tuple[dict, list[Span]]:
     return meta, spans
 
 
-def read_meta(path: Path) -> dict:
+def read_meta(path: Path) -> dict[str, Any]:
     """meta.json of a trace, checked against TraceMeta (the dict as written)."""
-    meta = load_json(path, what="trace meta")
+    meta: dict[str, Any] = load_json(path, what="trace meta")
     try:
         TraceMeta.model_validate(meta)
         if isinstance(meta.get("layout"), dict):
@@ -355,7 +359,7 @@ def _read_spans(path: Path) -> list[Span]:
     try:
         records = _SPAN_ROWS.validate_python(rows)
     except ValidationError as exc:
-        index = exc.errors()[0]["loc"][0]
+        index = int(exc.errors()[0]["loc"][0])   # the row's index in the list
         raise ZoError(f"{path}:{numbered[index][0]}: malformed span: "
                       f"{schema_problem(exc, skip=1)}") from None
     rank = int(match[1])

@@ -339,6 +339,21 @@ CASES = [
          "it is the input"),
     Case("import-gguf-truncated", X, ("import-gguf", "{in}/g-cut.gguf", "-o", "hf"),
          "g-cut.gguf: truncated or damaged"),
+    # issue 41: an index (or a link) naming a shard outside the model folder: refused in
+    # one line before it is opened, by the planner and every command that reads weights
+    Case("run-index-shard-climbs-out", X, RUN + ("--model-path", "{in}/m-climb"),
+         "names the shard '../m-good/model.safetensors', outside the model folder"),
+    Case("run-index-shard-absolute", X, RUN + ("--model-path", "{in}/m-absolute"),
+         "names the shard '/etc/passwd', outside the model folder"),
+    Case("run-shard-a-link-outside", X, RUN + ("--model-path", "{in}/m-link"),
+         "names the shard 'model.safetensors', a link to"),
+    Case("eval-index-shard-climbs-out", X, ("eval", "{in}/m-climb", "--data", "{in}/d-ids.jsonl"),
+         "names the shard '../m-good/model.safetensors', outside the model folder"),
+    Case("export-base-index-shard-absolute", X, ("export", "--merge", "{in}/lora-run/final", "--base",
+                                                 "{in}/m-absolute", "-o", "m"),
+         "names the shard '/etc/passwd', outside the model folder"),
+    Case("optimize-model-index-shard-absolute", P, OPT + ("--model", "{in}/m-absolute", "--profile", "cpu"),
+         "names the shard '/etc/passwd', outside the model folder"),
     # zoplan calibrate --fit refits only from a trace of the plan's own run
     Case("calibrate-fit-another-plan-s-trace", P,
          ("calibrate", "{in}/plan.json", "{in}/tr-other", "--profile", "cpu", "--fit", "-o", "fit.json"),
@@ -491,6 +506,23 @@ def _hostile(where: Path, plan: dict) -> None:
     (where / "d-sst2.jsonl").write_text(json.dumps({"sentence": "a good movie", "label": 1}) + "\n")
 
 
+def _shards(where: Path) -> None:
+    """Model folders whose weights lie outside them: an index naming a shard by `../`
+    or by an absolute path, a shard that is a link to another folder's."""
+    from safetensors import safe_open
+
+    with safe_open(str(where / "m-good" / "model.safetensors"), framework="pt") as handle:
+        names = list(handle.keys())
+    for folder, shard in (("m-climb", "../m-good/model.safetensors"), ("m-absolute", "/etc/passwd")):
+        (where / folder).mkdir()
+        shutil.copy(where / "m-good" / "config.json", where / folder / "config.json")
+        _dump(where / folder / "model.safetensors.index.json",
+              {"metadata": {}, "weight_map": {name: shard for name in names}})
+    shutil.copytree(where / "m-good", where / "m-link")
+    (where / "m-link" / "model.safetensors").unlink()
+    (where / "m-link" / "model.safetensors").symlink_to(where / "m-good" / "model.safetensors")
+
+
 def _lora(where: Path) -> None:
     """A LoRA run of 2 steps on m-good (lora-run/final: its adapters), and adapter
     folders damaged from it; m-other: a base of the same shape and other weights."""
@@ -565,6 +597,7 @@ def inputs(tmp_path_factory) -> Path:
     _latin1(where)
     _tasks(where)
     _lora(where)
+    _shards(where)
     _gguf(where)
     _hostile(where, plan.data)
     (where / "g-cut.gguf").write_bytes((where / "g-good.gguf").read_bytes()[:2000])

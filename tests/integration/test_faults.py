@@ -17,6 +17,7 @@ damages the copy and resumes it in this process through the CLI (no interpreter 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -398,6 +399,82 @@ def test_a_damaged_run_folder_resumes_exactly_or_is_refused(world, row, tmp_path
     assert got.keys() == reference.keys()
     assert all(torch.equal(got[k], reference[k]) for k in reference), "weights differ"
     assert not list(folder.rglob("*.tmp")), "torn temporary folders left"
+
+
+class _FullDisk:
+    """A file whose write of a text holding `marker` fails as on a full disk."""
+
+    def __init__(self, handle, marker: str) -> None:
+        self._handle, self._marker = handle, marker
+
+    def write(self, text: str) -> int:
+        if self._marker in text:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self._handle.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.close()
+
+
+def _fill_disk(monkeypatch, where: str) -> None:
+    """The disk full at `where` from step 8 on (issue 41)."""
+    from zoexec.run import checkpoint, loop, report
+
+    def own(module, name: str, marker: str):
+        real = module.open_own
+        monkeypatch.setattr(module, "open_own", lambda path, mode: (
+            _FullDisk(real(path, mode), marker) if Path(path).name == name else real(path, mode)))
+
+    def export(folder: str):
+        real = loop.export_weights
+
+        def fail(parts, flats, path, **kw):
+            if Path(path).name.startswith(folder):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(parts, flats, path, **kw)
+        monkeypatch.setattr(loop, "export_weights", fail)
+
+    if where == "log":
+        own(checkpoint, "losses.jsonl", '"step": 8,')
+    elif where == "metrics":
+        own(report, "metrics.jsonl", '"step": 9,')
+    elif where == "final":   # a snapshot's weights go the same way (TrainLoop._write_weights)
+        export("final")
+    return []
+
+
+DISK_FULL_AT = {"log": "cannot write the log", "metrics": "cannot write the metrics",
+                "final": "cannot write the weights to"}   # the trace: tests/unit/test_writes.py
+
+
+@pytest.mark.parametrize("where", list(DISK_FULL_AT))
+def test_a_full_disk_anywhere_is_one_line_and_the_run_resumes_exactly(world, where, tmp_path,
+                                                                      monkeypatch):
+    """A full disk while the log, the metrics or final/ (a snapshot alike) is written:
+    one `error:` line naming the file and the free space, exit 2; the resume once
+    there is room ends bit for bit where the uninterrupted run ends."""
+    folder = tmp_path / "run"
+    shutil.copytree(world["interrupted"], folder)
+    with monkeypatch.context() as patch:
+        _fill_disk(patch, where)
+        code, out, err, exc = _zoexec(world["plan"], "--resume", folder, "--threads", "1", "-q")
+    shown = f"exit {code}\nstdout:\n{out}\nstderr:\n{err}\nexception: {exc!r}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "Traceback" not in out + err, shown
+    assert len(lines) == 1 and lines[0].startswith("error: "), shown
+    assert DISK_FULL_AT[where] in lines[0] and "No space left on device" in lines[0], shown
+    assert "free on its file system" in lines[0], shown
+    code, out, err, exc = _zoexec(world["plan"], "--resume", folder, "--threads", "1", "-q")
+    assert code == 0, f"{err} {exc!r}"
+    assert _log(folder) == _log(world["reference"])
+    reference, got = _weights(world["reference"]), _weights(folder)
+    assert all(torch.equal(got[k], reference[k]) for k in reference), "weights differ"
 
 
 def test_the_fault_table_covers_every_kind_of_damage():

@@ -223,3 +223,13 @@ def test_the_readme_s_reading_order_lists_every_document():
     index = readme.split("## Documents, in reading order", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"\(docs/([\w-]+\.md)\)", index))
     assert listed == {p.name for p in (ROOT / "docs").glob("*.md")}
+
+
+def test_the_readme_is_short_and_starts_with_the_product():
+    """At most 250 lines, and the documents' reading order within its first 60: the
+    README is the product and where to read next (history: docs/changelog.md; every
+    figure: docs/figures.md)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, len(lines)
+    heading = lines.index("## Documents, in reading order")
+    assert heading < 60, heading

@@ -88,3 +88,11 @@ def test_same_inputs_same_bytes_whatever_the_hash_seed(plan, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout == plan.to_json()
+
+
+def test_the_schema_reads_the_versions_the_constant_names():
+    from typing import get_args
+
+    from zoplan import plan
+    annotation = plan.PlanSchema.model_fields["schema_version"].annotation
+    assert get_args(annotation) == plan.READABLE_VERSIONS

@@ -158,6 +158,49 @@ def test_a_second_run_cannot_take_a_folder_in_use(tmp_path):
     RunDir(tmp_path).check_free()                 # free again once the owner is gone
 
 
+def test_one_owner_when_a_lock_file_is_opened_as_its_owner_lets_go(tmp_path, monkeypatch):
+    """The race of issue 41: B opens the lock file while A holds it; A lets go (its file
+    unlinked); C creates a new lock file and takes it; then B's flock on the old file
+    succeeds. B must not own the folder too: it finds its file is no longer the
+    folder's, tries the path again and meets C's lock."""
+    import threading
+
+    from zoexec.run import folder as folder_module
+
+    real_flock, opened, go = folder_module.fcntl.flock, threading.Event(), threading.Event()
+
+    def flock(handle, how):
+        if threading.current_thread().name == "B" and not go.is_set():
+            opened.set()
+            assert go.wait(30)
+        return real_flock(handle, how)
+
+    monkeypatch.setattr(folder_module.fcntl, "flock", flock)
+    a, b, c = RunDir(tmp_path), RunDir(tmp_path), RunDir(tmp_path)
+    a.lock()
+    outcome: list = []
+
+    def take_b() -> None:
+        try:
+            b.lock()
+            outcome.append("owns")
+        except ZoError as exc:
+            outcome.append(str(exc))
+
+    thread = threading.Thread(target=take_b, name="B")
+    thread.start()
+    assert opened.wait(30)     # B has the old file open, not yet locked
+    a.unlock()
+    c.lock()                   # C: the path's file now
+    go.set()
+    thread.join(30)
+    assert outcome and "is in use by another run" in outcome[0], outcome
+    c.unlock()
+    assert not (tmp_path / ".lock").exists()
+    b.lock()                   # free again: B takes it
+    b.unlock()
+
+
 def test_a_finished_run_extended_with_more_steps_starts_from_its_final_weights(tmp_path):
     rundir = RunDir(tmp_path)
     rundir.write_identity(_cfg(), "abc")
@@ -305,5 +348,17 @@ def test_overwrite_and_undo_remove_only_what_a_run_wrote(tmp_path):
     (tmp_path / "final").rmdir()
     before = rundir.present()
     rundir.write_identity(_cfg(), "abc")   # a new run that fails before its first step
-    rundir.discard(existed=True, before=before)
+    rundir.discard(before=before)
     assert not (tmp_path / "run.json").exists() and (tmp_path / "snapshots" / "notes.txt").is_file()
+
+
+def test_the_step_history_holds_a_bounded_number_of_steps_in_memory(monkeypatch):
+    """Past HELD steps the older ones go to a file: what is in memory stays bounded
+    over a long run, and every record comes back as it went in."""
+    from zoexec.maths.history import StepHistory
+
+    monkeypatch.setattr(StepHistory, "HELD", 4)
+    records = [_record(i, skipped=i == 5) for i in range(11)]
+    history = StepHistory(records)
+    assert len(history._ints) <= 3 * 4 and len(history._floats) <= 6 * 4
+    assert len(history) == 11 and list(history) == records and history[-11] == records[0]

@@ -54,3 +54,13 @@ def test_a_rank_s_span_writer_holds_at_most_its_buffer_and_writes_what_read_trac
     meta, spans = read_trace(tmp_path)
     assert meta["world_size"] == 2 and [s.step for s in spans] == list(range(50))
     assert writer.count == 50
+
+
+def test_the_schema_types_name_the_kinds_lanes_and_version_of_the_constants():
+    from typing import get_args
+
+    from zoplan import trace
+    assert get_args(trace.SpanKind) == trace.KINDS
+    assert get_args(trace.SpanLane) == ("",) + trace.LANES
+    assert get_args(trace.TraceMeta.model_fields["schema_version"].annotation) == (
+        trace.TRACE_SCHEMA_VERSION,)

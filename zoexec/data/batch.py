@@ -166,6 +166,13 @@ class EpochOrder:
         return [int(self._order(count, k // count)[k % count])
                 for k in range(step * batch_size, (step + 1) * batch_size)]
 
+    def used(self, steps: int, batch_size: int, count: int) -> list[int]:
+        """The rows (of `count`) the batches of steps 0..steps-1 take, in file order."""
+        stop = steps * batch_size
+        if stop >= count:
+            return list(range(count))
+        return sorted(int(i) for i in self._order(count, 0)[:stop])
+
     def epoch_of(self, step: int) -> float | None:
         """Passes over the rows after `step` (the metrics' "epoch"), once a batch has been
         drawn (it gives the batch size)."""

@@ -19,6 +19,7 @@ candidate's tokens labelled, and the loss is their cross-entropy over the vocabu
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -53,7 +54,7 @@ class ChoiceRows:
     """Training rows of a classification task: examples visited in a fresh random order
     each epoch (fixed by `seed` and `tag`), made into rows for `loss`."""
 
-    def __init__(self, examples: list, *, loss: str, pad: int, seed: int, tag: int, path) -> None:
+    def __init__(self, examples: Sequence, *, loss: str, pad: int, seed: int, tag: int, path) -> None:
         self.examples, self.loss, self.pad, self.path = examples, loss, pad, path
         self.order = EpochOrder(tag, seed)
 
@@ -66,11 +67,12 @@ class ChoiceRows:
         """Passes over the examples after `step` (the metrics' "epoch")."""
         return self.order.epoch_of(step)
 
-    def check(self, seq: int) -> None:
-        """Every example's rows fit `seq` (a ZoError names the row otherwise)."""
-        for number, ex in enumerate(self.examples, start=1):
-            classification_batch([ex], loss=self.loss, seq=seq, pad=self.pad,
-                                 where=f"{self.path} row {number}")
+    def check(self, seq: int, rows=None) -> None:
+        """Every example's rows fit `seq` (a ZoError names the row otherwise); `rows`:
+        the indices of those checked (None: all)."""
+        for index in range(len(self.examples)) if rows is None else rows:
+            classification_batch([self.examples[index]], loss=self.loss, seq=seq, pad=self.pad,
+                                 where=f"{self.path} row {index + 1}")
 
 
 def subset(count: int, samples: int | None) -> list[int]:

@@ -28,7 +28,7 @@ _TAG_DEMOS = 0x444D
 SEPARATOR = "\n\n"
 
 
-def demonstrations_from(examples: list, records: list[dict], *, spec, tokens,
+def demonstrations_from(examples, records, *, spec, tokens,
                         where) -> Demonstrations:
     """The demonstrations of `spec` over a pool: its `records` and the task's
     `examples` of them; `tokens`: the task's tokenizer (zoexec.data.tasks.Tokens)."""
@@ -52,15 +52,16 @@ class Demonstrations:
     the demonstrations file's `records`); `prefix`: the tokens a prompt starts with
     (the tokenizer's special tokens), `separator`: the ids of the blank line."""
 
-    def __init__(self, examples: list, records: list[dict], *, k: int, seed: int,
+    def __init__(self, examples, records, *, k: int, seed: int,
                  prefix: tuple[int, ...], separator: tuple[int, ...], eos: int | None,
                  where) -> None:
         if len(examples) < k:
             raise ZoError(f"--demonstrations {k}: {where} holds {len(examples)} rows, fewer "
                           f"than {k}")
         order = torch.randperm(len(examples), generator=generator(_TAG_DEMOS, seed)).tolist()
-        self.k, self.prefix, self.records = k, prefix, records
+        self.k, self.prefix = k, prefix
         self.order = order[:k + 1] if k else []   # one spare: the example itself may be among them
+        self.records = {i: records[i] for i in self.order}   # the shown ones' rows only
         self.shown = {i: self._ids(examples[i], separator, eos) for i in self.order}
 
     def _ids(self, example, separator: tuple[int, ...], eos: int | None) -> tuple[int, ...]:
@@ -101,9 +102,16 @@ def with_demonstrations(examples: list, records: list[dict], demos: Demonstratio
     or the candidates' longest, the tokens to generate); unchanged without `demos`."""
     if demos is None or not demos.k:
         return examples
-    out = []
-    for example, record in zip(examples, records):
-        room = None if seq is None else seq - reserve(example)
-        prompt = fit(demos.prefix, demos.for_record(record), tuple(example.prompt), room=room)
-        out.append(dataclasses.replace(example, prompt=prompt))
-    return out
+    return [demonstrated(example, record, demos, seq=seq, reserve=reserve)
+            for example, record in zip(examples, records)]
+
+
+def demonstrated(example, record: dict, demos: Demonstrations | None, *, seq: int | None,
+                 reserve):
+    """One example (of `record`) with the demonstrations before its prompt (see
+    with_demonstrations)."""
+    if demos is None or not demos.k:
+        return example
+    room = None if seq is None else seq - reserve(example)
+    prompt = fit(demos.prefix, demos.for_record(record), tuple(example.prompt), room=room)
+    return dataclasses.replace(example, prompt=prompt)

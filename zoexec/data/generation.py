@@ -88,17 +88,19 @@ def prompt_template(spec) -> str:
     return spec.template or "{" + spec.prompt_column + "}"
 
 
-def generation_examples(rows, spec, tokens, path) -> list[Answered]:
-    """The generation examples of `rows` (see the module docstring)."""
+def generation_examples(rows, spec, tokens, path, *, first: int = 1) -> list[Answered]:
+    """The generation examples of `rows` (see the module docstring; the first row is
+    row number `first` of the file)."""
     template = prompt_template(spec)
     columns = template_fields(template)
     check_columns(rows, (*columns, spec.answer_column), path)
     out = []
-    for number, row in enumerate(rows, start=1):
+    for number, row in enumerate(rows, start=first):
         where = f"{path} row {number}"
         text = fill(template, {n: text_of(row[n], n, where) for n in columns}, where=where)
         golds = texts_of(row[spec.answer_column], spec.answer_column, where)
-        target = tokens.encode(joiner(text) + golds[0], special=False, what="the answer")
+        target = tokens.encode(joiner(text) + golds[0], special=False, what="the answer",
+                               where=where)
         if not target:
             raise ZoError(f"{where}: the answer {golds[0]!r} tokenises to no tokens")
         if tokens.eos is not None:

@@ -22,6 +22,7 @@ training loss on the data.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -140,12 +141,13 @@ def golds_of(value, items: list[str], column: str, where: str) -> tuple[int, ...
                   f"index nor one of its candidates")
 
 
-def choice_examples(rows, spec, tokens, path, preset=None) -> list[MultipleChoice]:
-    """The multiple-choice examples of `rows` (see the module docstring)."""
+def choice_examples(rows, spec, tokens, path, preset=None, *, first: int = 1) -> list[MultipleChoice]:
+    """The multiple-choice examples of `rows` (see the module docstring; the first row
+    is row number `first` of the file)."""
     check_columns(rows, needed_columns(spec, preset), path)
     columns = template_columns(spec, preset)
     out = []
-    for number, row in enumerate(rows, start=1):
+    for number, row in enumerate(rows, start=first):
         where = f"{path} row {number}"
         values = {n: text_of(row[n], n, where) for n in columns}
         values.update(preset.fields(row, where) if preset else {})
@@ -153,7 +155,8 @@ def choice_examples(rows, spec, tokens, path, preset=None) -> list[MultipleChoic
         items, texts = choice_texts(row, values, spec, preset, where)
         check_candidates(texts, spec, where)
         gap = joiner(prompt_text)
-        candidates = tuple(tuple(tokens.encode(gap + text, special=False, what=f"candidate {i}"))
+        candidates = tuple(tuple(tokens.encode(gap + text, special=False, what=f"candidate {i}",
+                                                         where=where))
                            for i, text in enumerate(texts))
         if any(not c for c in candidates):
             raise ZoError(f"{where}: a candidate tokenises to no tokens")
@@ -186,7 +189,7 @@ class MultipleChoiceRows:
     """Training rows of a multiple-choice task: the examples in a fresh random order each
     epoch (fixed by `seed` and `tag`), a row per candidate (choice_batch)."""
 
-    def __init__(self, examples: list[MultipleChoice], *, score: str, pad: int, seed: int,
+    def __init__(self, examples: Sequence[MultipleChoice], *, score: str, pad: int, seed: int,
                  tag: int, path) -> None:
         self.examples, self.score, self.pad, self.path = examples, score, pad, path
         self.order = EpochOrder(tag, seed)
@@ -199,11 +202,12 @@ class MultipleChoiceRows:
     def epoch_of(self, step: int) -> float | None:
         return self.order.epoch_of(step)
 
-    def check(self, seq: int) -> None:
-        """Every example's rows fit `seq` (a ZoError names the row otherwise)."""
-        for number, ex in enumerate(self.examples, start=1):
-            choice_batch([ex], score=self.score, seq=seq, pad=self.pad,
-                         where=f"{self.path} row {number}")
+    def check(self, seq: int, rows=None) -> None:
+        """Every example's rows fit `seq` (a ZoError names the row otherwise); `rows`:
+        the indices of those checked (None: all)."""
+        for index in range(len(self.examples)) if rows is None else rows:
+            choice_batch([self.examples[index]], score=self.score, seq=seq, pad=self.pad,
+                         where=f"{self.path} row {index + 1}")
 
 
 # ---- evaluation --------------------------------------------------------------------------

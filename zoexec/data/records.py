@@ -1,35 +1,48 @@
 """Records from local data files (JSONL, JSON, CSV, Parquet, or a folder written by
-`Dataset.save_to_disk`), read with the `datasets` library; nothing is downloaded."""
+`Dataset.save_to_disk`); nothing is downloaded. `open_rows` gives them as a sequence
+read row by row as it is used (zoexec.data.rowfile: a JSONL file indexed by lines, the
+other formats through the `datasets` library into a memory-mapped Arrow table);
+`load_records` reads them all."""
 
 from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
+from zoexec.data.rowfile import MAX_NESTING, ROW_BYTES_FLOOR, JsonlRows, TableRows
 from zoplan.errors import ZoError, first_line
 from zoplan.io import need_file, need_tree, not_utf8
 
-MAX_NESTING = 1000   # JSON levels: Python's reader stops near its recursion limit
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
 def load_records(path) -> list[dict]:
     """The rows of a local data file or save_to_disk folder, as dicts (ZoError naming
     the file when it cannot be read, holds no rows, or is not a table)."""
+    return list(open_rows(path))
+
+
+def open_rows(path, *, max_row_bytes: int = ROW_BYTES_FLOOR) -> Sequence[dict]:
+    """The rows of a local data file or save_to_disk folder, each read when it is used
+    (ZoError naming the file when it cannot be read, holds no rows, or is not a table;
+    a JSONL line longer than `max_row_bytes` when it is read)."""
     path = Path(path)
     if path.is_dir():
         data = _from_disk(need_tree(path, what="data folder"))
     elif need_file(path, what="data file").suffix.lower() not in FORMATS:
         raise ZoError(f"data file {path}: unknown format {path.suffix or '(no suffix)'!r}; "
                       f"give .jsonl, .json, .csv, .parquet or a save_to_disk folder")
+    elif path.suffix.lower() == ".jsonl":
+        rows: Sequence[dict] = JsonlRows(path, max_row_bytes=max_row_bytes)
+        if not len(rows):
+            raise ZoError(f"data file {path} holds no rows")
+        return rows
     else:
         data = _from_file(path, FORMATS[path.suffix.lower()])
-    try:
-        rows = data.to_list()
-    except UnicodeDecodeError as exc:   # a text column's bytes (pyarrow decodes them here)
-        raise ZoError(f"data {path} is not UTF-8 text ({_where_not_utf8(path, exc)})") from None
-    if not rows:
+    rows = TableRows(data, path, lambda exc: _where_not_utf8(path, exc))
+    if not len(rows):
         raise ZoError(f"data file {path} holds no rows")
     return rows
 
@@ -47,7 +60,7 @@ def _datasets():
 def _from_disk(path: Path):
     datasets = _datasets()
     try:
-        data = datasets.load_from_disk(str(path), keep_in_memory=True)
+        data = datasets.load_from_disk(str(path), keep_in_memory=False)   # memory-mapped
     except Exception as exc:  # noqa: BLE001 - not a saved data set: the folder's problem
         raise ZoError(f"data folder {path} is not a data set saved with save_to_disk "
                       f"({first_line(exc)})") from None
@@ -66,7 +79,8 @@ def _from_file(path: Path, builder: str):
     try:
         with tempfile.TemporaryDirectory(prefix="zoexec-data-") as cache:
             return datasets.load_dataset(builder, data_files=str(path), split="train",
-                                         cache_dir=cache, keep_in_memory=True)
+                                         cache_dir=cache, keep_in_memory=False)
+        # memory-mapped from an Arrow file in `cache`, removed here: the mapping stays
     except Exception as exc:  # noqa: BLE001 - the file's problem, named below
         if builder == "json":
             _find_bad_json_line(path)

@@ -30,11 +30,12 @@ def make_eval_set(path: str, task: TaskOptions, *, vocab: int, seq: int,
 
 
 def check_task_data(path: str, task: TaskOptions, *, vocab: int, batch: int, seq: int,
-                    tokenizer_dir: str | None = None) -> None:
-    """What a rank would refuse in a task's data, found before any rank starts: every
-    row read and tokenised, each fitting `seq` (text: enough tokens for a batch)."""
+                    tokenizer_dir: str | None = None, steps: int | None = None) -> None:
+    """What a rank would refuse in a task's data, found before any rank starts: the rows
+    the first `steps` batches use (None: every row; text: every row) read and
+    tokenised, each fitting `seq` (text: enough tokens for a batch)."""
     task.type.check_data(str(path), task, vocab=vocab, batch=batch, seq=seq,
-                         tokenizer_dir=tokenizer_dir)
+                         tokenizer_dir=tokenizer_dir, steps=steps)
 
 
 def make_source(source: str, *, vocab: int, seed: int = 0, tokenizer_dir: str | None = None,

@@ -18,7 +18,7 @@ Every source answers batch(step, batch_size, seq) with a Batch deterministic in
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +28,7 @@ from zoexec.data.batch import Batch, Choices, EpochOrder, Example, pack_examples
 from zoexec.data.choices import classification_metrics, subset
 from zoexec.data.generation import Decoding
 from zoexec.data.records import check_columns
+from zoexec.data.rowfile import CHARS_PER_TOKEN
 from zoexec.data.templates import joiner, not_a_label, template_fields, text_of
 from zoplan.errors import ZoError
 
@@ -42,14 +43,24 @@ class Tokens:
     """A tokenizer with the checks a task needs: ids within the model's vocabulary, text
     that does not vanish."""
 
-    def __init__(self, tokenizer, *, vocab: int, where) -> None:
+    def __init__(self, tokenizer, *, vocab: int, where, budget: int | None = None) -> None:
         self.tokenizer, self.vocab, self.where = tokenizer, vocab, where
+        self.budget = budget   # characters of a text tokenised (zoexec.data.rowfile.text_budget)
         tok = tokenizer
         self.eos = tok.eos_token_id
         pad = tok.pad_token_id if tok.pad_token_id is not None else self.eos
         self.pad = pad if pad is not None else 0
 
-    def encode(self, text: str, *, special: bool, what: str) -> list[int]:
+    def encode(self, text: str, *, special: bool, what: str, where=None) -> list[int]:
+        """The ids of `text`. Past the budget a prompt (`what` "the prompt") keeps its
+        last `budget` characters; any other text (an answer, a candidate) is refused,
+        naming `where` (default: the file): it cannot fit the sequence."""
+        if self.budget is not None and len(text) > self.budget:
+            if what != "the prompt":
+                raise ZoError(f"{where or self.where}: {what} is {len(text):,} characters, more "
+                              f"than the sequence can hold ({self.budget:,}: "
+                              f"{CHARS_PER_TOKEN} characters a token of seq counted)")
+            text = text[len(text) - self.budget:]
         ids = list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
         bad = [i for i in ids if not 0 <= i < self.vocab]
         if bad:
@@ -58,15 +69,17 @@ class Tokens:
         return ids
 
 
-def completion_examples(rows, spec: TaskFields, tokens: Tokens, path) -> list[Example]:
+def completion_examples(rows, spec: TaskFields, tokens: Tokens, path, *,
+                        first: int = 1) -> list[Example]:
+    """The examples of `rows` (the first one row number `first` of the file)."""
     check_columns(rows, (spec.prompt_column, spec.completion_column), path)
     out = []
-    for number, row in enumerate(rows, start=1):
+    for number, row in enumerate(rows, start=first):
         where = f"{path} row {number}"
         prompt = tokens.encode(text_of(row[spec.prompt_column], spec.prompt_column, where),
                                special=True, what="the prompt")
         target = tokens.encode(text_of(row[spec.completion_column], spec.completion_column, where),
-                               special=False, what="the completion")
+                               special=False, what="the completion", where=where)
         if not target:
             raise ZoError(f"{where}: the completion tokenises to no tokens: nothing to learn")
         if tokens.eos is not None and not spec.no_eos:
@@ -120,12 +133,14 @@ def _label_index(value, spec: TaskFields, where: str) -> int:
                   f"0..{len(words) - 1} nor one of the label words ({', '.join(words)})")
 
 
-def classification_examples(rows, spec: TaskFields, tokens: Tokens, path) -> list[Labelled]:
+def classification_examples(rows, spec: TaskFields, tokens: Tokens, path, *,
+                            first: int = 1) -> list[Labelled]:
+    """The examples of `rows` (the first one row number `first` of the file)."""
     fields = template_fields(spec.template)
     check_columns(rows, (*fields, spec.label_column), path)
     candidates = label_word_ids(spec, tokens)
     out = []
-    for number, row in enumerate(rows, start=1):
+    for number, row in enumerate(rows, start=first):
         where = f"{path} row {number}"
         values = {name: text_of(row[name], name, where) for name in fields}
         prompt = tokens.encode(spec.template.format(**values), special=True, what="the prompt")
@@ -140,7 +155,7 @@ class ExampleRows:
     visited in a fresh random order each epoch (fixed by `seed`), padded to the
     batch's longest row (pack_examples)."""
 
-    def __init__(self, examples: list[Example], *, pad: int, seed: int, path) -> None:
+    def __init__(self, examples: Sequence[Example], *, pad: int, seed: int, path) -> None:
         self.examples, self.pad, self.seed, self.path = examples, pad, seed, path
         self.order = EpochOrder(TAG_ROWS, seed)
 
@@ -153,11 +168,13 @@ class ExampleRows:
         """Passes over the examples after `step` (the metrics' "epoch")."""
         return self.order.epoch_of(step)
 
-    def check(self, seq: int) -> None:
-        """Every example fits `seq` with a prompt token (a ZoError names the row otherwise)."""
-        for number, ex in enumerate(self.examples, start=1):
+    def check(self, seq: int, rows=None) -> None:
+        """Every example fits `seq` with a prompt token (a ZoError names the row
+        otherwise); `rows`: the indices of those checked (None: all)."""
+        for index in range(len(self.examples)) if rows is None else rows:
+            ex = self.examples[index]
             if len(ex.target) > seq - (1 if ex.prompt else 0):
-                pack_examples([ex], seq=seq, pad=self.pad, where=f"{self.path} row {number}")
+                pack_examples([ex], seq=seq, pad=self.pad, where=f"{self.path} row {index + 1}")
 
 
 # ---- evaluation sets ---------------------------------------------------------------------------
@@ -238,6 +255,6 @@ def classification_eval_set(examples: list, spec: TaskFields, *, pad: int) -> Ev
                    loss=spec.classification_loss)
 
 
-def some(items: list, samples: int | None) -> list:
+def some(items, samples: int | None) -> list:
     """--eval-samples: `samples` of `items`, drawn with a fixed seed (all: None)."""
     return [items[i] for i in subset(len(items), samples)]

@@ -10,13 +10,15 @@ labels the loss predicts, IGNORE where nothing is predicted) or a bare LongTenso
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from zoexec.data.batch import IGNORE, Batch, EpochOrder, Example, generator
-from zoexec.data.records import load_records
+from zoexec.data.records import open_rows
+from zoexec.data.rowfile import ROW_BYTES_FLOOR, fmt_size
 from zoplan.errors import ZoError
 from zoplan.io import loads_strict, need_file, not_utf8
 
@@ -68,7 +70,12 @@ class JsonlReader:
         offset = 0
         try:
             with self.path.open("rb") as handle:
-                for number, raw in enumerate(handle, start=1):
+                for number, raw in enumerate(iter(lambda: handle.readline(ROW_BYTES_FLOOR + 1), b""),
+                                             start=1):
+                    if len(raw) > ROW_BYTES_FLOOR:   # not read further: refused whole
+                        raise ZoError(f"{self.path}:{number}: a document over "
+                                      f"{fmt_size(ROW_BYTES_FLOOR)}; split it into several lines "
+                                      f"(documents) of at most that")
                     try:
                         line = raw.decode("utf-8")
                     except UnicodeDecodeError as exc:
@@ -171,12 +178,11 @@ class TextData:
         if self.path.suffix.lower() == ".jsonl" and not self.path.is_dir():
             yield from reader.documents()
             return
-        for number, record in enumerate(load_records(self.path), start=1):
+        for number, record in enumerate(open_rows(self.path), start=1):
             yield reader.record_ids(record, f"{self.path} row {number}")
 
     def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        stream: list[int] = []
-        starts: list[int] = []
+        stream, starts = array("q"), array("q")   # 8 bytes a token, not a Python int's 36
         for ids in self.documents():
             if ids:
                 starts.append(len(stream))
@@ -184,8 +190,8 @@ class TextData:
         if not stream:
             raise ZoError(f"data file {self.path} holds no tokens")
         first = torch.zeros(len(stream), dtype=torch.bool)
-        first[starts] = True
-        return torch.tensor(stream, dtype=torch.long), first
+        first[torch.frombuffer(starts, dtype=torch.long)] = True
+        return torch.frombuffer(stream, dtype=torch.long).clone(), first
 
     def _labels(self, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         return ids.masked_fill(first, IGNORE)

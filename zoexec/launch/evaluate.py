@@ -22,7 +22,7 @@ from zoexec.config import (
 )
 from zoexec.data.presets import with_preset
 from zoexec.data.text import TOKENIZER_FILES
-from zoexec.launch.spawn import one_rank
+from zoexec.launch.spawn import one_rank, private_folder
 from zoexec.run.evaluate import make_evaluator
 from zoexec.run.report import quiet_libraries
 from zoexec.run.verify import check_safetensors
@@ -131,8 +131,13 @@ def _device_kind() -> str:
 
 def eval_model(cfg) -> dict[str, float]:
     """Evaluate cfg.weights on cfg.task.eval_data on one rank in this process: the metrics."""
+    with private_folder() as rendezvous:   # the data library's cache in it too
+        return _eval_model(cfg, rendezvous)
+
+
+def _eval_model(cfg, rendezvous) -> dict[str, float]:
     evaluator = make_evaluator(cfg)   # the data first: a bad file fails before the model loads
-    with one_rank(cfg) as (cfg, place):
+    with one_rank(cfg, rendezvous=rendezvous) as (cfg, place):
         env = store = None
         try:
             env = zgroups.init_distributed(place=place, layout=cfg.layout,

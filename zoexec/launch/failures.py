@@ -3,8 +3,8 @@
 A rank that fails says why (`failure_reason`), with what exit code (`exit_code`), and
 whether it failed by itself (ERROR), because a peer went away or stopped answering
 (PEER: a collective that timed out or lost its connection, a wait that gave up) or
-stopped on purpose (HALT: an exception with exit_code 130 or 143, the engine's answer
-to SIGINT / SIGTERM, whose message names the snapshot). The launcher then names the
+stopped on purpose (HALT: an exception with exit_code 129, 130 or 143, the engine's answer
+to SIGHUP / SIGINT / SIGTERM, whose message names the snapshot). The launcher then names the
 rank that failed FIRST (`job_failure`), from what it saw of every rank:
 
 1. a rank's own error (an exception, a user error):
@@ -35,13 +35,14 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+from zoexec.run.writes import is_disk_full
 from zoexec.runtime.errors import LaneFailure, PeerGone, error_line
 from zoplan.errors import EXIT_USER_ERROR, ZoError, first_line
 
 ERROR, PEER, HALT = "error", "peer", "halt"      # what a rank's failure was (HALT: on purpose)
 USER, RANK, STOPPED = "user", "rank", "stopped"    # what job_failure's line is
 EXIT_RANK_FAILED = 1
-HALT_CODES = (130, 143)                            # a rank that stopped on SIGINT / SIGTERM
+HALT_CODES = (129, 130, 143)                       # a rank that stopped on SIGHUP / SIGINT / SIGTERM
 SIGNAL_HINTS = {signal.SIGKILL: "kill -9 or the out-of-memory killer",
                 signal.SIGSEGV: "a crash in native code", signal.SIGABRT: "an abort in native code",
                 signal.SIGBUS: "shared memory ran out? see df /dev/shm",
@@ -50,9 +51,12 @@ SIGNAL_HINTS = {signal.SIGKILL: "kill -9 or the out-of-memory killer",
 
 # ---- a rank's side -------------------------------------------------------------------------
 def failure_reason(exc: BaseException) -> str:
-    """One line saying why a rank stopped."""
+    """One line saying why a rank stopped (a full disk where no writer named its file:
+    the error, after "no space left on a device")."""
     if isinstance(exc, ZoError) or _exit_code(exc) is not None:
         return first_line(exc)
+    if is_disk_full(exc):
+        return f"no space left on a device: {error_line(exc)}"
     if isinstance(exc, LaneFailure):
         return exc.line()
     return error_line(exc)
@@ -75,7 +79,7 @@ def exit_code(exc: BaseException) -> int:
     own = _exit_code(exc)
     if own is not None:
         return own
-    return EXIT_USER_ERROR if isinstance(exc, ZoError) else EXIT_RANK_FAILED
+    return EXIT_USER_ERROR if isinstance(exc, ZoError) or is_disk_full(exc) else EXIT_RANK_FAILED
 
 
 def _exit_code(exc: BaseException) -> int | None:

@@ -78,16 +78,18 @@ def _check_output_folder(option: str, path: Path) -> None:
 
 
 def _check_data(cfg) -> None:
-    """The data file read through as every rank will read it (zoexec.data.text.check_data):
-    a bad line, ids outside the vocabulary, text without a tokenizer or too few tokens
-    for one batch fail here, before any rank starts."""
+    """The data read as every rank will read it (zoexec.data.sources.check_task_data):
+    a bad row, ids outside the vocabulary, text without a tokenizer or too few tokens
+    for one batch fail here, before any rank starts. A prompt task reads and tokenises
+    only the rows its --steps batches use (and the held-out rows), so start-up follows
+    the work, not the file's size; packed text reads every document."""
     workload = cfg.workload
     vocab, tokenizer = cfg.model_spec.vocab, cfg.tokenizer_dir
     if cfg.task.data == "synthetic":
         check_data(cfg.task.data, vocab=vocab, batch=workload.batch, seq=workload.seq)
     else:   # the task's rows (zoexec.data.sources), then the held-out set
-        check_task_data(cfg.task.data, cfg.task, vocab=vocab,
-                        batch=workload.batch, seq=workload.seq, tokenizer_dir=tokenizer)
+        check_task_data(cfg.task.data, cfg.task, vocab=vocab, batch=workload.batch,
+                        seq=workload.seq, tokenizer_dir=tokenizer, steps=cfg.optim.steps)
     if cfg.task.eval_data:
         make_eval_set(cfg.task.eval_data, cfg.task, vocab=vocab,
                       seq=workload.seq, tokenizer_dir=tokenizer,

@@ -13,6 +13,8 @@ import torch
 
 from zoexec.config import RunConfig
 from zoexec.data.sources import make_source
+from zoexec.launch.limits import limited, watched
+from zoexec.launch.noop import check_eps
 from zoexec.launch.preflight import check_gpu_memory
 from zoexec.maths.history import StepRecord
 from zoexec.run.evaluate import make_evaluator
@@ -20,6 +22,7 @@ from zoexec.run.folder import RunDir
 from zoexec.run.loop import EXIT_CODES, TrainLoop, prepare_rundir
 from zoexec.run.report import Reporter, quiet_libraries
 from zoexec.run.verify import z_environment, z_problem
+from zoexec.run.writes import writing
 from zoexec.runtime import groups as zgroups
 from zoexec.runtime import lanes as zlanes
 from zoexec.runtime import procwatch
@@ -45,7 +48,9 @@ def rank_main(cfg: RunConfig, place: zgroups.RankPlace, *, on_failure=None) -> l
         try:
             if cfg.device_kind == "cpu":
                 keep_freed_memory()   # activations are reused, not page-faulted in every block
-            with failing("join", rank=place.rank):
+            with limited("joining the process group"), failing("join", rank=place.rank), watched(
+                    f"rank {place.rank} was joining the process group", limit_s=cfg.runtime.timeout_s,
+                    end=procwatch.end_now):
                 env = zgroups.init_distributed(place=place, layout=cfg.layout,
                                              device_kind=cfg.device_kind, tf32=cfg.workload.tf32,
                                                runtime=cfg.runtime)
@@ -74,13 +79,14 @@ def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
                                             else uuid.uuid4().hex[:12])
         parts, store = load_node_model(cfg, env, run_id)
         try:
+            check_eps(cfg, store)   # an --eps that would change nothing: before the first step
             lora = cfg.workload.frozen_base   # a read-only store: no read stamps
             flags = None if lora else share_read_flags(env, run_id, num_blocks=store.num_blocks)
             speed = SpeedMonitor.make(cfg, env, threads)
             speed.check()
             with failing("clock", rank=env.rank):
                 epoch_s, clock = zlanes.clock_epoch(env)
-            spans = SpanWriter(Path(cfg.logging.trace), env.rank) if cfg.logging.trace else None
+            spans = _TraceFile(Path(cfg.logging.trace), env.rank) if cfg.logging.trace else None
             trainer = trainer_class(cfg.workload)(
                 cfg=cfg, env=env, parts=parts, store=store, source=source,
                 lanes=zlanes.make_lanes(env, epoch_s=epoch_s, spans=spans), flags=flags, speed=speed)
@@ -102,6 +108,18 @@ def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
     finally:
         if owned is not None:
             owned.unlock()
+
+
+class _TraceFile(SpanWriter):
+    """A rank's span file whose refused write (a full disk) is one line naming it."""
+
+    def flush(self) -> None:
+        with writing(self.path, what="the trace"):
+            super().flush()
+
+    def close(self) -> None:
+        with writing(self.path, what="the trace"):
+            super().close()
 
 
 def _agreed_z(cfg: RunConfig, env: zgroups.DistEnv) -> dict:

@@ -16,7 +16,7 @@ ZoError with the numbers.
 A local launch's ranks meet through a file in a private temporary folder and talk over
 the loopback interface only (zoexec.runtime.groups.rendezvous). Each runs in its own process
 group and dies with the launcher, even a SIGKILLed one (zoexec.runtime.procwatch). The launcher
-forwards SIGINT / SIGTERM to them once and waits up to --stop-grace-s while they
+forwards SIGINT / SIGTERM / SIGHUP to them once and waits up to --stop-grace-s while they
 save a snapshot; a second signal kills them. A rank that fails reports a one-line
 reason; the launcher stops the others, removes the run's files and raises one line
 naming the rank that failed first and what happened (zoexec.launch.failures.job_failure):
@@ -29,10 +29,12 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
+import tempfile
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from zoexec.launch import failures
 from zoexec.launch.preflight import preflight
@@ -61,7 +63,7 @@ class RankFailure(Exception):
 
 
 class Stopped(RankFailure):
-    """The run was stopped on purpose (SIGINT, SIGTERM): exit 130 or 143."""
+    """The run was stopped on purpose (SIGINT, SIGTERM, SIGHUP): exit 130, 143 or 129."""
 
 
 # ---- running ---------------------------------------------------------------------------------
@@ -74,14 +76,36 @@ def run(cfg, *, checked=None) -> None:
             run_torchrun_rank(cfg, place)
         return
     sweep_stale_files(cfg.runtime.shm_dir)   # before preflight: stale files hold memory it counts as used
-    if cfg.layout.world_size == 1:   # one rank: no process to start, no forkserver
-        run_in_process(cfg, checked=checked)
-        return
-    preflight(cfg)
-    if checked:
-        checked()
-    with undone_on_failure(cfg):   # a new run that failed before a step: its folder goes
-        spawn_local(cfg)
+    with private_folder() as rendezvous:
+        if cfg.layout.world_size == 1:   # one rank: no process to start, no forkserver
+            run_in_process(cfg, checked=checked, rendezvous=rendezvous)
+            return
+        preflight(cfg)
+        if checked:
+            checked()
+        with undone_on_failure(cfg):   # a new run that failed before a step: its folder goes
+            spawn_local(cfg, rendezvous=rendezvous)
+
+
+@contextmanager
+def private_folder():
+    """A local launch's private temporary folder (shmfiles.rendezvous_dir: named after
+    this process, so that `zoexec clean` finds it if the launch is killed): the ranks'
+    rendezvous file, and every temporary file or folder the launch and its ranks make
+    (the data library's cache: tempfile's folder is this one while the block runs);
+    removed at the end, or by a stop signal (procwatch.stop_at_once)."""
+    from multiprocessing import util
+
+    util.get_temp_dir()   # multiprocessing's own (the forkserver's socket) stays where it was
+    rendezvous = shmfiles.rendezvous_dir()
+    previous = tempfile.tempdir
+    tempfile.tempdir = str(rendezvous)
+    try:
+        with procwatch.undone_on_stop(lambda: shutil.rmtree(rendezvous, ignore_errors=True)):
+            yield rendezvous
+    finally:
+        tempfile.tempdir = previous
+        shutil.rmtree(rendezvous, ignore_errors=True)
 
 
 def sweep_stale_files(directory=None) -> None:
@@ -138,18 +162,22 @@ class RankLink:
     launcher: ProcessId
 
 
-def spawn_local(cfg) -> None:
-    """Start the plan's ranks on this machine and wait; the first failure stops all."""
+def spawn_local(cfg, *, rendezvous: Path | None = None) -> None:
+    """Start the plan's ranks on this machine and wait; the first failure stops all.
+    `rendezvous`: the launch's private folder (private_folder; None: one of its own)."""
+    if rendezvous is None:
+        with private_folder() as rendezvous:
+            return spawn_local(cfg, rendezvous=rendezvous)
     cfg = replace(cfg, run_id=cfg.run_id if cfg.run_id not in ("", "run") else uuid.uuid4().hex[:12])
     sweep_stale_files(cfg.runtime.shm_dir)
     ctx = _context(cfg.plan["model"]["spec"]["family"], cfg.runtime.start_method)
     world = cfg.layout.world_size
-    rendezvous = shmfiles.rendezvous_dir()
     link = RankLink(launcher=ProcessId.me())
     procs: list = []
     reasons: list = []   # one pipe per rank (a queue's semaphores would outlive a SIGKILL)
     try:
-        with procwatch.stop_signals(procs, grace_s=cfg.runtime.stop_grace_s) as stop:
+        with procwatch.undone_on_stop(lambda: _remove(cfg)), \
+                procwatch.stop_signals(procs, grace_s=cfg.runtime.stop_grace_s) as stop:
             for rank in range(world):
                 if stop.signum is not None:
                     break
@@ -165,9 +193,13 @@ def spawn_local(cfg) -> None:
             outcome = procwatch.supervise(procs, stop)
     finally:
         procwatch.end_all(procs)
-        remove_run_files(cfg.run_id, directory=cfg.runtime.shm_dir)
-        shutil.rmtree(rendezvous, ignore_errors=True)
+        _remove(cfg)
     _raise_failure(outcome, _reports(reasons))
+
+
+def _remove(cfg) -> None:
+    """A run's shared-memory files (its rendezvous folder: private_folder's)."""
+    remove_run_files(cfg.run_id, directory=cfg.runtime.shm_dir)
 
 
 def _context(family: str, method: str):
@@ -207,9 +239,10 @@ def _raise_failure(outcome, reports: list) -> None:
 
 def _rank_entry(cfg, place, reasons, link: RankLink) -> None:
     """Body of a spawned rank: run, or report a one-line reason and exit non-zero. The
-    engine handles SIGINT / SIGTERM (rank_main); the rank dies with its launcher."""
+    engine handles SIGINT / SIGTERM / SIGHUP (rank_main); the rank dies with its launcher."""
     procwatch.become_rank(place.rank)
     shmfiles.set_owner(link.launcher)
+    tempfile.tempdir = str(Path(place.init_file).parent)   # the launch's private folder
 
     procwatch.die_with(link.launcher, what=f"rank {place.rank}" if place.local_rank == 0 else None,
                        cleanup=lambda: shmfiles.remove_owner_files(link.launcher,
@@ -247,10 +280,11 @@ def _debug_traceback(debug: bool) -> None:
 # ---- the command line's configuration ------------------------------------------------------
 
 
-def run_in_process(cfg, *, checked=None) -> list:
+def run_in_process(cfg, *, checked=None, rendezvous: Path | None = None) -> list:
     """Run a one-rank plan in this process (`zoexec run` of a one-rank plan, tests,
     benchmarks); returns the StepRecords. A failure that is not the user's is a
-    RankFailure with its one-line reason, as from a spawned rank; a stop is Stopped."""
+    RankFailure with its one-line reason, as from a spawned rank; a stop is Stopped.
+    `rendezvous`: the launch's private folder (None: one of its own)."""
     from zoexec.launch.rank import rank_main
 
     if cfg.layout.world_size != 1:
@@ -259,7 +293,7 @@ def run_in_process(cfg, *, checked=None) -> list:
     preflight(cfg)
     if checked:
         checked()
-    with undone_on_failure(cfg), one_rank(cfg) as (cfg, place):
+    with undone_on_failure(cfg), one_rank(cfg, rendezvous=rendezvous) as (cfg, place):
         try:
             return rank_main(cfg, place)
         except (ZoError, KeyboardInterrupt):
@@ -269,16 +303,19 @@ def run_in_process(cfg, *, checked=None) -> list:
 
 
 @contextmanager
-def one_rank(cfg):
+def one_rank(cfg, *, rendezvous: Path | None = None):
     """A one-rank job in this process: (cfg with a fresh run id, its RankPlace on a
-    private file rendezvous); the run's shared-memory files and the rendezvous folder
-    are removed on the way out."""
+    private file rendezvous in `rendezvous`, private_folder's: None, one of its own);
+    the run's shared-memory files and the rendezvous folder are removed on the way out."""
+    if rendezvous is None:
+        with private_folder() as rendezvous, one_rank(cfg, rendezvous=rendezvous) as made:
+            yield made
+        return
     cfg = replace(cfg, run_id=uuid.uuid4().hex[:12])
-    rendezvous = shmfiles.rendezvous_dir()
     place = RankPlace(rank=0, local_rank=0, world_size=1, local_world_size=1,
                       init_file=f"{rendezvous}/store")
     try:
-        yield cfg, place
+        with procwatch.undone_on_stop(lambda: _remove(cfg)):
+            yield cfg, place
     finally:
-        remove_run_files(cfg.run_id, directory=cfg.runtime.shm_dir)
-        shutil.rmtree(rendezvous, ignore_errors=True)
+        _remove(cfg)

@@ -6,8 +6,10 @@ weights and these records rebuild the model exactly."""
 from __future__ import annotations
 
 import math
+import tempfile
 from array import array
 from dataclasses import asdict, dataclass
+from typing import BinaryIO
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,14 +97,19 @@ _FLOATS = ("loss_plus", "loss_minus", "g", "lr", "tokens_per_s", "step_time_s")
 
 class StepHistory:
     """The StepRecords of a run, kept as columns of numbers (72 bytes a step instead of
-    a record object's ~350), read back as StepRecords: what a long run holds of its
-    history stays small (10,000 steps: 0.7 MiB). A list's append, len, iteration and
-    indexing."""
+    a record object's ~350), read back as StepRecords. Only the last HELD steps stay in
+    memory: older ones go, HELD at a time, to an unnamed temporary file (the page
+    cache, not the process's memory), so a run of any length holds the same few
+    hundred KiB of its history. A list's append, len, iteration and indexing."""
+
+    HELD = 4096   # steps in memory; a block of this many is moved to the file at a time
 
     def __init__(self, records=()) -> None:
         self._ints = array("q")        # step, seed (63-bit), skipped: 3 per record
         self._floats = array("d")      # _FLOATS: 6 per record
         self._gs: dict[int, tuple[float, ...]] = {}   # q > 1 directions: each record's gs
+        self._moved = 0                # records in the file, in blocks of HELD
+        self._file: BinaryIO | None = None
         for record in records:
             self.append(record)
 
@@ -111,17 +118,43 @@ class StepHistory:
         self._floats.extend(getattr(record, name) for name in _FLOATS)
         if record.gs:
             self._gs[len(self) - 1] = tuple(record.gs)
+        if len(self._ints) == 3 * self.HELD:
+            self._move_block()
+
+    def _move_block(self) -> None:
+        """The HELD records in memory written to the end of the file, then let go."""
+        if self._file is None:
+            self._file = tempfile.TemporaryFile(prefix="zoexec-history-")
+        self._file.seek(0, 2)
+        self._file.write(self._ints.tobytes() + self._floats.tobytes())
+        self._ints, self._floats = array("q"), array("d")
+        self._moved += self.HELD
 
     def __len__(self) -> int:
-        return len(self._ints) // 3
+        return self._moved + len(self._ints) // 3
+
+    def _columns(self, index: int) -> tuple[list[int], list[float]]:
+        """Record `index`'s 3 integers and 6 floats, from memory or the file."""
+        if index >= self._moved:
+            at = index - self._moved
+            return list(self._ints[3 * at:3 * at + 3]), list(self._floats[6 * at:6 * at + 6])
+        assert self._file is not None, "records moved to no file"
+        block, at = divmod(index, self.HELD)
+        base = block * self.HELD * 72
+        ints, floats = array("q"), array("d")
+        self._file.seek(base + 24 * at)
+        ints.frombytes(self._file.read(24))
+        self._file.seek(base + 24 * self.HELD + 48 * at)
+        floats.frombytes(self._file.read(48))
+        return list(ints), list(floats)
 
     def __getitem__(self, index: int) -> StepRecord:
         count = len(self)
         if not -count <= index < count:
             raise IndexError("step history index out of range")
         index %= count
-        step, seed, skipped = self._ints[3 * index:3 * index + 3]
-        values = dict(zip(_FLOATS, self._floats[6 * index:6 * index + 6], strict=True))
+        (step, seed, skipped), floats = self._columns(index)
+        values = dict(zip(_FLOATS, floats, strict=True))
         return StepRecord(step=step, seed=seed, skipped=bool(skipped),
                           gs=self._gs.get(index, ()), **values)
 

@@ -51,6 +51,7 @@ from zoexec.maths.zo import RESIDENT_BLOCK, mix_seed
 from zoexec.model import gemma, gpt2, gptneox, llama, mistral, opt, qwen2, qwen3
 from zoexec.model.adapter import Adapter
 from zoplan.errors import ZoError
+from zoplan.modeldir import weight_files
 from zoplan.models import UNSUPPORTED
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -418,6 +419,7 @@ def build_hf_model(spec_or_config, *, init: str = "random", seed: int = 0,
         init_model_random(model, seed)
         model = cast_keeping_fp32_buffers(model, torch_dtype(dtype))
     else:
+        weight_files(init)   # every shard inside the folder (transformers would open any)
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 str(init), local_files_only=True, attn_implementation=attn_implementation,

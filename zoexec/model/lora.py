@@ -26,6 +26,7 @@ reads them back.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import warnings
@@ -41,6 +42,7 @@ from zoexec.model.families import TensorSpec, make_specs
 from zoexec.model.saved import check_saved, model_fingerprint
 from zoplan.errors import ZoError, first_line
 from zoplan.io import loads_strict, need_folder
+from zoplan.modeldir import weight_files
 
 LORA_TAG = 0x4C6F5241            # "LoRA": the adapters' init seeds, apart from init_seed's
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -172,7 +174,10 @@ def write_peft_folder(folder: Path, tensors: dict, config, *, state=None,
     from zoexec.model.export import copy_tokenizer
 
     with atomic_folder(Path(folder)) as tmp:
-        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        except Exception as exc:   # safetensors' own error, even for a full disk: an OSError
+            raise OSError(errno.EIO, f"{ADAPTER_WEIGHTS}: {first_line(exc)}") from exc
         config.save_pretrained(str(tmp))
         copy_tokenizer(tokenizer_from, tmp)
         if state is not None:
@@ -305,8 +310,8 @@ def merge_adapters(adapter_dir: Path, base_dir: Path, out_dir: Path, *,
         with atomic_folder(Path(out_dir)) as tmp:
             merged.save_pretrained(str(tmp))
             copy_tokenizer(Path(base_dir), tmp)
-    except OSError as exc:
-        raise ZoError(f"cannot write {out_dir}: {exc.strerror or exc}") from None
+    except Exception as exc:   # safetensors raises its own error for a full disk
+        raise ZoError(f"cannot write {out_dir}: {getattr(exc, 'strerror', None) or first_line(exc)}") from None
     return Path(out_dir)
 
 
@@ -326,6 +331,7 @@ def check_merge(adapter_dir: Path, base_dir: Path, *, accept_other_base: bool) -
                       f"or evaluate it with zoexec eval {adapter_dir}")
     if not (base_dir / "config.json").is_file():
         raise ZoError(f"--base {base_dir}: not an HF model folder (no config.json)")
+    weight_files(base_dir)   # every shard inside the folder (transformers would open any)
     problem = check_saved(adapter_dir)
     if problem:
         raise ZoError(f"--merge {adapter_dir}: {problem}: the adapters are not as the run "

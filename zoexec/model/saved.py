@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 
 from zoplan.io import loads_strict, need_folder, sha256_file
+from zoplan.modeldir import index_files
 
 STATE = "state.json"
 
@@ -54,7 +55,8 @@ SAMPLES, SAMPLE_BYTES = 16, 1 << 16   # windows of each shard's bytes in its fin
 
 
 def model_fingerprint(folder: str | Path) -> str:
-    """sha256 of a model folder's config.json and, for each safetensors file, its name,
+    """sha256 of a model folder's config.json and, for each safetensors file (those of
+    its index included, wherever inside the folder: zoplan.modeldir), its name,
     size, header (the tensors' names, shapes, dtypes and offsets) and SAMPLES windows
     of its bytes spread over the file: another size, layout or set of weights shows
     (new weights change every window), for about 1 MiB read a shard whatever its size."""
@@ -62,9 +64,14 @@ def model_fingerprint(folder: str | Path) -> str:
     digest = hashlib.sha256()
     config = folder / "config.json"
     digest.update(config.read_bytes() if config.is_file() else b"")
-    for path in sorted(folder.glob("*.safetensors")):
+    files = {path.name: path for path in folder.glob("*.safetensors")}
+    for shard in index_files(folder):   # shards in subfolders too (each inside the folder)
+        files.setdefault(str(shard.relative_to(folder)), shard)
+    for name, path in sorted(files.items()):
+        if not path.is_file():
+            continue
         size = path.stat().st_size
-        digest.update(f"\0{path.name}\0{size}\0".encode())
+        digest.update(f"\0{name}\0{size}\0".encode())
         digest.update(_safetensors_header(path, size))
         digest.update(_samples(path, size))
     return digest.hexdigest()

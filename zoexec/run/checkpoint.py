@@ -19,6 +19,7 @@ from pathlib import Path
 
 from zoexec.maths.history import StepRecord
 from zoexec.run.verify import history_digest
+from zoexec.run.writes import writing
 from zoplan.errors import ZoError
 from zoplan.io import loads_strict
 
@@ -44,17 +45,23 @@ class LossLog:
     def __init__(self, out_dir: Path, *, keep_bytes: int | None = None, history: str = "",
                  start_step: int = 0) -> None:
         self.path = Path(out_dir) / "losses.jsonl"
-        if keep_bytes is not None and self.path.is_file() \
-                and self.path.stat().st_size > keep_bytes:
-            with self.path.open("r+b") as handle:
-                handle.truncate(keep_bytes)
-        self._handle = open_own(self.path, "a")
+        with self._writing():
+            if keep_bytes is not None and self.path.is_file() \
+                    and self.path.stat().st_size > keep_bytes:
+                with self.path.open("r+b") as handle:
+                    handle.truncate(keep_bytes)
+            self._handle = open_own(self.path, "a")
         self._histories = {start_step - 1: history}   # the last two steps' digests
 
+    def _writing(self):
+        """A refused write (a full disk): one line naming the log (zoexec.run.writes)."""
+        return writing(self.path, what="the log", folder=self.path.parent)
+
     def append(self, record: StepRecord) -> None:
-        self._handle.write(_STRICT_JSON.encode(record.to_dict()) + "\n")
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        with self._writing():
+            self._handle.write(_STRICT_JSON.encode(record.to_dict()) + "\n")
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
         previous = self._histories[record.step - 1]
         self._histories = {record.step - 1: previous,
                            record.step: history_digest(previous, record.step, record.update)}
@@ -65,8 +72,13 @@ class LossLog:
         return self._histories[step]
 
     def close(self) -> None:
+        """Closed; a line a full disk refused is dropped (append said so; a torn line
+        is cut off at the resume)."""
         if not self._handle.closed:
-            self._handle.close()
+            try:
+                self._handle.close()
+            except OSError:
+                pass
 
 
 @dataclass(frozen=True, kw_only=True)

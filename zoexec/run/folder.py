@@ -62,6 +62,7 @@ from zoexec.run.verify import (
     unbound,
 )
 from zoexec.run.watch import BEST
+from zoexec.runtime.procwatch import undone_on_stop
 from zoplan import __version__
 from zoplan.errors import ZoError
 from zoplan.io import atomic_write_text, kind_of, load_json, loads_strict, sha256_json
@@ -112,33 +113,46 @@ class RunDir:
 
     # ---- ownership -----------------------------------------------------------------------
     def lock(self) -> None:
-        """Own the folder while the run is alive (ZoError if another run owns it)."""
+        """Own the folder while the run is alive (ZoError if another run owns it). The
+        lock file is unlinked only by its holder, before it lets go (`unlock`), so a lock
+        taken on a file that is no longer the one at the path (opened before its owner
+        unlinked it) is no lock: it is dropped and the path's file tried again."""
         self.path.mkdir(parents=True, exist_ok=True)
         self.check_own()
+        while self._lock is None:
+            handle = self._open_lock()
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                owner = handle.read().strip() or "?"
+                handle.close()
+                raise ZoError(f"{self.path} is in use by another run (pid {owner}); wait for it "
+                              f"or give another --out") from None
+            if not _same_file(handle, self.path / LOCK):   # unlinked by the owner meanwhile
+                handle.close()
+                continue
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            self._lock = handle
+
+    def _open_lock(self):
         try:
-            handle = os.fdopen(os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
-                                       0o666), "r+")
+            return os.fdopen(os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                                     0o666), "r+")
         except OSError as exc:
             raise ZoError(f"cannot lock {self.path / LOCK}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            owner = handle.read().strip() or "?"
-            handle.close()
-            raise ZoError(f"{self.path} is in use by another run (pid {owner}); wait for it "
-                          f"or give another --out") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        self._lock = handle
 
     def unlock(self) -> None:
+        """Let go of the folder: the lock file is unlinked while still held (whoever
+        opened it meanwhile finds it gone once it gets the lock, and tries again)."""
         if self._lock is not None:
+            if _same_file(self._lock, self.path / LOCK):
+                (self.path / LOCK).unlink(missing_ok=True)
             self._lock.close()
             self._lock = None
-            (self.path / LOCK).unlink(missing_ok=True)
 
     def check_free(self) -> None:
         """ZoError if a live run owns the folder (the lock is taken and released), or
@@ -205,15 +219,11 @@ class RunDir:
         for name in {SNAPSHOTS, "runs"} - keep:
             _remove_if_empty(self.path / name)
 
-    def discard(self, *, existed: bool, before: set[str]) -> None:
+    def discard(self, *, before: set[str]) -> None:
         """Undo a new run that failed before its first step: the files it wrote (not
-        those in `before`: there when it started), and the folder itself when the run
-        created it and it is empty now."""
+        those in `before`: there when it started). Called holding the lock; the folder
+        itself goes after `unlock` when the run created it (undone_on_failure)."""
         self.clear(keep=before)
-        if LOCK not in before:
-            (self.path / LOCK).unlink(missing_ok=True)
-        if not existed:
-            _remove_if_empty(self.path)
 
     # ---- identity ------------------------------------------------------------------------
     def write_identity(self, cfg, plan_sha256: str, *, z: dict | None = None) -> None:
@@ -502,22 +512,45 @@ def extend(ident: dict, *, steps: int, start_step: int, new_schedule: bool) -> t
 @contextmanager
 def undone_on_failure(cfg):
     """A new run's folder removed again when the run fails before its first step is
-    logged (a rank's error, a bad shard, a full store): the same command can run again."""
+    logged (a rank's error, a bad shard, a full store, a stop signal: `undo` is what
+    zoexec.runtime.procwatch.stop_at_once runs): the same command can run again."""
     out = cfg.checkpoint.out if cfg is not None else None
     existed = out is not None and Path(out).exists()
     before = RunDir(out).present() if existed else set()
     try:
-        yield
+        with undone_on_stop(lambda: _undo(cfg, existed=existed, before=before)):
+            yield
     except BaseException:
-        if out is not None and not cfg.resumed:
-            rundir = RunDir(out)
-            try:
-                rundir.check_free()   # not another run's folder
-                if not read_log_checked(rundir.log_path).records and not rundir.snapshots():
-                    rundir.discard(existed=existed, before=before)
-            except (OSError, ZoError):
-                pass
+        _undo(cfg, existed=existed, before=before)
         raise
+
+
+def _undo(cfg, *, existed: bool, before: set[str]) -> None:
+    """Remove what a new run wrote in its folder if it logged no step (undone_on_failure)."""
+    out = cfg.checkpoint.out if cfg is not None else None
+    if out is None or cfg.resumed:
+        return
+    rundir = RunDir(out)
+    try:
+        rundir.lock()   # not another run's folder; held while its files go
+        try:
+            if not read_log_checked(rundir.log_path).records and not rundir.snapshots():
+                rundir.discard(before=before)
+        finally:
+            rundir.unlock()
+            if not existed:
+                _remove_if_empty(rundir.path)
+    except (OSError, ZoError):
+        pass
+
+
+def _same_file(handle, path: Path) -> bool:
+    """Whether the open `handle` is the file at `path` now (not unlinked, not replaced)."""
+    try:
+        mine, there = os.fstat(handle.fileno()), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _remove_if_empty(folder: Path) -> None:

@@ -35,17 +35,17 @@ from zoexec.run.agree import check_nodes
 from zoexec.run.checkpoint import LossLog
 from zoexec.run.folder import FINAL, RunDir
 from zoexec.run.report import Reporter
-from zoexec.run.verify import binding, free_bytes
+from zoexec.run.verify import binding
 from zoexec.run.watch import BEST, BestMetric, Divergence
+from zoexec.run.writes import write_failed
 from zoexec.runtime.procwatch import StopRequest
 from zoexec.store.loading import fill_timeout_s
 from zoexec.store.node import monitored_barrier
 from zoexec.train.engine import Trainer
 from zoplan.errors import ZoError
-from zoplan.memory import fmt_bytes
 
 MAX_SKIPS = 10
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}   # SIGHUP: as SIGTERM
 
 
 class RunStopped(Exception):
@@ -163,13 +163,17 @@ class TrainLoop:
             record = StepRecord(**{**record.__dict__, "skipped": True})
             self.trainer.set_pending(record)
             return record
-        if self.log:
+        first = record.step == self.cfg.start_step
+        if self.log and not (first and not self.cfg.resumed):   # a new run's first: undone whole
             self.log.append(record)
         self.trainer.set_pending(record)   # nothing: a non-finite update is never applied
-        saved = self.snapshot(record.step - 1) if record.step > self.cfg.start_step else None
+        saved = self.snapshot(record.step - 1) if not first else None
         hint = (f"; {self.skips} in a row" if self.cfg.optim.on_nonfinite == "skip"
                 else "; --on-nonfinite skip would skip such steps")
-        raise RunStopped(f"{what}: stopped without applying it{self._where(saved)}{hint}", 1)
+        where = self._where(saved) if saved is not None or self.rundir is None else (
+            f"; nothing new saved in {self.rundir.path}" if self.cfg.resumed
+            else f"; nothing trained: {self.rundir.path} is removed again")
+        raise RunStopped(f"{what}: stopped without applying it{where}{hint}", 1)
 
     def _evaluate(self, step: int) -> None:
         """Evaluate after `step`; with --save-best, a better evaluation's weights as best/."""
@@ -286,10 +290,7 @@ class TrainLoop:
 
 def _write_failed(path: Path, exc: OSError) -> str:
     """A failed save in one line: the folder, why, and the free space where it was."""
-    free = free_bytes(path)
-    room = f"; {fmt_bytes(free)} free on its file system" if free is not None else ""
-    return (f"cannot write the weights to {path}: {exc.strerror or exc}{room} (the last "
-            f"snapshot before it is kept)")
+    return write_failed(path, exc, what="the weights to", tail=" (the last snapshot before it is kept)")
 
 
 def prepare_rundir(cfg, env, plan_sha256: str, *, z: dict) -> RunDir | None:

@@ -46,6 +46,7 @@ from pathlib import Path
 from zoexec.maths.history import StepHistory
 from zoexec.run.checkpoint import open_own
 from zoexec.run.trackers import MLFLOW_DIR, TRACKERS, WANDB_DIR, check_tracker, open_tracker
+from zoexec.run.writes import writing
 from zoplan.errors import ZoError
 
 METRICS = "metrics.jsonl"
@@ -248,7 +249,8 @@ class Reporter:
             self._totals_written = True
             self._write(self._totals())
         if self._metrics is not None:
-            self._metrics.close()
+            with contextlib.suppress(OSError):   # a line a full disk refused: _write said so
+                self._metrics.close()
             self._metrics = None
         if self._writer is not None:
             self._writer.close()
@@ -261,13 +263,16 @@ class Reporter:
     def _write(self, data: dict) -> None:
         if self.out is None:
             return
-        if self._metrics is None:
-            self._metrics = self._open_metrics()
-        clean = {k: _finite_or_none(v) for k, v in data.items()}
-        self._metrics.write(STRICT_JSON.encode(clean) + "\n")
-        self._metrics.flush()
+        with writing(self.out / METRICS, what="the metrics", folder=self.out):
+            if self._metrics is None:
+                self._metrics = self._open_metrics()
+            clean = {k: _finite_or_none(v) for k, v in data.items()}
+            self._metrics.write(STRICT_JSON.encode(clean) + "\n")
+            self._metrics.flush()
         if self.report_to == "tensorboard":
-            self._tensorboard(data)
+            with writing(self.out / TENSORBOARD_DIR, what="the TensorBoard events in",
+                         folder=self.out):
+                self._tensorboard(data)
         elif self.report_to in TRACKERS:
             if self._tracker is None:
                 self._tracker = open_tracker(self.report_to, self.cfg, self.out)

@@ -12,10 +12,9 @@
 - start_forkserver: the forkserver outlives a SIGTERM to the launcher's process group.
 - StopRequest / stop_signals: a process's stop signals. In a rank: remembered until
   the next step boundary (zoexec.run.loop). supervise, in the launcher: SIGINT, SIGTERM
-  (and SIGHUP, as SIGTERM)
-  are forwarded to the ranks once, with one line on stderr; the launcher then waits for
+  and SIGHUP (a closed terminal: a stop as SIGTERM's, exit 129) are forwarded to the ranks once, with one line on stderr; the launcher then waits for
   them up to a grace period (--stop-grace-s, 120 s: the engine saves a snapshot
-  at the next step boundary and exits 130 or 143) and kills what is left; a second
+  at the next step boundary and exits 130, 143 or 129) and kills what is left; a second
   signal kills at once. Without a stop, the first rank that exits non-zero ends the
   job: a stopped rank (SIGSTOP, a debugger) is SIGKILLed at once (a SIGTERM would stay
   pending), the others get a second to exit on their own (they report why), then
@@ -44,7 +43,7 @@ SETTLE_S = 1.0              # after a failure, the others' time to exit on their
 POLL_S = 0.2                # the launcher's wait between looks at a stop request
 WATCH_PERIOD_S = 1.0        # a rank's look at its launcher
 FORWARD = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
-           signal.SIGHUP: signal.SIGTERM}
+           signal.SIGHUP: signal.SIGHUP}   # a rank stops on SIGHUP as on SIGTERM, and says which
 SHIELDED = {signal.SIGTERM, signal.SIGHUP}   # blocked in the forkserver (start_forkserver)
 STOPPED_STATES = ("T", "t")  # /proc/<pid>/stat: stopped by a signal, stopped by a tracer
 
@@ -162,6 +161,50 @@ def start_forkserver() -> None:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+# ---- a stop before a run takes its signals -------------------------------------------------------
+_ON_STOP: list[Callable[[], object]] = []    # what stop_at_once removes, newest first
+
+
+@contextmanager
+def undone_on_stop(undo: Callable[[], object]) -> Iterator[None]:
+    """While the block runs, `undo` (the removal of what it made: a rendezvous folder, a
+    new run's folder) runs if a stop signal ends the process at once (stop_at_once)."""
+    _ON_STOP.append(undo)
+    try:
+        yield
+    finally:
+        _ON_STOP.remove(undo)
+
+
+def end_now(code: int, line: str) -> None:
+    """End this process at once from any thread: what the command made removed
+    (undone_on_stop), `line` said ("zoexec: <line>"), exit `code`."""
+    for undo in reversed(list(_ON_STOP)):
+        try:
+            undo()
+        except Exception:  # noqa: BLE001 - the others still go; `zoexec clean` finds the rest
+            pass
+    say(f"zoexec: {line}")
+    os._exit(code)
+
+
+def stop_at_once(signum: int, _frame: object = None) -> None:
+    """The handler of SIGINT, SIGTERM and SIGHUP while a command starts or ends (nothing
+    to save: no step ran, or the run is over): what the command made so far is removed
+    (undone_on_stop), one line names the signal (none for Ctrl-C) and the process exits
+    128 + the signal, at once. Nothing is raised: an exception thrown into whatever was
+    running (an import, a library's own handler) could be caught and go on, or leave a
+    module half imported for the code after it."""
+    for undo in reversed(list(_ON_STOP)):
+        try:
+            undo()
+        except Exception:  # noqa: BLE001 - the others still go; `zoexec clean` finds the rest
+            pass
+    if signum != signal.SIGINT:
+        say(f"zoexec: stopped by {signal.Signals(signum).name}")
+    os._exit(128 + signum)
 
 
 @dataclass(kw_only=True, eq=False)

@@ -25,7 +25,6 @@ store it holds them at 4 + 2 bytes per parameter for a moment.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -35,9 +34,8 @@ import torch
 
 from zoexec.model import families as zm
 from zoplan.errors import ZoError
+from zoplan.modeldir import INDEX_NAME, weight_files
 
-INDEX_NAME = "model.safetensors.index.json"
-SINGLE_NAME = "model.safetensors"
 IGNORED_SUFFIXES = (".inv_freq",)      # buffers some checkpoints carry: recomputed here
 READ_ELEMENTS = 1 << 22                # a checkpoint's tensors are read 4 Mi elements at a time
 
@@ -131,6 +129,22 @@ class Checkpoint:
                         dest.copy_(handle.get_tensor(self.name_of(name)))
                     else:
                         _read_rows(path, self.name_of(name), dest)
+                    check_finite(dest, name=self.name_of(name), path=path)
+
+
+def check_finite(weights: torch.Tensor, *, name: str, path: Path) -> None:
+    """ZoError naming the tensor and its file when `weights` (as read) hold a NaN or an
+    infinity: found as the checkpoint is read, before a step runs (a NaN weight would
+    make every loss NaN: a "diverged" first step, an evaluation with nothing to score)."""
+    if not weights.is_floating_point() or bool(torch.isfinite(weights).all()):
+        return
+    nans = int(torch.isnan(weights).sum())
+    infs = int(torch.isinf(weights).sum())
+    what = " and ".join(f"{count:,} {kind}" for count, kind in ((nans, "NaN"), (infs, "infinite"))
+                        if count)
+    raise ZoError(f"checkpoint {path}: tensor {name} holds {what} value"
+                  f"{'s' if nans + infs > 1 else ''} (of {weights.numel():,}): the model's "
+                  f"weights are damaged; nothing was trained or written")
 
 
 def _read_rows(path: Path, name: str, dest: torch.Tensor) -> None:
@@ -146,32 +160,6 @@ def _read_rows(path: Path, name: str, dest: torch.Tensor) -> None:
         stop = min(rows, start + step)
         with safe_open(str(path), framework="pt", backend="mmap") as handle:
             dest[start:stop].copy_(handle.get_slice(name)[start:stop])
-
-
-def weight_files(folder: Path) -> dict[Path, set[str] | None]:
-    """{safetensors file: the names the index puts there (None: a single file)}; a
-    ZoError for a folder without safetensors weights or with shards missing (cheap:
-    what preflight can check before any rank starts)."""
-    index = folder / INDEX_NAME
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ZoError(f"{index} is not a safetensors index ({exc})") from None
-        files: dict[Path, set[str] | None] = {}
-        for name, file in weight_map.items():
-            files.setdefault(folder / file, set()).add(name)
-        absent = sorted(p.name for p in files if not p.is_file())
-        if absent:
-            raise ZoError(f"checkpoint {folder}: {len(absent)} of the {len(files)} shards in "
-                          f"{INDEX_NAME} are missing, the first {absent[0]}")
-        return files
-    if (folder / SINGLE_NAME).is_file():
-        return {folder / SINGLE_NAME: None}
-    if any(folder.glob("pytorch_model*.bin")):
-        raise ZoError(f"{folder} holds only pytorch_model*.bin weights; convert them to "
-                      f"safetensors (load the model with transformers and save_pretrained it)")
-    raise ZoError(f"{folder} has neither {SINGLE_NAME} nor {INDEX_NAME}")
 
 
 # ---- the source of a model's weights ------------------------------------------------------------

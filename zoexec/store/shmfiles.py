@@ -45,6 +45,7 @@ _NAME = re.compile(r"^zoexec-(?P<run>.+)-o(?P<machine>[0-9a-f]{8})\.(?P<pid>\d+)
                    r"-n\d+(-[a-z]+)?$")
 RDZV_DIR = Path(tempfile.gettempdir())
 RDZV_PREFIX = "zoexec-rdzv-"
+DATA_PREFIX = "zoexec-data-"   # the data library's cache (zoexec.data.records), inside a launch's folder
 _RDZV_NAME = re.compile(r"^zoexec-rdzv-o(?P<machine>[0-9a-f]{8})\.(?P<pid>\d+)\.(?P<start>\d+)-")
 STALE, LIVE, FOREIGN, UNOWNED = "stale", "live", "foreign", "unowned"
 
@@ -134,15 +135,21 @@ class ShmFile:
 
 
 def scan(directory: Path | str | None = None) -> list[ShmFile]:
-    """Every zoexec file in `directory` (default SHM_DIR) and every rendezvous folder
-    in RDZV_DIR, by name."""
+    """Every zoexec file in `directory` (default SHM_DIR), every rendezvous folder in
+    RDZV_DIR (a launch's private folder: its temporary files inside), by name, and the
+    data library's cache folders an older zoexec, or a rank under torchrun, left there
+    (zoexec-data-*: no owner in their names, listed, never removed)."""
     found = []
     for path in sorted(shm_dir(directory).glob(f"{PREFIX}*")):
         found.append(_judge(path, _NAME.match(path.name), _allocated(path)))
     for path in sorted(RDZV_DIR.glob(f"{RDZV_PREFIX}*")):
         match = _RDZV_NAME.match(path.name)
         if match is not None:      # a folder without an owner is no business of ours
-            found.append(_judge(path, match, sum(_allocated(p) for p in path.glob("*"))))
+            found.append(_judge(path, match, sum(_allocated(p) for p in path.rglob("*"))))
+    for path in sorted(RDZV_DIR.glob(f"{DATA_PREFIX}*")):
+        if path.is_dir() and not path.is_symlink():
+            found.append(ShmFile(path=path, nbytes=sum(_allocated(p) for p in path.rglob("*")),
+                                 state=UNOWNED))
     return [item for item in found if item.nbytes >= 0]
 
 

@@ -26,9 +26,11 @@ import dataclasses
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from zoplan.errors import ZoError
 from zoplan.execrules import STEADY_RUN_S, steps_for_seconds
+from zoplan.layout import Layout
 from zoplan.plan import Plan
 from zoplan.trace import KINDS, Span
 
@@ -112,7 +114,7 @@ class Calibration:
         """Kinds ordered by how much of the busy-time gap they explain."""
         return sorted(self.rows, key=lambda r: abs(r.gap_s), reverse=True)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         drift = None if self.drift is None else {
             **dataclasses.asdict(self.drift),
             "adjusted_error_pct": error_pct(self.drift.adjusted_pred_s, self.meas_step_s)
@@ -131,17 +133,17 @@ def error_pct(predicted: float, measured: float) -> float:
     return 100.0 * (predicted - measured) / measured
 
 
-def collective_group(span: Span, layout) -> tuple:
+def collective_group(span: Span, layout: Layout) -> tuple[str, int, int, int]:
     """Key of the collective a span belongs to (members share it)."""
     if span.kind == "allgather":
         return ("allgather", span.step, span.block, layout.slice_group_of(span.rank))
     return ("allreduce", span.step, span.block, 0)
 
 
-def effective_spans(spans: list[Span], layout) -> list[Span]:
+def effective_spans(spans: list[Span], layout: Layout) -> list[Span]:
     """Collective spans start when the last member of their group arrived (the rest of
     the span was waiting); other spans are unchanged."""
-    latest: dict[tuple, float] = {}
+    latest: dict[tuple[str, int, int, int], float] = {}
     for s in spans:
         if s.kind in COLLECTIVES:
             key = collective_group(s, layout)
@@ -160,7 +162,8 @@ def step_span(spans: list[Span]) -> float:
     return max(s.end_s for s in spans) - min(s.start_s for s in spans)
 
 
-def _busy_by_kind(spans: list[Span]) -> tuple[dict, dict, dict, int]:
+def _busy_by_kind(spans: list[Span]) -> tuple[dict[str, float], dict[str, float],
+                                               dict[str, list[float]], int]:
     """Per kind: tasks per rank, busy time per rank, durations; and the rank count."""
     ranks = len({s.rank for s in spans}) or 1
     count: dict[str, float] = defaultdict(float)
@@ -188,7 +191,7 @@ def compare(plan: Plan, spans: list[Span], *, skip: int = 1) -> Calibration:
         raise ZoError("the plan has no predicted spans to compare with")
     pred_step = plan.step_time_s
     p_count, p_busy, p_durs, _ = _busy_by_kind(predicted)
-    by_step = defaultdict(list)
+    by_step: dict[int, list[Span]] = defaultdict(list)
     for s in effective_spans([s for s in spans if s.step in kept], layout):
         by_step[s.step].append(s)
     per_step = {t: _busy_by_kind(by_step[t]) for t in kept}
@@ -214,7 +217,7 @@ def compare(plan: Plan, spans: list[Span], *, skip: int = 1) -> Calibration:
                        node_spread=node_spread(by_step, layout))
 
 
-def node_spread(by_step: dict, layout) -> float | None:
+def node_spread(by_step: dict[int, list[Span]], layout: Layout) -> float | None:
     """Standard deviation over mean of the nodes' own step times (module docstring);
     None on one node."""
     if layout.nodes < 2:
@@ -245,7 +248,7 @@ def _waiting_row(rows: list[KindRow], pred_step: float, step_times: list[float])
 
 def _period(spans: list[Span], kept: list[int]) -> float | None:
     """Median time from one step's first span to the next one's (None with < 2 steps)."""
-    starts = {}
+    starts: dict[int, float] = {}
     for s in spans:
         starts[s.step] = min(starts.get(s.step, s.start_s), s.start_s)
     gaps = [starts[t + 1] - starts[t] for t in kept if t + 1 in starts]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+from typing import Any
 
 from zoplan.calibrate.compare import Drift
 from zoplan.calibrate.refit import resimulate
@@ -46,13 +47,13 @@ def drifted_profile(profile: HardwareProfile, *, gemm: float, memory: float,
     return HardwareProfile.from_dict(data, origin="drifted profile")
 
 
-def machine_drift(profile: HardwareProfile | None, meta: dict,
+def machine_drift(profile: HardwareProfile | None, meta: dict[str, Any],
                   plan: Plan | None = None) -> Drift | None:
     """None unless both the profile and the trace carry comparable speed checks."""
     then = (profile.extra.get("speed_check") if profile is not None else None) or {}
     checks = [c for c in meta.get("speed_check") or [] if isinstance(c, dict)]
     names = SPEED_CHECK_KINDS
-    if not then or not checks:
+    if profile is None or not then or not checks:
         return None
     for c in checks:   # another reference shape or thread count: not comparable
         if c.get("threads") != then.get("threads") or any(

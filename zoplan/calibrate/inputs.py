@@ -5,6 +5,7 @@ figures). Each finding is a warning, not an error."""
 from __future__ import annotations
 
 from importlib import metadata
+from typing import Any
 
 from zoplan import __version__
 from zoplan.errors import ZoError
@@ -13,9 +14,9 @@ from zoplan.io import sha256_json
 from zoplan.plan import Plan
 
 
-def this_machine_versions() -> dict:
+def this_machine_versions() -> dict[str, str | None]:
     """Installed versions (read from package metadata: torch is not imported)."""
-    out = {"zoplan": __version__}
+    out: dict[str, str | None] = {"zoplan": __version__}
     for package in ("torch", "transformers"):
         try:
             out[package] = metadata.version(package)
@@ -36,7 +37,7 @@ def version_drift(profile: HardwareProfile) -> list[str]:
     return out
 
 
-def check_inputs(plan: Plan, meta: dict, profile: HardwareProfile | None) -> list[str]:
+def check_inputs(plan: Plan, meta: dict[str, Any], profile: HardwareProfile | None) -> list[str]:
     warnings = []
     traced = meta.get("plan_sha256")
     actual = sha256_json(plan.data)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from typing import Any
 
 from zoplan.errors import ZoError
 from zoplan.models import one_block_config, spec_from_hf_config
@@ -35,6 +36,8 @@ from zoplan.pricing.compute import (
 )
 from zoplan.pricing.zo import zo_pass_bytes  # the one formula of a pass's bytes
 
+# a timed GPU forward and its (attention, element-wise) HBM bytes: gpu_point_bytes
+_Point = tuple[dict[str, Any], float, float]
 SHARE_THRESHOLD = 0.75        # two GPUs share an uplink when each gets < 75% of alone
 
 
@@ -96,7 +99,7 @@ def _wls_nonneg(columns: list[list[float]], ts: list[float], *,
     return best
 
 
-def fit_compute(points: list[dict], *, mem_gbps: float) -> dict:
+def fit_compute(points: list[dict[str, Any]], *, mem_gbps: float) -> dict[str, Any]:
     """Least-squares fit (relative error) of the profile's forward-time model
     t = overhead [+ rope_overhead for Llama-family blocks]
         + max(flops / (peak * m / (m + m_half)), weight_bytes / mem_gbps)
@@ -125,7 +128,7 @@ def fit_compute(points: list[dict], *, mem_gbps: float) -> dict:
 FREE_TFLOPS = 1e4
 
 
-def _fit_at(points: list[dict], m_half: float, mem_gbps: float) -> dict | None:
+def _fit_at(points: list[dict[str, Any]], m_half: float, mem_gbps: float) -> dict[str, Any] | None:
     ts = [p["median_s"] for p in points]
     gemm = [p["flops"] * (p["tokens"] + m_half) / p["tokens"] for p in points]
     attn = [p.get("attn_flops", 0.0) for p in points]
@@ -137,7 +140,7 @@ def _fit_at(points: list[dict], m_half: float, mem_gbps: float) -> dict | None:
     extra = [col for _, col in named]
     mem = [p["weight_bytes"] / (mem_gbps * 1e9) for p in points]
     keep = list(range(len(points)))
-    coef = None
+    coef: list[float] | None = None
     for _ in range(4):  # leave out the points whose memory term wins, refit
         cols = [[1.0] * len(keep), [gemm[i] for i in keep]] + [[c[i] for i in keep] for c in extra]
         coef = _wls_nonneg(cols, [ts[i] for i in keep])
@@ -147,6 +150,7 @@ def _fit_at(points: list[dict], m_half: float, mem_gbps: float) -> dict | None:
         if nxt == keep or len(nxt) < 2 + len(extra):
             break
         keep = nxt
+    assert coef is not None   # the loop ran, and returned on a failed fit
     o, a, *rest = coef
     if a <= 0:
         return None
@@ -168,7 +172,7 @@ def _fit_at(points: list[dict], m_half: float, mem_gbps: float) -> dict | None:
     return out
 
 
-def fit_z(draws: list[dict], *, chunk_us: float = 0.0) -> dict:
+def fit_z(draws: list[dict[str, Any]], *, chunk_us: float = 0.0) -> dict[str, Any]:
     """z_call_us and z_ns_per_elem from z draws of several blocks, less the busiest
     thread's chunks x chunk_us: time = call + elements x ns (non-negative least
     squares, relative error)."""
@@ -187,7 +191,7 @@ GPU_RATES = {"bf16": "peak_tflops", "tf32": "tf32_tflops", "fp32": "fp32_tflops"
 PRECISION_BYTES = {"bf16": 2, "fp16": 2, "tf32": 4, "fp32": 4}
 
 
-def gpu_point_bytes(point: dict) -> tuple[float, float]:
+def gpu_point_bytes(point: dict[str, Any]) -> tuple[float, float]:
     """(attention, element-wise) HBM bytes of a timed GPU forward (its block:
     zoplan.models.one_block_config; zoplan.pricing.compute.gpu_block_bytes, the
     element-wise outputs a GPU writes: gpu_elems_per_token)."""
@@ -199,7 +203,7 @@ def gpu_point_bytes(point: dict) -> tuple[float, float]:
                            dtype_bytes=PRECISION_BYTES[point["precision"]])
 
 
-def fit_gpu_compute(points: list[dict], *, hbm_gbps: float) -> dict:
+def fit_gpu_compute(points: list[dict[str, Any]], *, hbm_gbps: float) -> dict[str, Any]:
     """Least-squares fit (relative error) of the GPU forward model to forwards timed in
     bf16, fp32 with TF32 ("tf32") and fp32 ("fp32"): t = max(launches, device work)
     (zoplan.pricing.compute.gpu_forward_alone_s of gpu_forward_terms): one GEMM rate
@@ -225,7 +229,7 @@ def fit_gpu_compute(points: list[dict], *, hbm_gbps: float) -> dict:
     return best
 
 
-def _gpu_fit_at(work: list[tuple], m_half: float, hbm_gbps: float) -> dict | None:
+def _gpu_fit_at(work: list[_Point], m_half: float, hbm_gbps: float) -> dict[str, Any] | None:
     """The best split of the points into launch-bound and device-bound at this m_half."""
     ts = [p["median_s"] for p, _, _ in work]
     order = sorted(range(len(work)), key=lambda i: ts[i])
@@ -244,7 +248,7 @@ def _gpu_fit_at(work: list[tuple], m_half: float, hbm_gbps: float) -> dict | Non
     return best
 
 
-def _gpu_device_s(point: tuple, inv_rate: float, m_half: float, hbm_gbps: float) -> float:
+def _gpu_device_s(point: _Point, inv_rate: float, m_half: float, hbm_gbps: float) -> float:
     """A forward's device seconds with 1 / rate `inv_rate` (s per FLOP)."""
     p, attn_bytes, elem_bytes = point
     return sum(gpu_forward_terms({"m_half_tokens": m_half, "overhead_us": 0.0},
@@ -254,7 +258,7 @@ def _gpu_device_s(point: tuple, inv_rate: float, m_half: float, hbm_gbps: float)
                                  weight_bytes=p["weight_bytes"], tokens=p["tokens"]))
 
 
-def _gpu_rates(work: list[tuple], device: list[int], m_half: float,
+def _gpu_rates(work: list[_Point], device: list[int], m_half: float,
                hbm_gbps: float) -> dict[str, float] | None:
     """1 / rate per precision (s per FLOP) fitted to the device-bound points, refitted
     while points change sides of their rooflines (weights or attention memory-bound)."""
@@ -286,20 +290,20 @@ def _gpu_rates(work: list[tuple], device: list[int], m_half: float,
     return rate
 
 
-def _gpu_fit_figures(work: list[tuple], o: float, rate: dict[str, float], m_half: float,
-                     hbm_gbps: float) -> dict:
+def _gpu_fit_figures(work: list[_Point], o: float, rate: dict[str, float], m_half: float,
+                     hbm_gbps: float) -> dict[str, Any]:
     """The fit's figures and its residuals over every point, t = max(launches, device)."""
     model = [gpu_forward_alone_s(o, _gpu_device_s(w, rate[w[0]["precision"]], m_half, hbm_gbps))
              for w in work]
     resid = [100.0 * (m - p["median_s"]) / p["median_s"] for m, (p, _, _) in zip(model, work)]
-    out = {GPU_RATES[d]: 1.0 / inv / 1e12 for d, inv in rate.items()}
+    out: dict[str, Any] = {GPU_RATES[d]: 1.0 / inv / 1e12 for d, inv in rate.items()}
     out.update({"overhead_us": o * 1e6, "m_half_tokens": m_half, "hbm_gbps": hbm_gbps,
                 "rel_rms_pct": math.sqrt(sum(r * r for r in resid) / len(resid)),
                 "residuals_pct": [round(r, 2) for r in resid]})
     return out
 
 
-def fit_gpu_z(draws: list[dict]) -> dict:
+def fit_gpu_z(draws: list[dict[str, Any]]) -> dict[str, Any]:
     """z_launch_us and z_ns_per_elem from GPU z draws of blocks of few large and many
     small tensors: time = launches x z_launch_us + elements x z_ns_per_elem
     (non-negative least squares, relative error)."""
@@ -311,7 +315,7 @@ def fit_gpu_z(draws: list[dict]) -> dict:
     return {"z_launch_us": coef[0] * 1e6, "z_ns_per_elem": coef[1] * 1e9}
 
 
-def hbm_from_passes(passes: list[dict]) -> dict:
+def hbm_from_passes(passes: list[dict[str, Any]]) -> dict[str, Any]:
     """device.hbm_gbps from the timed zo passes (apply_update, perturb_into) with a
     16-bit and an fp32 store: each pass's bytes (zoplan.pricing.zo.zo_pass_bytes) over its
     time; the median of the passes. Returns the figure and each pass's rate."""
@@ -327,7 +331,7 @@ def hbm_from_passes(passes: list[dict]) -> dict:
     return {"hbm_gbps": statistics.median(r["gbps"] for r in rates), "passes": rates}
 
 
-def fit_figures(fit: dict) -> dict:
+def fit_figures(fit: dict[str, Any]) -> dict[str, Any]:
     """The compute section's figures of a forward fit (CPU or GPU)."""
     out = {"peak_tflops": round4(fit["peak_tflops"]), "m_half_tokens": round(fit["m_half_tokens"], 2),
            "overhead_us": round(fit["overhead_us"], 2)}
@@ -356,7 +360,7 @@ def rank_scaling(*, alone_s: float, together_s: float, ranks: int, overhead_s: f
     return max(0.05, min(float(ranks), ranks * work_alone / work_together))
 
 
-def paired_rank_scaling(measured: dict, *, overhead_s: float) -> float:
+def paired_rank_scaling(measured: dict[str, Any], *, overhead_s: float) -> float:
     """compute.rank_scaling from rank 0's paired forward samples (_paired): the median
     over pairs of rank_scaling(alone, together)."""
     k = len(measured["per_rank"])
@@ -366,7 +370,7 @@ def paired_rank_scaling(measured: dict, *, overhead_s: float) -> float:
                              for a, t in pairs)
 
 
-def paired_mem_scaling(measured: dict, *, fit: dict, gemm_scaling: float) -> float:
+def paired_mem_scaling(measured: dict[str, Any], *, fit: dict[str, Any], gemm_scaling: float) -> float:
     """compute.mem_rank_scaling from rank 0's paired memory-bound forwards: the fit
     splits the shape's time alone into dispatch, GEMM and attention + element-wise
     parts; with the GEMMs shared by `gemm_scaling`, the scaling of the rest that
@@ -385,12 +389,12 @@ def paired_mem_scaling(measured: dict, *, fit: dict, gemm_scaling: float) -> flo
     return max(0.05, min(float(k), statistics.median(out)))
 
 
-def rank_jitter(measured: dict) -> float:
+def rank_jitter(measured: dict[str, Any]) -> float:
     """compute.rank_jitter: how far the slowest rank runs above the ranks' mean when all
     run the same work at once: (max - mean) / mean of each together sample of the
     paired forwards and z draws, median over samples."""
     per = measured["per_rank"]
-    out = []
+    out: list[float] = []
     for key in ("forward", "forward_memory", "z"):
         if not all(key in r for r in per):
             continue
@@ -401,14 +405,14 @@ def rank_jitter(measured: dict) -> float:
     return statistics.median(out) if out else 0.0
 
 
-def paired_z_scaling(measured: dict, *, call_s: float) -> float:
+def paired_z_scaling(measured: dict[str, Any], *, call_s: float) -> float:
     """compute.z_rank_scaling from rank 0's paired z draws: per-element speed of the
     busiest thread with all ranks at once over that of one rank alone (median over
     pairs; 1 = threads of several ranks draw as fast as one rank's threads)."""
     z = measured["per_rank"][0]["z"]
     call_alone = call_s if z["threads_alone"] > 1 else 0.0       # the pool's hand-over
     call_together = call_s if z["threads_together"] > 1 else 0.0
-    out = []
+    out: list[float] = []
     for alone, together in zip(z["alone"]["samples_s"], z["together"]["samples_s"]):
         per_alone = max(alone - call_alone, 1e-9) / z["busiest_alone"]
         per_together = max(together - call_together, 1e-9) / z["busiest_together"]
@@ -417,7 +421,7 @@ def paired_z_scaling(measured: dict, *, call_s: float) -> float:
 
 
 # ---- collectives and topology ------------------------------------------------------------
-def collective_figures(gathers: list[dict], allreduce: dict, world: int) -> dict:
+def collective_figures(gathers: list[dict[str, Any]], allreduce: dict[str, Any], world: int) -> dict[str, Any]:
     """latency_us, allreduce_small_us and the allgather_busbw table of the profile:
     the planner prices an all-gather as latency + bytes * (s-1)/s / busbw(bytes)."""
     latency = gathers[0]["median_s"]
@@ -433,7 +437,8 @@ def collective_figures(gathers: list[dict], allreduce: dict, world: int) -> dict
             "allgather_busbw": table}
 
 
-def share_groups(n: int, alone: list[float], pairs: dict) -> list[list[int]]:
+def share_groups(n: int, alone: list[float],
+                 pairs: dict[tuple[int, ...], float]) -> list[list[int]]:
     """Union of GPU pairs that slow each other down when both pull from the host."""
     parent = list(range(n))
 
@@ -450,7 +455,7 @@ def share_groups(n: int, alone: list[float], pairs: dict) -> list[list[int]]:
     return sorted(groups.values())
 
 
-def fabric_from_topology(n: int, matrix: list[list[str]] | None) -> dict:
+def fabric_from_topology(n: int, matrix: list[list[str]] | None) -> dict[str, Any]:
     """fabric.kind and groups: all pairs NVLink -> nvswitch; disjoint NVLink cliques ->
     bridge; else host."""
     if n == 1 or matrix is None:

@@ -7,12 +7,14 @@ Plans are deterministic: no timestamps, times rounded to the nanosecond, fractio
 
 from __future__ import annotations
 
+from typing import Any
+
 from zoplan.io import sha256_json
 from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, compact_ranks, tool_info
 from zoplan.pricing.collectives import internode_allreduce_s
 from zoplan.pricing.stragglers import node_spread
-from zoplan.search.evaluate import UNSLICED_TOLERANCE, SearchResult
-from zoplan.search.space import Candidate
+from zoplan.search.evaluate import UNSLICED_TOLERANCE, SearchResult, known
+from zoplan.search.space import Candidate, Pruned, Request
 from zoplan.sim.bounds import StepBounds
 from zoplan.sim.memory import RESIDENT_MARGIN, resident_margin_bytes
 from zoplan.sim.nodes import job_step_s, one_node_step_s, scaling_efficiency, sweep_counts
@@ -44,7 +46,7 @@ def _t(seconds: float) -> float:
 def build_plan(result: SearchResult) -> Plan:
     req, win = result.request, result.winner
     spec = req.model.to_dict()
-    data = {
+    data: dict[str, Any] = {
         "schema_version": PLAN_SCHEMA_VERSION,
         "tool": tool_info(),
         "model": {"name": req.model.name, "spec": spec, "sha256": sha256_json(spec)},
@@ -82,35 +84,36 @@ def build_plan(result: SearchResult) -> Plan:
     return Plan.from_dict(data, origin="new plan")
 
 
-def _mezo_entry(result: SearchResult) -> dict:
+def _mezo_entry(result: SearchResult) -> dict[str, Any]:
     """An estimator's winner: {"mezo": MeZO-SGD on its layout, with both update tasks
     of a block (update_task_s: MeZO-SGD's, estimator_update_task_s: the winner's)}."""
     if result.mezo is None:
         return {}
     entry = baseline_entry(result.mezo)
-    entry["update_task_s"] = _t(result.mezo.costs.update_s)
-    entry["estimator_update_task_s"] = _t(result.winner.costs.update_s)
+    entry["update_task_s"] = _t(known(result.mezo.costs).update_s)
+    entry["estimator_update_task_s"] = _t(known(result.winner.costs).update_s)
     return {"mezo": entry}
 
 
-def _world(axes: dict) -> int:
-    return axes["pertp"] * axes["ddp"]
+def _world(axes: dict[str, Any]) -> int:
+    world: int = axes["pertp"] * axes["ddp"]
+    return world
 
 
-def _pruned_entry(p) -> dict:
-    entry = {"layout": p.layout, "update": p.update, "reason": p.reason}
+def _pruned_entry(p: Pruned) -> dict[str, Any]:
+    entry: dict[str, Any] = {"layout": p.layout, "update": p.update, "reason": p.reason}
     if p.resident:
         entry["resident_blocks"] = p.resident
     return entry
 
 
-def scaling(win: Candidate, req) -> dict:
+def scaling(win: Candidate, req: Request) -> dict[str, Any]:
     """The winner's scaling against one node (zoplan.sim.nodes: the per-node plan and
     batch held), and a sweep of node counts."""
-    internode = win.costs.internode_s
-    one = one_node_step_s(win.node_step_s, internode)
+    internode = known(win.costs).internode_s
+    one = one_node_step_s(known(win.node_step_s), internode)
     per_node_tokens = win.workload.tokens_per_step / win.layout.nodes
-    sweep = []
+    sweep: list[dict[str, Any]] = []
     for nodes in sweep_counts(win.layout.nodes):
         node_step = one + internode_allreduce_s(req.profile, nodes)
         step = job_step_s(req.profile, nodes, node_step)
@@ -120,7 +123,8 @@ def scaling(win: Candidate, req) -> dict:
                       "tokens_per_s": round(nodes * per_node_tokens / step, 6),
                       "efficiency": round(scaling_efficiency(one_node_s=one, step_s=step), 6)})
     return {"nodes": win.layout.nodes, "one_node_step_s": _t(one),
-            "efficiency": round(scaling_efficiency(one_node_s=one, step_s=win.step_time_s), 6),
+            "efficiency": round(scaling_efficiency(one_node_s=one,
+                                                   step_s=known(win.step_time_s)), 6),
             "node_spread": node_spread(req.profile),
             "basis": "weak scaling: the same per-node layout and per-node batch on one node",
             "sweep": sweep}
@@ -133,10 +137,10 @@ def bottleneck(bounds: StepBounds, step_time_s: float) -> tuple[str, float]:
     return name, busy / step_time_s
 
 
-def predicted(win: Candidate, req) -> dict:
-    t = win.step_time_s
-    name, _ = bottleneck(win.bounds, win.node_step_s)
-    wait = t - win.node_step_s   # the slowest node's lead, at the end-of-step barrier
+def predicted(win: Candidate, req: Request) -> dict[str, Any]:
+    t, node_step, bounds = known(win.step_time_s), known(win.node_step_s), known(win.bounds)
+    name, _ = bottleneck(bounds, node_step)
+    wait = t - node_step   # the slowest node's lead, at the end-of-step barrier
     return {
         "step_time_s": _t(t),
         "tokens_per_s": round(win.tokens_per_s, 6),
@@ -144,8 +148,8 @@ def predicted(win: Candidate, req) -> dict:
         "host_mem_bytes": int(win.memory.host_bytes),
         "bottleneck": name,
         "lower_bound_s": _t(win.lower_bound_s),
-        "serial_upper_bound_s": _t(win.bounds.serial_s + wait),
-        "utilisation": {k: round(v, 6) for k, v in win.bounds.utilisation(t).items()},
+        "serial_upper_bound_s": _t(bounds.serial_s + wait),
+        "utilisation": {k: round(v, 6) for k, v in bounds.utilisation(t).items()},
         "memory": {"gpu": _rounded_parts(win.memory.gpu_parts),
                    "gpu_usable_bytes": int(win.memory.gpu_limit_bytes),
                    "gpu_headroom_bytes": int(win.memory.gpu_limit_bytes - win.memory.gpu_bytes),
@@ -154,19 +158,19 @@ def predicted(win: Candidate, req) -> dict:
                    "host": _rounded_parts(win.memory.host_parts),
                    "host_bytes_limit": int(win.memory.host_limit_bytes)},
         "simulated_ranks": list(range(win.layout.local_ranks)),
-        "internode_allreduce_s": _t(win.costs.internode_s),
-        "node_step_s": _t(win.node_step_s),
+        "internode_allreduce_s": _t(known(win.costs).internode_s),
+        "node_step_s": _t(node_step),
         "straggler_s": _t(wait),
         "resident_blocks": win.num_resident,
-        "spans": [_span_dict(s, wait) for s in win.sim.spans],
+        "spans": [_span_dict(s, wait) for s in known(win.sim).spans],
     }
 
 
-def _rounded_parts(parts: dict) -> dict:
+def _rounded_parts(parts: dict[str, float]) -> dict[str, int]:
     return {k: int(v) for k, v in parts.items()}
 
 
-def _span_dict(span: Span, wait: float = 0.0) -> dict:
+def _span_dict(span: Span, wait: float = 0.0) -> dict[str, Any]:
     """A span of the plan; the all-reduce that ends the step also waits `wait` for the
     slowest node."""
     start, end = _t(span.start_s), _t(span.end_s + (wait if span.kind == "allreduce" else 0.0))
@@ -174,10 +178,10 @@ def _span_dict(span: Span, wait: float = 0.0) -> dict:
             "lane": span.lane, "start_s": start, "dur_s": _t(end - start)}
 
 
-def candidate_entry(cand: Candidate) -> dict:
-    name, util = bottleneck(cand.bounds, cand.node_step_s)
+def candidate_entry(cand: Candidate) -> dict[str, Any]:
+    name, util = bottleneck(known(cand.bounds), known(cand.node_step_s))
     return {"layout": cand.layout.to_dict(), "label": cand.label, "update": cand.update,
-            "step_time_s": _t(cand.step_time_s), "tokens_per_s": round(cand.tokens_per_s, 6),
+            "step_time_s": _t(known(cand.step_time_s)), "tokens_per_s": round(cand.tokens_per_s, 6),
             "gpu_mem_bytes": int(cand.memory.gpu_bytes),
             "host_mem_bytes": int(cand.memory.host_bytes), "bottleneck": name,
             "bottleneck_utilisation": round(util, 6),
@@ -186,7 +190,7 @@ def candidate_entry(cand: Candidate) -> dict:
             "gpu_headroom_bytes": int(cand.memory.gpu_limit_bytes - cand.memory.gpu_bytes)}
 
 
-def baseline_entry(cand: Candidate | None, reason: str = "") -> dict:
+def baseline_entry(cand: Candidate | None, reason: str = "") -> dict[str, Any]:
     if cand is None:
         return {"step_time_s": None, "layout": None, "reason": reason}
     entry = candidate_entry(cand)

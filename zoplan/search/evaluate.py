@@ -18,8 +18,9 @@ import contextlib
 import dataclasses
 import gc
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from zoplan.errors import ZoError
 from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
@@ -46,6 +47,19 @@ WINNER_MARGIN = 2e-3  # accepted extrapolations are within ~0.2% of full simulat
 
 
 UNSLICED_TOLERANCE = 0.01  # the unsliced baseline is the best slices-1 layout within 1%
+
+# what estimate_step_s found for a candidate's key: (step, method, the full simulation)
+Cache = dict[tuple[Any, ...], tuple[float, str, SimResult | None]]
+Tick = Callable[[], None]
+_T = TypeVar("_T")
+
+
+def known(value: _T | None) -> _T:
+    """A figure of a candidate the search has set by the time it is read (its costs and
+    bounds once it fits, its step once evaluated, its simulation once simulated in
+    full), narrowed from Optional for the type checker."""
+    assert value is not None, "a candidate's figure read before the search set it"
+    return value
 
 
 
@@ -95,13 +109,13 @@ def _reduced_s(costs: StepCosts, num_blocks: int) -> float:
     return simulate(graph, record_spans=False).step_time_s
 
 
-def evaluate(cand: Candidate, cache: dict) -> None:
+def evaluate(cand: Candidate, cache: Cache) -> None:
     """Set the candidate's step time: one node's (never below its lower bound) at the
     pace of the slowest of the job's nodes."""
     if cand.key not in cache:
-        cache[cand.key] = estimate_step_s(cand.costs)
+        cache[cand.key] = estimate_step_s(known(cand.costs))
     seconds, method, cand.sim = cache[cand.key]
-    _set_step(cand, max(seconds, cand.bounds.lower_bound_s), method)
+    _set_step(cand, max(seconds, known(cand.bounds).lower_bound_s), method)
 
 
 def _set_step(cand: Candidate, node_step_s: float, method: str) -> None:
@@ -110,18 +124,18 @@ def _set_step(cand: Candidate, node_step_s: float, method: str) -> None:
 
 
 def simulate_full(cand: Candidate, *, record_spans: bool = True) -> None:
-    cand.sim = simulate(build_step_graph(cand.costs), record_spans=record_spans)
-    _set_step(cand, cand.sim.step_time_s, "simulated")
+    cand.sim = sim = simulate(build_step_graph(known(cand.costs)), record_spans=record_spans)
+    _set_step(cand, sim.step_time_s, "simulated")
 
 
-def rank_key(cand: Candidate) -> tuple:
+def rank_key(cand: Candidate) -> tuple[float, int, float, float, str, str]:
     """Faster first; on a tie fewer devices, less GPU memory, then less host memory,
     then the label and the update mode."""
-    return (round(cand.step_time_s, 9), cand.layout.world_size, cand.memory.gpu_bytes,
+    return (round(known(cand.step_time_s), 9), cand.layout.world_size, cand.memory.gpu_bytes,
             cand.memory.host_bytes, cand.label, cand.update)
 
 
-def branch_and_bound(candidates: list[Candidate], cache: dict, tick=None, *,
+def branch_and_bound(candidates: list[Candidate], cache: Cache, tick: Tick | None = None, *,
                      tolerance: float = 0.0) -> tuple[list[Candidate], list[Pruned]]:
     """Simulate in order of increasing lower bound (deeper prefetch first among equal
     bounds: it usually overlaps more, so a good incumbent comes early); prune once the
@@ -130,17 +144,19 @@ def branch_and_bound(candidates: list[Candidate], cache: dict, tick=None, *,
     Returns (ranked evaluated candidates, pruned by bound)."""
     order = sorted(candidates, key=lambda c: (c.lower_bound_s, -c.layout.prefetch,
                                               c.label, c.update))
-    best, done, pruned = math.inf, [], []
+    best = math.inf
+    done: list[Candidate] = []
+    pruned: list[Pruned] = []
     for cand in order:
         bound = cand.lower_bound_s
         if bound > best * (1 - tolerance):   # a bound equal to the best may tie it
             pruned.append(Pruned(layout=cand.layout.to_dict(), update=cand.update,
                                  resident=cand.num_resident, reason=(
-                f"bound: lower bound {fmt_seconds(bound)} ({cand.bounds.binding}) > best "
+                f"bound: lower bound {fmt_seconds(bound)} ({known(cand.bounds).binding}) > best "
                 f"simulated step {fmt_seconds(best)}")))
         else:
             evaluate(cand, cache)
-            best = min(best, cand.step_time_s)
+            best = min(best, known(cand.step_time_s))
             done.append(cand)
         if tick:
             tick()
@@ -156,7 +172,8 @@ def pick_winner(ranked: list[Candidate]) -> list[Candidate]:
             simulate_full(cand)
         best = min(ranked[: i + 1], key=rank_key)
         if i + 1 == len(ranked) or (
-                best.step_time_s <= ranked[i + 1].step_time_s * (1 + WINNER_MARGIN)):
+                known(best.step_time_s)
+                <= known(ranked[i + 1].step_time_s) * (1 + WINNER_MARGIN)):
             break
     return sorted(ranked, key=rank_key)
 
@@ -194,19 +211,21 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def search(req: Request, *, progress=None) -> SearchResult:
+def search(req: Request, *,
+           progress: Callable[[int], Tick | None] | None = None) -> SearchResult:
     """Run the whole search (the garbage collector paused: paused_gc); `progress(total)`
     returns a tick function (or None)."""
     with paused_gc():
         return _search(req, progress=progress)
 
 
-def _search(req: Request, *, progress=None) -> SearchResult:
+def _search(req: Request, *,
+            progress: Callable[[int], Tick | None] | None = None) -> SearchResult:
     candidates, pruned = enumerate_space(req, req.fixed)
     if not candidates:
         raise ZoError(_nothing_fits(req, pruned))
     tick = progress(len(candidates) + 2) if progress else None
-    cache: dict = {}
+    cache: Cache = {}
     ranked, by_bound = branch_and_bound(candidates, cache, tick)
     ranked = pick_winner(ranked)
     unsliced, reason = _unsliced_baseline(req, ranked, cache)
@@ -232,7 +251,8 @@ def mezo_baseline(req: Request, winner: Candidate) -> Candidate | None:
     directions cost per step (None for a MeZO-SGD winner)."""
     if winner.workload.estimator_spec.is_default:
         return None
-    workload = dataclasses.replace(winner.workload, **ESTIMATOR_DEFAULTS)
+    defaults: dict[str, Any] = ESTIMATOR_DEFAULTS   # field -> MeZO-SGD's value
+    workload = dataclasses.replace(winner.workload, **defaults)
     cand = make_candidate(req, winner.layout, workload, resident=winner.resident,
                           period=winner.period)
     if cand.costs is None:
@@ -242,7 +262,8 @@ def mezo_baseline(req: Request, winner: Candidate) -> Candidate | None:
 
 
 def _best_among(req: Request, ranked: list[Candidate], candidates: list[Candidate],
-                cache: dict, wanted, what: str) -> tuple[Candidate | None, str]:
+                cache: Cache, wanted: Callable[[Candidate], bool],
+                what: str) -> tuple[Candidate | None, str]:
     """The best candidate that satisfies `wanted` (the winner's rivals the report shows
     beside it), within UNSLICED_TOLERANCE: the winner itself when it qualifies, else a
     branch and bound of its own over those candidates."""
@@ -265,7 +286,7 @@ def _nothing_fits(req: Request, pruned: list[Pruned]) -> str:
             f"the closest, {axes_label(chosen.layout)} {chosen.update}: {chosen.reason}")
 
 
-def _unsliced_baseline(req: Request, ranked: list[Candidate], cache: dict
+def _unsliced_baseline(req: Request, ranked: list[Candidate], cache: Cache
                        ) -> tuple[Candidate | None, str]:
     """Best layout with slices 1 and every block offloaded (DistZO2 without its sliced
     upload) on all the GPUs given (other fixed axes held)."""

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zoplan.pricing.copies import PCIE_DUPLEX, PCIE_H2D, UPLINK_H2D
 from zoplan.sim.costs import StepCosts
 from zoplan.sim.graph import block_kinds
-from zoplan.sim.links import PCIE_DUPLEX, PCIE_H2D, UPLINK_H2D, link_class
+from zoplan.sim.links import link_class
 
 COMPUTE = "compute"
 COLLECTIVE = "collective"
@@ -122,8 +123,8 @@ def step_bounds(costs: StepCosts, num_blocks: int | None = None) -> StepBounds:
     alone = _ranks_alone(costs)
     step = _blocks_of(costs, blocks)
     engines = [_engine_busy(costs, lr, step, alone[lr]) for lr in range(costs.local_ranks)]
-    for busy in engines:
-        for name, seconds in busy.items():
+    for engine in engines:
+        for name, seconds in engine.items():
             resources[name] = max(resources.get(name, 0.0), seconds)
     host = _host_lanes(costs, blocks)
     if costs.issue_s:
@@ -207,7 +208,8 @@ def _blocks_compute_s(costs: StepCosts, first: int, stop: int) -> float:
             + (count - resident) * costs.update_s)
 
 
-def _engine_busy(costs: StepCosts, lr: int, step: _Blocks, alone: dict) -> dict[str, float]:
+def _engine_busy(costs: StepCosts, lr: int, step: _Blocks,
+                 alone: dict[str, float]) -> dict[str, float]:
     blocks, offloaded = step.count, step.offloaded
     compute = _compute_s(costs, lr, step)
     slices = blocks * costs.slice_s(lr) * costs.factor(lr)
@@ -242,7 +244,7 @@ def _chain_shapes(costs: StepCosts, blocks: int) -> list[tuple[int, int, int, in
     return shapes
 
 
-def _chain_s(costs: StepCosts, lr: int, step: _Blocks, alone: dict,
+def _chain_s(costs: StepCosts, lr: int, step: _Blocks, alone: dict[str, float],
              shapes: list[tuple[int, int, int, int, float]] | None) -> float:
     """Longest dependency path of the rank through its `prefetch` block buffers
     (`shapes`: _chain_shapes): each block of a chain runs its pipeline (fill ..

@@ -55,6 +55,9 @@ from typing import Any
 from zoplan.sim.costs import StepCosts
 from zoplan.trace import KIND_LANE, NO_BLOCK, task_id
 
+Attrs = dict[str, Any]            # a node's or an edge's attributes
+Node = tuple[str, Attrs]
+Edge = tuple[str, str, Attrs]
 SERIAL_LANE = "serial"   # engine name of a rank whose tasks run one at a time (CPU)
 
 _DATA, _BUFFER, _FENCE, _ORDER = ({"why": w} for w in ("data", "buffer", "fence", "order"))
@@ -87,10 +90,10 @@ class _View:
     """A mapping of names (nodes) or (u, v) pairs (edges) to attribute dicts, read the
     way networkx reads its views: iterate, index, or call with data=True / a key."""
 
-    def __init__(self, items: dict):
+    def __init__(self, items: dict[Any, Attrs]) -> None:
         self._items = items
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[Any]:
         return iter(self._items)
 
     def __len__(self) -> int:
@@ -99,10 +102,10 @@ class _View:
     def __contains__(self, key: object) -> bool:
         return key in self._items
 
-    def __getitem__(self, key: Any) -> dict:
+    def __getitem__(self, key: Any) -> Attrs:
         return self._items[key]
 
-    def __call__(self, data: bool | str = False) -> list:
+    def __call__(self, data: bool | str = False) -> list[Any]:
         flat = [(*k, a) if isinstance(k, tuple) else (k, a) for k, a in self._items.items()]
         if data is True:
             return flat
@@ -119,22 +122,22 @@ class StepGraph:
     in networkx's order (by source in node order, then by target as first added); an
     edge added twice keeps its place and takes the later attributes."""
 
-    def __init__(self, **graph: Any):
+    def __init__(self, **graph: Any) -> None:
         self.graph = graph
-        self._nodes: dict[str, dict] = {}
-        self._succ: dict[str, dict[str, dict]] = {}
-        self._pred: dict[str, dict[str, dict]] = {}
+        self._nodes: dict[str, Attrs] = {}
+        self._succ: dict[str, dict[str, Attrs]] = {}
+        self._pred: dict[str, dict[str, Attrs]] = {}
 
-    def add_nodes_from(self, nodes: Iterable[tuple[str, dict]]) -> None:
+    def add_nodes_from(self, nodes: Iterable[Node]) -> None:
         for name, attrs in nodes:
             self._add_node(name).update(attrs)
 
-    def _add_node(self, name: str) -> dict:
+    def _add_node(self, name: str) -> Attrs:
         if name not in self._nodes:
             self._nodes[name], self._succ[name], self._pred[name] = {}, {}, {}
         return self._nodes[name]
 
-    def add_edges_from(self, edges: Iterable[tuple[str, str, dict]]) -> None:
+    def add_edges_from(self, edges: Iterable[Edge]) -> None:
         succ = self._succ
         for u, v, attrs in edges:
             if u not in succ:
@@ -161,7 +164,7 @@ class StepGraph:
             for v, d in out.items():
                 yield u, v, d.get(key)
 
-    def in_edges(self, node: str, data: bool = False) -> list:
+    def in_edges(self, node: str, data: bool = False) -> list[Any]:
         return [(u, node, d) if data else (u, node) for u, d in self._pred[node].items()]
 
     def has_edge(self, u: str, v: str) -> bool:
@@ -179,7 +182,8 @@ def build_step_graph(costs: StepCosts, *, num_blocks: int | None = None) -> Step
                       concurrent=costs.concurrent, num_blocks=num_blocks,
                       local_ranks=costs.local_ranks)
     order = rank_order(costs, num_blocks)
-    nodes, edges = [], []
+    nodes: list[Node] = []
+    edges: list[Edge] = []
     for lr in range(costs.local_ranks):
         nodes += _rank_nodes(costs, lr, order)
         edges += _order_edges(costs, lr, order)   # first: a data edge's label wins
@@ -193,11 +197,12 @@ def _engine_of(costs: StepCosts, rank: int, kind: str) -> str:
     return f"r{rank}/{LANE_OF[kind] if costs.concurrent else SERIAL_LANE}"
 
 
-def _rank_nodes(costs: StepCosts, lr: int, order: list[tuple[str, int]]) -> list:
+def _rank_nodes(costs: StepCosts, lr: int, order: list[tuple[str, int]]) -> list[Node]:
     engines = {kind: _engine_of(costs, lr, kind) for kind in LANE_OF}
     work = {kind: _work(costs, lr, kind) for kind in LANE_OF}
     resident_update = {**work["update"], "dur_s": costs.resident_update_s * costs.factor(lr)}
-    nodes, seq = [], dict.fromkeys(engines.values(), -1)
+    nodes: list[Node] = []
+    seq = dict.fromkeys(engines.values(), -1)
     issued = 0.0   # the host lane: when the rank's thread has issued the tasks so far
     for kind, block in order:
         engine = engines[kind]
@@ -218,9 +223,9 @@ def _rank_nodes(costs: StepCosts, lr: int, order: list[tuple[str, int]]) -> list
     return nodes
 
 
-def _work(costs: StepCosts, lr: int, kind: str) -> dict:
+def _work(costs: StepCosts, lr: int, kind: str) -> Attrs:
     """The work of a task of this kind on this rank (the same for every block)."""
-    work = {"dur_s": 0.0, "flows": (), "group": None}
+    work: Attrs = {"dur_s": 0.0, "flows": (), "group": None}
     if kind in ("embed", "update", "forward", "head"):
         work["dur_s"] = getattr(costs, f"{kind}_s") * costs.factor(lr)
     elif kind == SLICE_UPDATE:
@@ -236,12 +241,12 @@ def _work(costs: StepCosts, lr: int, kind: str) -> dict:
     return work
 
 
-def _rank_edges(costs: StepCosts, lr: int, num_blocks: int) -> list:
+def _rank_edges(costs: StepCosts, lr: int, num_blocks: int) -> list[Edge]:
     """Data, buffer and fence edges into the rank's tasks."""
     lay = costs.layout
     group = list(costs.slice_group(lr))
     outside = [m for m in range(lay.local_ranks) if m not in group]
-    edges = []
+    edges: list[Edge] = []
     for b in range(num_blocks):
         edges += _block_edges(costs, lr, b, group, outside)
     edges += _buffer_edges(costs, lr, num_blocks)
@@ -254,15 +259,16 @@ def _rank_edges(costs: StepCosts, lr: int, num_blocks: int) -> list:
 
 
 def _block_edges(costs: StepCosts, lr: int, b: int, group: list[int],
-                 outside: list[int]) -> list:
+                 outside: list[int]) -> list[Edge]:
     """Data and fence edges of one block on one rank."""
     resident = costs.is_resident(b)
     upd, fwd = task_id("update", lr, b), task_id("forward", lr, b)
-    edges = [(upd, fwd, _DATA)]
+    edges: list[Edge] = [(upd, fwd, _DATA)]
     # what each member contributes to the block: its uploaded (and updated) slice
     source = {m: task_id(SLICE_UPDATE if costs.split_update else "h2d", m, b) for m in group}
     if costs.split_update and not resident:
         edges.append((task_id("h2d", lr, b), source[lr], _DATA))
+    ready: str | None
     if costs.layout.slices > 1:
         ready = task_id("allgather", lr, b)
         edges += [(source[m], ready, _DATA) for m in group
@@ -277,18 +283,19 @@ def _block_edges(costs: StepCosts, lr: int, b: int, group: list[int],
     edges.append((fwd, d2h, _DATA))
     if costs.fence_s:   # CUDA: a node collective issued once the block is ready
         fence = task_id(FENCE, lr, b)
+        assert ready is not None   # not resident here: the all-gather or the h2d
         edges += [(ready, fence, _DATA), (fence, d2h, _FENCE)]
     else:   # the slice group's h2d already precede d2h via the all-gather
         edges += [(task_id("h2d", m, b), d2h, _FENCE) for m in outside]
     return edges
 
 
-def _buffer_edges(costs: StepCosts, lr: int, num_blocks: int) -> list:
+def _buffer_edges(costs: StepCosts, lr: int, num_blocks: int) -> list[Edge]:
     """The task that fills a buffer waits for the block `prefetch` buffer-using blocks
     earlier to release it (module docstring)."""
     using = [b for b in range(num_blocks) if costs.uses_buffer(b)]
     p = costs.layout.prefetch
-    edges = []
+    edges: list[Edge] = []
     for i in range(p, len(using)):
         before, b = using[i - p], using[i]
         released = costs.is_resident(before) or costs.read_only
@@ -298,11 +305,11 @@ def _buffer_edges(costs: StepCosts, lr: int, num_blocks: int) -> list:
     return edges
 
 
-def _order_edges(costs: StepCosts, lr: int, order: list) -> list:
+def _order_edges(costs: StepCosts, lr: int, order: list[tuple[str, int]]) -> list[Edge]:
     """Program order on each engine (where a data edge joins the same pair, it is added
     after these and its label wins)."""
     last_on: dict[str, tuple[str, str]] = {}
-    edges = []
+    edges: list[Edge] = []
     for kind, block in order:
         engine, node = _engine_of(costs, lr, kind), task_id(kind, lr, block)
         prev = last_on.get(engine)

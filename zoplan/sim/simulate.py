@@ -26,12 +26,20 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import simpy
 from simpy.events import Event
 
+from zoplan.sim.graph import Attrs, StepGraph
 from zoplan.trace import Span
+
+# one flow of a transfer: (bytes, link indices, its own cap in bytes/s)
+FlowSpec = tuple[float, tuple[int, ...], float]
+# a SimPy process: yields events, is sent their values (unused)
+_Process = Generator[Any, Any, None]
 
 _LATE = 2            # priority after simpy's NORMAL (1) and URGENT (0): end of the instant
 _REL_TOL = 1e-9      # a flow within 1e-9 of its size (+ 1e-3 bytes) of its end is done
@@ -43,13 +51,15 @@ class SimResult:
     step_time_s: float
     spans: tuple[Span, ...]
     link_bytes: dict[str, float]
-    times: dict = field(default_factory=dict, compare=False, repr=False)  # name -> (start, end)
+    times: dict[str, tuple[float, float]] = field(default_factory=dict, compare=False,
+                                                  repr=False)  # name -> (start, end)
 
 
 class _Flow:
     __slots__ = ("size", "remaining", "links", "cap", "rate", "batch", "done")
 
-    def __init__(self, size: float, links: tuple[int, ...], cap: float, batch: list):
+    def __init__(self, size: float, links: tuple[int, ...], cap: float,
+                 batch: list[Any]) -> None:   # batch: [flows left, the event to fire]
         self.size = self.remaining = size
         self.links, self.cap, self.batch = links, cap, batch
         self.rate = 0.0
@@ -67,7 +77,7 @@ class FairShareNetwork:
 
     def __init__(self, env: simpy.Environment, capacities: list[float],
                  component_of: list[int] | None = None,
-                 contended: dict[int, tuple[int, float]] | None = None):
+                 contended: dict[int, tuple[int, float]] | None = None) -> None:
         """`contended`: link -> (opposite link, capacity while that one carries a
         flow); both must be in one component (link_components(..., pairs))."""
         self.env = env
@@ -87,11 +97,11 @@ class FairShareNetwork:
         self._pending = False
         self._gen = 0
 
-    def transfer(self, flows) -> Event:
+    def transfer(self, flows: Iterable[FlowSpec]) -> Event:
         """Start `flows` ((bytes, link indices, cap_Bps), ...) now; the returned event
         fires when the last of them is done."""
         done = Event(self.env)
-        batch = [0, done]
+        batch: list[Any] = [0, done]
         self._advance()
         for size, links, cap in flows:
             if size <= 0:
@@ -139,7 +149,7 @@ class FairShareNetwork:
             event.callbacks.append(self._recompute)
             self.env.schedule(event, _LATE)
 
-    def _recompute(self, _event) -> None:
+    def _recompute(self, _event: Event) -> None:
         self._pending = False
         self._advance()
         for comp in sorted(self._dirty):
@@ -161,7 +171,7 @@ class FairShareNetwork:
             timer = self.env.timeout(max(soonest, 0.0))
             timer.callbacks.append(functools.partial(self._on_timer, self._gen))
 
-    def _on_timer(self, gen: int, _event) -> None:
+    def _on_timer(self, gen: int, _event: Event) -> None:
         if gen != self._gen:
             return  # rates changed since this timer was armed
         self._advance()
@@ -188,7 +198,7 @@ class FairShareNetwork:
             flow.batch[1].succeed()
 
 
-def link_components(num_links: int, routes) -> list[int]:
+def link_components(num_links: int, routes: Iterable[tuple[int, ...]]) -> list[int]:
     """Static component of each link: union of the links of every route (a pair of
     links that contend, given as a route of two, joins their components too)."""
     parent = list(range(num_links))
@@ -279,23 +289,23 @@ def fair_rates(flows: tuple[tuple[tuple[int, ...], float], ...],
 class _Group:
     __slots__ = ("size", "arrived", "start", "done", "dur", "flows")
 
-    def __init__(self, env, dur: float):
+    def __init__(self, env: simpy.Environment, dur: float) -> None:
         self.size, self.arrived, self.start = 0, 0, 0.0
         self.done = Event(env)
         self.dur = dur
-        self.flows: list = []
+        self.flows: list[FlowSpec] = []
 
 
 class _Sim:
     """The graph flattened into lists (index = node position), run with SimPy."""
 
-    def __init__(self, graph):
+    def __init__(self, graph: StepGraph) -> None:
         self.env = simpy.Environment()
         nodes = graph.nodes
         names = list(nodes)
         index = {n: i for i, n in enumerate(names)}
         self.names = names
-        self.attrs = [nodes[n] for n in names]
+        self.attrs: list[Attrs] = [nodes[n] for n in names]
         self.deps: list[list[int]] = [[] for _ in names]
         for u, v, why in graph.edge_values("why"):
             if why != "order":   # the engine's program order already holds it
@@ -303,13 +313,13 @@ class _Sim:
         links = graph.graph["links"]
         self.link_names = list(links)
         link_index = {name: i for i, name in enumerate(self.link_names)}
-        routes: dict = {}
-        self.flows = [[(f.num_bytes, _route(routes, link_index, f.route), f.cap_Bps)
+        routes: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self.flows: list[list[FlowSpec]] = [[(f.num_bytes, _route(routes, link_index, f.route), f.cap_Bps)
                        for f in a["flows"]] for a in self.attrs]
         contended = {link_index[name]: (link_index[other], cap)
                      for name, (other, cap) in graph.graph.get("contended", {}).items()
                      if name in link_index and other in link_index}
-        pairs = [(a, b) for a, (b, _) in contended.items()]
+        pairs: list[tuple[int, ...]] = [(a, b) for a, (b, _) in contended.items()]
         self.net = FairShareNetwork(self.env, [links[n] for n in self.link_names],
                                     link_components(len(links), list(routes.values()) + pairs),
                                     contended)
@@ -323,9 +333,9 @@ class _Sim:
         self.group_of = self._groups()
         self._engines = self._engine_lists()
 
-    def _groups(self) -> list:
-        groups: dict = {}
-        out = []
+    def _groups(self) -> list[_Group | None]:
+        groups: dict[tuple[str, int, int], _Group] = {}
+        out: list[_Group | None] = []
         for i, a in enumerate(self.attrs):
             key = a["group"]
             if key is None:
@@ -340,7 +350,7 @@ class _Sim:
         return out
 
     def _engine_lists(self) -> list[list[int]]:
-        by_engine: dict[str, list] = {}
+        by_engine: dict[str, list[tuple[int, int]]] = {}
         for i, a in enumerate(self.attrs):
             by_engine.setdefault(a["engine"], []).append((a["seq"], i))
         return [[i for _, i in sorted(v)] for _, v in sorted(by_engine.items())]
@@ -350,7 +360,7 @@ class _Sim:
             self.env.process(self._engine(tasks))
         self.env.run()
 
-    def _engine(self, tasks: list[int]):
+    def _engine(self, tasks: list[int]) -> _Process:
         env, finished, deps, dur, flows = (self.env, self.finished, self.deps, self.dur,
                                            self.flows)
         group_of, issue, staged, waiters = self.group_of, self.issue, self.staged, self.waiters
@@ -390,7 +400,7 @@ class _Sim:
             waiter = self.waiters[task] = Event(self.env)
         return waiter
 
-    def _collective(self, group: _Group):
+    def _collective(self, group: _Group) -> _Process:
         """The last member to arrive runs the collective; the others wait for it."""
         group.arrived += 1
         if group.arrived < group.size:
@@ -415,13 +425,14 @@ class _Sim:
         return {name: (self.start[i], self.end[i]) for i, name in enumerate(self.names)}
 
 
-def _route(cache: dict, link_index: dict, route: tuple[str, ...]) -> tuple[int, ...]:
+def _route(cache: dict[tuple[str, ...], tuple[int, ...]], link_index: dict[str, int],
+           route: tuple[str, ...]) -> tuple[int, ...]:
     if route not in cache:
         cache[route] = tuple(link_index[name] for name in route)
     return cache[route]
 
 
-def simulate(graph, *, record_spans: bool = True) -> SimResult:
+def simulate(graph: StepGraph, *, record_spans: bool = True) -> SimResult:
     """Run one step of `graph` (zoplan.sim.graph.build_step_graph); spans of every task."""
     sim = _Sim(graph)
     sim.run()

@@ -5,9 +5,11 @@ contributors to the gap, and the changes of a refit."""
 from __future__ import annotations
 
 from rich import box
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from zoplan.calibrate import RefitResult
 from zoplan.calibrate.compare import WAITING, Calibration, error_pct, run_seconds, steps_for
 from zoplan.execrules import STEADY_RUN_S
 
@@ -25,6 +27,7 @@ def step_line(cal: Calibration) -> str:
 
 def drift_text(cal: Calibration) -> str:
     d = cal.drift
+    assert d is not None, "drift_text needs a calibration with a drift"
     where = (f"during the run ({d.probes} probes between its steps, checks before and after)"
              if d.probes else "around the run (speed checks just before and after it)")
     text = (f"machine speed {where} vs when profiled: GEMM-bound forward x{d.gemm:.2f}, "
@@ -53,7 +56,7 @@ def spread_line(cal: Calibration) -> str | None:
             f"it ran; {advice}")
 
 
-def render(cal: Calibration, console) -> None:
+def render(cal: Calibration, console: Console) -> None:
     for warning in cal.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     table = Table(title=f"predicted vs measured, ms: {cal.plan_label} ({cal.device_kind}, "
@@ -99,7 +102,7 @@ def contributors_text(cal: Calibration, top: int = 3) -> str:
 
 
 
-def render_refit(result, cal: Calibration, console) -> None:
+def render_refit(result: RefitResult, cal: Calibration, console: Console) -> None:
     """The figures a refit changed, the layout's step on the refitted profile, the file."""
     for figure, old, value, why in result.refit.changes:
         console.print(f"  {figure}: {old:g} -> {value:g}  ({why})", highlight=False)

@@ -65,7 +65,8 @@ KIND_STYLE = {
 }
 
 # A cell: (kind or None when idle, level 0 idle / 1 partly busy / 2 mostly busy).
-Cell = tuple
+Cell = tuple[str | None, int]
+LaneRows = tuple[tuple[Cell, ...], ...]   # one rank's cells, a tuple per lane
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +118,7 @@ def lane_cells(spans: list[Span], window: Window, *,
     for span in spans:
         for i, seconds in window.overlaps(span):
             per_cell[i][span.kind] = per_cell[i].get(span.kind, 0.0) + seconds
-    cells = []
+    cells: list[Cell] = []
     for i, kinds in enumerate(per_cell):
         if not kinds:
             after = window.start_s + i * window.cell_s >= end_s
@@ -130,7 +131,7 @@ def lane_cells(spans: list[Span], window: Window, *,
 
 
 def rank_rows(spans: list[Span], ranks: list[int], lanes: list[str],
-              window: Window) -> dict[int, tuple]:
+              window: Window) -> dict[int, LaneRows]:
     """rank -> one tuple of cells per lane."""
     by_key: dict[tuple[int, str], list[Span]] = {}
     for span in spans:
@@ -141,8 +142,8 @@ def rank_rows(spans: list[Span], ranks: list[int], lanes: list[str],
             for rank in ranks}
 
 
-def cells_text(cells: tuple) -> Text:
-    glyphs = []
+def cells_text(cells: tuple[Cell, ...]) -> Text:
+    glyphs: list[tuple[str, str]] = []
     for kind, level in cells:
         if kind is None:
             glyphs.append((IDLE_GLYPH, IDLE_STYLE) if level == 0 else (" ", ""))
@@ -154,7 +155,8 @@ def cells_text(cells: tuple) -> Text:
 
 def runs_text(glyphs: list[tuple[str, str]]) -> Text:
     """Text from (glyph, style) pairs, one span per run of equal style (small SVGs)."""
-    text, run, run_style = Text(), [], None
+    text, run_style = Text(), None
+    run: list[str] = []
     for glyph, style in glyphs:
         if style != run_style and run:
             text.append("".join(run), run_style)
@@ -166,12 +168,12 @@ def runs_text(glyphs: list[tuple[str, str]]) -> Text:
     return text
 
 
-def share_text(rows: list[tuple], lane_index: int) -> Text:
+def share_text(rows: list[LaneRows], lane_index: int) -> Text:
     """Summary row of one lane over many ranks: shade = share of them busy per cell."""
-    glyphs = []
+    glyphs: list[tuple[str, str]] = []
     cells = len(rows[0][lane_index]) if rows else 0
     for i in range(cells):
-        kinds = [row[lane_index][i][0] for row in rows if row[lane_index][i][0] is not None]
+        kinds = [kind for row in rows if (kind := row[lane_index][i][0]) is not None]
         if not kinds:
             after = all(row[lane_index][i][1] < 0 for row in rows)
             glyphs.append((" ", "") if after else (IDLE_GLYPH, IDLE_STYLE))
@@ -200,10 +202,10 @@ def rank_label(ranks: list[int]) -> str:
     return label
 
 
-def fold_ranks(rows: dict[int, tuple]) -> tuple[list[list[int]], list[int], str]:
+def fold_ranks(rows: dict[int, LaneRows]) -> tuple[list[list[int]], list[int], str]:
     """(row sets to draw, ranks summarised, the rule applied in words)."""
     ranks = sorted(rows)
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[LaneRows, list[int]] = {}
     for rank in ranks:
         groups.setdefault(rows[rank], []).append(rank)
     ordered = sorted(groups.values(), key=lambda g: g[0])
@@ -248,7 +250,7 @@ class _PredecessorIndex:
         self.ends = {r: [s.end_s for s in ss] for r, ss in self.by_rank.items()}
         self.task = {(s.kind, s.block, s.rank): s for s in spans}
 
-    def candidates(self, span: Span) -> list[Span]:
+    def candidates(self, span: Span) -> list[Span | None]:
         """Tasks of other ranks that this task waits for (module docstring)."""
         if span.kind == "allgather":   # the members' slices: uploaded, or updated
             ranks = self.layout.slice_group_ranks(span.rank)
@@ -257,24 +259,24 @@ class _PredecessorIndex:
         if span.kind == "d2h":
             node = self.layout.node_of(span.rank)
             first = node * self.layout.local_ranks
-            ranks = range(first, first + self.layout.local_ranks)
-            return [self.task.get(("h2d", span.block, r)) for r in ranks]
+            return [self.task.get(("h2d", span.block, r))
+                    for r in range(first, first + self.layout.local_ranks)]
         if span.kind == "allreduce":
             return [self.task.get(("head", span.block, r)) for r in self.by_rank]
         return []
 
-    def latest_before(self, span: Span, tol: float, seen: set) -> Span | None:
-        best = None
+    def latest_before(self, span: Span, tol: float, seen: set[int]) -> Span | None:
+        best: Span | None = None
         same_rank = self.by_rank.get(span.rank, [])
         i = bisect.bisect_right(self.ends.get(span.rank, []), span.start_s + tol)
         for cand in reversed(same_rank[:i]):
             if id(cand) not in seen and cand.start_s < span.start_s + tol:
                 best = cand
                 break
-        for cand in self.candidates(span):
-            if (cand is not None and id(cand) not in seen and cand.end_s <= span.start_s + tol
-                    and (best is None or cand.end_s > best.end_s + tol)):
-                best = cand
+        for other in self.candidates(span):
+            if (other is not None and id(other) not in seen and other.end_s <= span.start_s + tol
+                    and (best is None or other.end_s > best.end_s + tol)):
+                best = other
         return best
 
 
@@ -290,8 +292,8 @@ def critical_cells(path: list[Span], window: Window) -> tuple[Cell, ...]:
     return tuple(cells)
 
 
-def critical_text(cells: tuple) -> Text:
-    glyphs = []
+def critical_text(cells: tuple[Cell, ...]) -> Text:
+    glyphs: list[tuple[str, str]] = []
     for kind, level in cells:
         if kind == "wait":
             glyphs.append((WAIT_GLYPH, IDLE_STYLE))
@@ -307,7 +309,8 @@ def critical_text(cells: tuple) -> Text:
 def critical_breakdown(path: list[Span]) -> dict[str, float]:
     """Seconds of the critical path per task kind, plus "wait" for the gaps."""
     out: dict[str, float] = {}
-    for prev, span in zip([None] + path[:-1], path):
+    previous: list[Span | None] = [None, *path[:-1]]
+    for prev, span in zip(previous, path):
         out[span.kind] = out.get(span.kind, 0.0) + span.dur_s
         if prev is not None and span.start_s > prev.end_s:
             out["wait"] = out.get("wait", 0.0) + span.start_s - prev.end_s

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
 from zoplan.errors import ZoError
-from zoplan.hardware import load_profile, shipped_profiles
+from zoplan.hardware import HardwareProfile, load_profile, shipped_profiles
 from zoplan.models import catalogue
 from zoplan.views.common import MIB, fmt_count
 
@@ -16,9 +16,10 @@ def render_models(console: Console) -> None:
     """Table of the model catalogue."""
     table = Table(title="model catalogue (zoplan optimize --model NAME); sizes in fp16",
                   title_justify="left")
-    for name, justify in (("name", "left"), ("family", "left"), ("blocks", "right"),
-                          ("hidden", "right"), ("params", "right"),
-                          ("block MiB", "right"), ("resident MiB", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("name", "left"), ("family", "left"), ("blocks", "right"), ("hidden", "right"),
+        ("params", "right"), ("block MiB", "right"), ("resident MiB", "right"))
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
     for name, spec in catalogue().items():
         table.add_row(name, spec.family, str(spec.num_layers), str(spec.hidden),
@@ -49,7 +50,7 @@ def render_profiles(console: Console) -> None:
         console.print(Text(f"broken profile {line}", style="red"), soft_wrap=True)
 
 
-def _profile_row(profile) -> tuple[str, ...]:
+def _profile_row(profile: HardwareProfile) -> tuple[str, ...]:
     device, fabric = profile.device, profile.fabric
     return (profile.name, str(device.get("model") or device["kind"]),
             str(profile.gpus_per_node), f"{device['memory_gib']:.0f}",

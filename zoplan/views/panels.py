@@ -34,6 +34,7 @@ def lane_busy(spans: list[Span], ranks: set[int]) -> dict[str, float]:
 
 def lane_table(show: ShowInput, lanes: list[str]) -> Table:
     """Busy time per lane (mean over the ranks shown in both), predicted vs measured."""
+    assert show.measured is not None, "lane_table needs a measured step"
     pred, meas = show.predicted, show.measured.spans
     common = set(show.ranks) & set(ranks_of(pred)) & set(ranks_of(meas))
     ranks = common or set(show.ranks)
@@ -95,7 +96,8 @@ def capacities(plan: Plan) -> tuple[float | None, float | None, str]:
     """(GPU bytes, host bytes per node, note): from the plan (predicted.memory, written
     by zoplan.search, or the profile section), else from its profile loaded by name."""
     prof = plan.data["profile"]
-    memory = plan.predicted.get("memory") if isinstance(plan.predicted.get("memory"), dict) else {}
+    found = plan.predicted.get("memory")
+    memory: dict[str, Any] = found if isinstance(found, dict) else {}
     gpu = _first({**prof, **memory}, ("gpu_usable_bytes", "device_memory_bytes",
                                       "gpu_mem_capacity_bytes"))
     host = _first({**prof, **memory}, ("host_bytes_limit", "host_memory_bytes",
@@ -111,7 +113,7 @@ def capacities(plan: Plan) -> tuple[float | None, float | None, str]:
             host if host is not None else hw.host_memory_bytes, note)
 
 
-def _first(data: dict, keys: tuple[str, ...]) -> float | None:
+def _first(data: dict[str, Any], keys: tuple[str, ...]) -> float | None:
     for key in keys:
         if isinstance(data.get(key), (int, float)):
             return float(data[key])
@@ -162,7 +164,8 @@ def summary_panel(plan: Plan, path: list[Span], spans: list[Span]) -> Panel:
     grid.add_row("utilisation", _util_text(plan, spans))
     grid.add_row("critical path", _path_text(path))
     gpu_cap, host_cap, note = capacities(plan)
-    memory = pred.get("memory") if isinstance(pred.get("memory"), dict) else {}
+    found = pred.get("memory")
+    memory: dict[str, Any] = found if isinstance(found, dict) else {}
     device = ("rank memory", "per rank") if plan.device_kind == "cpu" else ("GPU memory",
                                                                           "per GPU")
     grid.add_row(device[0], _mem_text(pred["gpu_mem_bytes"], gpu_cap, device[1],

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def load_measured(directory: Path, plan: Plan, plan_path: Path) -> MeasuredStep:
                         median_s=median, notes=notes)
 
 
-def _trace_notes(meta: dict, plan: Plan, plan_path: Path, steps: list[int], chosen: int,
+def _trace_notes(meta: dict[str, Any], plan: Plan, plan_path: Path, steps: list[int], chosen: int,
                  median: float) -> list[str]:
     skipped = f", skipping warm-up step {steps[0]}" if len(steps) > 1 else ""
     notes = [f"measured: step {chosen} of steps {span_label(steps)} (closest to the median "
@@ -91,13 +92,13 @@ def show_command(*, plan: Path, trace: Path | None, ranks: str | None, blocks: s
     columns = LABEL_WIDTH + 1 + show.cells
     svg_text = render_svg(parts, columns, f"zoplan show {show.path.name}") if svg else None
     emit(console, parts)
-    for path, text in ((chrome, chrome_text), (svg, svg_text)):
-        if path is not None:
+    for out, text in ((chrome, chrome_text), (svg, svg_text)):
+        if out is not None and text is not None:   # text is made whenever out is given
             try:
-                atomic_write_text(path, text)
+                atomic_write_text(out, text)
             except OSError as exc:   # a folder the OS refuses: read-only, /proc, a long name
-                raise ZoError(f"cannot write {path}: {exc.strerror or exc}") from None
-            console.print(f"wrote {path}", highlight=False)
+                raise ZoError(f"cannot write {out}: {exc.strerror or exc}") from None
+            console.print(f"wrote {out}", highlight=False)
 
 
 def check_export(path: Path) -> None:
@@ -193,7 +194,8 @@ def show_parts(show: ShowInput) -> list[tuple[Any, bool]]:
     return parts
 
 
-def _sources(show: ShowInput, pred_path: list[Span]):
+def _sources(show: ShowInput,
+             pred_path: list[Span]) -> Iterator[tuple[str, list[Span], list[Span]]]:
     yield (f"predicted step: {fmt_time(step_time(show.predicted))}", show.predicted, pred_path)
     if show.measured:
         m = show.measured
@@ -235,7 +237,7 @@ def _notes(show: ShowInput, chart_notes: list[str]) -> Text:
     return Text("\n".join(notes), style="dim")
 
 
-def _chrome(show: ShowInput) -> dict:
+def _chrome(show: ShowInput) -> dict[str, Any]:
     plan = show.plan
     other = {"plan": str(show.path), "model": plan.model.name,
              "layout": plan.layout.label(), "step_time_s": plan.step_time_s,

@@ -15,11 +15,12 @@ never at its top (tests/unit/test_torch_free.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from zoexec.data.records import load_records
+from zoexec.data.records import open_rows
+from zoexec.data.rowfile import Examples, row_byte_limit, text_budget
 from zoplan.errors import ZoError
 
 if TYPE_CHECKING:   # type names only: these modules import torch (or this one)
@@ -76,8 +77,9 @@ class TaskType(Protocol):
         task.demonstrations_data, else `train_path`, else `path`)."""
 
     def check_data(self, path: str, task: TaskFields, *, vocab: int, batch: int, seq: int,
-                   tokenizer_dir: str | None) -> None:
-        """ZoError for what a rank would refuse in `path`, before any rank starts."""
+                   tokenizer_dir: str | None, steps: int | None = None) -> None:
+        """ZoError for what a rank would refuse in `path`, before any rank starts (in the
+        rows the first `steps` batches use, where the type can tell; None: all)."""
 
 
 def target_length(example: Any) -> int:
@@ -128,11 +130,12 @@ class PromptType:
     def reports(self, task: TaskFields) -> tuple[str, ...]:
         return self.metrics
 
-    def examples(self, rows: list[dict[str, Any]], task: TaskFields, tokens: Tokens,
-                 path: str) -> list[Any]:
+    def examples(self, rows: Sequence[dict[str, Any]], task: TaskFields, tokens: Tokens,
+                 path: str, *, first: int = 1) -> list[Any]:
+        """The examples of `rows` (the first is row number `first` of the file)."""
         raise NotImplementedError
 
-    def train_rows(self, examples: list[Any], task: TaskFields, *, pad: int, seed: int,
+    def train_rows(self, examples: Examples, task: TaskFields, *, pad: int, seed: int,
                    path: str) -> Any:
         """The training source of `examples`: one a row, a fresh order each epoch."""
         from zoexec.data.tasks import ExampleRows
@@ -146,18 +149,28 @@ class PromptType:
         return EvalSet(rows=prompted.fed(), pad=prompted.tokens.pad)
 
     # ---- the flow every prompt type shares ----------------------------------------------
+    def lazy_examples(self, rows: Sequence[dict[str, Any]], task: TaskFields, tokens: Tokens,
+                      path: str) -> Examples:
+        """The examples of `rows`, each made (tokenised) when it is used."""
+        def make(row: dict[str, Any], number: int) -> Any:
+            return self.examples([row], task, tokens, path, first=number)[0]
+
+        return Examples(rows, make)
+
     def source(self, path: str, task: TaskFields, *, vocab: int, seed: int = 0,
                tokenizer_dir: str | None = None, seq: int | None = None) -> Any:
-        from zoexec.data.demos import with_demonstrations
+        from zoexec.data.demos import demonstrated
 
-        rows = load_records(path)
-        tokens = _tokens(tokenizer_dir, vocab=vocab, where=path)
-        examples = self.examples(rows, task, tokens, path)
+        rows = open_rows(path, max_row_bytes=row_byte_limit(seq))
+        tokens = _tokens(tokenizer_dir, vocab=vocab, where=path, seq=seq)
+        examples = self.lazy_examples(rows, task, tokens, path)
+        examples[0]   # the first row made now: a column or label word it lacks fails here
         if task.demonstrations_in_training:
             pool = task.demonstrations_data or path
-            demos = self._demonstrations(task, tokens, pool,
+            demos = self._demonstrations(task, tokens, pool, seq=seq,
                                          rows=rows if task.demonstrations_data is None else None)
-            examples = with_demonstrations(examples, rows, demos, seq=seq, reserve=target_length)
+            examples = examples.map(lambda ex, row: demonstrated(ex, row, demos, seq=seq,
+                                                                 reserve=target_length))
         return self.train_rows(examples, task, pad=tokens.pad, seed=seed, path=path)
 
     def eval_set(self, path: str, task: TaskFields, *, vocab: int, seq: int,
@@ -165,34 +178,39 @@ class PromptType:
                  train_path: str | None = None) -> EvalSet:
         from zoexec.data.tasks import some
 
-        rows = load_records(path)
-        tokens = _tokens(tokenizer_dir, vocab=vocab, where=path)
-        examples = self.examples(rows, task, tokens, path)
+        rows = open_rows(path, max_row_bytes=row_byte_limit(seq))
+        tokens = _tokens(tokenizer_dir, vocab=vocab, where=path, seq=seq)
+        examples = self.lazy_examples(rows, task, tokens, path)
         demos = None
         if task.demonstrations:
             pool = task.demonstrations_data or train_path or path
-            demos = self._demonstrations(task, tokens, pool)
+            demos = self._demonstrations(task, tokens, pool, seq=seq)
         return self.evaluation(Prompted(examples=some(examples, samples),
                                         rows=some(rows, samples), demos=demos, seq=seq,
                                         tokens=tokens), task)
 
     def check_data(self, path: str, task: TaskFields, *, vocab: int, batch: int, seq: int,
-                   tokenizer_dir: str | None = None) -> None:
-        self.source(path, task, vocab=vocab, tokenizer_dir=tokenizer_dir, seq=seq).check(seq)
+                   tokenizer_dir: str | None = None, steps: int | None = None) -> None:
+        """The rows the first `steps` batches use (None: every row) read, tokenised and
+        fitted to `seq`."""
+        source = self.source(path, task, vocab=vocab, tokenizer_dir=tokenizer_dir, seq=seq)
+        used = None if steps is None else source.order.used(steps, batch, len(source.examples))
+        source.check(seq, used)
 
-    def _demonstrations(self, task: TaskFields, tokens: Tokens, pool: str, *,
-                        rows: list[dict[str, Any]] | None = None) -> Demonstrations:
+    def _demonstrations(self, task: TaskFields, tokens: Tokens, pool: str, *, seq: int | None,
+                        rows: Sequence[dict[str, Any]] | None = None) -> Demonstrations:
         """The demonstrations of `task` drawn from the file `pool` (`rows`: its rows,
-        read already)."""
+        opened already)."""
         from zoexec.data.demos import demonstrations_from
 
-        rows = load_records(pool) if rows is None else rows
-        return demonstrations_from(self.examples(rows, task, tokens, pool), rows, spec=task,
+        rows = open_rows(pool, max_row_bytes=row_byte_limit(seq)) if rows is None else rows
+        return demonstrations_from(self.lazy_examples(rows, task, tokens, pool), rows, spec=task,
                                    tokens=tokens, where=pool)
 
 
-def _tokens(tokenizer_dir: str | None, *, vocab: int, where: str) -> Tokens:
+def _tokens(tokenizer_dir: str | None, *, vocab: int, where: str, seq: int | None) -> Tokens:
     from zoexec.data.tasks import Tokens
     from zoexec.data.text import load_tokenizer
 
-    return Tokens(load_tokenizer(tokenizer_dir, where=where), vocab=vocab, where=where)
+    return Tokens(load_tokenizer(tokenizer_dir, where=where), vocab=vocab, where=where,
+                  budget=text_budget(seq))

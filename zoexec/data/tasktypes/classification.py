@@ -14,6 +14,7 @@ the data."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from zoexec.data.tasktypes.base import Prompted, PromptType
@@ -21,6 +22,7 @@ from zoexec.data.templates import template_fields
 from zoplan.errors import ZoError
 
 if TYPE_CHECKING:
+    from zoexec.data.rowfile import Examples
     from zoexec.data.taskfields import TaskFields
     from zoexec.data.tasks import EvalSet, Tokens
 
@@ -52,13 +54,13 @@ class ClassificationTask(PromptType):
         """eval_f1 (of label 1) with two label words only."""
         return self.metrics if len(task.label_words) == 2 else self.metrics[:2]
 
-    def examples(self, rows: list[dict[str, Any]], task: TaskFields, tokens: Tokens,
-                 path: str) -> list[Any]:
+    def examples(self, rows: Sequence[dict[str, Any]], task: TaskFields, tokens: Tokens,
+                 path: str, *, first: int = 1) -> list[Any]:
         from zoexec.data.tasks import classification_examples
 
-        return classification_examples(rows, task, tokens, path)
+        return classification_examples(rows, task, tokens, path, first=first)
 
-    def train_rows(self, examples: list[Any], task: TaskFields, *, pad: int, seed: int,
+    def train_rows(self, examples: Examples, task: TaskFields, *, pad: int, seed: int,
                    path: str) -> Any:
         from zoexec.data.choices import ChoiceRows
         from zoexec.data.tasks import TAG_ROWS

@@ -9,6 +9,7 @@ on the held-out completions."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from zoexec.data.tasktypes.base import PromptType
@@ -24,8 +25,8 @@ class CompletionTask(PromptType):
     options = ("prompt_column", "completion_column")
     metrics = ("eval_loss",)
 
-    def examples(self, rows: list[dict[str, Any]], task: TaskFields, tokens: Tokens,
-                 path: str) -> list[Any]:
+    def examples(self, rows: Sequence[dict[str, Any]], task: TaskFields, tokens: Tokens,
+                 path: str, *, first: int = 1) -> list[Any]:
         from zoexec.data.tasks import completion_examples
 
-        return completion_examples(rows, task, tokens, path)
+        return completion_examples(rows, task, tokens, path, first=first)

@@ -6,11 +6,13 @@ and eval_loss on the first answers."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from zoexec.data.tasktypes.base import Prompted, PromptType
 
 if TYPE_CHECKING:
+    from zoexec.data.rowfile import Examples
     from zoexec.data.taskfields import TaskFields
     from zoexec.data.tasks import EvalSet, Tokens
 
@@ -21,16 +23,16 @@ class GenerationTask(PromptType):
     options = ("template", "prompt_column", "answer_column", "max_new_tokens", "stop_at")
     metrics = ("eval_loss", "eval_exact_match", "eval_f1")
 
-    def examples(self, rows: list[dict[str, Any]], task: TaskFields, tokens: Tokens,
-                 path: str) -> list[Any]:
+    def examples(self, rows: Sequence[dict[str, Any]], task: TaskFields, tokens: Tokens,
+                 path: str, *, first: int = 1) -> list[Any]:
         from zoexec.data.generation import generation_examples
 
-        return generation_examples(rows, task, tokens, path)
+        return generation_examples(rows, task, tokens, path, first=first)
 
-    def train_rows(self, examples: list[Any], task: TaskFields, *, pad: int, seed: int,
+    def train_rows(self, examples: Examples, task: TaskFields, *, pad: int, seed: int,
                    path: str) -> Any:
-        return super().train_rows([ex.example() for ex in examples], task, pad=pad, seed=seed,
-                                  path=path)
+        return super().train_rows(examples.map(lambda ex, row: ex.example()), task, pad=pad,
+                                  seed=seed, path=path)
 
     def evaluation(self, prompted: Prompted, task: TaskFields) -> EvalSet:
         """A row per example (its first answer: eval_loss) and the prompts to generate

@@ -7,6 +7,7 @@ metrics: zoexec.data.multichoice."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from zoexec.data.presets import preset
@@ -14,6 +15,7 @@ from zoexec.data.tasktypes.base import Prompted, PromptType
 from zoplan.errors import ZoError
 
 if TYPE_CHECKING:
+    from zoexec.data.rowfile import Examples
     from zoexec.data.taskfields import TaskFields
     from zoexec.data.tasks import EvalSet, Tokens
 
@@ -37,13 +39,13 @@ class MultipleChoiceTask(PromptType):
             raise ZoError(f"--choices {task.choices[0]!r}: give two or more templates, "
                           f"'|'-separated")
 
-    def examples(self, rows: list[dict[str, Any]], task: TaskFields, tokens: Tokens,
-                 path: str) -> list[Any]:
+    def examples(self, rows: Sequence[dict[str, Any]], task: TaskFields, tokens: Tokens,
+                 path: str, *, first: int = 1) -> list[Any]:
         from zoexec.data.multichoice import choice_examples
 
-        return choice_examples(rows, task, tokens, path, preset(task.task_preset))
+        return choice_examples(rows, task, tokens, path, preset(task.task_preset), first=first)
 
-    def train_rows(self, examples: list[Any], task: TaskFields, *, pad: int, seed: int,
+    def train_rows(self, examples: Examples, task: TaskFields, *, pad: int, seed: int,
                    path: str) -> Any:
         from zoexec.data.multichoice import MultipleChoiceRows
         from zoexec.data.tasks import TAG_ROWS

@@ -45,7 +45,7 @@ class TextTask:
         return EvalSet(rows=some(data.eval_examples(seq), samples), pad=0)
 
     def check_data(self, path: str, task: TaskFields, *, vocab: int, batch: int, seq: int,
-                   tokenizer_dir: str | None = None) -> None:
+                   tokenizer_dir: str | None = None, steps: int | None = None) -> None:
         from zoexec.data.text import check_data
 
         check_data(str(path), vocab=vocab, batch=batch, seq=seq, tokenizer_dir=tokenizer_dir,

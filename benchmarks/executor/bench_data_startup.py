@@ -1,0 +1,173 @@
+"""Start-up and peak memory of a 5-step run against the size of its data file: does a
+run read what it uses, or the whole file?
+
+Writes, in a temporary folder, the micro model of examples/make_model.py and four
+classification JSONL files of the sentiment example's words ({"sentence": ...,
+"label": 0|1}): 1 row, 100,000 rows, 1,000,000 rows, and one row of 200 MB. Each is
+trained for `--steps` steps (batch 4, seq 32, one CPU rank) by `zoexec run` in a
+process of its own, under an address-space limit (`--limit-gib`, so that a run that
+would take the machine's memory fails instead), and the script prints the wall
+seconds of the whole command (start-up: preflight, reading the data, building the
+model; the steps themselves are milliseconds), the process's peak RSS (wait4's
+ru_maxrss) and the exit code, with each file's ratio to the 1-row file.
+
+    .venv/bin/python benchmarks/executor/bench_data_startup.py
+    .venv/bin/python benchmarks/executor/bench_data_startup.py --before /tmp/before
+
+--before DIR: an earlier tree of the project (zoexec/, zoplan/; e.g. `git archive
+<commit> zoexec zoplan | tar -x -C /tmp/before`) run on the same files beside this
+one (PYTHONPATH=DIR), its figures in columns of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(HERE))
+
+from zoplan.handplan import hand_plan  # noqa: E402
+from zoplan.layout import Layout  # noqa: E402
+from zoplan.workload import Workload  # noqa: E402
+
+WORDS = ("the acting was brilliant charming awful film second half soundtrack "
+         "delightful").split()
+TASK = ["--task", "classification", "--template", "{sentence} It was",
+        "--label-words", "terrible,great"]
+FILES = (("1 row", 1), ("100k rows", 100_000), ("1M rows", 1_000_000), ("200 MB row", None))
+BIG_ROW_BYTES = 200 * 10**6
+
+
+def write_rows(path: Path, count: int, rng: random.Random) -> None:
+    """`count` rows drawn from 1,000 different ones."""
+    pool = [json.dumps({"sentence": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))),
+                        "label": rng.randint(0, 1)}) + "\n" for _ in range(1000)]
+    with path.open("w") as out:
+        for start in range(0, count, 10_000):
+            out.write("".join(rng.choices(pool, k=min(10_000, count - start))))
+
+
+def write_big_row(path: Path) -> None:
+    """One row whose sentence is BIG_ROW_BYTES of the words, written in pieces."""
+    piece = " ".join(WORDS) + " "
+    with path.open("w") as out:
+        out.write('{"label": 1, "sentence": "')
+        for _ in range(BIG_ROW_BYTES // len(piece)):
+            out.write(piece)
+        out.write('the film"}\n')
+
+
+def make_inputs(tmp: Path) -> tuple[Path, Path, dict[str, Path]]:
+    model = tmp / "model"
+    subprocess.run([sys.executable, str(HERE / "examples" / "make_model.py"), str(model),
+                    "--size", "micro", "--seed", "0"], check=True, capture_output=True)
+    plan = hand_plan(model=str(model), layout=Layout(ddp=1),
+                     workload=Workload(batch=4, seq=32, param_dtype="fp32", compute_dtype="fp32"))
+    plan_path = tmp / "plan.json"
+    plan_path.write_text(json.dumps(plan.data))
+    rng, files = random.Random(0), {}
+    for name, count in FILES:
+        path = tmp / f"{name.replace(' ', '-')}.jsonl"
+        write_big_row(path) if count is None else write_rows(path, count, rng)
+        files[name] = path
+    return model, plan_path, files
+
+
+def timed_run(code: Path, cmd: list[str], limit_gib: float) -> tuple[float, float, float, int, str]:
+    """(wall seconds, CPU seconds, peak RSS in MiB, exit code, the last line it printed) of `cmd`
+    with PYTHONPATH=`code`, under an address-space limit."""
+    limit = int(limit_gib * 2**30)
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    start = time.perf_counter()
+    # run from the tree itself: `python -m` puts the working folder first on sys.path
+    proc = subprocess.Popen(cmd, env=env, cwd=code, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, preexec_fn=cap)
+    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    lines = [line for line in out.splitlines() if line.strip()]
+    cpu = usage.ru_utime + usage.ru_stime
+    return wall, cpu, usage.ru_maxrss / 1024, proc.returncode, lines[-1][:110] if lines else ""
+
+
+def run_file(code: Path, model: Path, plan: Path, data: Path, out: Path, *, steps: int,
+             limit_gib: float) -> tuple[float, float, float, int, str]:
+    cmd = [sys.executable, "-m", "zoexec.cli", "run", str(plan), "--model-path", str(model),
+           "--data", str(data), *TASK, "--steps", str(steps), "--out", str(out), "-q",
+           "--threads", "1"]
+    return timed_run(code, cmd, limit_gib)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--before", type=Path, default=None,
+                        help="an earlier tree (zoexec/, zoplan/) to run beside this one")
+    parser.add_argument("--limit-gib", type=float, default=8.0,
+                        help="address-space limit of each run (GiB)")
+    parser.add_argument("--only", nargs="*", default=None, help="names of the files to run")
+    parser.add_argument("--no-now", action="store_true", help="run the --before tree only")
+    args = parser.parse_args()
+    trees = [] if args.no_now else [("now", HERE)]
+    trees += [("before", args.before.resolve())] if args.before else []
+    with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
+        model, plan, files = make_inputs(Path(tmp))
+        figures: dict[tuple[str, str], tuple[float, float, float, int, str]] = {}
+        for name, path in files.items():
+            if args.only and name not in args.only:
+                continue
+            for tree, code in trees:
+                out = Path(tmp) / f"run-{tree}-{name.replace(' ', '-')}"
+                figures[tree, name] = run_file(code, model, plan, path, out, steps=args.steps,
+                                               limit_gib=args.limit_gib)
+                wall, cpu, rss, rc, last = figures[tree, name]
+                print(f"{tree:>6} {name:>10} ({path.stat().st_size / 2**20:8.1f} MiB): "
+                      f"{wall:6.1f} s wall, {cpu:6.1f} s CPU, peak RSS {rss:7.0f} MiB, rc {rc}"
+                      + (f"  [{last}]" if rc else ""), flush=True)
+        report(figures, trees, files)
+
+
+def report(figures: dict, trees: list, files: dict) -> None:
+    """A table: per file and tree, wall and CPU seconds and peak RSS, each with its
+    ratio to the 1-row file's."""
+    print()
+    print(args_line())
+    head = f"{'file':>12}"
+    for tree, _ in trees:
+        head += (f" | {tree + ' wall s':>12} {'x':>5} {'CPU s':>6} {'x':>5} {'RSS MiB':>8} "
+                 f"{'x':>5} {'rc':>3}")
+    print(head)
+    for name in files:
+        line = f"{name:>12}"
+        for tree, _ in trees:
+            got, base = figures.get((tree, name)), figures.get((tree, "1 row"))
+            if got is None:
+                line += f" | {'-':>12} {'':>5} {'':>6} {'':>5} {'':>8} {'':>5} {'':>3}"
+                continue
+            wall, cpu, rss, rc, _ = got
+            ratios = [f"{a / b:.2f}" if base else "-" for a, b in zip((wall, cpu, rss), base or (1, 1, 1))]
+            line += (f" | {wall:12.1f} {ratios[0]:>5} {cpu:6.1f} {ratios[1]:>5} {rss:8.0f} "
+                     f"{ratios[2]:>5} {rc:>3}")
+        print(line)
+
+
+def args_line() -> str:
+    return "command: " + " ".join([Path(sys.executable).name, *sys.argv])
+
+
+if __name__ == "__main__":
+    main()
