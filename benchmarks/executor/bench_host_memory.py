@@ -31,8 +31,9 @@ from pathlib import Path
 from zoexec.config import RunConfig
 from zoexec.launch.spawn import _context, spawn_local
 from zoplan.handplan import hand_plan
+from zoplan.hostmemory import node_host_memory
 from zoplan.layout import Layout
-from zoplan.memory import node_host_memory, rank_memory
+from zoplan.memory import rank_memory
 from zoplan.models import get_model
 from zoplan.trace import read_trace
 from zoplan.workload import Workload

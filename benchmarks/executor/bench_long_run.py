@@ -35,9 +35,9 @@ import psutil
 
 from zoexec.config import RunConfig
 from zoexec.launch.spawn import run_in_process, spawn_local
+from zoplan.catalogue import CATALOGUE_CONFIGS
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
-from zoplan.models import CATALOGUE_CONFIGS
 from zoplan.workload import Workload
 
 MIB = 2**20

@@ -30,7 +30,7 @@ CONTRACTS = {"zoplan", "zoplan.errors", "zoplan.io", "zoplan.models", "zoplan.wo
              "zoplan.layout", "zoplan.plan", "zoplan.trace", "zoplan.execrules", "zoplan.memory",
              "zoplan.handplan", "zoplan.lengths", "zoplan.lora", "zoplan.prefix",
              "zoplan.usage", "zoplan.estimators", "zoplan.configfile", "zoplan.names",
-             "zoplan.hubcache", "zoplan.modeldir"}
+             "zoplan.hubcache", "zoplan.modeldir", "zoplan.catalogue", "zoplan.hostmemory"}
 EXCEPTIONS = {("zoplan.cli", "zoexec.profiler")}   # `zoplan profile` measures with torch
 # The executor's layers, lowest first: the maths every layer shares; data and the model
 # families; the run configuration and the oracle; the process runtime; the node's block
@@ -40,7 +40,7 @@ EXECUTOR_LAYERS = (
     ("zoexec.maths", "zoexec.fields"),   # fields: how an option is declared (any layer may)
     ("zoexec.data",),
     ("zoexec.model",),
-    ("zoexec.config", "zoexec.reference"),
+    ("zoexec.config", "zoexec.planned", "zoexec.reference"),
     ("zoexec.runtime",),
     ("zoexec.store",),
     ("zoexec.profiler",),
