@@ -287,7 +287,7 @@ class Outcome:
     first: int | None = None
     signum: int | None = None
     grace_s: float = RuntimeOptions.stop_grace_s   # --stop-grace-s
-    exitcodes: list = field(default_factory=list)
+    exitcodes: list[int | None] = field(default_factory=list)
     killed: dict[int, str] = field(default_factory=dict)
 
 
