@@ -22,7 +22,7 @@ import re
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from zoexec.data.batch import Example
 from zoexec.data.records import check_columns
@@ -31,7 +31,18 @@ from zoplan.errors import ZoError
 
 if TYPE_CHECKING:
     from zoexec.data.taskfields import TaskFields
-    from zoexec.data.tasks import Tokens
+
+
+class Tokens(Protocol):
+    """What this module uses of zoexec.data.tasks.Tokens (not imported: tasks imports
+    this module)."""
+
+    eos: int | None
+    pad: int
+    tokenizer: Any
+
+    def encode(self, text: str, *, special: bool, what: str,
+               where: str | None = None) -> list[int]: ...
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
