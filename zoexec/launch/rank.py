@@ -155,7 +155,8 @@ def _write_trace(cfg: RunConfig, env: zgroups.DistEnv, trainer: Trainer, memory:
     nothing was kept and nothing is gathered."""
     if not cfg.logging.trace:
         return
-    cast(Any, trainer.lanes).spans.close()   # CpuLanes or CudaLanes (Trainer.lanes: object)
+    lanes: Any = trainer.lanes   # CpuLanes or CudaLanes (Trainer.lanes: object)
+    lanes.spans.close()
     meta_extra = {**meta_extra, "records": [r.to_dict() for r in meta_extra["records"]]}
     with failing("trace", rank=env.rank):
         memories = zgroups.gather_objects(env, memory)
