@@ -3,7 +3,8 @@
 - docs/options.md's reference part, from the option fields: every option of every
   section (zoexec.config.SECTIONS, EvalOptions) with its names, default, help, the
   commands that take it and what a resume does with it, and what each task type reads
-  (zoexec.data.tasktypes); the part above MARKER is prose, kept as it is;
+  (zoexec.data.tasktypes); then every option of `zoplan optimize`, section by section
+  (zoplan.request.SECTIONS); the part above MARKER is prose, kept as it is;
 - the README's Figures section, a copy of docs/figures.md's "At a glance" section
   (links made relative to the repository's root);
 - the GPU figures of docs/gpu.md and docs/figures.md (scripts/gpu_figures.py): table
@@ -110,6 +111,34 @@ def task_types_table() -> list[str]:
     return lines
 
 
+def planner_tables() -> list[str]:
+    """`zoplan optimize`'s options, a table per section of its request."""
+    from zoplan.request import SECTIONS, cli_names, key_of, option_fields, shown_default
+
+    lines = ["## `zoplan optimize`", "",
+             "Made from the request's fields (`zoplan/request.py`) by `scripts/gen_docs.py`. "
+             "*in --config*: the option's name in a `--config FILE` (YAML or JSON; its other "
+             "long names and the field's name with `_` are taken too); the command line "
+             "overrides the file, and `--print-config` writes one.", ""]
+    for section in SECTIONS.values():
+        lines += [f"### {section.PANEL}", "",
+                  "| option | default | what it does | in --config |",
+                  "|--------|---------|--------------|-------------|"]
+        for f in option_fields(section):
+            metavar = f" {f.metadata['metavar']}" if f.metadata["metavar"] else ""
+            names = ", ".join(f"`{n}{metavar}`" for n in cli_names(f))
+            default = f"`{shown_default(f)}`" if shown_default(f) else ""
+            choices = f.metadata["choices"]
+            if choices:
+                default += (" of " if default else "one of ") + ", ".join(f"`{c}`" for c in choices)
+            if f.metadata["required"]:
+                default = "required"
+            lines.append(f"| {_cell(names)} | {_cell(default)} | "
+                         f"{_cell(f.metadata['help'])} | `{key_of(f)}` |")
+        lines.append("")
+    return lines
+
+
 def generated() -> str:
     """The reference part of docs/options.md (after MARKER)."""
     from zoexec.config import SECTIONS, EvalOptions
@@ -127,8 +156,9 @@ def generated() -> str:
     lines += ["## What each task type reads", "",
               "From the registry (`zoexec/data/tasktypes/`); an option set for a task type "
               "that does not read it is refused. `--data`, `--task-preset`, `--eval-data` "
-              "and `--eval-samples` go with every type.", "", *task_types_table()]
-    return "\n".join(lines) + "\n"
+              "and `--eval-samples` go with every type.", "", *task_types_table(), "",
+              *planner_tables()]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def current(text: str) -> str:

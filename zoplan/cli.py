@@ -1,4 +1,6 @@
-"""`zoplan` command line: thin typer commands that parse, call one function, render.
+"""`zoplan` command line: thin typer commands that parse, call one function, render;
+`zoplan optimize`'s options are made from the request's fields (zoplan.request), merged
+over a --config file's.
 
 Every user-facing problem is a ZoError: one red line on stderr, exit code 2, and no
 half-written output file.
@@ -10,6 +12,8 @@ the executor package's profiler (zoexec.profiler), which measures with torch.
 from __future__ import annotations
 
 import functools
+import inspect
+import typing
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,24 +21,21 @@ import typer
 from rich.console import Console
 
 from zoplan import calibrate as calibration
-from zoplan import profiling, search
+from zoplan import configfile, profiling, search
 from zoplan.errors import ZoError, exit_with_error, need_exec_extra
-from zoplan.estimators import (
-    DEFAULT_ESTIMATOR,
-    DEFAULT_LOWRANK_EVERY,
-    DEFAULT_LOWRANK_RANK,
-    DEFAULT_SPARSE_SHARE,
-    EstimatorSpec,
-)
-from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
 from zoplan.hardware import load_profile
 from zoplan.io import atomic_write_text, check_writable, dumps_canonical
-from zoplan.lora import DEFAULT_LORA_ALPHA, DEFAULT_LORA_R, DEFAULT_LORA_TARGETS
 from zoplan.origins import counts
-from zoplan.prefix import DEFAULT_PREFIX_TOKENS
 from zoplan.profiling.spec import SpecSheet, build_spec_profile, spec_name_ok
+from zoplan.request import (
+    PlanRequest,
+    all_fields,
+    cli_names,
+    config_keys,
+    field_hints,
+    shown_default,
+)
 from zoplan.search.rent import Option, rent
-from zoplan.search.tuning import TUNING_CHOICES
 from zoplan.usage import OneLineUsage
 from zoplan.views import calibrate as calibrate_view
 from zoplan.views import optimize as optimize_view
@@ -77,119 +78,79 @@ def profiles_cmd() -> None:
     render_profiles(console)
 
 
-@command("optimize")
-def optimize_cmd(
-    model: Annotated[str, typer.Option(help="Catalogue name (see `zoplan models`) or path to an HF config.json")],
-    gpus: Annotated[int, typer.Option(help="The most GPUs (ranks) the plan may use; fewer when that is faster")],
-    profile: Annotated[Optional[str], typer.Option(help="Shipped profile name or profile JSON path")] = None,
-    batch: Annotated[int, typer.Option(help="Global batch (sequences per step)")] = 16,
-    seq: Annotated[int, typer.Option(help="Tokens per sequence")] = 512,
-    precision: Annotated[Optional[str], typer.Option(help="Compute precision: fp16, bf16 or fp32 (default: the model family's dtype on GPUs, fp32 on CPUs)")] = None,
-    update: Annotated[Optional[str], typer.Option(help="How updates reach the weights: master (fp32 masters), stochastic (16-bit, stochastic rounding) or plain (16-bit, round to nearest: loses most MeZO updates); default: master and stochastic searched")] = None,
-    tf32: Annotated[bool, typer.Option("--tf32/--no-tf32", help="fp32 GEMMs on CUDA may use TF32 tensor cores")] = True,
-    pertp: Annotated[Optional[int], typer.Option(help="Fix Perturbation-Parallel degree (1 or 2)")] = None,
-    ddp: Annotated[Optional[int], typer.Option(help="Fix Data-Parallel degree")] = None,
-    slices: Annotated[Optional[int], typer.Option(help="Fix slice group size (1 = every GPU pulls the whole block)")] = None,
-    prefetch: Annotated[Optional[int], typer.Option(help="Fix prefetch depth (block buffers per GPU)")] = None,
-    lengths: Annotated[Optional[Path], typer.Option(help="Row lengths of the data (`zoexec lengths DATA ... -o lengths.json`): the step is priced at a batch's expected padded width (at most --seq); memory stays sized for --seq")] = None,
-    placement: Annotated[str, typer.Option(help="Where the blocks live: host (every block offloaded, streamed each step) or auto (the search keeps as many resident on the GPUs as fit)")] = "auto",
-    tuning: Annotated[str, typer.Option(help="full (every weight), lora (adapters on a frozen, read-only base), prefix (prefix keys and values on a frozen base) or auto (full and lora searched and shown side by side; the faster is written)")] = "full",
-    lora_r: Annotated[int, typer.Option(help="LoRA rank r (MeZO's LoRA runs: 8)")] = DEFAULT_LORA_R,
-    lora_alpha: Annotated[int, typer.Option(help="LoRA alpha: the adapters' output is scaled by alpha / r (MeZO's: 16)")] = DEFAULT_LORA_ALPHA,
-    lora_targets: Annotated[str, typer.Option(help="Block modules LoRA adapts, comma-separated (default: the attention query and value projections)")] = ",".join(DEFAULT_LORA_TARGETS),
-    prefix_tokens: Annotated[int, typer.Option(help="Prefix tuning: keys and values per block (MeZO's prefix runs: 5)")] = DEFAULT_PREFIX_TOKENS,
-    estimator: Annotated[str, typer.Option(help="The zeroth-order estimator: mezo (z over every weight), lowrank (U V^T per matrix, V kept for --lowrank-every steps) or sparse (the smallest-magnitude --sparse-share of each tensor); docs/estimators.md")] = DEFAULT_ESTIMATOR,
-    lowrank_rank: Annotated[int, typer.Option(help="lowrank: the rank r of U V^T")] = DEFAULT_LOWRANK_RANK,
-    lowrank_every: Annotated[int, typer.Option(help="lowrank: steps V is kept before it is redrawn")] = DEFAULT_LOWRANK_EVERY,
-    sparse_share: Annotated[float, typer.Option(help="sparse: the share of each tensor perturbed and updated")] = DEFAULT_SPARSE_SHARE,
-    directions: Annotated[int, typer.Option(help="Directions a step, each on its equal part of the global batch (each DDP group its own where the layout has groups)")] = 1,
-    sweep_nodes: Annotated[bool, typer.Option("--sweep-nodes", help="Also print throughput against node count (the winner's per-node plan)")] = False,
-    output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Where to write the plan")] = Path("plan.json"),
-    json_out: Annotated[bool, typer.Option("--json", help="Print the plan JSON to stdout instead of the tables")] = False,
-    top: Annotated[int, typer.Option(help="Candidates shown in the table")] = 8,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No tables, no timeline: just write the plan")] = False,
-    sensitivity: Annotated[bool, typer.Option("--sensitivity/--no-sensitivity", help="Price the winner again with each assumed figure of the profile at the ends of its plausible range: the step as a range, the figures that move it, whether the winner stays the winner (docs/planner.md)")] = True,
-) -> None:
+def _option_param(f, hint, panel: str) -> inspect.Parameter:
+    """The typer parameter of one request field: default None, so that what was given
+    is known and overrides --config; the field's default is what --help shows."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if args else hint
+    if f.metadata["parse"] is not None or typing.get_origin(base) is tuple:
+        base = str
+    choices = f.metadata["choices"]
+    metavar = f.metadata["metavar"] or ("[" + "|".join(map(str, choices)) + "]" if choices
+                                        else None)
+    opt = typer.Option(*cli_names(f), help=f.metadata["help"], rich_help_panel=panel,
+                       show_default=shown_default(f) or False, metavar=metavar)
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[Optional[base], opt])
+
+
+CONFIG_PARAMS = [
+    inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        Optional[Path], typer.Option(metavar="FILE", rich_help_panel="Request file", help=(
+            "Options from a YAML or JSON file, each under its option name (`lora-r: 16`); "
+            "the command line overrides the file"))]),
+    inspect.Parameter("print_config", inspect.Parameter.KEYWORD_ONLY, default=False,
+                      annotation=Annotated[bool, typer.Option(
+                          "--print-config", rich_help_panel="Request file", help=(
+                              "Print the request as YAML (every option, the file's and "
+                              "the command line's) for --config, and plan nothing"))]),
+]
+
+
+def optimize_cmd(*, config: Path | None = None, print_config: bool = False, **values) -> None:
     """Search PertP x DDP layouts, slice size, prefetch depth, block placement and the
     devices used; write the best as a plan."""
-    optimize_view.check_top(top)
-    lora = lora_options(tuning, r=lora_r, alpha=lora_alpha, targets=lora_targets)
-    lora.update(prefix_options(tuning, prefix_tokens))
-    lora["estimator"] = estimator_options(estimator=estimator, lowrank_rank=lowrank_rank,
-                                          lowrank_every=lowrank_every,
-                                          sparse_share=sparse_share, directions=directions)
-    plans = None
-    with optimize_view.search_progress(enabled=not (quiet or json_out)) as progress:
-        request = dict(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
-                       precision=precision, update=update, tf32=tf32, pertp=pertp, ddp=ddp,
-                       slices=slices, prefetch=prefetch, placement=placement, output=output,
-                       progress=progress, lengths=None if lengths is None else str(lengths),
-                       sensitivity=sensitivity, **lora)
-        if tuning == "auto":
-            plan, plans = search.optimize_tunings(**request)
-        else:
-            plan = search.optimize(**request)
+    request = optimize_request(config, values)
+    if print_config:
+        console.file.write(configfile.dumps(request.config()))
+        return
+    out = request.output
+    with optimize_view.search_progress(enabled=not (out.quiet or out.json_out)) as progress:
+        plan, plans = search.plan_request(request, progress=progress)
     warning = optimize_view.rough_profile_warning(plan)
     if warning:
         Console(stderr=True).print(warning, style="yellow", highlight=False)
-    if json_out:
+    if out.json_out:
         console.file.write(plan.to_json())
-    elif not quiet:
-        optimize_view.render_optimize(plan, console, top=top, output=Path(output),
-                                      profile_arg=profile, sweep_nodes=sweep_nodes)
+    elif not out.quiet:
+        optimize_view.render_optimize(plan, console, top=out.top, output=Path(out.output),
+                                      profile_arg=request.hardware.profile,
+                                      sweep_nodes=out.sweep_nodes)
         render_short_timeline(plan, console)
         if plans is not None:
-            render_tunings(plans, plan.workload.tuning, console, output=output)
+            render_tunings(plans, plan.workload.tuning, console, output=out.output)
 
 
-def lora_options(tuning: str, *, r: int, alpha: int, targets: str) -> dict:
-    """optimize's tuning arguments: a ZoError for an unknown --tuning, a --lora-r or
-    --lora-alpha below 1, or empty --lora-targets."""
-    if tuning not in TUNING_CHOICES:
-        raise ZoError(f"--tuning must be one of {', '.join(TUNING_CHOICES)}, got {tuning!r}")
-    names = tuple(t.strip() for t in targets.split(",") if t.strip())
-    for flag, value in (("--lora-r", r), ("--lora-alpha", alpha)):
-        if value < 1:
-            raise ZoError(f"{flag} {value}: must be a whole number >= 1")
-    if not names:
-        raise ZoError(f"--lora-targets {targets!r}: name at least one block module (q_proj)")
-    settings = {"lora_r": r, "lora_alpha": alpha, "lora_targets": names}
-    if tuning == "full":
-        given = [f for f, v, d in (("--lora-r", r, DEFAULT_LORA_R),
-                                   ("--lora-alpha", alpha, DEFAULT_LORA_ALPHA),
-                                   ("--lora-targets", names, DEFAULT_LORA_TARGETS)) if v != d]
-        if given:
-            raise ZoError(f"{', '.join(given)}: settings of --tuning lora (or auto), not full")
-        return {}
-    if tuning == "prefix":
-        if settings != {"lora_r": DEFAULT_LORA_R, "lora_alpha": DEFAULT_LORA_ALPHA,
-                        "lora_targets": DEFAULT_LORA_TARGETS}:
-            raise ZoError("--lora-r, --lora-alpha and --lora-targets are settings of --tuning "
-                          "lora, not prefix")
-        return {"tuning": "prefix"}
-    return settings if tuning == "auto" else {"tuning": "lora", **settings}
+def optimize_request(config: Path | None, values: dict) -> PlanRequest:
+    """The checked request: the --config file's options, then those given on the
+    command line over them (None: not given; a field's text parsed by the field)."""
+    merged: dict = {}
+    if config is not None:
+        data = configfile.read_mapping(config)
+        merged = configfile.field_values(data, config_keys(), field_hints(),
+                                         where=f"--config {config}")
+    parse = {f.name: f.metadata["parse"] for _, f in all_fields()}
+    for name, value in values.items():
+        if value is not None:
+            merged[name] = parse[name](value) if parse[name] and isinstance(value, str) else value
+    return PlanRequest.make(**merged)
 
 
-def estimator_options(**given) -> dict | None:
-    """optimize's estimator arguments: the settings that are not MeZO-SGD's defaults
-    (None: plain MeZO-SGD), a ZoError naming a bad one (a setting of another estimator)."""
-    changed = {k: v for k, v in given.items() if v != ESTIMATOR_DEFAULTS[k]}
-    try:
-        EstimatorSpec(**changed)
-    except ValueError as exc:
-        raise ZoError(f"--{str(exc).replace('_', '-')}") from None
-    return changed or None
-
-
-def prefix_options(tuning: str, tokens: int) -> dict:
-    """optimize's --prefix-tokens: a ZoError below 1 or with another --tuning."""
-    if tokens < 1:
-        raise ZoError(f"--prefix-tokens {tokens}: must be a whole number >= 1")
-    if tuning != "prefix":
-        if tokens != DEFAULT_PREFIX_TOKENS:
-            raise ZoError(f"--prefix-tokens {tokens}: a setting of --tuning prefix, not {tuning}")
-        return {}
-    return {"prefix_tokens": tokens}
+_HINTS = field_hints()
+optimize_cmd.__signature__ = inspect.Signature([   # type: ignore[attr-defined]
+    *(_option_param(f, _HINTS[f.name], section.PANEL) for section, f in all_fields()),
+    *CONFIG_PARAMS])
+optimize_cmd = command("optimize")(optimize_cmd)
 
 
 @command("profile")

@@ -31,7 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-ESTIMATORS = ("mezo", "lowrank", "sparse")
+from zoplan.names import ESTIMATORS as ESTIMATORS  # declared there, read here
+
 DEFAULT_ESTIMATOR = "mezo"
 DEFAULT_LOWRANK_RANK = 2       # ours; LOZO's experiments use small ranks (its r = 1..8)
 DEFAULT_LOWRANK_EVERY = 50     # steps V is kept (LOZO's lazy sampling interval nu)

@@ -8,9 +8,10 @@ optimize` writes the real thing.
 
 from __future__ import annotations
 
+from zoplan.hostmemory import node_host_memory
 from zoplan.io import sha256_json
 from zoplan.layout import Layout
-from zoplan.memory import node_host_memory, rank_memory
+from zoplan.memory import rank_memory
 from zoplan.models import ModelSpec, get_model
 from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, compact_ranks, tool_info
 from zoplan.workload import Workload

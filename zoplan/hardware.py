@@ -91,6 +91,7 @@ from typing import Any
 
 from zoplan.errors import ZoError
 from zoplan.hwcheck import PROFILE_SCHEMA_VERSION, validate
+from zoplan.hwcheck import Z_MODEL as Z_MODEL  # the CPU z model's figures, for pricing
 from zoplan.io import dumps_canonical, load_json, sha256_json
 from zoplan.origins import Origin, check_origins, figure_origins
 

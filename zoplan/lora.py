@@ -16,8 +16,8 @@ block's module order, lora_A then lora_B.
 from __future__ import annotations
 
 from zoplan.models import ModelSpec
+from zoplan.names import TUNINGS as TUNINGS  # declared there (prefix: zoplan.prefix)
 
-TUNINGS = ("full", "lora", "prefix")   # prefix: zoplan.prefix
 DEFAULT_LORA_R = 8            # MeZO's LoRA runs (and PEFT's default r)
 DEFAULT_LORA_ALPHA = 16       # MeZO's LoRA runs
 DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")   # the attention query and value projections

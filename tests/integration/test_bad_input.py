@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 from zoexec.store import shmfiles
+from zoplan.catalogue import CATALOGUE_CONFIGS
 from zoplan.hardware import PROFILES_DIR
 from zoplan.io import sha256_json
-from zoplan.models import CATALOGUE_CONFIGS
 from zoplan.plan import Plan
 from zoplan.search import optimize
 from zoplan.trace import write_trace

@@ -35,9 +35,10 @@ from typer.testing import CliRunner
 from zoexec.cli import app
 from zoexec.options import build_config
 from zoexec.run.verify import seal
+from zoplan.catalogue import CATALOGUE_CONFIGS
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
-from zoplan.models import CATALOGUE_CONFIGS, get_model
+from zoplan.models import get_model
 from zoplan.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))

@@ -1,7 +1,7 @@
 """The loop of issue 4 end to end on this machine's CPUs: measure it (`zoplan profile
 --cpu --quick`), plan the smallest model for 2 gloo ranks on that profile, run the plan
 with `zoexec run --trace`, and compare with `zoplan calibrate --fit`. No timing is
-asserted (the machine may be busy); benchmarks/bench_calibration.py reports the errors."""
+asserted (the machine may be busy); benchmarks/planner/bench_calibration.py reports the errors."""
 
 from __future__ import annotations
 

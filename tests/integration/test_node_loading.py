@@ -1,7 +1,7 @@
 """Building the node's model across processes: the other local ranks wait for the
 builder as long as the bytes to fill need (not the process group's timeout), give up
 with a ZoError saying what they waited for, and the builder holds about one block plus
-the resident parts beyond the store (measured by benchmarks/bench_load_memory.py)."""
+the resident parts beyond the store (measured by benchmarks/executor/bench_load_memory.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from zoplan.layout import Layout
 pytestmark = pytest.mark.serial   # scripts/test.sh runs it alone: see pyproject.toml
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "bench_load_memory.py"
+BENCH = ROOT / "benchmarks" / "executor" / "bench_load_memory.py"
 
 
 # The ranks' events, so that no outcome depends on how fast the machine runs: each rank

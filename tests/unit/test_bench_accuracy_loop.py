@@ -1,5 +1,5 @@
-"""The accuracy benchmark's plain baselines (benchmarks/accuracy_plain.py) and its data
-split (benchmarks/accuracy_setup.py), on a tiny random Llama model with tied embeddings
+"""The accuracy benchmark's plain baselines (benchmarks/accuracy/accuracy_plain.py) and its data
+split (benchmarks/accuracy/accuracy_setup.py), on a tiny random Llama model with tied embeddings
 and grouped-query attention: the candidate loss against a hand computation, the head at
 the last real token of right-padded rows, one MeZO step against its formula, the scorer
 against the candidates' logits. Nothing is downloaded."""
@@ -15,7 +15,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "accuracy"))
 from accuracy_plain import (  # noqa: E402
     PlainTask,
     candidate_logits,

@@ -1,4 +1,4 @@
-"""The accuracy benchmark's comparison of estimators (benchmarks/accuracy_estimators.py):
+"""The accuracy benchmark's comparison of estimators (benchmarks/accuracy/accuracy_estimators.py):
 its --compare entries, the planner options each makes, and the table from a results
 dict (accuracy per evaluation, s/step, training seconds to the baseline's accuracy).
 Nothing is run or downloaded."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy"))
 from accuracy_estimators import Entry, parse_compare, plan_args, table_lines  # noqa: E402
 
 

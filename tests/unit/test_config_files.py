@@ -35,9 +35,9 @@ def test_any_name_of_an_option_is_a_key(tmp_path):
     ("lr: fast\n", "lr: 'fast' is not a number"),
     ("steps: 2.5\n", "steps: 2.5 is not a whole number"),
     ("quiet: 1\n", "quiet: 1 is not true or false"),
-    ("- lr\n", "holds a list, not a mapping of option names to values"),
+    ("- lr\n", "must be a mapping of option names to values (e.g. `batch: 16`), got list"),
     ("lr: 1\nlearning_rate: 2\n", "'learning_rate' sets 'lr' a second time"),
-    ("lr: [1\n", "not valid YAML (line 2)"),
+    ("lr: [1\n", "not valid YAML (line 2: "),
 ])
 def test_a_bad_config_is_one_line(tmp_path, text, message):
     with pytest.raises(ZoError) as err:

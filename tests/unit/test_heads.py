@@ -176,9 +176,9 @@ def test_the_loss_of_a_moved_batch_never_makes_the_host_read_the_device(request)
 
 
 def test_the_steps_loss_vector_is_made_on_the_device(monkeypatch):
-    """engine.loss_vector fills the all-reduce vector in place: torch.tensor(list,
+    """streams.loss_vector fills the all-reduce vector in place: torch.tensor(list,
     device=cuda) would copy from pageable host memory, which waits for the stream."""
-    from zoexec.train.engine import loss_vector
+    from zoexec.train.streams import loss_vector
 
     made = []
     monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or torch.zeros(1))

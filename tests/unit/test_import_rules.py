@@ -6,8 +6,8 @@ included):
   function-local imports);
 - zoexec, the executor, imports of zoplan only the contracts both halves share, and
   those contracts import only each other;
-- zoexec's packages stand in layers (EXECUTOR_LAYERS): a module imports only from its
-  own layer or lower ones;
+- zoexec's packages stand in layers (EXECUTOR_LAYERS), and so do zoplan's
+  (PLANNER_LAYERS): a module imports only from its own layer or lower ones;
 - no module of zoplan or zoexec reaches itself through its imports (no import circle).
 Imports under `if TYPE_CHECKING:` name types for the type checker and never run: they
 count for the planner's rule (no torch, no executor) and for circles (two modules that
@@ -29,8 +29,8 @@ NEEDS_TORCH = ("torch", "transformers", "safetensors", "numpy", "psutil", "zoexe
 CONTRACTS = {"zoplan", "zoplan.errors", "zoplan.io", "zoplan.models", "zoplan.workload",
              "zoplan.layout", "zoplan.plan", "zoplan.trace", "zoplan.execrules", "zoplan.memory",
              "zoplan.handplan", "zoplan.lengths", "zoplan.lora", "zoplan.prefix",
-             "zoplan.usage", "zoplan.estimators", "zoplan.configfile",
-             "zoplan.hubcache", "zoplan.modeldir"}
+             "zoplan.usage", "zoplan.estimators", "zoplan.configfile", "zoplan.names",
+             "zoplan.hubcache", "zoplan.modeldir", "zoplan.catalogue", "zoplan.hostmemory"}
 EXCEPTIONS = {("zoplan.cli", "zoexec.profiler")}   # `zoplan profile` measures with torch
 # The executor's layers, lowest first: the maths every layer shares; data and the model
 # families; the run configuration and the oracle; the process runtime; the node's block
@@ -40,7 +40,7 @@ EXECUTOR_LAYERS = (
     ("zoexec.maths", "zoexec.fields"),   # fields: how an option is declared (any layer may)
     ("zoexec.data",),
     ("zoexec.model",),
-    ("zoexec.config", "zoexec.reference"),
+    ("zoexec.config", "zoexec.planned", "zoexec.reference"),
     ("zoexec.runtime",),
     ("zoexec.store",),
     ("zoexec.profiler",),
@@ -50,6 +50,22 @@ EXECUTOR_LAYERS = (
     ("zoexec.launch",),
     ("zoexec.options", "zoexec.cli", "zoexec"),
 )
+# The planner's layers, lowest first (docs/code.md): its top-level modules (the
+# contracts, the profile and its validator, the request's declaration: the facts every
+# layer reads); the prices of a profile's figures; the step's task graph and
+# simulation; the search and the plan it writes; measuring a machine and calibrating
+# against a trace; the rich views; the face. The longest prefix decides.
+PLANNER_LAYERS = (
+    ("zoplan",),
+    ("zoplan.pricing",),
+    ("zoplan.sim",),
+    ("zoplan.search",),
+    ("zoplan.profiling", "zoplan.calibrate"),
+    ("zoplan.views",),
+    ("zoplan.cli",),
+)
+# Within a layer: pricing reads a profile through zoplan.hardware, never the validator.
+PLANNER_FORBIDDEN = (("zoplan.pricing", "zoplan.hwcheck"),)
 
 
 def module_name(path: Path) -> str:
@@ -125,22 +141,32 @@ def executor_violations() -> list[str]:
     return bad
 
 
-def layer_of(module: str) -> int:
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = EXECUTOR_LAYERS) -> int:
     best, layer = -1, None
-    for i, prefixes in enumerate(EXECUTOR_LAYERS):
+    for i, prefixes in enumerate(layers):
         for prefix in prefixes:
             if under(module, (prefix,)) and len(prefix) > best:
                 best, layer = len(prefix), i
-    assert layer is not None, f"{module} is in no layer of EXECUTOR_LAYERS"
+    assert layer is not None, f"{module} is in no layer of {layers}"
     return layer
 
 
-def layer_violations() -> list[str]:
+def layer_violations(package: str = "zoexec",
+                     layers: tuple[tuple[str, ...], ...] = EXECUTOR_LAYERS) -> list[str]:
     bad = []
-    for mod, path in modules("zoexec").items():
+    for mod, path in modules(package).items():
         for name, line, _ in imports(path, type_only=False):
-            if under(name, ("zoexec",)) and layer_of(name) > layer_of(mod):
+            if under(name, (package,)) and layer_of(name, layers) > layer_of(mod, layers):
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}, a higher layer")
+    return bad
+
+
+def planner_layer_violations() -> list[str]:
+    bad = layer_violations("zoplan", PLANNER_LAYERS)
+    for mod, path in modules("zoplan").items():
+        for name, line, _ in imports(path, type_only=False):
+            if any(under(mod, (a,)) and under(name, (b,)) for a, b in PLANNER_FORBIDDEN):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}, the validator")
     return bad
 
 
@@ -227,6 +253,35 @@ def test_a_contract_that_reaches_into_the_planner_is_found(tree):
 
 def test_the_executor_imports_only_its_own_layer_or_lower_ones():
     assert layer_violations() == []
+
+
+def test_the_planner_imports_only_its_own_layer_or_lower_ones():
+    assert planner_layer_violations() == []
+
+
+PLANNER_PROBES = (   # (file, source): each breaks one step of PLANNER_LAYERS
+    ("_probe_top.py", "from zoplan.pricing.compute import forward_flops\n"),   # contracts < pricing
+    ("pricing/_probe_sim.py", "from zoplan.sim.graph import step_costs\n"),    # pricing < sim
+    ("pricing/_probe_views.py", "from zoplan.views.common import fmt\n"),      # (devicemem's once)
+    ("sim/_probe_search.py", "from zoplan.search.space import Request\n"),     # sim < search
+    ("search/_probe_calibrate.py", "from zoplan.calibrate import calibrate\n"),   # < calibrate
+    ("calibrate/_probe_views.py", "from zoplan.views.show import show_command\n"),  # < views
+    ("views/_probe_cli.py", "def f():\n    from zoplan.cli import app\n"),    # views < cli
+    ("pricing/_probe_hwcheck.py", "from zoplan.hwcheck import Z_MODEL\n"),    # (zo.py's once)
+)
+
+
+def test_each_planner_layer_broken_is_found(tree):
+    """A planner module that imports a higher layer (inside a function too) is found:
+    one probe per step of the layers, all in one copy of the tree."""
+    assert planner_layer_violations() == []
+    for where, source in PLANNER_PROBES:
+        (tree / "zoplan" / where).write_text(source)
+    found = planner_layer_violations()
+    for where, source in PLANNER_PROBES:
+        name = source.split("from ")[1].split(" import")[0]
+        assert any(f"{where}:{source.count(chr(10))} imports {name}," in v
+                   for v in found), (where, found)
 
 
 def test_no_module_imports_itself_through_others():

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from zoplan import memory
+from zoplan import hostmemory, memory
 from zoplan.execrules import chunk_bounds, z_chunk, z_draw_calls
 from zoplan.layout import Layout
 from zoplan.models import get_model
@@ -69,10 +69,10 @@ def test_a_cuda_nodes_host_bytes_depend_on_its_ranks_and_slices_alone(workload):
     """node_host_memory prices a CUDA node's host memory on Layout(ddp=local ranks,
     slices) for every layout (cached): the same terms as from the whole layout."""
     model = get_model("opt-125m")
-    whole_layout = memory._node_host.__wrapped__   # the body, on the layout as given
+    whole_layout = hostmemory._node_host.__wrapped__   # the body, on the layout as given
     for layout in _layouts():
         for resident in (0, 3):
             whole = whole_layout(model, workload, layout, "cuda", True, resident)
-            node = memory.node_host_memory(model=model, workload=workload, layout=layout,
-                                           device_kind="cuda", resident_blocks=resident)
+            node = hostmemory.node_host_memory(model=model, workload=workload, layout=layout,
+                                               device_kind="cuda", resident_blocks=resident)
             assert whole == node, layout

@@ -35,6 +35,7 @@ from zoplan.estimators import EstimatorSpec
 from zoplan.execrules import SR_SCRATCH
 from zoplan.handplan import hand_plan
 from zoplan.hardware import load_profile
+from zoplan.hostmemory import node_host_memory
 from zoplan.layout import Layout
 from zoplan.memory import (
     ALIGN_ELEMENTS,
@@ -43,7 +44,6 @@ from zoplan.memory import (
     estimator_transient,
     kernel_scratch_terms,
     nccl_groups,
-    node_host_memory,
     rank_memory,
     store_stride,
 )

@@ -6,7 +6,8 @@ import pytest
 import torch
 import transformers
 
-from zoplan.models import CATALOGUE_CONFIGS, get_model
+from zoplan.catalogue import CATALOGUE_CONFIGS
+from zoplan.models import get_model
 
 
 def build_meta(config: dict):

@@ -1,5 +1,5 @@
 """Every figure ZO2, MeZO and DistZO2 published stays within its tolerance
-(benchmarks/published.py; docs/validation.md): a cost or memory term changed so that one
+(benchmarks/published/published.py; docs/validation.md): a cost or memory term changed so that one
 figure drifts out fails here, whichever figure it is, so no constant can be fitted to one
 figure at another's expense unseen."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "published"))
 
 import published  # noqa: E402
 

@@ -151,7 +151,7 @@ def test_rank_exceptions_are_refused_in_this_version(plan_1024):
 
 def test_65536_gpus_plan_into_a_small_file(tmp_path):
     """65,536 GPUs plan into a file under 1 MB with the rank table as a rule (how fast:
-    benchmarks/bench_search.py measures it; a timed assertion here would only measure
+    benchmarks/planner/bench_search.py measures it; a timed assertion here would only measure
     how loaded the test machine is)."""
     out = tmp_path / "big.json"
     result = runner.invoke(app, ["optimize", "--model", "opt-175b", "--gpus", "65536",

@@ -1,6 +1,6 @@
 """Small things a new user met (issue 40): a prefix run's summary suggests no merge (a
 prefix has no weights to merge); `scripts/test.sh --help` prints its usage and runs
-nothing; benchmarks/cost_table.py prices a user-written profile (no datasheet figures:
+nothing; benchmarks/planner/cost_table.py prices a user-written profile (no datasheet figures:
 no bounds); zoplan's output piped to a file keeps wide tables whole."""
 
 from __future__ import annotations

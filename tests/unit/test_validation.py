@@ -15,11 +15,12 @@ import pytest
 
 from zoexec.data.text import JsonlData, check_data
 from zoexec.launch.preflight import _check_output_folder
+from zoplan.catalogue import CATALOGUE_CONFIGS
 from zoplan.errors import ZoError
 from zoplan.hardware import HardwareProfile, load_profile, shipped_profiles
 from zoplan.io import load_json
 from zoplan.layout import Layout
-from zoplan.models import CATALOGUE_CONFIGS, catalogue, spec_from_hf_config
+from zoplan.models import catalogue, spec_from_hf_config
 from zoplan.plan import Plan, validate_plan
 from zoplan.trace import Span, read_trace, write_trace
 from zoplan.views.optimize import check_top

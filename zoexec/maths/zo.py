@@ -43,7 +43,7 @@ Cost: z dominates a CPU step. torch's CPU normal_ (mt19937) is serial per genera
 so the per-chunk seeding is what lets several threads draw one block (torch releases
 the GIL; chunks are spread largest-first over torch.get_num_threads() threads).
 perturb_into and apply_update are one pass each (figures: docs/measurements.md,
-benchmarks/zo_maths_bench.py).
+benchmarks/executor/zo_maths_bench.py).
 
 z generations per step: the schedule of ZO2/DistZO2 as run here generates z TWICE per
 block per step (once for the deferred update of step t-1, once to build the perturbed

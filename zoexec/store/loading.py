@@ -44,7 +44,7 @@ IGNORED_SUFFIXES = (".inv_freq",)      # buffers some checkpoints carry: recompu
 READ_ELEMENTS = 1 << 22                # a checkpoint's tensors are read 4 Mi elements at a time
 
 # The slowest fill we allow for before calling the builder lost: 32 MiB/s of stored
-# bytes, 5x and more below what it takes here (benchmarks/bench_load_memory.py on a
+# bytes, 5x and more below what it takes here (benchmarks/executor/bench_load_memory.py on a
 # 2-core VM, opt-125m: random init 0.17-0.37 GiB/s of fp32 and 0.12-0.29 GiB/s of bf16
 # store, single-threaded like torch's CPU normal_; checkpoint reads 0.25-1 GiB/s).
 FILL_FLOOR_BYTES_PER_S = 32 * 2**20

@@ -71,6 +71,12 @@ On CUDA the lanes are streams and the host only enqueues: h2d of block b+1 runs
 while block b computes, limited by the buffers; the slice update runs on the
 collective stream (zoplan.trace.KIND_LANE) with its own z of a slice, chunk scratch and
 rounding scratch; on the CPU every task runs at once in exactly the order above.
+
+`Trainer` holds a rank's state (buffers, shards, pending updates) and runs the step,
+the flush and the evaluation; its parts live beside it by concern: the step's streams,
+batches, embedding and head (zoexec.train.streams.StreamEnds), the pass over the
+blocks (zoexec.train.blocks.BlockPipeline) and the ZO maths of a block, its draws,
+deferred updates and perturbation (zoexec.train.updates.ZoUpdates).
 """
 
 from __future__ import annotations
@@ -83,69 +89,32 @@ import torch
 import torch.distributed as dist
 
 from zoexec.config import RunConfig
-from zoexec.data.batch import Batch, as_batch, shard
-from zoexec.maths.counter import Perturb, Term, f32, terms_of
-from zoexec.maths.estimators import Directions, direction_seed
+from zoexec.data.batch import Batch
 from zoexec.maths.history import StepRecord, Update
-from zoexec.maths.zo import (
-    RESIDENT_BLOCK,
-    apply_update,
-    apply_update_stochastic,
-    perturb_into,
-    projected_grad,
-    step_seed,
-)
+from zoexec.maths.zo import RESIDENT_BLOCK, projected_grad, step_seed
 from zoexec.model import heads
 from zoexec.model.families import bind_block, bind_resident, resident_flat
 from zoexec.model.precision import LostUpdates
 from zoexec.runtime import groups as zgroups
-from zoexec.runtime.errors import LaneFailure, failing
+from zoexec.runtime.errors import failing
 from zoexec.store.blocks import BlockStore
 from zoexec.store.fence import ReadFlags
 from zoexec.store.node import store_staging
+from zoexec.train.blocks import BlockPipeline, _wait
 from zoexec.train.speed import SpeedMonitor
+from zoexec.train.streams import SIGNS, StreamEnds, rank_streams
+from zoexec.train.updates import ZoUpdates
 from zoexec.train.zokernel import zo_kernel_of, zo_pass_fn
 from zoplan.errors import ZoError
-from zoplan.estimators import direction_parts
-from zoplan.execrules import SR_SCRATCH, fence_needed, sr_chunk, z_chunk
+from zoplan.execrules import fence_needed, z_chunk
 from zoplan.plan import Plan
 
-SIGNS = {"+-": (1.0, -1.0), "+": (1.0,), "-": (-1.0,)}
 Pending = Update   # a deferred update: step, seed, projected gradient(s), learning rate
-
-
-@dataclass(frozen=True, kw_only=True)
-class Stream:
-    """One forward of a step on this rank: the direction it perturbs along, its sign,
-    and its examples [first, stop) in the rank's data shard (all of it with one
-    direction)."""
-
-    direction: int
-    sign: float
-    first: int
-    stop: int
-
-
-CLEAN = (Stream(direction=0, sign=0.0, first=0, stop=0),)   # evaluation: no perturbation
-
-
-def rank_streams(*, signs: tuple, examples: int, directions: int, data_shard: int,
-                 num_shards: int) -> tuple[Stream, ...]:
-    """The rank's forwards of a step: each direction whose part of the global batch
-    meets the rank's shard (zoplan.estimators.direction_parts), with each sign of its
-    role."""
-    parts = direction_parts(examples=examples, directions=directions, data_shard=data_shard,
-                            num_shards=num_shards)
-    return tuple(Stream(direction=j, sign=sign, first=lo, stop=hi)
-                 for j, lo, hi in parts for sign in signs)
-
-
-# ---- the node's model: built once, shared ---------------------------------------------------
 
 
 # ---- the training loop ---------------------------------------------------------------------
 @dataclass(kw_only=True, eq=False)
-class Trainer:
+class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
     """The step loop of one rank over its device buffers (see the module docstring).
     `pending` is the deferred update; `history` the StepRecords, the same on all ranks."""
 
@@ -214,16 +183,6 @@ class Trainer:
         self.staging = store_staging(self.env, self.store)
         self.token = torch.zeros(1, device=dev)
         self._allocate_shards()
-
-    def _directions(self, shared: Directions | None = None, specs=None) -> Directions:
-        """The estimator's draws (zoexec.maths.estimators) for one lane of work, of the
-        tensors of `specs` (default: a block's and the resident parts'; with `shared`, a
-        block's), sparse thresholds shared with `shared`'s."""
-        if specs is None:
-            specs = self.parts.block_specs + ([] if shared else self.parts.resident_specs)
-        return Directions(self.estimator, run_seed=self.cfg.optim.seed, device=self.env.device,
-                          thresholds=shared.thresholds if shared is not None else None,
-                          shapes=[s.shape for s in specs])
 
     def _allocate_shards(self) -> None:
         """The rank's shards of the resident blocks (stride / slices elements each,
@@ -321,20 +280,6 @@ class Trainer:
         with failing("flush", rank=self.env.rank):
             zgroups.host_barrier(self.env)
 
-    def _batches(self, step: int) -> list[Batch]:
-        """Each stream's rows of the rank's shard of the step's batch, on the device (one
-        batch for every stream with one direction; each part found on the host)."""
-        wl = self.cfg.workload
-        rows = as_batch(self.source.batch(step, wl.batch, wl.seq))
-        mine = shard(rows, data_shard=self.data_shard, num_shards=self.env.layout.ddp)
-        if self.estimator.directions == 1:
-            return [mine.to(self.env.device)] * len(self.streams)
-        k, parts = mine.per_example, {}
-        for st in self.streams:
-            if (st.first, st.stop) not in parts:
-                parts[(st.first, st.stop)] = mine.select(st.first * k, st.stop * k).to(self.env.device)
-        return [parts[(st.first, st.stop)] for st in self.streams]
-
     # ---- evaluation --------------------------------------------------------------------
     def evaluate(self, batch: Batch, *, head=None) -> torch.Tensor:
         """Per row of this rank's `batch` (zoexec.model.heads.row_scores, float64, on
@@ -357,336 +302,6 @@ class Trainer:
         self._settle_copies()
         return out.cpu()
 
-    # ---- resident parts ----------------------------------------------------------------
-    def _update_scratch(self) -> list:
-        """fp32 chunks the stochastic rounding computes the update in (update
-        "stochastic"; none otherwise)."""
-        if self.cfg.workload.update != "stochastic":
-            return []
-        largest = max(s.numel for s in self.parts.block_specs + self.parts.resident_specs)
-        size = min(sr_chunk(self.env.device.type), largest)
-        return [torch.empty(size, dtype=torch.float32, device=self.env.device)
-                for _ in range(SR_SCRATCH)]
-
-    def _apply_pending(self, theta, block: int, specs, z, *, start: int | None = None,
-                       edge=None, scratch=None, dirs: Directions | None = None) -> None:
-        """theta -= lr * (g d_t + wd theta) for each pending update t in order (the
-        deferred update of the last step; several when a resume replays the log), d_t
-        the estimator's direction of step t (with q directions: g_j / q along each
-        d_j, weight decay once), in the workload's update mode (docs/precision.md): in
-        the stored precision for "master" (fp32) and "plain" (16-bit, round to
-        nearest), computed in fp32 and rounded stochastically for "stochastic". With
-        `start`, `theta` is the flat range [start, start + len) of the block (the update
-        on the slice): d is drawn for it alone (zoexec.maths.estimators, cut chunks
-        through `edge`), the same bits land there as with the whole block; `scratch`,
-        `dirs`: the rounding's and the draws' (default the compute stream's). The counter
-        paths: every term in one pass (zoexec.maths.counter), no z buffer."""
-        if self.zk:
-            self._zo_pass(theta, block, specs, terms=self._terms(), start=start or 0)
-            return
-        z = z if start is None else z[:theta.numel()]
-        for pend in self.pending:
-            for index, (direction, g) in enumerate(pend.terms):
-                self._apply_term(theta, block, specs, z, pend, direction, g,
-                                 wd=self.cfg.optim.weight_decay if index == 0 else 0.0,
-                                 start=start, edge=edge, scratch=scratch, dirs=dirs or self.dirs)
-
-    def _apply_term(self, theta, block, specs, z, pend: Update, direction: int, g: float, *,
-                    wd: float, start, edge, scratch, dirs: Directions) -> None:
-        """One direction's share of a pending update (see _apply_pending)."""
-        if not pend.lr or not (g or wd):
-            return
-        seed = direction_seed(pend.seed, direction)
-        if g:
-            dirs.fill(z, seed=seed, step=pend.step, block=block, specs=specs, theta=theta,
-                      start=start, edge=edge)
-        before = self.rounding.before(theta, block) if not start else None
-        if self.cfg.workload.update == "stochastic":
-            apply_update_stochastic(theta, z, lr=pend.lr, g=g, weight_decay=wd, specs=specs,
-                                    seed=seed, block=block, scratch=scratch or self.scratch,
-                                    start=start or 0)
-        else:
-            apply_update(theta, z, lr=pend.lr, g=g, weight_decay=wd,
-                         decay_mask_or_specs=specs, start=start or 0)
-        self.rounding.after(theta, z, before, g=g)
-
-    def _draw(self, z, theta, block: int, specs, direction: int) -> None:
-        """z <- d of the step in progress along `direction` (the whole block; nothing on
-        the counter paths: their passes regenerate z)."""
-        if self.zk:
-            return
-        step, seed = self.now
-        self.dirs.fill(z, seed=direction_seed(seed, direction), step=step, block=block,
-                       specs=specs, theta=theta)
-
-    # ---- the counter paths (--zo-kernel counter, fused) -------------------------------------
-    def _terms(self) -> list[Term]:
-        """The pending updates as the counter pass's terms (zoexec.maths.counter.terms_of)."""
-        return terms_of(self.pending, weight_decay=self.cfg.optim.weight_decay)
-
-    def _zo_pass(self, theta, block: int, specs, *, terms=(), stream: Stream | None = None,
-                 work=None, start: int = 0) -> None:
-        """One counter pass over `theta` (the block's range from `start`): `terms`, then
-        `stream`'s perturbation of the step in progress into `work`."""
-        perturb = None
-        if stream is not None:
-            perturb = Perturb(seed=direction_seed(self.now[1], stream.direction),
-                              scale=f32(stream.sign * self.cfg.optim.eps), out=work)
-        if terms or perturb is not None:
-            self.zk(theta, specs=specs, block=block, terms=terms, perturb=perturb, start=start,
-                    kind=self.zk_kind)
-
-    def _eval_embed(self, ids: torch.Tensor):
-        """An evaluation's (hidden, ctx) entering block 0 (prefix tuning: after its prefix)."""
-        return self.parts.embed(ids)
-
-    def _embed(self, seed: int, batches: list) -> list:
-        """The resident parts' pending updates, then per stream its perturbation (d
-        drawn again when the direction changes) and the embedding of its rows."""
-        specs = self.parts.resident_specs
-        terms = self._terms() if self.zk else None   # the counter paths: with the first perturbation
-        if terms is None:
-            self._apply_pending(self.theta_r, RESIDENT_BLOCK, specs, self.z_r)
-        acts, drawn = [], None
-        for stream, batch in zip(self.streams, batches, strict=True):
-            if terms is not None:
-                self._zo_pass(self.theta_r, RESIDENT_BLOCK, specs, terms=terms, stream=stream,
-                              work=self.work_r)
-                terms = []
-                acts.append(self.parts.embed(batch.ids))
-                continue
-            if stream.direction != drawn:
-                self._draw(self.z_r, self.theta_r, RESIDENT_BLOCK, specs, stream.direction)
-                drawn = stream.direction
-            perturb_into(self.work_r, self.theta_r, self.z_r, stream.sign * self.cfg.optim.eps)
-            acts.append(self.parts.embed(batch.ids))
-        return acts
-
-    def _head(self, acts: list, batches: list, flags: tuple) -> torch.Tensor:
-        """Summed loss of each stream (zoexec.model.heads.loss_sum: the head at the
-        labelled positions only), last-built first (saves one rebuild), placed in the
-        all-reduce vector [sum l+, sum l-, count] per direction, then *flags (float64);
-        the count (the labelled tokens, or the examples of the candidate loss) is
-        counted once per data shard (by the rank that computes l+)."""
-        vec = loss_vector(flags, self.env.device, directions=self.estimator.directions)
-        drawn = self.streams[-1].direction
-        for turn, index in enumerate(reversed(range(len(self.streams)))):
-            stream = self.streams[index]
-            if stream.direction != drawn:
-                self._draw(self.z_r, self.theta_r, RESIDENT_BLOCK, self.parts.resident_specs,
-                           stream.direction)
-                drawn = stream.direction
-            if turn and self.zk:
-                self._zo_pass(self.theta_r, RESIDENT_BLOCK, self.parts.resident_specs,
-                              stream=stream, work=self.work_r)
-            elif turn:
-                perturb_into(self.work_r, self.theta_r, self.z_r,
-                             stream.sign * self.cfg.optim.eps)
-            total, count = heads.loss_sum(self.parts, acts[index][0], batches[index])
-            add_at(vec, 3 * stream.direction + (0 if stream.sign > 0 else 1), total.double())
-            if stream.sign > 0:
-                add_at(vec, 3 * stream.direction + 2, count)
-        return vec
-
-    # ---- blocks ------------------------------------------------------------------------
-    def _blocks(self, seed: int | None, acts: list | None):
-        """The block pipeline of one pass (seed None and no acts: the flush, no forward;
-        seed None with acts: evaluation, a forward on the clean weights and no
-        write-back). Returns the done-event of the last write-back (None on the CPU or
-        without an offloaded block). Every rank makes the same passes, so `stamp`
-        agrees on the node. The blocks that use a buffer take them in turn (a resident
-        block of slices 1 uses none)."""
-        self.passes += 1
-        stamp = self.passes
-        free = [None] * len(self.bufs)
-        last, used = None, 0
-        for block in range(self.store.num_blocks):
-            shard = self.shards.get(block)
-            if shard is not None and self.env.layout.slices == 1:
-                self._resident_pass(block, shard, seed, acts)
-                continue
-            slot = used % len(self.bufs)
-            used += 1
-            if shard is not None:
-                free[slot] = self._sharded_pass(block, shard, self.bufs[slot], seed, acts,
-                                                after=free[slot])
-            else:
-                free[slot] = last = self._offloaded_pass(block, self.bufs[slot], seed, acts,
-                                                         stamp, after=free[slot])
-        return last
-
-    def _offloaded_pass(self, block: int, buf: torch.Tensor, seed, acts, stamp: int, *, after):
-        """h2d, [slice_update], [allgather], [fence], update, forward, d2h of an
-        offloaded block; returns the event that frees its buffer."""
-        evaluating = seed is None and acts is not None
-        ready = self._upload(block, buf, stamp, after=after, split=self.split and not evaluating)
-        fence = self._fence(block, after=ready)
-        if evaluating:
-            return self._clean_forward(block, buf[:self.parts.block_numel], acts, after=ready)
-        with self.lanes.task("update", block, after=(ready,)) as update:
-            self._update_block(buf[:self.parts.block_numel], block, seed,
-                               pending=not self.split)
-        done = update.done
-        if seed is not None:
-            with self.lanes.task("forward", block) as forward:
-                self._forward_block(buf[:self.parts.block_numel], acts, block=block)
-            done = forward.done
-        if self.flags is not None:
-            self.flags.wait(block, stamp)
-        with self.lanes.task("d2h", block, after=(done, fence)) as d2h:
-            self._write_back(block, buf)
-        return d2h.done
-
-    def _sharded_pass(self, block: int, shard: torch.Tensor, buf: torch.Tensor, seed, acts, *,
-                      after):
-        """A resident block of slices > 1: [slice_update] on the rank's shard, the slice
-        group's all-gather into `buf`, update (without slice_update: also the rank's
-        slice of the updated block back into its shard), forward. The flush with
-        slice_update stops after the slice update (the shard is all the block has).
-        Returns the event that frees the buffer."""
-        evaluating = seed is None and acts is not None
-        ready = None
-        if self.split and not evaluating:
-            with self.lanes.task("slice_update", block) as sliced:
-                self._slice_update(block, shard)
-            if seed is None:
-                return after
-            ready = sliced.done
-        with self.lanes.task("allgather", block, after=(after, ready)) as gather:
-            _wait(zgroups.all_gather_flat(buf, shard, group=self.env.slice))
-        theta = buf[:self.parts.block_numel]
-        if evaluating:
-            return self._clean_forward(block, theta, acts, after=gather.done)
-        with self.lanes.task("update", block, after=(gather.done,)) as update:
-            if not self.split and self.pending:
-                self._apply_pending(theta, block, self.parts.block_specs, self.z)
-                shard.copy_(_piece(buf, self.slice_index, self.env.layout.slices))
-            self._update_block(theta, block, seed, pending=False)
-        if seed is None:
-            return update.done
-        with self.lanes.task("forward", block) as forward:
-            self._forward_block(theta, acts, block=block)
-        return forward.done
-
-    def _resident_pass(self, block: int, shard: torch.Tensor, seed, acts) -> None:
-        """A resident block of slices 1 (the shard is the whole block): update and
-        forward in place, no buffer, no copy."""
-        theta = shard[:self.parts.block_numel]
-        if seed is None and acts is not None:
-            self._clean_forward(block, theta, acts, after=None)
-            return
-        with self.lanes.task("update", block):
-            self._update_block(theta, block, seed, pending=True)
-        if seed is not None:
-            with self.lanes.task("forward", block):
-                self._forward_block(theta, acts, block=block)
-
-    def _clean_forward(self, block: int, theta: torch.Tensor, acts: list, *, after):
-        """Evaluation: the block's forward on its clean weights (no perturbation)."""
-        with self.lanes.task("forward", block, after=(after,)) as forward:
-            self.work.copy_(theta)
-            self._forward_block(theta, acts, block=block, streams=CLEAN)
-        return forward.done
-
-    def _upload(self, block: int, buf: torch.Tensor, stamp: int, *, after, split: bool):
-        """h2d of this rank's slice (CPU fence: then its read stamp), [the update on the
-        slice], then the slice group's all-gather. Returns the block's ready event."""
-        slices = self.env.layout.slices
-        if self.cfg.delay_h2d and self.cfg.delay_h2d[:2] == (self.env.rank, block):
-            time.sleep(self.cfg.delay_h2d[2])
-        with self.lanes.task("h2d", block, after=(after,)) as h2d:
-            mine = _piece(buf, self.slice_index, slices)
-            self._copy(mine, self.store.piece(block, self.slice_index, slices), "h2d")
-        if self.flags is not None:
-            self.flags.mark(block, stamp)
-        ready = h2d.done
-        if split:
-            with self.lanes.task("slice_update", block, after=(ready,)) as sliced:
-                self._slice_update(block, mine)
-            ready = sliced.done
-        if slices == 1:
-            return ready
-        with self.lanes.task("allgather", block, after=(ready,)) as gather:
-            _wait(zgroups.all_gather_flat(buf, mine, group=self.env.slice))
-        return gather.done
-
-    def _slice_update(self, block: int, piece: torch.Tensor) -> None:
-        """The pending updates applied to this rank's slice of `block` (its part inside
-        the block's weights: the padding stays as it is)."""
-        start = self.slice_index * piece.numel()
-        count = min(piece.numel(), self.parts.block_numel - start)
-        if count > 0 and self.pending:
-            self._apply_pending(piece[:count], block, self.parts.block_specs, self.slice_z,
-                                start=start, edge=self.slice_edge, scratch=self.slice_scratch,
-                                dirs=self.slice_dirs)
-
-    def _fence(self, block: int, *, after):
-        """CUDA write-back fence: all local ranks have read `block` (node all-reduce).
-        The CPU waits on the read stamps before d2h instead (_offloaded_pass)."""
-        if not self.fence_needed or self.flags is not None:
-            return None
-        try:
-            with self.lanes.task("allgather", block, after=(after,), record=False) as fence:
-                _wait(dist.all_reduce(self.token, group=self.env.node, async_op=True))
-        except LaneFailure as exc:   # the fence runs on the all-gather's lane, unrecorded
-            raise exc.renamed("fence") from exc.cause
-        return fence.done
-
-    def _update_block(self, theta: torch.Tensor, block: int, seed: int | None, *,
-                      pending: bool) -> None:
-        """[The pending updates,] then d of step `seed` along the first stream's
-        direction and its perturbation."""
-        specs = self.parts.block_specs
-        if self.zk:   # the counter paths: the pending updates and the perturbation in one pass
-            first = self.streams[0] if seed is not None else None
-            self._zo_pass(theta, block, specs, terms=self._terms() if pending else [],
-                          stream=first, work=self.work)
-            return
-        if pending:
-            self._apply_pending(theta, block, specs, self.z)
-        if seed is not None:
-            first = self.streams[0]
-            self._draw(self.z, theta, block, specs, first.direction)
-            perturb_into(self.work, theta, self.z, first.sign * self.cfg.optim.eps)
-
-    def _forward_block(self, theta: torch.Tensor, acts: list, *, block: int,
-                       streams: tuple | None = None) -> None:
-        """The block's forward for each stream, the perturbation rebuilt between them
-        (d drawn again when the direction changes)."""
-        streams = streams or self.streams
-        for index, stream in enumerate(streams):
-            if index and self.zk:
-                self._zo_pass(theta, block, self.parts.block_specs, stream=stream,
-                              work=self.work)
-            elif index:
-                if stream.direction != streams[index - 1].direction:
-                    self._draw(self.z, theta, block, self.parts.block_specs, stream.direction)
-                perturb_into(self.work, theta, self.z, stream.sign * self.cfg.optim.eps)
-            hidden, ctx = acts[index]
-            acts[index] = (self.parts.block_forward(hidden, ctx), ctx)
-
-    def _write_back(self, block: int, buf: torch.Tensor) -> None:
-        lay = self.env.layout
-        share = self.env.local_rank
-        self._copy(self.store.piece(block, share, lay.local_ranks),
-                   _piece(buf, share, lay.local_ranks), "d2h")
-
-    def _copy(self, dst: torch.Tensor, src: torch.Tensor, direction: str) -> None:
-        """An h2d or d2h between the store and the device on the current (copy) stream:
-        asynchronous DMA from the page-locked store, or through the pinned staging ring
-        where the store could not be locked (zoexec.runtime.pinning.Staging)."""
-        if self.staging is None:
-            dst.copy_(src, non_blocking=True)
-        else:
-            getattr(self.staging, direction)(dst, src)
-
-    def _settle_copies(self) -> None:
-        """After a pass (the device idle): every staged write-back in the store, and,
-        with several local ranks, every rank's before any reads the next pass's."""
-        if self.staging is not None:
-            self.staging.drain()
-            zgroups.host_barrier(self.env, node_only=True)
-
     # ---- results -----------------------------------------------------------------------
     def clean_resident_cpu(self) -> torch.Tensor:
         return self.theta_r.to("cpu")
@@ -703,36 +318,3 @@ class Trainer:
                 self.store.piece(block, self.slice_index, lay.slices).copy_(shard)
         with failing("shards", rank=self.env.rank):
             zgroups.host_barrier(self.env, node_only=True)
-
-
-def loss_vector(flags: tuple, device: torch.device, *, directions: int = 1) -> torch.Tensor:
-    """The step's all-reduce vector [sum l+, sum l-, count] per direction, then *flags
-    (float64), filled on the device: a host tensor copied to a GPU (torch.tensor(...,
-    device=...)) would make the host wait for every task queued before it on the stream."""
-    vec = torch.zeros(3 * directions + len(flags), dtype=torch.float64, device=device)
-    for index, flag in enumerate(flags):
-        if flag:
-            put(vec, 3 * directions + index, flag)
-    return vec
-
-
-def put(vec: torch.Tensor, index: int, value: float) -> None:
-    """vec[index] = value, a Python number, as a fill on the device (`vec[i] = 2.0`
-    copies a one-element host tensor: on a GPU the host waits for the stream)."""
-    vec[index:index + 1].fill_(value)
-
-
-def add_at(vec: torch.Tensor, index: int, value) -> None:
-    """vec[index] += value (a Python number or a device scalar), on the device."""
-    vec[index:index + 1].add_(value)
-
-
-def _piece(flat: torch.Tensor, part: int, parts: int) -> torch.Tensor:
-    size = flat.numel() // parts
-    return flat[part * size:(part + 1) * size]
-
-
-def _wait(work) -> None:
-    """Wait for an async collective (CUDA: the current stream waits; gloo: blocks)."""
-    if work is not None:
-        work.wait()

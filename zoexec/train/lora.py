@@ -40,7 +40,9 @@ from zoexec.model.lora import (
 )
 from zoexec.runtime import groups as zgroups
 from zoexec.store.node import store_staging
-from zoexec.train.engine import Trainer, _wait, add_at, loss_vector
+from zoexec.train.blocks import _wait
+from zoexec.train.engine import Trainer
+from zoexec.train.streams import add_at, loss_vector
 from zoplan.errors import ZoError
 from zoplan.plan import Plan
 

@@ -27,7 +27,7 @@ class SpeedMonitor:
     check, to tell a machine that got slower from a wrong prediction. Does nothing on
     CUDA, without --trace, or with RunConfig.speed_checks off (rank 0 holds the probe's
     blocks and the allocator keeps their activations: about 90 MiB of host memory on
-    an opt-125m run, which benchmarks/bench_host_memory.py leaves out)."""
+    an opt-125m run, which benchmarks/executor/bench_host_memory.py leaves out)."""
 
     env: zgroups.DistEnv
     threads: int

@@ -17,4 +17,7 @@ a figure that prices anything.
   copies       host<->device and device<->device link capacities, duplex
   collectives  the all-gather table, collective latency, scalar all-reduces
   stragglers   ranks and nodes that do not run alike
+  estimators   an estimator's direction in place of z (lowrank, sparse; q directions)
+  devicemem    device memory as NVML reports it beyond a program's allocations
+  baselines    ZO2, MeZO and DistZO2 priced as their own code runs
 """

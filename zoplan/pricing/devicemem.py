@@ -7,6 +7,8 @@ their memory is the host's)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from zoplan.hardware import HardwareProfile
 from zoplan.pricing.units import GIB
 
@@ -22,3 +24,12 @@ def nvml_terms(profile: HardwareProfile) -> dict[str, float]:
     slack: float = profile.device.get("allocator_slack_gib", 0.0)
     terms = {"cuda_context": context * GIB, "allocator_slack": slack * GIB}
     return {k: v for k, v in terms.items() if v}
+
+
+def with_device_memory(profile: HardwareProfile, memory_gib: float) -> HardwareProfile:
+    """`profile` with each device's memory at most `memory_gib` (zoplan optimize
+    --max-gpu-memory: the memory check plans for less than the profile's device; its
+    reserved share is still left out). The profile itself when it has no more."""
+    if memory_gib >= profile.device["memory_gib"]:
+        return profile
+    return dataclasses.replace(profile, device={**profile.device, "memory_gib": memory_gib})

@@ -30,8 +30,7 @@ from zoplan.execrules import (
     z_makespan,
     z_uses_pool,
 )
-from zoplan.hardware import HardwareProfile
-from zoplan.hwcheck import Z_MODEL
+from zoplan.hardware import Z_MODEL, HardwareProfile
 from zoplan.pricing.compute import compute_share, has_z_model, hbm_time_s
 from zoplan.pricing.host import launch_s
 from zoplan.pricing.units import NS, US

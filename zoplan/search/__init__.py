@@ -13,60 +13,62 @@ from __future__ import annotations
 from pathlib import Path
 
 from zoplan.io import check_writable
+from zoplan.names import AUTO_TUNING
 from zoplan.plan import Plan
+from zoplan.request import PlanRequest, TuningOptions, option_fields
 from zoplan.search.build import build_plan
 from zoplan.search.evaluate import SearchResult, paused_gc, search
 from zoplan.search.sensitivity import with_sensitivity
-from zoplan.search.space import Request, resolve_request
+from zoplan.search.space import Request, resolve, resolve_request
 from zoplan.search.tuning import faster
 
-__all__ = ["Request", "SearchResult", "build_plan", "optimize", "optimize_tunings",
+__all__ = ["Request", "SearchResult", "build_plan", "optimize", "plan_request", "resolve",
            "resolve_request", "search"]
 
 
-def optimize(*, model: str, gpus: int, profile: str | None, batch: int, seq: int,
-             precision: str | None = None, update: str | None = None, tf32: bool = True,
-             pertp: int | None = None, ddp: int | None = None, slices: int | None = None,
-             prefetch: int | None = None, placement: str = "auto", output: Path,
-             progress=None, lengths: str | None = None, sensitivity: bool = False,
-             **tuning) -> Plan:
-    """Search the layouts for this request and write the winner's plan to `output`.
-    `progress(total) -> tick` (zoplan.views.optimize.search_progress) follows the search.
-    `tuning`: tuning ("full", "lora" or "prefix"), lora_r, lora_alpha, lora_targets,
-    prefix_tokens. `sensitivity`: add the plan's sensitivity section
-    (zoplan.search.sensitivity; `zoplan optimize` does by default)."""
-    req = resolve_request(model=model, gpus=gpus, profile=profile, batch=batch, seq=seq,
-                          precision=precision, update=update, tf32=tf32, pertp=pertp,
-                          ddp=ddp, slices=slices, prefetch=prefetch, placement=placement,
-                          lengths=lengths, **tuning)
-    check_output(Path(output), inputs=(profile, model, lengths))
+def plan_request(request: PlanRequest, *, progress=None) -> tuple[Plan, dict[str, Plan] | None]:
+    """Search for a checked request (zoplan.request) and write the winner's plan to its
+    --out. `progress(total) -> tick` (zoplan.views.optimize.search_progress) follows the
+    search. With --tuning auto: the best full plan and the best LoRA plan (--update
+    applies to the full search only), the faster written; returned beside it as
+    {"full": ..., "lora": ...} (None otherwise)."""
+    output = Path(request.output.output)
+    if request.tuning.tuning == AUTO_TUNING:
+        check_output(output, inputs=_inputs(request))
+        defaults = {f.name: f.default for f in option_fields(TuningOptions)}
+        plans = {"full": build_plan(search(resolve(request.replaced(**defaults)),
+                                           progress=progress)),
+                 "lora": build_plan(search(resolve(request.replaced(tuning="lora", update=None)),
+                                           progress=progress))}
+        chosen = plans[faster(plans)]
+        chosen.save(output)
+        return chosen, plans
+    req = resolve(request)
+    check_output(output, inputs=_inputs(request))
     with paused_gc():   # the plan of a large search is built beside all its objects too
         result = search(req, progress=progress)
         plan = build_plan(result)
-        if sensitivity:
+        if request.output.sensitivity:
             plan = with_sensitivity(plan, result)
         plan.save(output)
-    return plan
+    return plan, None
 
 
-def optimize_tunings(*, output: Path, update: str | None = None, progress=None,
-                     **request) -> tuple[Plan, dict[str, Plan]]:
-    """`--tuning auto`: the best full plan and the best LoRA plan of the request (the
-    arguments of optimize; --update applies to the full search only); the faster is
-    written to `output`. Returns (the written plan, {"full": ..., "lora": ...})."""
-    check_output(Path(output), inputs=(request.get("profile"), request.get("model"),
-                                       request.get("lengths")))
-    lora = {k: request.pop(k) for k in ("lora_r", "lora_alpha", "lora_targets") if k in request}
-    request.pop("tuning", None)
-    request.pop("sensitivity", None)   # the sensitivity of one search: optimize's
-    plans = {}
-    for tuning in ("full", "lora"):
-        extra = {"update": update} if tuning == "full" else {"tuning": "lora", **lora}
-        req = resolve_request(**request, **extra)
-        plans[tuning] = build_plan(search(req, progress=progress))
-    chosen = plans[faster(plans)]
-    chosen.save(output)
-    return chosen, plans
+def optimize(*, output: Path, progress=None, estimator: dict | None = None, **values) -> Plan:
+    """plan_request of the request made of `values` (zoplan.request's fields by name:
+    model, gpus, profile, batch, seq, ...; `estimator`: a dict of its settings), written
+    to `output`. The library's default leaves the sensitivity out (`sensitivity=True`
+    adds it, as `zoplan optimize` does by default: zoplan.search.sensitivity)."""
+    values.setdefault("sensitivity", False)
+    request = PlanRequest.make(output=Path(output), **values, **(estimator or {}))
+    return plan_request(request, progress=progress)[0]
+
+
+def _inputs(request: PlanRequest) -> tuple:
+    """The files a plan must never replace: the profile, the model's config, the lengths."""
+    lengths = request.workload.lengths
+    return (request.hardware.profile, request.workload.model,
+            None if lengths is None else str(lengths))
 
 
 def check_output(output: Path, *, inputs: tuple = ()) -> None:

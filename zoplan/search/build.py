@@ -153,7 +153,7 @@ def predicted(win: Candidate, req: Request) -> dict[str, Any]:
         "memory": {"gpu": _rounded_parts(win.memory.gpu_parts),
                    "gpu_usable_bytes": int(win.memory.gpu_limit_bytes),
                    "gpu_headroom_bytes": int(win.memory.gpu_limit_bytes - win.memory.gpu_bytes),
-                   "resident_margin_bytes": int(resident_margin_bytes(req.profile)),
+                   "resident_margin_bytes": int(resident_margin_bytes(req.memory_profile)),
                    "resident_margin": RESIDENT_MARGIN,
                    "host": _rounded_parts(win.memory.host_parts),
                    "host_bytes_limit": int(win.memory.host_limit_bytes)},

@@ -175,7 +175,11 @@ def pick_winner(ranked: list[Candidate]) -> list[Candidate]:
                 known(best.step_time_s)
                 <= known(ranked[i + 1].step_time_s) * (1 + WINNER_MARGIN)):
             break
-    return sorted(ranked, key=rank_key)
+    out = sorted(ranked, key=rank_key)
+    while out[0].sim is None:   # an estimate within the margin leads: its full run decides
+        simulate_full(out[0])
+        out = sorted(out, key=rank_key)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,7 +205,7 @@ class SearchResult:
 def paused_gc() -> Iterator[None]:
     """The cyclic garbage collector paused inside: a search makes millions of small
     objects it keeps, and the collector's passes over them took a third of its time
-    (benchmarks/bench_search.py); whatever cycles it leaves are collected after."""
+    (benchmarks/planner/bench_search.py); whatever cycles it leaves are collected after."""
     enabled = gc.isenabled()
     gc.disable()
     try:

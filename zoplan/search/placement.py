@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import math
 
-PLACEMENTS = ("auto", "host")
 MAX_PERIOD = 8
 
 

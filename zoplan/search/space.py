@@ -17,6 +17,7 @@ fp32 on CPU profiles, or --precision.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -25,23 +26,19 @@ from zoplan.errors import ZoError
 from zoplan.hardware import DEFAULT_PROFILE, HardwareProfile, is_shipped_guess, load_profile
 from zoplan.layout import Layout
 from zoplan.lengths import load_lengths
-from zoplan.lora import (
-    DEFAULT_LORA_ALPHA,
-    DEFAULT_LORA_R,
-    DEFAULT_LORA_TARGETS,
-    TUNINGS,
-    check_targets,
-)
-from zoplan.models import DTYPE_BYTES, ModelSpec, get_model
-from zoplan.prefix import DEFAULT_PREFIX_TOKENS
+from zoplan.lora import check_targets
+from zoplan.models import ModelSpec, get_model
+from zoplan.names import AUTO_TUNING
 from zoplan.pricing.baselines import BaselineStep
+from zoplan.pricing.devicemem import with_device_memory
 from zoplan.pricing.stragglers import straggler_factor
-from zoplan.search.placement import PLACEMENTS, resident_pattern
+from zoplan.request import PlanRequest
+from zoplan.search.placement import resident_pattern
 from zoplan.sim.bounds import StepBounds, step_bounds
 from zoplan.sim.costs import StepCosts, step_costs
 from zoplan.sim.memory import MemoryEstimate, estimate_memory, resident_capacity
 from zoplan.sim.simulate import SimResult
-from zoplan.workload import UPDATE_MODES, Workload
+from zoplan.workload import Workload
 
 SEARCH_PREFETCH = (1, 2, 3, 4)
 # Published dtype of each family's checkpoints: the one of fp16/bf16 that is searched.
@@ -66,6 +63,14 @@ class Request:
     placement: str = "auto"     # "host": every block offloaded; "auto": the search decides
     worlds: tuple[tuple[int, int], ...] = ()   # (devices, nodes) searched; () = (gpus, nodes)
     rough_profile: bool = False  # planned on the shipped cpu profile (a guess)
+    max_gpu_memory_gib: float | None = None   # --max-gpu-memory: below the profile's
+
+    @functools.cached_property
+    def memory_profile(self) -> HardwareProfile:
+        """The profile the memory check reads: the profile, its device's memory capped at
+        --max-gpu-memory (pricing and the plan's record keep the profile itself)."""
+        cap = self.max_gpu_memory_gib
+        return self.profile if cap is None else with_device_memory(self.profile, cap)
 
     @property
     def local_ranks(self) -> int:
@@ -81,71 +86,73 @@ class Request:
         return self.workloads[0]
 
 
-def resolve_request(*, model: str, gpus: int, profile: str | None, batch: int, seq: int,
-                    precision: str | None = None, update: str | None = None,
-                    tf32: bool = True, pertp: int | None = None,
-                    ddp: int | None = None, slices: int | None = None,
-                    prefetch: int | None = None, placement: str = "auto",
-                    fewer: bool = True, lengths: str | None = None, tuning: str = "full",
-                    lora_r: int = DEFAULT_LORA_R, lora_alpha: int = DEFAULT_LORA_ALPHA,
-                    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS,
-                    prefix_tokens: int = DEFAULT_PREFIX_TOKENS,
-                    estimator: dict | None = None) -> Request:
-    """Check the inputs; every problem is a ZoError with the numbers. `fewer`: search
-    smaller world sizes too (world_sizes; off when --ddp fixes the world); `lengths`: a
-    lengths file (`zoexec lengths`): the step priced at the batches' padded width.
-    `tuning` "lora" or "prefix": that workload (zoplan.lora, zoplan.prefix) instead of
-    the update modes. `estimator`: the estimator's settings (zoplan.estimators; default
-    MeZO-SGD)."""
-    spec = get_model(model)
-    hw = load_profile(profile or DEFAULT_PROFILE)
-    if batch < 1 or seq < 1:
-        raise ZoError(f"batch ({batch}) and seq ({seq}) must be >= 1")
-    if seq > spec.max_positions:
-        raise ZoError(f"seq ({seq}) exceeds the {spec.max_positions} positions of {spec.name}")
-    if placement not in PLACEMENTS:
-        raise ZoError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+def resolve_request(*, fewer: bool = True, estimator: dict | None = None,
+                    **values) -> Request:
+    """The search's request of `values`, zoplan.request's fields by name (model, gpus,
+    profile, batch, seq, ..., tuning "full", "lora" or "prefix"; `estimator`: the
+    estimator's settings, zoplan.estimators, default MeZO-SGD), checked there: see
+    `resolve`. `fewer`: search smaller world sizes too (world_sizes; off when --ddp
+    fixes the world)."""
+    return resolve(PlanRequest.make(**values, **(estimator or {})), fewer=fewer)
+
+
+def resolve(request: PlanRequest, *, fewer: bool = True) -> Request:
+    """The search's request: the options checked by their fields (zoplan.request), then
+    what needs the model and the profile; every problem is a ZoError with the numbers.
+    `lengths`: a lengths file (`zoexec lengths`): the step priced at the batches'
+    padded width. `tuning` "lora" or "prefix": that workload (zoplan.lora, zoplan.prefix)
+    instead of the update modes."""
+    w, lay, tune = request.workload, request.layout, request.tuning
+    gpus, update, tuning = request.hardware.gpus, w.update, tune.tuning
+    assert w.model is not None and gpus is not None   # required: PlanRequest.make
+    if tuning == AUTO_TUNING:
+        raise ValueError("resolve: --tuning auto is two requests (zoplan.search.plan_request)")
+    spec = get_model(w.model)
+    hw = load_profile(request.hardware.profile or DEFAULT_PROFILE)
+    if w.seq > spec.max_positions:
+        raise ZoError(f"seq ({w.seq}) exceeds the {spec.max_positions} positions of {spec.name}")
     nodes = _nodes_for(hw, gpus)
-    pertp = _fixed_pertp(gpus, pertp, ddp)
-    _check_fixed(hw, gpus // nodes, pertp=pertp, slices=slices, prefetch=prefetch)
-    dtype, note = _precision(hw, spec, precision)
-    if tuning not in TUNINGS:
-        raise ZoError(f"--tuning must be one of {', '.join(TUNINGS)}, got {tuning!r}")
-    rows = load_lengths(lengths) if lengths is not None else None
+    pertp = _fixed_pertp(gpus, lay.pertp, lay.ddp)
+    _check_fixed(hw, gpus // nodes, pertp=pertp, slices=lay.slices)
+    dtype, note = _precision(hw, spec, w.precision)
+    rows = load_lengths(str(w.lengths)) if w.lengths is not None else None
+    settings = {"batch": w.batch, "seq": w.seq, "compute_dtype": dtype, "tf32": w.tf32}
     if tuning == "lora":
-        lora = _lora_workload(spec, update, batch=batch, seq=seq, compute_dtype=dtype,
-                              tf32=tf32, r=lora_r, alpha=lora_alpha, targets=lora_targets)
+        lora = _lora_workload(spec, update, r=tune.lora_r, alpha=tune.lora_alpha,
+                              targets=tune.lora_targets, **settings)
         workloads = (lora if rows is None else dataclasses.replace(lora, lengths=rows),)
-        note += (f"; tuning lora (r {lora_r}, alpha {lora_alpha}, targets "
-                 f"{','.join(lora_targets)}): a frozen {dtype} base, fp32 adapters")
+        note += (f"; tuning lora (r {tune.lora_r}, alpha {tune.lora_alpha}, targets "
+                 f"{','.join(tune.lora_targets)}): a frozen {dtype} base, fp32 adapters")
     elif tuning == "prefix":
-        prefix = _prefix_workload(spec, update, batch=batch, seq=seq, compute_dtype=dtype,
-                                  tf32=tf32, tokens=prefix_tokens)
+        prefix = _prefix_workload(spec, update, tokens=tune.prefix_tokens, **settings)
         workloads = (prefix if rows is None else dataclasses.replace(prefix, lengths=rows),)
-        note += (f"; tuning prefix ({prefix_tokens} tokens): a frozen {dtype} base, fp32 "
+        note += (f"; tuning prefix ({tune.prefix_tokens} tokens): a frozen {dtype} base, fp32 "
                  f"prefix keys and values")
     else:
         modes = _update_modes(dtype, update)
         note += (f"; update {modes[0]}: fixed by --update" if update else
                  f"; update modes searched: {', '.join(modes)} (docs/precision.md)")
-        workloads = tuple(Workload.for_update(batch=batch, seq=seq, compute_dtype=dtype,
-                                              update=mode, tf32=tf32, lengths=rows)
+        workloads = tuple(Workload.for_update(**settings, update=mode, lengths=rows)
                           for mode in modes)
+    estimator = request.estimator.changed()
     if estimator:
         workloads = _with_estimator(workloads, estimator)
         note += f"; estimator {workloads[0].estimator_spec.describe()}"
-    fixed = {k: v for k, v in (("pertp", pertp), ("slices", slices), ("prefetch", prefetch),
-                               ("update", update)) if v is not None}
-    if placement != "auto":
-        fixed["placement"] = placement
-    worlds = world_sizes(hw, gpus) if fewer and ddp is None else ((gpus, nodes),)
-    if slices is not None:   # a fixed slice group must divide the node's ranks
-        worlds = tuple((g, n) for g, n in worlds if (g // n) % slices == 0)
+    fixed = {k: v for k, v in (("pertp", pertp), ("slices", lay.slices),
+                               ("prefetch", lay.prefetch), ("update", update),
+                               ("max_gpu_memory", request.hardware.max_gpu_memory))
+             if v is not None}
+    if lay.placement != "auto":
+        fixed["placement"] = lay.placement
+    worlds = world_sizes(hw, gpus) if fewer and lay.ddp is None else ((gpus, nodes),)
+    if lay.slices is not None:   # a fixed slice group must divide the node's ranks
+        worlds = tuple((g, n) for g, n in worlds if (g // n) % lay.slices == 0)
     if pertp == 2:
         worlds = tuple((g, n) for g, n in worlds if (g // n) % 2 == 0)
     return Request(model=spec, profile=hw, gpus=gpus, workloads=workloads, nodes=nodes,
-                   fixed=fixed, precision_note=note, placement=placement, worlds=worlds,
-                   rough_profile=is_shipped_guess(hw))
+                   fixed=fixed, precision_note=note, placement=lay.placement, worlds=worlds,
+                   rough_profile=is_shipped_guess(hw),
+                   max_gpu_memory_gib=request.hardware.max_gpu_memory)
 
 
 def world_sizes(hw: HardwareProfile, gpus: int) -> tuple[tuple[int, int], ...]:
@@ -207,8 +214,6 @@ def _update_modes(compute_dtype: str, update: str | None) -> tuple[str, ...]:
     """The update modes to search: the fixed one, else those that train (fp32
     compute: only fp32 masters)."""
     if update is not None:
-        if update not in UPDATE_MODES:
-            raise ZoError(f"--update must be one of {', '.join(UPDATE_MODES)}, got {update!r}")
         if compute_dtype == "fp32" and update != "master":
             raise ZoError(f"--update {update} rounds to 16-bit storage, but the compute "
                           f"precision is fp32: use --update master or a 16-bit --precision")
@@ -223,8 +228,6 @@ def _nodes_for(hw: HardwareProfile, gpus: int) -> int:
     """Nodes of a job of `gpus` devices: a profile describes one node, the count of
     nodes comes from --gpus."""
     gpn = hw.gpus_per_node
-    if gpus < 1:
-        raise ZoError(f"gpus must be >= 1, got {gpus}")
     if gpus > MAX_GPUS:
         raise ZoError(f"gpus ({gpus}) > {MAX_GPUS}: more ranks than a plan may hold")
     if gpus > gpn and gpus % gpn:
@@ -234,8 +237,6 @@ def _nodes_for(hw: HardwareProfile, gpus: int) -> int:
 
 
 def _fixed_pertp(gpus: int, pertp: int | None, ddp: int | None) -> int | None:
-    if pertp is not None and pertp not in (1, 2):
-        raise ZoError(f"pertp must be 1 or 2, got {pertp}")
     if pertp == 2 and gpus % 2:
         raise ZoError(f"pertp 2 needs an even number of GPUs, got gpus ({gpus})")
     if ddp is None:
@@ -248,9 +249,7 @@ def _fixed_pertp(gpus: int, pertp: int | None, ddp: int | None) -> int | None:
     return gpus // ddp
 
 
-def _check_fixed(hw: HardwareProfile, local: int, *, pertp, slices, prefetch) -> None:
-    if prefetch is not None and prefetch < 1:
-        raise ZoError(f"prefetch must be >= 1, got {prefetch}")
+def _check_fixed(hw: HardwareProfile, local: int, *, pertp, slices) -> None:
     if pertp == 2 and local % 2:
         raise ZoError(f"pertp 2 needs an even number of ranks per node, got {local}")
     if slices is not None:
@@ -262,9 +261,6 @@ def _check_fixed(hw: HardwareProfile, local: int, *, pertp, slices, prefetch) ->
 def _precision(hw: HardwareProfile, spec: ModelSpec, precision: str | None) -> tuple[str, str]:
     """The compute precision and how it was chosen."""
     if precision is not None:
-        if precision not in DTYPE_BYTES:
-            raise ZoError(f"unknown precision {precision!r}; use one of "
-                          f"{', '.join(DTYPE_BYTES)}")
         return precision, f"{precision}: fixed by --precision"
     if hw.is_cpu:
         return CPU_PRECISION, "fp32: the CPU default (gloo ranks compute in fp32)"
@@ -404,7 +400,7 @@ def invalid_reason(req: Request, axes: dict, *, gpus: int | None = None) -> str 
 def make_candidate(req: Request, layout: Layout, workload: Workload | None = None, *,
                    resident: tuple[bool, ...] = (), period: int = 1) -> Candidate:
     workload = workload or req.workload
-    memory = estimate_memory(model=req.model, profile=req.profile, workload=workload,
+    memory = estimate_memory(model=req.model, profile=req.memory_profile, workload=workload,
                              layout=layout, resident_blocks=sum(resident))
     cand = Candidate(layout=layout, workload=workload, memory=memory, resident=resident,
                      period=period, straggler=straggler_factor(req.profile, layout.nodes))
@@ -418,13 +414,14 @@ def make_candidate(req: Request, layout: Layout, workload: Workload | None = Non
 def resident_candidate(req: Request, cand: Candidate) -> Candidate | None:
     """The layout of `cand` with the most resident blocks its devices hold (None when
     not one fits)."""
-    capacity = resident_capacity(model=req.model, profile=req.profile,
+    capacity = resident_capacity(model=req.model, profile=req.memory_profile,
                                  workload=cand.workload, layout=cand.layout, base=cand.memory)
     resident, period = resident_pattern(req.model.num_layers, capacity)
     if not any(resident):
         return None
-    memory = estimate_memory(model=req.model, profile=req.profile, workload=cand.workload,
-                             layout=cand.layout, resident_blocks=sum(resident))
+    memory = estimate_memory(model=req.model, profile=req.memory_profile,
+                             workload=cand.workload, layout=cand.layout,
+                             resident_blocks=sum(resident))
     assert memory.reason is None, memory.reason
     costs = dataclasses.replace(cand.costs, resident=resident, period=period)
     return dataclasses.replace(cand, memory=memory, costs=costs, bounds=step_bounds(costs),

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 
 from zoplan.lora import ADAPTER_BYTES, adapter_params
 from zoplan.models import dtype_bytes
+from zoplan.names import TUNING_CHOICES as TUNING_CHOICES
 from zoplan.plan import Plan
 from zoplan.prefix import PREFIX_BYTES, prefix_params
-
-TUNING_CHOICES = ("full", "lora", "prefix", "auto")
 
 
 @dataclass(frozen=True, kw_only=True)

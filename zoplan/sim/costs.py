@@ -276,7 +276,7 @@ def _placement_work(*, model, profile, workload, layout, parts, resident, period
         issue["slice_update"] = tuple(h for _, h in mine)
         out["resident_update_s"], issue["resident_update"] = out["update_s"], issue["update"]
     else:   # the owner copies its slice of the updated block back into its shard
-        # (slices > 1; with one slice the block is updated in place, engine._resident_pass:
+        # (slices > 1; with one slice the block is updated in place, blocks._resident_pass:
         # no copy, priced so on GPUs since pass 2's resident trace; CPU plans keep the
         # term, byte-identical to their golden files)
         copy = (shard_copy_s(model, profile, workload, layout)

@@ -26,11 +26,11 @@ import functools
 from dataclasses import dataclass
 
 from zoplan.hardware import GIB, HardwareProfile
+from zoplan.hostmemory import node_host_memory
 from zoplan.layout import Layout
 from zoplan.memory import (
     RankMemory,
     fmt_bytes,
-    node_host_memory,
     rank_memory,
     resident_shard_bytes,
 )

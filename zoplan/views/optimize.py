@@ -15,6 +15,7 @@ from zoplan.errors import ZoError
 from zoplan.hardware import GIB
 from zoplan.layout import axes_label
 from zoplan.plan import Plan
+from zoplan.request import MAX_TOP
 from zoplan.views.sensitivity import sensitivity_lines
 
 
@@ -47,9 +48,6 @@ def _secs(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{seconds:.3f}" if seconds < 100 else f"{seconds:.1f}"
-
-
-MAX_TOP = 10_000
 
 
 def check_top(top: int) -> None:

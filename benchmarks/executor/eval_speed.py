@@ -3,7 +3,7 @@
 test files, the first 400 lines) with the label words "terrible,great" on a local
 random-weight OPT model from examples/make_model.py, one thread.
 
-    python benchmarks/eval_speed.py [--size tiny|micro] [--repeats 3] [--tree DIR]
+    python benchmarks/executor/eval_speed.py [--size tiny|micro] [--repeats 3] [--tree DIR]
 
 --tree: the source tree whose zoexec runs (put first on PYTHONPATH), e.g. an export of
 another commit (`git archive COMMIT | tar -x -C /tmp/before`), to compare two versions
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 from make_model import make_model  # noqa: E402
 

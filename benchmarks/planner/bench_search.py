@@ -1,7 +1,7 @@
 """How long `zoplan optimize` takes and what it predicts, from 8 to 65,536 GPUs (a fresh
 process per run: start-up and imports count), beside an earlier version of the planner.
 
-    .venv/bin/python benchmarks/bench_search.py [--repeats 3] [--profile dgx-a100-80gb]
+    .venv/bin/python benchmarks/planner/bench_search.py [--repeats 3] [--profile dgx-a100-80gb]
         [--before DIR]
 
 OPT-175B on the DGX A100 profile: 8 GPUs at MeZO's batch of 16, then 1,024, 8,192 and

@@ -1,7 +1,7 @@
 """Plans of one CPU layout with three placements, priced by the planner (predicted spans
 included), for calibrating the placement and the update on the slice:
 
-    python benchmarks/placement_plans.py PROFILE MODEL OUTDIR
+    python benchmarks/planner/placement_plans.py PROFILE MODEL OUTDIR
 
 writes OUTDIR/offloaded.json (pertp2 s2 p2, every block offloaded), offloaded-su.json
 (the same with the update on the slice) and mixed-su.json (every other block resident,

@@ -7,10 +7,10 @@ offloaded) for `--steps` steps on `--ranks` local CPU ranks (DDP), once without 
 once with --trace (each in a process of its own), and samples each rank's RSS as the
 log passes every `--every` steps.
 
-    .venv/bin/python benchmarks/bench_long_run.py                  # 100,000 steps, 1 rank
-    .venv/bin/python benchmarks/bench_long_run.py --only no-trace   # without --trace only
-    .venv/bin/python benchmarks/bench_long_run.py --steps 3000 --ranks 2 --layers 40
-    .venv/bin/python benchmarks/bench_long_run.py --history   # the step history alone
+    .venv/bin/python benchmarks/executor/bench_long_run.py                  # 100,000 steps, 1 rank
+    .venv/bin/python benchmarks/executor/bench_long_run.py --only no-trace   # without --trace only
+    .venv/bin/python benchmarks/executor/bench_long_run.py --steps 3000 --ranks 2 --layers 40
+    .venv/bin/python benchmarks/executor/bench_long_run.py --history   # the step history alone
 
 Prints per run and rank: RSS at the first sample after warm-up (`--warmup` steps), at
 the end, the growth per 1,000 steps between them (least-squares slope over the
@@ -35,9 +35,9 @@ import psutil
 
 from zoexec.config import RunConfig
 from zoexec.launch.spawn import run_in_process, spawn_local
+from zoplan.catalogue import CATALOGUE_CONFIGS
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
-from zoplan.models import CATALOGUE_CONFIGS
 from zoplan.workload import Workload
 
 MIB = 2**20

@@ -1,6 +1,6 @@
 """The planner against every figure ZO2, MeZO and DistZO2 have published.
 
-    .venv/bin/python benchmarks/published.py [--sensitivity]
+    .venv/bin/python benchmarks/published/published.py [--sensitivity]
 
 Prints, for each published figure, its setup, the published value, the planner's
 prediction and the error, and the mean absolute error of the absolute figures (memory)

@@ -2,7 +2,7 @@
 of the same weights, for each catalogue tiny-* model in fp32 and bf16 (seeded init plus
 noise, 2 rows of 24 tokens). docs/models.md quotes what it prints.
 
-    .venv/bin/python benchmarks/family_equivalence.py
+    .venv/bin/python benchmarks/executor/family_equivalence.py
 """
 
 from __future__ import annotations

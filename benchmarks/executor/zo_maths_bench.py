@@ -1,6 +1,6 @@
 """CPU cost of the zeroth-order maths per million parameters (prints a table; not a test).
 
-    .venv/bin/python benchmarks/zo_maths_bench.py [--model opt-125m] [--reps 5]
+    .venv/bin/python benchmarks/executor/zo_maths_bench.py [--model opt-125m] [--reps 5]
 
 Times, on one block of the model (shapes from the catalogue, no weights built):
 z_block with 1..N threads, a single torch.randn over the whole block (the naive

@@ -17,7 +17,7 @@ as a one-rank node does (zoexec.store.node.load_node_model), and reports:
 - ratio = peak / (one block + resident), the peak being the larger of the two above;
 - the fill rate (the store's bytes over the load's wall time).
 
-    .venv/bin/python benchmarks/bench_load_memory.py --model opt-125m --shard-size 100MB
+    .venv/bin/python benchmarks/executor/bench_load_memory.py --model opt-125m --shard-size 100MB
 
 A process that built the whole model first would show the whole model (about the
 store's bytes again) beyond the store; streaming block by block shows about one block

@@ -6,7 +6,7 @@ opt-125m, fp32), then reads what each rank measured of itself at the end of trai
 meta.json) and the PSS of a baseline process forked from the same forkserver (torch
 and transformers imported, no model).
 
-    .venv/bin/python benchmarks/bench_host_memory.py --model opt-125m --ranks 2
+    .venv/bin/python benchmarks/executor/bench_host_memory.py --model opt-125m --ranks 2
 
 Prints
 - store ratio: sum over ranks of the PSS of the store mapping / one copy of the blocks
@@ -31,8 +31,9 @@ from pathlib import Path
 from zoexec.config import RunConfig
 from zoexec.launch.spawn import _context, spawn_local
 from zoplan.handplan import hand_plan
+from zoplan.hostmemory import node_host_memory
 from zoplan.layout import Layout
-from zoplan.memory import node_host_memory, rank_memory
+from zoplan.memory import rank_memory
 from zoplan.models import get_model
 from zoplan.trace import read_trace
 from zoplan.workload import Workload

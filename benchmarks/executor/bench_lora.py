@@ -7,7 +7,7 @@ runs full then LoRA back to back, and the medians of the rounds are reported, so
 a busy machine hurts both alike. A step's time is the median of its measured steps
 after the first (warm-up). Also printed: the size of what each run saves (final/).
 
-    .venv/bin/python benchmarks/bench_lora.py --model opt-125m --batch 4 --seq 64
+    .venv/bin/python benchmarks/executor/bench_lora.py --model opt-125m --batch 4 --seq 64
 
 Where LoRA gains on the CPU: z is drawn for the adapters only (0.3% of an OPT-125m
 block) instead of the whole block, there is no update pass over the block, no

@@ -1,6 +1,6 @@
 """What each priced term costs the winning plan, beside its physical bound.
 
-    .venv/bin/python benchmarks/cost_table.py [--model opt-175b] [--gpus 8]
+    .venv/bin/python benchmarks/planner/cost_table.py [--model opt-175b] [--gpus 8]
         [--profile dgx-a100-80gb] [--batch 16] [--seq 512]
 
 Runs the search (`zoplan optimize`'s), then prints two tables for the winner:

@@ -9,7 +9,7 @@ forward passes). zoexec's step time is the median of its measured
 steps after the first (warm-up); the reference's is the mean of its timed steps after a
 warm-up step (it reports no per-step times).
 
-    .venv/bin/python benchmarks/bench_throughput.py --model opt-125m --batch 4 --seq 64
+    .venv/bin/python benchmarks/executor/bench_throughput.py --model opt-125m --batch 4 --seq 64
 
 Prints one line per round and the ratio ours / reference (> 1: zoexec is faster).
 Where zoexec gains on the CPU: z is drawn twice per block per step instead of four
