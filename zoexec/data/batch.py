@@ -190,7 +190,7 @@ class Example:
 
 
 def pack_examples(examples: list[Example], *, seq: int, pad: int, width: int | None = None,
-                  where="data"):
+                  where="data") -> Batch:
     """A Batch of one example per row, right-padded to the longest row (or `width`),
     at most `seq` tokens: labels IGNORE on the prompt and the padding. A row too long
     loses prompt tokens from its left; a target longer than seq - 1 is refused."""

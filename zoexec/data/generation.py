@@ -20,12 +20,29 @@ import collections
 import math
 import re
 import string
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from zoexec.data.batch import Example
 from zoexec.data.records import check_columns
 from zoexec.data.templates import fill, joiner, template_fields, text_of, texts_of
 from zoplan.errors import ZoError
+
+if TYPE_CHECKING:
+    from zoexec.data.taskfields import TaskFields
+
+
+class Tokens(Protocol):
+    """What this module uses of zoexec.data.tasks.Tokens (not imported: tasks imports
+    this module)."""
+
+    eos: int | None
+    pad: int
+    tokenizer: Any
+
+    def encode(self, text: str, *, special: bool, what: str,
+               where: str | None = None) -> list[int]: ...
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
@@ -83,12 +100,13 @@ class Answered:
         return Example(self.prompt, self.target)
 
 
-def prompt_template(spec) -> str:
+def prompt_template(spec: TaskFields) -> str:
     """The prompt's template: --template, else the prompt column as it is."""
     return spec.template or "{" + spec.prompt_column + "}"
 
 
-def generation_examples(rows, spec, tokens, path, *, first: int = 1) -> list[Answered]:
+def generation_examples(rows: Sequence[dict[str, Any]], spec: TaskFields, tokens: Tokens, path: str, *,
+                        first: int = 1) -> list[Answered]:
     """The generation examples of `rows` (see the module docstring; the first row is
     row number `first` of the file)."""
     template = prompt_template(spec)
@@ -121,7 +139,7 @@ class Decoding:
     max_new: int
     eos: int | None
     newline: bool
-    decode: object
+    decode: Callable[..., str]   # the tokenizer's decode
     pad: int
 
     def stops(self, token: int) -> bool:
@@ -142,7 +160,7 @@ class Decoding:
                                   [list(g) for g in self.golds])
 
 
-def decoding_of(examples: list[Answered], spec, tokens, *, seq: int) -> Decoding:
+def decoding_of(examples: list[Answered], spec: TaskFields, tokens: Tokens, *, seq: int) -> Decoding:
     """What the evaluation generates for `examples` (prompts with their demonstrations):
     each prompt's last seq - --max-new-tokens tokens."""
     room = seq - spec.max_new_tokens

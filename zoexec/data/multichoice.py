@@ -22,8 +22,9 @@ training loss on the data.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -31,6 +32,11 @@ from zoexec.data.batch import Batch, Choices, EpochOrder, Example, pack_examples
 from zoexec.data.records import check_columns
 from zoexec.data.templates import fill, joiner, not_a_label, template_fields, text_of
 from zoplan.errors import ZoError
+
+if TYPE_CHECKING:
+    from zoexec.data.presets import Preset
+    from zoexec.data.taskfields import TaskFields
+    from zoexec.data.tasks import Tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,16 +57,16 @@ class MultipleChoice:
 
 
 # ---- rows of a file --------------------------------------------------------------------
-def template_columns(spec, preset) -> list[str]:
+def template_columns(spec: TaskFields, preset: Preset | None) -> list[str]:
     """The columns `spec`'s templates name (not the preset's derived fields, not {choice})."""
     derived = set(preset.derived + preset.choice_derived) if preset else set()
-    names = template_fields(spec.template)
+    names = template_fields(cast(str, spec.template))   # multiple choice: TaskFields' check gives one
     for template in spec.choices:
         names += template_fields(template, option="--choices")
     return [n for n in dict.fromkeys(names) if n not in derived and n != "choice"]
 
 
-def needed_columns(spec, preset) -> list[str]:
+def needed_columns(spec: TaskFields, preset: Preset | None) -> list[str]:
     """The template's columns, the candidates' list column and the label's (and the
     columns a preset's derived fields are made from)."""
     extra = [spec.choices_column] if spec.choices_column else []
@@ -69,7 +75,7 @@ def needed_columns(spec, preset) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def choice_texts(row: dict, values: dict, spec, preset, where: str) -> tuple[list[str], list[str]]:
+def choice_texts(row: dict[str, Any], values: dict[str, str], spec: TaskFields, preset: Preset | None, where: str) -> tuple[list[str], list[str]]:
     """(each candidate's raw item (its text for --choices templates), its text)."""
     if not spec.choices_column:
         texts = [fill(t, values, where=where, option="--choices") for t in spec.choices]
@@ -94,7 +100,7 @@ def choice_texts(row: dict, values: dict, spec, preset, where: str) -> tuple[lis
     return items, texts
 
 
-def check_candidates(texts: list[str], spec, where: str) -> None:
+def check_candidates(texts: list[str], spec: TaskFields, where: str) -> None:
     """ZoError naming the row and the column when a candidate is empty (it would score 0
     summed log-likelihood and always win) or two read the same (no right answer)."""
     for index, text in enumerate(texts):
@@ -110,7 +116,7 @@ def check_candidates(texts: list[str], spec, where: str) -> None:
         seen[text] = index
 
 
-def _source(spec, index: int) -> str:
+def _source(spec: TaskFields, index: int) -> str:
     """Where candidate `index` comes from, in words: an item of --choices-column, or a
     --choices template (and the columns it names)."""
     if spec.choices_column:
@@ -120,7 +126,7 @@ def _source(spec, index: int) -> str:
     return f"--choices {template!r}" + (f", from {names}" if names else "")
 
 
-def golds_of(value, items: list[str], column: str, where: str) -> tuple[int, ...]:
+def golds_of(value: object, items: list[str], column: str, where: str) -> tuple[int, ...]:
     """The right candidates' indices from the label cell: an index, an item's text, or a
     list of items' texts (in the order the cell lists them)."""
     if isinstance(value, (bool, float)):
@@ -141,17 +147,18 @@ def golds_of(value, items: list[str], column: str, where: str) -> tuple[int, ...
                   f"index nor one of its candidates")
 
 
-def choice_examples(rows, spec, tokens, path, preset=None, *, first: int = 1) -> list[MultipleChoice]:
+def choice_examples(rows: Sequence[dict[str, Any]], spec: TaskFields, tokens: Tokens, path: str,
+                    preset: Preset | None = None, *, first: int = 1) -> list[MultipleChoice]:
     """The multiple-choice examples of `rows` (see the module docstring; the first row
     is row number `first` of the file)."""
     check_columns(rows, needed_columns(spec, preset), path)
     columns = template_columns(spec, preset)
-    out = []
+    out: list[MultipleChoice] = []
     for number, row in enumerate(rows, start=first):
         where = f"{path} row {number}"
         values = {n: text_of(row[n], n, where) for n in columns}
         values.update(preset.fields(row, where) if preset else {})
-        prompt_text = fill(spec.template, values, where=where)
+        prompt_text = fill(cast(str, spec.template), values, where=where)
         items, texts = choice_texts(row, values, spec, preset, where)
         check_candidates(texts, spec, where)
         gap = joiner(prompt_text)
@@ -169,11 +176,12 @@ def choice_examples(rows, spec, tokens, path, preset=None, *, first: int = 1) ->
 
 # ---- training rows -----------------------------------------------------------------------
 def choice_batch(examples: list[MultipleChoice], *, score: str, seq: int, pad: int,
-                 where="data") -> Batch:
+                 where: str = "data") -> Batch:
     """A row per candidate of each example, every example padded with empty rows to the
     most candidates any has (masked out of the loss): the candidate loss's batch."""
     size = max(len(ex.candidates) for ex in examples)
-    rows, valid = [], []
+    rows: list[Example] = []
+    valid: list[list[bool]] = []
     for ex in examples:
         rows += [ex.example(i) for i in range(len(ex.candidates))]
         rows += [Example((), ())] * (size - len(ex.candidates))
@@ -190,7 +198,7 @@ class MultipleChoiceRows:
     epoch (fixed by `seed` and `tag`), a row per candidate (choice_batch)."""
 
     def __init__(self, examples: Sequence[MultipleChoice], *, score: str, pad: int, seed: int,
-                 tag: int, path) -> None:
+                 tag: int, path: str) -> None:
         self.examples, self.score, self.pad, self.path = examples, score, pad, path
         self.order = EpochOrder(tag, seed)
 
@@ -202,7 +210,7 @@ class MultipleChoiceRows:
     def epoch_of(self, step: int) -> float | None:
         return self.order.epoch_of(step)
 
-    def check(self, seq: int, rows=None) -> None:
+    def check(self, seq: int, rows: Sequence[int] | None = None) -> None:
         """Every example's rows fit `seq` (a ZoError names the row otherwise); `rows`:
         the indices of those checked (None: all)."""
         for index in range(len(self.examples)) if rows is None else rows:
@@ -214,14 +222,16 @@ class MultipleChoiceRows:
 def choice_rows(examples: list[MultipleChoice]) -> tuple[list[Example], list[tuple[int, int]]]:
     """The evaluation rows (a row per candidate, each example's consecutive) and each
     example's (first row, candidates)."""
-    rows, groups = [], []
+    rows: list[Example] = []
+    groups: list[tuple[int, int]] = []
     for ex in examples:
         groups.append((len(rows), len(ex.candidates)))
         rows += [ex.example(i) for i in range(len(ex.candidates))]
     return rows, groups
 
 
-def choice_eval_parts(examples: list[MultipleChoice], *, score: str):
+def choice_eval_parts(examples: list[MultipleChoice], *, score: str
+                      ) -> tuple[list[Example], Callable[[torch.Tensor], dict[str, float]]]:
     """(the evaluation rows, the function of their [CE, tokens] that gives the metrics)."""
     rows, groups = choice_rows(examples)
     golds = [ex.golds for ex in examples]

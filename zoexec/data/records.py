@@ -153,7 +153,7 @@ def _find_bad_json_line(path: Path) -> None:
             raise ZoError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
 
 
-def check_columns(rows: list[dict], columns, where) -> None:
+def check_columns(rows: Sequence[dict], columns, where) -> None:
     """ZoError naming the columns `rows` lack (and those they have)."""
     have = list(rows[0])
     missing = [c for c in dict.fromkeys(columns) if c not in have]

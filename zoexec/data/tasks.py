@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -35,6 +35,7 @@ from zoplan.errors import ZoError
 if TYPE_CHECKING:
     from zoexec.data.taskfields import TaskFields
 
+T = TypeVar("T")
 TAG_ROWS = 0x5257   # the training rows' order (every prompt type's)
 
 
@@ -43,7 +44,7 @@ class Tokens:
     """A tokenizer with the checks a task needs: ids within the model's vocabulary, text
     that does not vanish."""
 
-    def __init__(self, tokenizer, *, vocab: int, where, budget: int | None = None) -> None:
+    def __init__(self, tokenizer: Any, *, vocab: int, where: str, budget: int | None = None) -> None:
         self.tokenizer, self.vocab, self.where = tokenizer, vocab, where
         self.budget = budget   # characters of a text tokenised (zoexec.data.rowfile.text_budget)
         tok = tokenizer
@@ -51,7 +52,7 @@ class Tokens:
         pad = tok.pad_token_id if tok.pad_token_id is not None else self.eos
         self.pad = pad if pad is not None else 0
 
-    def encode(self, text: str, *, special: bool, what: str, where=None) -> list[int]:
+    def encode(self, text: str, *, special: bool, what: str, where: str | None = None) -> list[int]:
         """The ids of `text`. Past the budget a prompt (`what` "the prompt") keeps its
         last `budget` characters; any other text (an answer, a candidate) is refused,
         naming `where` (default: the file): it cannot fit the sequence."""
@@ -69,11 +70,11 @@ class Tokens:
         return ids
 
 
-def completion_examples(rows, spec: TaskFields, tokens: Tokens, path, *,
+def completion_examples(rows: Sequence[dict[str, Any]], spec: TaskFields, tokens: Tokens, path: str, *,
                         first: int = 1) -> list[Example]:
     """The examples of `rows` (the first one row number `first` of the file)."""
     check_columns(rows, (spec.prompt_column, spec.completion_column), path)
-    out = []
+    out: list[Example] = []
     for number, row in enumerate(rows, start=first):
         where = f"{path} row {number}"
         prompt = tokens.encode(text_of(row[spec.prompt_column], spec.prompt_column, where),
@@ -101,9 +102,10 @@ class Labelled:
 
 
 def label_word_ids(spec: TaskFields, tokens: Tokens) -> tuple[tuple[int, ...], ...]:
-    out = []
+    out: list[tuple[int, ...]] = []
+    template = cast(str, spec.template)   # classification: TaskFields' check gives one
     for word in spec.label_words:
-        ids = tokens.encode(joiner(spec.template) + word, special=False, what=f"label word {word!r}")
+        ids = tokens.encode(joiner(template) + word, special=False, what=f"label word {word!r}")
         if not ids:
             raise ZoError(f"label word {word!r} tokenises to no tokens with this tokenizer")
         unk = tokens.tokenizer.unk_token_id
@@ -116,7 +118,7 @@ def label_word_ids(spec: TaskFields, tokens: Tokens) -> tuple[tuple[int, ...], .
     return tuple(out)
 
 
-def _label_index(value, spec: TaskFields, where: str) -> int:
+def _label_index(value: object, spec: TaskFields, where: str) -> int:
     words = [w.strip() for w in spec.label_words]
     if isinstance(value, (bool, float)):
         raise ZoError(f"{where}: label {value!r} in column {spec.label_column!r} is "
@@ -133,17 +135,18 @@ def _label_index(value, spec: TaskFields, where: str) -> int:
                   f"0..{len(words) - 1} nor one of the label words ({', '.join(words)})")
 
 
-def classification_examples(rows, spec: TaskFields, tokens: Tokens, path, *,
+def classification_examples(rows: Sequence[dict[str, Any]], spec: TaskFields, tokens: Tokens, path: str, *,
                             first: int = 1) -> list[Labelled]:
     """The examples of `rows` (the first one row number `first` of the file)."""
-    fields = template_fields(spec.template)
+    template = cast(str, spec.template)   # classification: TaskFields' check gives one
+    fields = template_fields(template)
     check_columns(rows, (*fields, spec.label_column), path)
     candidates = label_word_ids(spec, tokens)
-    out = []
+    out: list[Labelled] = []
     for number, row in enumerate(rows, start=first):
         where = f"{path} row {number}"
         values = {name: text_of(row[name], name, where) for name in fields}
-        prompt = tokens.encode(spec.template.format(**values), special=True, what="the prompt")
+        prompt = tokens.encode(template.format(**values), special=True, what="the prompt")
         out.append(Labelled(prompt=tuple(prompt), candidates=candidates,
                             label=_label_index(row[spec.label_column], spec, where)))
     return out
@@ -155,11 +158,11 @@ class ExampleRows:
     visited in a fresh random order each epoch (fixed by `seed`), padded to the
     batch's longest row (pack_examples)."""
 
-    def __init__(self, examples: Sequence[Example], *, pad: int, seed: int, path) -> None:
+    def __init__(self, examples: Sequence[Example], *, pad: int, seed: int, path: str) -> None:
         self.examples, self.pad, self.seed, self.path = examples, pad, seed, path
         self.order = EpochOrder(TAG_ROWS, seed)
 
-    def batch(self, step: int, batch_size: int, seq: int):
+    def batch(self, step: int, batch_size: int, seq: int) -> Batch:
         picks = self.order.picks(step, batch_size, len(self.examples))
         return pack_examples([self.examples[i] for i in picks], seq=seq, pad=self.pad,
                              where=self.path)
@@ -168,7 +171,7 @@ class ExampleRows:
         """Passes over the examples after `step` (the metrics' "epoch")."""
         return self.order.epoch_of(step)
 
-    def check(self, seq: int, rows=None) -> None:
+    def check(self, seq: int, rows: Sequence[int] | None = None) -> None:
         """Every example fits `seq` with a prompt token (a ZoError names the row
         otherwise); `rows`: the indices of those checked (None: all)."""
         for index in range(len(self.examples)) if rows is None else rows:
@@ -193,7 +196,7 @@ class EvalSet:
     tokens: tuple[int, ...] | None = None
     labels: list[int] | None = None
     loss: str = "vocabulary"
-    scorer: Callable[[torch.Tensor], dict] | None = None   # other metrics of the rows' [CE, tokens]
+    scorer: Callable[[torch.Tensor], dict[str, float]] | None = None   # other metrics of the rows' [CE, tokens]
     decoding: Decoding | None = None   # generation: what to generate (zoexec.train.generate)
 
     @property
@@ -220,8 +223,9 @@ class EvalSet:
         if self.scorer is not None:
             return self.scorer(out)
         if self.tokens is not None:
-            right = out[torch.arange(len(self.labels)), self.labels]
-            return classification_metrics(out, self.labels, loss=self.loss,
+            labels = cast(list[int], self.labels)   # set with tokens (classification)
+            right = out[torch.arange(len(labels)), labels]
+            return classification_metrics(out, labels, loss=self.loss,
                                           vocabulary_loss=float(-right.mean()))
         scored = out if self.scored is None else out[self.scored]
         total, count = float(scored[:, 0].sum()), float(scored[:, 1].sum())
@@ -238,7 +242,7 @@ class EvalSet:
 
 
 # ---- evaluation sets of the types ---------------------------------------------------------
-def classification_eval_set(examples: list, spec: TaskFields, *, pad: int) -> EvalSet:
+def classification_eval_set(examples: list[Labelled], spec: TaskFields, *, pad: int) -> EvalSet:
     """The classification examples' evaluation rows: a row each with single-token
     candidates (scored at the answer position), else a row per candidate."""
     labels = [ex.label for ex in examples]
@@ -246,7 +250,9 @@ def classification_eval_set(examples: list, spec: TaskFields, *, pad: int) -> Ev
         return EvalSet(rows=[ex.example() for ex in examples], pad=pad, labels=labels,
                        tokens=tuple(c[0] for c in examples[0].candidates),
                        loss=spec.classification_loss)
-    out, groups, scored = [], [], []
+    out: list[Example] = []
+    groups: list[tuple[int, int, int]] = []
+    scored: list[int] = []
     for ex in examples:
         groups.append((len(out), len(ex.candidates), ex.label))
         scored.append(len(out) + ex.label)
@@ -255,6 +261,6 @@ def classification_eval_set(examples: list, spec: TaskFields, *, pad: int) -> Ev
                    loss=spec.classification_loss)
 
 
-def some(items, samples: int | None) -> list:
+def some(items: Sequence[T], samples: int | None) -> list[T]:
     """--eval-samples: `samples` of `items`, drawn with a fixed seed (all: None)."""
     return [items[i] for i in subset(len(items), samples)]

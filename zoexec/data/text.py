@@ -13,6 +13,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -60,10 +61,11 @@ class JsonlReader:
     when the tokenizer has one) or {"input_ids": [...]}; ids within the vocabulary.
     Every problem is a ZoError naming the file and line."""
 
-    def __init__(self, path, *, vocab: int, tokenizer_dir=None, column: str = "text") -> None:
+    def __init__(self, path: str | Path, *, vocab: int, tokenizer_dir: str | Path | None = None,
+                 column: str = "text") -> None:
         self.path, self.vocab, self.tokenizer_dir = Path(path), vocab, tokenizer_dir
         self.column = column
-        self._tokenizer = None
+        self._tokenizer: Any = None
 
     def documents(self) -> Iterator[list[int]]:
         need_file(self.path, what="data file")
@@ -99,8 +101,9 @@ class JsonlReader:
             raise ZoError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
         return self.record_ids(record, where)
 
-    def record_ids(self, record, where: str) -> list[int]:
+    def record_ids(self, record: object, where: str) -> list[int]:
         """The ids of one record ({column: text} or {"input_ids": [...]}), checked."""
+        ids: list[int]
         if isinstance(record, dict) and record.get("input_ids") is not None:
             ids = record["input_ids"]
             if not isinstance(ids, list) or not all(type(i) is int for i in ids):
@@ -130,7 +133,7 @@ class JsonlReader:
         return ids
 
 
-def load_tokenizer(folder, *, where):
+def load_tokenizer(folder: str | Path | None, *, where: str) -> Any:
     """The tokenizer of model folder `folder` (ZoError, naming `where` needs it, when
     there is no folder, or the folder holds no tokenizer files or a broken one)."""
     if folder is None:
@@ -160,7 +163,7 @@ class TextData:
     predicts a document's first token from the one before, so a document never
     predicts the next one's tokens."""
 
-    def __init__(self, path, *, vocab: int, seed: int = 0, tokenizer_dir=None,
+    def __init__(self, path: str | Path, *, vocab: int, seed: int = 0, tokenizer_dir: str | Path | None = None,
                  column: str = "text") -> None:
         self.path, self.vocab, self.seed = Path(path), vocab, seed
         self.tokenizer_dir, self.column = tokenizer_dir, column
@@ -169,7 +172,7 @@ class TextData:
         self.order = EpochOrder(_TAG_JSONL, seed)
 
     @classmethod
-    def from_path(cls, path, **kwargs) -> TextData:
+    def from_path(cls, path: str | Path, **kwargs: Any) -> TextData:
         return cls(path, **kwargs)
 
     def documents(self) -> Iterator[list[int]]:
@@ -208,10 +211,10 @@ class TextData:
             self._rows[seq] = Batch(ids, self._labels(ids, first))
         return self._rows[seq]
 
-    def eval_examples(self, seq: int) -> list:
+    def eval_examples(self, seq: int) -> list[Example]:
         """Every token in rows of `seq` (the last one shorter), in order, for evaluation
         (zoexec.data.batch.Example: no prompt, the document starts skipped)."""
-        out = []
+        out: list[Example] = []
         for start in range(0, self.tokens.numel(), seq):
             ids = self.tokens[start:start + seq].tolist()
             skip = torch.nonzero(self.starts[start:start + seq]).flatten().tolist()
@@ -231,7 +234,7 @@ class TextData:
 JsonlData = TextData   # the name of the text source before tasks (tests, scripts)
 
 
-def check_data(source: str, *, vocab: int, batch: int, seq: int, tokenizer_dir=None,
+def check_data(source: str, *, vocab: int, batch: int, seq: int, tokenizer_dir: str | Path | None = None,
                column: str = "text") -> None:
     """What a rank's text source would refuse, found before any rank starts (zoexec's
     preflight): every line of a JSONL file (every row of another format) read and

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,20 +30,20 @@ from zoexec.run.verify import check_safetensors
 from zoexec.runtime import device as zdevice
 from zoexec.runtime import groups as zgroups
 from zoexec.runtime import lanes as zlanes
-from zoexec.store.loading import weight_files
 from zoexec.store.node import close_store, load_node_model, share_read_flags
 from zoexec.train.prefix import trainer_class
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.io import need_folder, need_input
 from zoplan.layout import Layout
+from zoplan.modeldir import weight_files
 from zoplan.models import get_model
 from zoplan.workload import Workload
 
 EVAL_SEQ = 512     # zoexec eval: longest row (tokens) when not given, capped by the model's positions
 
 
-def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
+def eval_config(model_dir: Path, data: Path, **values: Any) -> RunConfig:
     """A one-rank RunConfig that evaluates `model_dir` on `data` (a hand-built plan);
     `values`: the options given (zoexec.config.EvalOptions, TaskOptions, --threads).
     `model_dir` is an HF model folder, or a LoRA run's adapter folder (final/, best/,
@@ -75,7 +76,7 @@ def eval_config(model_dir: Path, data: Path, **values) -> RunConfig:
                      load_from=str(model_dir) if adapters else None)
 
 
-def _adapters(folder: Path, base: str | None) -> dict | None:
+def _adapters(folder: Path, base: str | None) -> dict[str, Any] | None:
     """A PEFT LoRA or prefix-tuning folder's base folder (--base, else its
     adapter_config.json's) and the workload keys of its tuning; None for any other
     folder."""
@@ -129,14 +130,15 @@ def _device_kind() -> str:
     return "cuda" if zdevice.device_count("cuda") > 0 else "cpu"
 
 
-def eval_model(cfg) -> dict[str, float]:
+def eval_model(cfg: RunConfig) -> dict[str, float]:
     """Evaluate cfg.weights on cfg.task.eval_data on one rank in this process: the metrics."""
     with private_folder() as rendezvous:   # the data library's cache in it too
         return _eval_model(cfg, rendezvous)
 
 
-def _eval_model(cfg, rendezvous) -> dict[str, float]:
+def _eval_model(cfg: RunConfig, rendezvous: Path) -> dict[str, float]:
     evaluator = make_evaluator(cfg)   # the data first: a bad file fails before the model loads
+    assert evaluator is not None      # eval_config sets --eval-data
     with one_rank(cfg, rendezvous=rendezvous) as (cfg, place):
         env = store = None
         try:

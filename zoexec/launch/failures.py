@@ -34,16 +34,20 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from zoexec.run.writes import is_disk_full
 from zoexec.runtime.errors import LaneFailure, PeerGone, error_line
 from zoplan.errors import EXIT_USER_ERROR, ZoError, first_line
 
+if TYPE_CHECKING:
+    from zoexec.runtime.procwatch import Outcome
+
 ERROR, PEER, HALT = "error", "peer", "halt"      # what a rank's failure was (HALT: on purpose)
 USER, RANK, STOPPED = "user", "rank", "stopped"    # what job_failure's line is
 EXIT_RANK_FAILED = 1
 HALT_CODES = (129, 130, 143)                       # a rank that stopped on SIGHUP / SIGINT / SIGTERM
-SIGNAL_HINTS = {signal.SIGKILL: "kill -9 or the out-of-memory killer",
+SIGNAL_HINTS: dict[int, str] = {signal.SIGKILL: "kill -9 or the out-of-memory killer",
                 signal.SIGSEGV: "a crash in native code", signal.SIGABRT: "an abort in native code",
                 signal.SIGBUS: "shared memory ran out? see df /dev/shm",
                 signal.SIGTERM: "kill or a job scheduler", signal.SIGINT: "Ctrl-C"}
@@ -98,7 +102,7 @@ class Report:
     kind: str = ERROR
 
 
-def job_failure(outcome, reports: list[Report]) -> tuple[str, str, int] | None:
+def job_failure(outcome: Outcome, reports: list[Report]) -> tuple[str, str, int] | None:
     """(one line, USER | RANK | STOPPED, exit code) for a job that did not end well,
     None for one that did. `outcome`: procwatch.Outcome (index = rank); `reports` in
     arrival order."""
@@ -132,11 +136,12 @@ def job_failure(outcome, reports: list[Report]) -> tuple[str, str, int] | None:
     return f"rank {outcome.first} exited with code {code} without saying why", RANK, EXIT_RANK_FAILED
 
 
-def _culprit(outcome, told: set[int]) -> tuple[int, str, str] | None:
+def _culprit(outcome: Outcome, told: set[int]) -> tuple[int, str, str] | None:
     """(rank, what happened, how a peer's report follows) for the rank that stopped the
     job by going away: killed by a signal the launcher did not send (the first to fail
     first), else found stopped, else gone without a word."""
-    order = [outcome.first] + [i for i in range(len(outcome.exitcodes)) if i != outcome.first]
+    first = cast(int, outcome.first)   # job_failure asks once a rank has failed
+    order = [first] + [i for i in range(len(outcome.exitcodes)) if i != first]
     for index in order:
         code = outcome.exitcodes[index]
         if code is not None and code < 0 and index not in outcome.killed:
@@ -159,7 +164,7 @@ def _exit_note(code: int) -> str:
         return ""
 
 
-def _killed_tail(outcome, told: set[int]) -> str:
+def _killed_tail(outcome: Outcome, told: set[int]) -> str:
     hung = [i for i, why in outcome.killed.items() if why == "hung" and i not in told]
     if not hung:
         return ""
@@ -167,10 +172,10 @@ def _killed_tail(outcome, told: set[int]) -> str:
             f"(hung?) and {'was' if len(hung) == 1 else 'were'} killed")
 
 
-def _stopped_line(outcome, reports: list[Report]) -> str:
+def _stopped_line(outcome: Outcome, reports: list[Report]) -> str:
     """The engine's own line when a rank gave one ('stopped by SIGINT after step 3;
     snapshot ...; resume with: ...'), else what the launcher saw."""
-    name = signal.Signals(outcome.signum).name
+    name = signal.Signals(cast(int, outcome.signum)).name   # job_failure asks on a stop
     forced = sorted(i for i, why in outcome.killed.items() if why == "forced")
     late = sorted(i for i, why in outcome.killed.items() if why == "grace")
     halts = sorted((r for r in reports if r.kind == HALT), key=lambda r: r.rank)

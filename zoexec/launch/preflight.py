@@ -17,11 +17,11 @@ from zoexec.run.verify import check_safetensors, free_bytes
 from zoexec.runtime.device import device_count, device_memory_free
 from zoexec.runtime.devicemap import ENV_VISIBLE, cuda_index, visible_env
 from zoexec.runtime.groups import place_from_env
-from zoexec.store.loading import weight_files
 from zoplan.errors import ZoError
 from zoplan.hostmemory import node_host_memory
 from zoplan.io import need_folder, need_input
 from zoplan.memory import fmt_bytes, rank_memory
+from zoplan.modeldir import weight_files
 from zoplan.models import get_model
 from zoplan.plan import Plan
 from zoplan.trace import SPAN_BUFFER

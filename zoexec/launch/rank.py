@@ -7,7 +7,9 @@ its own file as it goes (bounded memory; nothing is gathered but memory figures)
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -38,7 +40,8 @@ from zoplan.io import sha256_json
 from zoplan.trace import SpanWriter, write_trace_meta
 
 
-def rank_main(cfg: RunConfig, place: zgroups.RankPlace, *, on_failure=None) -> list[StepRecord]:
+def rank_main(cfg: RunConfig, place: zgroups.RankPlace, *,
+              on_failure: Callable[[BaseException], None] | None = None) -> list[StepRecord]:
     """Run one rank from join to exit; the process group is destroyed on the way out.
     `on_failure(exc)` runs before that, so the first rank to fail reports first (its
     peers fail only once its connections close). SIGINT and SIGTERM stop the run at
@@ -122,7 +125,7 @@ class _TraceFile(SpanWriter):
             super().close()
 
 
-def _agreed_z(cfg: RunConfig, env: zgroups.DistEnv) -> dict:
+def _agreed_z(cfg: RunConfig, env: zgroups.DistEnv) -> dict[str, Any]:
     """What decides z on this rank's device (zoexec.run.verify.z_environment), the same
     on every rank and, on a resume, the run's: else a ZoError on every rank before
     anything is written."""
@@ -131,7 +134,7 @@ def _agreed_z(cfg: RunConfig, env: zgroups.DistEnv) -> dict:
     problem = None
     if env.rank == 0:
         recorded = (cfg.identity or {}).get("z")
-        problem = z_problem(every, recorded=recorded, resumed=cfg.resumed and cfg.identity is not None,
+        problem = z_problem(cast(list[dict[str, Any]], every), recorded=recorded, resumed=cfg.resumed and cfg.identity is not None,
                             local_ranks=cfg.layout.local_ranks)
     problem = zgroups.broadcast_object(env, problem)
     if problem:
@@ -139,20 +142,21 @@ def _agreed_z(cfg: RunConfig, env: zgroups.DistEnv) -> dict:
     return mine
 
 
-def _data_source(cfg: RunConfig):
+def _data_source(cfg: RunConfig) -> Any:
     """The data (read before the model is built, so a bad file fails fast)."""
     return make_source(cfg.task.data, vocab=cfg.model_spec.vocab, seed=cfg.optim.seed,
                        tokenizer_dir=cfg.tokenizer_dir, task=cfg.task, seq=cfg.workload.seq)
 
 
-def _write_trace(cfg: RunConfig, env: zgroups.DistEnv, trainer: Trainer, memory: dict,
-                 meta_extra: dict) -> None:
+def _write_trace(cfg: RunConfig, env: zgroups.DistEnv, trainer: Trainer, memory: dict[str, Any],
+                 meta_extra: dict[str, Any]) -> None:
     """Each rank closes its own span file (written as the run went: zoplan.trace.SpanWriter);
     rank 0 gathers the ranks' memory figures and writes meta.json. Without --trace
     nothing was kept and nothing is gathered."""
     if not cfg.logging.trace:
         return
-    trainer.lanes.spans.close()
+    lanes: Any = trainer.lanes   # CpuLanes or CudaLanes (Trainer.lanes: object)
+    lanes.spans.close()
     meta_extra = {**meta_extra, "records": [r.to_dict() for r in meta_extra["records"]]}
     with failing("trace", rank=env.rank):
         memories = zgroups.gather_objects(env, memory)

@@ -32,9 +32,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from zoexec.launch import failures
 from zoexec.launch.preflight import preflight
@@ -45,6 +49,10 @@ from zoexec.runtime.procwatch import ProcessId
 from zoexec.store import shmfiles
 from zoexec.store.blocks import remove_run_files
 from zoplan.errors import EXIT_USER_ERROR, ZoError
+
+if TYPE_CHECKING:
+    from zoexec.config import RunConfig
+    from zoexec.maths.history import StepRecord
 
 EXIT_RANK_FAILED = 1
 EXIT_SIGINT = 130
@@ -67,7 +75,7 @@ class Stopped(RankFailure):
 
 
 # ---- running ---------------------------------------------------------------------------------
-def run(cfg, *, checked=None) -> None:
+def run(cfg: RunConfig, *, checked: Callable[[], None] | None = None) -> None:
     """Run a plan: under torchrun one rank here, otherwise all local ranks spawned.
     `checked()` runs once the plan passed preflight (the CLI's notes)."""
     place = place_from_env()
@@ -88,7 +96,7 @@ def run(cfg, *, checked=None) -> None:
 
 
 @contextmanager
-def private_folder():
+def private_folder() -> Iterator[Path]:
     """A local launch's private temporary folder (shmfiles.rendezvous_dir: named after
     this process, so that `zoexec clean` finds it if the launch is killed): the ranks'
     rendezvous file, and every temporary file or folder the launch and its ranks make
@@ -108,7 +116,7 @@ def private_folder():
         shutil.rmtree(rendezvous, ignore_errors=True)
 
 
-def sweep_stale_files(directory=None) -> None:
+def sweep_stale_files(directory: Path | str | None = None) -> None:
     """Remove the shared-memory files of dead runs in `directory` (--shm-dir), with one
     dim line if there were any."""
     line = shmfiles.freed_line(shmfiles.sweep(directory=directory))
@@ -118,7 +126,7 @@ def sweep_stale_files(directory=None) -> None:
         Console(stderr=True).print(line, style="dim", highlight=False, soft_wrap=True)
 
 
-def run_torchrun_rank(cfg, place) -> None:
+def run_torchrun_rank(cfg: RunConfig, place: RankPlace) -> None:
     """One rank started by torchrun: preflight, then run; failures leave this process
     with a one-line reason (torchrun stops the others). The node's files are named after
     torchrun's agent (this process's parent), and the rank dies with it."""
@@ -162,7 +170,7 @@ class RankLink:
     launcher: ProcessId
 
 
-def spawn_local(cfg, *, rendezvous: Path | None = None) -> None:
+def spawn_local(cfg: RunConfig, *, rendezvous: Path | None = None) -> None:
     """Start the plan's ranks on this machine and wait; the first failure stops all.
     `rendezvous`: the launch's private folder (private_folder; None: one of its own)."""
     if rendezvous is None:
@@ -173,8 +181,8 @@ def spawn_local(cfg, *, rendezvous: Path | None = None) -> None:
     ctx = _context(cfg.plan["model"]["spec"]["family"], cfg.runtime.start_method)
     world = cfg.layout.world_size
     link = RankLink(launcher=ProcessId.me())
-    procs: list = []
-    reasons: list = []   # one pipe per rank (a queue's semaphores would outlive a SIGKILL)
+    procs: list[BaseProcess] = []
+    reasons: list[Connection] = []   # one pipe per rank (a queue's semaphores would outlive a SIGKILL)
     try:
         with procwatch.undone_on_stop(lambda: _remove(cfg)), \
                 procwatch.stop_signals(procs, grace_s=cfg.runtime.stop_grace_s) as stop:
@@ -197,12 +205,12 @@ def spawn_local(cfg, *, rendezvous: Path | None = None) -> None:
     _raise_failure(outcome, _reports(reasons))
 
 
-def _remove(cfg) -> None:
+def _remove(cfg: RunConfig) -> None:
     """A run's shared-memory files (its rendezvous folder: private_folder's)."""
     remove_run_files(cfg.run_id, directory=cfg.runtime.shm_dir)
 
 
-def _context(family: str, method: str):
+def _context(family: str, method: str) -> Any:   # typeshed's BaseContext has no Process
     """The multiprocessing context of `method` (--start-method); a forkserver imports
     torch, transformers and the model family's module once (effective when the server
     starts, here if it is not running: procwatch.start_forkserver)."""
@@ -213,9 +221,9 @@ def _context(family: str, method: str):
     return ctx
 
 
-def _reports(readers: list) -> list:
+def _reports(readers: list[Connection]) -> list[failures.Report]:
     """The ranks' reports, in the order they were made (one clock for the host)."""
-    reports = []
+    reports: list[dict[str, Any]] = []
     for reader in readers:
         try:
             while reader.poll():
@@ -226,7 +234,7 @@ def _reports(readers: list) -> list:
     return [failures.Report(**r) for r in sorted(reports, key=lambda r: r.pop("at"))]
 
 
-def _raise_failure(outcome, reports: list) -> None:
+def _raise_failure(outcome: procwatch.Outcome, reports: list[failures.Report]) -> None:
     """Raise the one line of a job that did not end well (zoexec.launch.failures.job_failure)."""
     verdict = failures.job_failure(outcome, reports)
     if verdict is None:
@@ -237,7 +245,7 @@ def _raise_failure(outcome, reports: list) -> None:
     raise (Stopped if kind == failures.STOPPED else RankFailure)(line, code)
 
 
-def _rank_entry(cfg, place, reasons, link: RankLink) -> None:
+def _rank_entry(cfg: RunConfig, place: RankPlace, reasons: Connection, link: RankLink) -> None:
     """Body of a spawned rank: run, or report a one-line reason and exit non-zero. The
     engine handles SIGINT / SIGTERM / SIGHUP (rank_main); the rank dies with its launcher."""
     procwatch.become_rank(place.rank)
@@ -247,7 +255,7 @@ def _rank_entry(cfg, place, reasons, link: RankLink) -> None:
     procwatch.die_with(link.launcher, what=f"rank {place.rank}" if place.local_rank == 0 else None,
                        cleanup=lambda: shmfiles.remove_owner_files(link.launcher,
                                                                    directory=cfg.runtime.shm_dir))
-    sent = []
+    sent: list[BaseException] = []
 
     def report(exc: BaseException) -> None:
         if not isinstance(exc, (SystemExit, KeyboardInterrupt)) and not sent:
@@ -280,7 +288,8 @@ def _debug_traceback(debug: bool) -> None:
 # ---- the command line's configuration ------------------------------------------------------
 
 
-def run_in_process(cfg, *, checked=None, rendezvous: Path | None = None) -> list:
+def run_in_process(cfg: RunConfig, *, checked: Callable[[], None] | None = None,
+                   rendezvous: Path | None = None) -> list[StepRecord]:
     """Run a one-rank plan in this process (`zoexec run` of a one-rank plan, tests,
     benchmarks); returns the StepRecords. A failure that is not the user's is a
     RankFailure with its one-line reason, as from a spawned rank; a stop is Stopped.
@@ -303,7 +312,7 @@ def run_in_process(cfg, *, checked=None, rendezvous: Path | None = None) -> list
 
 
 @contextmanager
-def one_rank(cfg, *, rendezvous: Path | None = None):
+def one_rank(cfg: RunConfig, *, rendezvous: Path | None = None) -> Iterator[tuple[RunConfig, RankPlace]]:
     """A one-rank job in this process: (cfg with a fresh run id, its RankPlace on a
     private file rendezvous in `rendezvous`, private_folder's: None, one of its own);
     the run's shared-memory files and the rendezvous folder are removed on the way out."""

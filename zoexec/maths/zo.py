@@ -59,6 +59,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 import torch
 
@@ -93,7 +94,7 @@ def step_seed(base_seed: int, step: int) -> int:
     return mix_seed(base_seed, step)
 
 
-def _spec_fields(spec) -> tuple[int, int]:
+def _spec_fields(spec: Any) -> tuple[int, int]:
     """(offset, numel) of a TensorSpec or of a plain (offset, numel) pair."""
     if isinstance(spec, tuple):
         return int(spec[0]), int(spec[1])
@@ -116,12 +117,12 @@ def _tensor_jobs(seed: int, block: int, index: int, offset: int, numel: int, *,
             if offset + a < stop and offset + b > start]
 
 
-def _chunk_jobs(seed: int, block: int, specs: Sequence, *, chunk: int | None = None,
+def _chunk_jobs(seed: int, block: int, specs: Sequence[Any], *, chunk: int | None = None,
                 start: int = 0, stop: int | None = None) -> list[tuple[int, int, int]]:
     """The chunk draws of a block's tensors, in the flat buffer's coordinates (every
     chunk that overlaps [start, stop), default all): `chunk` elements each (default
     Z_CHUNK, the CPU's)."""
-    jobs = []
+    jobs: list[tuple[int, int, int]] = []
     for index, spec in enumerate(specs):
         offset, numel = _spec_fields(spec)
         if offset < (offset + numel if stop is None else stop) and offset + numel > start:
@@ -131,7 +132,7 @@ def _chunk_jobs(seed: int, block: int, specs: Sequence, *, chunk: int | None = N
 
 
 def _default_threads() -> int:
-    return max(1, min(torch.get_num_threads(), os.cpu_count() or 1))
+    return max(1, min(int(torch.get_num_threads()), os.cpu_count() or 1))
 
 
 def _pool(num_threads: int) -> ThreadPoolExecutor:
@@ -139,7 +140,7 @@ def _pool(num_threads: int) -> ThreadPoolExecutor:
     global _POOL, _POOL_KEY
     key = (num_threads, os.getpid())
     if _POOL is None or _POOL_KEY != key:
-        if _POOL is not None and _POOL_KEY[1] == key[1]:
+        if _POOL is not None and cast(tuple[int, int], _POOL_KEY)[1] == key[1]:   # set with _POOL
             _POOL.shutdown(wait=False)
         _POOL = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="zo-z")
         _POOL_KEY = key
@@ -161,11 +162,11 @@ def _fill(out: torch.Tensor, jobs: list[tuple[int, int, int]], *, base: int = 0,
         whole = (scratch[:stop - start] if scratch is not None
                  else torch.empty(stop - start, dtype=out.dtype, device=out.device))
         whole.normal_(generator=gen)
-        a, b = max(start, lo), min(stop, hi)
+        a, b = max(start, cast(int, lo)), min(stop, cast(int, hi))   # a cut: z_range gives both
         out[a - base:b - base].copy_(whole[a - start:b - start])
 
 
-def _draw(out: torch.Tensor, jobs: list, num_threads: int | None, **cut) -> None:
+def _draw(out: torch.Tensor, jobs: list[tuple[int, int, int]], num_threads: int | None, **cut: Any) -> None:
     """Run the draws: on the CPU spread over threads (largest first), else in order."""
     threads = min(num_threads or _default_threads(), len(jobs))
     if threads <= 1 or out.device.type != "cpu":
@@ -174,7 +175,7 @@ def _draw(out: torch.Tensor, jobs: list, num_threads: int | None, **cut) -> None
     list(_pool(threads).map(lambda part: _fill(out, part, **cut), _balance(jobs, threads)))
 
 
-def z_block(seed: int, block: int, specs: Sequence, *, out: torch.Tensor | None = None,
+def z_block(seed: int, block: int, specs: Sequence[Any], *, out: torch.Tensor | None = None,
             dtype: torch.dtype = torch.float32, num_threads: int | None = None,
             chunk: int | None = None) -> torch.Tensor:
     """The flat z of one block (length = end of the last spec), written into `out` if given.
@@ -193,7 +194,7 @@ def z_block(seed: int, block: int, specs: Sequence, *, out: torch.Tensor | None 
     return out
 
 
-def z_range(seed: int, block: int, specs: Sequence, start: int, stop: int, *,
+def z_range(seed: int, block: int, specs: Sequence[Any], start: int, stop: int, *,
             out: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
             num_threads: int | None = None, chunk: int | None = None,
             scratch: torch.Tensor | None = None) -> torch.Tensor:
@@ -243,7 +244,7 @@ def perturb_into(out: torch.Tensor, theta: torch.Tensor, z: torch.Tensor,
     return torch.add(theta, z, alpha=scale, out=out)
 
 
-def decay_ranges(specs: Sequence) -> list[tuple[int, int]]:
+def decay_ranges(specs: Sequence[Any]) -> list[tuple[int, int]]:
     """Merged [start, stop) ranges of the flat buffer where weight decay applies."""
     ranges: list[tuple[int, int]] = []
     for spec in specs:
@@ -257,14 +258,14 @@ def decay_ranges(specs: Sequence) -> list[tuple[int, int]]:
     return ranges
 
 
-def _clip(ranges, start: int, stop: int) -> list[tuple[int, int]]:
+def _clip(ranges: Iterable[tuple[int, int]], start: int, stop: int) -> list[tuple[int, int]]:
     """Block ranges cut to [start, stop) and moved to that range's coordinates."""
     return [(max(a, start) - start, min(b, stop) - start) for a, b in ranges
             if a < stop and b > start]
 
 
 def apply_update(theta: torch.Tensor, z: torch.Tensor, *, lr: float, g: float,
-                 weight_decay: float, decay_mask_or_specs, start: int = 0) -> torch.Tensor:
+                 weight_decay: float, decay_mask_or_specs: bool | torch.Tensor | Sequence[Any], start: int = 0) -> torch.Tensor:
     """theta -= lr * (g*z + wd*theta), in place, wd only where decay applies.
 
     `decay_mask_or_specs`: a list of TensorSpec (flat theta), a bool tensor shaped like
@@ -304,7 +305,7 @@ def _add_scaled_(theta: torch.Tensor, z: torch.Tensor, alpha: float, *, start: i
 
 
 def apply_update_stochastic(theta: torch.Tensor, z: torch.Tensor, *, lr: float, g: float,
-                            weight_decay: float, specs: Sequence, seed: int, block: int,
+                            weight_decay: float, specs: Sequence[Any], seed: int, block: int,
                             scratch: list[torch.Tensor] | None = None,
                             start: int = 0) -> torch.Tensor:
     """theta -= lr * (g*z + wd*theta) computed in fp32 and rounded stochastically into

@@ -30,14 +30,24 @@ gives the mean over the global batch whatever the layout):
 
 from __future__ import annotations
 
+from typing import Protocol, cast
+
 import torch
 from torch import nn
 
-from zoexec.data.batch import Batch, Positions
+from zoexec.data.batch import Batch, Choices, Positions
 from zoplan.errors import ZoError
 
 
-def gathered_logits(parts, hidden: torch.Tensor, labels: torch.Tensor, where: Positions):
+class HeadParts(Protocol):
+    """What the losses use of the model's parts (ModelParts): the final norm and the
+    head on hidden states (and, where the parts have it, token_logits)."""
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+def gathered_logits(parts: HeadParts, hidden: torch.Tensor, labels: torch.Tensor, where: Positions
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(row of each predicting position [N], its target token [N], its logits [N, vocab]
     in fp32): the final norm and the head on the N positions that predict a label only
     (`where`: Batch.positions, found on the host: no wait for the device here)."""
@@ -46,13 +56,14 @@ def gathered_logits(parts, hidden: torch.Tensor, labels: torch.Tensor, where: Po
     return rows, labels[rows, cols + 1], logits
 
 
-def token_losses(parts, hidden: torch.Tensor, labels: torch.Tensor, where: Positions):
+def token_losses(parts: HeadParts, hidden: torch.Tensor, labels: torch.Tensor, where: Positions
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(row of each labelled token [N], its next-token cross-entropy [N], fp32)."""
     rows, target, logits = gathered_logits(parts, hidden, labels, where)
     return rows, nn.functional.cross_entropy(logits, target, reduction="none")
 
 
-def row_losses(parts, hidden: torch.Tensor, labels: torch.Tensor, where: Positions) -> torch.Tensor:
+def row_losses(parts: HeadParts, hidden: torch.Tensor, labels: torch.Tensor, where: Positions) -> torch.Tensor:
     """Per row: [summed next-token CE over its labelled tokens, their count] (float64
     [rows, 2]; a row without a label: zeros)."""
     rows, nll = token_losses(parts, hidden, labels, where)
@@ -62,7 +73,7 @@ def row_losses(parts, hidden: torch.Tensor, labels: torch.Tensor, where: Positio
     return out
 
 
-def loss_sum(parts, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
+def loss_sum(parts: HeadParts, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
     """(summed loss (float64 scalar), what it counts): the vocabulary loss over the
     labelled tokens, or with `batch.choices` the candidate loss over the examples."""
     if batch.choices is None:
@@ -73,11 +84,11 @@ def loss_sum(parts, hidden: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, i
     return ce.double().sum(), int(ce.numel())
 
 
-def candidate_logits(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+def candidate_logits(parts: HeadParts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
     """[examples, candidates] fp32 scores whose softmax is the candidate distribution:
     the candidate tokens' logits at each row's answer position (single tokens), or
     the candidates' mean log-probability per token (a row each)."""
-    choices = batch.choices
+    choices = cast(Choices, batch.choices)   # loss_sum's: a batch with choices
     if choices.tokens is not None:
         where = batch.positions
         if set(where.counts) != {1}:
@@ -91,7 +102,7 @@ def candidate_logits(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
     return scores.float().view(-1, choices.size)
 
 
-def candidate_token_logits(parts, hidden: torch.Tensor, where: Positions,
+def candidate_token_logits(parts: HeadParts, hidden: torch.Tensor, where: Positions,
                            tokens: torch.Tensor) -> torch.Tensor:
     """[rows, candidates] fp32 logits of the single-token candidates at each row's
     answer position. The training loss needs nothing else (the vocabulary's normaliser
@@ -106,7 +117,7 @@ def candidate_token_logits(parts, hidden: torch.Tensor, where: Positions,
     return by_rows(picked, tokens).float()
 
 
-def row_scores(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+def row_scores(parts: HeadParts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Evaluation, per row (float64): with single-token `choices`, the log-probability
     (over the vocabulary) of each candidate token at the row's answer position
     [rows, candidates] (a row without a label: zeros); otherwise [summed next-token CE

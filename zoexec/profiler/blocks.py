@@ -16,7 +16,7 @@ import torch
 
 from zoexec.maths import zo
 from zoexec.maths.zo import apply_update, perturb_into, z_block
-from zoexec.model.families import bind_block, torch_dtype
+from zoexec.model.families import ModelParts, bind_block, torch_dtype
 from zoexec.profiler.budget import MIN_PASSES
 from zoexec.profiler.settings import Settings
 from zoexec.profiler.timing import ACTIVE_GUARD, summarize, time_samples
@@ -25,7 +25,7 @@ from zoplan.execrules import z_draw_calls, z_makespan
 from zoplan.models import block_forward_work, dtype_bytes, one_block_config
 
 
-def build_block(hidden: int, seq: int, *, dtype: str, device, family: str = "opt"):
+def build_block(hidden: int, seq: int, *, dtype: str, device: Any, family: str = "opt") -> ModelParts:
     """zoexec's ModelParts of one block, on `device` in `dtype` (zoexec's own code)."""
     parts, flats = build_parts(one_block_config(hidden, seq, family), param_dtype=dtype,
                                compute_dtype=dtype)
@@ -34,8 +34,8 @@ def build_block(hidden: int, seq: int, *, dtype: str, device, family: str = "opt
     return parts
 
 
-def forward_point(hidden: int, batch: int, seq: int, stats: dict, *, dtype_bytes: int,
-                  family: str = "opt", split: bool = True) -> dict:
+def forward_point(hidden: int, batch: int, seq: int, stats: dict[str, Any], *, dtype_bytes: int,
+                  family: str = "opt", split: bool = True) -> dict[str, Any]:
     """A timed forward (`stats`) with its work (zoplan.models.block_forward_work)."""
     return {**block_forward_work(hidden, batch, seq, dtype_bytes=dtype_bytes, family=family,
                                  split=split), **stats}
@@ -48,9 +48,11 @@ def forward_point(hidden: int, batch: int, seq: int, stats: dict, *, dtype_bytes
 WARM_VISIT_BELOW_S = 0.05
 
 
-def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None,
-                 between: Callable[[], Any] | None = None, shapes=None,
-                 precision: str | None = None) -> list[dict]:
+def forward_grid(settings: Settings, *, dtype: str, device: Any, sync: Callable[[], Any] | None = None,
+                 tick: Callable[[str], None] | None = None,
+                 between: Callable[[], Any] | None = None,
+                 shapes: list[tuple[str, int, int, int]] | None = None,
+                 precision: str | None = None) -> list[dict[str, Any]]:
     """Timed forwards over `shapes` (default settings.forward_grid; one block built per
     family and hidden size). The shapes are timed in turn, one sample each per pass, so a
     machine whose speed drifts for some seconds slows every shape alike instead of a few
@@ -60,7 +62,8 @@ def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None
     apart, and `precision` (default: dtype; on GPUs "tf32" for fp32 forwards with TF32
     allowed, which the caller sets)."""
     grid = list(shapes or settings.forward_grid)
-    blocks, jobs = {}, []
+    blocks: dict[tuple[str, int], ModelParts] = {}
+    jobs: list[Callable[[], Any]] = []
     longest = max(s for *_, s in grid)
     with torch.no_grad():   # as runs do (zoexec.launch.rank), not inference_mode
         for family, hidden, batch, seq in grid:
@@ -87,7 +90,7 @@ def forward_grid(settings: Settings, *, dtype: str, device, sync=None, tick=None
                      f"{rep + 1}/{settings.repeats + 1} over {len(jobs)} shapes")
             if _late(rep, settings.repeats, f"forwards {precision or dtype}"):
                 break
-    points = []
+    points: list[dict[str, Any]] = []
     for (family, hidden, batch, seq), times in zip(grid, samples):
         stats = summarize(times)
         points.append({**forward_point(hidden, batch, seq, stats, dtype_bytes=dtype_bytes(dtype),
@@ -105,14 +108,14 @@ def _late(timed: int, repeats: int, what: str) -> bool:
     return True
 
 
-def zo_steps(hidden: int, *, device, dtype=None) -> tuple[dict, int]:
+def zo_steps(hidden: int, *, device: Any, dtype: Any = None) -> tuple[dict[str, Any], int]:
     """The parts of zoexec's update task on one real OPT block (its tensor specs, so
     z_block's chunks and threads are as in a run): z, apply_update, perturb_into."""
     parts, _ = build_parts(one_block_config(hidden, 64, "opt"))
     specs, n = parts.block_specs, parts.block_numel
     theta, z, work = (torch.randn(n, dtype=dtype or torch.float32, device=device)
                       for _ in range(3))
-    steps = {
+    steps: dict[str, Any] = {
         "z": lambda: z_block(1, 0, specs, out=z),
         "update": lambda: apply_update(theta, z, lr=1e-9, g=1.0, weight_decay=0.0,
                                        decay_mask_or_specs=specs),
@@ -123,21 +126,21 @@ def zo_steps(hidden: int, *, device, dtype=None) -> tuple[dict, int]:
     return steps, n
 
 
-def zo_costs(settings: Settings, *, device, sync=None, dtype=None) -> dict:
+def zo_costs(settings: Settings, *, device: Any, sync: Callable[[], Any] | None = None, dtype: Any = None) -> dict[str, Any]:
     """The update task of zoexec's engine (z for the deferred update, apply_update, z
     for the new perturbation, perturb_into) and each part alone; ns per block parameter.
     On the CPU also z draws of smaller blocks (-> the z model: a fixed cost per draw
     and a cost per element of the busiest thread)."""
     steps, n = zo_steps(settings.zo_hidden, device=device, dtype=dtype)
     numels = steps.pop("numels")
-    out = {"block_params": n, "hidden": settings.zo_hidden}
+    out: dict[str, Any] = {"block_params": n, "hidden": settings.zo_hidden}
     for name, fn in steps.items():
         out[name] = summarize(time_samples(fn, repeats=settings.repeats, sync=sync))
     out["ns_per_param"] = out["task"]["median_s"] / n * 1e9
     if settings.device == "cpu":
         threads = torch.get_num_threads()
         kick = torch.ones(1 << 20)
-        draws = []
+        draws: list[dict[str, Any]] = []
         for hidden in settings.z_hiddens:
             # in a run a z draw follows a copy or a pass (torch's OpenMP threads still
             # spinning on the cores the z threads need): time it so, not cold
@@ -156,7 +159,7 @@ def zo_costs(settings: Settings, *, device, sync=None, dtype=None) -> dict:
     return out
 
 
-def z_chunk_cost(*, repeats: int, tensors: int = 256) -> dict:
+def z_chunk_cost(*, repeats: int, tensors: int = 256) -> dict[str, Any]:
     """The fixed cost of one z chunk (seeding a generator, slicing, the call): a z draw
     over `tensors` tiny tensors on one thread, per tensor."""
     specs = [(16 * i, 16) for i in range(tensors)]
@@ -173,7 +176,7 @@ class _Spec:
         self.offset, self.numel, self.decay = offset, numel, False
 
 
-def gpu_zo_costs(settings: Settings, *, device, sync, dtype: str = "bf16") -> dict:
+def gpu_zo_costs(settings: Settings, *, device: Any, sync: Callable[[], Any], dtype: str = "bf16") -> dict[str, Any]:
     """The zo maths of zoexec's update task on a GPU, in the run's 16-bit dtype `dtype`:
     z draws (zoexec.maths.zo.z_block, one generator launch per tensor on CUDA) of a block of a
     few large tensors and one of many small ones (-> a cost per launch and per element,
@@ -183,9 +186,9 @@ def gpu_zo_costs(settings: Settings, *, device, sync, dtype: str = "bf16") -> di
     (apply_update_stochastic) where zoexec has it. Samples carry their sizes: the planner
     side turns the passes into bytes (zoplan.pricing.zo.zo_pass_bytes)."""
     half = torch_dtype(dtype)
-    out: dict = {"dtype": dtype, "z_draws": [], "passes": []}
+    out: dict[str, Any] = {"dtype": dtype, "z_draws": [], "passes": []}
     for tensors, numel in settings.z_gpu_blocks:
-        specs = [(i * numel, numel) for i in range(tensors)]
+        specs: list[Any] = [(i * numel, numel) for i in range(tensors)]   # (offset, numel) pairs
         z = torch.empty(tensors * numel, dtype=half, device=device)
         stats = summarize(time_samples(lambda: zo.z_block(1, 0, specs, out=z),
                                        repeats=settings.repeats, warmup=2, sync=sync))

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -31,8 +31,10 @@ from zoexec.runtime.hostenv import keep_freed_memory
 from zoexec.store.blocks import unnamed_store
 from zoplan.execrules import threads_per_rank, z_makespan
 
+Sample = Callable[..., list[float]]   # rank_samples with its dist and guard: wall times (s)
 
-def shm_store(numel: int):
+
+def shm_store(numel: int) -> torch.Tensor:
     """A flat fp32 tensor of ones mapped from a file in the store's folder, as a run's
     block store is (zoexec.store.blocks.unnamed_store)."""
     return unnamed_store(numel, torch.float32, prefix="zoplan-profile").fill_(1.0)
@@ -50,7 +52,7 @@ class RoundRobinStore:
         self.buf = torch.zeros(self.numel)
         self.next = 0
 
-    def _piece(self):
+    def _piece(self) -> torch.Tensor:
         self.next = (self.next + 1) % self.pieces
         return self.store[self.next * self.numel:(self.next + 1) * self.numel]
 
@@ -61,7 +63,7 @@ class RoundRobinStore:
         self._piece().copy_(self.buf, non_blocking=True)
 
 
-def cpu_copy(num_bytes: int, *, repeats: int, store_bytes: int) -> dict:
+def cpu_copy(num_bytes: int, *, repeats: int, store_bytes: int) -> dict[str, Any]:
     """h2d (store -> rank buffer) and d2h (rank buffer -> store) copies of one rank,
     with zoexec's call (Tensor.copy_ on a /dev/shm mapping)."""
     rr = RoundRobinStore(num_bytes, store_bytes=store_bytes)
@@ -73,19 +75,20 @@ def cpu_copy(num_bytes: int, *, repeats: int, store_bytes: int) -> dict:
 
 
 def measure_cpu(settings: Settings, tick: Callable[[str], None],
-                stage: Callable[[str], float | None] = lambda name: None) -> dict:
+                stage: Callable[[str], float | None] = lambda name: None) -> dict[str, Any]:
     """Everything the CPU profile needs (one rank here, then `ranks` spawned ranks);
     `stage(name)` starts a stage of the time budget (zoexec.profiler.budget) and
     returns its deadline."""
     keep_freed_memory()   # as zoexec's CPU ranks do
     torch.set_num_threads(threads_per_rank(settings.cores, 1))
-    m: dict = {"threads_alone": torch.get_num_threads()}
+    m: dict[str, Any] = {"threads_alone": torch.get_num_threads()}
     stage("copies")
     m["copy_alone"] = [cpu_copy(size, repeats=settings.repeats, store_bytes=settings.store_bytes)
                        for size in settings.copy_sweep]
     tick(f"copy, one rank: {m['copy_alone'][-1]['h2d_gbps']:.1f} GB/s")
     stage("forwards")
-    probe, probes = SpeedProbe(), []
+    probe = SpeedProbe()
+    probes: list[dict[str, Any]] = []
     m["forward_alone"] = forward_grid(settings, dtype="fp32", device="cpu", tick=tick,
                                       between=lambda: probes.append(probe.sample()))
     stage("zo")
@@ -100,11 +103,11 @@ def measure_cpu(settings: Settings, tick: Callable[[str], None],
     return m
 
 
-def spawn_cpu_ranks(settings: Settings, *, deadline: float | None = None) -> dict:
+def spawn_cpu_ranks(settings: Settings, *, deadline: float | None = None) -> dict[str, Any]:
     """Run `_cpu_rank` on settings.ranks gloo processes; returns the per-rank results."""
     ranks = spawn_ranks(_cpu_rank, settings, what=f"with {settings.ranks} gloo ranks",
                         deadline=deadline)
-    return {"threads_per_rank": ranks[0]["threads"], "per_rank": ranks}
+    return {"threads_per_rank": cast(dict[str, Any], ranks[0])["threads"], "per_rank": ranks}   # every rank writes one
 
 
 def _cpu_rank(rank: int, settings: Settings, tmp: str, deadline: float | None = None) -> None:
@@ -119,7 +122,7 @@ def _cpu_rank(rank: int, settings: Settings, tmp: str, deadline: float | None = 
     sample = partial(rank_samples, dist=dist, guard=guard)
     try:
         with torch.no_grad():   # not inference_mode: the z threads would not inherit it
-            out = {"rank": rank, "threads": threads}
+            out: dict[str, Any] = {"rank": rank, "threads": threads}
             out.update(_rank_copies(settings, sample))
             after_last = partial(collective_samples, dist=dist)
             out["allgather"] = allgather_sweep(settings, dist, device="cpu", sample=after_last)
@@ -132,21 +135,21 @@ def _cpu_rank(rank: int, settings: Settings, tmp: str, deadline: float | None = 
         dist.destroy_process_group()
 
 
-def _rank_copies(settings: Settings, sample) -> dict:
+def _rank_copies(settings: Settings, sample: Sample) -> dict[str, Any]:
     rr = RoundRobinStore(settings.copy_bytes, store_bytes=settings.store_bytes // settings.ranks)
     h2d = sample(rr.h2d, repeats=settings.repeats)
     d2h = sample(rr.d2h, repeats=settings.repeats)
     return {"copy_bytes": settings.copy_bytes, "h2d": summarize(h2d), "d2h": summarize(d2h)}
 
 
-def _all_late(dist, guard: Guard) -> bool:
+def _all_late(dist: Any, guard: Guard) -> bool:
     """Has any rank passed the time budget's deadline? (collective: every rank asks)"""
     flag = torch.tensor([0.0 if guard.in_time() else 1.0])
     dist.all_reduce(flag)
     return bool(flag.item())
 
 
-def _rank_compute(settings: Settings, dist, sample, *, late: Callable[[], bool]) -> dict:
+def _rank_compute(settings: Settings, dist: Any, sample: Sample, *, late: Callable[[], bool]) -> dict[str, Any]:
     """The update task with all ranks at once, and paired samples of a block forward
     and a z draw: all ranks at once (cores // ranks threads each), then rank 0 alone
     with all cores while the others wait, in turn, so a machine whose speed drifts
@@ -184,13 +187,14 @@ def _rank_compute(settings: Settings, dist, sample, *, late: Callable[[], bool])
 PAIRS_MIN, PAIRS_LATE = 7, 3
 
 
-def _paired(fn: Callable[[], Any], dist, settings: Settings, threads: int, *,
-            late: Callable[[], bool] = lambda: False) -> dict:
+def _paired(fn: Callable[[], Any], dist: Any, settings: Settings, threads: int, *,
+            late: Callable[[], bool] = lambda: False) -> dict[str, Any]:
     """Samples of `fn` on all ranks at once and on rank 0 alone with all cores, in
     turn (one warm-up pair, then max(repeats, PAIRS_MIN) pairs, PAIRS_LATE once `late()`,
     a collective, says the deadline has passed); rank 0's samples count (every rank
     runs the same work)."""
-    together, alone = [], []
+    together: list[float] = []
+    alone: list[float] = []
     rank = dist.get_rank()
     for index in range(max(settings.repeats, PAIRS_MIN) + 1):
         if index > PAIRS_LATE and late():
@@ -213,7 +217,7 @@ def _paired(fn: Callable[[], Any], dist, settings: Settings, threads: int, *,
             together.append(wall)
             if rank == 0:
                 alone.append(alone_s)
-    out = {"together": summarize(together)}
+    out: dict[str, Any] = {"together": summarize(together)}
     if alone:
         out["alone"] = summarize(alone)
         out["ratios"] = [t / a for t, a in zip(together, alone)]

@@ -15,6 +15,7 @@ import statistics
 import subprocess
 from collections.abc import Callable
 from functools import partial
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,8 @@ from zoexec.profiler.timing import gbps, summarize, time_samples
 from zoexec.runtime.pinning import pin_tensor, unpin_host_memory
 from zoexec.store.blocks import unnamed_store
 
+# a timed copy: (destination, source, its stream, device, direction, registered host side)
+CopyJob = tuple[torch.Tensor, torch.Tensor, Any, int, str, bool]
 COPY_PIECES = 8   # a copy is timed piece by piece (CUDA events): rates while all copies run
 
 
@@ -48,10 +51,10 @@ def _alloc_pinned(num_bytes: int) -> torch.Tensor:
 
 
 def _cuda_copy_jobs(devices: list[int], num_bytes: int, directions: tuple[str, ...],
-                    host: str = "store"):
+                    host: str = "store") -> list[CopyJob]:
     """One host buffer (host_buffer), one device buffer and one stream per (device,
     direction)."""
-    jobs = []
+    jobs: list[CopyJob] = []
     for dev in devices:
         for direction in directions:
             buf, registered = host_buffer(num_bytes, host)
@@ -67,7 +70,7 @@ def overlap_rates(piece_bytes: int, ends_ms: list[list[float]]) -> list[float]:
     copy ends (after it, the others would run faster); each copy's rate counts the
     pieces it finished inside it (at least its first)."""
     window = min(ends[-1] for ends in ends_ms)
-    out = []
+    out: list[float] = []
     for ends in ends_ms:
         k = max([i for i, t in enumerate(ends) if t <= window * (1 + 1e-9)] or [0])
         out.append(piece_bytes * (k + 1) / (ends[k] * 1e-3) / 1e9 if ends[k] > 0 else 0.0)
@@ -75,7 +78,7 @@ def overlap_rates(piece_bytes: int, ends_ms: list[list[float]]) -> list[float]:
 
 
 def cuda_copy(devices: list[int], num_bytes: int, directions: tuple[str, ...],
-              repeats: int, host: str = "store") -> dict:
+              repeats: int, host: str = "store") -> dict[str, Any]:
     """Copies on several GPUs / directions launched together, each on its own stream
     and timed piece by piece with CUDA events: each copy's GB/s while all copies of its
     GPU still ran (overlap_rates; with both directions on a GPU: the per-direction rates
@@ -91,20 +94,21 @@ def cuda_copy(devices: list[int], num_bytes: int, directions: tuple[str, ...],
                 unpin_host_memory(job[0] if job[4] == "d2h" else job[1])
 
 
-def _timed_copies(jobs, devices, num_bytes, directions, repeats) -> dict:
+def _timed_copies(jobs: list[CopyJob], devices: list[int], num_bytes: int,
+                  directions: tuple[str, ...], repeats: int) -> dict[str, Any]:
     """cuda_copy's timing of prepared jobs."""
     piece = num_bytes // COPY_PIECES
-    marks: list = []
+    marks: list[tuple[dict[int, Any], list[list[Any]]]] = []
 
     def run() -> None:
-        starts = {}
+        starts: dict[int, Any] = {}
         for dev in devices:
             starts[dev] = torch.cuda.Event(enable_timing=True)
             starts[dev].record(torch.cuda.current_stream(dev))
-        ends = []
+        ends: list[list[Any]] = []
         for dst, src, stream, dev, *_ in jobs:
             stream.wait_event(starts[dev])
-            events = []
+            events: list[Any] = []
             with torch.cuda.stream(stream):
                 for k in range(COPY_PIECES):
                     dst[k * piece:(k + 1) * piece].copy_(src[k * piece:(k + 1) * piece],
@@ -123,8 +127,9 @@ def _timed_copies(jobs, devices, num_bytes, directions, repeats) -> dict:
             times = [[starts[dev].elapsed_time(ev) for ev in ends[j]] for j in mine]
             for j, rate in zip(mine, overlap_rates(piece, times)):
                 rates[j].append(rate)
-    per_job = [{"device": job[3], "direction": job[4],
-                "gbps": statistics.median(r) if r else 0.0} for job, r in zip(jobs, rates)]
+    per_job: list[dict[str, Any]] = [
+        {"device": job[3], "direction": job[4], "gbps": statistics.median(r) if r else 0.0}
+        for job, r in zip(jobs, rates)]
     by_dir = {d: statistics.median(j["gbps"] for j in per_job if j["direction"] == d)
               for d in directions}
     return {"devices": devices, "directions": list(directions), "bytes": num_bytes,
@@ -154,12 +159,12 @@ def nvlink_matrix(n: int) -> list[list[str]] | None:
 
 
 def measure_cuda(settings: Settings, tick: Callable[[str], None],
-                 stage: Callable[[str], float | None] = lambda name: None) -> dict:
+                 stage: Callable[[str], float | None] = lambda name: None) -> dict[str, Any]:
     """Everything the CUDA profile needs, GPUs 0..ranks-1 of this machine; `stage(name)`
     starts a stage of the time budget (zoexec.profiler.budget)."""
     n, size, reps = settings.ranks, settings.copy_bytes, settings.repeats
     stage("copies")
-    m: dict = {"devices": [torch.cuda.get_device_name(i) for i in range(n)],
+    m: dict[str, Any] = {"devices": [torch.cuda.get_device_name(i) for i in range(n)],
                "memory": [list(torch.cuda.mem_get_info(i)) for i in range(n)]}
     m["h2d"] = [cuda_copy([i], size, ("h2d",), reps) for i in range(n)]
     m["d2h"] = [cuda_copy([i], size, ("d2h",), reps) for i in range(n)]
@@ -192,12 +197,12 @@ def measure_cuda(settings: Settings, tick: Callable[[str], None],
     return m
 
 
-def _forward_grids(settings: Settings, tick: Callable[[str], None]) -> list[dict]:
+def _forward_grids(settings: Settings, tick: Callable[[str], None]) -> list[dict[str, Any]]:
     """Block forwards on GPU 0 per GEMM precision (settings.forward_dtypes): bf16, fp32
     with TF32 allowed ("tf32") and fp32 without; TF32 is restored afterwards."""
     matmul = torch.backends.cuda.matmul
     saved = matmul.allow_tf32
-    points: list[dict] = []
+    points: list[dict[str, Any]] = []
     try:
         for precision, shapes in settings.forward_dtypes.items():
             matmul.allow_tf32 = precision == "tf32"
@@ -210,7 +215,7 @@ def _forward_grids(settings: Settings, tick: Callable[[str], None]) -> list[dict
     return points
 
 
-def _cuda_device_copies(settings: Settings) -> dict:
+def _cuda_device_copies(settings: Settings) -> dict[str, Any]:
     """GPU memory bandwidth (D2D on GPU 0) and GPU0 -> GPU1 copy."""
     size, reps = settings.copy_bytes, settings.repeats
     a = torch.empty(size, dtype=torch.uint8, device="cuda:0")
@@ -226,9 +231,9 @@ def _cuda_device_copies(settings: Settings) -> dict:
     return out
 
 
-def spawn_nccl_ranks(settings: Settings) -> dict:
+def spawn_nccl_ranks(settings: Settings) -> dict[str, Any]:
     """NCCL collectives on settings.ranks GPUs; rank 0's results."""
-    return spawn_ranks(_nccl_rank, settings, what=f"NCCL with {settings.ranks} GPUs")[0]
+    return cast(dict[str, Any], spawn_ranks(_nccl_rank, settings, what=f"NCCL with {settings.ranks} GPUs")[0])   # rank 0 writes one
 
 
 def _nccl_rank(rank: int, settings: Settings, tmp: str, deadline: float | None = None) -> None:

@@ -15,7 +15,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import torch
@@ -29,7 +29,7 @@ def gbps(num_bytes: float, seconds: float) -> float:
     return num_bytes / seconds / 1e9 if seconds > 0 else 0.0
 
 
-def summarize(samples: list[float]) -> dict:
+def summarize(samples: list[float]) -> dict[str, Any]:
     """Raw samples (s), median and interquartile range of repeated measurements."""
     ordered = sorted(samples)
     med = statistics.median(ordered)
@@ -66,13 +66,13 @@ class Guard:
         self.samples += 1
         self.disturbed_kept += int(disturbed)
 
-    def counts(self) -> dict:
+    def counts(self) -> dict[str, int]:
         return {"samples": self.samples, "rejected": self.rejected,
                 "disturbed_kept": self.disturbed_kept}
 
     def _host_busy(self) -> float:
         t = self._psutil.cpu_times()
-        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+        return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
 
     def _ours(self) -> float:
         total = 0.0
@@ -99,7 +99,7 @@ class Guard:
 ACTIVE_GUARD: list[Guard] = []   # the guard of the running `zoplan profile` (this process)
 
 
-def rank_samples(fn: Callable[[], Any], *, repeats: int, dist, guard: Guard,
+def rank_samples(fn: Callable[[], Any], *, repeats: int, dist: Any, guard: Guard,
                  warmup: int = 1, sync: Callable[[], Any] | None = None) -> list[float]:
     """time_samples for ranks measuring at once: every rank starts a sample after a
     barrier, and all ranks keep or drop it together (an all-reduce of the guard's verdict
@@ -155,8 +155,8 @@ def time_samples(fn: Callable[[], Any], *, repeats: int, warmup: int = 1,
         tries += 1
         if tries <= warmup:
             continue
-        disturbed = active is not None and not active.clean(mark, wall)
-        if disturbed and tries <= warmup + active.retries * repeats and active.in_time():
+        disturbed = active is not None and not active.clean(cast(tuple[float, float], mark), wall)
+        if disturbed and active is not None and tries <= warmup + active.retries * repeats and active.in_time():
             active.rejected += 1
             time.sleep(BACKOFF_S)
             continue

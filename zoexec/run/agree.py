@@ -14,10 +14,14 @@ store's slots first (Trainer.store_shards), as for a snapshot.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from zoexec.runtime import groups as zgroups
+
+if TYPE_CHECKING:
+    from zoexec.train.engine import Trainer
 
 RESIDENT = "resident"
 
@@ -35,20 +39,20 @@ def tensor_sha256(tensor: torch.Tensor) -> str:
     return hashlib.sha256(memoryview(flat.view(torch.uint8).numpy())).hexdigest()
 
 
-def local_digests(trainer, env: zgroups.DistEnv) -> dict:
+def local_digests(trainer: Trainer, env: zgroups.DistEnv) -> dict[int | str, str]:
     """This rank's share of its node's copy: {block: sha256} (and the resident parts'
     on local rank 0)."""
     store, local = trainer.store, env.layout.local_ranks
-    out = {b: tensor_sha256(store.weights(b)) for b in range(store.num_blocks)
+    out: dict[int | str, str] = {b: tensor_sha256(store.weights(b)) for b in range(store.num_blocks)
            if b % local == env.local_rank}
     if env.local_rank == 0:
         out[RESIDENT] = tensor_sha256(trainer.theta_r)
     return out
 
 
-def diverged(every: list[dict], *, local_ranks: int) -> str | None:
+def diverged(every: list[dict[int | str, str]], *, local_ranks: int) -> str | None:
     """The nodes whose copy differs from node 0's, in a line (None: all agree)."""
-    nodes: dict[int, dict] = {}
+    nodes: dict[int, dict[int | str, str]] = {}
     for rank, digests in enumerate(every):
         nodes.setdefault(rank // local_ranks, {}).update(digests)
     first = nodes[0]
@@ -62,11 +66,11 @@ def diverged(every: list[dict], *, local_ranks: int) -> str | None:
     return f"differ from node 0's: {'; '.join(parts)}"
 
 
-def _what(key) -> str:
+def _what(key: int | str) -> str:
     return "the resident parts" if key == RESIDENT else f"block {key}"
 
 
-def check_nodes(trainer, env: zgroups.DistEnv, *, step: int) -> None:
+def check_nodes(trainer: Trainer, env: zgroups.DistEnv, *, step: int) -> None:
     """Collective: every node's copy compared after `step`; NodesDiverged on every rank
     when one differs (a one-node job checks nothing)."""
     if env.layout.nodes == 1:
@@ -74,7 +78,7 @@ def check_nodes(trainer, env: zgroups.DistEnv, *, step: int) -> None:
     trainer.store_shards()
     zgroups.host_barrier(env)   # every write-back of the step is in the stores
     every = zgroups.gather_objects(env, local_digests(trainer, env))
-    verdict = diverged(every, local_ranks=env.layout.local_ranks) if env.rank == 0 else None
+    verdict = diverged(cast(list[dict[int | str, str]], every), local_ranks=env.layout.local_ranks) if env.rank == 0 else None
     verdict = zgroups.broadcast_object(env, verdict)
     if verdict:
         raise NodesDiverged(f"the nodes' copies of the model after step {step} {verdict}: "

@@ -17,6 +17,7 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import Any, cast
 
 from zoexec.maths.history import Update
 from zoexec.model.saved import STATE, model_fingerprint
@@ -31,14 +32,14 @@ def history_digest(previous: str, step: int, update: Update | None) -> str:
     and each direction's g when a step takes several; None for a step that applied
     none). Saved weights record it; a resume recomputes it from the log, so weights are
     used only after the very updates they hold."""
-    applied = None if update is None else [update.seed, update.g, update.lr]
+    applied: list[Any] | None = None if update is None else [update.seed, update.g, update.lr]
     if update is not None and update.gs:
-        applied.append(list(update.gs))
+        cast(list[Any], applied).append(list(update.gs))
     body = json.dumps([step, applied])
     return hashlib.sha256(f"{previous}\n{body}".encode()).hexdigest()
 
 
-def _state(folder: Path) -> dict:
+def _state(folder: Path) -> dict[str, Any]:
     """A saved folder's state.json ({} when it cannot be read as a JSON object)."""
     try:
         state = loads_strict((Path(folder) / STATE).read_text())
@@ -67,7 +68,7 @@ def unbound(folder: Path) -> str | None:
     return f"{Path(folder) / STATE} records {what}"
 
 
-def binding(*, run_digest: str, step: int, history: str) -> dict:
+def binding(*, run_digest: str, step: int, history: str) -> dict[str, Any]:
     """The fields of a saved folder's state.json that tie it to its run."""
     return {"step": step, "run_digest": run_digest, "history_sha256": history}
 
@@ -99,9 +100,9 @@ def binding_problem(folder: Path, *, step: int | None, run_digest: str,
 
 
 # ---- the run's inputs ------------------------------------------------------------------------
-def fingerprints(*, data: str, model: str) -> dict:
+def fingerprints(*, data: str, model: str) -> dict[str, Any]:
     """run.json's "inputs": each input's absolute path and fingerprint (None: built in)."""
-    out = {"data": None, "model": None}
+    out: dict[str, Any] = {"data": None, "model": None}
     if data != "synthetic":
         out["data"] = {"path": str(Path(data).resolve()), "sha256": sha256_path(data)}
     if model != "random":
@@ -109,7 +110,7 @@ def fingerprints(*, data: str, model: str) -> dict:
     return out
 
 
-def input_change(kind: str, recorded: dict | None, path: str | None) -> str | None:
+def input_change(kind: str, recorded: dict[str, Any] | None, path: str | None) -> str | None:
     """What differs between a recorded input ("data" or "model") and the one at `path`
     (None: the same content), in words naming the file."""
     if recorded is None:
@@ -129,13 +130,13 @@ def input_change(kind: str, recorded: dict | None, path: str | None) -> str | No
 
 
 # ---- run.json's seal --------------------------------------------------------------------------
-def seal(data: dict) -> dict:
+def seal(data: dict[str, Any]) -> dict[str, Any]:
     """`data` with "digest": the sha256 of everything else in it."""
     body = {k: v for k, v in data.items() if k != "digest"}
     return {**body, "digest": sha256_json(body)}
 
 
-def check_seal(data: dict, path: Path) -> None:
+def check_seal(data: dict[str, Any], path: Path) -> None:
     """ZoError unless run.json's digest matches its settings."""
     body = {k: v for k, v in data.items() if k != "digest"}
     if "digest" not in data:
@@ -148,12 +149,12 @@ def check_seal(data: dict, path: Path) -> None:
 
 
 # ---- what decides z ---------------------------------------------------------------------------
-def z_environment(device) -> dict:
+def z_environment(device: Any) -> dict[str, Any]:   # a torch.device (torch-free module)
     """The facts z depends on besides the seed: the device model (on CUDA the Philox
     launch grid follows the SM count) and the versions of torch and CUDA."""
     import torch
 
-    out = {"device_kind": device.type, "torch": torch.__version__.split("+")[0]}
+    out: dict[str, Any] = {"device_kind": device.type, "torch": torch.__version__.split("+")[0]}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         out.update(device=props.name, sm_count=props.multi_processor_count,
@@ -161,7 +162,7 @@ def z_environment(device) -> dict:
     return out
 
 
-def z_difference(recorded: dict, have: dict) -> str | None:
+def z_difference(recorded: dict[str, Any], have: dict[str, Any]) -> str | None:
     """The first fact that decides z and differs, in words (None: the same)."""
     for key in sorted(set(recorded) | set(have)):
         if recorded.get(key) != have.get(key):
@@ -181,7 +182,7 @@ def free_bytes(path: Path) -> int | None:
     return stats.f_bavail * stats.f_frsize
 
 
-def z_problem(every: list[dict], *, recorded: dict | None, resumed: bool,
+def z_problem(every: list[dict[str, Any]], *, recorded: dict[str, Any] | None, resumed: bool,
               local_ranks: int) -> str | None:
     """Why the ranks' z would not be the run's (None: it is): on a resume each rank
     against run.json's record, on a new run each rank against rank 0 (one device model

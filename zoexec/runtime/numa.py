@@ -20,7 +20,9 @@ import ctypes
 import os
 import platform
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 SYSFS = Path("/sys")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -58,9 +60,9 @@ def parse_cpulist(text: str) -> list[int]:
     return out
 
 
-def format_cpulist(cpus) -> str:
+def format_cpulist(cpus: Iterable[int]) -> str:
     """The inverse of parse_cpulist: sorted, runs joined ('0-3,8')."""
-    ordered, runs = sorted(set(cpus)), []
+    ordered, runs = sorted(set(cpus)), list[list[int]]()
     for cpu in ordered:
         if runs and cpu == runs[-1][1] + 1:
             runs[-1][1] = cpu
@@ -88,7 +90,7 @@ def memory_nodes(sysfs: Path = SYSFS) -> list[int]:
 
 
 # ---- syscalls ---------------------------------------------------------------------------------
-def _syscall(name: str, *args) -> int:
+def _syscall(name: str, *args: object) -> int:
     """libc syscall(2) of `name`; OSError when it fails or this architecture is unknown."""
     number = _SYSCALL_NUMBERS.get(platform.machine(), {}).get(name)
     if number is None or not sys.platform.startswith("linux"):
@@ -102,7 +104,7 @@ def _syscall(name: str, *args) -> int:
     return int(result)
 
 
-def _node_mask(nodes: list[int]) -> tuple[ctypes.Array, int]:
+def _node_mask(nodes: list[int]) -> tuple[ctypes.Array[ctypes.c_ulong], int]:
     """(bitmask words, maxnode) in mbind's format (the kernel reads maxnode - 1 bits)."""
     bits = 8 * ctypes.sizeof(ctypes.c_ulong)
     words = (ctypes.c_ulong * (max(nodes) // bits + 1))()
@@ -176,7 +178,7 @@ def bind_near_pci(address: str, *, sysfs: Path = SYSFS) -> str:
 
 
 # ---- where pages are --------------------------------------------------------------------------
-def page_placement(tensor, *, max_pages: int = 1 << 16) -> dict:
+def page_placement(tensor: Any, *, max_pages: int = 1 << 16) -> dict[str, Any]:   # tensor: torch-free here
     """Where the pages of a host tensor are: {"bytes", "page_bytes", "pages_queried",
     "node_bytes": {"<node>": bytes}, "not_present_bytes", "source"}. Only pages this
     process has mapped are seen: a page never touched through this mapping counts as
@@ -185,7 +187,7 @@ def page_placement(tensor, *, max_pages: int = 1 << 16) -> dict:
     queried and the bytes scaled (an estimate). `source` is "move_pages", or
     "unavailable: <why>" with empty counts. Plain types only (JSON-ready)."""
     nbytes = tensor.numel() * tensor.element_size()
-    out = {"bytes": nbytes, "page_bytes": PAGE_BYTES, "pages_queried": 0, "node_bytes": {},
+    out: dict[str, Any] = {"bytes": nbytes, "page_bytes": PAGE_BYTES, "pages_queried": 0, "node_bytes": {},
            "not_present_bytes": 0, "source": "move_pages"}
     if nbytes == 0:
         return out

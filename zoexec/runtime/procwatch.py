@@ -34,7 +34,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from types import FrameType
+from typing import cast
 
 from zoexec.config import RuntimeOptions
 
@@ -42,7 +45,7 @@ KILL_GRACE_S = 3.0          # a rank told to stop after a failure: SIGTERM, then
 SETTLE_S = 1.0              # after a failure, the others' time to exit on their own first
 POLL_S = 0.2                # the launcher's wait between looks at a stop request
 WATCH_PERIOD_S = 1.0        # a rank's look at its launcher
-FORWARD = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
+FORWARD: dict[int, signal.Signals] = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
            signal.SIGHUP: signal.SIGHUP}   # a rank stops on SIGHUP as on SIGTERM, and says which
 SHIELDED = {signal.SIGTERM, signal.SIGHUP}   # blocked in the forkserver (start_forkserver)
 STOPPED_STATES = ("T", "t")  # /proc/<pid>/stat: stopped by a signal, stopped by a tracer
@@ -215,21 +218,22 @@ class StopRequest:
     rank (`procs` None) the first is remembered and acted on at the next step boundary
     (zoexec.run.loop); a SIGINT after a SIGINT interrupts at once (KeyboardInterrupt)."""
 
-    procs: list | None = None
+    procs: list[BaseProcess] | None = None
     grace_s: float = math.inf
     signum: int | None = None
     forced: list[int] | None = None    # the indexes a second signal killed
     deadline: float = math.inf
     told: int = 0                      # procs[:told] got the forwarded signal
 
-    def started(self, proc) -> None:
+    def started(self, proc: BaseProcess) -> None:
         """Add a rank just started; it gets the forwarded signal if one came first."""
+        assert self.procs is not None   # the launcher's (a rank has no procs)
         self.procs.append(proc)
         if self.signum is not None:
             signal_all(self.procs[self.told:], FORWARD[self.signum])
             self.told = len(self.procs)
 
-    def handle(self, signum: int, _frame=None) -> None:
+    def handle(self, signum: int, _frame: FrameType | None = None) -> None:
         if self.signum is None:
             self.signum, self.deadline = signum, time.monotonic() + self.grace_s
             if self.procs is not None:
@@ -250,8 +254,8 @@ class StopRequest:
 
 
 @contextmanager
-def stop_signals(procs: list | None, *, grace_s: float = math.inf,
-                 signals=tuple(FORWARD)) -> Iterator[StopRequest]:
+def stop_signals(procs: list[BaseProcess] | None, *, grace_s: float = math.inf,
+                 signals: tuple[int, ...] = tuple(FORWARD)) -> Iterator[StopRequest]:
     """Handle `signals` (the launcher's: SIGINT, SIGTERM and SIGHUP) with a StopRequest
     while the block runs (main thread only: elsewhere signals stay as they are); the
     handlers from before come back at the end (a run inside another program)."""
@@ -267,7 +271,7 @@ def stop_signals(procs: list | None, *, grace_s: float = math.inf,
             signal.signal(signum, handler)
 
 
-def signal_all(procs: list, signum: int) -> None:
+def signal_all(procs: list[BaseProcess], signum: int) -> None:
     for proc in procs:
         if proc.pid is not None and proc.exitcode is None:
             try:
@@ -287,11 +291,11 @@ class Outcome:
     first: int | None = None
     signum: int | None = None
     grace_s: float = RuntimeOptions.stop_grace_s   # --stop-grace-s
-    exitcodes: list = field(default_factory=list)
+    exitcodes: list[int | None] = field(default_factory=list)
     killed: dict[int, str] = field(default_factory=dict)
 
 
-def supervise(procs: list, stop: StopRequest) -> Outcome:
+def supervise(procs: list[BaseProcess], stop: StopRequest) -> Outcome:
     """Wait for the ranks: all exit, or one fails, or a stop runs its course; then end
     the ones still running (see the module docstring). Every process is joined."""
     outcome = Outcome(grace_s=stop.grace_s)
@@ -308,12 +312,12 @@ def supervise(procs: list, stop: StopRequest) -> Outcome:
     return outcome
 
 
-def _wait_first_failure(procs: list, stop: StopRequest) -> int | None:
+def _wait_first_failure(procs: list[BaseProcess], stop: StopRequest) -> int | None:
     """Index of the first process that exited non-zero (None: all exited with 0, or a
     stop ended the wait: every rank exited, its grace ran out, or a second signal)."""
     alive = {proc.sentinel: index for index, proc in enumerate(procs)}
     while alive:
-        for sentinel in multiprocessing.connection.wait(list(alive), timeout=POLL_S):
+        for sentinel in cast(list[int], multiprocessing.connection.wait(list(alive), timeout=POLL_S)):
             index = alive.pop(sentinel)
             procs[index].join()
             if procs[index].exitcode != 0 and stop.signum is None:
@@ -323,14 +327,14 @@ def _wait_first_failure(procs: list, stop: StopRequest) -> int | None:
     return None
 
 
-def end_all(procs: list, outcome: Outcome | None = None) -> None:
+def end_all(procs: list[BaseProcess], outcome: Outcome | None = None) -> None:
     """Stop every rank still running: stopped ones SIGKILLed at once, the others given
     SETTLE_S to exit by themselves, then SIGTERM, then SIGKILL after KILL_GRACE_S.
     Records what it had to kill in `outcome.killed`."""
     killed = outcome.killed if outcome is not None else {}
     running = [i for i, proc in enumerate(procs) if proc.pid is not None and proc.exitcode is None]
     for index in running:
-        if run_state(procs[index].pid) in STOPPED_STATES:
+        if run_state(cast(int, procs[index].pid)) in STOPPED_STATES:   # started (pid set)
             killed.setdefault(index, "stopped")
             _kill(procs[index], signal.SIGKILL)
     _join_all(procs, SETTLE_S)
@@ -345,14 +349,14 @@ def end_all(procs: list, outcome: Outcome | None = None) -> None:
             proc.join()
 
 
-def _kill(proc, signum: int) -> None:
+def _kill(proc: BaseProcess, signum: int) -> None:
     try:
-        os.kill(proc.pid, signum)
+        os.kill(cast(int, proc.pid), signum)   # end_all's: started ones
     except ProcessLookupError:
         pass
 
 
-def _join_all(procs: list, timeout_s: float) -> None:
+def _join_all(procs: list[BaseProcess], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for proc in procs:
         if proc.pid is not None:

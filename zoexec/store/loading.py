@@ -29,12 +29,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 
 from zoexec.model import families as zm
 from zoplan.errors import ZoError
 from zoplan.modeldir import INDEX_NAME, weight_files
+
+if TYPE_CHECKING:
+    from zoexec.store.blocks import BlockStore
 
 IGNORED_SUFFIXES = (".inv_freq",)      # buffers some checkpoints carry: recomputed here
 READ_ELEMENTS = 1 << 22                # a checkpoint's tensors are read 4 Mi elements at a time
@@ -207,7 +211,7 @@ class ModelSource:
             zm.write_params(bp.template, out)
         return out
 
-    def fill(self, store, progress: LoadProgress | None = None) -> None:
+    def fill(self, store: BlockStore, progress: LoadProgress | None = None) -> None:
         """Every block into the store (zoexec.store.blocks.BlockStore), one at a time."""
         for block in range(self.num_blocks):
             self.block_into(block, store.weights(block))
@@ -221,8 +225,8 @@ class ModelSource:
                                        first_block=first_block)
 
 
-def open_source(spec_or_config, *, init: str = "random", param_dtype="fp32",
-                compute_dtype="fp32", seed: int = 0, attn_implementation: str = "auto",
+def open_source(spec_or_config: object, *, init: str = "random", param_dtype: str = "fp32",
+                compute_dtype: str = "fp32", seed: int = 0, attn_implementation: str = "auto",
                 weights: bool = True) -> ModelSource:
     """The model's blueprint with its resident weights made (random init) or read
     (a checkpoint folder `init`, checked against its config first); `weights` False:
@@ -261,7 +265,7 @@ def _tied(bp: zm.Blueprint) -> bool:
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
+    return int(torch.empty(0, dtype=dtype).element_size())
 
 
 # ---- progress -----------------------------------------------------------------------------------
@@ -269,7 +273,7 @@ class LoadProgress:
     """'zoexec: loading blocks 12/96 from DIR, 3.4 GiB, 1.2 GiB/s' on stderr, at most
     every `period_s` and after the last block (overwritten in place on a terminal)."""
 
-    def __init__(self, *, total: int, what: str, period_s: float = 2.0, stream=None) -> None:
+    def __init__(self, *, total: int, what: str, period_s: float = 2.0, stream: TextIO | None = None) -> None:
         self.total, self.what, self.period_s = total, what, period_s
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
@@ -294,7 +298,7 @@ class LoadProgress:
         self.stream.flush()
 
 
-def build_parts(spec_or_config, *, init: str = "random", param_dtype: str = "fp32",
+def build_parts(spec_or_config: object, *, init: str = "random", param_dtype: str = "fp32",
                 compute_dtype: str = "fp32", seed: int = 0,
                 attn_implementation: str = "auto") -> tuple[zm.ModelParts, list[torch.Tensor]]:
     """Resident parts + one flat CPU buffer per block (param dtype), made block by

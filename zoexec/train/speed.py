@@ -4,7 +4,9 @@ ranks wait at a barrier. `zoplan calibrate` compares them with the profile's che
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 
@@ -30,9 +32,9 @@ class SpeedMonitor:
     env: zgroups.DistEnv
     threads: int
     every: int = 0                    # steps between probes (0: no probes, no checks)
-    probe: object = None              # rank 0's SpeedProbe
-    checks: list = field(default_factory=list)
-    probes: list = field(default_factory=list)
+    probe: SpeedProbe | None = None   # rank 0's SpeedProbe
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def make(cls, cfg: RunConfig, env: zgroups.DistEnv, threads: int) -> SpeedMonitor:
@@ -47,18 +49,18 @@ class SpeedMonitor:
     def check(self) -> None:
         """The full speed check (5 samples of each kind)."""
         if self.every:
-            result = self._on_rank0(lambda: self.probe.check(repeats=5))   # rank 0 only
+            result = self._on_rank0(lambda: cast(SpeedProbe, self.probe).check(repeats=5))   # rank 0's
             if result is not None:
                 self.checks.append(result)
 
     def after_step(self, done: int, steps: int) -> None:
         """A probe once `done` steps are done, every `every` steps, never after the last."""
         if self.every and done % self.every == 0 and done < steps:
-            result = self._on_rank0(lambda: self.probe.sample())
+            result = self._on_rank0(lambda: cast(SpeedProbe, self.probe).sample())
             if result is not None:
                 self.probes.append({"after_step": done - 1, **result})
 
-    def _on_rank0(self, job):
+    def _on_rank0(self, job: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
         self._barrier()
         result = None
         if self.env.rank == 0:
@@ -74,7 +76,7 @@ class SpeedMonitor:
         with failing("speed", rank=self.env.rank):
             zgroups.host_barrier(self.env)
 
-    def meta(self) -> dict:
+    def meta(self) -> dict[str, Any]:
         """The trace's meta entries: speed_check (before, after) and speed_probes."""
         if not self.every:
             return {}
