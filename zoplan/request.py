@@ -39,7 +39,7 @@ from zoplan.names import (
     described,
 )
 from zoplan.prefix import DEFAULT_PREFIX_TOKENS
-from zoplan.workload import UPDATE_MODES
+from zoplan.workload import UPDATE_KERNELS, UPDATE_MODES
 
 PLACEMENTS = ("auto", "host")   # --placement (zoplan.search.placement)
 MAX_TOP = 10_000                # --top: the candidates a table may show
@@ -170,6 +170,11 @@ class WorkloadOptions(Section):
         "default: master and stochastic searched", choices=UPDATE_MODES)
     tf32: bool = option(True, "fp32 GEMMs on CUDA may use TF32 tensor cores",
                         flags=("--tf32/--no-tf32",))
+    update_kernel: str = option(
+        "torch", "How z, the update and the perturbation run on a GPU: torch (torch's kernels, "
+        "z drawn into buffers: what the H200's pass 2 measured) or fused (one Triton pass a "
+        "block, z regenerated in the kernel; full tuning with MeZO-SGD's one direction); "
+        "`zoexec run --zo-kernel auto` runs what the plan priced", choices=UPDATE_KERNELS)
     lengths: Path | None = option(
         None, "Row lengths of the data (`zoexec lengths DATA ... -o lengths.json`): the step "
         "is priced at a batch's expected padded width (at most --seq); memory stays sized "

@@ -1,5 +1,5 @@
 """The H200's pass-2 traces re-predicted: the layouts the pass ran (its traces'
-meta.json) with the committed GPU plans' workloads and placements (scripts/gpu_plans/,
+meta.json) with the workloads and placements of the plans it ran (run-*/plan.json,
 OPT-1.3B bf16 8 x 512, every block offloaded / resident) simulated again on a profile (default the shipped hgx-h200) and compared, per task kind (median
 task) and for the step (median over steps 1-19), with what the H200 measured
 (benchmarks/results/h200-2026-12-04/pass2/run-*/trace).
@@ -34,7 +34,6 @@ from zoplan.trace import read_trace  # noqa: E402
 from zoplan.workload import Workload  # noqa: E402
 
 PASS2 = REPO / "benchmarks" / "results" / "h200-2026-12-04" / "pass2"
-PLANS = REPO / "scripts" / "gpu_plans" / "h200"   # the pass ran on an H200
 RUNS = ("offload", "resident")
 KINDS = ("update", "forward", "head", "embed")
 
@@ -55,11 +54,11 @@ def measured(run: str, skip: int = 1) -> dict[str, float]:
 def predicted(run: str, profile: HardwareProfile, kernel: str = "torch") -> dict[str, float]:
     """The layout the trace ran (its meta.json) with the committed plan's model,
     workload and placement, simulated on `profile`: median task per kind, and the step."""
-    plan = Plan.load(PLANS / f"opt-1.3b-{run}.plan.json")
+    plan = Plan.load(PASS2 / f"run-{run}" / "plan.json")   # the plan pass 2 ran
     meta, _ = read_trace(PASS2 / f"run-{run}" / "trace")
     workload = dataclasses.replace(plan.workload, update_kernel=kernel)
     if Workload.from_dict(meta["workload"]) != plan.workload:
-        raise SystemExit(f"the committed {run} plan's workload is not the one pass 2 ran")
+        raise SystemExit(f"pass 2's {run} plan's workload is not the one its trace ran")
     resident = tuple(b["placement"] == "resident" for b in plan.data["blocks"])
     costs = sim_costs.step_costs(model=plan.model, profile=profile, workload=workload,
                                  layout=Layout.from_dict(meta["layout"]), resident=resident,
@@ -74,7 +73,7 @@ def predicted(run: str, profile: HardwareProfile, kernel: str = "torch") -> dict
 def split(run: str, profile: HardwareProfile, kernel: str = "torch") -> dict[str, tuple[float, float]]:
     """Per task kind of `run`: (device seconds, the host's seconds to issue it) of one
     task as priced (block tasks: block 0)."""
-    plan = Plan.load(PLANS / f"opt-1.3b-{run}.plan.json")
+    plan = Plan.load(PASS2 / f"run-{run}" / "plan.json")
     meta, _ = read_trace(PASS2 / f"run-{run}" / "trace")
     workload = dataclasses.replace(plan.workload, update_kernel=kernel)
     resident = tuple(b["placement"] == "resident" for b in plan.data["blocks"])

@@ -90,6 +90,23 @@ def test_max_gpu_memory_is_recorded_in_the_plan_and_refuses_what_cannot_fit(tmp_
     assert "does not fit" in result.output and not (tmp_path / "n.json").exists()
 
 
+# ---- --update-kernel -------------------------------------------------------------------------
+def test_update_kernel_fused_prices_the_fused_pass_and_refuses_what_it_cannot_run():
+    """--update-kernel fused: every candidate's workload carries it (zoexec run's
+    --zo-kernel auto reads it there) and the update task is the fused pass's, shorter than
+    the torch path's; LoRA (and the other estimators) are refused in one line."""
+    args = dict(model="opt-1.3b", gpus=1, profile="hgx-h200", batch=8, seq=512,
+                precision="bf16", update="stochastic", placement="host")
+    torch_path = search(resolve_request(**args))
+    fused = search(resolve_request(**args, update_kernel="fused"))
+    assert {c.workload.update_kernel for c in fused.ranked} == {"fused"}
+    assert torch_path.winner.workload.update_kernel == "torch"
+    assert fused.winner.step_time_s < torch_path.winner.step_time_s
+    with pytest.raises(ZoError, match=r"^--update-kernel fused: .*LoRA") as err:
+        resolve_request(**args | {"update": None}, update_kernel="fused", tuning="lora")
+    assert "\n" not in str(err.value)
+
+
 # ---- --config, --print-config ------------------------------------------------------------
 def test_print_config_reads_back_to_the_same_plan(tmp_path):
     """--print-config writes every option of the request; --config FILE makes the same

@@ -43,7 +43,7 @@ def test_cost_table_prices_a_user_written_profile(monkeypatch, capsys):
     profile = ROOT / "tests" / "fixtures" / "node4-nvswitch.json"   # no datasheet figures
     monkeypatch.setattr(sys, "argv", ["cost_table.py", "--profile", str(profile), "--model",
                                       "opt-125m", "--gpus", "1", "--batch", "4", "--seq", "128"])
-    runpy.run_path(str(ROOT / "benchmarks" / "cost_table.py"), run_name="__main__")
+    runpy.run_path(str(ROOT / "benchmarks" / "planner" / "cost_table.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "the bounds are left out" in out and "| forward (compute lane) |" in out, out
     assert "| all terms as priced |" in out, out

@@ -138,6 +138,9 @@ def resolve(request: PlanRequest, *, fewer: bool = True) -> Request:
     if estimator:
         workloads = _with_estimator(workloads, estimator)
         note += f"; estimator {workloads[0].estimator_spec.describe()}"
+    if w.update_kernel != "torch":
+        workloads = _with_update_kernel(workloads, w.update_kernel)
+        note += f"; update kernel {w.update_kernel}"
     fixed = {k: v for k, v in (("pertp", pertp), ("slices", lay.slices),
                                ("prefetch", lay.prefetch), ("update", update),
                                ("max_gpu_memory", request.hardware.max_gpu_memory))
@@ -426,3 +429,12 @@ def resident_candidate(req: Request, cand: Candidate) -> Candidate | None:
     costs = dataclasses.replace(cand.costs, resident=resident, period=period)
     return dataclasses.replace(cand, memory=memory, costs=costs, bounds=step_bounds(costs),
                                resident=resident, period=period)
+
+
+def _with_update_kernel(workloads: tuple[Workload, ...], kernel: str) -> tuple[Workload, ...]:
+    """The workloads priced with `kernel`'s zo passes (zoplan.pricing.zo); ZoError where
+    that kernel does not run the workload (LoRA, prefix, another estimator, directions)."""
+    try:
+        return tuple(dataclasses.replace(wl, update_kernel=kernel) for wl in workloads)
+    except ValueError as exc:
+        raise ZoError(f"--update-kernel {kernel}: {exc}") from None
