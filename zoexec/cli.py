@@ -102,7 +102,7 @@ def _run_cmd(plan: Path, config: Path | None, print_config: str | None, **values
         def note() -> None:
             for line in cfg.notes:   # the run folder's: a damaged snapshot passed over, ...
                 err_console.print(line, highlight=False, soft_wrap=True)
-            if cfg.checkpoint.out and cfg.logging.progress:   # for a run killed (kill -9)
+            if cfg.checkpoint.out and cfg.logging.progress and not cfg.resumed:   # kill -9
                 err_console.print(f"zoexec: if the run stops, resume it with: "
                                   f"{cfg.resume_command()}", style="dim", highlight=False,
                                   soft_wrap=True)
