@@ -36,6 +36,21 @@ _BLANK = b" \t\r\n\x0b\x0c"
 Row = dict[str, Any]   # a row: its columns' values
 
 
+class _Indexed(Sequence[Any]):
+    """A sequence whose items are made when asked for: a slice is a list of them, an
+    index is checked and made positive before `_at` makes the item."""
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        return self._at(int(index) % len(self))
+
+    def _at(self, index: int) -> Any:
+        raise NotImplementedError
+
+
 def text_budget(seq: int | None) -> int | None:
     """The characters of a text field tokenised for rows of `seq` tokens (None: no
     cut, e.g. `zoexec lengths`, which measures rows uncut)."""
@@ -54,7 +69,7 @@ def fmt_size(size: int) -> str:
     return f"{size / 2**20:,.1f} MiB" if size >= 2**20 else f"{size:,} bytes"
 
 
-class JsonlRows(Sequence[Row]):
+class JsonlRows(_Indexed):
     """The rows (JSON objects, one a non-blank line) of a JSONL file, each read and
     parsed when asked for; problems are ZoErrors naming the file and the line."""
 
@@ -75,12 +90,7 @@ class JsonlRows(Sequence[Row]):
     def __len__(self) -> int:
         return int(self.starts.size)
 
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if not -len(self) <= index < len(self):
-            raise IndexError(index)
-        index %= len(self)
+    def _at(self, index: int) -> Any:
         start, end = int(self.starts[index]), int(self.ends[index])
         if end - start > self.max_row_bytes:
             raise ZoError(f"{self.path}:{self.line_of(start)}: a row of {fmt_size(end - start)}, "
@@ -163,7 +173,7 @@ def _index(handle: BinaryIO, starts: list[Any], ends: list[Any]) -> None:
         ends.append(np.array([pos], dtype=np.int64))
 
 
-class TableRows(Sequence[Row]):
+class TableRows(_Indexed):
     """The rows of a memory-mapped `datasets` table, each converted when asked for (a
     text cell that is not UTF-8: a ZoError naming the file)."""
 
@@ -173,13 +183,9 @@ class TableRows(Sequence[Row]):
     def __len__(self) -> int:
         return int(self.data.num_rows)
 
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if not -len(self) <= index < len(self):
-            raise IndexError(index)
+    def _at(self, index: int) -> Any:
         try:
-            return dict(self.data[int(index) % len(self)])
+            return dict(self.data[index])
         except UnicodeDecodeError as exc:
             raise ZoError(f"data {self.path} is not UTF-8 text ({self.on_bad_text(exc)})") from None
 
@@ -193,7 +199,7 @@ class TableRows(Sequence[Row]):
             raise ZoError(f"data {self.path} is not UTF-8 text ({self.on_bad_text(exc)})") from None
 
 
-class Examples(Sequence[Any]):
+class Examples(_Indexed):
     """A task's examples of `rows`, example i made by `make(rows[i], i + 1)` (the row's
     number, for messages) each time it is asked for: nothing is kept."""
 
@@ -203,12 +209,7 @@ class Examples(Sequence[Any]):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if not -len(self) <= index < len(self):
-            raise IndexError(index)
-        index %= len(self)
+    def _at(self, index: int) -> Any:
         return self.make(self.rows[index], index + 1)
 
     def __iter__(self) -> Iterator[Any]:
