@@ -127,3 +127,18 @@ def test_text_document_over_the_limit_refused(tmp_path, monkeypatch):
     path.write_text('{"input_ids": [1, 2]}\n' + json.dumps({"input_ids": list(range(30))}) + "\n")
     with pytest.raises(ZoError, match=r"t.jsonl:2: a document over 64 bytes; split it"):
         list(JsonlReader(path, vocab=32).documents())
+
+
+def test_an_example_is_made_once_while_kept_and_the_kept_ones_are_bounded(monkeypatch):
+    """A run's epochs ask for the same rows again: each example is made (read, tokenised)
+    once while kept, and no more than KEPT_EXAMPLES are kept."""
+    from zoexec.data.rowfile import Examples
+
+    made: list[int] = []
+    examples = Examples([{"x": i} for i in range(10)], lambda row, n: made.append(n) or row["x"])
+    assert [examples[i] for i in (0, 1, 0, 1, -1)] == [0, 1, 0, 1, 9]
+    assert made == [1, 2, 10]
+    monkeypatch.setattr(Examples, "KEPT_EXAMPLES", 2)
+    few = Examples([{"x": i} for i in range(10)], lambda row, n: made.append(n) or row["x"])
+    made.clear()
+    assert [few[i] for i in (0, 1, 2, 0)] == [0, 1, 2, 0] and made == [1, 2, 3, 1]

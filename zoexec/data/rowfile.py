@@ -21,9 +21,10 @@ Torch-free."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 from zoplan.errors import ZoError
 from zoplan.io import loads_strict, not_utf8
@@ -201,16 +202,29 @@ class TableRows(_Indexed):
 
 class Examples(_Indexed):
     """A task's examples of `rows`, example i made by `make(rows[i], i + 1)` (the row's
-    number, for messages) each time it is asked for: nothing is kept."""
+    number, for messages) when first asked for and kept, up to KEPT_EXAMPLES of them (the
+    most recently made): a run's epochs reuse the rows they read without reading and
+    tokenising them again, and memory stays bounded by the rows used, not the file."""
+
+    KEPT_EXAMPLES: ClassVar[int] = 4096   # a few hundred MB at most for rows of 2,048 tokens
 
     def __init__(self, rows: Sequence[Row], make: Callable[[Row, int], Any]) -> None:
         self.rows, self.make = rows, make
+        self._kept: OrderedDict[int, Any] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def _at(self, index: int) -> Any:
-        return self.make(self.rows[index], index + 1)
+        kept = self._kept.get(index)
+        if kept is not None:
+            self._kept.move_to_end(index)
+            return kept
+        made = self.make(self.rows[index], index + 1)
+        self._kept[index] = made
+        if len(self._kept) > self.KEPT_EXAMPLES:
+            self._kept.popitem(last=False)
+        return made
 
     def __iter__(self) -> Iterator[Any]:
         for number, row in enumerate(self.rows, start=1):
