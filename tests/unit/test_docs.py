@@ -234,3 +234,13 @@ def test_the_readme_is_short_and_starts_with_the_product():
     assert len(lines) <= 250, len(lines)
     heading = lines.index("## Documents, in reading order")
     assert heading < 60, heading
+
+
+def test_the_benchmarks_index_names_every_script():
+    """benchmarks/README.md has a row for every script under benchmarks/ (a new one is
+    indexed with what it prints and where its figures are kept)."""
+    index = (ROOT / "benchmarks" / "README.md").read_text()
+    scripts = {p.relative_to(ROOT / "benchmarks").as_posix()
+               for p in (ROOT / "benchmarks").glob("*/*.py") if p.parent.name != ".cache"}
+    assert scripts, "no benchmark scripts found"
+    assert sorted(s for s in scripts if f"`{s}`" not in index) == []
