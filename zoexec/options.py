@@ -240,7 +240,7 @@ def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str,
     ident = start.identity
     total = given.get("steps", ident["steps"])
     final = rundir.final()
-    if start.start_step > total or (start.start_step == total and final and final[0] >= total - 1):
+    if start.start_step > total or (start.start_step == total and final and final[0] >= total):
         raise ZoError(f"{folder} has run all {start.start_step} steps; give --steps N (more "
                       f"than {start.start_step}) to train further")
     # start_step == total without a whole final/: killed while saving it; the resume

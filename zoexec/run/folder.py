@@ -7,8 +7,16 @@
                                    z (device, versions), the plan's estimator; sealed
                                    by a digest
     DIR/losses.jsonl               one line per completed step (zoexec.run.checkpoint)
-    DIR/snapshots/step-000120/     the weights after step 120 (HF folder + state.json,
+    DIR/snapshots/checkpoint-120/  the weights after step 120 (HF folder + state.json,
                                    which holds the sha256 of every other file)
+
+One numbering of steps, as HF Trainer's: step N is the N-th update, and "after step N"
+means N updates done; losses.jsonl's and metrics.jsonl's "step", checkpoint-N, state.json's
+"global_step", the stop and resume lines and the summary all say N for the same step.
+(The code counts from 0: `StepRecord.step`, `start_step` = the steps done.) A folder
+written before this counted snapshots, state.json and the log from 0 (step-000119 held
+120 steps): read back, each is mapped by its own marker (the snapshot's name, state.json
+without "global_step", the log's first line), so such a run resumes exactly.
     DIR/final/                     the weights at the end (checksummed alike)
     DIR/best/                      --save-best: the best evaluation's weights (zoexec.run.watch)
     DIR/.lock                      held (flock) by the run that owns DIR
@@ -45,6 +53,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from zoexec.config import KEPT, SETTINGS  # what a resume keeps: the options' `kept`
 from zoexec.data.section import TaskOptions
@@ -58,6 +67,7 @@ from zoexec.run.verify import (
     check_seal,
     history_digest,
     input_change,
+    saved_step,
     seal,
     unbound,
 )
@@ -75,13 +85,15 @@ FINAL = "final"
 LOCK = ".lock"
 RUN_FILES = (IDENTITY, LOG, SNAPSHOTS, FINAL, "best", "metrics.jsonl", "runs", "wandb",
              "mlruns")   # what a run writes
-_SNAPSHOT = re.compile(r"step-(\d+)")
+_SNAPSHOT = re.compile(r"checkpoint-([1-9]\d*)")   # checkpoint-N: the weights after N steps
+_OLD_SNAPSHOT = re.compile(r"step-(\d+)")         # before: step-NNNNNN after N + 1 steps
 
 
 @dataclass(frozen=True, kw_only=True)
 class ResumePlan:
     """Where a resumed run starts: its initial weights (a verified snapshot folder or
-    the run's own init), the logged updates to apply to them, the next step, the log's
+    the run's own init) and the steps they hold (`snapshot_step`), the logged updates to
+    apply to them, the steps done (`start_step`: the next step's index), the log's
     whole bytes (a torn last line after them is cut off), and notes for the terminal."""
 
     init: str
@@ -256,7 +268,8 @@ class RunDir:
 
     # ---- snapshots -----------------------------------------------------------------------
     def snapshot_path(self, step: int) -> Path:
-        return self.path / SNAPSHOTS / f"step-{step:06d}"
+        """The snapshot of the weights after `step` steps (checkpoint-N, as HF names it)."""
+        return self.path / SNAPSHOTS / f"checkpoint-{step}"
 
     def snapshots(self) -> list[tuple[int, Path]]:
         """Whole snapshots (their state.json written), oldest first."""
@@ -266,29 +279,31 @@ class RunDir:
         folder = self.path / SNAPSHOTS
         out = []
         for path in folder.iterdir() if folder.is_dir() else ():
-            match = _SNAPSHOT.fullmatch(path.name)
-            if match and path.is_dir():
-                out.append((int(match[1]), path, (path / "state.json").is_file()))
+            step = snapshot_step(path.name)
+            if step is not None and path.is_dir():
+                out.append((step, path, (path / "state.json").is_file()))
         return out
 
     def final(self) -> tuple[int, Path] | None:
         """(step, path) of final/ when it is whole (a run that ended; --steps can extend it)."""
         state = self.path / FINAL / "state.json"
         try:
-            return int(loads_strict(state.read_text())["step"]), state.parent
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            step = saved_step(loads_strict(state.read_text()))
+        except (OSError, ValueError, TypeError, AttributeError, RecursionError):
             return None
+        return None if step is None else (step, state.parent)
 
     def prune(self, keep: int) -> None:
         """Keep the newest `keep` snapshots; remove half-written ones (a run killed while
-        saving leaves .step-NNNNNN.tmp) and snapshot folders without their state.json."""
+        saving leaves .checkpoint-N.tmp) and snapshot folders without their state.json."""
         for _, path in self.snapshots()[:-keep] if keep > 0 else []:
             shutil.rmtree(path, ignore_errors=True)
         for _, path, whole in self._snapshot_folders():
             if not whole:
                 shutil.rmtree(path, ignore_errors=True)
-        for path in (self.path / SNAPSHOTS).glob(".step-*.tmp"):
-            shutil.rmtree(path, ignore_errors=True)
+        for pattern in (".checkpoint-*.tmp", ".step-*.tmp"):   # .step-: an older zoexec's
+            for path in (self.path / SNAPSHOTS).glob(pattern):
+                shutil.rmtree(path, ignore_errors=True)
 
     def records(self) -> list[StepRecord]:
         return list(read_log_checked(self.log_path).records)
@@ -310,19 +325,18 @@ class RunDir:
         done = histories(ident["run_digest"], log.records)
         self._check_bindings(ident["run_digest"], done)
         step, path, notes = self._start_point(log)
-        replay = tuple(r.update for r in log.records
-                       if (step is None or r.step > step) and r.update is not None)
-        records = log.records
+        replay = tuple(r.update for r in log.records   # r.step: counted from 0
+                       if (step is None or r.step >= step) and r.update is not None)
         return ResumePlan(init=str(path) if path else ident["init"], snapshot_step=step,
-                          replay=replay, start_step=records[-1].step + 1 if records else 0,
+                          replay=replay, start_step=len(log.records),
                           settings={k: ident[k] for k in (*SETTINGS, *KEPT, "steps")},
                           identity=ident, log_bytes=log.good_bytes,
                           history=done[-1] if done else ident["run_digest"],
                           notes=(*moved, *notes))
 
     def saved_folders(self) -> list[tuple[int | None, Path]]:
-        """Every folder of saved weights: (the step its name gives, path): snapshots by
-        their names, final/ and best/ (None: named by no step)."""
+        """Every folder of saved weights: (the steps done its name gives, path):
+        snapshots by their names, final/ and best/ (None: named by no step)."""
         found = [(step, path) for step, path, _ in self._snapshot_folders()]
         return found + [(None, self.path / name) for name in (FINAL, BEST) if
                         (self.path / name).is_dir()]
@@ -349,16 +363,16 @@ class RunDir:
                           f"step {max(saved)}: the log they continue from is lost and the "
                           f"run cannot be resumed exactly")
         for number, record in enumerate(log.records, 1):
-            _check_record(self.log_path, number, record, ident)
-        if saved and log.records and max(saved) > log.records[-1].step:
-            raise ZoError(f"{self.log_path} ends at step {log.records[-1].step} but the folder "
+            _check_record(self.log_path, number, record, ident, first=log.first)
+        if saved and log.records and max(saved) > len(log.records):
+            raise ZoError(f"{self.log_path} ends after step {len(log.records)} but the folder "
                           f"holds weights saved after step {max(saved)}: the log lost lines")
         return log
 
     def _start_point(self, log: LogRead) -> tuple[int | None, Path | None, list[str]]:
         """The newest saved weights (final/ or a snapshot) within the log whose checksums
         hold; a damaged one is passed over for the one before it, with a note."""
-        last = log.records[-1].step if log.records else -1
+        last = len(log.records)   # the steps the log holds
         final = self.final()
         saved = sorted(s for s in self.snapshots() + ([final] if final else []) if s[0] <= last)
         notes = []
@@ -421,25 +435,38 @@ def _checked_inputs(ident: dict, given: dict, *, accept_moved: bool) -> tuple[di
     return ident, notes
 
 
-def _check_record(path: Path, number: int, record: StepRecord, ident: dict) -> None:
+def _check_record(path: Path, number: int, record: StepRecord, ident: dict[str, Any], *,
+                  first: int) -> None:
     """A logged line's seed is the seed rule's for its step, its lr the schedule's, its
-    directions' g's as many as the run's estimator has directions (one: none)."""
+    directions' g's as many as the run's estimator has directions (one: none). `first`:
+    the log's first step (LogRead.first): the messages give the line's own "step"."""
     want = step_seed(ident["seed"], record.step)
+    shown = record.step + first
     if record.seed != want:
-        raise ZoError(f"{path}:{number}: step {record.step} has seed {record.seed}, but the "
+        raise ZoError(f"{path}:{number}: step {shown} has seed {record.seed}, but the "
                       f"run's seed rule gives {want} (--seed {ident['seed']}): the log was "
                       f"altered and cannot be replayed")
     directions = (ident.get("estimator") or {}).get("directions", 1)
     if len(record.gs) != (directions if directions > 1 else 0):
-        raise ZoError(f"{path}:{number}: step {record.step} has {len(record.gs)} directions' g "
+        raise ZoError(f"{path}:{number}: step {shown} has {len(record.gs)} directions' g "
                       f"(gs), but the run's estimator takes {directions}: the log was altered "
                       f"and cannot be replayed")
     if record.update is None:
         return
     lr = logged_lr(ident, record.step)
     if record.lr != lr:
-        raise ZoError(f"{path}:{number}: step {record.step} has lr {record.lr!r}, but the "
+        raise ZoError(f"{path}:{number}: step {shown} has lr {record.lr!r}, but the "
                       f"run's schedule gives {lr!r}: the log was altered and cannot be replayed")
+
+
+def snapshot_step(name: str) -> int | None:
+    """The steps done a snapshot folder's name gives: checkpoint-N, N; an older zoexec's
+    step-NNNNNN (counted from 0), N + 1; None: not a snapshot's name."""
+    match = _SNAPSHOT.fullmatch(name)
+    if match:
+        return int(match[1])
+    old = _OLD_SNAPSHOT.fullmatch(name)
+    return int(old[1]) + 1 if old else None
 
 
 def histories(run_digest: str, records) -> list[str]:
@@ -492,19 +519,19 @@ def extend(ident: dict, *, steps: int, start_step: int, new_schedule: bool) -> t
     decays = ident["lr_schedule"] != "constant"
     if decays and not new_schedule:
         raise ZoError(f"--steps {steps}: the run's {ident['lr_schedule']} schedule decays over "
-                      f"{old} steps and would change at step {start_step}; give "
-                      f"--new-schedule to start a new {ident['lr_schedule']} schedule from step "
+                      f"{old} steps and would change after step {start_step}; give "
+                      f"--new-schedule to start a new {ident['lr_schedule']} schedule after step "
                       f"{start_step} over the {steps - start_step} steps left (from lr "
                       f"{ident['lr']}), or --steps {old}")
     if decays:
         schedule.append([start_step, steps])
-        how = (f"a new {ident['lr_schedule']} schedule from step {start_step} (lr "
+        how = (f"a new {ident['lr_schedule']} schedule after step {start_step} (lr "
                f"{ident['lr']} decaying over {steps - start_step} steps)")
     else:
         schedule[-1][1] = steps
         how = f"the constant lr {ident['lr']} continues"
     ext = {"at_step": start_step, "from_steps": old, "to_steps": steps, "new_schedule": decays}
-    line = f"zoexec: the run goes from {old} to {steps} steps at step {start_step}: {how}"
+    line = f"zoexec: the run goes from {old} to {steps} steps after step {start_step}: {how}"
     return {**ident, "steps": steps, "schedule": schedule,
             "extensions": [*ident.get("extensions", []), ext]}, line
 
