@@ -199,7 +199,7 @@ def test_ctrl_c_saves_a_snapshot_and_the_run_resumes_from_it(plan, reference, tm
     os.killpg(proc.pid, signal.SIGINT)              # what Ctrl-C does in a terminal
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    line = next(iter(l for l in err.splitlines() if "stopped by SIGINT after step " in l), err)
+    line = next(iter(s for s in err.splitlines() if "stopped by SIGINT after step " in s), err)
     k = int(line.split("after step ")[1].split(";")[0])
     assert "--resume" in line and f"snapshot {out / 'snapshots' / f'checkpoint-{k}'};" in line, err
     assert k == len(_logged(out)) and k < STEPS, f"the signal was acted on only after step {k}"
