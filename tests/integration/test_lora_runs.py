@@ -215,7 +215,7 @@ def test_a_lora_run_of_a_model_folder_works_on_the_first_try(tmp_path):
         "--eval-every", "2", "--steps", "4", "--lr", "5e-2", "--eps", "1e-2", "--out", str(out),
         "--save-every", "2", "--save-best", "eval_loss:max", "--threads", "1"])
     assert result.exit_code == 0, result.output
-    snapshots = sorted((out / "snapshots").glob("step-*"))
+    snapshots = sorted((out / "snapshots").glob("checkpoint-*"))
     assert snapshots
     for folder in (out / "final", out / "best", *snapshots):
         assert AutoTokenizer.from_pretrained(folder)("It was great")["input_ids"], folder

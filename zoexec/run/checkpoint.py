@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -63,7 +64,7 @@ class LossLog:
             self._handle = open_own(self.path, "a")
         self._histories = {start_step - 1: history}   # the last two steps' digests
 
-    def _writing(self):
+    def _writing(self) -> AbstractContextManager[None]:
         """A refused write (a full disk): one line naming the log (zoexec.run.writes)."""
         return writing(self.path, what="the log", folder=self.path.parent)
 
@@ -158,7 +159,7 @@ def read_log(path: Path) -> list[StepRecord]:
     return list(read_log_checked(path).records)
 
 
-def read_losses(path: Path) -> list[dict]:
+def read_losses(path: Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise ZoError(f"loss log {path} does not exist")

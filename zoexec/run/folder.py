@@ -50,12 +50,14 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from zoexec.config import KEPT, SETTINGS  # what a resume keeps: the options' `kept`
+from zoexec.config import KEPT, SETTINGS, RunConfig  # what a resume keeps: the options' `kept`
 from zoexec.data.section import TaskOptions
 from zoexec.maths.history import StepRecord, Update
 from zoexec.maths.schedule import lr_from
@@ -100,8 +102,8 @@ class ResumePlan:
     snapshot_step: int | None
     replay: tuple[Update, ...]    # the logged updates (step, seed, g, lr, gs) in step order
     start_step: int
-    settings: dict
-    identity: dict
+    settings: dict[str, Any]
+    identity: dict[str, Any]
     log_bytes: int = 0
     history: str = ""     # the digest of the logged history (verify.history_digest)
     notes: tuple[str, ...] = ()
@@ -112,7 +114,7 @@ class RunDir:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self._lock = None
+        self._lock: IO[str] | None = None
         self.run_digest: str | None = None   # run.json's, once written (rank 0)
 
     @property
@@ -150,7 +152,7 @@ class RunDir:
             handle.flush()
             self._lock = handle
 
-    def _open_lock(self):
+    def _open_lock(self) -> IO[str]:
         try:
             return os.fdopen(os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
                                      0o666), "r+")
@@ -194,7 +196,7 @@ class RunDir:
                 raise ZoError(f"{folder} was not written by zoexec (no state.json): a run "
                               f"would replace it; move it away or give another --out")
 
-    def _own_paths(self):
+    def _own_paths(self) -> Iterator[Path]:
         """Every path under the folder that zoexec writes, reads or removes (not
         following links): its files, its folders and everything in them."""
         names = (*RUN_FILES, LOCK, f".{FINAL}.tmp", f".{BEST}.tmp")
@@ -211,7 +213,7 @@ class RunDir:
         """The names zoexec writes that are in the folder now."""
         return {n for n in (*RUN_FILES, LOCK) if (self.path / n).exists()}
 
-    def clear(self, *, keep: set[str] = frozenset()) -> None:
+    def clear(self, *, keep: AbstractSet[str] = frozenset()) -> None:
         """Remove a run's files (--overwrite; `keep`: names left alone): only what a run
         writes, each known by its name and marker (a saved folder's state.json, a
         snapshot's name, TensorBoard's event files); anything else stays. check_own first."""
@@ -238,15 +240,16 @@ class RunDir:
         self.clear(keep=before)
 
     # ---- identity ------------------------------------------------------------------------
-    def write_identity(self, cfg, plan_sha256: str, *, z: dict | None = None) -> None:
+    def write_identity(self, cfg: RunConfig, plan_sha256: str, *,
+                       z: dict[str, Any] | None = None) -> None:
         """run.json of a new run (sealed; `z`: what decides z on its devices)."""
         self.write_sealed(identity_of(cfg, plan_sha256, z=z))
 
-    def write_sealed(self, data: dict) -> None:
+    def write_sealed(self, data: dict[str, Any]) -> None:
         atomic_write_text(self.path / IDENTITY, json.dumps(seal(data), indent=1) + "\n")
         self.run_digest = data["run_digest"]
 
-    def read_identity(self) -> dict:
+    def read_identity(self) -> dict[str, Any]:
         """run.json, its digest checked (ZoError: missing, older, edited)."""
         path = self.path / IDENTITY
         if not path.is_file():
@@ -277,7 +280,7 @@ class RunDir:
 
     def _snapshot_folders(self) -> list[tuple[int, Path, bool]]:
         folder = self.path / SNAPSHOTS
-        out = []
+        out: list[tuple[int, Path, bool]] = []
         for path in folder.iterdir() if folder.is_dir() else ():
             step = snapshot_step(path.name)
             if step is not None and path.is_dir():
@@ -309,7 +312,7 @@ class RunDir:
         return list(read_log_checked(self.log_path).records)
 
     # ---- resuming ------------------------------------------------------------------------
-    def resume_plan(self, *, plan_sha256: str, given: dict,
+    def resume_plan(self, *, plan_sha256: str, given: dict[str, Any],
                     accept_moved: bool = False) -> ResumePlan:
         """Where `zoexec run --resume` starts, from the identity, the log and the newest
         snapshot whose checksums hold; every check before anything is changed. `given`:
@@ -352,7 +355,7 @@ class RunDir:
                               f"from; move {path} out of the run folder to resume from the "
                               f"log")
 
-    def _verified_log(self, ident: dict) -> LogRead:
+    def _verified_log(self, ident: dict[str, Any]) -> LogRead:
         """The log, each line's seed and lr checked against the run's seed rule and lr
         schedule; a missing or empty log beside saved weights is refused."""
         log = read_log_checked(self.log_path)
@@ -375,7 +378,7 @@ class RunDir:
         last = len(log.records)   # the steps the log holds
         final = self.final()
         saved = sorted(s for s in self.snapshots() + ([final] if final else []) if s[0] <= last)
-        notes = []
+        notes: list[str] = []
         for step, path in reversed(saved):
             problem = check_saved(path) or unbound(path)
             if problem is None:
@@ -385,7 +388,7 @@ class RunDir:
         return None, None, notes
 
 
-def _check_settings(ident: dict, given: dict) -> None:
+def _check_settings(ident: dict[str, Any], given: dict[str, Any]) -> None:
     """An explicit setting that differs from the run's is refused (paths: _checked_inputs)."""
     for key in SETTINGS:
         if key in ("data", "init") or given.get(key) is None or given[key] == ident[key]:
@@ -403,11 +406,12 @@ _OPTION = {"data": "--data", "init": "--model-path"}
 _INPUT = {"data": "data", "init": "model"}
 
 
-def _checked_inputs(ident: dict, given: dict, *, accept_moved: bool) -> tuple[dict, list[str]]:
+def _checked_inputs(ident: dict[str, Any], given: dict[str, Any], *,
+                    accept_moved: bool) -> tuple[dict[str, Any], list[str]]:
     """The run's data and model checked against their recorded fingerprints; a path given
     that is not the recorded one is taken only with --accept-moved-inputs and the same
     fingerprint. Returns the identity with the paths in use, and notes."""
-    ident, notes = dict(ident), []
+    ident, notes = dict(ident), list[str]()
     for key in ("data", "init"):
         recorded = ident["inputs"].get(_INPUT[key])
         path = given.get(key)
@@ -469,23 +473,24 @@ def snapshot_step(name: str) -> int | None:
     return int(old[1]) + 1 if old else None
 
 
-def histories(run_digest: str, records) -> list[str]:
+def histories(run_digest: str, records: Iterable[StepRecord]) -> list[str]:
     """The digest of the run's history through each logged step (verify.history_digest)."""
-    out, previous = [], run_digest
+    out: list[str] = []
+    previous = run_digest
     for record in records:
         previous = history_digest(previous, record.step, record.update)
         out.append(previous)
     return out
 
 
-def logged_lr(ident: dict, step: int) -> float:
+def logged_lr(ident: dict[str, Any], step: int) -> float:
     """The lr of `step` by run.json's schedule segments ([start, total] each)."""
     start, total = next((s, t) for s, t in reversed(ident["schedule"]) if s <= step)
     return lr_from(step, start=start, lr=ident["lr"], schedule=ident["lr_schedule"],
                    warmup=ident["warmup_steps"], total=total)
 
 
-def identity_of(cfg, plan_sha256: str, *, z: dict | None) -> dict:
+def identity_of(cfg: RunConfig, plan_sha256: str, *, z: dict[str, Any] | None) -> dict[str, Any]:
     """run.json's content (unsealed) for the run `cfg` describes."""
     inputs = cfg.inputs or {"data": None, "model": None}
     settings = cfg.settings()
@@ -503,7 +508,8 @@ def identity_of(cfg, plan_sha256: str, *, z: dict | None) -> dict:
     return {**body, "run_digest": sha256_json(body)}   # fixed for the run's life
 
 
-def extend(ident: dict, *, steps: int, start_step: int, new_schedule: bool) -> tuple[dict, str | None]:
+def extend(ident: dict[str, Any], *, steps: int, start_step: int,
+           new_schedule: bool) -> tuple[dict[str, Any], str | None]:
     """run.json after `--steps steps` on a resume at `start_step` (a run extended or
     shortened), and the line that says so: a constant schedule (its lr does not depend
     on the total) continues; a decaying one is refused unless `new_schedule`: a new
@@ -537,13 +543,13 @@ def extend(ident: dict, *, steps: int, start_step: int, new_schedule: bool) -> t
 
 
 @contextmanager
-def undone_on_failure(cfg):
+def undone_on_failure(cfg: RunConfig | None) -> Iterator[None]:
     """A new run's folder removed again when the run fails before its first step is
     logged (a rank's error, a bad shard, a full store, a stop signal: `undo` is what
     zoexec.runtime.procwatch.stop_at_once runs): the same command can run again."""
     out = cfg.checkpoint.out if cfg is not None else None
     existed = out is not None and Path(out).exists()
-    before = RunDir(out).present() if existed else set()
+    before = RunDir(out).present() if out is not None and existed else set()
     try:
         with undone_on_stop(lambda: _undo(cfg, existed=existed, before=before)):
             yield
@@ -552,12 +558,11 @@ def undone_on_failure(cfg):
         raise
 
 
-def _undo(cfg, *, existed: bool, before: set[str]) -> None:
+def _undo(cfg: RunConfig | None, *, existed: bool, before: set[str]) -> None:
     """Remove what a new run wrote in its folder if it logged no step (undone_on_failure)."""
-    out = cfg.checkpoint.out if cfg is not None else None
-    if out is None or cfg.resumed:
+    if cfg is None or cfg.checkpoint.out is None or cfg.resumed:
         return
-    rundir = RunDir(out)
+    rundir = RunDir(cfg.checkpoint.out)
     try:
         rundir.lock()   # not another run's folder; held while its files go
         try:
@@ -571,7 +576,7 @@ def _undo(cfg, *, existed: bool, before: set[str]) -> None:
         pass
 
 
-def _same_file(handle, path: Path) -> bool:
+def _same_file(handle: IO[str], path: Path) -> bool:
     """Whether the open `handle` is the file at `path` now (not unlinked, not replaced)."""
     try:
         mine, there = os.fstat(handle.fileno()), os.stat(path, follow_symlinks=False)
@@ -587,13 +592,13 @@ def _remove_if_empty(folder: Path) -> None:
         pass
 
 
-def say(lines) -> None:
+def say(lines: Iterable[str]) -> None:
     """Notes of the run folder (a damaged snapshot passed over, an extension) on stderr."""
     for line in lines:
         print(line, file=sys.stderr, flush=True)
 
 
-def _same_task(given: dict, recorded) -> bool:
+def _same_task(given: dict[str, Any], recorded: Any) -> bool:
     """Two task records naming the same task (one written before a field was recorded,
     or recorded only when set, reads as its default)."""
     try:
@@ -602,7 +607,7 @@ def _same_task(given: dict, recorded) -> bool:
         return False
 
 
-def _task_text(task) -> str:
+def _task_text(task: Any) -> str:
     """A task dict of run.json in a line: "classification (template=..., ...)"."""
     if not isinstance(task, dict):
         return repr(task)
