@@ -140,14 +140,24 @@ def _print_config(options: dict[str, Any], target: str, *, command: str = "run P
                           highlight=False, soft_wrap=True)
 
 
-def _file_and_given(config: Path | None, values: dict[str, Any],
-                    params: list[inspect.Parameter]) -> dict[str, Any]:
-    """A command's options: its --config file's (only the options the command takes,
-    `params`), then the command line's over them."""
+def _command_options(config: Path | None, print_config: str | None, values: dict[str, Any],
+                     params: list[inspect.Parameter], *, command: str) -> dict[str, Any] | None:
+    """A command's options (eval, lengths): its --config file's (only the options the
+    command takes, `params`), then the command line's over them; with --print-config
+    they are written instead (None). A bad file or value: one line, exit 2."""
     only = {p.name for p in params}
     sections = (TaskOptions, EvalOptions, ModelOptions, RuntimeOptions)
-    return {**(config_options(config, *sections, only=only) if config else {}),
-            **given(values)}
+    try:
+        options = {**(config_options(config, *sections, only=only) if config else {}),
+                   **given(values)}
+        if print_config is None:
+            return options
+        _print_config(options, print_config, command=command)
+        return None
+    except FieldError as exc:
+        exit_with_error(option_error(exc), EXIT_USER_ERROR)
+    except ZoError as exc:
+        exit_with_error(str(exc), EXIT_USER_ERROR)
 
 
 def _command_config_params(command: str) -> list[inspect.Parameter]:
@@ -210,15 +220,10 @@ def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, config: Path | 
     two labels) for classification, eval_accuracy and eval_accuracy_norm for multiple
     choice, eval_exact_match and eval_f1 for generation; the blocks stream from host
     memory as in a run."""
-    try:
-        options = _file_and_given(config, values, EVAL_OPTIONS)
-        if print_config is not None:
-            _print_config(options, print_config, command=f"eval MODEL --data {data}")
-            return
-    except FieldError as exc:
-        exit_with_error(option_error(exc), EXIT_USER_ERROR)
-    except ZoError as exc:
-        exit_with_error(str(exc), EXIT_USER_ERROR)
+    options = _command_options(config, print_config, values, EVAL_OPTIONS,
+                               command=f"eval MODEL --data {data}")
+    if options is None:   # --print-config
+        return
     try:
         from zoexec.launch.evaluate import eval_config, eval_model
     except ModuleNotFoundError as exc:
@@ -267,15 +272,10 @@ def lengths_cmd(data: Path, output: Path, config: Path | None = None,
                 print_config: str | None = None, **values: Any) -> None:
     """Measure the token widths of the rows the task's training batches pack, for
     `zoplan optimize --lengths`: the plan then prices a batch's padded width."""
-    try:
-        options = _file_and_given(config, values, LENGTHS_OPTIONS)
-        if print_config is not None:
-            _print_config(options, print_config, command=f"lengths {data} -o {output}")
-            return
-    except FieldError as exc:
-        exit_with_error(option_error(exc), EXIT_USER_ERROR)
-    except ZoError as exc:
-        exit_with_error(str(exc), EXIT_USER_ERROR)
+    options = _command_options(config, print_config, values, LENGTHS_OPTIONS,
+                               command=f"lengths {data} -o {output}")
+    if options is None:   # --print-config
+        return
     try:
         from zoexec.data.lengths import measure_lengths
     except ModuleNotFoundError as exc:
