@@ -324,9 +324,6 @@ ROWS = [
         "checkpoint-6/state.json records no run digest"),
     # a folder an older zoexec wrote (steps counted from 0): read as it was written
     Row("older-numbering", _do(_older), EXACT),
-    Row("older-numbering-snapshot-damaged", _do(lambda f, w: (
-        _older(f, w), _flip(f / "snapshots" / "step-000005" / "model.safetensors"))), EXACT,
-        "step-000005 is damaged"),
     # symbolic links in the run folder: refused before anything is read, written or removed
     Row("metrics-linked-outside", _do(_link("metrics.jsonl")), REFUSED,
         "metrics.jsonl is a symbolic link (to"),

@@ -18,7 +18,8 @@ from zoexec.maths.history import StepRecord, Update
 from zoexec.maths.zo import step_seed
 from zoexec.model.saved import check_saved, folder_checksums
 from zoexec.run.checkpoint import LossLog, read_log
-from zoexec.run.folder import RunDir, extend, histories, logged_lr
+from zoexec.run.extension import extend
+from zoexec.run.folder import RunDir, histories, logged_lr
 from zoexec.run.verify import binding, z_problem
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan

@@ -9,17 +9,14 @@
     DIR/losses.jsonl               one line per completed step (zoexec.run.checkpoint)
     DIR/snapshots/checkpoint-120/  the weights after step 120 (HF folder + state.json,
                                    which holds the sha256 of every other file)
-
-One numbering of steps, as HF Trainer's: step N is the N-th update, and "after step N"
-means N updates done; losses.jsonl's and metrics.jsonl's "step", checkpoint-N, state.json's
-"global_step", the stop and resume lines and the summary all say N for the same step.
-(The code counts from 0: `StepRecord.step`, `start_step` = the steps done.) A folder
-written before this counted snapshots, state.json and the log from 0 (step-000119 held
-120 steps): read back, each is mapped by its own marker (the snapshot's name, state.json
-without "global_step", the log's first line), so such a run resumes exactly.
     DIR/final/                     the weights at the end (checksummed alike)
     DIR/best/                      --save-best: the best evaluation's weights (zoexec.run.watch)
     DIR/.lock                      held (flock) by the run that owns DIR
+
+Steps count as HF Trainer's: "after step N" is N updates done, in every file and line
+(the code counts from 0: `StepRecord.step`; `start_step` is the steps done). An older
+zoexec's folder (step-NNNNNN, state.json without "global_step", a log from step 0) is
+mapped by those markers and resumes exactly (docs/run-folder.md, "One step number").
 
 A snapshot holds every update up to its step (the pending one flushed). Resuming
 (`zoexec run plan.json --resume DIR`) starts from the newest whole snapshot whose
@@ -506,40 +503,6 @@ def identity_of(cfg: RunConfig, plan_sha256: str, *, z: dict[str, Any] | None) -
             "save_steps": c.save_steps, "keep": c.keep, **cfg.run_options(), "inputs": inputs, "z": z,
             "estimator": cfg.workload.estimator_spec.to_dict()}   # the plan's (its sha256 pins it)
     return {**body, "run_digest": sha256_json(body)}   # fixed for the run's life
-
-
-def extend(ident: dict[str, Any], *, steps: int, start_step: int,
-           new_schedule: bool) -> tuple[dict[str, Any], str | None]:
-    """run.json after `--steps steps` on a resume at `start_step` (a run extended or
-    shortened), and the line that says so: a constant schedule (its lr does not depend
-    on the total) continues; a decaying one is refused unless `new_schedule`: a new
-    schedule of the same kind from `start_step` over the steps left, from the base lr,
-    without warm-up."""
-    old = ident["steps"]
-    if steps == old:
-        if new_schedule:
-            raise ZoError(f"--new-schedule starts a schedule for more (or fewer) steps: give "
-                          f"--steps N other than the run's {old}")
-        return ident, None
-    schedule = [list(s) for s in ident["schedule"]]
-    decays = ident["lr_schedule"] != "constant"
-    if decays and not new_schedule:
-        raise ZoError(f"--steps {steps}: the run's {ident['lr_schedule']} schedule decays over "
-                      f"{old} steps and would change after step {start_step}; give "
-                      f"--new-schedule to start a new {ident['lr_schedule']} schedule after step "
-                      f"{start_step} over the {steps - start_step} steps left (from lr "
-                      f"{ident['lr']}), or --steps {old}")
-    if decays:
-        schedule.append([start_step, steps])
-        how = (f"a new {ident['lr_schedule']} schedule after step {start_step} (lr "
-               f"{ident['lr']} decaying over {steps - start_step} steps)")
-    else:
-        schedule[-1][1] = steps
-        how = f"the constant lr {ident['lr']} continues"
-    ext = {"at_step": start_step, "from_steps": old, "to_steps": steps, "new_schedule": decays}
-    line = f"zoexec: the run goes from {old} to {steps} steps after step {start_step}: {how}"
-    return {**ident, "steps": steps, "schedule": schedule,
-            "extensions": [*ident.get("extensions", []), ext]}, line
 
 
 @contextmanager
