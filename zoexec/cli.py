@@ -10,9 +10,10 @@ from __future__ import annotations
 import inspect
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -21,16 +22,16 @@ from zoexec.config import (
     SECTIONS,
     TASK_FIELDS,
     EvalOptions,
-    FieldError,
     ModelOptions,
     RuntimeOptions,
-    TaskOptions,
     check_given,
     env_defaults,
     option_error,
 )
 from zoexec.data.presets import with_preset
-from zoexec.flags import config_options, config_values, given, section_params, with_params
+from zoexec.data.section import TaskOptions
+from zoexec.fields import FieldError
+from zoexec.flags import PARAM, config_options, config_values, given, section_params, with_params
 from zoexec.runtime.hostenv import quiet_openmp
 from zoplan.errors import EXIT_USER_ERROR, ZoError, exit_with_error, need_exec_extra
 from zoplan.hubcache import model_folder
@@ -49,7 +50,7 @@ def _root() -> None:
 
 
 def run_cmd(plan: Path, config: Path | None = None, print_config: str | None = None,
-            **values) -> None:
+            **values: Any) -> None:
     """Run the plan's ranks (here, or one rank per process under torchrun). A stop signal
     while the run is not taking them (before its ranks do, after they end) stops at once,
     the files made so far removed (zoexec.runtime.procwatch.stop_at_once): Ctrl-C exits
@@ -59,7 +60,7 @@ def run_cmd(plan: Path, config: Path | None = None, print_config: str | None = N
 
 
 @contextmanager
-def _stops_at_once():
+def _stops_at_once() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP stop the command at once, what it made removed
     (zoexec.runtime.procwatch.stop_at_once), except where a run takes them over."""
     from zoexec.runtime.procwatch import stop_at_once
@@ -76,7 +77,7 @@ def _stops_at_once():
             signal.signal(signum, handler)
 
 
-def _run_cmd(plan: Path, config: Path | None, print_config: str | None, **values) -> None:
+def _run_cmd(plan: Path, config: Path | None, print_config: str | None, **values: Any) -> None:
     try:
         options = {**(config_options(config, *SECTIONS.values()) if config else {}),
                    **given(values)}   # the command line over the file
@@ -126,7 +127,7 @@ def _run_cmd(plan: Path, config: Path | None, print_config: str | None, **values
         exit_with_error(str(exc), exc.exit_code)
 
 
-def _print_config(options: dict, target: str) -> None:
+def _print_config(options: dict[str, Any], target: str, *, command: str = "run PLAN") -> None:
     """--print-config: the options (checked, each on its own) as a config file."""
     from zoplan.configfile import write_config
 
@@ -135,11 +136,47 @@ def _print_config(options: dict, target: str) -> None:
     if text is not None:
         print(text, end="")
     else:
-        err_console.print(f"zoexec: wrote {target} (zoexec run PLAN --config {target})",
+        err_console.print(f"zoexec: wrote {target} (zoexec {command} --config {target})",
                           highlight=False, soft_wrap=True)
 
 
-def _check_limits(plan: Path, options: dict) -> None:
+def _command_options(config: Path | None, print_config: str | None, values: dict[str, Any],
+                     params: list[inspect.Parameter], *, command: str) -> dict[str, Any] | None:
+    """A command's options (eval, lengths): its --config file's (only the options the
+    command takes, `params`), then the command line's over them; with --print-config
+    they are written instead (None). A bad file or value: one line, exit 2."""
+    only = {p.name for p in params}
+    sections = (TaskOptions, EvalOptions, ModelOptions, RuntimeOptions)
+    try:
+        options = {**(config_options(config, *sections, only=only) if config else {}),
+                   **given(values)}
+        if print_config is None:
+            return options
+        _print_config(options, print_config, command=command)
+        return None
+    except FieldError as exc:
+        exit_with_error(option_error(exc), EXIT_USER_ERROR)
+    except ZoError as exc:
+        exit_with_error(str(exc), EXIT_USER_ERROR)
+
+
+def _command_config_params(command: str) -> list[inspect.Parameter]:
+    """--config and --print-config of `zoexec COMMAND` (eval, lengths): its options
+    from a file, read as `zoexec run` reads one."""
+    return [
+        inspect.Parameter("config", PARAM, default=None, annotation=Annotated[
+            Optional[Path], typer.Option(
+                help=f"Options of zoexec {command} from a YAML or JSON file (each under its "
+                     f"name, its flag or an HF Trainer alias); the command line overrides it "
+                     f"(docs/options.md)", metavar="FILE")]),
+        inspect.Parameter("print_config", PARAM, default=None, annotation=Annotated[
+            Optional[str], typer.Option(
+                help="Write the options given (the file's and the command line's) as a "
+                     "config file --config reads (YAML; .json: JSON; -: stdout) and run "
+                     "nothing", metavar="FILE")])]
+
+
+def _check_limits(plan: Path, options: dict[str, Any]) -> None:
     """The process limits against what the plan's local ranks need (zoexec.launch.limits)."""
     import os
 
@@ -177,18 +214,23 @@ app.command("run")(with_params(run_cmd, [PLAN_ARG, *CONFIG_PARAMS,
                                          *section_params(*SECTIONS.values())]))
 
 
-def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, **values) -> None:
+def eval_cmd(model_dir: Path, data: Path, as_json: bool = False, config: Path | None = None,
+             print_config: str | None = None, **values: Any) -> None:
     """Evaluate a saved model on a data set: eval_loss, and eval_accuracy (eval_f1 with
     two labels) for classification, eval_accuracy and eval_accuracy_norm for multiple
     choice, eval_exact_match and eval_f1 for generation; the blocks stream from host
     memory as in a run."""
+    options = _command_options(config, print_config, values, EVAL_OPTIONS,
+                               command=f"eval MODEL --data {data}")
+    if options is None:   # --print-config
+        return
     try:
         from zoexec.launch.evaluate import eval_config, eval_model
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec eval")))
     try:
         model_dir = model_folder(str(model_dir), what="zoexec eval")   # or a Hub id, cached
-        cfg = eval_config(model_dir, data, **given(values))
+        cfg = eval_config(model_dir, data, **options)
         with _stops_at_once():
             metrics = eval_model(cfg)
     except FieldError as exc:
@@ -217,21 +259,29 @@ EVAL_PARAMS = [
                                 "save_to_disk folder")]),
     inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
         bool, typer.Option("--json", help="Print the metrics as one JSON object")]),
+    *_command_config_params("eval")]
+EVAL_OPTIONS = [
     *section_params(TaskOptions, keep=(*(f for f in TASK_FIELDS if f not in TRAINING_ONLY),
                                        "eval_samples")),
     *section_params(EvalOptions), *section_params(RuntimeOptions, keep=("threads",))]
+EVAL_PARAMS += EVAL_OPTIONS
 app.command("eval")(with_params(eval_cmd, EVAL_PARAMS))
 
 
-def lengths_cmd(data: Path, output: Path, **values) -> None:
+def lengths_cmd(data: Path, output: Path, config: Path | None = None,
+                print_config: str | None = None, **values: Any) -> None:
     """Measure the token widths of the rows the task's training batches pack, for
     `zoplan optimize --lengths`: the plan then prices a batch's padded width."""
+    options = _command_options(config, print_config, values, LENGTHS_OPTIONS,
+                               command=f"lengths {data} -o {output}")
+    if options is None:   # --print-config
+        return
     try:
         from zoexec.data.lengths import measure_lengths
     except ModuleNotFoundError as exc:
         exit_with_error(str(need_exec_extra(exc, "zoexec lengths")))
     try:
-        options = with_preset(given(values))
+        options = with_preset(options)
         model_dir = options.pop("model_path", None)
         if model_dir is None:
             raise ZoError("zoexec lengths needs --model-path DIR (the tokenizer to count with)")
@@ -254,15 +304,17 @@ LENGTHS_PARAMS = [
                                   "save_to_disk folder, in the --task's columns")]),
     inspect.Parameter("output", inspect.Parameter.KEYWORD_ONLY, annotation=Annotated[
         Path, typer.Option("-o", "--out", "--output", help="The lengths file to write")]),
-    *section_params(ModelOptions, keep=("model_path",)),
-    *section_params(TaskOptions, keep=TASK_FIELDS)]
+    *_command_config_params("lengths")]
+LENGTHS_OPTIONS = [*section_params(ModelOptions, keep=("model_path",)),
+                   *section_params(TaskOptions, keep=TASK_FIELDS)]
+LENGTHS_PARAMS += LENGTHS_OPTIONS
 app.command("lengths")(with_params(lengths_cmd, LENGTHS_PARAMS))
 
 
 @app.command("export")
 def export_cmd(
     merge: Annotated[Path, typer.Option(help="A LoRA run's final/ or snapshot (a PEFT adapter folder)")],
-    base: Annotated[Path, typer.Option(help="The base model folder the run trained on (config.json, weights)")],
+    base: Annotated[str, typer.Option(help="The base model the run trained on: its folder (config.json, weights) or a Hub id in the local HF cache", metavar="PATH")],
     output: Annotated[Path, typer.Option("-o", "--out", "--output", help="Where to write the merged HF model folder")],
     accept_other_base: Annotated[bool, typer.Option(
         "--accept-other-base", help="Merge into a base other than the one the run trained on "
@@ -271,7 +323,8 @@ def export_cmd(
     """Merge LoRA adapters into their base model (peft's merge_and_unload) and write
     one plain HF model folder. The adapters are checked first: every file against the
     checksums their state.json records, their r, alpha and targets against the run's,
-    and --base against the base the run trained on."""
+    and --base against the base the run trained on (a folder, or a Hub id resolved in
+    the local Hugging Face cache as --model-path is)."""
     try:
         from zoexec.model.lora import merge_adapters
     except ModuleNotFoundError as exc:
@@ -279,10 +332,11 @@ def export_cmd(
     try:
         if output.exists() and any(output.iterdir()) if output.is_dir() else output.exists():
             raise ZoError(f"-o {output}: exists and is not an empty folder")
-        merge_adapters(merge, base, output, accept_other_base=accept_other_base)
+        folder = model_folder(base, what="--base")   # or a Hub id, cached
+        merge_adapters(merge, folder, output, accept_other_base=accept_other_base)
     except ZoError as exc:
         exit_with_error(str(exc), EXIT_USER_ERROR)
-    print(f"zoexec: read LoRA adapters {merge} and the base model {base} (unchanged); "
+    print(f"zoexec: read LoRA adapters {merge} and the base model {folder} (unchanged); "
           f"wrote {output}: a plain HF model folder (config, safetensors, tokenizer) of the "
           f"base with the adapters merged in")
 
@@ -298,7 +352,7 @@ def main() -> None:
     app()
 
 
-def clean_cmd(dry_run: bool = False, **values) -> None:
+def clean_cmd(dry_run: bool = False, **values: Any) -> None:
     """Remove the shared-memory files of zoexec runs that died (never a live run's)."""
     from zoexec.store.shmfiles import FOREIGN, LIVE, STALE, UNOWNED, freed_line, shm_dir, sweep
     from zoplan.memory import fmt_bytes

@@ -13,19 +13,21 @@ from __future__ import annotations
 import inspect
 import shlex
 import typing
+from collections.abc import Callable, Collection
+from dataclasses import Field
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from zoexec.config import SECTIONS, Section, choices_of, field_named, flag_of, option_fields
-from zoplan.configfile import key_of, names_table
-from zoplan.errors import ZoError
+from zoexec.config import SECTIONS, field_named
+from zoexec.fields import Section, choices_of, flag_of, option_fields
+from zoplan.configfile import key_of, names_table, read_config
 
 PARAM = inspect.Parameter.KEYWORD_ONLY
 
 
-def shown_default(f) -> str | bool:
+def shown_default(f: Field[Any]) -> str | bool:
     """The default --help shows: the field's (its environment variable first)."""
     meta = f.metadata
     text = meta["shown"] if meta["shown"] is not None else _plain(f.default)
@@ -40,17 +42,17 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
-def _base_type(f, hint) -> type:
+def _base_type(f: Field[Any], hint: Any) -> Any:
     """The command line's type of a field: str for fixed sets (shown as the option's
     metavar, checked by the field: a wrong value is one `error:` line, not a usage
     error) and parsed text, else the field's own type without None."""
     if f.metadata["parse"] is not None or choices_of(f, hint):
         return str
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if args else hint
+    return args[0] if args else hint   # a type (int, float, str, bool, Path)
 
 
-def option_param(f, hint, panel: str) -> inspect.Parameter:
+def option_param(f: Field[Any], hint: Any, panel: str) -> inspect.Parameter:
     """The typer parameter of one option field."""
     meta = f.metadata
     choices = choices_of(f, hint)
@@ -68,7 +70,7 @@ def option_param(f, hint, panel: str) -> inspect.Parameter:
 def section_params(*sections: type[Section], skip: tuple[str, ...] = (),
                    keep: tuple[str, ...] | None = None) -> list[inspect.Parameter]:
     """The typer parameters of the sections' option fields (those in `keep`, but `skip`)."""
-    params = []
+    params: list[inspect.Parameter] = []
     for section in sections:
         hints = typing.get_type_hints(section)
         params += [option_param(f, hints[f.name], section.PANEL) for f in option_fields(section)
@@ -76,17 +78,18 @@ def section_params(*sections: type[Section], skip: tuple[str, ...] = (),
     return params
 
 
-def with_params(func, params: list[inspect.Parameter]):
-    """`func(**values)` with the signature typer reads: `params`."""
-    func.__signature__ = inspect.Signature(params)
+def with_params(func: Callable[..., None], params: list[inspect.Parameter]) -> Callable[..., None]:
+    """`func(**values)` with the signature typer reads: `params` (inspect.signature
+    reads a function's __signature__ attribute)."""
+    vars(func)["__signature__"] = inspect.Signature(params)
     func.__annotations__ = {}
     return func
 
 
-def given(values: dict) -> dict:
+def given(values: dict[str, Any]) -> dict[str, Any]:
     """The options given on the command line, {field: value} (parsed where the field
     parses its text): None and False are "not given"."""
-    out = {}
+    out: dict[str, Any] = {}
     for name, value in values.items():
         if value is None or value is False:
             continue
@@ -103,7 +106,7 @@ NOT_REPEATED = ("out", "resume", "overwrite", "steps", "new_schedule", "accept_m
                 "model_path", "init", "save_steps")
 
 
-def repeated(given: dict) -> tuple[str, ...]:
+def repeated(given: dict[str, Any]) -> tuple[str, ...]:
     """The command-line words of the options given that a resume needs again: those
     run.json does not keep (the runtime's, --quiet, --trace); the plan's sections' are
     the plan's."""
@@ -125,73 +128,41 @@ def resume_command(plan_path: Path | str, folder: Path | str, repeat: tuple[str,
 
 
 # ---- options from a config file (zoplan.configfile) ------------------------------------------
-def names_of(*sections: type[Section]) -> dict[str, str]:
-    """{a config file's key: field name} of the sections' options: each under its field
-    name, its flag and its aliases (HF Trainer's included)."""
+def names_of(*sections: type[Section], only: Collection[str] | None = None) -> dict[str, str]:
+    """{a config file's key: field name} of the sections' options (those in `only`: a
+    command's own): each under its field name, its flag and its aliases (HF Trainer's
+    included)."""
     return names_table((f.name, (flag_of(f), *f.metadata["aliases"], *f.metadata["hidden_aliases"]))
-                       for section in sections for f in option_fields(section))
+                       for section in sections for f in option_fields(section)
+                       if only is None or f.name in only)
 
 
-def config_options(path, *sections: type[Section]) -> dict:
+def config_options(path: Path | str, *sections: type[Section],
+                   only: Collection[str] | None = None) -> dict[str, Any]:
     """The options of a config file as `given` returns the command line's, {field:
-    value}: each value of its option's type (a number, a flag, a text the option parses,
-    a list for a comma-separated one). ZoError (one line) naming a key whose value is not
-    of its option's type."""
-    from zoplan.configfile import read_config
-
-    hints = {f.name: (f, h) for s in sections for f, h in _hinted(s)}
-    out = {}
-    for name, value in read_config(path, names_of(*sections)).items():
-        f, hint = hints[name]
-        try:
-            out[name] = _typed(f, hint, value)
-        except (TypeError, ValueError):
-            raise ZoError(f"--config {path}: {name}: {value!r} is not {_kind_words(f, hint)}") from None
-    return {k: v for k, v in out.items() if v is not None and v is not False}
+    value}: each value of its option's type, as the option's text on the command line
+    would give it (zoplan.configfile.read_config: the one key matcher and value typer
+    `zoplan optimize` uses too); `only`: the fields the command takes (all the
+    sections' when None). ZoError (one line) naming an unknown key and the nearest
+    valid one, or a key whose value is not of its option's type."""
+    fields = [(f, hint) for section in sections for f, hint in _hinted(section)
+              if only is None or f.name in only]
+    values = read_config(path, names_of(*sections, only=only),
+                         {f.name: hint for f, hint in fields},
+                         parsers={f.name: f.metadata["parse"] for f, _ in fields})
+    return {k: v for k, v in values.items() if v is not None and v is not False}
 
 
-def _hinted(section: type[Section]):
+def _hinted(section: type[Section]) -> list[tuple[Field[Any], Any]]:
     hints = typing.get_type_hints(section)
     return [(f, hints[f.name]) for f in option_fields(section)]
 
 
-def _typed(f, hint, value):
-    """A file's value as the option's: what the command line's text would give."""
-    if value is None:
-        return None
-    kind = _base_type(f, hint)
-    if isinstance(value, list) and f.metadata["parse"] is not None:
-        if not all(isinstance(v, str) for v in value):
-            raise TypeError("a list of texts")
-        return tuple(value)
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise TypeError("true or false")
-        return value
-    if isinstance(value, bool | list | dict):
-        raise TypeError(kind.__name__)
-    if kind is int:
-        if isinstance(value, float) and not value.is_integer():
-            raise ValueError(value)
-        return int(value) if isinstance(value, int | float) else int(str(value))
-    if kind is float:
-        return float(value)
-    text = str(value)
-    return f.metadata["parse"](text) if f.metadata["parse"] else text
-
-
-def _kind_words(f, hint) -> str:
-    kind = _base_type(f, hint)
-    if f.metadata["parse"] is not None:
-        return "a text (or a list of texts)"
-    return {bool: "true or false", int: "a whole number", float: "a number"}.get(kind, "a text")
-
-
-def config_values(options: dict) -> dict:
+def config_values(options: dict[str, Any]) -> dict[str, Any]:
     """`options` ({field: value}, as given) as a config file holds them: under the
     option's flag (`task`, `lr`, `eval_every`), in plain values (a list for a
     comma-separated option): what config_options reads back to the same options."""
-    out = {}
+    out: dict[str, Any] = {}
     for name, value in options.items():
         if isinstance(value, tuple):
             value = list(value)

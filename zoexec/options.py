@@ -27,7 +27,8 @@ from zoexec.config import (
 )
 from zoexec.data.presets import with_preset
 from zoexec.flags import repeated, resume_command
-from zoexec.run.folder import RunDir, extend
+from zoexec.run.extension import extend
+from zoexec.run.folder import RunDir
 from zoexec.run.report import METRICS, check_report_to
 from zoexec.run.verify import fingerprints
 from zoexec.run.watch import BestMetric
@@ -230,7 +231,7 @@ def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str,
              repeat: tuple[str, ...] = ()) -> RunConfig:
     """The config of a resume: every check of the run folder first (zoexec.run.folder),
     then the run's settings, inputs and checkpoint options, the steps (an extension:
-    zoexec.run.folder.extend) and where it starts."""
+    zoexec.run.extension.extend) and where it starts."""
     rundir = RunDir(folder)
     if not rundir.path.is_dir():
         raise ZoError(f"--resume {folder}: no such folder")
@@ -240,7 +241,7 @@ def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str,
     ident = start.identity
     total = given.get("steps", ident["steps"])
     final = rundir.final()
-    if start.start_step > total or (start.start_step == total and final and final[0] >= total - 1):
+    if start.start_step > total or (start.start_step == total and final and final[0] >= total):
         raise ZoError(f"{folder} has run all {start.start_step} steps; give --steps N (more "
                       f"than {start.start_step}) to train further")
     # start_step == total without a whole final/: killed while saving it; the resume

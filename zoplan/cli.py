@@ -136,9 +136,7 @@ def optimize_request(config: Path | None, values: dict) -> PlanRequest:
     command line over them (None: not given; a field's text parsed by the field)."""
     merged: dict = {}
     if config is not None:
-        data = configfile.read_mapping(config)
-        merged = configfile.field_values(data, config_keys(), field_hints(),
-                                         where=f"--config {config}")
+        merged = configfile.read_config(config, config_keys(), field_hints())
     parse = {f.name: f.metadata["parse"] for _, f in all_fields()}
     for name, value in values.items():
         if value is not None:

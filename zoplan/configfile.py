@@ -1,17 +1,17 @@
 """Options from a file: `--config FILE` (YAML or JSON, one mapping of option names to
-values) read into {field: value}, and `--print-config` writing one back; both
-`zoplan optimize` (typed here: field_values) and `zoexec run` (read_config: the values
-as the file gives them, zoexec.flags types them) read it.
+values) read into {field: value}, and `--print-config` writing one back; `zoplan
+optimize` and `zoexec run`, `eval` and `lengths` read it through read_config: one key
+matcher (match_keys) and one value typer (typed) for every command.
 
 Torch-free and independent of any command: a command gives the names it accepts
-(`names`: each spelling -> its field, e.g. {"lora-r": "lora_r", "lora_r": "lora_r"}) and
-each field's type; a key of the file outside them is refused in one line naming the
-nearest valid one (difflib), a value of the wrong type in one line naming its key.
-The command line overrides the file (the caller merges: file first, then what was
-given). A contract: zoexec may import it (tests/unit/test_import_rules.py).
+(`names`: each spelling -> its field, e.g. {"lora-r": "lora_r", "lr": "lr"}; dashes and
+underscores alike) and each field's type; a key of the file outside them is refused in
+one line naming the nearest valid one (difflib), a value of the wrong type in one line
+naming its key. The command line overrides the file (the caller merges: file first,
+then what was given). A contract: zoexec may import it (tests/unit/test_import_rules.py).
 
     names = {"batch": "batch", "lora-r": "lora_r", ...}
-    values = read_options("plan.yaml", names, {"batch": int, "lora_r": int, ...})
+    values = read_config("plan.yaml", names, {"batch": int, "lora_r": int, ...})
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 import math
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,62 +68,107 @@ def nearest(key: str, names: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def field_values(data: Mapping[str, Any], names: Mapping[str, str], hints: Mapping[str, Any],
-                 *, where: str) -> dict[str, Any]:
-    """{field: value} of a file's mapping: each key one of `names` (a spelling of a
-    field), each value of its field's type (`hints`). ZoError, one line, for an unknown
-    key (with the nearest valid one), a field given twice under two spellings, or a
-    value of another type."""
-    out: dict[str, Any] = {}
-    spelt: dict[str, str] = {}
+def key_of(name: str) -> str:
+    """A name as a file key is matched: no leading dashes, dashes as underscores
+    (`--lora-r`, `lora-r` and `lora_r` are one key)."""
+    return name.lstrip("-").replace("-", "_")
+
+
+def match_keys(data: Mapping[str, Any], names: Mapping[str, str], *,
+               where: str) -> dict[str, tuple[str, Any]]:
+    """{field: (the key as the file writes it, its value)} of a file's mapping, each key
+    matched by `names` (any spelling of a field -> the field; dashes and underscores
+    alike: key_of). ZoError, one line, for an unknown key (with the nearest valid one)
+    and a field given twice under two of its names. Both commands' one key matcher."""
+    table = {key_of(name): field for name, field in names.items()}
+    out: dict[str, tuple[str, Any]] = {}
     for key, value in data.items():
-        name = names.get(key)
-        if name is None:
-            raise ZoError(f"{where}: unknown option {key!r}{nearest(key, list(names))}")
-        if name in out:
-            raise ZoError(f"{where}: {key!r} and {spelt[name]!r} are the same option: give it once")
-        out[name], spelt[name] = typed(value, hints[name], key=key, where=where), key
+        field = table.get(key_of(key))
+        if field is None:
+            raise ZoError(f"{where}: unknown option {key!r}{nearest(key_of(key), list(table))}")
+        if field in out:
+            raise ZoError(f"{where}: {key!r} and {out[field][0]!r} are the same option: give "
+                          f"it once")
+        out[field] = (key, value)
     return out
 
 
-def typed(value: Any, hint: Any, *, key: str, where: str) -> Any:
-    """`value` (as YAML or JSON give it) as a value of type `hint` (int, float, str,
-    bool, Path, tuple[str, ...], a Literal, or one of them | None); ZoError naming
-    `key` otherwise. A tuple of strings may be given as a list or comma-separated."""
+def typed(value: Any, hint: Any, *, key: str, where: str,
+          parse: Callable[[str], Any] | None = None) -> Any:
+    """`value` (as YAML or JSON give it) as the option of type `hint` takes it: what the
+    command line's text would give (int, float, str, bool, Path, tuple[str, ...], a
+    Literal, or one of them | None; a number written as text, `1e-3`, which YAML reads
+    as a string, is that number). `parse`: the option's parser of its text (a tuple of
+    names, comma-separated), which a list of texts skips. ZoError, one line naming
+    `key`, otherwise. Both commands' one value typer."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return typed(value, inner[0], key=key, where=where)
+        return typed(value, inner[0], key=key, where=where, parse=parse)
     if origin is Literal:
         if value not in args:
             raise _wrong(key, where, value, f"one of {', '.join(map(str, args))}")
         return value
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise _wrong(key, where, value, "a list of names (or one comma-separated string)")
-        return tuple(value)
+    if origin is tuple or parse is not None:
+        return _names(value, key=key, where=where, parse=parse)
     if hint is bool:
         if not isinstance(value, bool):
             raise _wrong(key, where, value, "true or false")
         return value
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        number = _number(value)
+        if number is None or isinstance(number, float) and not number.is_integer():
             raise _wrong(key, where, value, "a whole number")
-        return value
+        return int(number)
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value):
+        number = _number(value)
+        if number is None or not _finite(number):
             raise _wrong(key, where, value, "a finite number")
-        return float(value)
+        return float(number)
     if hint in (str, Path):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            value = str(value)   # `save_every: 100`: the text 100
         if not isinstance(value, str) or not value:
             raise _wrong(key, where, value, "a non-empty string")
         return value if hint is str else Path(value)
     raise TypeError(f"configfile.typed: no rule for {hint!r}")
+
+
+def _number(value: Any) -> int | float | None:
+    """A number, or a text that is one (`1e-3`, `16`); None otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            try:
+                return float(value)
+            except ValueError:
+                return None
+    return value
+
+
+def _finite(number: int | float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:   # an integer past float's range
+        return False
+
+
+def _names(value: Any, *, key: str, where: str,
+           parse: Callable[[str], Any] | None) -> Any:
+    """A tuple of names: a list of texts, or one text (comma-separated, or what `parse`
+    makes of it)."""
+    if isinstance(value, str) and parse is not None:
+        return parse(value)
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _wrong(key, where, value, "a list of names (or one comma-separated string)")
+    return tuple(value)
 
 
 def _wrong(key: str, where: str, value: Any, must: str) -> ZoError:
@@ -140,12 +185,7 @@ def dumps(values: Mapping[str, Any], *, as_json: bool = False) -> str:
     return str(yaml.safe_dump(plain, sort_keys=False, default_flow_style=False))
 
 
-# ---- zoexec run's keys: any of an option's names (zoexec.flags) ----------------------------
-def key_of(name: str) -> str:
-    """A name as a file key is matched: no leading dashes, dashes as underscores."""
-    return name.lstrip("-").replace("-", "_")
-
-
+# ---- a command's options: any of an option's names -----------------------------------------
 def names_table(options: Iterable[tuple[str, Iterable[str]]]) -> dict[str, str]:
     """{matched key: the option's field name} from (field name, its other names) pairs:
     the field's name, its flag with or without dashes, an alias (HF Trainer's)."""
@@ -156,26 +196,26 @@ def names_table(options: Iterable[tuple[str, Iterable[str]]]) -> dict[str, str]:
     return table
 
 
-def read_config(path: Path | str, names: Mapping[str, str], *,
-                what: str = "--config") -> dict[str, Any]:
-    """The options of the config file `path`, {field name: value as the file gives it},
-    its keys matched by `names` (names_table: dashes and underscores alike). ZoError, one
-    line, for a file that is missing, malformed or not a mapping, an unknown key (with
-    the nearest valid name) and a key given twice under two names."""
+def read_config(path: Path | str, names: Mapping[str, str],
+                hints: Mapping[str, Any] | None = None, *, what: str = "--config",
+                parsers: Mapping[str, Callable[[str], Any] | None] | None = None) -> dict[str, Any]:
+    """The options of the config file `path`, {field name: value}: its keys matched by
+    `names` (match_keys), each value typed by its field's `hints` (typed; `parsers`: a
+    field's parser of its text) or, without `hints`, as the file gives it. ZoError, one
+    line, for a file that is missing, malformed, not a mapping or not .yaml/.yml/.json,
+    an unknown key (with the nearest valid name), a key given twice under two names and
+    a value of another type. `zoplan optimize` and `zoexec run`, `eval` and `lengths`
+    read their files through it."""
     path = Path(path)
     if path.suffix.lower() not in SUFFIXES:
         raise ZoError(f"{what} {path}: a config file is .yaml, .yml or .json")
-    out: dict[str, Any] = {}
-    for key, value in read_mapping(path, what=what).items():
-        field = names.get(key_of(key))
-        if field is None:
-            raise ZoError(f"{what} {path}: unknown option {key!r}"
-                          f"{nearest(key_of(key), list(names))}")
-        if field in out:
-            raise ZoError(f"{what} {path}: {key!r} sets {field!r} a second time (under "
-                          f"another of its names)")
-        out[field] = value
-    return out
+    where = f"{what} {path}"
+    matched = match_keys(read_mapping(path, what=what), names, where=where)
+    if hints is None:
+        return {field: value for field, (_, value) in matched.items()}
+    return {field: typed(value, hints[field], key=key, where=where,
+                         parse=(parsers or {}).get(field))
+            for field, (key, value) in matched.items()}
 
 
 def write_config(values: Mapping[str, Any], target: str) -> str | None:

@@ -173,10 +173,10 @@ def test_lora_adapters_move_along_the_logged_directions(runs, name):
             for param, block, index in addresses:
                 t = spec.specs[index]
                 param.copy_((thetas[block] + scale * ds[block])[t.offset:t.stop].view(t.shape))
-            ids = task.batch(r["step"], 4, 16)
+            ids = task.batch(r["step"] - 1, 4, 16)   # the log counts steps from 1
             return float(wrapped(input_ids=ids, labels=ids).loss)
     for r in runs[name]["losses"]:
-        ds = [plain_direction(est, run_seed=SEED, seed=r["seed"], step=r["step"], block=b,
+        ds = [plain_direction(est, run_seed=SEED, seed=r["seed"], step=r["step"] - 1, block=b,
                               specs=spec.specs, theta=thetas[b]) for b in range(4)]
         assert (r["loss_plus"], r["loss_minus"]) == pytest.approx((loss(ds, eps), loss(ds, -eps)),
                                                                   rel=1e-6), r["step"]
@@ -199,8 +199,8 @@ def test_the_estimators_differ_from_mezo_and_from_each_other(runs):
 
 @pytest.mark.parametrize("name", RESUMED)
 def test_a_resume_from_a_snapshot_ends_with_the_same_weights(runs, name, tmp_path):
-    """Resumed from step 0's snapshot, step 1's update replayed from the log (lowrank:
-    V of period 0; step 2 draws period 1's), then step 2."""
+    """Resumed from the snapshot after step 1, step 2's update replayed from the log
+    (lowrank: V of period 0; step 3 draws period 1's), then step 3."""
     run = runs[name]
     folder = tmp_path / "resumed"
     shutil.copytree(run["out"], folder)
@@ -242,7 +242,7 @@ def test_a_log_line_without_its_directions_gs_is_refused(runs, tmp_path):
     del line["gs"]
     lines[1] = json.dumps(line)
     (folder / "losses.jsonl").write_text("\n".join(lines) + "\n")
-    with pytest.raises(ZoError, match=r"losses.jsonl:2: step 1 has 0 directions' g \(gs\), "
+    with pytest.raises(ZoError, match=r"losses.jsonl:2: step 2 has 0 directions' g \(gs\), "
                                       r"but the run's estimator takes 2"):
         RunDir(folder).resume_plan(plan_sha256=sha256_json(run["cfg"].plan), given={})
     assert step_seed(SEED, 1) == line["seed"]

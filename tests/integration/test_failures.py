@@ -82,12 +82,12 @@ HERE = Path(__file__).name
 
 def test_a_collective_failure_says_which_collective_of_which_step():
     timeout = _caught("allreduce", GLOO_TIMEOUT, step=3)
-    assert failure_reason(timeout) == "the loss all-reduce of step 3 timed out after 4 s"
+    assert failure_reason(timeout) == "the loss all-reduce of step 4 timed out after 4 s"   # index 3
     assert failure_kind(timeout) == failures.PEER
     reset = _caught("allgather", GLOO_RESET, block=2)
     assert failure_reason(reset) == "the all-gather of block 2 lost its connection to a peer (Connection reset by peer)"
     fence = _caught("allgather", GLOO_RESET, block=2, step=5).renamed("fence")
-    assert failure_reason(fence) == ("the write-back fence of block 2 in step 5 lost its "
+    assert failure_reason(fence) == ("the write-back fence of block 2 in step 6 lost its "
                                      "connection to a peer (Connection reset by peer)")
     barrier = _caught("clock", "Rank 1 failed to pass monitoredBarrier in 4000 ms")
     assert failure_reason(barrier) == "agreeing on the clock timed out after 4 s waiting for rank 1"
@@ -100,7 +100,7 @@ def test_a_task_that_fails_by_itself_is_the_ranks_own_error():
     forward = _caught("forward", "shapes cannot be multiplied", block=1, step=0)
     lines, first = inspect.getsourcelines(_caught)
     raised = first + next(i for i, text in enumerate(lines) if "raise RuntimeError" in text)
-    assert failure_reason(forward) == ("the forward of block 1 in step 0 failed: RuntimeError: "
+    assert failure_reason(forward) == ("the forward of block 1 in step 1 failed: RuntimeError: "
                                        f"shapes cannot be multiplied ({HERE}:{raised})")
     assert failure_kind(forward) == failures.ERROR
     bad_call = _caught("allgather", "output tensor size must be equal to world_size times input size", block=0)
@@ -117,7 +117,7 @@ def test_the_lanes_name_the_task_that_failed():
         raise RuntimeError(GLOO_TIMEOUT)
     failure = caught.value
     assert (failure.what, failure.block, failure.step, failure.rank) == ("allgather", 4, 7, 1)
-    assert failure.__cause__ is failure.cause and str(failure) == "the all-gather of block 4 in step 7 timed out after 4 s"
+    assert failure.__cause__ is failure.cause and str(failure) == "the all-gather of block 4 in step 8 timed out after 4 s"
     lanes.begin_step(8, record=False)     # the flush of the updates, an evaluation: no step
     with pytest.raises(LaneFailure) as caught, lanes.task("embed"):
         raise ValueError("bad value")

@@ -10,7 +10,7 @@ Every row ends one of two ways, never a third ("different weights, exit 0"):
 
 Fast: one uninterrupted reference run (12 steps, a snapshot every 3) is made once for
 the module; the "interrupted" folder is the reference cut back to what a run killed
-after step 6 leaves (no final/, the log through step 6, the snapshots through step 5:
+after step 7 leaves (no final/, the log through step 7, the snapshots through step 6:
 zoexec.run.folder writes them in that order); each row copies it (a tiny model's folder),
 damages the copy and resumes it in this process through the CLI (no interpreter to start).
 """
@@ -44,7 +44,7 @@ from zoplan.workload import Workload
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from tiny_model import make_model_dir  # noqa: E402
 
-STEPS, KILLED_AFTER = 12, 6
+STEPS, KILLED_AFTER = 12, 7
 COMMON = ["--lr", "1e-3", "--seed", "7", "--save-every", "3", "--keep", "3", "--threads", "1", "-q"]
 EXACT, REFUSED = "exact", "refused"
 MINI_OPT = {"num_hidden_layers": 1, "hidden_size": 32, "ffn_dim": 64, "num_attention_heads": 2,
@@ -97,12 +97,25 @@ def _cut_back(folder: Path, step: int) -> None:
     """What a run killed right after logging `step` leaves of a finished run's folder."""
     shutil.rmtree(folder / "final")
     log = folder / "losses.jsonl"
-    log.write_text("".join(log.read_text().splitlines(keepends=True)[:step + 1]))
+    log.write_text("".join(log.read_text().splitlines(keepends=True)[:step]))
     metrics = folder / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
     for snap in (folder / "snapshots").iterdir():
         if int(snap.name.split("-")[1]) > step:
             shutil.rmtree(snap)
+
+
+def _older(folder: Path, world: dict) -> None:
+    """The folder as a zoexec before steps counted from 1 wrote it: the log's steps from
+    0, snapshots named step-NNNNNN by their last step's index, state.json's "step" that
+    index (no "global_step"; state.json is not under its own checksums)."""
+    _edit_lines(folder / "losses.jsonl", lambda ls: [
+        json.dumps({**d, "step": d["step"] - 1}) + "\n" for d in map(json.loads, ls)])
+    for snap in list((folder / "snapshots").iterdir()):
+        state = json.loads((snap / "state.json").read_text())
+        state["step"] = state.pop("global_step") - 1
+        (snap / "state.json").write_text(json.dumps(state))
+        snap.rename(snap.with_name(f"step-{state['step']:06d}"))
 
 
 def _listing(folder: Path) -> dict[str, str]:
@@ -117,8 +130,12 @@ def _weights(folder: Path) -> dict:
 
 
 def _log(folder: Path) -> list:
-    return [(d["step"], d["seed"], d["g"], d["lr"]) for d in
-            map(json.loads, (folder / "losses.jsonl").read_text().splitlines())]
+    """(step, seed, g, lr) of each line; the steps count from 1 (a log an older zoexec
+    began counts from 0, and a resume goes on so: mapped)."""
+    lines = list(map(json.loads, (folder / "losses.jsonl").read_text().splitlines()))
+    first = lines[0]["step"] if lines else 1
+    assert [d["step"] for d in lines] == list(range(first, first + len(lines))), lines
+    return [(d["step"] + 1 - first, d["seed"], d["g"], d["lr"]) for d in lines]
 
 
 # ---- the damage ------------------------------------------------------------------------------
@@ -144,7 +161,7 @@ def _truncate(path: Path) -> None:
 
 
 def _snap(folder: Path, step: int) -> Path:
-    return folder / "snapshots" / f"step-{step:06d}"
+    return folder / "snapshots" / f"checkpoint-{step}"
 
 
 def _reseal(folder: Path, change: Callable[[dict], None]) -> None:
@@ -203,7 +220,7 @@ def _fifo(name: str):
 
 
 def _torn_temp(folder: Path) -> None:
-    for name in ("snapshots/.step-000008.tmp", ".final.tmp"):
+    for name in ("snapshots/.checkpoint-9.tmp", "snapshots/.step-000008.tmp", ".final.tmp"):
         (folder / name).mkdir(parents=True)
         (folder / name / "model.safetensors").write_bytes(b"\0" * 100)
 
@@ -230,12 +247,12 @@ def _do(change, *extra):
 
 ROWS = [
     Row("clean", _args(), EXACT),
-    Row("torn-last-line", _do(lambda f, w: (f / "losses.jsonl").open("a").write('{"step": 7, "se')),
+    Row("torn-last-line", _do(lambda f, w: (f / "losses.jsonl").open("a").write('{"step": 8, "se')),
         EXACT),
     Row("log-deleted", _do(lambda f, w: (f / "losses.jsonl").unlink()), REFUSED,
-        "losses.jsonl is missing but the folder holds weights saved after step 5"),
+        "losses.jsonl is missing but the folder holds weights saved after step 6"),
     Row("log-empty", _do(lambda f, w: (f / "losses.jsonl").write_text("")), REFUSED,
-        "losses.jsonl is empty but the folder holds weights saved after step 5"),
+        "losses.jsonl is empty but the folder holds weights saved after step 6"),
     Row("log-first-line-corrupt", _do(lambda f, w: _edit_lines(
         f / "losses.jsonl", lambda ls: ["{oops\n", *ls[1:]])), REFUSED, "losses.jsonl:1 is not a step record"),
     Row("log-middle-line-corrupt", _do(lambda f, w: _edit_lines(
@@ -243,26 +260,26 @@ ROWS = [
         "losses.jsonl:4 is not a step record"),
     Row("log-line-missing", _do(lambda f, w: _edit_lines(
         f / "losses.jsonl", lambda ls: [*ls[:3], *ls[4:]])), REFUSED,
-        "losses.jsonl:4: step 4 where step 3 belongs"),
+        "losses.jsonl:4: step 5 where step 4 belongs"),
     Row("log-lines-lost-at-the-end", _do(lambda f, w: _edit_lines(
         f / "losses.jsonl", lambda ls: ls[:4])), REFUSED,
-        "ends at step 3 but the folder holds weights saved after step 5: the log lost lines"),
+        "ends after step 4 but the folder holds weights saved after step 6: the log lost lines"),
     Row("log-seed-tampered", _do(lambda f, w: _edit_lines(
         f / "losses.jsonl", _line(4, lambda d: {**d, "seed": d["seed"] + 1}))), REFUSED,
-        "losses.jsonl:5: step 4 has seed"),
+        "losses.jsonl:5: step 5 has seed"),
     Row("log-lr-tampered", _do(lambda f, w: _edit_lines(
         f / "losses.jsonl", _line(6, lambda d: {**d, "lr": 0.5}))), REFUSED,
-        "losses.jsonl:7: step 6 has lr 0.5, but the run's schedule gives 0.001"),
-    Row("snapshot-bits-flipped", _do(lambda f, w: _flip(_snap(f, 5) / "model.safetensors")),
-        EXACT, "step-000005 is damaged"),
-    Row("snapshot-truncated-shard", _do(lambda f, w: _truncate(_snap(f, 5) / "model.safetensors")),
-        EXACT, "step-000005 is damaged"),
+        "losses.jsonl:7: step 7 has lr 0.5, but the run's schedule gives 0.001"),
+    Row("snapshot-bits-flipped", _do(lambda f, w: _flip(_snap(f, 6) / "model.safetensors")),
+        EXACT, "checkpoint-6 is damaged"),
+    Row("snapshot-truncated-shard", _do(lambda f, w: _truncate(_snap(f, 6) / "model.safetensors")),
+        EXACT, "checkpoint-6 is damaged"),
     Row("snapshot-config-edited", _do(lambda f, w: _edit_lines(
-        _snap(f, 5) / "config.json", lambda ls: [ls[0], '  "dropout": 0.5,\n', *ls[1:]])),
+        _snap(f, 6) / "config.json", lambda ls: [ls[0], '  "dropout": 0.5,\n', *ls[1:]])),
         EXACT, "config.json changed"),
     Row("every-snapshot-damaged", _do(lambda f, w: [_flip(_snap(f, s) / "model.safetensors")
-                                                    for s in (2, 5)]), EXACT, "step-000002 is damaged"),
-    Row("snapshot-without-state", _do(lambda f, w: (_snap(f, 5) / "state.json").unlink()), EXACT),
+                                                    for s in (3, 6)]), EXACT, "checkpoint-3 is damaged"),
+    Row("snapshot-without-state", _do(lambda f, w: (_snap(f, 6) / "state.json").unlink()), EXACT),
     Row("torn-temp-folders", _do(lambda f, w: _torn_temp(f)), EXACT),
     Row("run-json-lr-edited", _do(lambda f, w: _edit_lines(
         f / "run.json", lambda ls: [line.replace('"lr": 0.001', '"lr": 0.002') for line in ls])),
@@ -283,28 +300,30 @@ ROWS = [
     Row("resumed-with-another-lr", _args("--lr", "0.01"), REFUSED,
         "--lr 0.01 differs from the run being resumed"),
     Row("extended-steps-constant", _args("--steps", STEPS), EXACT,
-        "the run goes from 9 to 12 steps at step 9: the constant lr 0.001 continues",
+        "the run goes from 9 to 12 steps after step 9: the constant lr 0.001 continues",
         start="short"),
     Row("extended-final-bits-flipped", _do(lambda f, w: _flip(f / "final" / "model.safetensors"),
                                            "--steps", STEPS), EXACT, "final is damaged", start="short"),
     Row("extended-decaying-schedule", _args("--steps", 8), REFUSED,
-        "schedule decays over 4 steps and would change at step 4; give --new-schedule", start="linear"),
+        "schedule decays over 4 steps and would change after step 4; give --new-schedule", start="linear"),
     # saved weights of another run, step or history (copied in): refused before a step
-    Row("snapshot-from-a-run-of-another-lr", _do(_foreign("other-lr/snapshots/step-000002",
-                                                          "snapshots/step-000005")),
-        REFUSED, "step-000005/state.json is another run's (run digest"),
+    Row("snapshot-from-a-run-of-another-lr", _do(_foreign("other-lr/snapshots/checkpoint-3",
+                                                          "snapshots/checkpoint-6")),
+        REFUSED, "checkpoint-6/state.json is another run's (run digest"),
     Row("final-from-a-run-of-another-seed", _do(_foreign("other-seed/final", "final"),
                                                 "--steps", STEPS),
         REFUSED, "final/state.json is another run's (run digest", start="short"),
-    Row("best-from-another-run", _do(_foreign("other-lr/snapshots/step-000002", "best")),
+    Row("best-from-another-run", _do(_foreign("other-lr/snapshots/checkpoint-3", "best")),
         REFUSED, "best/state.json is another run's (run digest"),
-    Row("snapshot-renamed-to-a-later-step", _do(_foreign("interrupted/snapshots/step-000002",
-                                                         "snapshots/step-000005")),
-        REFUSED, "records step 2, but its folder is named for step 5"),
-    Row("snapshot-of-another-history", _do(_state(5, lambda s: s.update(history_sha256="0" * 64))),
-        REFUSED, "continues another history than the log's through step 5"),
-    Row("snapshot-that-names-no-run", _do(_state(5, lambda s: s.pop("run_digest"))), EXACT,
-        "step-000005/state.json records no run digest"),
+    Row("snapshot-renamed-to-a-later-step", _do(_foreign("interrupted/snapshots/checkpoint-3",
+                                                         "snapshots/checkpoint-6")),
+        REFUSED, "records step 3, but its folder is named for step 6"),
+    Row("snapshot-of-another-history", _do(_state(6, lambda s: s.update(history_sha256="0" * 64))),
+        REFUSED, "continues another history than the log's through step 6"),
+    Row("snapshot-that-names-no-run", _do(_state(6, lambda s: s.pop("run_digest"))), EXACT,
+        "checkpoint-6/state.json records no run digest"),
+    # a folder an older zoexec wrote (steps counted from 0): read as it was written
+    Row("older-numbering", _do(_older), EXACT),
     # symbolic links in the run folder: refused before anything is read, written or removed
     Row("metrics-linked-outside", _do(_link("metrics.jsonl")), REFUSED,
         "metrics.jsonl is a symbolic link (to"),
@@ -313,16 +332,16 @@ ROWS = [
     Row("lock-linked-outside", _do(_link(".lock")), REFUSED, ".lock is a symbolic link (to"),
     Row("snapshots-linked-outside", _do(_link("snapshots", folder=True)), REFUSED,
         "snapshots is a symbolic link (to"),
-    Row("a-snapshot-linked-outside", _do(_link("snapshots/step-000002", folder=True)), REFUSED,
-        "step-000002 is a symbolic link (to"),
+    Row("a-snapshot-linked-outside", _do(_link("snapshots/checkpoint-3", folder=True)), REFUSED,
+        "checkpoint-3 is a symbolic link (to"),
     Row("final-linked-outside", _do(_link("final", folder=True), "--steps", STEPS), REFUSED,
         "final is a symbolic link (to", start="short"),
     # the hostile round: what a FIFO or a line nested too deeply did to a resume
     Row("metrics-a-fifo", _do(_fifo("metrics.jsonl")), REFUSED,
         "metrics.jsonl is a FIFO (named pipe), not a regular file", start="short"),
     Row("log-a-fifo", _do(_fifo("losses.jsonl")), REFUSED, "losses.jsonl is a FIFO (named pipe)"),
-    Row("snapshot-shard-a-fifo", _do(_fifo("snapshots/step-000005/model.safetensors")), REFUSED,
-        "step-000005/model.safetensors is a FIFO (named pipe)"),
+    Row("snapshot-shard-a-fifo", _do(_fifo("snapshots/checkpoint-6/model.safetensors")), REFUSED,
+        "checkpoint-6/model.safetensors is a FIFO (named pipe)"),
     Row("log-line-nested-too-deeply", _do(lambda f, w: (f / "losses.jsonl").open("a").write(
         "[" * 100_000 + "]" * 100_000 + "\n")), REFUSED, "losses.jsonl:8 is not a step record"),
 ]
@@ -441,7 +460,7 @@ def _fill_disk(monkeypatch, where: str) -> None:
         monkeypatch.setattr(loop, "export_weights", fail)
 
     if where == "log":
-        own(checkpoint, "losses.jsonl", '"step": 8,')
+        own(checkpoint, "losses.jsonl", '"step": 9,')
     elif where == "metrics":
         own(report, "metrics.jsonl", '"step": 9,')
     elif where == "final":   # a snapshot's weights go the same way (TrainLoop._write_weights)
@@ -478,7 +497,7 @@ def test_a_full_disk_anywhere_is_one_line_and_the_run_resumes_exactly(world, whe
 
 
 def test_the_fault_table_covers_every_kind_of_damage():
-    kinds = {"log-deleted", "log-empty", "log-first-line-corrupt", "log-seed-tampered",
+    kinds = {"log-deleted", "log-empty", "older-numbering", "log-first-line-corrupt", "log-seed-tampered",
              "snapshot-bits-flipped", "extended-final-bits-flipped", "run-json-lr-edited",
              "data-changed", "model-changed", "torn-temp-folders", "snapshot-truncated-shard",
              "moved-run-folder", "extended-steps-constant"}
@@ -487,7 +506,7 @@ def test_the_fault_table_covers_every_kind_of_damage():
 
 def test_a_lora_run_resumes_from_its_last_snapshot(tmp_path):
     """A LoRA run of 1,000 steps with a snapshot every 100, killed after 950: the resume
-    loads the adapters of step 899 (checked as a full run's weights) and replays the 50
+    loads the adapters after step 900 (checked as a full run's weights) and replays the 50
     logged steps after it, not the 950 from the start, and ends bit for bit where the
     uninterrupted run ends."""
     plan, config = tmp_path / "lora.json", tmp_path / "config.json"
@@ -499,10 +518,10 @@ def test_a_lora_run_resumes_from_its_last_snapshot(tmp_path):
     assert code == 0, f"{err} {exc!r}"
     killed = tmp_path / "killed"
     shutil.copytree(tmp_path / "whole", killed)
-    _cut_back(killed, 949)
-    assert sorted(p.name for p in (killed / "snapshots").iterdir()) == ["step-000799", "step-000899"]
+    _cut_back(killed, 950)
+    assert sorted(p.name for p in (killed / "snapshots").iterdir()) == ["checkpoint-800", "checkpoint-900"]
     cfg = build_config(plan=plan, resume=str(killed))
-    assert (cfg.start_step, len(cfg.replay)) == (950, 50) and cfg.load_from.endswith("step-000899")
+    assert (cfg.start_step, len(cfg.replay)) == (950, 50) and cfg.load_from.endswith("checkpoint-900")
     assert cfg.notes == ()   # no snapshot passed over
     code, _, err, exc = _zoexec(plan, "--resume", killed, "--threads", "1", "-q")
     assert code == 0, f"{err} {exc!r}"

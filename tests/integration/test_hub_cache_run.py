@@ -1,7 +1,8 @@
 """`zoexec run --model-path ORG/NAME` (issue 40): a model in the local Hugging Face
 cache (a fake one built here: refs/main and a snapshot of a micro model) trains, and
 run.json records the snapshot it read; `zoexec eval` takes the id too; a model the
-cache lacks is one error line saying where it looked, and nothing is downloaded."""
+cache lacks is one error line saying where it looked, and nothing is downloaded;
+`zoexec eval --config` reads the task's options from a file to the same metrics."""
 
 from __future__ import annotations
 
@@ -48,6 +49,11 @@ def test_a_cached_hub_id_trains_and_a_missing_one_is_one_line(tmp_path, monkeypa
                                  "classification", "--template", "{sentence} It was",
                                  "--label-words", "terrible,great", "--json"])
     assert scored.exit_code == 0 and "eval_accuracy" in scored.output, scored.output
+    (tmp_path / "eval.yaml").write_text("task: classification\ntemplate: '{sentence} It was'\n"
+                                        "label_words: [terrible, great]\n")
+    by_file = runner.invoke(app, ["eval", "tiny-org/micro", "--data", str(test), "--config",
+                                  str(tmp_path / "eval.yaml"), "--json"])   # the same options
+    assert by_file.exit_code == 0 and by_file.output == scored.output, by_file.output
     missing = runner.invoke(app, ["run", str(plan), "--model-path", "tiny-org/other", "--steps",
                                   "2", "--out", str(tmp_path / "other")])
     assert missing.exit_code == 2, missing.output

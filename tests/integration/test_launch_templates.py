@@ -56,7 +56,7 @@ def test_the_sbatch_script_runs_two_cpu_nodes(tmp_path):
                               env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     logged = (tmp_path / "run" / "losses.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in logged] == [0, 1]
+    assert [json.loads(line)["step"] for line in logged] == [1, 2]
     assert (tmp_path / "run" / "final" / "state.json").is_file()
     identity = json.loads((tmp_path / "run" / "run.json").read_text())
     assert identity["lr"] == 1e-3 and identity["steps"] == 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -104,7 +105,33 @@ def test_nothing_is_written_back(runs, name):
     assert "d2h" not in kinds and {"update", "forward", "head"} <= kinds
 
 
-def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path):
+def _merge_by_hub_id(final: Path, base: Path, merged: Path, monkeypatch) -> None:
+    """`export --base ORG/NAME`: the base read from the local Hub cache (a fake one
+    holding a copy of `base`) merges to the same bytes as the folder; an id the cache
+    lacks is one line naming where it looked."""
+    cache = base.parent / "hub"
+    repo = cache / "models--org--base"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("c0ffee")
+    shutil.copytree(base, repo / "snapshots" / "c0ffee")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    out = base.parent / "merged-by-id"
+    result = CliRunner().invoke(app, ["export", "--merge", str(final), "--base", "org/base", "-o",
+                                      str(out), "--accept-other-base"])
+    assert result.exit_code == 0 and str(repo / "snapshots" / "c0ffee") in result.output, \
+        result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in merged.iterdir())
+    for path in merged.iterdir():
+        assert (out / path.name).read_bytes() == path.read_bytes(), path.name
+    missing = CliRunner().invoke(app, ["export", "--merge", str(final), "--base", "org/other",
+                                       "-o", str(base.parent / "none")])
+    assert missing.exit_code == 2 and missing.output.count("\n") == 1, missing.output
+    assert "--base org/other: no such folder" in missing.output
+    assert str(cache / "models--org--other") in missing.output
+    assert not (base.parent / "none").exists()
+
+
+def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path, monkeypatch):
     from peft import PeftModel, get_peft_model_state_dict
 
     final = runs["one"]["final"]
@@ -130,6 +157,7 @@ def test_final_is_a_peft_folder_that_loads_generates_and_merges(runs, tmp_path):
     assert refused.exit_code == 2 and "--accept-other-base" in refused.output, refused.output
     result = CliRunner().invoke(app, [*merge, "--accept-other-base"])
     assert result.exit_code == 0, result.output
+    _merge_by_hub_id(final, tmp_path / "base", tmp_path / "merged", monkeypatch)
     umask = os.umask(0)
     os.umask(umask)
     for folder in (final, tmp_path / "merged"):   # one mode for every file saved: the umask's
@@ -187,7 +215,7 @@ def test_a_lora_run_of_a_model_folder_works_on_the_first_try(tmp_path):
         "--eval-every", "2", "--steps", "4", "--lr", "5e-2", "--eps", "1e-2", "--out", str(out),
         "--save-every", "2", "--save-best", "eval_loss:max", "--threads", "1"])
     assert result.exit_code == 0, result.output
-    snapshots = sorted((out / "snapshots").glob("step-*"))
+    snapshots = sorted((out / "snapshots").glob("checkpoint-*"))
     assert snapshots
     for folder in (out / "final", out / "best", *snapshots):
         assert AutoTokenizer.from_pretrained(folder)("It was great")["input_ids"], folder

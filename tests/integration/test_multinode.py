@@ -125,8 +125,8 @@ def test_two_nodes_whose_stores_diverge_stop_with_one_line_naming_the_node(tmp_p
     for node, (proc, text) in enumerate(zip(nodes, outputs, strict=True)):
         errors = [line for line in text.splitlines() if line.startswith("error:")]
         assert proc.returncode != 0 and len(errors) == 1, f"node {node}: {text[-3000:]}"
-        assert ("the nodes' copies of the model after step 2 differ from node 0's: node 1 "
+        assert ("the nodes' copies of the model after step 3 differ from node 0's: node 1 "
                 "(block 0)") in errors[0], errors[0]
     logged = _losses(tmp_path / "run")
-    assert [r["step"] for r in logged] == [0, 1, 2]   # stopped at the check after step 2
+    assert [r["step"] for r in logged] == [1, 2, 3]   # stopped at the check after step 3
     assert not (tmp_path / "run" / "final").exists()

@@ -85,7 +85,7 @@ def test_final_loads_with_auto_classes_and_generates(tmp_path):
                  "chat_template.jinja"):
         assert (final / name).is_file(), name
     source_tok = AutoTokenizer.from_pretrained(model)
-    for folder in (final, out / "snapshots" / "step-000001"):
+    for folder in (final, out / "snapshots" / "checkpoint-2"):
         tokenizer = AutoTokenizer.from_pretrained(folder)
         assert tokenizer(TEXTS[0])["input_ids"] == source_tok(TEXTS[0])["input_ids"]
         assert tokenizer.chat_template == source_tok.chat_template
@@ -109,10 +109,10 @@ def test_final_loads_with_auto_classes_and_generates(tmp_path):
     resumed = CliRunner().invoke(app, ["run", str(plan), "--resume", str(out), "--steps", "6", "-q"])
     assert resumed.exit_code == 0, resumed.output
     # -q: no progress and no summary; what the extension does is still said
-    assert resumed.stderr == ("zoexec: the run goes from 4 to 6 steps at step 4: the constant "
+    assert resumed.stderr == ("zoexec: the run goes from 4 to 6 steps after step 4: the constant "
                               "lr 0.001 continues\n"), resumed.stderr
     logged = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in logged] == list(range(6))
+    assert [r["step"] for r in logged] == list(range(1, 7))
     _assert_weights(final, _replayed(model, logged))      # the first run's final/ + 2 steps
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 4, 5, 6, 6]

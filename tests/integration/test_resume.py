@@ -7,6 +7,7 @@ one-rank plan (the same code paths in one process, a few seconds faster a run)."
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -159,11 +160,11 @@ def test_an_older_snapshot_plus_the_log_gives_the_newer_ones_weights(plan, refer
     out = tmp_path / "older"
     shutil.copytree(reference, out)
     shutil.rmtree(out / "final")
-    snapshots = sorted((out / "snapshots").iterdir())
-    assert len(snapshots) == 2                      # --keep 2: steps 7 and 11
+    snapshots = sorted((out / "snapshots").iterdir(), key=lambda p: int(p.name.split("-")[1]))
+    assert [p.name for p in snapshots] == ["checkpoint-8", "checkpoint-12"]   # --keep 2
     newer = tmp_path / "newer"
     shutil.copytree(out, newer)
-    shutil.rmtree(snapshots[-1])                    # the older run only has step 7's
+    shutil.rmtree(snapshots[-1])                    # the older run only has step 8's
     log = out / "losses.jsonl"
     log.write_text("".join(log.read_text().splitlines(keepends=True)[:13]))
     shutil.copy(log, newer / "losses.jsonl")
@@ -189,19 +190,28 @@ def test_ctrl_c_saves_a_snapshot_and_the_run_resumes_from_it(plan, reference, tm
     """SIGINT after 5 logged steps of a run far longer than that (it cannot end first,
     however fast the machine: it stops at the step boundary after the signal); resumed
     for the reference's STEPS steps (the learning rate is constant: the planned length
-    changes no step), it ends with the reference's weights."""
+    changes no step), it ends with the reference's weights. One step number throughout:
+    stopped after k steps, the stop line, the snapshot's name, its state.json, the log
+    and the resume's summary say k, and the metrics go on at k + 1."""
     out = tmp_path / "interrupted"
     proc = _start(plan, out, steps=100_000)
     _wait_for_steps(out, 5, proc)
     os.killpg(proc.pid, signal.SIGINT)              # what Ctrl-C does in a terminal
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert "stopped by SIGINT after step" in err and "--resume" in err, err
-    stopped_at = _logged(out)[-1][0]
-    assert stopped_at < STEPS - 1, f"the signal was acted on only after step {stopped_at}"
-    assert (out / "snapshots" / f"step-{stopped_at:06d}" / "state.json").is_file()
-    done = _zoexec(plan, "--resume", out, "--steps", STEPS, "-q")
+    line = next(iter(s for s in err.splitlines() if "stopped by SIGINT after step " in s), err)
+    k = int(line.split("after step ")[1].split(";")[0])
+    assert "--resume" in line and f"snapshot {out / 'snapshots' / f'checkpoint-{k}'};" in line, err
+    assert k == len(_logged(out)) and k < STEPS, f"the signal was acted on only after step {k}"
+    state = json.loads((out / "snapshots" / f"checkpoint-{k}" / "state.json").read_text())
+    assert state["global_step"] == k
+    assert [json.loads(s)["step"] for s in (out / "losses.jsonl").read_text().splitlines()] \
+        == list(range(1, k + 1))
+    done = _zoexec(plan, "--resume", out, "--steps", STEPS)
     assert done.returncode == 0, done.stderr
+    assert f"resumed after step {k})" in done.stderr, done.stderr
+    rows = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, STEPS + 1))   # no gap, no repeat
     assert _logged(out) == _logged(reference)
     assert _same(_final(out), _final(reference))
 
@@ -224,12 +234,12 @@ def test_a_diverging_run_stops_at_the_first_non_finite_step_keeping_the_last_goo
     out = tmp_path / "diverged"
     done = _zoexec(plan, "--out", out, "--steps", "40", "--lr", "1e6", "--save-every", "100", "-q")
     assert done.returncode == 1, done.stderr
-    assert done.stderr.startswith("error: step 1: the loss is not finite"), done.stderr
+    assert done.stderr.startswith("error: step 2: the loss is not finite"), done.stderr
     assert done.stderr.count("\n") == 1 and "--on-nonfinite skip" in done.stderr
     records = read_log(out / "losses.jsonl")
     bad = [r for r in records if not r.finite]
     assert len(bad) == 1 and bad[0] is records[-1]
-    kept = out / "snapshots" / f"step-{records[-2].step:06d}"
+    kept = out / "snapshots" / f"checkpoint-{records[-1].step}"   # the step before (from 0)
     assert (kept / "state.json").is_file() and not (out / "final").exists()
     weights = load_file(str(kept / "model.safetensors"))
     assert all(torch.isfinite(w).all() for w in weights.values())

@@ -66,7 +66,7 @@ def test_sighup_stops_a_one_rank_run_like_sigterm_and_names_itself(plan, tmp_pat
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("zoexec: stopped by SIGHUP after step "), shown
     step = int(lines[0].split("after step ")[1].split(";")[0])
-    assert (out / "snapshots" / f"step-{step:06d}" / "state.json").is_file(), shown
+    assert (out / "snapshots" / f"checkpoint-{step}" / "state.json").is_file(), shown
     assert "--resume" in lines[0] and "error" not in result.stderr, shown
 
 

@@ -117,7 +117,7 @@ def _check_best(out: Path, evals: list[dict], test: Path) -> None:
     best = max(evals, key=lambda r: r["eval_loss"])
     assert best is not evals[-1]
     state = json.loads((out / "best" / "state.json").read_text())
-    assert (state["step"] + 1, state["metric"]) == (best["step"], "eval_loss")
+    assert (state["global_step"], state["metric"]) == (best["step"], "eval_loss")
     assert math.isclose(state["value"], best["eval_loss"], rel_tol=1e-12)
     result = CliRunner().invoke(app, ["eval", str(out / "best"), "--data", str(test), *TASK, "--json"])
     assert result.exit_code == 0, result.output
@@ -156,7 +156,7 @@ def test_eval_samples_scores_a_fixed_subset_in_run_and_eval(tmp_path, model):
 def test_a_climbing_loss_stops_the_run_or_warns(tmp_path, model, mode):
     """lr 1 on the micro model: the candidate loss climbs from 0.70 by orders of magnitude
     in three steps (and is not finite by step 5). With a window of 4 the rule fires at
-    step 3: by default the run stops there (exit 1, a snapshot of step 3, one error
+    step 4: by default the run stops there (exit 1, a snapshot after step 4, one error
     line); with warn it says so once and ends (5 steps: before the loss overflows)."""
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["run", str(_plan(tmp_path, model, Layout())),
@@ -167,12 +167,12 @@ def test_a_climbing_loss_stops_the_run_or_warns(tmp_path, model, mode):
     text = result.output.strip()
     assert "Traceback" not in text and text.count("the loss is climbing") == 1, text
     if mode == "warn":
-        assert result.exit_code == 0 and text.startswith("zoexec: warning: step 3:"), text
+        assert result.exit_code == 0 and text.startswith("zoexec: warning: step 4:"), text
         assert len(_losses(out)) == 5 and (out / "final").is_dir()
         return
-    assert result.exit_code == 1 and text.startswith("error: step 3:") and "\n" not in text, text
-    assert "lower --lr (now 1)" in text and "snapshots/step-000003" in text
-    assert len(_losses(out)) == 4 and (out / "snapshots" / "step-000003" / "state.json").is_file()
+    assert result.exit_code == 1 and text.startswith("error: step 4:") and "\n" not in text, text
+    assert "lower --lr (now 1)" in text and "snapshots/checkpoint-4" in text
+    assert len(_losses(out)) == 4 and (out / "snapshots" / "checkpoint-4" / "state.json").is_file()
     assert not (out / "final").exists()
 
 

@@ -220,7 +220,7 @@ def test_a_failing_rank_stops_the_others_with_its_reason(tmp_path):
     assert _leftovers(cfg.run_id) == []
     # the log keeps the step that completed before the fault, and no final weights exist
     log = (tmp_path / "fail" / "out" / "losses.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in log] == [0]
+    assert [json.loads(line)["step"] for line in log] == [1]
     assert not (tmp_path / "fail" / "out" / "final").exists()
 
 
@@ -377,15 +377,15 @@ def test_placement_traces_have_the_plans_tasks(placed, name):
 
 
 def test_a_mixed_run_resumed_from_a_snapshot_ends_with_the_same_weights(placed, tmp_path):
-    """The run of RESUMED (snapshots after steps 0 and 1) resumed from step 0's snapshot
-    with step 1's update replayed from the log: the resident shards are in the snapshot,
+    """The run of RESUMED (snapshots after steps 1 and 2) resumed from step 1's snapshot
+    with step 2's update replayed from the log: the resident shards are in the snapshot,
     loaded into the shards and updated by the replay."""
     run = placed[RESUMED]
     folder = tmp_path / "resumed"
     shutil.copytree(run["out"], folder)
     shutil.rmtree(folder / "final")
     snapshots = sorted((folder / "snapshots").iterdir())
-    assert [p.name for p in snapshots] == ["step-000000", "step-000001"], snapshots
+    assert [p.name for p in snapshots] == ["checkpoint-1", "checkpoint-2"], snapshots
     shutil.rmtree(snapshots[-1])
     log = folder / "losses.jsonl"
     log.write_text("".join(log.read_text().splitlines(keepends=True)[:2]))
@@ -393,7 +393,7 @@ def test_a_mixed_run_resumed_from_a_snapshot_ends_with_the_same_weights(placed, 
     cfg = run["cfg"].replaced(load_from=start.init, start_step=start.start_step,
                               replay=start.replay, resumed=True, out=str(folder), trace=None,
                               run_id=f"t{uuid.uuid4().hex[:10]}")
-    assert cfg.start_step == 2 and len(cfg.replay) == 1 and cfg.weights.endswith("step-000000")
+    assert cfg.start_step == 2 and len(cfg.replay) == 1 and cfg.weights.endswith("checkpoint-1")
     spawn_local(cfg)
     weights = load_file(str(folder / "final" / "model.safetensors"))
     for key, tensor in run["weights"].items():

@@ -31,7 +31,7 @@ def test_run_writes_losses_weights_and_trace(tmp_path):
                                  "--out", str(out), "--trace", str(trace)])
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1]
+    assert [r["step"] for r in records] == [1, 2]
     assert set(records[0]) == {"step", "seed", "loss_plus", "loss_minus", "g", "loss", "lr",
                                "data_position", "tokens_per_s", "step_time_s"}
     assert (out / "run.json").is_file() and (out / "final" / "state.json").is_file()

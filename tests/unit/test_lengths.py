@@ -204,6 +204,30 @@ def test_zoexec_lengths_measures_the_rows_a_batch_packs(tmp_path, model_dir):
     assert load_lengths(out).count == len(widths)
 
 
+def test_zoexec_lengths_takes_a_config_file(tmp_path, model_dir):
+    """--config FILE holds lengths' options as `zoexec run --config` reads them (one
+    reader): the same lengths file as the flags; an option lengths does not take is one
+    line naming it; --print-config writes the options given."""
+    config = tmp_path / "lengths.yaml"
+    config.write_text(f"model_path: {model_dir}\ntask: classification\n"
+                      f"template: '{{sentence}} It was'\nlabel-words: [terrible, great]\n")
+    by_flags, by_file = tmp_path / "flags.json", tmp_path / "file.json"
+    assert _zoexec(str(SENTIMENT), "--model-path", str(model_dir), *TASK, "-o",
+                   str(by_flags)).exit_code == 0
+    result = _zoexec(str(SENTIMENT), "--config", str(config), "-o", str(by_file))
+    assert result.exit_code == 0, result.output
+    assert by_file.read_bytes() == by_flags.read_bytes()
+    printed = _zoexec(str(SENTIMENT), "--config", str(config), "--template", "{sentence} So",
+                      "--print-config", "-", "-o", str(tmp_path / "none.json"))
+    assert printed.exit_code == 0 and "template: '{sentence} So'" in printed.output, printed.output
+    assert "label_words:\n- terrible\n- great" in printed.output
+    assert not (tmp_path / "none.json").exists()
+    config.write_text(f"model_path: {model_dir}\ntemplat: x\n")
+    refused = _zoexec(str(SENTIMENT), "--config", str(config), "-o", str(tmp_path / "none.json"))
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1, refused.output
+    assert "unknown option 'templat' (did you mean 'template'?)" in refused.output
+
+
 def test_zoexec_lengths_refuses_with_one_line(tmp_path, model_dir):
     out = tmp_path / "lengths.json"
     for args, match in (((str(SENTIMENT), *TASK), "needs --model-path"),

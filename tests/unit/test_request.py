@@ -135,7 +135,7 @@ def test_print_config_reads_back_to_the_same_plan(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("model: tiny-opt\nlora_rr: 4\n", "unknown option 'lora_rr' (did you mean 'lora_r'?)"),
-    ("model: tiny-opt\nbatch: '16'\n", "batch must be a whole number, got '16'"),
+    ("model: tiny-opt\nbatch: sixteen\n", "batch must be a whole number, got 'sixteen'"),
     ("model: tiny-opt\nbatch: 4\nbatch_: 4\n", "unknown option 'batch_' (did you mean 'batch'?)"),
     ("model: tiny-opt\nlora-r: 4\nlora_r: 4\n", "'lora_r' and 'lora-r' are the same option"),
     ("- model\n", "must be a mapping of option names to values"),

@@ -18,7 +18,8 @@ from zoexec.maths.history import StepRecord, Update
 from zoexec.maths.zo import step_seed
 from zoexec.model.saved import check_saved, folder_checksums
 from zoexec.run.checkpoint import LossLog, read_log
-from zoexec.run.folder import RunDir, extend, histories, logged_lr
+from zoexec.run.extension import extend
+from zoexec.run.folder import RunDir, histories, logged_lr
 from zoexec.run.verify import binding, z_problem
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
@@ -49,6 +50,7 @@ def test_the_log_is_strict_json_and_round_trips(tmp_path):
     assert parsed[1]["loss_plus"] is None and parsed[1]["nonfinite"] is True
     assert parsed[2]["skipped"] is True and "skipped" not in parsed[0]
     assert parsed[0]["data_position"] == 0
+    assert [line["step"] for line in parsed] == [1, 2, 3]   # steps done, as metrics.jsonl
     back = read_log(tmp_path / "losses.jsonl")
     assert [r.update for r in back] == [Update(step=0, seed=step_seed(0, 0), g=500.0, lr=1e-3),
                                         None, None]
@@ -81,13 +83,14 @@ def _cfg(**kw) -> RunConfig:
 
 
 def _snapshot(rundir: RunDir, step: int, *, whole: bool = True, path=None) -> None:
-    """A saved weights folder as zoexec.run.loop writes one: its files and their sha256."""
+    """A saved weights folder as zoexec.run.loop writes one after `step` steps: its
+    files and their sha256."""
     path = path or rundir.snapshot_path(step)
     path.mkdir(parents=True)
     (path / "model.safetensors").write_bytes(bytes(range(step, step + 64)))
     if whole:
         done = histories(rundir.run_digest or "", read_log(rundir.log_path))
-        history = done[step] if step < len(done) else ""
+        history = done[step - 1] if step <= len(done) else ""
         state = {**binding(run_digest=rundir.run_digest, step=step, history=history),
                  "files": folder_checksums(path)}
         (path / "state.json").write_text(json.dumps(state))
@@ -97,16 +100,62 @@ def test_resume_starts_from_the_newest_whole_snapshot_and_replays_the_rest(tmp_p
     rundir = RunDir(tmp_path)
     rundir.write_identity(_cfg(), "abc")
     _log(rundir, [_record(s) for s in range(7)] + [_record(7, skipped=True)])
-    _snapshot(rundir, 2)
-    _snapshot(rundir, 4)
-    _snapshot(rundir, 6, whole=False)            # killed while writing it: not counted
+    _snapshot(rundir, 3)
+    _snapshot(rundir, 5)
+    _snapshot(rundir, 7, whole=False)            # killed while writing it: not counted
     plan = rundir.resume_plan(plan_sha256="abc", given={})
-    assert plan.snapshot_step == 4 and plan.init.endswith("step-000004")
-    assert [u.seed for u in plan.replay] == [step_seed(0, 5), step_seed(0, 6)]   # 7 was skipped
+    assert plan.snapshot_step == 5 and plan.init.endswith("checkpoint-5")
+    assert [u.seed for u in plan.replay] == [step_seed(0, 5), step_seed(0, 6)]   # 8 was skipped
     assert plan.start_step == 8 and plan.settings["lr"] == 1e-3
     older = RunDir(tmp_path)
     older.prune(1)
-    assert [s for s, _ in older.snapshots()] == [4]
+    assert [s for s, _ in older.snapshots()] == [5]
+
+
+def _older_folder(rundir: RunDir, steps: int, saved: tuple[int, ...]) -> None:
+    """A run folder as a zoexec before steps counted from 1 left it: its log's steps from
+    0, snapshots step-NNNNNN named (and state.json "step") by the last step's index."""
+    records = [_record(s) for s in range(steps)]
+    rundir.log_path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
+    done = histories(rundir.run_digest, records)
+    for index in saved:
+        path = rundir.path / "snapshots" / f"step-{index:06d}"
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(bytes(range(index, index + 64)))
+        state = {"step": index, "run_digest": rundir.run_digest, "history_sha256": done[index],
+                 "files": folder_checksums(path)}
+        (path / "state.json").write_text(json.dumps(state))
+
+
+def test_a_folder_of_an_older_zoexec_resumes_exactly_and_keeps_its_log_s_numbering(tmp_path):
+    rundir = RunDir(tmp_path)
+    rundir.write_identity(_cfg(), "abc")
+    _older_folder(rundir, 7, saved=(2, 4))    # after 3 and 5 steps
+    assert [s for s, _ in rundir.snapshots()] == [3, 5]
+    plan = rundir.resume_plan(plan_sha256="abc", given={})
+    assert plan.snapshot_step == 5 and plan.init.endswith("step-000004")
+    assert [u.seed for u in plan.replay] == [step_seed(0, 5), step_seed(0, 6)]
+    assert plan.start_step == 7
+    log = LossLog(tmp_path, keep_bytes=plan.log_bytes, history=plan.history, start_step=7)
+    log.append(_record(7))                    # the resumed run's first step: the 8th
+    log.close()
+    assert json.loads(rundir.log_path.read_text().splitlines()[-1])["step"] == 7   # its numbering
+    assert [r.step for r in read_log(rundir.log_path)] == list(range(8))
+    _snapshot(rundir, 8)                      # the resumed run's snapshot: checkpoint-8
+    again = RunDir(tmp_path).resume_plan(plan_sha256="abc", given={})
+    assert again.init.endswith("checkpoint-8") and again.replay == () and again.start_step == 8
+    rundir.prune(1)
+    assert [p.name for _, p in rundir.snapshots()] == ["checkpoint-8"]
+
+
+def test_an_older_snapshot_named_for_another_step_is_refused(tmp_path):
+    rundir = RunDir(tmp_path)
+    rundir.write_identity(_cfg(), "abc")
+    _older_folder(rundir, 7, saved=(2,))
+    (tmp_path / "snapshots" / "step-000002").rename(tmp_path / "snapshots" / "step-000004")
+    with pytest.raises(ZoError, match=r"step-000004/state.json records step 3, but its folder "
+                                      r"is named for step 5"):
+        rundir.resume_plan(plan_sha256="abc", given={})
 
 
 def test_resume_without_a_snapshot_replays_from_the_initial_weights(tmp_path):
@@ -205,10 +254,10 @@ def test_a_finished_run_extended_with_more_steps_starts_from_its_final_weights(t
     rundir = RunDir(tmp_path)
     rundir.write_identity(_cfg(), "abc")
     _log(rundir, [_record(s) for s in range(10)])
-    _snapshot(rundir, 7)
-    _snapshot(rundir, 9, path=tmp_path / "final")
+    _snapshot(rundir, 8)
+    _snapshot(rundir, 10, path=tmp_path / "final")
     plan = rundir.resume_plan(plan_sha256="abc", given={})
-    assert plan.snapshot_step == 9 and plan.init == str(tmp_path / "final")
+    assert plan.snapshot_step == 10 and plan.init == str(tmp_path / "final")
     assert plan.replay == () and plan.start_step == 10
 
 
@@ -216,26 +265,26 @@ def test_a_damaged_snapshot_is_passed_over_for_the_one_before_and_the_log(tmp_pa
     rundir = RunDir(tmp_path)
     rundir.write_identity(_cfg(), "abc")
     _log(rundir, [_record(s) for s in range(7)])
-    _snapshot(rundir, 2)
-    _snapshot(rundir, 5)
-    shard = rundir.snapshot_path(5) / "model.safetensors"
+    _snapshot(rundir, 3)
+    _snapshot(rundir, 6)
+    shard = rundir.snapshot_path(6) / "model.safetensors"
     shard.write_bytes(shard.read_bytes()[:-1] + b"x")
-    assert "model.safetensors changed" in check_saved(rundir.snapshot_path(5))
+    assert "model.safetensors changed" in check_saved(rundir.snapshot_path(6))
     plan = rundir.resume_plan(plan_sha256="abc", given={})
-    assert plan.snapshot_step == 2 and [u.seed for u in plan.replay] == [step_seed(0, s)
+    assert plan.snapshot_step == 3 and [u.seed for u in plan.replay] == [step_seed(0, s)
                                                                        for s in (3, 4, 5, 6)]
-    assert len(plan.notes) == 1 and "step-000005 is damaged" in plan.notes[0]
+    assert len(plan.notes) == 1 and "checkpoint-6 is damaged" in plan.notes[0]
 
 
 def test_a_logged_seed_or_lr_off_the_run_s_rule_is_refused(tmp_path):
     rundir = RunDir(tmp_path)
     rundir.write_identity(_cfg(), "abc")
     _log(rundir, [_record(0), _record(1, seed=step_seed(0, 1) + 1)])
-    with pytest.raises(ZoError, match=r"losses.jsonl:2: step 1 has seed .* seed rule gives"):
+    with pytest.raises(ZoError, match=r"losses.jsonl:2: step 2 has seed .* seed rule gives"):
         rundir.resume_plan(plan_sha256="abc", given={})
     (tmp_path / "losses.jsonl").unlink()
     _log(rundir, [_record(0), _record(1, lr=2e-3)])
-    with pytest.raises(ZoError, match=r"losses.jsonl:2: step 1 has lr 0.002, but the run's "
+    with pytest.raises(ZoError, match=r"losses.jsonl:2: step 2 has lr 0.002, but the run's "
                                       r"schedule gives 0.001"):
         rundir.resume_plan(plan_sha256="abc", given={})
 
@@ -261,7 +310,7 @@ def test_extending_a_constant_schedule_continues_a_decaying_one_needs_a_new_sche
                                       r"steps .* give --new-schedule"):
         extend(cosine, steps=20, start_step=6, new_schedule=False)
     new, line = extend(cosine, steps=20, start_step=6, new_schedule=True)
-    assert new["schedule"] == [[0, 10], [6, 20]] and "a new cosine schedule from step 6" in line
+    assert new["schedule"] == [[0, 10], [6, 20]] and "a new cosine schedule after step 6" in line
     # steps before 6 keep the old schedule's lr; from 6 a cosine restarts at lr over 14 steps
     assert logged_lr(new, 5) == logged_lr(cosine, 5) and logged_lr(new, 6) == 1e-3
     assert logged_lr(new, 13) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 7 / 14)))
@@ -282,11 +331,14 @@ def test_the_devices_that_draw_z_must_be_the_run_s_and_one_model():
 def test_pruning_removes_half_written_snapshots(tmp_path):
     rundir = RunDir(tmp_path)
     _snapshot(rundir, 3)
-    half = tmp_path / "snapshots" / ".step-000005.tmp"      # killed while saving step 5
-    half.mkdir()
-    (half / "model.safetensors").write_bytes(b"x" * 10)
+    half = tmp_path / "snapshots" / ".checkpoint-5.tmp"      # killed while saving step 5
+    older = tmp_path / "snapshots" / ".step-000005.tmp"      # an older zoexec's
+    for folder in (half, older):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x" * 10)
     rundir.prune(2)
-    assert not half.exists() and [s for s, _ in rundir.snapshots()] == [3]
+    assert not half.exists() and not older.exists()
+    assert [s for s, _ in rundir.snapshots()] == [3]
 
 
 def test_resume_refuses_another_schedule(tmp_path):

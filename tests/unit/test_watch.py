@@ -53,7 +53,7 @@ def test_skipped_steps_do_not_count_and_the_message_says_where():
     assert watch.add(_record(0, math.nan)) is None
     for step, loss in enumerate([1.0, 1.0, 9.0, 9.0], start=1):
         what = watch.add(_record(step, loss))
-    assert what == ("the loss is climbing: 5 over steps 1-4, from 1 over steps 1-1 (more than "
+    assert what == ("the loss is climbing: 5 over steps 2-5, from 1 over steps 2-2 (more than "
                     "2x and 1 above)")
     assert watch.add(_record(5, 50.0)) is None           # reported once
 
@@ -66,8 +66,8 @@ def test_a_long_run_holds_the_windows_only_and_a_late_climb_is_still_reported():
         assert watch.add(_record(step, 5.0)) is None
     assert len(watch.start) == 5 and len(watch.recent) == 20
     what = watch.add(_record(100_000, 150.0))     # (19 x 5 + 150) / 20 = 12.25 > 2 x 5
-    assert what == ("the loss is climbing: 12.25 over steps 99981-100000, from 5 over steps "
-                    "0-4 (more than 2x and 1 above)")
+    assert what == ("the loss is climbing: 12.25 over steps 99982-100001, from 5 over steps "
+                    "1-5 (more than 2x and 1 above)")   # counted from 1 (record.step from 0)
 
 
 def test_best_metric_keeps_the_best_and_reads_it_back(tmp_path):

@@ -71,8 +71,9 @@ def _what(key: int | str) -> str:
 
 
 def check_nodes(trainer: Trainer, env: zgroups.DistEnv, *, step: int) -> None:
-    """Collective: every node's copy compared after `step`; NodesDiverged on every rank
-    when one differs (a one-node job checks nothing)."""
+    """Collective: every node's copy compared after the step of index `step` (step + 1
+    done, as its message says); NodesDiverged on every rank when one differs (a one-node
+    job checks nothing)."""
     if env.layout.nodes == 1:
         return
     trainer.store_shards()
@@ -81,6 +82,6 @@ def check_nodes(trainer: Trainer, env: zgroups.DistEnv, *, step: int) -> None:
     verdict = diverged(cast(list[dict[int | str, str]], every), local_ranks=env.layout.local_ranks) if env.rank == 0 else None
     verdict = zgroups.broadcast_object(env, verdict)
     if verdict:
-        raise NodesDiverged(f"the nodes' copies of the model after step {step} {verdict}: "
+        raise NodesDiverged(f"the nodes' copies of the model after step {step + 1} {verdict}: "
                             f"the run stops (a node's memory or device changed the weights; "
                             f"the last snapshot is kept)")

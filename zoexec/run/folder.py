@@ -7,11 +7,16 @@
                                    z (device, versions), the plan's estimator; sealed
                                    by a digest
     DIR/losses.jsonl               one line per completed step (zoexec.run.checkpoint)
-    DIR/snapshots/step-000120/     the weights after step 120 (HF folder + state.json,
+    DIR/snapshots/checkpoint-120/  the weights after step 120 (HF folder + state.json,
                                    which holds the sha256 of every other file)
     DIR/final/                     the weights at the end (checksummed alike)
     DIR/best/                      --save-best: the best evaluation's weights (zoexec.run.watch)
     DIR/.lock                      held (flock) by the run that owns DIR
+
+Steps count as HF Trainer's: "after step N" is N updates done, in every file and line
+(the code counts from 0: `StepRecord.step`; `start_step` is the steps done). An older
+zoexec's folder (step-NNNNNN, state.json without "global_step", a log from step 0) is
+mapped by those markers and resumes exactly (docs/run-folder.md, "One step number").
 
 A snapshot holds every update up to its step (the pending one flushed). Resuming
 (`zoexec run plan.json --resume DIR`) starts from the newest whole snapshot whose
@@ -42,11 +47,14 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
-from zoexec.config import KEPT, SETTINGS  # what a resume keeps: the options' `kept`
+from zoexec.config import KEPT, SETTINGS, RunConfig  # what a resume keeps: the options' `kept`
 from zoexec.data.section import TaskOptions
 from zoexec.maths.history import StepRecord, Update
 from zoexec.maths.schedule import lr_from
@@ -58,6 +66,7 @@ from zoexec.run.verify import (
     check_seal,
     history_digest,
     input_change,
+    saved_step,
     seal,
     unbound,
 )
@@ -75,21 +84,23 @@ FINAL = "final"
 LOCK = ".lock"
 RUN_FILES = (IDENTITY, LOG, SNAPSHOTS, FINAL, "best", "metrics.jsonl", "runs", "wandb",
              "mlruns")   # what a run writes
-_SNAPSHOT = re.compile(r"step-(\d+)")
+_SNAPSHOT = re.compile(r"checkpoint-([1-9]\d*)")   # checkpoint-N: the weights after N steps
+_OLD_SNAPSHOT = re.compile(r"step-(\d+)")         # before: step-NNNNNN after N + 1 steps
 
 
 @dataclass(frozen=True, kw_only=True)
 class ResumePlan:
     """Where a resumed run starts: its initial weights (a verified snapshot folder or
-    the run's own init), the logged updates to apply to them, the next step, the log's
+    the run's own init) and the steps they hold (`snapshot_step`), the logged updates to
+    apply to them, the steps done (`start_step`: the next step's index), the log's
     whole bytes (a torn last line after them is cut off), and notes for the terminal."""
 
     init: str
     snapshot_step: int | None
     replay: tuple[Update, ...]    # the logged updates (step, seed, g, lr, gs) in step order
     start_step: int
-    settings: dict
-    identity: dict
+    settings: dict[str, Any]
+    identity: dict[str, Any]
     log_bytes: int = 0
     history: str = ""     # the digest of the logged history (verify.history_digest)
     notes: tuple[str, ...] = ()
@@ -100,7 +111,7 @@ class RunDir:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self._lock = None
+        self._lock: IO[str] | None = None
         self.run_digest: str | None = None   # run.json's, once written (rank 0)
 
     @property
@@ -138,7 +149,7 @@ class RunDir:
             handle.flush()
             self._lock = handle
 
-    def _open_lock(self):
+    def _open_lock(self) -> IO[str]:
         try:
             return os.fdopen(os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
                                      0o666), "r+")
@@ -182,7 +193,7 @@ class RunDir:
                 raise ZoError(f"{folder} was not written by zoexec (no state.json): a run "
                               f"would replace it; move it away or give another --out")
 
-    def _own_paths(self):
+    def _own_paths(self) -> Iterator[Path]:
         """Every path under the folder that zoexec writes, reads or removes (not
         following links): its files, its folders and everything in them."""
         names = (*RUN_FILES, LOCK, f".{FINAL}.tmp", f".{BEST}.tmp")
@@ -199,7 +210,7 @@ class RunDir:
         """The names zoexec writes that are in the folder now."""
         return {n for n in (*RUN_FILES, LOCK) if (self.path / n).exists()}
 
-    def clear(self, *, keep: set[str] = frozenset()) -> None:
+    def clear(self, *, keep: AbstractSet[str] = frozenset()) -> None:
         """Remove a run's files (--overwrite; `keep`: names left alone): only what a run
         writes, each known by its name and marker (a saved folder's state.json, a
         snapshot's name, TensorBoard's event files); anything else stays. check_own first."""
@@ -226,15 +237,16 @@ class RunDir:
         self.clear(keep=before)
 
     # ---- identity ------------------------------------------------------------------------
-    def write_identity(self, cfg, plan_sha256: str, *, z: dict | None = None) -> None:
+    def write_identity(self, cfg: RunConfig, plan_sha256: str, *,
+                       z: dict[str, Any] | None = None) -> None:
         """run.json of a new run (sealed; `z`: what decides z on its devices)."""
         self.write_sealed(identity_of(cfg, plan_sha256, z=z))
 
-    def write_sealed(self, data: dict) -> None:
+    def write_sealed(self, data: dict[str, Any]) -> None:
         atomic_write_text(self.path / IDENTITY, json.dumps(seal(data), indent=1) + "\n")
         self.run_digest = data["run_digest"]
 
-    def read_identity(self) -> dict:
+    def read_identity(self) -> dict[str, Any]:
         """run.json, its digest checked (ZoError: missing, older, edited)."""
         path = self.path / IDENTITY
         if not path.is_file():
@@ -256,7 +268,8 @@ class RunDir:
 
     # ---- snapshots -----------------------------------------------------------------------
     def snapshot_path(self, step: int) -> Path:
-        return self.path / SNAPSHOTS / f"step-{step:06d}"
+        """The snapshot of the weights after `step` steps (checkpoint-N, as HF names it)."""
+        return self.path / SNAPSHOTS / f"checkpoint-{step}"
 
     def snapshots(self) -> list[tuple[int, Path]]:
         """Whole snapshots (their state.json written), oldest first."""
@@ -264,37 +277,39 @@ class RunDir:
 
     def _snapshot_folders(self) -> list[tuple[int, Path, bool]]:
         folder = self.path / SNAPSHOTS
-        out = []
+        out: list[tuple[int, Path, bool]] = []
         for path in folder.iterdir() if folder.is_dir() else ():
-            match = _SNAPSHOT.fullmatch(path.name)
-            if match and path.is_dir():
-                out.append((int(match[1]), path, (path / "state.json").is_file()))
+            step = snapshot_step(path.name)
+            if step is not None and path.is_dir():
+                out.append((step, path, (path / "state.json").is_file()))
         return out
 
     def final(self) -> tuple[int, Path] | None:
         """(step, path) of final/ when it is whole (a run that ended; --steps can extend it)."""
         state = self.path / FINAL / "state.json"
         try:
-            return int(loads_strict(state.read_text())["step"]), state.parent
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            step = saved_step(loads_strict(state.read_text()))
+        except (OSError, ValueError, TypeError, AttributeError, RecursionError):
             return None
+        return None if step is None else (step, state.parent)
 
     def prune(self, keep: int) -> None:
         """Keep the newest `keep` snapshots; remove half-written ones (a run killed while
-        saving leaves .step-NNNNNN.tmp) and snapshot folders without their state.json."""
+        saving leaves .checkpoint-N.tmp) and snapshot folders without their state.json."""
         for _, path in self.snapshots()[:-keep] if keep > 0 else []:
             shutil.rmtree(path, ignore_errors=True)
         for _, path, whole in self._snapshot_folders():
             if not whole:
                 shutil.rmtree(path, ignore_errors=True)
-        for path in (self.path / SNAPSHOTS).glob(".step-*.tmp"):
-            shutil.rmtree(path, ignore_errors=True)
+        for pattern in (".checkpoint-*.tmp", ".step-*.tmp"):   # .step-: an older zoexec's
+            for path in (self.path / SNAPSHOTS).glob(pattern):
+                shutil.rmtree(path, ignore_errors=True)
 
     def records(self) -> list[StepRecord]:
         return list(read_log_checked(self.log_path).records)
 
     # ---- resuming ------------------------------------------------------------------------
-    def resume_plan(self, *, plan_sha256: str, given: dict,
+    def resume_plan(self, *, plan_sha256: str, given: dict[str, Any],
                     accept_moved: bool = False) -> ResumePlan:
         """Where `zoexec run --resume` starts, from the identity, the log and the newest
         snapshot whose checksums hold; every check before anything is changed. `given`:
@@ -310,19 +325,18 @@ class RunDir:
         done = histories(ident["run_digest"], log.records)
         self._check_bindings(ident["run_digest"], done)
         step, path, notes = self._start_point(log)
-        replay = tuple(r.update for r in log.records
-                       if (step is None or r.step > step) and r.update is not None)
-        records = log.records
+        replay = tuple(r.update for r in log.records   # r.step: counted from 0
+                       if (step is None or r.step >= step) and r.update is not None)
         return ResumePlan(init=str(path) if path else ident["init"], snapshot_step=step,
-                          replay=replay, start_step=records[-1].step + 1 if records else 0,
+                          replay=replay, start_step=len(log.records),
                           settings={k: ident[k] for k in (*SETTINGS, *KEPT, "steps")},
                           identity=ident, log_bytes=log.good_bytes,
                           history=done[-1] if done else ident["run_digest"],
                           notes=(*moved, *notes))
 
     def saved_folders(self) -> list[tuple[int | None, Path]]:
-        """Every folder of saved weights: (the step its name gives, path): snapshots by
-        their names, final/ and best/ (None: named by no step)."""
+        """Every folder of saved weights: (the steps done its name gives, path):
+        snapshots by their names, final/ and best/ (None: named by no step)."""
         found = [(step, path) for step, path, _ in self._snapshot_folders()]
         return found + [(None, self.path / name) for name in (FINAL, BEST) if
                         (self.path / name).is_dir()]
@@ -338,7 +352,7 @@ class RunDir:
                               f"from; move {path} out of the run folder to resume from the "
                               f"log")
 
-    def _verified_log(self, ident: dict) -> LogRead:
+    def _verified_log(self, ident: dict[str, Any]) -> LogRead:
         """The log, each line's seed and lr checked against the run's seed rule and lr
         schedule; a missing or empty log beside saved weights is refused."""
         log = read_log_checked(self.log_path)
@@ -349,19 +363,19 @@ class RunDir:
                           f"step {max(saved)}: the log they continue from is lost and the "
                           f"run cannot be resumed exactly")
         for number, record in enumerate(log.records, 1):
-            _check_record(self.log_path, number, record, ident)
-        if saved and log.records and max(saved) > log.records[-1].step:
-            raise ZoError(f"{self.log_path} ends at step {log.records[-1].step} but the folder "
+            _check_record(self.log_path, number, record, ident, first=log.first)
+        if saved and log.records and max(saved) > len(log.records):
+            raise ZoError(f"{self.log_path} ends after step {len(log.records)} but the folder "
                           f"holds weights saved after step {max(saved)}: the log lost lines")
         return log
 
     def _start_point(self, log: LogRead) -> tuple[int | None, Path | None, list[str]]:
         """The newest saved weights (final/ or a snapshot) within the log whose checksums
         hold; a damaged one is passed over for the one before it, with a note."""
-        last = log.records[-1].step if log.records else -1
+        last = len(log.records)   # the steps the log holds
         final = self.final()
         saved = sorted(s for s in self.snapshots() + ([final] if final else []) if s[0] <= last)
-        notes = []
+        notes: list[str] = []
         for step, path in reversed(saved):
             problem = check_saved(path) or unbound(path)
             if problem is None:
@@ -371,7 +385,7 @@ class RunDir:
         return None, None, notes
 
 
-def _check_settings(ident: dict, given: dict) -> None:
+def _check_settings(ident: dict[str, Any], given: dict[str, Any]) -> None:
     """An explicit setting that differs from the run's is refused (paths: _checked_inputs)."""
     for key in SETTINGS:
         if key in ("data", "init") or given.get(key) is None or given[key] == ident[key]:
@@ -389,11 +403,12 @@ _OPTION = {"data": "--data", "init": "--model-path"}
 _INPUT = {"data": "data", "init": "model"}
 
 
-def _checked_inputs(ident: dict, given: dict, *, accept_moved: bool) -> tuple[dict, list[str]]:
+def _checked_inputs(ident: dict[str, Any], given: dict[str, Any], *,
+                    accept_moved: bool) -> tuple[dict[str, Any], list[str]]:
     """The run's data and model checked against their recorded fingerprints; a path given
     that is not the recorded one is taken only with --accept-moved-inputs and the same
     fingerprint. Returns the identity with the paths in use, and notes."""
-    ident, notes = dict(ident), []
+    ident, notes = dict(ident), list[str]()
     for key in ("data", "init"):
         recorded = ident["inputs"].get(_INPUT[key])
         path = given.get(key)
@@ -421,44 +436,58 @@ def _checked_inputs(ident: dict, given: dict, *, accept_moved: bool) -> tuple[di
     return ident, notes
 
 
-def _check_record(path: Path, number: int, record: StepRecord, ident: dict) -> None:
+def _check_record(path: Path, number: int, record: StepRecord, ident: dict[str, Any], *,
+                  first: int) -> None:
     """A logged line's seed is the seed rule's for its step, its lr the schedule's, its
-    directions' g's as many as the run's estimator has directions (one: none)."""
+    directions' g's as many as the run's estimator has directions (one: none). `first`:
+    the log's first step (LogRead.first): the messages give the line's own "step"."""
     want = step_seed(ident["seed"], record.step)
+    shown = record.step + first
     if record.seed != want:
-        raise ZoError(f"{path}:{number}: step {record.step} has seed {record.seed}, but the "
+        raise ZoError(f"{path}:{number}: step {shown} has seed {record.seed}, but the "
                       f"run's seed rule gives {want} (--seed {ident['seed']}): the log was "
                       f"altered and cannot be replayed")
     directions = (ident.get("estimator") or {}).get("directions", 1)
     if len(record.gs) != (directions if directions > 1 else 0):
-        raise ZoError(f"{path}:{number}: step {record.step} has {len(record.gs)} directions' g "
+        raise ZoError(f"{path}:{number}: step {shown} has {len(record.gs)} directions' g "
                       f"(gs), but the run's estimator takes {directions}: the log was altered "
                       f"and cannot be replayed")
     if record.update is None:
         return
     lr = logged_lr(ident, record.step)
     if record.lr != lr:
-        raise ZoError(f"{path}:{number}: step {record.step} has lr {record.lr!r}, but the "
+        raise ZoError(f"{path}:{number}: step {shown} has lr {record.lr!r}, but the "
                       f"run's schedule gives {lr!r}: the log was altered and cannot be replayed")
 
 
-def histories(run_digest: str, records) -> list[str]:
+def snapshot_step(name: str) -> int | None:
+    """The steps done a snapshot folder's name gives: checkpoint-N, N; an older zoexec's
+    step-NNNNNN (counted from 0), N + 1; None: not a snapshot's name."""
+    match = _SNAPSHOT.fullmatch(name)
+    if match:
+        return int(match[1])
+    old = _OLD_SNAPSHOT.fullmatch(name)
+    return int(old[1]) + 1 if old else None
+
+
+def histories(run_digest: str, records: Iterable[StepRecord]) -> list[str]:
     """The digest of the run's history through each logged step (verify.history_digest)."""
-    out, previous = [], run_digest
+    out: list[str] = []
+    previous = run_digest
     for record in records:
         previous = history_digest(previous, record.step, record.update)
         out.append(previous)
     return out
 
 
-def logged_lr(ident: dict, step: int) -> float:
+def logged_lr(ident: dict[str, Any], step: int) -> float:
     """The lr of `step` by run.json's schedule segments ([start, total] each)."""
     start, total = next((s, t) for s, t in reversed(ident["schedule"]) if s <= step)
     return lr_from(step, start=start, lr=ident["lr"], schedule=ident["lr_schedule"],
                    warmup=ident["warmup_steps"], total=total)
 
 
-def identity_of(cfg, plan_sha256: str, *, z: dict | None) -> dict:
+def identity_of(cfg: RunConfig, plan_sha256: str, *, z: dict[str, Any] | None) -> dict[str, Any]:
     """run.json's content (unsealed) for the run `cfg` describes."""
     inputs = cfg.inputs or {"data": None, "model": None}
     settings = cfg.settings()
@@ -476,47 +505,14 @@ def identity_of(cfg, plan_sha256: str, *, z: dict | None) -> dict:
     return {**body, "run_digest": sha256_json(body)}   # fixed for the run's life
 
 
-def extend(ident: dict, *, steps: int, start_step: int, new_schedule: bool) -> tuple[dict, str | None]:
-    """run.json after `--steps steps` on a resume at `start_step` (a run extended or
-    shortened), and the line that says so: a constant schedule (its lr does not depend
-    on the total) continues; a decaying one is refused unless `new_schedule`: a new
-    schedule of the same kind from `start_step` over the steps left, from the base lr,
-    without warm-up."""
-    old = ident["steps"]
-    if steps == old:
-        if new_schedule:
-            raise ZoError(f"--new-schedule starts a schedule for more (or fewer) steps: give "
-                          f"--steps N other than the run's {old}")
-        return ident, None
-    schedule = [list(s) for s in ident["schedule"]]
-    decays = ident["lr_schedule"] != "constant"
-    if decays and not new_schedule:
-        raise ZoError(f"--steps {steps}: the run's {ident['lr_schedule']} schedule decays over "
-                      f"{old} steps and would change at step {start_step}; give "
-                      f"--new-schedule to start a new {ident['lr_schedule']} schedule from step "
-                      f"{start_step} over the {steps - start_step} steps left (from lr "
-                      f"{ident['lr']}), or --steps {old}")
-    if decays:
-        schedule.append([start_step, steps])
-        how = (f"a new {ident['lr_schedule']} schedule from step {start_step} (lr "
-               f"{ident['lr']} decaying over {steps - start_step} steps)")
-    else:
-        schedule[-1][1] = steps
-        how = f"the constant lr {ident['lr']} continues"
-    ext = {"at_step": start_step, "from_steps": old, "to_steps": steps, "new_schedule": decays}
-    line = f"zoexec: the run goes from {old} to {steps} steps at step {start_step}: {how}"
-    return {**ident, "steps": steps, "schedule": schedule,
-            "extensions": [*ident.get("extensions", []), ext]}, line
-
-
 @contextmanager
-def undone_on_failure(cfg):
+def undone_on_failure(cfg: RunConfig | None) -> Iterator[None]:
     """A new run's folder removed again when the run fails before its first step is
     logged (a rank's error, a bad shard, a full store, a stop signal: `undo` is what
     zoexec.runtime.procwatch.stop_at_once runs): the same command can run again."""
     out = cfg.checkpoint.out if cfg is not None else None
     existed = out is not None and Path(out).exists()
-    before = RunDir(out).present() if existed else set()
+    before = RunDir(out).present() if out is not None and existed else set()
     try:
         with undone_on_stop(lambda: _undo(cfg, existed=existed, before=before)):
             yield
@@ -525,12 +521,11 @@ def undone_on_failure(cfg):
         raise
 
 
-def _undo(cfg, *, existed: bool, before: set[str]) -> None:
+def _undo(cfg: RunConfig | None, *, existed: bool, before: set[str]) -> None:
     """Remove what a new run wrote in its folder if it logged no step (undone_on_failure)."""
-    out = cfg.checkpoint.out if cfg is not None else None
-    if out is None or cfg.resumed:
+    if cfg is None or cfg.checkpoint.out is None or cfg.resumed:
         return
-    rundir = RunDir(out)
+    rundir = RunDir(cfg.checkpoint.out)
     try:
         rundir.lock()   # not another run's folder; held while its files go
         try:
@@ -544,7 +539,7 @@ def _undo(cfg, *, existed: bool, before: set[str]) -> None:
         pass
 
 
-def _same_file(handle, path: Path) -> bool:
+def _same_file(handle: IO[str], path: Path) -> bool:
     """Whether the open `handle` is the file at `path` now (not unlinked, not replaced)."""
     try:
         mine, there = os.fstat(handle.fileno()), os.stat(path, follow_symlinks=False)
@@ -560,13 +555,13 @@ def _remove_if_empty(folder: Path) -> None:
         pass
 
 
-def say(lines) -> None:
+def say(lines: Iterable[str]) -> None:
     """Notes of the run folder (a damaged snapshot passed over, an extension) on stderr."""
     for line in lines:
         print(line, file=sys.stderr, flush=True)
 
 
-def _same_task(given: dict, recorded) -> bool:
+def _same_task(given: dict[str, Any], recorded: Any) -> bool:
     """Two task records naming the same task (one written before a field was recorded,
     or recorded only when set, reads as its default)."""
     try:
@@ -575,7 +570,7 @@ def _same_task(given: dict, recorded) -> bool:
         return False
 
 
-def _task_text(task) -> str:
+def _task_text(task: Any) -> str:
     """A task dict of run.json in a line: "classification (template=..., ...)"."""
     if not isinstance(task, dict):
         return repr(task)

@@ -156,7 +156,7 @@ class TrainLoop:
             self.trainer.set_pending(record)
             return record
         self.skips += 1
-        what = (f"step {record.step}: the loss is not finite (loss+ {record.loss_plus}, "
+        what = (f"step {record.step + 1}: the loss is not finite (loss+ {record.loss_plus}, "
                 f"loss- {record.loss_minus}, g {record.g})")
         if self.cfg.optim.on_nonfinite == "skip" and self.skips <= MAX_SKIPS:
             self._say(f"zoexec: warning: {what}: skipped, no update")
@@ -190,18 +190,18 @@ class TrainLoop:
         if what is None:
             return
         if self.cfg.optim.on_divergence == "warn":
-            self._say(f"zoexec: warning: step {record.step}: {what}; lower --lr (now "
+            self._say(f"zoexec: warning: step {record.step + 1}: {what}; lower --lr (now "
                       f"{record.lr:g})")
             return
         saved = self.snapshot(record.step)
-        raise RunStopped(f"step {record.step}: {what}: stopped{self._where(saved)}; lower "
+        raise RunStopped(f"step {record.step + 1}: {what}: stopped{self._where(saved)}; lower "
                          f"--lr (now {record.lr:g}), or give --on-divergence warn", 1)
 
     def _stopped(self, step: int) -> None:
         signum = self._signum() or signal.SIGTERM
         saved = self.snapshot(step)
         raise RunStopped(f"stopped by {signal.Signals(signum).name} after step "
-                         f"{step}{self._where(saved)}", EXIT_CODES[signum])
+                         f"{step + 1}{self._where(saved)}", EXIT_CODES[signum])
 
     def _signum(self) -> int | None:
         """The stop signal this rank got (None: none)."""
@@ -218,15 +218,16 @@ class TrainLoop:
 
     # ---- snapshots and the end -----------------------------------------------------------
     def snapshot(self, step: int) -> Path | None:
-        """Every update through `step` flushed into the blocks; rank 0 writes them to
-        snapshots/step-N (the newest cfg.checkpoint.keep kept). Collective: every rank has the
+        """Every update through the step of index `step` flushed into the blocks; rank 0
+        writes them to snapshots/checkpoint-N, N = step + 1 the steps done (the newest
+        cfg.checkpoint.keep kept). Collective: every rank has the
         RunDir (rank 0 alone owns and writes it)."""
         self.trainer.flush()
         self.last_save_s = time.monotonic()
         check_nodes(self.trainer, self.env, step=step)
         if self.rundir is None:
             return None
-        path = self.rundir.snapshot_path(step)
+        path = self.rundir.snapshot_path(step + 1)
         self._write_weights(path, step)
         if self.env.rank == 0:
             self.rundir.prune(self.cfg.checkpoint.keep)
@@ -244,14 +245,14 @@ class TrainLoop:
                 self.rundir.prune(self.cfg.checkpoint.keep)
 
     def _write_weights(self, path: Path | None, step: int, **state) -> None:
-        """Rank 0 writes the weights after `step` to `path` (the adapters or prefixes
+        """Rank 0 writes the weights after the step of index `step` (step + 1 done) to `path` (the adapters or prefixes
         alone in a LoRA or prefix run); state.json records what ties them to the run
         (zoexec.run.verify.binding), `state` and the checksums of every file."""
         trainer, store = self.trainer, self.trainer.store
         if not self.cfg.workload.frozen_base:
             trainer.store_shards()   # resident blocks: node 0's first slice group into the store
         if self.env.rank == 0 and path is not None:
-            state = {**binding(run_digest=self.rundir.run_digest, step=step,
+            state = {**binding(run_digest=self.rundir.run_digest, step=step + 1,
                                history=self.log.history(step)),
                      "seed": self.cfg.optim.seed, **self._kind(), **state}
             try:

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from zoexec.maths.history import StepHistory
 from zoexec.run.checkpoint import open_own
+from zoexec.run.folder import snapshot_step
 from zoexec.run.trackers import MLFLOW_DIR, TRACKERS, WANDB_DIR, check_tracker, open_tracker
 from zoexec.run.writes import writing
 from zoplan.errors import ZoError
@@ -481,7 +482,9 @@ def _output_lines(rep: Reporter) -> list[str]:
             lines += _adapter_lines(cfg, final) if (final / ADAPTER_CONFIG).is_file() else [
                 f"  model: {final}  ({_weights_note(final)}; AutoModelForCausalLM.from_pretrained)"]
             lines.append(f"  tokenizer: {_tokenizer_note(cfg, final)}")
-        snaps = sorted(p.name for p in (rep.out / "snapshots").glob("step-*") if p.is_dir())
+        snaps = [p.name for _, p in sorted((snapshot_step(p.name), p) for p in
+                                           (rep.out / "snapshots").glob("*") if p.is_dir()
+                                           and snapshot_step(p.name) is not None)]
         if snaps:
             lines.append(f"  snapshots: {rep.out / 'snapshots'} ({', '.join(snaps)})")
         lines.append(f"  logs: {rep.out / METRICS}, {rep.out / 'losses.jsonl'}")

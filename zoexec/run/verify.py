@@ -27,8 +27,9 @@ from zoplan.io import loads_strict, sha256_json, sha256_path
 
 # ---- what ties saved weights to their run ----------------------------------------------------
 def history_digest(previous: str, step: int, update: Update | None) -> str:
-    """The digest of a run's history through `step`: the one through the step before
-    (`previous`; before step 0, the run's digest) and this step's update ((seed, g, lr),
+    """The digest of a run's history through the step of index `step` (counted from 0:
+    the steps done before it): the one through the step before (`previous`; before the
+    first, the run's digest) and this step's update ((seed, g, lr),
     and each direction's g when a step takes several; None for a step that applied
     none). Saved weights record it; a resume recomputes it from the log, so weights are
     used only after the very updates they hold."""
@@ -48,12 +49,24 @@ def _state(folder: Path) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
+def saved_step(state: dict[str, Any]) -> int | None:
+    """The steps a saved folder's weights hold (state.json's "global_step"; one more
+    than "step" in a folder saved before it was recorded, which counted from 0); None:
+    it records neither as an integer."""
+    step = state.get("global_step")
+    if type(step) is int:
+        return step
+    old = state.get("step") if "global_step" not in state else None
+    return old + 1 if type(old) is int else None
+
+
 def binding_of(folder: Path) -> tuple[str, int, str] | None:
-    """(run digest, step, history digest) a saved folder's state.json records (None:
-    it records none, or not in their types)."""
+    """(run digest, steps done, history digest) a saved folder's state.json records
+    (None: it records none, or not in their types)."""
     state = _state(folder)
-    digest, step, history = (state.get(k) for k in ("run_digest", "step", "history_sha256"))
-    if isinstance(digest, str) and type(step) is int and isinstance(history, str):
+    digest, history = state.get("run_digest"), state.get("history_sha256")
+    step = saved_step(state)
+    if isinstance(digest, str) and step is not None and isinstance(history, str):
         return digest, step, history
     return None
 
@@ -69,33 +82,34 @@ def unbound(folder: Path) -> str | None:
 
 
 def binding(*, run_digest: str, step: int, history: str) -> dict[str, Any]:
-    """The fields of a saved folder's state.json that tie it to its run."""
-    return {"step": step, "run_digest": run_digest, "history_sha256": history}
+    """The fields of a saved folder's state.json that tie it to its run: the steps its
+    weights hold (`step`, "global_step": N after N updates), the run and the history."""
+    return {"global_step": step, "run_digest": run_digest, "history_sha256": history}
 
 
 def binding_problem(folder: Path, *, step: int | None, run_digest: str,
                     histories: list[str]) -> str | None:
     """Why saved weights in `folder` are not this run's (None: they are): state.json
-    names another run, another step than the folder's name (`step`; None: final/ and
-    best/, named by no step), a step past the log, or another history than the log's
-    (`histories[s]`: the digest through step s). A folder whose state.json records no
-    run (written before zoexec recorded it, or damaged) is not judged here: check_saved
-    and the resume's start point pass it over."""
+    names another run, another step than the folder's name (`step`, the steps done;
+    None: final/ and best/, named by no step), a step past the log, or another history
+    than the log's (`histories[n - 1]`: the digest through n steps). A folder whose
+    state.json records no run (written before zoexec recorded it, or damaged) is not
+    judged here: check_saved and the resume's start point pass it over."""
     recorded = binding_of(folder)
     if recorded is None:
         return None
-    digest, saved_step, history = recorded
+    digest, saved, history = recorded
     where = Path(folder) / STATE
     if digest != run_digest:
         return (f"{where} is another run's (run digest {str(digest)[:12]}, this run's "
                 f"{run_digest[:12]})")
-    if step is not None and saved_step != step:
-        return f"{where} records step {saved_step}, but its folder is named for step {step}"
-    if not 0 <= saved_step < len(histories):
-        return f"{where} records step {saved_step}, past the {len(histories)} logged steps"
-    if history != histories[saved_step]:
-        return (f"{where} continues another history than the log's through step {saved_step} "
-                f"(history {str(history)[:12]}, the log's {histories[saved_step][:12]})")
+    if step is not None and saved != step:
+        return f"{where} records step {saved}, but its folder is named for step {step}"
+    if not 1 <= saved <= len(histories):
+        return f"{where} records step {saved}, past the {len(histories)} logged steps"
+    if history != histories[saved - 1]:
+        return (f"{where} continues another history than the log's through step {saved} "
+                f"(history {str(history)[:12]}, the log's {histories[saved - 1][:12]})")
     return None
 
 

@@ -51,7 +51,7 @@ class Divergence:
         diverging, else None."""
         if record.skipped or not record.finite:
             return None
-        point = (record.step, (record.loss_plus + record.loss_minus) / 2)
+        point = (record.step + 1, (record.loss_plus + record.loss_minus) / 2)   # steps done
         if len(self.start) < self.start_steps:
             self.start.append(point)
         self.recent.append(point)

@@ -117,11 +117,12 @@ class LaneFailure(RuntimeError):
         return _rebuild, (self.what, self.rank, self.cause, self.block, self.step)
 
     def operation(self) -> str:
-        """'the all-gather of block 2 in step 3', 'the loss all-reduce of step 3'."""
+        """'the all-gather of block 2 in step 3', 'the loss all-reduce of step 3' (`step`
+        is the step's index from 0; the line counts steps from 1, as every line does)."""
         text = OPERATIONS[self.what].format(block="?" if self.block is None else self.block)
         if self.step is not None:
-            text += f" in step {self.step}" if "{block}" in OPERATIONS[self.what] \
-                else f" of step {self.step}"
+            text += f" in step {self.step + 1}" if "{block}" in OPERATIONS[self.what] \
+                else f" of step {self.step + 1}"
         return text
 
     def line(self) -> str:

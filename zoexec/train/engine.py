@@ -235,7 +235,7 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
         total = vec.tolist()
         sums = [total[3 * j:3 * j + 3] for j in range(q)]
         if not all(count for _, _, count in sums):
-            raise ZoError(f"step {step}: the batch has no labelled token (every label is "
+            raise ZoError(f"step {step + 1}: the batch has no labelled token (every label is "
                           f"ignored): nothing to train on")
         count = sum(c for _, _, c in sums)
         loss_plus, loss_minus = (sum(part[k] for part in sums) / count for k in (0, 1))
