@@ -70,6 +70,10 @@ zoplan.pricing's (a function per term, named below):
   speeds by it; on a GPU node the slowest GPU then paces every all-gather).
 - CUDA, the priced physics (docs/costs.md), each optional and neutral where absent:
   device.hbm_fraction (memory-bound kernels reach this share of hbm_gbps);
+  device.update16_gbps, perturb16_gbps, update32_gbps, perturb32_gbps (all four or
+  none: what zoexec's apply_update and perturb_into reached in the profile stage with a
+  16-bit and an fp32 store, 16-bit z; the resident parts' passes are priced at them,
+  zoplan.pricing.schedules.resident_pass);
   compute.launch_us (host time of one launch or event from Python: the host lane, with
   z_launch_us per z chunk and overhead_us per layer call); compute.overlap_slowdown (an
   all-gather's kernels and the compute stream each run this much slower while both

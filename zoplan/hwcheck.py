@@ -16,6 +16,11 @@ PROFILE_SCHEMA_VERSION = 1
 DEVICE_KINDS = ("cuda", "cpu")
 FABRIC_KINDS = ("nvswitch", "bridge", "host", "shm")
 
+# CUDA: what zoexec's zo passes reached in the profile stage, by pass and store (16-bit or
+# fp32 store, 16-bit z): the resident parts' passes are priced at them
+# (zoplan.pricing.schedules.resident_pass); all four or none.
+STAGE_PASSES = ("device.update16_gbps", "device.perturb16_gbps", "device.update32_gbps",
+                "device.perturb32_gbps")
 # Section -> the numeric fields every profile must have (all > 0 unless listed in NONNEG).
 _REQUIRED = {
     "device": ("memory_gib", "reserved_gib"),
@@ -46,7 +51,7 @@ _OPTIONAL_BY_KIND = {
              "compute.overlap_slowdown", "compute.overlap_gemm_slowdown",
              "compute.overlap_side_slowdown", "host.sockets", "host.socket_link_gbps", "host.batch_us",
              "host.disk_write_gbps", "device.context_gib", "device.allocator_slack_gib",
-             "pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps"),
+             "pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps") + STAGE_PASSES,
 }
 _NONNEG = {"device.reserved_gib", "device.context_gib", "device.allocator_slack_gib", "compute.overhead_us", "compute.m_half_tokens",
            "compute.elem_ns", "compute.rope_overhead_us", "compute.z_call_us", "compute.z_chunk_us",
@@ -61,7 +66,7 @@ NEEDS_SOURCE = ("device.hbm_fraction", "compute.launch_us", "compute.overlap_slo
                 "host.sockets", "host.socket_link_gbps",
                 "host.batch_us", "host.disk_write_gbps", "compute.slow_node_fraction",
                 "compute.slow_node_penalty", "device.context_gib", "device.allocator_slack_gib",
-                "pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps")
+                "pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps") + STAGE_PASSES
 _OPTIONAL_TOP = {"description", "provenance", "measurements", "notes", "speed_check",
                  "origins"}   # origins: zoplan.origins (checked there)
 Z_MODEL = ("compute.z_ns_per_elem", "compute.z_call_us", "compute.zo_pass_ns")   # CPU
@@ -69,7 +74,7 @@ _SLOW_NODES = ("compute.slow_node_fraction", "compute.slow_node_penalty")
 _TOGETHER: dict[str, list[tuple[str, ...]]] = {
     "cuda": [("pcie.uplink_h2d_duplex_gbps", "pcie.uplink_d2h_duplex_gbps"),
              ("pcie.pageable_h2d_gbps", "pcie.pageable_d2h_gbps"),
-             ("host.sockets", "host.socket_link_gbps"), _SLOW_NODES],
+             ("host.sockets", "host.socket_link_gbps"), _SLOW_NODES, STAGE_PASSES],
     "cpu": [Z_MODEL, _SLOW_NODES]}   # figures that come all together or not at all
 
 

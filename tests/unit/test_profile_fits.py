@@ -305,6 +305,8 @@ def test_cuda_samples_build_a_valid_profile():
     for key in ("peak_tflops", "tf32_tflops", "fp32_tflops"):
         assert profile.compute[key] == pytest.approx(GPU_TRUTH[key], rel=0.02), key
     assert profile.device["hbm_gbps"] == pytest.approx(4000)
+    stage = {k: v for k, v in profile.device.items() if k[-7:] in ("16_gbps", "32_gbps")}
+    assert sorted(stage) == ["perturb16_gbps", "perturb32_gbps", "update16_gbps", "update32_gbps"]
     assert profile.compute["z_launch_us"] == pytest.approx(8, rel=1e-3)
     assert "mem_gbps" not in profile.compute and "duplex_gbps" not in profile.pcie
     assert profile.collective["allgather_busbw"][0][1] == pytest.approx(0.75 * 2 * 300, rel=0.01)

@@ -12,6 +12,17 @@ schedule "zo2": four z draws and four in-place passes per block and step (pertur
 Each function returns {"embed", "update", "forward", "head"} in device seconds (GPU:
 also "issue", the host seconds of each task's zo maths), and "parts" where it splits.
 
+GPU, the resident parts' passes (the embed task's update and perturbations, the head
+task's perturbation): each at the rate the profile stage measured for that pass and
+store where the profile has it (device.update16_gbps, perturb16_gbps, update32_gbps,
+perturb32_gbps: zoexec's apply_update and perturb_into over 2**26 values, a 16-bit or an
+fp32 store, 16-bit z; resident_pass below), else at device.hbm_gbps (the median of those
+four). The stochastic update of a 16-bit store at update16_gbps (its SR_BYTES +
+NOISE_BYTES: the H200's stage timed apply_update_stochastic over 4 x 2**24 values at
+1.238 ms, which this prices at 1.223). The blocks' passes stay at hbm_gbps: on the
+H200's pass 2 the stage's fp32 rates price the resident block update 0.819 ms against
+0.690 measured, while the embed and head spans of its two runs, which differ in the
+store alone, differ as these rates say (docs/costs.md, "The H200's pass 2 re-predicted").
 Estimators (zoplan.estimators; not MeZO-SGD with one direction): a d draw
 (zoplan.pricing.estimators) in place of each z draw, and with q directions a step
 (`here` of them meet the rank's rows, one stream a sign each): the deferred update
@@ -29,8 +40,11 @@ from zoplan.hardware import HardwareProfile
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.pricing.compute import has_z_model
 from zoplan.pricing.estimators import cpu_draw_s, draw_share, gpu_draw
+from zoplan.pricing.host import launch_s
+from zoplan.pricing.units import GBPS
 from zoplan.pricing.work import NO_WORK, Work
 from zoplan.pricing.zo import (
+    NOISE_BYTES,
     SR_BYTES,
     cpu_rounding_s,
     cpu_z_time_s,
@@ -40,6 +54,7 @@ from zoplan.pricing.zo import (
     hbm_pass,
     pass_time_s,
     rounding_noise,
+    sr_chunks,
     z_draw,
     zo_pass_bytes,
     zo_time_s,
@@ -138,6 +153,8 @@ def gpu(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
 
     def update(numels: list[int]) -> Work:
         return gpu_update(hw, numels, update=workload.update, update_bytes=upd)
+    res_update = resident_update(hw, workload, resident)
+    res_bytes = pert * model.resident_params
 
     def deferred(z_numels: list[int], pieces: list[int], draws: list[int]) -> Work:
         """A slice's deferred update: z of every chunk it touches (drawn whole); the
@@ -157,11 +174,11 @@ def gpu(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
                 "update": z_block * 4 + update(block) + hbm_pass(hw, extra * model.block_params, 3),
                 "forward": NO_WORK, "head": NO_WORK}
     else:
-        work = {"embed": z_res * 2 + update(resident)
-                + hbm_pass(hw, streams * pert * model.resident_params, streams),
+        work = {"embed": z_res * 2 + res_update
+                + resident_pass(hw, workload, "perturb", streams * res_bytes, streams),
                 "update": z_block * 2 + update(block) + pert_block,
                 "forward": pert_block * (streams - 1),
-                "head": hbm_pass(hw, pert * model.resident_params) * (streams - 1)}
+                "head": resident_pass(hw, workload, "perturb", res_bytes) * (streams - 1)}
     out: ZoMaths = {kind: w.device_s for kind, w in work.items()}
     out["issue"] = {kind: w.host_s for kind, w in work.items()}
     if schedule != "zo2":
@@ -222,8 +239,9 @@ def _gpu_estimated(*, model: ModelSpec, profile: HardwareProfile, workload: Work
             one = rounding_noise(hw, len(draws), sum(draws)) + hbm_pass(hw, SR_BYTES * sum(pieces), 0)
         return (d_block * draw_share(wl, pieces, shapes) + one) * q
     pert_block = hbm_pass(hw, pert * model.block_params)
-    pert_res = hbm_pass(hw, pert * model.resident_params)
-    work = {"embed": (d_res + update(resident)) * q + d_res * here + pert_res * streams,
+    pert_res = resident_pass(hw, wl, "perturb", pert * model.resident_params)
+    work = {"embed": (d_res + resident_update(hw, wl, resident)) * q + d_res * here
+            + pert_res * streams,
             "update": (d_block + update(block)) * q + d_block + pert_block,
             "forward": pert_block * (streams - 1) + d_block * (here - 1),
             "head": pert_res * (streams - 1) + d_res * (here - 1)}
@@ -261,6 +279,46 @@ def _gpu_fused(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     out["issue"] = {kind: w.host_s for kind, w in work.items()}
     out["parts"] = {"deferred": deferred, "perturb": perturb(block)}
     return out
+
+
+def stage_rate_gbps(profile: HardwareProfile, workload: Workload, kind: str) -> float | None:
+    """The rate the profile stage measured for zoexec's `kind` pass ("update",
+    "perturb") with the workload's store, where it has one: a 16-bit store with 16-bit
+    z (device.<kind>16_gbps) or an fp32 store with 16-bit z (<kind>32_gbps), the two
+    the stage times; None otherwise (another precision, a profile without them)."""
+    if workload.compute_dtype not in ("bf16", "fp16"):
+        return None
+    store = {"bf16": "16", "fp16": "16", "fp32": "32"}.get(workload.param_dtype)
+    rate: float | None = profile.device.get(f"{kind}{store}_gbps") if store else None
+    return rate
+
+
+def resident_pass(profile: HardwareProfile, workload: Workload, kind: str,
+                  num_bytes: float, launches: float = 1.0) -> Work:
+    """A pass over the resident parts on a GPU (module docstring): `num_bytes` at the
+    stage's rate of this pass and store (stage_rate_gbps), else at device.hbm_gbps."""
+    rate = stage_rate_gbps(profile, workload, kind)
+    if rate is None:
+        return hbm_pass(profile, num_bytes, launches)
+    return Work(num_bytes / (rate * GBPS), launches * launch_s(profile))
+
+
+def resident_update(profile: HardwareProfile, workload: Workload,
+                    numels: list[int]) -> Work:
+    """The resident parts' update on a GPU: the update pass (plain, master) or the
+    stochastic update (its noise's draws and kernels, SR_BYTES + NOISE_BYTES an
+    element) at the stage's update rate of the store (stage_rate_gbps), else as
+    zoplan.pricing.zo.gpu_update prices it."""
+    upd, _ = zo_pass_bytes(param_bytes=dtype_bytes(workload.param_dtype),
+                           compute_bytes=dtype_bytes(workload.compute_dtype))
+    if stage_rate_gbps(profile, workload, "update") is None:
+        return gpu_update(profile, numels, update=workload.update, update_bytes=upd)
+    total = sum(numels)
+    if workload.update != "stochastic":
+        return resident_pass(profile, workload, "update", upd * total)
+    launches = rounding_noise(profile, sr_chunks(numels, "cuda"), total)
+    return (Work(0.0, launches.host_s)
+            + resident_pass(profile, workload, "update", (SR_BYTES + NOISE_BYTES) * total, 0))
 
 
 def zo_maths_of(profile: HardwareProfile) -> Callable[..., ZoMaths]:

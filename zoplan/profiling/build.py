@@ -218,7 +218,7 @@ def cuda_profile(m: dict, settings, *, name: str, date: str, memory: dict) -> di
                        f"(measured by zoplan profile {date})",
         "device": {"kind": "cuda", "model": m["devices"][0], "memory_gib": round(total_gib, 2),
                    "reserved_gib": round(used_gib + 2.0, 2), "concurrent_engines": True,
-                   "hbm_gbps": round4(hbm["hbm_gbps"])},
+                   "hbm_gbps": round4(hbm["hbm_gbps"]), **stage_pass_figures(hbm["passes"])},
         "host": {"memory_gib": round(memory["total_gib"], 2), "mem_bw_gbps": round4(host_bw),
                  "cores": settings.cores},
         "pcie": pcie,
@@ -231,6 +231,15 @@ def cuda_profile(m: dict, settings, *, name: str, date: str, memory: dict) -> di
         "sources": sources,
         "measurements": {**m, "fit": fit, "z_fit": zfit, "hbm": hbm},
     }
+
+
+def stage_pass_figures(passes: list[dict]) -> dict:
+    """device.update16_gbps, perturb16_gbps, update32_gbps, perturb32_gbps: each timed zo
+    pass's rate by its store (16-bit or fp32; zoplan.profiling.fits.hbm_from_passes), all
+    four or none (a stage that timed fewer writes none)."""
+    figures = {f"{r['pass']}{'32' if r['param_dtype'] == 'fp32' else '16'}_gbps": round4(r["gbps"])
+               for r in passes}
+    return figures if len(figures) == 4 else {}
 
 
 def duplex_figures(m: dict, groups: list[list[int]], uplink: float) -> dict:

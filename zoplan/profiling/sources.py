@@ -91,6 +91,12 @@ def cuda_sources(settings, *, fit: dict, date: str, num_forwards: int,
                            f"{settings.z_gpu_blocks[0][0] * settings.z_gpu_blocks[0][1]} "
                            "elements with a 16-bit and an fp32 store on GPU 0: bytes read + "
                            "written / time, median of the passes",
+        **{f"device.{kind}{store}_gbps": f"{c}zoexec's {call} over "
+           f"{settings.z_gpu_blocks[0][0] * settings.z_gpu_blocks[0][1]} elements with "
+           f"{what} and 16-bit z on GPU 0: bytes read + written / time (the resident "
+           "parts' passes are priced at it)"
+           for kind, call in (("update", "apply_update"), ("perturb", "perturb_into"))
+           for store, what in (("16", "a 16-bit store"), ("32", "an fp32 store"))},
         "host.memory_gib": f"{c}psutil total memory",
         "host.mem_bw_gbps": f"{c}all {n} GPUs copying {size} pinned at once, one way and both "
                             "ways (the larger total; a lower bound of the host ceiling)",
