@@ -17,12 +17,16 @@ from zoplan.hardware import PROFILES_DIR, HardwareProfile
 from zoplan.io import atomic_write_text, check_writable
 from zoplan.profiling.build import build_profile
 
-__all__ = ["build_profile", "profile_machine"]
+__all__ = ["Say", "StageProgress", "build_profile", "profile_machine"]
+
+Say = Callable[[str], None]   # tick(stage) or warn(message): a line for the user
+# progress() -> a context yielding (tick, warn) while the profiler measures
+StageProgress = Callable[[], AbstractContextManager[tuple[Say, Say]]]
 
 
 def profile_machine(*, profiler: Any, output: Path | None, name: str | None,
                     ranks: int | None, repeats: int, quick: bool, force_cpu: bool,
-                    progress: Callable[[], AbstractContextManager],
+                    progress: StageProgress,
                     time_budget_s: float | None = None) -> tuple[HardwareProfile, Path]:
     """Check the request, measure with `profiler` (zoexec.profiler: make_settings,
     measure) inside `progress()` (which yields tick and warn), build and validate the
