@@ -17,7 +17,7 @@ from zoplan.hardware import PROFILES_DIR, HardwareProfile
 from zoplan.io import atomic_write_text, check_writable
 from zoplan.profiling.build import build_profile
 
-__all__ = ["Say", "StageProgress", "build_profile", "profile_machine"]
+__all__ = ["Profiler", "Say", "StageProgress", "build_profile", "profile_machine"]
 
 Say = Callable[[str], None]   # tick(stage) or warn(message): a line for the user
 # progress() -> a context yielding (tick, warn) while the profiler measures
