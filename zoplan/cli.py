@@ -14,8 +14,10 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
+from collections.abc import Callable
+from dataclasses import Field
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -53,11 +55,15 @@ app = typer.Typer(cls=OneLineUsage, add_completion=False, no_args_is_help=True,
 console = stdout_console()
 
 
-def command(name: str):
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def command(name: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Register a typer command whose ZoErrors become one red line and exit code 2."""
-    def register(func):
+    def register(func: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(func)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             try:
                 return func(*args, **kwargs)
             except ZoError as exc:
@@ -78,7 +84,7 @@ def profiles_cmd() -> None:
     render_profiles(console)
 
 
-def _option_param(f, hint, panel: str) -> inspect.Parameter:
+def _option_param(f: Field[Any], hint: object, panel: str) -> inspect.Parameter:
     """The typer parameter of one request field: default None, so that what was given
     is known and overrides --config; the field's default is what --help shows."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -107,7 +113,8 @@ CONFIG_PARAMS = [
 ]
 
 
-def optimize_cmd(*, config: Path | None = None, print_config: bool = False, **values) -> None:
+def optimize_cmd(*, config: Path | None = None, print_config: bool = False,
+                 **values: Any) -> None:
     """Search PertP x DDP layouts, slice size, prefetch depth, block placement and the
     devices used; write the best as a plan."""
     request = optimize_request(config, values)
@@ -131,10 +138,10 @@ def optimize_cmd(*, config: Path | None = None, print_config: bool = False, **va
             render_tunings(plans, plan.workload.tuning, console, output=out.output)
 
 
-def optimize_request(config: Path | None, values: dict) -> PlanRequest:
+def optimize_request(config: Path | None, values: dict[str, Any]) -> PlanRequest:
     """The checked request: the --config file's options, then those given on the
     command line over them (None: not given; a field's text parsed by the field)."""
-    merged: dict = {}
+    merged: dict[str, Any] = {}
     if config is not None:
         merged = configfile.read_config(config, config_keys(), field_hints())
     parse = {f.name: f.metadata["parse"] for _, f in all_fields()}

@@ -30,8 +30,10 @@ batch's head tokens are batch x head_positions (Workload.head_share).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
 from zoplan.errors import ZoError
 from zoplan.io import atomic_write_text, dumps_canonical, load_json, sha256_path, sha256_text
@@ -41,7 +43,7 @@ _KEYS = ("schema_version", "data", "data_sha256", "task", "tokenizer", "rows_per
          "histogram", "count", "head_positions")
 
 
-def expected_width(histogram, *, batch: int, cap: int) -> float:
+def expected_width(histogram: Iterable[tuple[int, int]], *, batch: int, cap: int) -> float:
     """E[min(cap, the longest of `batch` draws with replacement)] from `histogram`
     ([(width, examples), ...]); see the module docstring."""
     widths: dict[int, int] = {}
@@ -95,8 +97,8 @@ class RowLengths:
     def count(self) -> int:
         return sum(n for _, n in self.histogram)
 
-    def to_dict(self) -> dict:
-        out = {"sha256": self.sha256, "data_sha256": self.data_sha256,
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"sha256": self.sha256, "data_sha256": self.data_sha256,
                "rows_per_example": self.rows_per_example,
                "histogram": [list(pair) for pair in self.histogram]}
         if self.head_positions is not None:
@@ -104,17 +106,19 @@ class RowLengths:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> RowLengths:
+    def from_dict(cls, data: object) -> RowLengths:
+        """A plan's lengths (to_dict's), checked: ValueError or TypeError naming what
+        is wrong."""
         if not isinstance(data, dict):
             raise ValueError(f"lengths must be an object, got {data!r}")
-        data = dict(data)
-        hist = data.get("histogram")
+        fields = dict(data)
+        hist = fields.get("histogram")
         if isinstance(hist, list):
-            data["histogram"] = tuple(tuple(p) if isinstance(p, list) else p for p in hist)
-        return cls(**data)
+            fields["histogram"] = tuple(tuple(p) if isinstance(p, list) else p for p in hist)
+        return cls(**fields)
 
 
-def _check_count(name: str, value) -> None:
+def _check_count(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
 
@@ -127,8 +131,22 @@ def histogram_of(widths: list[int]) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(counts.items()))
 
 
-def lengths_document(*, data: str, task: dict, tokenizer: str, rows_per_example: int,
-                     widths: list[int], head_positions: float) -> dict:
+class LengthsDocument(TypedDict):
+    """A lengths file's content (the module docstring's keys)."""
+
+    schema_version: int
+    data: str
+    data_sha256: str
+    task: dict[str, Any]          # the task's options as run.json records them
+    tokenizer: str
+    rows_per_example: int
+    histogram: list[list[int]]
+    count: int
+    head_positions: float
+
+
+def lengths_document(*, data: str, task: dict[str, Any], tokenizer: str, rows_per_example: int,
+                     widths: list[int], head_positions: float) -> LengthsDocument:
     """The lengths file's content for these measured example widths and the mean
     head positions per example."""
     hist = histogram_of(widths)
@@ -140,7 +158,7 @@ def lengths_document(*, data: str, task: dict, tokenizer: str, rows_per_example:
             "head_positions": head_positions}
 
 
-def write_lengths(path: Path | str, document: dict) -> None:
+def write_lengths(path: Path | str, document: LengthsDocument) -> None:
     atomic_write_text(path, dumps_canonical(document), what="the lengths file")
 
 
@@ -172,7 +190,7 @@ def load_lengths(path: Path | str) -> RowLengths:
     return lengths
 
 
-def _check_data(path, doc: dict, lengths: RowLengths) -> None:
+def _check_data(path: Path | str, doc: dict[str, Any], lengths: RowLengths) -> None:
     """The data file the lengths were measured on, where it is still there, unchanged."""
     data = Path(str(doc["data"]))
     if not data.exists():

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, TypedDict
 
-from zoplan.catalogue import CATALOGUE_CONFIGS
+from zoplan.catalogue import CATALOGUE_CONFIGS, Config
 from zoplan.errors import ZoError
 from zoplan.hubcache import cached_snapshot, is_repo_id, model_folder
 from zoplan.io import load_json
@@ -60,7 +62,7 @@ class ModelSpec:
     qkv_bias: bool = False         # biases on q, k, v (Qwen2, GPT-2, GPT-NeoX, attention_bias)
     out_bias: bool = False         # a bias on the attention output projection
     mlp_bias: bool = False         # biases in the MLP (GPT-2, GPT-NeoX, Llama's mlp_bias)
-    hf_config: dict = field(default_factory=dict, compare=False)
+    hf_config: Config = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -110,8 +112,9 @@ class ModelSpec:
         """Shapes of one block's tensors in the HF module's order (a linear module's
         weight is [out, in], its bias [out])."""
         h, f, a, kv = self.hidden, self.ffn, self.attn_dim, self.kv_dim
-        def linear(n_in, n_out, bias):
-            return [(n_out, n_in)] + ([(n_out,)] if bias else [])
+        def linear(n_in: int, n_out: int, bias: bool) -> list[tuple[int, ...]]:
+            weight: list[tuple[int, ...]] = [(n_out, n_in)]
+            return weight + ([(n_out,)] if bias else [])
         if self.family == "opt":
             attn = [t for _ in range(4) for t in linear(h, h, True)]
             return attn + [(h,)] * 2 + linear(h, f, True) + linear(f, h, True) + [(h,)] * 2
@@ -131,11 +134,11 @@ class ModelSpec:
     def resident_tensor_shapes(self) -> list[tuple[int, ...]]:
         """Shapes of the resident tensors in named_parameters order."""
         h, v = self.hidden, self.vocab
-        norm = [(h,)] * (2 if self.layer_norm else 1)
+        norm: list[tuple[int, ...]] = [(h,)] * (2 if self.layer_norm else 1)
         wdim = self.word_embed_proj_dim or h
-        head = [] if self.tied_head else [(v, wdim)]
+        head: list[tuple[int, ...]] = [] if self.tied_head else [(v, wdim)]
         if self.family == "opt":
-            out = [(v, wdim), (self.max_positions + 2, h)]
+            out: list[tuple[int, ...]] = [(v, wdim), (self.max_positions + 2, h)]
             out += norm if self.final_norm else []
             out += [(h, wdim), (wdim, h)] if wdim != h else []
             return out + head
@@ -290,6 +293,7 @@ class ModelSpec:
         b = dtype_bytes(dtype)
         h, v = self.hidden, self.vocab
         width = self.word_embed_proj_dim or h
+        norm: float
         if self.layer_norm:
             norm = h * b + (width * b if width != h else 0)
         else:
@@ -297,11 +301,11 @@ class ModelSpec:
         per_token = max(norm, (width + v) * b, 8 * v) + 8
         return int(tokens * per_token)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> ModelSpec:
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
         try:
             return cls(**data)
         except (TypeError, ValueError) as exc:
@@ -338,7 +342,7 @@ def hf_key(family: str, key: str) -> str:
     return HF_KEYS.get(family, {}).get(key, key)
 
 
-def check_shape(values: dict, *, hf_family: str = "") -> None:
+def check_shape(values: Mapping[str, object], *, hf_family: str = "") -> None:
     """Raise ValueError naming the first shape figure (a ModelSpec field, or with
     `hf_family` its config.json key) that is not a whole number within SHAPE_BOUNDS, and
     the heads that do not divide what they split."""
@@ -354,14 +358,14 @@ def check_shape(values: dict, *, hf_family: str = "") -> None:
             raise ValueError(f"{label} must be a whole number, got {value!r}")
         if not low <= value <= high:
             raise ValueError(f"{label} is {value}, outside {low}..{high}")
-    heads, kv = values.get("num_heads"), values.get("num_kv_heads")
-    if heads and kv and heads % kv:
+    heads, kv = values.get("num_heads"), values.get("num_kv_heads")   # checked above
+    if isinstance(heads, int) and isinstance(kv, int) and heads and kv and heads % kv:
         raise ValueError(f"num_attention_heads ({heads}) is not a multiple of "
                          f"num_key_value_heads ({kv})" if hf_names else
                          f"num_heads ({heads}) is not a multiple of num_kv_heads ({kv})")
 
 
-def _config_int(config: dict, key: str, default: int | None = None) -> object:
+def _config_int(config: Mapping[str, object], key: str, default: int | None = None) -> object:
     """A config figure as given (checked by check_shape); null or absent: `default`."""
     value = config.get(key)
     if value is None:
@@ -371,36 +375,53 @@ def _config_int(config: dict, key: str, default: int | None = None) -> object:
     return value
 
 
-def _config_shape(config: dict, family: str) -> dict:
+def _checked_shape(values: dict[str, object], family: str) -> dict[str, int]:
+    """`values` (ModelSpec shape fields) once check_shape has found each a whole number
+    within its bounds (ValueError naming the first that is not)."""
+    check_shape(values, hf_family=family)
+    shape: dict[str, int] = {}
+    for key, value in values.items():
+        assert key in SHAPE_BOUNDS and isinstance(value, int), key   # what check_shape checks
+        shape[key] = value
+    return shape
+
+
+def _config_shape(config: Mapping[str, object], family: str) -> dict[str, int]:
     """The ModelSpec shape figures of an HF config, checked (ValueError, KeyError)."""
-    def get(key, default=None):
+    def get(key: str, default: int | None = None) -> object:
         return _config_int(config, hf_key(family, key), default)
 
-    shape = {"num_layers": get("num_hidden_layers"), "hidden": get("hidden_size"),
-             "num_heads": get("num_attention_heads"), "vocab": get("vocab_size"),
-             "max_positions": get("max_position_embeddings")}
-    check_shape(shape, hf_family=family)
+    shape = _checked_shape({"num_layers": get("num_hidden_layers"), "hidden": get("hidden_size"),
+                            "num_heads": get("num_attention_heads"), "vocab": get("vocab_size"),
+                            "max_positions": get("max_position_embeddings")}, family)
     hidden, heads = shape["hidden"], shape["num_heads"]
     own_heads = family in LAYER_NORM       # no grouped-query attention, head_dim = hidden / heads
-    shape["ffn"] = get("intermediate_size", 4 * hidden if family == "gpt2" else None)
-    shape["num_kv_heads"] = heads if own_heads else get("num_key_value_heads", heads)
+    more: dict[str, object] = {
+        "ffn": get("intermediate_size", 4 * hidden if family == "gpt2" else None),
+        "num_kv_heads": heads if own_heads else get("num_key_value_heads", heads)}
     if family == "opt":
-        shape["word_embed_proj_dim"] = get("word_embed_proj_dim", hidden)
+        more["word_embed_proj_dim"] = get("word_embed_proj_dim", hidden)
     head_dim = None if own_heads else config.get("head_dim")
     if head_dim is None and not own_heads:
         head_dim = HEAD_DIM_DEFAULT.get(family)    # transformers' config class default
     if head_dim is None and hidden % heads:
         raise ValueError(f"{hf_key(family, 'hidden_size')} ({hidden}) is not a multiple of "
                          f"{hf_key(family, 'num_attention_heads')} ({heads})")
-    shape["head_dim"] = hidden // heads if head_dim is None else head_dim
-    check_shape(shape, hf_family=family)
+    more["head_dim"] = hidden // heads if head_dim is None else head_dim
+    shape = _checked_shape({**shape, **more}, family)
     for flag in _FLAGS:
         if config.get(flag) is not None and not isinstance(config[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {config[flag]!r}")
     return shape
 
 
-def _biases(config: dict, family: str) -> dict:
+class _Biases(TypedDict):
+    qkv_bias: bool
+    out_bias: bool
+    mlp_bias: bool
+
+
+def _biases(config: Mapping[str, object], family: str) -> _Biases:
     """qkv_bias, out_bias, mlp_bias of a family's config (fixed or attention_bias and
     mlp_bias as transformers' config classes default them)."""
     if family in ("opt", "gpt2"):
@@ -414,29 +435,34 @@ def _biases(config: dict, family: str) -> dict:
     return {"qkv_bias": attention, "out_bias": attention, "mlp_bias": mlp}
 
 
-def spec_from_hf_config(config: dict, *, name: str) -> ModelSpec:
+def spec_from_hf_config(config: Mapping[str, object], *, name: str) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config dict (FAMILIES). Every shape
     figure must be a whole number within SHAPE_BOUNDS and the heads must divide what
     they split: anything else is one ZoError naming the config key."""
     family = config.get("model_type")
-    if family not in FAMILIES:
-        lacks = UNSUPPORTED.get(family, "no adapter for this family in zoexec/model/")
+    if not isinstance(family, str) or family not in FAMILIES:
+        lacks = "no adapter for this family in zoexec/model/"
+        if isinstance(family, str):
+            lacks = UNSUPPORTED.get(family, lacks)
         raise ZoError(f"model {name}: model_type {family!r} is not supported ({lacks}); "
                       f"supported: {', '.join(FAMILIES)}")
     try:
         shape = _config_shape(config, family)
-        common = dict(name=name, family=family, hf_config=dict(config), **_biases(config, family),
-                      tied_head=bool(config.get("tie_word_embeddings", family in TIED_DEFAULT)),
-                      **{k: shape[k] for k in ("num_layers", "hidden", "num_heads", "vocab",
-                                               "max_positions", "ffn", "num_kv_heads",
-                                               "head_dim")})
+        wdim, final_norm = 0, True   # ModelSpec's defaults: OPT's configs alone set them
         if family == "opt":
             wdim = shape["word_embed_proj_dim"]
+            wdim = wdim if wdim != shape["hidden"] else 0
             pre_ln = bool(config.get("do_layer_norm_before", True))
             remove_final = bool(config.get("_remove_final_layer_norm", False))
-            return ModelSpec(**common, word_embed_proj_dim=wdim if wdim != shape["hidden"] else 0,
-                             final_norm=pre_ln and not remove_final)
-        return ModelSpec(**common)
+            final_norm = pre_ln and not remove_final
+        return ModelSpec(name=name, family=family, hf_config=dict(config),
+                         **_biases(config, family),
+                         tied_head=bool(config.get("tie_word_embeddings", family in TIED_DEFAULT)),
+                         num_layers=shape["num_layers"], hidden=shape["hidden"],
+                         num_heads=shape["num_heads"], vocab=shape["vocab"],
+                         max_positions=shape["max_positions"], ffn=shape["ffn"],
+                         num_kv_heads=shape["num_kv_heads"], head_dim=shape["head_dim"],
+                         word_embed_proj_dim=wdim, final_norm=final_norm)
     except KeyError as exc:
         raise ZoError(f"model {name}: config has no {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
@@ -470,7 +496,7 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 
 # ---- one generic block (what `zoplan profile` times) -----------------------------------------
-def one_block_config(hidden: int, seq: int, family: str = "opt") -> dict:
+def one_block_config(hidden: int, seq: int, family: str = "opt") -> Config:
     """An HF config of a generic one-block model of `family`: OPT with a 4h MLP, or
     Llama (Qwen3) with a gated 8h/3 MLP; 64-dim heads, a 64-token vocabulary."""
     heads = max(1, hidden // 64)
@@ -488,8 +514,22 @@ def one_block_config(hidden: int, seq: int, family: str = "opt") -> dict:
             "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
 
 
+class BlockWork(TypedDict):
+    """block_forward_work's figures (one timed forward's work)."""
+
+    family: str
+    hidden: int
+    batch: int
+    seq: int
+    tokens: int
+    flops: float
+    attn_flops: float
+    elems: float
+    weight_bytes: int
+
+
 def block_forward_work(hidden: int, batch: int, seq: int, *, dtype_bytes: int,
-                       family: str = "opt", split: bool = True) -> dict:
+                       family: str = "opt", split: bool = True) -> BlockWork:
     """The work of one forward of one_block_config's block over batch x seq tokens:
     `flops` (GEMMs; with attention when not `split`), `attn_flops` and `elems`
     (element-wise outputs), and the block's `weight_bytes` (see

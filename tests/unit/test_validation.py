@@ -117,6 +117,7 @@ CONFIG_CASES = [
     ("head_dim 0", {**LLAMA, "head_dim": 0}, "head_dim is 0, outside 1..16384"),
     ("flag not a boolean", {**OPT, "tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
     ("missing key", {k: v for k, v in OPT.items() if k != "vocab_size"}, "config has no 'vocab_size'"),
+    ("model_type a list", {**OPT, "model_type": ["opt"]}, "model_type ['opt'] is not supported"),
 ]
 
 

@@ -14,7 +14,7 @@ from zoexec.data.sources import make_task_source
 from zoexec.data.text import TOKENIZER_FILES
 from zoplan.errors import ZoError
 from zoplan.io import check_writable, need_folder, need_input
-from zoplan.lengths import lengths_document, write_lengths
+from zoplan.lengths import LengthsDocument, lengths_document, write_lengths
 from zoplan.models import get_model
 from zoplan.workload import MAX_SEQ
 
@@ -44,7 +44,7 @@ def example_rows(source) -> tuple[list[int], int, float]:
     return widths, max(rows), labelled / len(widths)
 
 
-def measure_lengths(data: Path, spec: TaskOptions, *, model_dir: Path, output: Path) -> dict:
+def measure_lengths(data: Path, spec: TaskOptions, *, model_dir: Path, output: Path) -> LengthsDocument:
     """Tokenise `data` as task `spec` with `model_dir`'s tokenizer and write the lengths
     file `output`; returns what it wrote."""
     if spec.type.packed:

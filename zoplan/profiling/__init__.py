@@ -11,18 +11,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from zoplan.hardware import PROFILES_DIR, HardwareProfile
 from zoplan.io import atomic_write_text, check_writable
 from zoplan.profiling.build import build_profile
 
-__all__ = ["build_profile", "profile_machine"]
+__all__ = ["Profiler", "Say", "StageProgress", "build_profile", "profile_machine"]
+
+Say = Callable[[str], None]   # tick(stage) or warn(message): a line for the user
+# progress() -> a context yielding (tick, warn) while the profiler measures
+StageProgress = Callable[[], AbstractContextManager[tuple[Say, Say]]]
+_S = TypeVar("_S")
 
 
-def profile_machine(*, profiler: Any, output: Path | None, name: str | None,
+class Profiler(Protocol[_S]):
+    """The measuring side (zoexec.profiler, passed in by the CLI): its settings of a
+    request, and the samples measured with them (plain JSON types)."""
+
+    def make_settings(self, *, ranks: int | None, repeats: int, quick: bool,
+                      force_cpu: bool, time_budget_s: float | None = None) -> _S: ...
+
+    def measure(self, settings: _S, *, tick: Say, warn: Say) -> dict[str, Any]: ...
+
+
+def profile_machine(*, profiler: Profiler[_S], output: Path | None, name: str | None,
                     ranks: int | None, repeats: int, quick: bool, force_cpu: bool,
-                    progress: Callable[[], AbstractContextManager],
+                    progress: StageProgress,
                     time_budget_s: float | None = None) -> tuple[HardwareProfile, Path]:
     """Check the request, measure with `profiler` (zoexec.profiler: make_settings,
     measure) inside `progress()` (which yields tick and warn), build and validate the

@@ -2,18 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
 from zoplan.execrules import threads_per_rank
 from zoplan.profiling.fits import SHARE_THRESHOLD
 
 KIB, MIB = 2**10, 2**20
 
 
+class MeasuredSettings(Protocol):
+    """What the notes read of the settings the samples were measured with
+    (zoexec.profiler.settings.Settings, as the samples record it)."""
+
+    @property
+    def ranks(self) -> int: ...
+    @property
+    def cores(self) -> int: ...
+    @property
+    def copy_bytes(self) -> int: ...
+    @property
+    def store_bytes(self) -> int: ...
+    @property
+    def gather_sizes(self) -> Sequence[int]: ...
+    @property
+    def zo_hidden(self) -> int: ...
+    @property
+    def reference_shape(self) -> Sequence[object]: ...   # (family, hidden, batch, seq)
+    @property
+    def z_hiddens(self) -> Sequence[int]: ...
+    @property
+    def z_gpu_blocks(self) -> Sequence[Sequence[int]]: ...   # (tensors, elements each)
+    @property
+    def speed_checks(self) -> Mapping[str, Mapping[str, int]]: ...
+
+
 def note(date: str, what: str) -> str:
     return f"[M] zoplan profile {date} {what}"
 
 
-def cpu_sources(settings, *, threads: int, fit: dict, date: str,
-                 num_forwards: int) -> dict:
+def cpu_sources(settings: MeasuredSettings, *, threads: int, fit: Mapping[str, float],
+                date: str, num_forwards: int) -> dict[str, str]:
     """The source note of each figure of a CPU profile."""
     c = note(date, "")
     k = settings.ranks
@@ -76,8 +105,8 @@ def cpu_sources(settings, *, threads: int, fit: dict, date: str,
 
 
 
-def cuda_sources(settings, *, fit: dict, date: str, num_forwards: int,
-                 uplink_duplex: bool = False) -> dict:
+def cuda_sources(settings: MeasuredSettings, *, fit: Mapping[str, float], date: str,
+                 num_forwards: int, uplink_duplex: bool = False) -> dict[str, str]:
     """The source note of each figure of a CUDA profile."""
     n = settings.ranks
     c = note(date, "")

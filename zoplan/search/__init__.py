@@ -11,13 +11,14 @@ resolves and checks the request, searches, and writes plan.json; the views print
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from zoplan.io import check_writable
 from zoplan.names import AUTO_TUNING
 from zoplan.plan import Plan
 from zoplan.request import PlanRequest, TuningOptions, option_fields
 from zoplan.search.build import build_plan
-from zoplan.search.evaluate import SearchResult, paused_gc, search
+from zoplan.search.evaluate import Progress, SearchResult, paused_gc, search
 from zoplan.search.sensitivity import with_sensitivity
 from zoplan.search.space import Request, resolve, resolve_request
 from zoplan.search.tuning import faster
@@ -26,7 +27,8 @@ __all__ = ["Request", "SearchResult", "build_plan", "optimize", "plan_request", 
            "resolve_request", "search"]
 
 
-def plan_request(request: PlanRequest, *, progress=None) -> tuple[Plan, dict[str, Plan] | None]:
+def plan_request(request: PlanRequest, *, progress: Progress | None = None
+                 ) -> tuple[Plan, dict[str, Plan] | None]:
     """Search for a checked request (zoplan.request) and write the winner's plan to its
     --out. `progress(total) -> tick` (zoplan.views.optimize.search_progress) follows the
     search. With --tuning auto: the best full plan and the best LoRA plan (--update
@@ -54,7 +56,8 @@ def plan_request(request: PlanRequest, *, progress=None) -> tuple[Plan, dict[str
     return plan, None
 
 
-def optimize(*, output: Path, progress=None, estimator: dict | None = None, **values) -> Plan:
+def optimize(*, output: Path, progress: Progress | None = None,
+             estimator: dict[str, Any] | None = None, **values: Any) -> Plan:
     """plan_request of the request made of `values` (zoplan.request's fields by name:
     model, gpus, profile, batch, seq, ...; `estimator`: a dict of its settings), written
     to `output`. The library's default leaves the sensitivity out (`sensitivity=True`
@@ -64,14 +67,14 @@ def optimize(*, output: Path, progress=None, estimator: dict | None = None, **va
     return plan_request(request, progress=progress)[0]
 
 
-def _inputs(request: PlanRequest) -> tuple:
+def _inputs(request: PlanRequest) -> tuple[str | Path | None, ...]:
     """The files a plan must never replace: the profile, the model's config, the lengths."""
     lengths = request.workload.lengths
     return (request.hardware.profile, request.workload.model,
             None if lengths is None else str(lengths))
 
 
-def check_output(output: Path, *, inputs: tuple = ()) -> None:
+def check_output(output: Path, *, inputs: tuple[str | Path | None, ...] = ()) -> None:
     """Fail before searching, and never replace a device, a folder or an input (a
     profile, a model config, a lengths file) with a plan."""
     check_writable(output, what="the plan to", inputs=inputs)

@@ -13,8 +13,8 @@ from zoplan.io import sha256_json
 from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, compact_ranks, tool_info
 from zoplan.pricing.collectives import internode_allreduce_s
 from zoplan.pricing.stragglers import node_spread
-from zoplan.search.evaluate import UNSLICED_TOLERANCE, SearchResult, known
-from zoplan.search.space import Candidate, Pruned, Request
+from zoplan.search.evaluate import UNSLICED_TOLERANCE, SearchResult
+from zoplan.search.space import Axes, Candidate, Pruned, Request, known
 from zoplan.sim.bounds import StepBounds
 from zoplan.sim.memory import RESIDENT_MARGIN, resident_margin_bytes
 from zoplan.sim.nodes import job_step_s, one_node_step_s, scaling_efficiency, sweep_counts
@@ -95,9 +95,8 @@ def _mezo_entry(result: SearchResult) -> dict[str, Any]:
     return {"mezo": entry}
 
 
-def _world(axes: dict[str, Any]) -> int:
-    world: int = axes["pertp"] * axes["ddp"]
-    return world
+def _world(axes: Axes) -> int:
+    return axes["pertp"] * axes["ddp"]
 
 
 def _pruned_entry(p: Pruned) -> dict[str, Any]:

@@ -20,14 +20,22 @@ import gc
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from zoplan.errors import ZoError
 from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
 from zoplan.layout import Layout, axes_label
 from zoplan.pricing.baselines import zo2_memory, zo2_step
 from zoplan.pricing.devicemem import NVML_LABELS
-from zoplan.search.space import Candidate, Pruned, Request, enumerate_space, make_candidate
+from zoplan.search.space import (
+    Candidate,
+    CandidateKey,
+    Pruned,
+    Request,
+    enumerate_space,
+    known,
+    make_candidate,
+)
 from zoplan.sim.bounds import step_bounds
 from zoplan.sim.costs import StepCosts, step_costs
 from zoplan.sim.graph import build_step_graph
@@ -49,19 +57,9 @@ WINNER_MARGIN = 2e-3  # accepted extrapolations are within ~0.2% of full simulat
 UNSLICED_TOLERANCE = 0.01  # the unsliced baseline is the best slices-1 layout within 1%
 
 # what estimate_step_s found for a candidate's key: (step, method, the full simulation)
-Cache = dict[tuple[Any, ...], tuple[float, str, SimResult | None]]
+Cache = dict[CandidateKey, tuple[float, str, SimResult | None]]
 Tick = Callable[[], None]
-_T = TypeVar("_T")
-
-
-def known(value: _T | None) -> _T:
-    """A figure of a candidate the search has set by the time it is read (its costs and
-    bounds once it fits, its step once evaluated, its simulation once simulated in
-    full), narrowed from Optional for the type checker."""
-    assert value is not None, "a candidate's figure read before the search set it"
-    return value
-
-
+Progress = Callable[[int], Tick | None]   # progress(total) -> tick, called as the search starts
 
 def fmt_seconds(seconds: float) -> str:
     """4 significant digits in s, ms or us."""
@@ -216,7 +214,7 @@ def paused_gc() -> Iterator[None]:
 
 
 def search(req: Request, *,
-           progress: Callable[[int], Tick | None] | None = None) -> SearchResult:
+           progress: Progress | None = None) -> SearchResult:
     """Run the whole search (the garbage collector paused: paused_gc); `progress(total)`
     returns a tick function (or None)."""
     with paused_gc():
@@ -224,7 +222,7 @@ def search(req: Request, *,
 
 
 def _search(req: Request, *,
-            progress: Callable[[int], Tick | None] | None = None) -> SearchResult:
+            progress: Progress | None = None) -> SearchResult:
     candidates, pruned = enumerate_space(req, req.fixed)
     if not candidates:
         raise ZoError(_nothing_fits(req, pruned))

@@ -20,7 +20,9 @@ import dataclasses
 import functools
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, TypedDict, TypeVar
 
 from zoplan.errors import ZoError
 from zoplan.hardware import DEFAULT_PROFILE, HardwareProfile, is_shipped_guess, load_profile
@@ -47,6 +49,44 @@ FAMILY_PRECISION = {"opt": "fp16", "llama": "bf16", "qwen3": "bf16", "qwen2": "b
                     "gpt_neox": "fp16"}
 CPU_PRECISION = "fp32"
 TRAINING_UPDATES = ("master", "stochastic")   # the update modes that train (searched)
+_T = TypeVar("_T")
+
+
+def known(value: _T | None) -> _T:
+    """A figure of a candidate the search has set by the time it is read (its costs and
+    bounds once it fits, its step once evaluated, its simulation once simulated in
+    full), narrowed from Optional for the type checker."""
+    assert value is not None, "a candidate's figure read before the search set it"
+    return value
+
+
+class FixedAxes(TypedDict, total=False):
+    """The axes a request fixes (the options given), the rest searched."""
+
+    pertp: int
+    slices: int
+    prefetch: int
+    update: str
+    max_gpu_memory: float
+    placement: str
+
+
+# A layout's axes by name (Layout's fields; also those of one that is not valid):
+# slice_update is a bool, the others counts.
+Axes = dict[str, int]
+
+
+# What makes two candidates the same step (the search simulates each once).
+CandidateKey = tuple[Layout, Workload, tuple[bool, ...]]
+
+
+class _Settings(TypedDict):
+    """What every workload of a request shares."""
+
+    batch: int
+    seq: int
+    compute_dtype: str
+    tf32: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +98,7 @@ class Request:
     gpus: int                   # the most devices the plan may use (--gpus)
     workloads: tuple[Workload, ...]   # one per update mode searched
     nodes: int                  # nodes of `gpus`
-    fixed: dict                 # axis -> fixed value (pertp, slices, prefetch, update)
+    fixed: FixedAxes            # axis -> fixed value (pertp, slices, prefetch, update, ...)
     precision_note: str
     placement: str = "auto"     # "host": every block offloaded; "auto": the search decides
     worlds: tuple[tuple[int, int], ...] = ()   # (devices, nodes) searched; () = (gpus, nodes)
@@ -86,8 +126,8 @@ class Request:
         return self.workloads[0]
 
 
-def resolve_request(*, fewer: bool = True, estimator: dict | None = None,
-                    **values) -> Request:
+def resolve_request(*, fewer: bool = True, estimator: dict[str, Any] | None = None,
+                    **values: Any) -> Request:
     """The search's request of `values`, zoplan.request's fields by name (model, gpus,
     profile, batch, seq, ..., tuning "full", "lora" or "prefix"; `estimator`: the
     estimator's settings, zoplan.estimators, default MeZO-SGD), checked there: see
@@ -116,7 +156,9 @@ def resolve(request: PlanRequest, *, fewer: bool = True) -> Request:
     _check_fixed(hw, gpus // nodes, pertp=pertp, slices=lay.slices)
     dtype, note = _precision(hw, spec, w.precision)
     rows = load_lengths(str(w.lengths)) if w.lengths is not None else None
-    settings = {"batch": w.batch, "seq": w.seq, "compute_dtype": dtype, "tf32": w.tf32}
+    settings: _Settings = {"batch": w.batch, "seq": w.seq, "compute_dtype": dtype,
+                           "tf32": w.tf32}
+    workloads: tuple[Workload, ...]
     if tuning == "lora":
         lora = _lora_workload(spec, update, r=tune.lora_r, alpha=tune.lora_alpha,
                               targets=tune.lora_targets, **settings)
@@ -141,10 +183,8 @@ def resolve(request: PlanRequest, *, fewer: bool = True) -> Request:
     if w.update_kernel != "torch":
         workloads = _with_update_kernel(workloads, w.update_kernel)
         note += f"; update kernel {w.update_kernel}"
-    fixed = {k: v for k, v in (("pertp", pertp), ("slices", lay.slices),
-                               ("prefetch", lay.prefetch), ("update", update),
-                               ("max_gpu_memory", request.hardware.max_gpu_memory))
-             if v is not None}
+    fixed = _fixed_axes(pertp=pertp, slices=lay.slices, prefetch=lay.prefetch, update=update,
+                        max_gpu_memory=request.hardware.max_gpu_memory)
     if lay.placement != "auto":
         fixed["placement"] = lay.placement
     worlds = world_sizes(hw, gpus) if fewer and lay.ddp is None else ((gpus, nodes),)
@@ -156,6 +196,23 @@ def resolve(request: PlanRequest, *, fewer: bool = True) -> Request:
                    fixed=fixed, precision_note=note, placement=lay.placement, worlds=worlds,
                    rough_profile=is_shipped_guess(hw),
                    max_gpu_memory_gib=request.hardware.max_gpu_memory)
+
+
+def _fixed_axes(*, pertp: int | None, slices: int | None, prefetch: int | None,
+                update: str | None, max_gpu_memory: float | None) -> FixedAxes:
+    """The axes given (those not None)."""
+    fixed: FixedAxes = {}
+    if pertp is not None:
+        fixed["pertp"] = pertp
+    if slices is not None:
+        fixed["slices"] = slices
+    if prefetch is not None:
+        fixed["prefetch"] = prefetch
+    if update is not None:
+        fixed["update"] = update
+    if max_gpu_memory is not None:
+        fixed["max_gpu_memory"] = max_gpu_memory
+    return fixed
 
 
 def world_sizes(hw: HardwareProfile, gpus: int) -> tuple[tuple[int, int], ...]:
@@ -174,7 +231,8 @@ def world_sizes(hw: HardwareProfile, gpus: int) -> tuple[tuple[int, int], ...]:
     return tuple(out + [(g, 1) for g in range(gpn - 1, 0, -1) if gpn % g == 0])
 
 
-def _with_estimator(workloads: tuple[Workload, ...], estimator: dict) -> tuple[Workload, ...]:
+def _with_estimator(workloads: tuple[Workload, ...],
+                    estimator: dict[str, Any]) -> tuple[Workload, ...]:
     """The workloads with the estimator's settings (a ZoError naming a bad one)."""
     try:
         return tuple(dataclasses.replace(w, **estimator) for w in workloads)
@@ -182,8 +240,8 @@ def _with_estimator(workloads: tuple[Workload, ...], estimator: dict) -> tuple[W
         raise ZoError(f"--{str(exc).replace('_', '-')}") from None
 
 
-def _prefix_workload(spec: ModelSpec, update: str | None, *, tokens: int, seq: int,
-                     **settings) -> Workload:
+def _prefix_workload(spec: ModelSpec, update: str | None, *, tokens: int, batch: int,
+                     seq: int, compute_dtype: str, tf32: bool) -> Workload:
     """The prefix workload: its prefix and the sequence within the model's positions
     (the input sits after the prefix), its update the prefix's own (fp32 masters)."""
     if update is not None:
@@ -194,13 +252,15 @@ def _prefix_workload(spec: ModelSpec, update: str | None, *, tokens: int, seq: i
                       f"{spec.max_positions} positions of {spec.name} (the input sits after "
                       f"the prefix)")
     try:
-        return Workload.for_prefix(tokens=tokens, seq=seq, **settings)
+        return Workload.for_prefix(tokens=tokens, batch=batch, seq=seq,
+                                   compute_dtype=compute_dtype, tf32=tf32)
     except ValueError as exc:
         raise ZoError(f"tuning prefix: {exc}") from None
 
 
-def _lora_workload(spec: ModelSpec, update: str | None, *, targets: tuple[str, ...],
-                   **settings) -> Workload:
+def _lora_workload(spec: ModelSpec, update: str | None, *, r: int, alpha: int,
+                   targets: tuple[str, ...], batch: int, seq: int, compute_dtype: str,
+                   tf32: bool) -> Workload:
     """The LoRA workload: its targets linear modules of the model's blocks, its update
     the adapters' own (fp32 masters, no --update)."""
     if update is not None:
@@ -208,7 +268,8 @@ def _lora_workload(spec: ModelSpec, update: str | None, *, targets: tuple[str, .
                       f"masters and the base is never updated")
     try:
         check_targets(spec, tuple(targets))
-        return Workload.for_lora(targets=tuple(targets), **settings)
+        return Workload.for_lora(targets=tuple(targets), batch=batch, seq=seq,
+                                 compute_dtype=compute_dtype, tf32=tf32, r=r, alpha=alpha)
     except ValueError as exc:
         raise ZoError(f"tuning lora: {exc}") from None
 
@@ -252,7 +313,8 @@ def _fixed_pertp(gpus: int, pertp: int | None, ddp: int | None) -> int | None:
     return gpus // ddp
 
 
-def _check_fixed(hw: HardwareProfile, local: int, *, pertp, slices) -> None:
+def _check_fixed(hw: HardwareProfile, local: int, *, pertp: int | None,
+                 slices: int | None) -> None:
     if pertp == 2 and local % 2:
         raise ZoError(f"pertp 2 needs an even number of ranks per node, got {local}")
     if slices is not None:
@@ -319,40 +381,43 @@ class Candidate:
     @property
     def lower_bound_s(self) -> float:
         """A lower bound on the job's step: the node's, at the slowest node's pace."""
-        return self.bounds.lower_bound_s * self.straggler
+        return known(self.bounds).lower_bound_s * self.straggler
 
     @property
     def tokens_per_s(self) -> float:
-        return self.workload.tokens_per_step / self.step_time_s
+        return self.workload.tokens_per_step / known(self.step_time_s)
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> CandidateKey:
         return (self.layout, self.workload, self.resident)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Pruned:
-    layout: dict
+    layout: Axes
     update: str
     reason: str
     overshoot: float = math.inf   # memory needed / memory there (for "does not fit")
     resident: int = 0
 
 
-def enumerate_space(req: Request, fixed: dict) -> tuple[list[Candidate], list[Pruned]]:
+def enumerate_space(req: Request, fixed: FixedAxes) -> tuple[list[Candidate], list[Pruned]]:
     """Every layout of the space (fixed axes held), on every world size searched,
     split into fitting candidates and pruned ones with their reasons; with placement
     "auto" each fitting layout also comes with the most resident blocks that fit."""
-    candidates, pruned = [], []
+    candidates: list[Candidate] = []
+    pruned: list[Pruned] = []
     for gpus, nodes in req.world_sizes:
         for workload in req.workloads:
             for pertp, slices, prefetch, su in layout_axes(req, fixed, gpus, nodes,
                                                            read_only=workload.frozen_base):
-                axes = {"pertp": pertp, "ddp": gpus // pertp, "nodes": nodes,
-                        "slices": slices, "prefetch": prefetch, "slice_update": su}
+                axes: Axes = {"pertp": pertp, "ddp": gpus // pertp, "nodes": nodes,
+                              "slices": slices, "prefetch": prefetch, "slice_update": su}
                 reason, overshoot = invalid_reason(req, axes, gpus=gpus), math.inf
                 if reason is None:
-                    cand = make_candidate(req, Layout(**axes), workload)
+                    layout = Layout(pertp=pertp, ddp=gpus // pertp, nodes=nodes, slices=slices,
+                                    prefetch=prefetch, slice_update=su)
+                    cand = make_candidate(req, layout, workload)
                     reason, overshoot = cand.memory.reason, cand.memory.overshoot
                 if reason is not None:
                     if gpus == req.gpus or not reason.startswith("invalid"):
@@ -367,7 +432,8 @@ def enumerate_space(req: Request, fixed: dict) -> tuple[list[Candidate], list[Pr
     return candidates, pruned
 
 
-def layout_axes(req: Request, fixed: dict, gpus: int, nodes: int, *, read_only: bool = False):
+def layout_axes(req: Request, fixed: FixedAxes, gpus: int, nodes: int, *,
+                read_only: bool = False) -> Iterator[tuple[int, int, int, bool]]:
     """(pertp, slices, prefetch, slice_update) of every layout of this world size
     (`read_only`, LoRA: the base is never updated, slice_update has nothing to do)."""
     pertps, slices, prefetches = axis_values(req, fixed, gpus=gpus, nodes=nodes)
@@ -376,7 +442,7 @@ def layout_axes(req: Request, fixed: dict, gpus: int, nodes: int, *, read_only: 
             yield pertp, s, prefetch, su
 
 
-def axis_values(req: Request, fixed: dict, *, gpus: int | None = None,
+def axis_values(req: Request, fixed: FixedAxes, *, gpus: int | None = None,
                 nodes: int | None = None) -> tuple[list[int], list[int], list[int]]:
     """Values of (pertp, slices, prefetch) to search: the fixed one, or every value the
     node allows (slice group sizes that divide its ranks and stay on the fast fabric)."""
@@ -389,7 +455,7 @@ def axis_values(req: Request, fixed: dict, *, gpus: int | None = None,
             [fixed["prefetch"]] if "prefetch" in fixed else list(SEARCH_PREFETCH))
 
 
-def invalid_reason(req: Request, axes: dict, *, gpus: int | None = None) -> str | None:
+def invalid_reason(req: Request, axes: Axes, *, gpus: int | None = None) -> str | None:
     """Why these axes are not a runnable layout on `gpus` devices (None when they are)."""
     gpus = gpus or axes["pertp"] * axes["ddp"]
     local = gpus // axes["nodes"]
@@ -426,7 +492,7 @@ def resident_candidate(req: Request, cand: Candidate) -> Candidate | None:
                              workload=cand.workload, layout=cand.layout,
                              resident_blocks=sum(resident))
     assert memory.reason is None, memory.reason
-    costs = dataclasses.replace(cand.costs, resident=resident, period=period)
+    costs = dataclasses.replace(known(cand.costs), resident=resident, period=period)
     return dataclasses.replace(cand, memory=memory, costs=costs, bounds=step_bounds(costs),
                                resident=resident, period=period)
 

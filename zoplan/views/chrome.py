@@ -17,6 +17,7 @@ plan (or the trace), up to the rounding of each to a nanosecond.
 from __future__ import annotations
 
 import json
+from typing import NotRequired, TypedDict
 
 from zoplan.trace import LANES, NO_BLOCK, Span
 
@@ -24,12 +25,31 @@ PREDICTED = "predicted"
 MEASURED = "measured"
 
 
+class TraceEvent(TypedDict):
+    """One event: a complete one ("X": cat, ts, dur) or metadata ("M")."""
+
+    name: str
+    cat: NotRequired[str]
+    ph: str
+    pid: int
+    tid: int
+    ts: NotRequired[float]
+    dur: NotRequired[float]
+    args: dict[str, object]
+
+
+class ChromeTrace(TypedDict):
+    traceEvents: list[TraceEvent]
+    displayTimeUnit: str
+    otherData: dict[str, object]
+
+
 def measured_pid_offset(world_size: int) -> int:
     """First pid of the measured ranks: 10000, or the next power of ten above the world."""
-    return max(10_000, 10 ** len(str(world_size)))
+    return max(10_000, int(10 ** len(str(world_size))))
 
 
-def span_event(span: Span, *, pid: int) -> dict:
+def span_event(span: Span, *, pid: int) -> TraceEvent:
     name = span.kind if span.block == NO_BLOCK else f"{span.kind} b{span.block}"
     return {"name": name, "cat": span.kind, "ph": "X", "pid": pid,
             "tid": LANES.index(span.lane) if span.lane in LANES else len(LANES),
@@ -38,8 +58,8 @@ def span_event(span: Span, *, pid: int) -> dict:
                      "task": span.name}}
 
 
-def metadata_events(*, pid: int, rank: int, source: str, sort_index: int) -> list[dict]:
-    events = [
+def metadata_events(*, pid: int, rank: int, source: str, sort_index: int) -> list[TraceEvent]:
+    events: list[TraceEvent] = [
         {"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
          "args": {"name": f"{source} rank {rank}"}},
         {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
@@ -53,9 +73,9 @@ def metadata_events(*, pid: int, rank: int, source: str, sort_index: int) -> lis
     return events
 
 
-def source_events(spans: list[Span], *, source: str, pid_offset: int) -> list[dict]:
+def source_events(spans: list[Span], *, source: str, pid_offset: int) -> list[TraceEvent]:
     """Metadata and complete events of one source (predicted or measured)."""
-    events: list[dict] = []
+    events: list[TraceEvent] = []
     for rank in sorted({s.rank for s in spans}):
         sort_index = 2 * rank + (source == MEASURED)
         events += metadata_events(pid=pid_offset + rank, rank=rank, source=source,
@@ -67,7 +87,7 @@ def source_events(spans: list[Span], *, source: str, pid_offset: int) -> list[di
 
 
 def chrome_trace(*, predicted: list[Span], measured: list[Span] | None, world_size: int,
-                 other: dict) -> dict:
+                 other: dict[str, object]) -> ChromeTrace:
     events = source_events(predicted, source=PREDICTED, pid_offset=0)
     if measured:
         events += source_events(measured, source=MEASURED,
@@ -75,5 +95,5 @@ def chrome_trace(*, predicted: list[Span], measured: list[Span] | None, world_si
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
-def chrome_json(trace: dict) -> str:
+def chrome_json(trace: ChromeTrace) -> str:
     return json.dumps(trace, separators=(",", ":")) + "\n"

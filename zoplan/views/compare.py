@@ -48,7 +48,7 @@ def plans_table(plans: list[Plan], paths: list[Path]) -> Table:
     return table
 
 
-def _mem_name(plans) -> str:
+def _mem_name(plans: list[Plan]) -> str:
     """The device memory column's name: "GPU", or "rank" when every plan is of CPU ranks."""
     return "rank" if all(p.device_kind == "cpu" for p in plans) else "GPU"
 
@@ -90,11 +90,11 @@ def candidates_table(plan: Plan, path: Path) -> Table:
     return table
 
 
-def _num(data: dict, key: str) -> float | None:
+def _num(data: object, key: str) -> float | None:
     value = data.get(key) if isinstance(data, dict) else None
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _fmt(data: dict, key: str, pattern: str) -> str:
+def _fmt(data: object, key: str, pattern: str) -> str:
     value = _num(data, key)
     return "-" if value is None else pattern.format(value)

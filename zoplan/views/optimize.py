@@ -4,7 +4,9 @@ baselines and the top candidates, and a short timeline of the winner."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -16,11 +18,13 @@ from zoplan.hardware import GIB
 from zoplan.layout import axes_label
 from zoplan.plan import Plan
 from zoplan.request import MAX_TOP
+from zoplan.search.evaluate import Progress as SearchProgress
+from zoplan.search.evaluate import Tick
 from zoplan.views.sensitivity import sensitivity_lines
 
 
 @contextlib.contextmanager
-def search_progress(*, enabled: bool):
+def search_progress(*, enabled: bool) -> Iterator[SearchProgress | None]:
     """Yields `progress(total) -> tick`, drawing a rich bar on stderr (or None). The bar
     starts with the search: a request refused before it prints nothing but its error."""
     if not enabled:
@@ -29,7 +33,7 @@ def search_progress(*, enabled: bool):
     bar = Progress(TextColumn("searching layouts"), BarColumn(), MofNCompleteColumn(),
                    console=Console(stderr=True), transient=True)
 
-    def progress(total: int):
+    def progress(total: int) -> Tick:
         bar.start()
         task = bar.add_task("search", total=total)
         return lambda: bar.advance(task)
@@ -56,17 +60,17 @@ def check_top(top: int) -> None:
         raise ZoError(f"--top {top}: show 0..{MAX_TOP} candidates")
 
 
-def device_word(d: dict, count: int | None = None) -> str:
+def device_word(d: dict[str, Any], count: int | None = None) -> str:
     """What the plan's devices are called: GPU(s), or CPU rank(s) on CPU profiles."""
     word = "CPU rank" if d["profile"]["device_kind"] == "cpu" else "GPU"
     return word if count == 1 else word + "s"
 
 
-def mem_word(d: dict) -> str:
+def mem_word(d: dict[str, Any]) -> str:
     return "rank" if d["profile"]["device_kind"] == "cpu" else "GPU"
 
 
-def _mem_label(d: dict) -> str:
+def _mem_label(d: dict[str, Any]) -> str:
     return "rank memory" if d["profile"]["device_kind"] == "cpu" else "GPU"
 
 
@@ -80,7 +84,7 @@ def rough_profile_warning(plan: Plan) -> str | None:
             "hwprofiles/NAME.json` and plan with --profile hwprofiles/NAME.json")
 
 
-def render_optimize(plan: Plan, console, *, top: int, output: Path,
+def render_optimize(plan: Plan, console: Console, *, top: int, output: Path,
                     profile_arg: str | None, sweep_nodes: bool = False) -> None:
     check_top(top)
     d = plan.data
@@ -116,7 +120,7 @@ BASELINE_ROWS = (("offloaded", "host"), ("all_devices", "all"), ("zo2", "ZO2"),
                  ("unsliced", "s1"))
 
 
-def _headline(d: dict, profile_arg: str | None) -> str:
+def _headline(d: dict[str, Any], profile_arg: str | None) -> str:
     w, s = d["workload"], d["search"]
     prof = d["profile"]["name"] + ("" if profile_arg else " (default profile)")
     nodes = f" ({s['nodes']} nodes)" if s["nodes"] > 1 else ""
@@ -127,7 +131,7 @@ def _headline(d: dict, profile_arg: str | None) -> str:
             f"batch {w['batch']} x seq {w['seq']}{priced}; precision {s['precision']}")
 
 
-def sweep_table(d: dict) -> Table:
+def sweep_table(d: dict[str, Any]) -> Table:
     """Throughput against node count: the winner's per-node layout and batch held."""
     scaling = d.get("scaling") or {}
     table = Table(title="throughput against node count (the winner's per-node layout and "
@@ -146,7 +150,7 @@ def sweep_table(d: dict) -> Table:
 UPDATE_SHORT = {"stochastic": "stoch"}   # the table's update column
 
 
-def _row(first: str, cand: dict, zo2: float | None) -> list[str]:
+def _row(first: str, cand: dict[str, Any], zo2: float | None) -> list[str]:
     speed = _ratio(zo2 / cand["step_time_s"]) if zo2 else "-"
     util = cand.get("bottleneck_utilisation")
     neck = cand["bottleneck"] + (f" {util:.0%}" if util is not None else "")
@@ -166,7 +170,7 @@ def _faster(ratio: float) -> str:
     return f"{_ratio(ratio)}x faster" if ratio >= 1 else f"{_ratio(1 / ratio)}x slower"
 
 
-def _summary(d: dict, output: Path) -> list[str]:
+def _summary(d: dict[str, Any], output: Path) -> list[str]:
     p, base = d["predicted"], d["baselines"]
     mem = p["memory"]
     lines = [f"[bold]winner[/] {d['candidates'][0]['label']}, update {d['workload']['update']}: "
@@ -199,7 +203,7 @@ def _summary(d: dict, output: Path) -> list[str]:
     return lines
 
 
-def _placement_lines(d: dict) -> list[str]:
+def _placement_lines(d: dict[str, Any]) -> list[str]:
     """Resident blocks: how many, the memory left, and the best all-offloaded plan."""
     p, mem = d["predicted"], d["predicted"]["memory"]
     resident = p.get("resident_blocks") or 0
@@ -232,7 +236,7 @@ def _placement_lines(d: dict) -> list[str]:
     return lines
 
 
-def _devices_lines(d: dict) -> list[str]:
+def _devices_lines(d: dict[str, Any]) -> list[str]:
     """Say plainly when the winner uses fewer devices than given."""
     s, p = d["search"], d["predicted"]
     used = s.get("used_gpus", s["gpus"])
@@ -245,7 +249,7 @@ def _devices_lines(d: dict) -> list[str]:
     return [f"[bold]uses {used} of the {s['gpus']} {device_word(d)} given[/]{than}"]
 
 
-def _estimator_lines(d: dict) -> list[str]:
+def _estimator_lines(d: dict[str, Any]) -> list[str]:
     """An estimator's winner against MeZO-SGD on its layout (docs/estimators.md)."""
     mezo, wl = d["baselines"].get("mezo") or {}, d["workload"]
     if mezo.get("step_time_s") is None:
@@ -263,7 +267,7 @@ def _estimator_lines(d: dict) -> list[str]:
             f"docs/estimators.md)"]
 
 
-def _nodes_lines(d: dict) -> list[str]:
+def _nodes_lines(d: dict[str, Any]) -> list[str]:
     """Several nodes: what they cost (scaling efficiency), and what DDP buys, once."""
     lines = []
     scaling, p = d.get("scaling") or {}, d["predicted"]
@@ -280,7 +284,7 @@ def _nodes_lines(d: dict) -> list[str]:
     return lines
 
 
-def _pruned_lines(pruned: list[dict], *, examples: int = 3) -> list[str]:
+def _pruned_lines(pruned: list[dict[str, Any]], *, examples: int = 3) -> list[str]:
     """Counts of pruned layouts by reason, and the first few reasons that are not the
     bound (those say what does not fit or is invalid, with the numbers)."""
     kinds: dict[str, int] = {}

@@ -13,6 +13,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from zoplan.hardware import HardwareProfile
+from zoplan.profiling import Say
 
 KIB = 2**10
 # The figures the summary shows, where the profile has them (CPU and GPU profiles differ).
@@ -31,7 +32,7 @@ SUMMARY_FIGURES = (
 
 
 @contextlib.contextmanager
-def profile_progress(console: Console) -> Iterator[tuple]:
+def profile_progress(console: Console) -> Iterator[tuple[Say, Say]]:
     """(tick, warn) for zoexec.profiler.measure: a spinner with the current stage on
     stderr, each stage printed as a dim line, warnings in yellow on `console`."""
     stderr = Console(stderr=True)
@@ -50,7 +51,7 @@ def profile_progress(console: Console) -> Iterator[tuple]:
         progress.update(task, description="done")
 
 
-def render_summary(profile: HardwareProfile, path: Path, console) -> None:
+def render_summary(profile: HardwareProfile, path: Path, console: Console) -> None:
     table = Table(title=f"{profile.name}: measured figures", show_lines=False)
     for col in ("figure", "value", "how it was measured (see sources)"):
         table.add_column(col, no_wrap=col == "figure")

@@ -30,7 +30,7 @@ from zoplan.errors import ZoError
 from zoplan.io import atomic_write_text, sha256_json
 from zoplan.plan import Plan
 from zoplan.trace import LANES, Span, read_trace, step_time
-from zoplan.views.chrome import chrome_json, chrome_trace, measured_pid_offset
+from zoplan.views.chrome import ChromeTrace, chrome_json, chrome_trace, measured_pid_offset
 from zoplan.views.common import fmt_time, parse_selection
 from zoplan.views.gantt import LABEL_WIDTH, Window, critical_path, draw_chart, legend, span_label
 from zoplan.views.inputs import MeasuredStep, ShowInput
@@ -237,9 +237,9 @@ def _notes(show: ShowInput, chart_notes: list[str]) -> Text:
     return Text("\n".join(notes), style="dim")
 
 
-def _chrome(show: ShowInput) -> dict[str, Any]:
+def _chrome(show: ShowInput) -> ChromeTrace:
     plan = show.plan
-    other = {"plan": str(show.path), "model": plan.model.name,
+    other: dict[str, object] = {"plan": str(show.path), "model": plan.model.name,
              "layout": plan.layout.label(), "step_time_s": plan.step_time_s,
              "predicted_pids": "rank",
              "measured_pids": f"{measured_pid_offset(plan.layout.world_size)} + rank"}

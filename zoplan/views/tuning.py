@@ -3,7 +3,10 @@ plan and the best LoRA plan side by side (zoplan.search.tuning)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich import box
+from rich.console import Console
 from rich.table import Table
 
 from zoplan.plan import Plan
@@ -41,7 +44,8 @@ def _cells(row: TuningRow) -> list[str]:
             f"{row.host_mem_bytes / GB:.1f}"]
 
 
-def render_tunings(plans: dict[str, Plan], chosen: str, console, *, output) -> None:
+def render_tunings(plans: dict[str, Plan], chosen: str, console: Console, *,
+                   output: Path) -> None:
     console.print(tunings_table(plans, chosen))
     full, lora = plans["full"], plans["lora"]
     ratio = full.step_time_s / lora.step_time_s
