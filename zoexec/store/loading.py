@@ -38,6 +38,7 @@ from zoplan.errors import ZoError
 from zoplan.modeldir import INDEX_NAME, weight_files
 
 if TYPE_CHECKING:
+    from zoexec.model.adapter import Adapter
     from zoexec.store.blocks import BlockStore
 
 IGNORED_SUFFIXES = (".inv_freq",)      # buffers some checkpoints carry: recomputed here
@@ -62,7 +63,7 @@ class Checkpoint:
     `adapter`: the family's (its body prefix, older checkpoints' names and the mask
     buffers they carry); None: a "model." body, no renames."""
 
-    def __init__(self, folder: Path, adapter: zm.Adapter | None = None) -> None:
+    def __init__(self, folder: Path, adapter: Adapter | None = None) -> None:
         self.folder = Path(folder)
         self.files = weight_files(self.folder)
         self.where: dict[str, tuple[Path, tuple[int, ...]]] = {}
