@@ -14,7 +14,13 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from zoexec.model.export import export_weights, hf_tensors
-from zoexec.model.families import bind_block, bind_resident, build_hf_model, resident_flat
+from zoexec.model.families import (
+    bind_block,
+    bind_resident,
+    build_hf_model,
+    check_matches,
+    resident_flat,
+)
 from zoexec.store.loading import build_parts
 from zoplan.errors import ZoError
 from zoplan.models import get_model, spec_from_hf_config
@@ -148,6 +154,17 @@ def test_an_unsupported_model_names_what_it_lacks(config, message):
     if config["model_type"] != "gpt2":
         with pytest.raises(ZoError, match=message):
             spec_from_hf_config(config, name="x")
+
+
+def test_a_model_folder_must_hold_the_plans_model(tmp_path):
+    """check_matches: a model folder's config against the plan's ModelSpec (its family,
+    layers, hidden size and vocabulary); random weights are not checked."""
+    config = AutoConfig.for_model("llama", **ROTARY)
+    check_matches(spec_from_hf_config({"model_type": "llama", **ROTARY}, name="m"), config, tmp_path)
+    deeper = spec_from_hf_config({"model_type": "llama", **ROTARY, "num_hidden_layers": 3}, name="m")
+    with pytest.raises(ZoError, match=r"holds \(family, layers, hidden, vocab\) = \('llama', 2, 64, 96\)"):
+        check_matches(deeper, config, tmp_path)
+    check_matches(deeper, config, "random")
 
 
 def test_gemma2_refuses_sdpa_which_has_no_soft_cap():

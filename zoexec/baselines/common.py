@@ -226,7 +226,7 @@ class Spans(list[Span]):
     """The lanes' spans of the run (zoplan.trace.Span), kept in memory."""
 
 
-def make_lanes(device: torch.device, spans: Spans) -> Any:
+def make_lanes(device: torch.device, spans: Spans) -> zlanes.Lanes:
     """zoexec's lanes of one process on `device` (CUDA: a stream per lane, tasks timed
     with events; CPU: in program order)."""
     if device.type == "cuda":
@@ -240,7 +240,7 @@ def host_wait(task: zlanes.Task) -> None:
         task.done.synchronize()
 
 
-def timed_steps(cfg: BaselineConfig, lanes: Any, spans: Spans,
+def timed_steps(cfg: BaselineConfig, lanes: zlanes.Lanes, spans: Spans,
                 step: Callable[[int, int, torch.Tensor], tuple[float, float]],
                 batches: Iterator[torch.Tensor]) -> tuple[list[StepRecord], dict[str, list[float]]]:
     """Run `cfg.steps` steps of `step(step, seed, ids) -> (l+, l-)`, each between

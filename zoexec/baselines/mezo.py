@@ -16,8 +16,6 @@ the four passes over z, `embed`, `forward` per block and stream, `head` per stre
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from zoexec.baselines.common import (
@@ -39,12 +37,13 @@ from zoexec.baselines.common import (
 )
 from zoexec.maths import zo
 from zoexec.model.families import ModelParts, bind_block
+from zoexec.runtime.lanes import Lanes
 
 
 class Mezo:
     """The MeZO program on one device (`held`: the model, every block moved there)."""
 
-    def __init__(self, cfg: BaselineConfig, held: Held, device: torch.device, lanes: Any) -> None:
+    def __init__(self, cfg: BaselineConfig, held: Held, device: torch.device, lanes: Lanes) -> None:
         self.cfg, self.held, self.lanes = cfg, held, lanes
         self.flats = [f.to(device) for f in held.flats]      # every block resident
         held.flats = self.flats

@@ -51,7 +51,9 @@ from zoexec.baselines.common import (
     update,
 )
 from zoexec.maths import zo
+from zoexec.model.adapter import Context
 from zoexec.model.families import ModelParts, bind_block
+from zoexec.runtime.lanes import Lanes, Task
 
 Tensors = list[tuple[torch.Tensor, bool]]
 RING = 3          # device buffers: the block leaving, the one computing, the one arriving
@@ -60,7 +62,7 @@ RING = 3          # device buffers: the block leaving, the one computing, the on
 class Zo2:
     """The ZO2 program on one device; `held`'s block buffers stay on the host."""
 
-    def __init__(self, cfg: BaselineConfig, held: Held, device: torch.device, lanes: Any) -> None:
+    def __init__(self, cfg: BaselineConfig, held: Held, device: torch.device, lanes: Lanes) -> None:
         self.cfg, self.held, self.lanes = cfg, held, lanes
         if cfg.host_memory == "pinned" and device.type == "cuda":
             held.flats = [f.pin_memory() for f in held.flats]
@@ -89,7 +91,8 @@ class Zo2:
         perturb(tensors, self.gen, scale, self.cfg.eps)
 
     def dual(self, tensors: Tensors, block: int, kind: str, plus: Callable[[], Any],
-             minus: Callable[[], Any], *, after: tuple[Any, ...] = ()) -> tuple[Any, Any, Any]:
+             minus: Callable[[], Any], *,
+             after: tuple[torch.cuda.Event | None, ...] = ()) -> tuple[Any, Any, Task]:
         """update, +eps, plus(), -2eps, minus(), +eps (restore): (plus's, minus's
         results, the last task) on the compute lane."""
         with self.lanes.task("update", block, after=after):
@@ -127,7 +130,7 @@ class Zo2:
         self.pending = (seed, zo.projected_grad(loss_plus, loss_minus, self.cfg.eps))
         return loss_plus, loss_minus
 
-    def blocks(self, streams: list[torch.Tensor], ctx: Any) -> None:
+    def blocks(self, streams: list[torch.Tensor], ctx: Context) -> None:
         """Every block through the ring: offload i-2, compute i-1, upload i."""
         count = len(self.host)
         up: list[Any] = [None] * count
@@ -143,13 +146,14 @@ class Zo2:
             if i < count:
                 up[i] = self.upload(i, after=down[i - RING].done if i >= RING else None)
 
-    def upload(self, block: int, *, after: Any) -> Any:
+    def upload(self, block: int, *, after: torch.cuda.Event | None) -> Task:
         with self.lanes.task("h2d", block, after=(after,)) as task:
             for (dev, _), (host, _) in zip(self.ring_tensors[block % RING], self.host[block]):
                 dev.copy_(host, non_blocking=True)
         return task
 
-    def compute(self, block: int, streams: list[torch.Tensor], ctx: Any, *, after: Any) -> Any:
+    def compute(self, block: int, streams: list[torch.Tensor], ctx: Context, *,
+                after: torch.cuda.Event | None) -> Task:
         parts = self.held.parts
         flat = self.ring[block % RING]
 
@@ -160,7 +164,7 @@ class Zo2:
                              lambda: forward(0), lambda: forward(1), after=(after,))
         return last
 
-    def offload(self, block: int, *, after: Any) -> Any:
+    def offload(self, block: int, *, after: torch.cuda.Event | None) -> Task:
         """Each tensor back to the host as ZO2's Module.to("cpu", non_blocking=True)
         does: a new host tensor, which ATen page-locks for a non-blocking copy from a
         GPU (so from the second step on, the blocks are in pinned memory)."""

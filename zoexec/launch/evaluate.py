@@ -18,11 +18,11 @@ from zoexec.config import (
     OptimOptions,
     RunConfig,
     RuntimeOptions,
-    TaskOptions,
-    option_fields,
 )
 from zoexec.data.presets import with_preset
+from zoexec.data.section import TaskOptions
 from zoexec.data.text import TOKENIZER_FILES
+from zoexec.fields import option_fields
 from zoexec.launch.spawn import one_rank, private_folder
 from zoexec.run.evaluate import make_evaluator
 from zoexec.run.report import quiet_libraries

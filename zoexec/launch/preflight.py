@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TypedDict
 
 import psutil
 
+from zoexec.config import RunConfig
 from zoexec.data.sources import check_task_data, make_eval_set
 from zoexec.data.text import check_data
 from zoexec.run.verify import check_safetensors, free_bytes
@@ -18,13 +20,15 @@ from zoexec.runtime.device import device_count, device_memory_free
 from zoexec.runtime.devicemap import ENV_VISIBLE, cuda_index, visible_env
 from zoexec.runtime.groups import place_from_env
 from zoplan.errors import ZoError
-from zoplan.hostmemory import node_host_memory
+from zoplan.hostmemory import HostMemory, node_host_memory
 from zoplan.io import need_folder, need_input
-from zoplan.memory import fmt_bytes, rank_memory
+from zoplan.layout import Layout
+from zoplan.memory import RankMemory, fmt_bytes, rank_memory
 from zoplan.modeldir import weight_files
-from zoplan.models import get_model
+from zoplan.models import ModelSpec, get_model
 from zoplan.plan import Plan
 from zoplan.trace import SPAN_BUFFER
+from zoplan.workload import Workload
 
 # The CUDA context of a process (the driver's and the runtime's state, the kernels'
 # code, cuBLAS/cuDNN handles): 0.5-1 GiB on current GPUs and drivers, outside torch's
@@ -33,7 +37,7 @@ from zoplan.trace import SPAN_BUFFER
 CUDA_CONTEXT_BYTES = 768 << 20
 
 
-def preflight(cfg, *, world_size: int | None = None, local_world_size: int | None = None) -> None:
+def preflight(cfg: RunConfig, *, world_size: int | None = None, local_world_size: int | None = None) -> None:
     """Raise ZoError if the plan cannot run here as asked."""
     lay = cfg.layout
     if world_size is None and lay.nodes > 1:
@@ -77,7 +81,7 @@ def _check_output_folder(option: str, path: Path) -> None:
                       f"({exc.strerror or exc})") from None
 
 
-def _check_data(cfg) -> None:
+def _check_data(cfg: RunConfig) -> None:
     """The data read as every rank will read it (zoexec.data.sources.check_task_data):
     a bad row, ids outside the vocabulary, text without a tokenizer or too few tokens
     for one batch fail here, before any rank starts. A prompt task reads and tokenises
@@ -96,7 +100,7 @@ def _check_data(cfg) -> None:
                       train_path=None if cfg.task.data == "synthetic" else cfg.task.data)
 
 
-def _check_devices(cfg) -> None:
+def _check_devices(cfg: RunConfig) -> None:
     """The CUDA GPUs this process may use against the plan's ranks per node. A rank
     started by torchrun or srun (RANK set) runs alone in its process: it needs a GPU of
     its own among those it sees, or exactly one (per-task binding; the rule is
@@ -121,7 +125,7 @@ def _check_devices(cfg) -> None:
                       f"lets ranks share a GPU)")
 
 
-def _check_memory(cfg) -> None:
+def _check_memory(cfg: RunConfig) -> None:
     """Host memory here against zoplan.memory's node figure (the store once, each local
     rank's process and resident master, on the CPU every rank's buffers, or the
     builder's set-up peak), or the plan's predicted figure where that is larger; GPU
@@ -143,7 +147,7 @@ SPAN_LINE_BYTES = 160
 SPAN_HELD_BYTES = 256
 
 
-def trace_memory_bytes(cfg) -> int:
+def trace_memory_bytes(cfg: RunConfig) -> int:
     """What a traced run keeps in host memory per node: each local rank holds at most
     zoplan.trace.SPAN_BUFFER spans before it appends them to its own file (nothing is
     gathered); 0 without --trace."""
@@ -152,13 +156,13 @@ def trace_memory_bytes(cfg) -> int:
     return cfg.layout.local_ranks * SPAN_BUFFER * SPAN_HELD_BYTES
 
 
-def trace_disk_bytes(cfg) -> int:
+def trace_disk_bytes(cfg: RunConfig) -> int:
     """The span files of a traced run: the plan's spans a step times the steps, as lines."""
     spans = len(cfg.plan["predicted"].get("spans") or ()) or 1
     return spans * cfg.optim.steps * SPAN_LINE_BYTES
 
 
-def _check_trace_room(cfg) -> None:
+def _check_trace_room(cfg: RunConfig) -> None:
     """--trace: the span files fit where they go (a full disk found now, with the path
     and the free space, not after hours of training)."""
     if not cfg.logging.trace:
@@ -169,7 +173,7 @@ def _check_trace_room(cfg) -> None:
                       f"about {fmt_bytes(need)}, its file system has {fmt_bytes(free)} free")
 
 
-def check_gpu_memory(cfg, device_index: int | None) -> None:
+def check_gpu_memory(cfg: RunConfig, device_index: int | None) -> None:
     """zoplan.memory's device bytes of a rank (torch's peak, NCCL's communicators, the
     cuBLAS workspace), or the plan's predicted figure where that is larger, against the
     rank's CUDA device `device_index` (zoexec.runtime.devicemap; no-op on the CPU): with
@@ -196,13 +200,23 @@ def check_gpu_memory(cfg, device_index: int | None) -> None:
                       f"this rank's CUDA context hold the rest; {why})")
 
 
-def _memory_shape(cfg) -> dict:
-    return dict(model=cfg.model_spec, workload=cfg.workload, layout=cfg.layout,
-                device_kind=cfg.device_kind,
-                resident_blocks=len(Plan(cfg.plan).resident_blocks))
+class _MemoryShape(TypedDict):
+    """What zoplan.memory's rank figure and zoplan.hostmemory's node figure are given."""
+
+    model: ModelSpec
+    workload: Workload
+    layout: Layout
+    device_kind: str
+    resident_blocks: int
 
 
-def _why(memory, stored: float) -> str:
+def _memory_shape(cfg: RunConfig) -> _MemoryShape:
+    return _MemoryShape(model=cfg.model_spec, workload=cfg.workload, layout=cfg.layout,
+                        device_kind=cfg.device_kind,
+                        resident_blocks=len(Plan(cfg.plan).resident_blocks))
+
+
+def _why(memory: RankMemory | HostMemory, stored: float) -> str:
     """The largest term of zoplan.memory's figure (and the plan's, if that is larger)."""
     term = memory.dominant()
     largest = f"largest: {term.label}, {fmt_bytes(term.bytes)}"
@@ -211,7 +225,7 @@ def _why(memory, stored: float) -> str:
     return largest
 
 
-def _check_model(cfg) -> None:
+def _check_model(cfg: RunConfig) -> None:
     """--model-path: a directory with a config.json whose shape matches the plan's."""
     if cfg.weights == "random":
         return

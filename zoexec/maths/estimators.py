@@ -27,7 +27,8 @@ values a matrix), the tiles use one fp32 scratch of a z chunk.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import torch
 
@@ -42,6 +43,23 @@ from zoplan.estimators import (
 )
 
 LOWRANK_U, LOWRANK_V, DIRECTION_TAG = 0x4C55, 0x4C56, 0x4452
+Thresholds = dict[tuple[int, int], list[torch.Tensor]]   # (step, block) -> each tensor's h_i
+
+
+class FlatTensor(Protocol):
+    """A tensor's place in a block's flat buffer (zoexec.model.families.TensorSpec)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def numel(self) -> int: ...
+
+    @property
+    def stop(self) -> int: ...
 
 
 def direction_seed(seed: int, index: int) -> int:
@@ -54,14 +72,14 @@ def v_seed(run_seed: int, step: int, every: int) -> int:
     return mix_seed(run_seed, LOWRANK_V, step // every)
 
 
-def _gaussian(seed: int, rows: int, cols: int, device) -> torch.Tensor:
+def _gaussian(seed: int, rows: int, cols: int, device: torch.device | str) -> torch.Tensor:
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     return torch.empty(rows, cols, dtype=torch.float32, device=device).normal_(generator=gen)
 
 
-def lowrank_factors(seed: int, vseed: int, block: int, index: int, shape, rank: int,
-                    device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def lowrank_factors(seed: int, vseed: int, block: int, index: int, shape: Sequence[int], rank: int,
+                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """(U / sqrt(r), V) of matrix tensor `index` of `block` (fp32, on `device`)."""
     m, n = matrix_dims(tuple(shape))
     u = _gaussian(mix_seed(seed, block, index, LOWRANK_U), m, rank, device)
@@ -73,13 +91,13 @@ class Directions:
     """Draws the estimator's d (module docstring) into flat buffers; one per stream of
     work that may run concurrently (its own scratch). `thresholds` (sparse) may be shared."""
 
-    def __init__(self, spec: EstimatorSpec, *, run_seed: int, device,
-                 thresholds: dict | None = None, shapes=()) -> None:
+    def __init__(self, spec: EstimatorSpec, *, run_seed: int, device: torch.device | str,
+                 thresholds: Thresholds | None = None, shapes: Iterable[Sequence[int]] = ()) -> None:
         """`shapes`: of every tensor it will draw (the lowrank tile is sized for the
         largest: zoplan.estimators.largest_tile; drawn tensors beyond them grow it)."""
         self.spec, self.run_seed, self.device = spec, run_seed, torch.device(device)
         self.chunk = _chunk_of(self.device)
-        self.thresholds = {} if thresholds is None else thresholds
+        self.thresholds: Thresholds = {} if thresholds is None else thresholds
         self.tile_numel = largest_tile([tuple(s) for s in shapes], self.chunk)
         self._tile: torch.Tensor | None = None
 
@@ -87,7 +105,7 @@ class Directions:
     def name(self) -> str:
         return self.spec.estimator
 
-    def fill(self, out: torch.Tensor, *, seed: int, step: int, block: int, specs: Sequence,
+    def fill(self, out: torch.Tensor, *, seed: int, step: int, block: int, specs: Sequence[FlatTensor],
              theta: torch.Tensor | None = None, start: int | None = None,
              edge: torch.Tensor | None = None) -> torch.Tensor:
         """d of step `step` (direction seed `seed`) of `block` into `out`: the whole block
@@ -104,8 +122,9 @@ class Directions:
         return out
 
     # ---- lowrank -------------------------------------------------------------------------
-    def _lowrank(self, out, *, seed, step, block, specs, start, edge) -> None:
-        vectors = [(s.offset, 0) if is_matrix(s.shape) else (s.offset, s.numel) for s in specs]
+    def _lowrank(self, out: torch.Tensor, *, seed: int, step: int, block: int,
+                 specs: Sequence[FlatTensor], start: int | None, edge: torch.Tensor | None) -> None:
+        vectors: list[tuple[int, int]] = [(s.offset, 0) if is_matrix(s.shape) else (s.offset, s.numel) for s in specs]
         _z(out, seed, block, vectors, start=start, edge=edge)
         lo = 0 if start is None else start
         hi = lo + out.numel()
@@ -117,7 +136,8 @@ class Directions:
                                               self.spec.lowrank_rank, device=out.device),
                         offset=spec.offset, lo=lo, hi=hi)   # U, V freed before the next
 
-    def _tiles(self, out, u, v, *, offset: int, lo: int, hi: int) -> None:
+    def _tiles(self, out: torch.Tensor, u: torch.Tensor, v: torch.Tensor, *, offset: int, lo: int,
+               hi: int) -> None:
         """Rows of U V^T into out (block coordinates [lo, hi)), tile by tile."""
         m, n = u.shape[0], v.shape[0]
         rows = tile_rows(n, self.chunk)
@@ -145,7 +165,8 @@ class Directions:
         return self._tile[:numel]
 
     # ---- sparse --------------------------------------------------------------------------
-    def _mask(self, out, theta, *, step, block, specs, start) -> None:
+    def _mask(self, out: torch.Tensor, theta: torch.Tensor | None, *, step: int, block: int,
+              specs: Sequence[FlatTensor], start: int | None) -> None:
         """Zero d where |theta| > the tensor's threshold, chunk by chunk (times the mask:
         a third of masked_fill_'s time here; a negative z becomes -0, which moves no
         weight either)."""
@@ -162,7 +183,7 @@ class Directions:
                 y = min(b, x + self.chunk)
                 out[x - lo:y - lo].mul_(theta[x - lo:y - lo].abs() <= found[index])
 
-    def threshold_values(self, theta: torch.Tensor, specs: Sequence) -> list[torch.Tensor]:
+    def threshold_values(self, theta: torch.Tensor, specs: Sequence[FlatTensor]) -> list[torch.Tensor]:
         """Each tensor's h_i from the whole block's weights `theta` (module docstring),
         as device scalars (never read on the host: no wait for the device)."""
         out = []
@@ -180,7 +201,8 @@ class Directions:
             del self.thresholds[key]
 
 
-def _z(out, seed: int, block: int, specs, *, start, edge) -> None:
+def _z(out: torch.Tensor, seed: int, block: int, specs: Sequence[FlatTensor] | Sequence[tuple[int, int]], *,
+       start: int | None, edge: torch.Tensor | None) -> None:
     """z of the block (start None) or of the range [start, start + len(out))."""
     if start is None:
         z_block(seed, block, specs, out=out)
@@ -188,6 +210,6 @@ def _z(out, seed: int, block: int, specs, *, start, edge) -> None:
         z_range(seed, block, specs, start, start + out.numel(), out=out, scratch=edge)
 
 
-def spec_stop(spec) -> int:
+def spec_stop(spec: FlatTensor | tuple[int, int]) -> int:
     offset, numel = _spec_fields(spec)
     return offset + numel

@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 import tempfile
 from array import array
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,23 +64,24 @@ class StepRecord:
             return None
         return Update(step=self.step, seed=self.seed, g=self.g, lr=self.lr, gs=self.gs)
 
-    def to_dict(self) -> dict:
-        out = {**asdict(self), "loss": self.loss, "data_position": self.step}
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {**asdict(self), "loss": self.loss, "data_position": self.step}
         if not self.skipped:
             out.pop("skipped")
+        gs = [v if math.isfinite(v) else None for v in self.gs]
         if not self.gs:
             out.pop("gs")
         else:
-            out["gs"] = [v if math.isfinite(v) else None for v in self.gs]
+            out["gs"] = gs
         bad = [k for k, v in out.items() if isinstance(v, float) and not math.isfinite(v)]
         for key in bad:
             out[key] = None
-        if bad or None in out.get("gs", ()):
+        if bad or None in gs:
             out["nonfinite"] = True
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> StepRecord:
+    def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:   # a JSON line's object
         """A logged line back (null: NaN); ValueError/KeyError/TypeError if malformed."""
         def num(key: str) -> float:
             value = data[key]
@@ -104,7 +106,7 @@ class StepHistory:
 
     HELD = 4096   # steps in memory; a block of this many is moved to the file at a time
 
-    def __init__(self, records=()) -> None:
+    def __init__(self, records: Iterable[StepRecord] = ()) -> None:
         self._ints = array("q")        # step, seed (63-bit), skipped: 3 per record
         self._floats = array("d")      # _FLOATS: 6 per record
         self._gs: dict[int, tuple[float, ...]] = {}   # q > 1 directions: each record's gs
@@ -158,7 +160,7 @@ class StepHistory:
         return StepRecord(step=step, seed=seed, skipped=bool(skipped),
                           gs=self._gs.get(index, ()), **values)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[StepRecord]:
         return (self[i] for i in range(len(self)))
 
     def __bool__(self) -> bool:

@@ -20,17 +20,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from zoplan.errors import ZoError
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+# What every decoder layer is called with besides the hidden states (keywords: the
+# attention mask, position ids, rotary (cos, sin)...): whatever the family's layer takes.
+Context = dict[str, Any]
 
 
-def _nothing(config) -> str | None:
+def _nothing(config: PretrainedConfig) -> str | None:
     del config
     return None
 
@@ -47,10 +53,10 @@ class Adapter:
     model_type: str
     body: str                       # attribute path of the decoder in the *ForCausalLM
     layer_class: str                # the decoder-layer class in the family's modeling module
-    embed: Callable[[nn.Module, Any, torch.Tensor], tuple[torch.Tensor, dict]]
+    embed: Callable[[nn.Module, PretrainedConfig, torch.Tensor], tuple[torch.Tensor, Context]]
     final: Callable[[nn.Module, torch.Tensor], torch.Tensor] = _identity
     layers: str = "layers"          # the ModuleList of decoder layers in `body`
-    refuse: Callable[[Any], str | None] = _nothing
+    refuse: Callable[[PretrainedConfig], str | None] = _nothing
     attn_implementations: tuple[str, ...] = ATTN_IMPLEMENTATIONS
     logit_softcap: str = ""         # config key of a tanh soft cap on the logits
     renames: dict[str, str] = field(default_factory=dict)   # our name -> older checkpoints' name
@@ -113,7 +119,8 @@ def positions(input_ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
 
 
-def causal_mask(config, inputs_embeds: torch.Tensor, *, sliding: bool = False):
+def causal_mask(config: PretrainedConfig, inputs_embeds: torch.Tensor, *,
+                sliding: bool = False) -> torch.Tensor | None:
     """transformers' own causal mask (None with sdpa and no padding: is_causal), or
     its sliding-window one, for the positions 0..seq-1 of every row (`positions`).
     transformers is given no position ids: given some, it reads them back from the
@@ -126,7 +133,7 @@ def causal_mask(config, inputs_embeds: torch.Tensor, *, sliding: bool = False):
                 past_key_values=None, position_ids=None)
 
 
-def one_mask(config, inputs_embeds: torch.Tensor):
+def one_mask(config: PretrainedConfig, inputs_embeds: torch.Tensor) -> torch.Tensor | None:
     """The mask every block uses. One working block runs every layer, so all layers
     must see the same mask: layers that all slide get the sliding-window mask, layers
     that all attend fully the causal one; a model mixing both (Qwen2/Qwen3 with
@@ -148,8 +155,8 @@ def one_mask(config, inputs_embeds: torch.Tensor):
     return causal_mask(config, inputs_embeds)
 
 
-def rotary_embed(body: nn.Module, config, input_ids: torch.Tensor, *,
-                 embedding: str = "embed_tokens") -> tuple[torch.Tensor, dict]:
+def rotary_embed(body: nn.Module, config: PretrainedConfig, input_ids: torch.Tensor, *,
+                 embedding: str = "embed_tokens") -> tuple[torch.Tensor, Context]:
     """Token embeddings (a scaled embedding module scales them itself), rotary
     (cos, sin) from the body's rotary_emb, and one_mask: what LlamaModel.forward and
     its kin give every decoder layer."""
@@ -170,7 +177,7 @@ def final_norm(name: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
     return apply
 
 
-def refuse_rope_scaling_per_layer(config) -> str | None:
+def refuse_rope_scaling_per_layer(config: PretrainedConfig) -> str | None:
     """Rotary settings that differ between layers cannot share one working block."""
     params = getattr(config, "rope_parameters", None) or {}
     if isinstance(params, dict) and set(params) & {"full_attention", "sliding_attention"}:

@@ -18,14 +18,19 @@ import json
 import os
 import shutil
 import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import GenerationConfig
 
-from zoexec.model.families import resident_param_specs
+from zoexec.model.families import ModelParts, resident_param_specs
 from zoplan.errors import ZoError
 from zoplan.io import usual_mode
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # Files of a model folder that a saved model carries along for AutoTokenizer (fast and
 # slow tokenizers: BPE, WordPiece, SentencePiece, tiktoken) and chat templates.
@@ -39,10 +44,14 @@ GENERATION_CONFIG = "generation_config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 MAX_SHARD_BYTES = 5 * 10**9        # --max-shard-size default: 5GB (decimal, as HF counts)
+# state.json of a saved folder: its content, or a function of the folder written so far
+# that returns it (the checksums of its files); None: no state.json
+SaveState = Mapping[str, object] | Callable[[Path], Mapping[str, object]] | None
 
 
-def export_weights(parts, block_flats, folder: Path, *, resident=None,
-                   extra_files: Path | None = None, state: dict | None = None,
+def export_weights(parts: ModelParts, block_flats: Sequence[torch.Tensor], folder: Path, *,
+                   resident: torch.Tensor | None = None,
+                   extra_files: Path | None = None, state: SaveState = None,
                    max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write `folder` atomically as save_pretrained would (see the module docstring), in
     the stored precision (the blocks' dtype); `extra_files`: the model folder the run
@@ -68,7 +77,7 @@ def export_weights(parts, block_flats, folder: Path, *, resident=None,
 
 
 @contextlib.contextmanager
-def atomic_folder(folder: Path):
+def atomic_folder(folder: Path) -> Iterator[Path]:
     """Yield a temporary folder beside `folder` to write into; on success its files are
     synced and it replaces `folder`; on any error it is removed: `folder` is either
     whole or as it was."""
@@ -86,7 +95,8 @@ def atomic_folder(folder: Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def hf_tensors(parts, block_flats, *, resident=None):
+def hf_tensors(parts: ModelParts, block_flats: Sequence[torch.Tensor], *,
+               resident: torch.Tensor | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF state-dict key, view) of every tensor of the model, in save order (a tied
     head once, as save_pretrained writes it): views into the flat buffers, nothing
     copied. `resident`: the resident weights as one flat tensor (resident_specs order:
@@ -105,7 +115,8 @@ def hf_tensors(parts, block_flats, *, resident=None):
             yield f"{parts.layer_prefix}{index}.{spec.name}", flat[spec.offset:spec.stop].view(spec.shape)
 
 
-def save_config(model_config, architecture: str, folder: Path, dtype):
+def save_config(model_config: PretrainedConfig, architecture: str, folder: Path,
+                dtype: torch.dtype) -> PretrainedConfig:
     """config.json: a copy of the model config, its dtype the saved one, its
     architectures the *ForCausalLM class (as save_pretrained sets them)."""
     config = model_config.__class__.from_dict(model_config.to_dict())
@@ -115,7 +126,7 @@ def save_config(model_config, architecture: str, folder: Path, dtype):
     return config
 
 
-def save_generation_config(config, folder: Path, source: Path | None) -> None:
+def save_generation_config(config: PretrainedConfig, folder: Path, source: Path | None) -> None:
     """generation_config.json: the source folder's, else the one transformers derives
     from the model config (bos / eos / pad token ids)."""
     given = Path(source) / GENERATION_CONFIG if source else None
@@ -176,7 +187,8 @@ def plan_shards(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list
     return shards
 
 
-def write_safetensors(tensors, folder: Path, *, dtype, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
+def write_safetensors(tensors: Iterable[tuple[str, torch.Tensor]], folder: Path, *, dtype: torch.dtype,
+                      max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
     """Write (name, tensor) pairs, each converted to `dtype`, as model.safetensors or as
     HF shards + index; one tensor in memory at a time. The file names written."""
 
@@ -200,13 +212,13 @@ def write_safetensors(tensors, folder: Path, *, dtype, max_shard_bytes: int = MA
     return names
 
 
-def _write_one(path: Path, items: list, dtype) -> None:
+def _write_one(path: Path, items: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> None:
     """One safetensors file: an 8-byte header length, the JSON header (padded with
     spaces to 8 bytes), then each tensor's bytes in order (little-endian, row-major)."""
 
     code = _SAFETENSORS_DTYPES[str(dtype).removeprefix("torch.")]
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    header: dict = {"__metadata__": {"format": "pt"}}
+    header: dict[str, dict[str, object]] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, tensor in items:
         nbytes = tensor.numel() * itemsize
@@ -223,7 +235,7 @@ def _write_one(path: Path, items: list, dtype) -> None:
             handle.write(memoryview(data.view(torch.uint8).numpy()))
 
 
-def _check_finite(flat, what: str) -> None:
+def _check_finite(flat: torch.Tensor, what: str) -> None:
 
     if not bool(torch.isfinite(flat).all()):
         raise ZoError(f"{what} hold non-finite weights: not saved (the run diverged; "

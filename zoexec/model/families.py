@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 from torch import nn
@@ -49,10 +50,16 @@ from torch import nn
 from zoexec.data.batch import IGNORE, shifted
 from zoexec.maths.zo import RESIDENT_BLOCK, mix_seed
 from zoexec.model import gemma, gpt2, gptneox, llama, mistral, opt, qwen2, qwen3
-from zoexec.model.adapter import Adapter
+from zoexec.model.adapter import Adapter, Context
 from zoplan.errors import ZoError
 from zoplan.modeldir import weight_files
-from zoplan.models import UNSUPPORTED
+from zoplan.models import UNSUPPORTED, ModelSpec
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    # the model asked for: a catalogue name, a ModelSpec, an HF config or its dict
+    ModelGiven: TypeAlias = str | ModelSpec | PretrainedConfig | Mapping[str, Any]
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
@@ -102,7 +109,7 @@ class ModelParts:
 
     family: str
     adapter: Adapter
-    config: Any
+    config: PretrainedConfig
     dtype: torch.dtype
     resident: nn.Module
     block: nn.Module
@@ -115,11 +122,11 @@ class ModelParts:
     resident_master: torch.Tensor | None = None   # flat resident weights, param dtype
 
     # ---- the forward, piece by piece ---------------------------------------------
-    def embed(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def embed(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Context]:
         """Hidden states entering block 0 and the ctx every block needs (a kwargs dict)."""
         return self.adapter.embed(self.adapter.decoder(self.resident), self.config, input_ids)
 
-    def block_forward(self, hidden: torch.Tensor, ctx: Any) -> torch.Tensor:
+    def block_forward(self, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:
         """Run the working block (whatever flat buffer is bound) on `hidden`."""
         return self.block(hidden, **ctx)
 
@@ -229,7 +236,7 @@ def init_seed(seed: int, block: int) -> int:
     return mix_seed(seed, INIT_TAG, block)
 
 
-def _config_from(spec_or_config, init: str):
+def _config_from(spec_or_config: ModelGiven, init: str) -> PretrainedConfig:
     """The HF config: the model directory's when `init` is one, else from the spec."""
     from transformers import AutoConfig, PretrainedConfig
 
@@ -245,14 +252,14 @@ def _config_from(spec_or_config, init: str):
         from zoplan.models import get_model
 
         spec_or_config = get_model(spec_or_config)
-    data = dict(getattr(spec_or_config, "hf_config", spec_or_config))
+    data = dict(spec_or_config.hf_config if isinstance(spec_or_config, ModelSpec) else spec_or_config)
     model_type = data.pop("model_type", None)
     if model_type is None:
         raise ZoError("model config has no 'model_type'")
     return AutoConfig.for_model(model_type, **data)
 
 
-def adapter_for(config) -> Adapter:
+def adapter_for(config: PretrainedConfig) -> Adapter:
     """The family's adapter; a ZoError naming what the model needs that zoexec lacks."""
     family = config.model_type
     adapter = ADAPTERS.get(family)
@@ -284,7 +291,7 @@ class Blueprint:
     with no decoder layers) and `template` (one decoder layer of the family), made
     without initialising their weights. Nothing here holds more than one block."""
 
-    config: Any
+    config: PretrainedConfig
     adapter: Adapter
     resident: nn.Module
     template: nn.Module
@@ -300,7 +307,7 @@ class Blueprint:
 
     @property
     def num_blocks(self) -> int:
-        return self.config.num_hidden_layers
+        return int(self.config.num_hidden_layers)
 
     @property
     def block_numel(self) -> int:
@@ -310,7 +317,7 @@ class Blueprint:
         return make_specs(list(self.resident.named_parameters()))
 
 
-def make_blueprint(config, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "auto",
+def make_blueprint(config: PretrainedConfig, *, dtype: torch.dtype = torch.float32, attn_implementation: str = "auto",
                    tie: bool = True) -> Blueprint:
     """The resident model and a template decoder layer of `config` in `dtype` (rotary
     frequencies fp32), weights left uninitialised (transformers' no_init_weights).
@@ -401,8 +408,8 @@ def release_params(module: nn.Module, dtype: torch.dtype) -> None:
         param.data = torch.empty(0, dtype=dtype)
 
 
-def build_hf_model(spec_or_config, *, init: str = "random", seed: int = 0,
-                   dtype: str | torch.dtype = "fp32", attn_implementation: str = "auto"):
+def build_hf_model(spec_or_config: ModelGiven, *, init: str | Path = "random", seed: int = 0,
+                   dtype: str | torch.dtype = "fp32", attn_implementation: str = "auto") -> PreTrainedModel:
     """The full HF *ForCausalLM in eval mode without grads: random weights made block by
     block in fp32 (init_model_random: the weights build_parts and the node's store get)
     and then cast (same seed, same weights, whatever the precision), or the local
@@ -446,9 +453,9 @@ def cast_keeping_fp32_buffers(module: nn.Module, dtype: torch.dtype) -> nn.Modul
     return module
 
 
-def check_matches(spec, config, init) -> None:
+def check_matches(spec: object, config: PretrainedConfig, init: str | Path) -> None:
     """A model directory must hold the model the plan was made for (a ModelSpec)."""
-    if str(init) == "random" or not hasattr(spec, "num_layers"):
+    if str(init) == "random" or not isinstance(spec, ModelSpec):
         return
     mine = (spec.family, spec.num_layers, spec.hidden, spec.vocab)
     theirs = (config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size)

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +35,10 @@ from zoexec.model.export import (
 from zoexec.model.families import TORCH_DTYPES, adapter_for
 from zoplan.errors import ZoError, first_line
 from zoplan.io import need_file
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
+    from transformers import PretrainedConfig
 
 MAGIC = b"GGUF"
 
@@ -67,7 +73,7 @@ def _check_file(path: Path) -> None:
         raise ZoError(f"{path} is not a GGUF file (it starts with {head!r}, not {MAGIC!r})")
 
 
-def _reader(path: Path):
+def _reader(path: Path) -> GGUFReader:
     from gguf import GGUFReader
 
     try:
@@ -78,7 +84,7 @@ def _reader(path: Path):
 
 
 @contextlib.contextmanager
-def _quiet():
+def _quiet() -> Iterator[None]:
     """transformers' GGUF reader logs and draws a progress bar; the command prints its
     own one line. Both are as they were afterwards."""
     from transformers.utils import logging as hf_logging
@@ -95,7 +101,7 @@ def _quiet():
             hf_logging.enable_progress_bar()
 
 
-def _config(path: Path, reader):
+def _config(path: Path, reader: GGUFReader) -> PretrainedConfig:
     """The model config transformers parses from the file's metadata, if zoexec has an
     adapter for its family."""
     from transformers import AutoConfig
@@ -119,14 +125,14 @@ def _config(path: Path, reader):
     return config
 
 
-def _field(reader, key: str) -> str:
+def _field(reader: GGUFReader, key: str) -> str:
     field = reader.fields.get(key)
     if field is None:
         return "?"
     return bytes(field.parts[field.data[0]]).decode(errors="replace")
 
 
-def _output_dtype(reader, dtype: str) -> torch.dtype:
+def _output_dtype(reader: GGUFReader, dtype: str) -> torch.dtype:
     """`dtype` ("auto": the file's F32 / F16, else bf16) as a torch dtype."""
     from gguf import GGMLQuantizationType as Q
 
@@ -140,7 +146,7 @@ def _output_dtype(reader, dtype: str) -> torch.dtype:
     return torch.float16 if kinds <= {Q.F16} else torch.bfloat16
 
 
-def _check_quantisations(path: Path, reader) -> None:
+def _check_quantisations(path: Path, reader: GGUFReader) -> None:
     """Every tensor's type is one the gguf package dequantises."""
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import _type_traits
@@ -154,7 +160,8 @@ def _check_quantisations(path: Path, reader) -> None:
                       f"(the first: {bad[0].name})")
 
 
-def _tensors(path: Path, reader, config, dtype: str) -> tuple[dict, torch.dtype]:
+def _tensors(path: Path, reader: GGUFReader, config: PretrainedConfig,
+             dtype: str) -> tuple[dict[str, torch.Tensor], torch.dtype]:
     """{HF name: tensor} of the file, dequantised, renamed by transformers' GGUF
     processors, in the model's own order, each checked against the config's model."""
     from transformers import AutoModelForCausalLM
@@ -181,10 +188,11 @@ def _tensors(path: Path, reader, config, dtype: str) -> tuple[dict, torch.dtype]
     return {name: found[name] for name in expected}, out_dtype
 
 
-def _architecture(config) -> str:
+def _architecture(config: PretrainedConfig) -> str:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM._model_mapping[type(config)].__name__
+    name: str = AutoModelForCausalLM._model_mapping[type(config)].__name__
+    return name
 
 
 def _save_tokenizer(path: Path, folder: Path) -> None:

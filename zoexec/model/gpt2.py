@@ -14,13 +14,19 @@ differently: one working block runs every layer) and cross-attention.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from zoexec.model.adapter import Adapter, causal_mask, final_norm, positions
+from zoexec.model.adapter import Adapter, Context, causal_mask, final_norm, positions
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
-def embed(body: nn.Module, config, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def embed(body: nn.Module, config: PretrainedConfig,
+          input_ids: torch.Tensor) -> tuple[torch.Tensor, Context]:
     """What GPT2Model.forward gives its first block (no token types)."""
     inputs_embeds = body.wte(input_ids)
     position_ids = positions(input_ids)
@@ -29,7 +35,7 @@ def embed(body: nn.Module, config, input_ids: torch.Tensor) -> tuple[torch.Tenso
     return hidden, {"attention_mask": mask, "position_ids": position_ids}
 
 
-def refuse(config) -> str | None:
+def refuse(config: PretrainedConfig) -> str | None:
     if getattr(config, "scale_attn_by_inverse_layer_idx", False):
         return "scale_attn_by_inverse_layer_idx (a different attention scale per layer)"
     if getattr(config, "add_cross_attention", False):

@@ -30,14 +30,16 @@ import errno
 import json
 import math
 import warnings
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from zoexec.maths.zo import mix_seed
-from zoexec.model.export import atomic_folder
+from zoexec.model.export import SaveState, atomic_folder
 from zoexec.model.families import TensorSpec, make_specs
 from zoexec.model.saved import check_saved, model_fingerprint
 from zoplan.errors import ZoError, first_line
@@ -49,6 +51,9 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 STATE = "state.json"
 PEFT_PREFIX = "base_model.model."
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,10 +125,10 @@ class AdapterHooks:
             self.views[name] = (flat[a.offset:a.stop].view(a.shape),
                                 flat[b.offset:b.stop].view(b.shape))
 
-    def _hook(self, name: str):
+    def _hook(self, name: str) -> Callable[[nn.Module, tuple[Any, ...], torch.Tensor], torch.Tensor]:
         scaling = self.spec.scaling
 
-        def hook(_module, args, output):
+        def hook(_module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
             lora_a, lora_b = self.views[name]
             x = args[0].to(lora_a.dtype)
             delta = nn.functional.linear(nn.functional.linear(x, lora_a), lora_b) * scaling
@@ -143,7 +148,7 @@ def peft_key(layer_prefix: str, block: int, name: str) -> str:
 
 
 def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer_prefix: str,
-                  base: str, state=None, tokenizer_from: Path | None = None) -> Path:
+                  base: str, state: SaveState = None, tokenizer_from: Path | None = None) -> Path:
     """Write `folder` atomically as a PEFT adapter folder (module docstring) from the
     [blocks, numel] fp32 `adapters`, with the tokenizer files of model folder
     `tokenizer_from` (the base's: AutoTokenizer.from_pretrained(folder) works);
@@ -162,8 +167,8 @@ def save_adapters(folder: Path, adapters: torch.Tensor, spec: LoraSpec, *, layer
     return write_peft_folder(folder, tensors, config, state=state, tokenizer_from=tokenizer_from)
 
 
-def write_peft_folder(folder: Path, tensors: dict, config, *, state=None,
-                      tokenizer_from: Path | None = None) -> Path:
+def write_peft_folder(folder: Path, tensors: dict[str, torch.Tensor], config: PeftConfig, *,
+                      state: SaveState = None, tokenizer_from: Path | None = None) -> Path:
     """A PEFT adapter folder written aside and renamed (whole or absent): the tensors
     as adapter_model.safetensors, the PEFT `config` (its save_pretrained), the tokenizer
     files of `tokenizer_from` and state.json: `state` (or a function of the folder
@@ -226,7 +231,8 @@ def check_adapter_file(folder: Path) -> None:
             raise ZoError(f"{folder}: {problem}: the adapters were changed or torn")
 
 
-def check_adapter_config(folder: Path, r: object, alpha: object, targets, *, what: str) -> None:
+def check_adapter_config(folder: Path, r: object, alpha: object, targets: Collection[str], *,
+                         what: str) -> None:
     """ZoError unless adapter_config.json's (r, lora_alpha, target_modules) are these."""
     config = _read_json(Path(folder) / ADAPTER_CONFIG)
     got = (config.get("r"), config.get("lora_alpha"), sorted(config.get("target_modules") or []))
@@ -245,7 +251,7 @@ LORA_EXTRAS = ("use_rslora", "use_dora", "use_qalora", "bias", "lora_bias", "fan
 _OFF: tuple[object, ...] = (None, False, "none", [], {})
 
 
-def adapter_settings(folder: Path) -> dict:
+def adapter_settings(folder: Path) -> dict[str, Any]:
     """What a PEFT LoRA folder's adapter_config.json says that zoexec reads: {"r",
     "alpha", "targets", "base"} (base: base_model_name_or_path, may be None); a ZoError
     for a folder that is not LoRA or uses a setting zoexec does not compute (DoRA,
@@ -274,7 +280,7 @@ def is_adapter_folder(folder: Path | str | None) -> bool:
     return folder is not None and (Path(folder) / ADAPTER_WEIGHTS).is_file()
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:   # a JSON object: its values unchecked
     try:
         data = loads_strict(path.read_text())
     except (OSError, ValueError) as exc:

@@ -8,10 +8,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from zoexec.model.adapter import Adapter, final_norm, refuse_rope_scaling_per_layer, rotary_embed
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
-def refuse(config) -> str | None:
+
+def refuse(config: PretrainedConfig) -> str | None:
     if getattr(config, "layer_types", None):
         return "layer_types (alternating attention is Ministral's, not Mistral's)"
     return refuse_rope_scaling_per_layer(config)

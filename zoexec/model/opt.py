@@ -10,13 +10,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from zoexec.model.adapter import Adapter, causal_mask, positions
+from zoexec.model.adapter import Adapter, Context, causal_mask, positions
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
-def embed(body: nn.Module, config, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def embed(body: nn.Module, config: PretrainedConfig,
+          input_ids: torch.Tensor) -> tuple[torch.Tensor, Context]:
     """What OPTDecoder.forward gives its first layer."""
     inputs_embeds = body.embed_tokens(input_ids)
     position_ids = positions(input_ids)

@@ -28,8 +28,8 @@ class LostUpdates:
     lr: float
     dtype: torch.dtype
     quiet: bool = False
-    result: dict | None = None
-    _counts: tuple | None = None
+    result: dict[str, object] | None = None
+    _counts: tuple[int, float, torch.Tensor] | None = None   # elements, g, [lost, moved, changed]
 
     def before(self, theta: torch.Tensor, block: int) -> torch.Tensor | None:
         """A copy of what the check compares against, when this update is checked."""
@@ -68,5 +68,5 @@ class LostUpdates:
                   f"{self.lr:g}, |g| {abs(g):.3g}); --update stochastic or master keeps "
                   f"it", file=sys.stderr, flush=True)
 
-    def meta(self) -> dict:
+    def meta(self) -> dict[str, object]:
         return {"first_update": self.result} if self.result else {}

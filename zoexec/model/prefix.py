@@ -32,13 +32,17 @@ folder's), so peft.PeftModel.from_pretrained(base, folder) loads them.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from zoexec.maths.zo import mix_seed
-from zoexec.model.families import TensorSpec, bind_block, make_specs
+from zoexec.model.adapter import Context
+from zoexec.model.export import SaveState
+from zoexec.model.families import ModelParts, TensorSpec, bind_block, make_specs
 from zoexec.model.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, _read_json, write_peft_folder
 from zoplan.errors import ZoError
 
@@ -67,7 +71,7 @@ class PrefixSpec:
         return self.specs[-1].stop
 
 
-def prefix_spec(parts, *, tokens: int) -> PrefixSpec:
+def prefix_spec(parts: ModelParts, *, tokens: int) -> PrefixSpec:
     """The prefix of `parts`' blocks; ZoError for a family whose attention takes no
     cache the way PrefixCache gives it."""
     if parts.family not in PREFIX_FAMILIES:
@@ -90,7 +94,8 @@ class PrefixCache:
 
     def __init__(self, spec: PrefixSpec) -> None:
         self.spec = spec
-        self.key = self.value = None
+        self.key: torch.Tensor | None = None     # [1, kv_heads, P, head_dim] once bound
+        self.value: torch.Tensor | None = None
         self.captured: tuple[torch.Tensor, torch.Tensor] | None = None
         self.capture = False
 
@@ -102,18 +107,23 @@ class PrefixCache:
         self.key = flat[k.offset:k.stop].view(1, s.tokens, s.kv_heads, s.head_dim).transpose(1, 2)
         self.value = flat[v.offset:v.stop].view(1, s.tokens, s.kv_heads, s.head_dim).transpose(1, 2)
 
-    def update(self, key_states, value_states, layer_idx=None, cache_kwargs=None):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
+               layer_idx: int | None = None,
+               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         del layer_idx, cache_kwargs
         if self.capture:
             self.captured = (key_states, value_states)
             return key_states, value_states
+        if self.key is None or self.value is None:
+            raise RuntimeError("PrefixCache.update before bind: no prefix to join")
         rows = key_states.shape[0]
         key = self.key.to(key_states.dtype).expand(rows, -1, -1, -1)
         value = self.value.to(value_states.dtype).expand(rows, -1, -1, -1)
         return torch.cat([key, key_states], dim=2), torch.cat([value, value_states], dim=2)
 
 
-def prefix_embed(parts, input_ids: torch.Tensor, cache: PrefixCache) -> tuple[torch.Tensor, dict]:
+def prefix_embed(parts: ModelParts, input_ids: torch.Tensor,
+                 cache: PrefixCache) -> tuple[torch.Tensor, Context]:
     """The input's hidden states and the ctx of a block with a P-entry prefix: the
     family's embed over P placeholder tokens and the input (positions 0..P+L-1, the
     causal mask over both), cut after the P; the cache joins the prefix's keys."""
@@ -128,7 +138,7 @@ def prefix_embed(parts, input_ids: torch.Tensor, cache: PrefixCache) -> tuple[to
     if mask is None:   # sdpa without padding: is_causal, made explicit (a bool mask)
         full = ids.shape[1]
         mask = torch.ones(full, full, dtype=torch.bool, device=ids.device).tril()[None, None]
-    out = {"attention_mask": mask[..., p:, :], "past_key_values": cache}
+    out: Context = {"attention_mask": mask[..., p:, :], "past_key_values": cache}
     if "position_ids" in ctx:
         out["position_ids"] = ctx["position_ids"][:, p:]
     if "position_embeddings" in ctx:
@@ -136,7 +146,8 @@ def prefix_embed(parts, input_ids: torch.Tensor, cache: PrefixCache) -> tuple[to
     return hidden[:, p:], out
 
 
-def init_prefix(parts, spec: PrefixSpec, *, seed: int, blocks, out: torch.Tensor) -> torch.Tensor:
+def init_prefix(parts: ModelParts, spec: PrefixSpec, *, seed: int, blocks: Iterable[torch.Tensor],
+                out: torch.Tensor) -> torch.Tensor:
     """Every block's initial prefix into `out` [blocks, numel] (fp32): the keys and
     values the base computes for P tokens drawn from the vocabulary with the seed
     (MeZO's init by real activations). `blocks`: each block's weights in turn, flat
@@ -177,7 +188,7 @@ def from_prompt_embeddings(table: torch.Tensor, spec: PrefixSpec, blocks: int) -
 
 
 def save_prefixes(folder: Path, prefixes: torch.Tensor, spec: PrefixSpec, *, base: str,
-                  state=None, tokenizer_from: Path | None = None) -> Path:
+                  state: SaveState = None, tokenizer_from: Path | None = None) -> Path:
     """Write `folder` atomically as a PEFT prefix-tuning folder (module docstring);
     `state`: as zoexec.model.lora.write_peft_folder takes it."""
     from peft import PrefixTuningConfig
@@ -194,7 +205,7 @@ def save_prefixes(folder: Path, prefixes: torch.Tensor, spec: PrefixSpec, *, bas
     return write_peft_folder(folder, tensors, config, state=state, tokenizer_from=tokenizer_from)
 
 
-def prefix_settings(folder: Path) -> dict:
+def prefix_settings(folder: Path) -> dict[str, Any]:
     """A PEFT prefix-tuning folder's {"tokens", "layers", "base"}; ZoError for one
     zoexec does not compute (a projection, more submodules)."""
     folder = Path(folder)
@@ -240,8 +251,8 @@ def is_prefix_folder(folder: Path | str | None) -> bool:
     if folder is None or not (Path(folder) / ADAPTER_CONFIG).is_file():
         return False
     try:
-        return json.loads((Path(folder) / ADAPTER_CONFIG).read_text()).get("peft_type") == \
-            "PREFIX_TUNING"
+        peft_type: object = json.loads((Path(folder) / ADAPTER_CONFIG).read_text()).get("peft_type")
+        return peft_type == "PREFIX_TUNING"
     except (OSError, ValueError, AttributeError):
         return False
 

@@ -69,7 +69,7 @@ class Budget:
         return self.clock() - self.start
 
     @property
-    def weights(self) -> tuple:
+    def weights(self) -> tuple[tuple[str, float], ...]:
         return STAGE_WEIGHTS["cuda" if self.device == "cuda" else "cpu"]
 
     def next_round(self) -> bool:
@@ -133,7 +133,7 @@ class Budget:
         return rest + later
 
     def report(self, *, samples: int, retaken: int, disturbed_kept: int,
-               cut: list[str]) -> dict:
+               cut: list[str]) -> dict[str, object]:
         """What the profile records of its budget and of the load (plain JSON): the
         samples kept, those retaken and those kept although disturbed, the stages whose
         passes were cut short."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,8 +21,16 @@ ALLREDUCE_ITERS = 30          # the loss all-reduce is ~100 us: many samples are
 STAGGER_S = 0.002   # how late the last rank enters a timed collective (collective_samples)
 
 
-def collective_samples(fn: Callable[[], Any], *, dist, repeats: int, warmup: int = 1,
-                       sync: Callable[[], Any] | None = None, device="cpu") -> list[float]:
+class Sampler(Protocol):
+    """Durations (s) of `repeats` runs of a collective after `warmup` untimed ones:
+    collective_samples or time_samples with the rest of their arguments given."""
+
+    def __call__(self, fn: Callable[[], object], /, *, repeats: int, warmup: int) -> list[float]: ...
+
+
+def collective_samples(fn: Callable[[], Any], *, dist: Any, repeats: int, warmup: int = 1,
+                       sync: Callable[[], Any] | None = None,
+                       device: torch.device | str = "cpu") -> list[float]:   # dist: torch.distributed
     """Durations of a collective `fn` of ranks on one host, each from the moment the last
     rank entered it to this rank's return: what `zoplan calibrate` counts as a run's
     collective (the time a rank spends there before the last one arrives is waiting).
@@ -53,13 +61,14 @@ def collective_samples(fn: Callable[[], Any], *, dist, repeats: int, warmup: int
     return out
 
 
-def _barrier_sampler(dist, sync=None):
+def _barrier_sampler(dist: Any, sync: Callable[[], Any] | None = None) -> Sampler:
     """Samples after a barrier (the default; both paths of the profiler pass
     collective_samples instead)."""
     return partial(time_samples, before=dist.barrier, sync=sync)
 
 
-def allgather_sweep(settings: Settings, dist, *, device, sample=None) -> list[dict]:
+def allgather_sweep(settings: Settings, dist: Any, *, device: torch.device | str,
+                    sample: Sampler | None = None) -> list[dict[str, Any]]:
     """zoexec.runtime.groups.all_gather_flat (zoexec's call) over the world for each
     total size."""
     world = dist.get_world_size()
@@ -77,7 +86,8 @@ def allgather_sweep(settings: Settings, dist, *, device, sample=None) -> list[di
     return out
 
 
-def allreduce_small(dist, *, device, sample=None) -> dict:
+def allreduce_small(dist: Any, *, device: torch.device | str,
+                    sample: Sampler | None = None) -> dict[str, Any]:
     """The loss all-reduce of zoexec's step: two float64 scalars over the world."""
     vec = torch.zeros(2, dtype=torch.float64, device=device)
     cuda = str(device).startswith("cuda")

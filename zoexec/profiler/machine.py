@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
@@ -49,7 +50,7 @@ def make_settings(*, ranks: int | None, repeats: int, quick: bool, force_cpu: bo
 
 
 def measure(settings: Settings, *, tick: Callable[[str], None],
-            warn: Callable[[str], None]) -> dict:
+            warn: Callable[[str], None]) -> dict[str, Any]:
     """Measure this machine in as many of settings.rounds rounds as its time budget
     holds (zoexec.profiler.budget); `tick` gets a line of progress per stage (with the
     time so far and the ETA), `warn` a warning. Returns the samples (see
@@ -112,13 +113,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def host_facts() -> dict:
+def host_facts() -> dict[str, str | float]:
     vm = psutil.virtual_memory()
     return {"name": socket.gethostname(), "cpu_model": cpu_model(), "os": platform.platform(),
             "total_gib": vm.total / GIB, "used_gib": (vm.total - vm.available) / GIB}
 
 
-def software_versions() -> dict:
+def software_versions() -> dict[str, str]:
     """Versions a profile's figures depend on (calibrate warns when they change)."""
     return {"torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}
@@ -127,6 +128,6 @@ def software_versions() -> dict:
 def other_load_pct() -> float:
     """CPU use of OTHER processes right now, percent of all cores (noisy measurements)."""
     me = psutil.Process()
-    total = psutil.cpu_percent(interval=0.5)
-    mine = me.cpu_percent(interval=None) / (psutil.cpu_count() or 1)
+    total: float = psutil.cpu_percent(interval=0.5)
+    mine: float = me.cpu_percent(interval=None) / (psutil.cpu_count() or 1)
     return max(0.0, total - mine)

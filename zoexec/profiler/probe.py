@@ -10,12 +10,14 @@ probe between steps (zoexec.train.speed); `zoplan calibrate` compares them.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import torch
 
+from zoexec.model.adapter import Context
+from zoexec.model.families import ModelParts
 from zoexec.profiler.blocks import build_block, zo_steps
 from zoexec.profiler.timing import summarize, time_samples
 
@@ -49,23 +51,23 @@ class SpeedProbe:
             self.jobs[name] = partial(self._forward, parts, hidden, ctx)
 
     @staticmethod
-    def _forward(parts, hidden, ctx) -> None:
+    def _forward(parts: ModelParts, hidden: torch.Tensor, ctx: Context) -> None:
         with torch.no_grad():
             parts.block_forward(hidden, ctx)
 
-    def check(self, *, repeats: int = 5) -> dict:
-        out: dict = {"threads": torch.get_num_threads()}
+    def check(self, *, repeats: int = 5) -> dict[str, Any]:
+        out: dict[str, Any] = {"threads": torch.get_num_threads()}
         for name, job in self.jobs.items():
             stats = summarize(time_samples(job, repeats=repeats, warmup=2 if name == "z" else 1))
             out[name] = {**SPEED_CHECKS[name], "median_s": stats["median_s"]}
         return out
 
-    def sample(self) -> dict:
+    def sample(self) -> dict[str, float]:
         """{"gemm": s, "memory": s, "z": s}: one timed call of each after an untimed one."""
         return {name: time_samples(job, repeats=1, warmup=1)[0] for name, job in self.jobs.items()}
 
 
-def merge_probes(check: dict, probes: list[dict]) -> dict:
+def merge_probes(check: Mapping[str, Any], probes: Sequence[Mapping[str, float]]) -> dict[str, Any]:
     """A speed check whose medians also count one-sample probes taken around it (each
     probe one value per kind, the check's median one more)."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in check.items()}

@@ -7,6 +7,7 @@ import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch.multiprocessing as mp
 
@@ -14,8 +15,8 @@ from zoexec.profiler.settings import Settings
 from zoplan.errors import ZoError
 
 
-def spawn_ranks(target: Callable, settings: Settings, *, what: str,
-                deadline: float | None = None) -> list[dict | None]:
+def spawn_ranks(target: Callable[[int, Settings, str, float | None], None], settings: Settings, *,
+                what: str, deadline: float | None = None) -> list[dict[str, Any] | None]:
     """Run `target(rank, settings, tmp, deadline)` on settings.ranks processes
     (`deadline`: the time budget's for this stage, perf_counter seconds); a rank's
     results are what it wrote to tmp/rank<r>.json (None where it wrote nothing). A
@@ -30,7 +31,7 @@ def spawn_ranks(target: Callable, settings: Settings, *, what: str,
         return [json.loads(f.read_text()) if f.exists() else None for f in files]
 
 
-def write_rank_result(tmp: str, rank: int, result: dict) -> None:
+def write_rank_result(tmp: str, rank: int, result: dict[str, Any]) -> None:
     (Path(tmp) / f"rank{rank}.json").write_text(json.dumps(result))
 
 

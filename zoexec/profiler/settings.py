@@ -134,7 +134,7 @@ class Settings:
             return 256 if self.quick else 512
         return 2048 if self.quick else 4096
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         """The settings and every size and shape derived from them (plain JSON)."""
         return {"repeats": self.repeats, "quick": self.quick, "ranks": self.ranks,
                 "cores": self.cores, "device": self.device, "rounds": self.rounds,

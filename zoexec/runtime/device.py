@@ -24,6 +24,7 @@ What this module decides for a CUDA rank (a CPU rank keeps torch's defaults):
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 
 import torch
 
@@ -76,7 +77,7 @@ def select_device(device_kind: str, local_rank: int, *, local_world_size: int,
     return torch.device("cpu"), "gloo"
 
 
-def nccl_defaults(backend: str, environ=os.environ) -> dict:
+def nccl_defaults(backend: str, environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
     """Set NCCL_DEFAULTS in `environ` where the user has not (NCCL reads them when its
     first communicator starts); returns what was set. Nothing for gloo."""
     if backend != "nccl":
@@ -137,7 +138,7 @@ def device_memory_free(device_kind: str, index: int) -> tuple[int, int] | None:
     return int(free), int(total)
 
 
-def device_memory_peak(device: torch.device) -> dict:
+def device_memory_peak(device: torch.device) -> dict[str, int]:
     """Peak memory the GPU allocator held on `device` (empty on the CPU)."""
     if device.type != "cuda":
         return {}

@@ -21,7 +21,7 @@ zoexec.launch.failures turns these fields into the launcher's one line:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +113,7 @@ class LaneFailure(RuntimeError):
         self.where = where_of(cause)
         super().__init__(self.line())
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., LaneFailure], tuple[object, ...]]:
         return _rebuild, (self.what, self.rank, self.cause, self.block, self.step)
 
     def operation(self) -> str:
@@ -138,7 +138,8 @@ class LaneFailure(RuntimeError):
                            step=self.step)
 
 
-def _rebuild(what, rank, cause, block, step) -> LaneFailure:
+def _rebuild(what: str, rank: int, cause: BaseException, block: int | None,
+             step: int | None) -> LaneFailure:
     return LaneFailure(what=what, rank=rank, cause=cause, block=block, step=step)
 
 

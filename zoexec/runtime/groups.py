@@ -15,10 +15,11 @@ Groups (built identically on every rank, `new_group` being collective):
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -53,18 +54,19 @@ class DistEnv:
     layout: Layout
     device: torch.device
     backend: str
-    world: Any = None
-    slice: Any = None
-    node: Any = None
-    host_world: Any = None
-    host_node: Any = None
+    world: dist.ProcessGroup | None = None
+    slice: dist.ProcessGroup | None = None
+    node: dist.ProcessGroup | None = None
+    host_world: dist.ProcessGroup | None = None
+    host_node: dist.ProcessGroup | None = None
     cpus: str = ""             # CPU list the rank's threads were bound to ('' unchanged)
     timeout_s: float = RuntimeOptions.timeout_s   # every wait of this rank (--timeout-s)
     shm_dir: str = RuntimeOptions.shm_dir         # the node's shared files (--shm-dir)
 
     @property
     def is_cuda(self) -> bool:
-        return self.device.type == "cuda"
+        kind: str = self.device.type
+        return kind == "cuda"
 
     @property
     def rank(self) -> int:
@@ -198,14 +200,27 @@ def gather_objects(env: DistEnv, value: Any) -> list[Any] | None:
     return out
 
 
-def all_gather_call(module=dist):
+class Work(Protocol):
+    """The handle of an asynchronous collective (torch's Work, or `Works`)."""
+
+    def wait(self) -> object: ...
+
+    def is_completed(self) -> bool: ...
+
+
+Collective = Callable[..., Work | None]   # (out, mine, *, group, async_op): a handle if async
+
+
+def all_gather_call(module: Any = dist) -> Collective:   # module: torch.distributed (tests: a stand-in)
     """torch's one-tensor all-gather: all_gather_single where torch has it (2.12+, where
     all_gather_into_tensor stays, deprecated, with a FutureWarning), else
     all_gather_into_tensor (torch 2.11, the GPU machine's). The same collective."""
-    return getattr(module, "all_gather_single", None) or module.all_gather_into_tensor
+    call: Collective = getattr(module, "all_gather_single", None) or module.all_gather_into_tensor
+    return call
 
 
-def all_gather_flat(out: torch.Tensor, mine: torch.Tensor, *, group, async_op: bool = True):
+def all_gather_flat(out: torch.Tensor, mine: torch.Tensor, *, group: dist.ProcessGroup | None,
+                    async_op: bool = True) -> Work | None:
     """`out` <- every member's `mine`, in rank order (group size x mine's length): the
     backend's own all-gather, or one broadcast per member where the backend has none
     for these tensors (zoexec.runtime.device.gather_by_broadcasts: gloo and CUDA)."""
@@ -217,7 +232,7 @@ def all_gather_flat(out: torch.Tensor, mine: torch.Tensor, *, group, async_op: b
 class Works:
     """The handles of several collectives as one (`wait` waits for each)."""
 
-    def __init__(self, works: list) -> None:
+    def __init__(self, works: list[Work]) -> None:
         self.works = works
 
     def wait(self) -> bool:
@@ -229,8 +244,8 @@ class Works:
         return all(work.is_completed() for work in self.works)
 
 
-def gather_by_broadcasts(out: torch.Tensor, mine: torch.Tensor, *, group,
-                         async_op: bool = True):
+def gather_by_broadcasts(out: torch.Tensor, mine: torch.Tensor, *,
+                         group: dist.ProcessGroup | None, async_op: bool = True) -> Works | None:
     """The all-gather as broadcasts: member i's piece of `out` (mine's length) is
     broadcast from member i, after this rank copied `mine` into its own piece (nothing
     to copy where `mine` is that piece already, as a block buffer's slice is)."""
@@ -248,7 +263,7 @@ def gather_by_broadcasts(out: torch.Tensor, mine: torch.Tensor, *, group,
     return Works(works) if async_op else None
 
 
-def device_memory_peak(env: DistEnv) -> dict:
+def device_memory_peak(env: DistEnv) -> dict[str, int]:
     """Peak memory the rank's GPU allocator held (empty on the CPU)."""
     return zdevice.device_memory_peak(env.device)
 

@@ -14,13 +14,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import torch
 
 from zoexec.runtime.errors import failing
 from zoexec.runtime.groups import DistEnv, broadcast_object, gather_objects, host_barrier
 from zoplan.trace import KIND_LANE, LANE_COMPUTE, LANES, NO_BLOCK, NoSpans, Span
+
+
+class SpanSink(Protocol):
+    """Where the lanes' spans go: zoplan.trace.SpanWriter (--trace), NoSpans, a list."""
+
+    def append(self, span: Span, /) -> None: ...
 
 
 def clock_epoch(env: DistEnv) -> tuple[float, str]:
@@ -47,8 +53,8 @@ class Task:
 
     kind: str
     block: int
-    done: Any = None
-    start: Any = None
+    done: torch.cuda.Event | None = None
+    start: torch.cuda.Event | None = None
 
 
 @dataclass(kw_only=True, eq=False)
@@ -57,7 +63,7 @@ class CpuLanes:
 
     rank: int
     epoch_s: float = 0.0
-    spans: Any = field(default_factory=NoSpans)   # zoplan.trace.SpanWriter or NoSpans
+    spans: SpanSink = field(default_factory=NoSpans)
     _step: int = 0
     _record: bool = True
 
@@ -65,7 +71,8 @@ class CpuLanes:
         self._step, self._record = step, record
 
     @contextmanager
-    def task(self, kind: str, block: int = NO_BLOCK, *, after: tuple = (),
+    def task(self, kind: str, block: int = NO_BLOCK, *,
+             after: tuple[torch.cuda.Event | None, ...] = (),
              record: bool = True) -> Iterator[Task]:
         handle = Task(kind=kind, block=block)
         start = time.monotonic()
@@ -87,12 +94,12 @@ class CudaLanes:
     rank: int
     device: torch.device
     epoch_s: float = 0.0
-    spans: Any = field(default_factory=NoSpans)   # zoplan.trace.SpanWriter or NoSpans
-    streams: dict = field(default_factory=dict)
-    _pending: list = field(default_factory=list)
+    spans: SpanSink = field(default_factory=NoSpans)
+    streams: dict[str, torch.cuda.Stream] = field(default_factory=dict)
+    _pending: list[tuple[Task, torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
     _step: int = 0
     _record: bool = True
-    _ref: Any = None
+    _ref: torch.cuda.Event | None = None
     _ref_host_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -109,7 +116,8 @@ class CudaLanes:
         self._ref_host_s = time.monotonic()
 
     @contextmanager
-    def task(self, kind: str, block: int = NO_BLOCK, *, after: tuple = (),
+    def task(self, kind: str, block: int = NO_BLOCK, *,
+             after: tuple[torch.cuda.Event | None, ...] = (),
              record: bool = True) -> Iterator[Task]:
         stream = self.streams[KIND_LANE[kind]]
         for event in after:
@@ -124,21 +132,25 @@ class CudaLanes:
                 yield handle
             end.record(stream)
         if record and self._record:
-            self._pending.append(handle)
+            self._pending.append((handle, start, end))
 
     def end_step(self) -> None:
         """Wait for the step's work and turn its events into spans (host time)."""
         torch.cuda.synchronize(self.device)
         base = self._ref_host_s - self.epoch_s
-        for handle in self._pending:
-            start_s = base + self._ref.elapsed_time(handle.start) / 1e3
-            dur_s = max(0.0, handle.start.elapsed_time(handle.done) / 1e3)
+        for handle, start, end in self._pending:
+            assert self._ref is not None, "a task recorded before begin_step"
+            start_s = base + self._ref.elapsed_time(start) / 1e3
+            dur_s = max(0.0, start.elapsed_time(end) / 1e3)
             self.spans.append(Span(kind=handle.kind, rank=self.rank, start_s=start_s,
                                    dur_s=dur_s, block=handle.block, step=self._step))
         self._pending.clear()
 
 
-def make_lanes(env: DistEnv, *, epoch_s: float, spans=None):
+Lanes = CpuLanes | CudaLanes   # a rank's lanes, of its device
+
+
+def make_lanes(env: DistEnv, *, epoch_s: float, spans: SpanSink | None = None) -> Lanes:
     """The lanes of this rank's device; `spans`: where their spans go (an object with
     `append`: zoplan.trace.SpanWriter with --trace; None: nowhere, nothing kept)."""
     spans = spans if spans is not None else NoSpans()

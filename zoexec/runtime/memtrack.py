@@ -22,7 +22,9 @@ something a run uses.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -30,8 +32,22 @@ from torch.utils._pytree import tree_leaves
 
 EXCLUDED_OPS = (torch.ops.aten.from_file.default,)
 
+if TYPE_CHECKING:
+    from typing import Self
 
-class AllocationTracker(TorchDispatchMode):
+    class _DispatchMode:
+        """What the tracker takes from torch's TorchDispatchMode, as the type checker
+        sees it (torch is not analysed: its class is Any, and a class cannot be typed
+        on an Any base): a context manager whose __torch_dispatch__ runs every operator."""
+
+        def __enter__(self) -> Self: ...
+
+        def __exit__(self, *exc: object) -> None: ...
+else:
+    _DispatchMode = TorchDispatchMode
+
+
+class AllocationTracker(_DispatchMode):
     """Live bytes of the storages created under it; `peak_bytes`, `phase_peaks`."""
 
     def __init__(self, *, counting: bool = True) -> None:
@@ -52,13 +68,13 @@ class AllocationTracker(TorchDispatchMode):
         """Stop counting new storages (frees of counted ones still count)."""
         self.counting = False
 
-    def adopt(self, tensors) -> None:
+    def adopt(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count existing tensors' storages as if allocated now (each storage once)."""
         for tensor in tensors:
             self._add(tensor.untyped_storage())
 
     @contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str) -> Iterator[AllocationTracker]:
         """Attribute the peaks reached inside to `name` (phases may nest)."""
         outer, self.phase_name = self.phase_name, name
         self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), self.current_bytes)
@@ -95,7 +111,9 @@ class AllocationTracker(TorchDispatchMode):
     def _free(self, key: int) -> None:
         self.current_bytes -= self.live.pop(key, 0)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Callable[..., Any], types: Collection[type],
+                           args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:   # any operator's
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func in EXCLUDED_OPS:
@@ -114,7 +132,7 @@ class AllocationTracker(TorchDispatchMode):
         return out
 
 
-def kernel_peak_bytes(fn) -> int:
+def kernel_peak_bytes(fn: Callable[[], object]) -> int:
     """Peak bytes the CPU allocator handed out while `fn()` ran, kernel scratch
     included (what AllocationTracker cannot see): the running sum of torch.profiler's
     allocation events of this thread. Frees of memory allocated before are not

@@ -22,12 +22,19 @@ import ctypes
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from zoexec.runtime import numa
 from zoexec.runtime.hostmem import filesystem_type, mapped_file
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from zoexec.runtime.groups import DistEnv
+
+Span = tuple[int, int]   # (start address, length in bytes)
 
 CUDA_HOST_REGISTER_PORTABLE = 1
 PIN_CALL_BYTES = 64 << 30     # largest span one cudaHostRegister call is given
@@ -37,7 +44,7 @@ STAGE_SLOTS = 8               # slots of the staging ring (512 MiB of pinned mem
 _pinned: dict[int, list[int]] = {}   # tensor data_ptr -> registered page starts
 
 
-def merge_spans(spans) -> list[tuple[int, int]]:
+def merge_spans(spans: Iterable[Span]) -> list[Span]:
     """(start, length) byte spans widened to whole pages, sorted, overlapping or
     touching ones merged: what can be registered once each."""
     out: list[list[int]] = []
@@ -49,29 +56,31 @@ def merge_spans(spans) -> list[tuple[int, int]]:
     return [(s, n) for s, n in out]
 
 
-def register_calls(spans, *, limit: int = PIN_CALL_BYTES) -> list[tuple[int, int]]:
+def register_calls(spans: Iterable[Span], *, limit: int = PIN_CALL_BYTES) -> list[Span]:
     """The spans cut into cudaHostRegister calls of at most `limit` bytes."""
-    calls = []
+    calls: list[Span] = []
     for start, length in spans:
         for offset in range(0, length, limit):
             calls.append((start + offset, min(limit, length - offset)))
     return calls
 
 
-def copy_spans(base: int, item: int, *, stride: int, blocks, reads: tuple[int, int],
-               writes: tuple[int, int], written_blocks) -> list[tuple[int, int]]:
+def copy_spans(base: int, item: int, *, stride: int, blocks: Iterable[int],
+               reads: tuple[int, int], writes: tuple[int, int],
+               written_blocks: Iterable[int]) -> list[Span]:
     """Byte spans (start, length) of a store at address `base` (elements of `item`
     bytes, one block every `stride` elements) that a rank copies: piece reads[0] of
     reads[1] of every block in `blocks` (its h2d slices and resident shards) and piece
     writes[0] of writes[1] of every block in `written_blocks` (its d2h write-back)."""
-    spans = []
+    spans: list[Span] = []
     for (index, parts), chosen in ((reads, blocks), (writes, written_blocks)):
         size = stride // parts
         spans += [(base + (b * stride + index * size) * item, size * item) for b in chosen]
     return spans
 
 
-def pin_host_memory(env, tensor: torch.Tensor, spans=None) -> bool:
+def pin_host_memory(env: DistEnv, tensor: torch.Tensor,
+                    spans: Iterable[Span] | None = None) -> bool:
     """Page-lock `tensor` (or only its byte `spans`) when the rank runs on CUDA, so
     H2D/D2H copies are asynchronous DMA (see the module docstring). False on the CPU
     and where registering fails. A store that is a regular file rather than tmpfs may
@@ -82,7 +91,8 @@ def pin_host_memory(env, tensor: torch.Tensor, spans=None) -> bool:
     return pin_tensor(tensor, spans, who=f"rank {env.rank} (local {env.local_rank})")
 
 
-def pin_tensor(tensor: torch.Tensor, spans=None, *, who: str = "zoexec") -> bool:
+def pin_tensor(tensor: torch.Tensor, spans: Iterable[Span] | None = None, *,
+               who: str = "zoexec") -> bool:
     """cudaHostRegister of `tensor`'s pages (or of its byte `spans`), at most
     PIN_CALL_BYTES a call; False (nothing left registered, CUDA's error cleared, a
     warning naming `who`) where a call fails."""
@@ -117,7 +127,7 @@ def unpin_host_memory(tensor: torch.Tensor) -> bool:
     return _unregister(torch.cuda.cudart(), starts)
 
 
-def _unregister(cudart, starts: list[int]) -> bool:
+def _unregister(cudart: Any, starts: list[int]) -> bool:   # cudart: torch's module
     ok = True
     for start in starts:
         err = cudart.cudaHostUnregister(start)
@@ -129,7 +139,7 @@ def _unregister(cudart, starts: list[int]) -> bool:
     return ok
 
 
-def _cuda_error_text(cudart, err) -> str:
+def _cuda_error_text(cudart: Any, err: Any) -> str:
     try:
         return f"cudaError {int(err)} ({cudart.cudaGetErrorString(err)})"
     except (AttributeError, TypeError, RuntimeError):
@@ -145,7 +155,7 @@ def _backing_note(addr: int) -> str:
             f"tmpfs with room to page-lock it)")
 
 
-def _clear_cuda_error(cudart) -> int:
+def _clear_cuda_error(cudart: Any) -> int:
     """Read (and so reset) the CUDA runtime's last error of this thread. torch's cudart
     module binds no cudaGetLastError (up to 2.x); then the runtime library this process
     loaded is asked through ctypes. Returns the error read, -1 if none could be."""
@@ -157,7 +167,7 @@ def _clear_cuda_error(cudart) -> int:
     return int(get())
 
 
-def _runtime_get_last_error():
+def _runtime_get_last_error() -> Callable[[], int] | None:
     """cudaGetLastError of the libcudart already loaded in this process, or None."""
     candidates: list[str | None] = [None]   # the global namespace first
     try:
@@ -167,19 +177,29 @@ def _runtime_get_last_error():
                 candidates.append(name)
     except OSError:
         pass
-    for name in candidates:
+    for lib in candidates:
         try:
-            return ctypes.CDLL(name).cudaGetLastError
+            return ctypes.CDLL(lib).cudaGetLastError
         except (OSError, AttributeError):
             continue
     return None
 
 
 # ---- the staging path -------------------------------------------------------------------------
+class _Event(Protocol):
+    """What a slot waits on: a recorded CUDA event (or a test's fake)."""
+
+    def synchronize(self) -> None: ...
+
+
+class _Recorded(_Event, Protocol):
+    def record(self) -> None: ...
+
+
 @dataclass(kw_only=True, eq=False)
 class _Slot:
     buf: torch.Tensor
-    done: Any = None                     # event of the slot's last device copy
+    done: _Event | None = None           # event of the slot's last device copy
     out: torch.Tensor | None = None      # store range its bytes still owe (a d2h)
 
 
@@ -193,8 +213,8 @@ class Staging:
     slot_bytes: int = STAGE_SLOT_BYTES
     num_slots: int = STAGE_SLOTS
     pin: bool = True
-    event: Any = None
-    slots: list = field(default_factory=list)
+    event: Callable[[], _Event] = field(default=lambda: _recorded(torch.cuda.Event()))
+    slots: list[_Slot] = field(default_factory=list)
     _next: int = 0
 
     def __post_init__(self) -> None:
@@ -202,7 +222,6 @@ class Staging:
         numel = max(1, self.slot_bytes // item)
         self.slots = [_Slot(buf=torch.empty(numel, dtype=self.dtype, pin_memory=self.pin))
                       for _ in range(self.num_slots)]
-        self.event = self.event or (lambda: _recorded(torch.cuda.Event()))
 
     def _take(self) -> _Slot:
         """The next slot, free: its last device copy done, a d2h's bytes in the store."""
@@ -241,11 +260,11 @@ class Staging:
         for slot in self.slots:
             self._settle(slot)
 
-    def _chunks(self, numel: int):
+    def _chunks(self, numel: int) -> list[tuple[int, int]]:
         size = self.slots[0].buf.numel()
         return [(lo, min(numel, lo + size)) for lo in range(0, numel, size)]
 
 
-def _recorded(event):
+def _recorded(event: _Recorded) -> _Recorded:
     event.record()
     return event

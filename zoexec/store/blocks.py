@@ -60,7 +60,7 @@ class BlockStore:
 
     @property
     def nbytes(self) -> int:
-        return self.flat.numel() * self.flat.element_size()
+        return int(self.flat.numel() * self.flat.element_size())
 
     def block(self, index: int) -> torch.Tensor:
         """Block `index` with its padding (stride elements)."""

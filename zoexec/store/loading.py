@@ -38,6 +38,8 @@ from zoplan.errors import ZoError
 from zoplan.modeldir import INDEX_NAME, weight_files
 
 if TYPE_CHECKING:
+    from zoexec.model.adapter import Adapter
+    from zoexec.model.families import ModelGiven
     from zoexec.store.blocks import BlockStore
 
 IGNORED_SUFFIXES = (".inv_freq",)      # buffers some checkpoints carry: recomputed here
@@ -62,7 +64,7 @@ class Checkpoint:
     `adapter`: the family's (its body prefix, older checkpoints' names and the mask
     buffers they carry); None: a "model." body, no renames."""
 
-    def __init__(self, folder: Path, adapter: zm.Adapter | None = None) -> None:
+    def __init__(self, folder: Path, adapter: Adapter | None = None) -> None:
         self.folder = Path(folder)
         self.files = weight_files(self.folder)
         self.where: dict[str, tuple[Path, tuple[int, ...]]] = {}
@@ -225,7 +227,7 @@ class ModelSource:
                                        first_block=first_block)
 
 
-def open_source(spec_or_config: object, *, init: str = "random", param_dtype: str = "fp32",
+def open_source(spec_or_config: ModelGiven, *, init: str = "random", param_dtype: str = "fp32",
                 compute_dtype: str = "fp32", seed: int = 0, attn_implementation: str = "auto",
                 weights: bool = True) -> ModelSource:
     """The model's blueprint with its resident weights made (random init) or read
@@ -298,7 +300,7 @@ class LoadProgress:
         self.stream.flush()
 
 
-def build_parts(spec_or_config: object, *, init: str = "random", param_dtype: str = "fp32",
+def build_parts(spec_or_config: ModelGiven, *, init: str = "random", param_dtype: str = "fp32",
                 compute_dtype: str = "fp32", seed: int = 0,
                 attn_implementation: str = "auto") -> tuple[zm.ModelParts, list[torch.Tensor]]:
     """Resident parts + one flat CPU buffer per block (param dtype), made block by

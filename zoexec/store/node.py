@@ -15,15 +15,17 @@ node has its model, a monitored barrier of the world with the same timeout.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import psutil
 import torch
 import torch.distributed as dist
 
 from zoexec.config import RunConfig
-from zoexec.model.families import bind_resident
+from zoexec.model.families import ModelParts, bind_resident
 from zoexec.runtime import groups as zgroups
 from zoexec.runtime import pinning as zpinning
 from zoexec.runtime.errors import PeerGone
@@ -43,7 +45,17 @@ from zoplan.memory import store_stride
 from zoplan.plan import Plan
 
 
-def load_node_model(cfg: RunConfig, env: zgroups.DistEnv, run_id: str):
+class StoreShape(TypedDict):
+    """The shape of a shared file (create_store's and attach_store's keywords)."""
+
+    num_blocks: int
+    block_numel: int
+    stride: int
+    dtype: torch.dtype
+
+
+def load_node_model(cfg: RunConfig, env: zgroups.DistEnv,
+                    run_id: str) -> tuple[ModelParts, BlockStore]:
     """(parts, store). Local rank 0 fills the node's block store block by block and
     hands its resident weights over; the other local ranks build a skeleton and take
     the weights from shared memory, so a node makes (and holds) the model once."""
@@ -54,8 +66,8 @@ def load_node_model(cfg: RunConfig, env: zgroups.DistEnv, run_id: str):
                          compute_dtype=wl.compute_dtype, seed=cfg.optim.seed, weights=builder)
     lay = env.layout
     stride = store_stride(source.block_numel, slices=lay.slices, local_ranks=lay.local_ranks)
-    shape = dict(num_blocks=source.num_blocks, block_numel=source.block_numel, stride=stride,
-                 dtype=source.param_dtype)
+    shape = StoreShape(num_blocks=source.num_blocks, block_numel=source.block_numel,
+                       stride=stride, dtype=source.param_dtype)
     item = torch.empty(0, dtype=source.param_dtype).element_size()
     nbytes = (source.num_blocks * stride + source.resident_numel) * item
     timeout_s = fill_timeout_s(nbytes, base_s=env.timeout_s)
@@ -76,7 +88,7 @@ def load_node_model(cfg: RunConfig, env: zgroups.DistEnv, run_id: str):
     return parts, store
 
 
-def store_staging(env: zgroups.DistEnv, store: BlockStore):
+def store_staging(env: zgroups.DistEnv, store: BlockStore) -> zpinning.Staging | None:
     """The pinned staging ring a CUDA rank's copies take when its pieces of the store
     could not be page-locked (zoexec.runtime.pinning.Staging); None otherwise (a pinned
     store, or the CPU, which copies directly)."""
@@ -85,7 +97,8 @@ def store_staging(env: zgroups.DistEnv, store: BlockStore):
     return zpinning.Staging(dtype=store.flat.dtype)
 
 
-def rank_copy_spans(store: BlockStore, layout: Layout, rank: int, *, resident) -> list:
+def rank_copy_spans(store: BlockStore, layout: Layout, rank: int, *,
+                    resident: Collection[int]) -> list[zpinning.Span]:
     """The byte spans of the node's store that `rank` copies (what it page-locks): its
     slice of every block (h2d, or its resident shard read once and written at a save)
     and its share of every offloaded block (d2h write-back)."""
@@ -106,7 +119,7 @@ def _progress(cfg: RunConfig, env: zgroups.DistEnv, source: ModelSource) -> Load
     return LoadProgress(total=source.num_blocks, what=what)
 
 
-def _share_resident(env: zgroups.DistEnv, run_id: str, parts, builder: bool) -> None:
+def _share_resident(env: zgroups.DistEnv, run_id: str, parts: ModelParts, builder: bool) -> None:
     """Hand local rank 0's resident weights (resident_master, param dtype) to the other
     local ranks; they bind their modules to its compute-dtype cast, as rank 0 did."""
     blocks = store_path(run_id, env.place.node, directory=env.shm_dir)
@@ -141,8 +154,9 @@ def share_read_flags(env: zgroups.DistEnv, run_id: str, *, num_blocks: int) -> R
                      timeout_s=env.timeout_s)
 
 
-def share_on_node(env: zgroups.DistEnv, path: Path, fill, *, what: str = "a shared file",
-                  timeout_s: float | None = None, **shape) -> BlockStore:
+def share_on_node(env: zgroups.DistEnv, path: Path, fill: Callable[[BlockStore], None] | None, *,
+                  what: str = "a shared file", timeout_s: float | None = None,
+                  **shape: Unpack[StoreShape]) -> BlockStore:
     """The builder (fill not None, local rank 0) creates and fills a shared file, the
     other local ranks wait for it (at most timeout_s, default env.timeout_s) and map
     it, then the name is unlinked (mappings live on). `what`: the file, for errors."""
@@ -189,7 +203,8 @@ def wait_for_builder(env: zgroups.DistEnv, *, timeout_s: float, what: str) -> No
                        f"and {ending} (timeout {timeout_s:g} s): {cause}") from None
 
 
-def monitored_barrier(env: zgroups.DistEnv, group, *, timeout_s: float, what: str) -> None:
+def monitored_barrier(env: zgroups.DistEnv, group: dist.ProcessGroup | None, *, timeout_s: float,
+                      what: str) -> None:
     """torch.distributed.monitored_barrier on a host (gloo) group: its first rank
     reports a rank that did not arrive within `timeout_s`; a PeerGone (a ZoError)
     saying `what`."""
@@ -206,7 +221,7 @@ def close_store(store: BlockStore | None) -> None:
         store.pinned = False
 
 
-def host_memory_probe(store: BlockStore, env: zgroups.DistEnv) -> dict:
+def host_memory_probe(store: BlockStore, env: zgroups.DistEnv) -> dict[str, int | str | bool | None]:
     """This process's memory, its share of the store and its GPU peak (bytes)."""
     info = psutil.Process().memory_full_info()
     store_pss, store_rss = mapping_pss_bytes(store.path)

@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,8 +66,10 @@ def owner() -> ProcessId:
 def machine_id() -> str:
     """8 hex digits naming this boot and pid namespace."""
     parts = []
-    for read in (lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
-                 lambda: os.readlink("/proc/self/ns/pid")):
+    readers: tuple[Callable[[], str], ...] = (
+        lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+        lambda: os.readlink("/proc/self/ns/pid"))
+    for read in readers:
         try:
             parts.append(read())
         except OSError:
@@ -160,7 +163,7 @@ def _allocated(path: Path) -> int:
         return -1
 
 
-def _judge(path: Path, match, nbytes: int) -> ShmFile:
+def _judge(path: Path, match: re.Match[str] | None, nbytes: int) -> ShmFile:
     if match is None:
         return ShmFile(path=path, nbytes=nbytes, state=UNOWNED)
     process = ProcessId(pid=int(match["pid"]), start=int(match["start"]))

@@ -93,7 +93,7 @@ from zoexec.data.batch import Batch
 from zoexec.maths.history import StepRecord, Update
 from zoexec.maths.zo import RESIDENT_BLOCK, projected_grad, step_seed
 from zoexec.model import heads
-from zoexec.model.families import bind_block, bind_resident, resident_flat
+from zoexec.model.families import ModelParts, bind_block, bind_resident, resident_flat
 from zoexec.model.precision import LostUpdates
 from zoexec.runtime import groups as zgroups
 from zoexec.runtime.errors import failing
@@ -120,7 +120,7 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
 
     cfg: RunConfig
     env: zgroups.DistEnv
-    parts: object
+    parts: ModelParts
     store: BlockStore
     source: object
     lanes: object
