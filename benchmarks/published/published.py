@@ -120,7 +120,7 @@ def distzo2_figure(profile: HardwareProfile) -> Figure:
 def mezo_fit_figure(profile: HardwareProfile) -> Figure:
     m = MEZO_FIT
     parts = mezo_memory(get_model(m["model"]), profile, batch=m["batch"], seq=m["seq"])
-    limit = profile.device["memory_gib"] * 1024
+    limit = profile.device_memory_gib * 1024
     return Figure(name="MeZO OPT-30B fits one A100 80GB",
                   setup=f"fp16, {m['batch']} x {m['seq']}, all resident", published=limit,
                   predicted=nvml_mib(parts), kind="fits", low=0.0, high=1.0, unit="MiB")

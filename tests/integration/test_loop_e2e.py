@@ -46,7 +46,7 @@ def test_profile_plan_run_calibrate(tmp_path):
     fit = meas["fit"]
     assert len(fit["residuals_pct"]) == len(meas["forward_alone"]) >= 10
     assert 0 < fit["rel_rms_pct"] < 100 and fit["peak_tflops"] > 0
-    assert profile.compute["peak_tflops"] == pytest.approx(fit["peak_tflops"], rel=1e-3)
+    assert profile.figures().compute.peak_tflops == pytest.approx(fit["peak_tflops"], rel=1e-3)
     assert all("median_s" in p and "iqr_s" in p for p in meas["forward_alone"])
     assert profile.extra["speed_check"]["probes"] >= 1   # probed between the grid's passes
 

@@ -171,7 +171,7 @@ def test_cli_prints_the_step_error_and_fits(plans, tmp_path):
     assert "warning" not in result.output
     fitted = load_profile(out)
     # two CPU ranks: a slower forward lowers how well ranks share the cores
-    assert fitted.compute["rank_scaling"] < load_profile("cpu").compute["rank_scaling"]
+    assert fitted.figures().compute.rank_scaling < load_profile("cpu").figures().compute.rank_scaling
     assert fitted.extra["provenance"]["calibrated"]["plan"] == plan.layout.label()
 
 
@@ -217,7 +217,7 @@ def test_one_rank_fit_scales_the_compute_constants(tmp_path):
     plan = Plan.load(make_plan(tmp_path, "one", "--gpus", "1"))
     cal = compare(plan, dilate(plan, factor={"forward": 1.3, "update": 0.8}), skip=1)
     fit = refit_profile(load_profile("cpu"), plan, cal, trace="synthetic", date="2000-01-01")
-    old, new = load_profile("cpu").compute, fit.profile.compute
+    old, new = (p.to_dict()["compute"] for p in (load_profile("cpu"), fit.profile))
     assert new["peak_tflops"] == pytest.approx(old["peak_tflops"] / 1.3, rel=1e-3)
     assert new["overhead_us"] == pytest.approx(old["overhead_us"] * 1.3, rel=1e-3)
     assert new["zo_ns_per_param"] == pytest.approx(old["zo_ns_per_param"] * 0.8, rel=1e-3)

@@ -11,7 +11,7 @@ import pytest
 
 from zoplan.errors import ZoError
 from zoplan.hardware import HardwareProfile, load_profile, shipped_profiles
-from zoplan.io import load_json
+from zoplan.io import dumps_canonical, load_json
 from zoplan.pricing.stragglers import DEFAULT_NODE_SPREAD, node_spread
 from zoplan.search import resolve_request
 
@@ -101,16 +101,16 @@ def test_the_node_spread_defaults_when_a_profile_has_none():
 
 
 def test_profile_specifics():
-    assert load_profile("8x-rtx4090").fabric["kind"] == "host"
-    assert load_profile("8x-rtx4090").pcie["switch_groups"]
+    assert load_profile("8x-rtx4090").figures().fabric.kind == "host"
+    assert load_profile("8x-rtx4090").figures().pcie.switch_groups
     pairs = load_profile("8x-a100-pcie-nvlink-pairs")
-    assert pairs.fabric["kind"] == "bridge" and pairs.max_slices(8) == 2
+    assert pairs.figures().fabric.kind == "bridge" and pairs.max_slices(8) == 2
     assert load_profile("rtx4090-workstation").gpus_per_node == 1
     gh = load_profile("gh200")
-    assert gh.gpus_per_node == 1 and 345 <= gh.pcie["h2d_gbps"] <= 420
+    assert gh.gpus_per_node == 1 and 345 <= gh.figures().pcie.h2d_gbps <= 420
     cpu = load_profile("cpu")
-    assert cpu.is_cpu and cpu.device["concurrent_engines"] is False
-    assert cpu.fabric["kind"] == "shm"
+    assert cpu.is_cpu and cpu.figures().device.concurrent_engines is False
+    assert cpu.figures().fabric.kind == "shm"
 
 
 def _mutate(fn) -> dict:
@@ -198,9 +198,23 @@ def test_gpu_profiles_carry_the_gpu_cost_model():
     duplex below H2D alone (the A100's measured 11-13 vs 25-26 GB/s)."""
     for name in sorted(EXPECTED - {"cpu"}):
         p = load_profile(name)
-        c = p.compute
-        assert c["fp32_tflops"] <= c["tf32_tflops"] < c["peak_tflops"], name
-        assert p.pcie["h2d_duplex_gbps"] <= p.pcie["h2d_gbps"], name
-        assert 0 < c["z_ns_per_elem"] < 0.01 and c["z_launch_us"] > 0, name
-    a100 = load_profile("dgx-a100-80gb").pcie
-    assert 11 <= a100["h2d_duplex_gbps"] <= 13 and a100["d2h_duplex_gbps"] == 24
+        c, pcie = p.figures().compute, p.figures().pcie
+        assert c.fp32_tflops is not None and c.tf32_tflops is not None, name
+        assert c.fp32_tflops <= c.tf32_tflops < c.peak_tflops, name
+        assert pcie.h2d_duplex_gbps is not None and pcie.h2d_duplex_gbps <= pcie.h2d_gbps, name
+        assert c.z_ns_per_elem is not None and c.z_launch_us is not None, name
+        assert 0 < c.z_ns_per_elem < 0.01 and c.z_launch_us > 0, name
+    a100 = load_profile("dgx-a100-80gb").figures().pcie
+    assert a100.h2d_duplex_gbps is not None and 11 <= a100.h2d_duplex_gbps <= 13
+    assert a100.d2h_duplex_gbps == 24
+
+
+def test_a_profile_written_back_is_the_file_it_was_read_from():
+    """Loading then writing a shipped profile (what `zoplan profile` and `zoplan
+    calibrate --fit` write: HardwareProfile.to_json) gives the file's own JSON, byte for
+    byte in the canonical form, with its ints kept ints; and writing it again, the same
+    bytes: the typed sections lose, add and reorder nothing."""
+    for name, path in shipped_profiles().items():
+        text = load_profile(path).to_json()
+        assert text == dumps_canonical(load_json(path)), name
+        assert HardwareProfile.from_dict(json.loads(text)).to_json() == text, name

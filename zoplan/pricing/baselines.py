@@ -40,10 +40,11 @@ from dataclasses import dataclass, field
 
 from zoplan.hardware import HardwareProfile
 from zoplan.models import ModelSpec, dtype_bytes
-from zoplan.pricing.collectives import allgather_busbw_gbps, collective_latency_s
+from zoplan.pricing.collectives import allgather_s
 from zoplan.pricing.compute import gemm_tflops, gpu_elems_per_token, hbm_gbps, hbm_time_s
 from zoplan.pricing.copies import duplex_rates_gbps, pageable_copies_s
 from zoplan.pricing.devicemem import nvml_terms
+from zoplan.pricing.figures import given
 from zoplan.pricing.host import forward_issue_s, launch_s
 from zoplan.pricing.units import GBPS, NS, TFLOPS
 from zoplan.pricing.work import Work
@@ -82,7 +83,7 @@ def torch_zo_maths(profile: HardwareProfile, tensor_numels: list[int], dtype_siz
     z_ns_per_elem a value, floored by writing it at HBM speed) and 3 perturbations and an
     update (their words at HBM speed); host: a launch per op."""
     total = sum(tensor_numels)
-    z_value: float = profile.compute["z_ns_per_elem"]
+    z_value = given(profile.figures().compute.z_ns_per_elem, "compute.z_ns_per_elem")
     z_s = max(total * z_value * NS, hbm_time_s(profile, total * dtype_size))
     words = PERTURBS_PER_STEP * TORCH_PERTURB_WORDS + TORCH_UPDATE_WORDS
     device = 4 * z_s + hbm_time_s(profile, words * dtype_size * total)
@@ -98,7 +99,7 @@ def eager_block_forward_s(model: ModelSpec, profile: HardwareProfile, *, rows: i
     gpu_elems_per_token) at HBM speed."""
     tokens = rows * seq
     word = dtype_bytes(compute_dtype)
-    half: float = profile.compute["m_half_tokens"]
+    half = profile.figures().compute.m_half_tokens
     rate = gemm_tflops(profile, compute_dtype) * TFLOPS * tokens / (tokens + half)
     flops = tokens * (model.block_gemm_flops_per_token() + model.block_attn_flops_per_token(seq))
     scores = rows * model.num_heads * seq * seq * EAGER_SCORE_WORDS * word
@@ -121,9 +122,9 @@ def duplex_upload_s(profile: HardwareProfile, num_bytes: float, *, offload_bytes
     """An upload of `num_bytes` beside an offload of `offload_bytes` that started
     `offload_lead_s` earlier on the same GPU's link: each direction at its duplex rate
     while both run (pcie.*_duplex_gbps), alone at its own rate otherwise."""
-    p = profile.pcie
-    h2d: float = p["h2d_gbps"] * GBPS
-    d2h: float = p["d2h_gbps"] * GBPS
+    p = profile.figures().pcie
+    h2d = p.h2d_gbps * GBPS
+    d2h = p.d2h_gbps * GBPS
     both = duplex_rates_gbps(profile, "gpu")
     h2d_dup, d2h_dup = (both[0] * GBPS, both[1] * GBPS) if both else (h2d, d2h)
     left_d2h = max(0.0, offload_bytes - offload_lead_s * d2h)
@@ -237,8 +238,7 @@ def distzo2_step(model: ModelSpec, profile: HardwareProfile, *, batch: int, seq:
         upload, host = copy_period(profile, piece, issue, pinned=False)
     gather = 0.0
     if slices > 1:
-        gather = (collective_latency_s(profile) + block_bytes * (slices - 1) / slices
-                  / (allgather_busbw_gbps(profile, block_bytes) * GBPS))
+        gather = allgather_s(profile, block_bytes, slices)
     period = max(host + gather, compute)
     ends = _ends(model, profile, rows=batch // ddp, seq=seq, dtype=dtype, streams=streams,
                  untied_head=False)
@@ -253,10 +253,11 @@ def _shared_upload_s(profile: HardwareProfile, piece: float, issue: float, ranks
     GPUs of a node do the same at once: the GPUs behind one PCIe switch share its uplink
     (pcie.switch_groups, switch_uplink_gbps), and all of them the host's memory."""
     alone = duplex_upload_s(profile, piece, offload_bytes=piece, offload_lead_s=issue)
-    groups = profile.pcie.get("switch_groups") or []
+    f = profile.figures()
+    groups = f.pcie.switch_groups or ()
     sharing = max([sum(1 for r in g if r < ranks) for g in groups] or [1])
-    uplink: float = profile.pcie["switch_uplink_gbps"] * GBPS
-    host: float = profile.host["mem_bw_gbps"] * GBPS
+    uplink = f.pcie.switch_uplink_gbps * GBPS
+    host = f.host.mem_bw_gbps * GBPS
     # both directions of every rank through one uplink (per direction) and host memory
     return max(alone, sharing * piece / uplink, 2 * ranks * piece / host)
 

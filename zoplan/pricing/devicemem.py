@@ -7,9 +7,8 @@ their memory is the host's)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from zoplan.hardware import HardwareProfile
+from zoplan.pricing.figures import or_
 from zoplan.pricing.units import GIB
 
 NVML_LABELS = {"cuda_context": "CUDA context and the libraries it loaded (NVML)",
@@ -20,8 +19,9 @@ def nvml_terms(profile: HardwareProfile) -> dict[str, float]:
     """The device bytes NVML shows beyond a program's allocations, by named term."""
     if profile.is_cpu:
         return {}
-    context: float = profile.device.get("context_gib", 0.0)
-    slack: float = profile.device.get("allocator_slack_gib", 0.0)
+    device = profile.figures().device
+    context = or_(device.context_gib, 0.0)
+    slack = or_(device.allocator_slack_gib, 0.0)
     terms = {"cuda_context": context * GIB, "allocator_slack": slack * GIB}
     return {k: v for k, v in terms.items() if v}
 
@@ -30,6 +30,6 @@ def with_device_memory(profile: HardwareProfile, memory_gib: float) -> HardwareP
     """`profile` with each device's memory at most `memory_gib` (zoplan optimize
     --max-gpu-memory: the memory check plans for less than the profile's device; its
     reserved share is still left out). The profile itself when it has no more."""
-    if memory_gib >= profile.device["memory_gib"]:
+    if memory_gib >= profile.device_memory_gib:
         return profile
-    return dataclasses.replace(profile, device={**profile.device, "memory_gib": memory_gib})
+    return profile.with_figures({"device.memory_gib": memory_gib})

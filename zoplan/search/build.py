@@ -51,7 +51,7 @@ def build_plan(result: SearchResult) -> Plan:
         "tool": tool_info(),
         "model": {"name": req.model.name, "spec": spec, "sha256": sha256_json(spec)},
         "profile": {"name": req.profile.name, "sha256": req.profile.sha256,
-                    "device_kind": req.profile.device["kind"],
+                    "device_kind": req.profile.device_kind,
                     "gpus_per_node": req.profile.gpus_per_node},
         "workload": win.workload.to_dict(),
         "layout": win.layout.to_dict(),

@@ -279,8 +279,8 @@ def slices_reason(hw: HardwareProfile, local: int, slices: int) -> str | None:
     most = hw.max_slices(local)
     if slices > most:
         return (f"slices ({slices}) > {most}: only {most} GPUs share a fast fabric "
-                f"({hw.fabric['kind']}, profile {hw.name})")
-    if hw.fabric["kind"] in ("nvswitch", "bridge"):
+                f"({hw.fabric_kind}, profile {hw.name})")
+    if hw.fabric_kind in ("nvswitch", "bridge"):
         for first in range(0, local, slices):
             if set(range(first, first + slices)) - set(hw.fabric_group_of(first)):
                 return (f"slice group of ranks {first}..{first + slices - 1} crosses fabric "

@@ -28,7 +28,7 @@ from zoplan.pricing.compute import device_copy_s
 from zoplan.pricing.copies import staged
 from zoplan.pricing.host import host_issue, launch_s
 from zoplan.pricing.lora import lora_task_times
-from zoplan.pricing.overlap import Interference, interference, stream_factors
+from zoplan.pricing.overlap import Interference, interference, shared_gpu_times
 from zoplan.pricing.stragglers import rank_factors
 from zoplan.pricing.tasks import task_times
 from zoplan.pricing.units import GBPS
@@ -186,7 +186,7 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     flows = transfer_flows(profile, layout, block,
                            allgather_cap_Bps=allgather_busbw_gbps(profile, block) * GBPS)
     costs = StepCosts(
-        layout=layout, concurrent=bool(profile.device.get("concurrent_engines", True)),
+        layout=layout, concurrent=profile.concurrent_engines,
         num_blocks=model.num_layers, block_bytes=block, tokens_per_rank=tokens,
         streams=streams, **work, issue_s=issue,
         allreduce_s=(small_s + internode if layout.world_size > 1 else 0.0),  # zoexec skips a world of one
@@ -201,22 +201,23 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
 
 
 def shared_gpu(costs: StepCosts, k: Interference) -> StepCosts:
-    """`costs` with its block tasks slowed by the compute and collective streams
-    sharing the GPU (zoplan.pricing.overlap.stream_factors of one rank's work per
-    block on each stream; k: the profile's interference figures)."""
+    """`costs` with its block tasks as zoplan.pricing.overlap.shared_gpu_times prices
+    them while the compute and collective streams share the GPU (k: the profile's
+    interference figures); this gathers one rank's work per block on each stream."""
     if not costs.concurrent or not costs.num_blocks:
         return costs
-    comp, side, coll = stream_factors(compute_s=_compute_stream_s(costs),
-                                      slice_s=costs.slice_s(0),
-                                      other_s=_collective_other_s(costs), k=k)
-    if comp == side == coll == 1.0:
-        return costs
     gather = costs.allgather_alone_s(0) - costs.allgather_latency_s if costs.layout.slices > 1 else 0.0
+    shared = shared_gpu_times(
+        forward_s=costs.forward_s, update_s=costs.update_s,
+        resident_update_s=costs.resident_update_s, slice_update_s=costs.slice_update_s,
+        gather_s=gather, compute_stream_s=_compute_stream_s(costs),
+        slice_s=costs.slice_s(0), other_s=_collective_other_s(costs), k=k)
+    if shared is None:
+        return costs
     return dataclasses.replace(
-        costs, update_s=costs.update_s * comp, forward_s=costs.forward_s * comp,
-        resident_update_s=costs.resident_update_s * comp,
-        slice_update_s=tuple(s * side for s in costs.slice_update_s),
-        allgather_slowdown_s=gather * (coll - 1.0), overlap=(comp, side, coll))
+        costs, update_s=shared.update_s, forward_s=shared.forward_s,
+        resident_update_s=shared.resident_update_s, slice_update_s=shared.slice_update_s,
+        allgather_slowdown_s=shared.allgather_slowdown_s, overlap=shared.factors)
 
 
 def _compute_stream_s(costs: StepCosts) -> float:
@@ -270,7 +271,7 @@ def _placement_work(*, model, profile, workload, layout, parts, resident, period
     if split:
         out["update_s"], issue["update"] = _device_host(parts["perturb"])
         one = [_device_host(parts["deferred"](*draws)) for draws in
-               _slice_draws(model, layout.slices, layout.local_ranks, profile.device["kind"])]
+               _slice_draws(model, layout.slices, layout.local_ranks, profile.device_kind)]
         mine = [one[lr % layout.slices] for lr in range(layout.local_ranks)]
         out["slice_update_s"] = tuple(d for d, _ in mine)
         issue["slice_update"] = tuple(h for _, h in mine)

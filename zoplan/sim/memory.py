@@ -114,7 +114,7 @@ def _rank(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str
 @functools.lru_cache(maxsize=4096)
 def _estimate(model: ModelSpec, profile: HardwareProfile, workload: Workload, layout: Layout,
               resident_blocks: int) -> MemoryEstimate:
-    kind = profile.device["kind"]
+    kind = profile.device_kind
     rank = _rank(model, workload, layout, kind, resident_blocks)
     host = node_host_memory(model=model, workload=workload, layout=layout, device_kind=kind,
                             resident_blocks=resident_blocks)
@@ -127,7 +127,7 @@ def _estimate(model: ModelSpec, profile: HardwareProfile, workload: Workload, la
                           labels=labels,
                           gpu_limit_bytes=profile.device_memory_bytes,
                           host_limit_bytes=profile.host_memory_bytes,
-                          reserved_gib=float(profile.device["reserved_gib"]),
+                          reserved_gib=float(profile.reserved_gib),
                           device_word=profile.device_word)
 
 
@@ -137,7 +137,7 @@ def _sum(terms) -> float:
 
 def resident_margin_bytes(profile: HardwareProfile) -> float:
     """The device memory resident blocks leave free (RESIDENT_MARGIN of the device)."""
-    return RESIDENT_MARGIN * profile.device["memory_gib"] * GIB
+    return RESIDENT_MARGIN * profile.device_memory_gib * GIB
 
 
 def resident_capacity(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
@@ -150,7 +150,7 @@ def resident_capacity(*, model: ModelSpec, profile: HardwareProfile, workload: W
     blocks, if made already."""
     base = base or estimate_memory(model=model, profile=profile, workload=workload,
                                    layout=layout)
-    rank = _rank(model, workload, layout, profile.device["kind"])
+    rank = _rank(model, workload, layout, profile.device_kind)
     shard = resident_shard_bytes(model, workload, layout)
     room = (base.gpu_limit_bytes - resident_margin_bytes(profile) - sum(t.bytes for t in rank.outside)
             - sum(nvml_terms(profile).values()))
