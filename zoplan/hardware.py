@@ -248,7 +248,7 @@ class HardwareProfile:
 
     def with_figures(self, changes: Mapping[str, float]) -> HardwareProfile:
         """This profile with these figures ("section.key" -> value) changed, unchecked:
-        the caller checks what it changes (zoplan.pricing.devicemem.with_device_memory)."""
+        the caller checks what it changes (zoplan.pricing.memory.with_device_memory)."""
         return self._with(changes)
 
     # ---- where each figure comes from (zoplan.origins) --------------------------------

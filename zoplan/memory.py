@@ -1,6 +1,6 @@
 """What one zoexec rank allocates on its device, and one node on its host: the ONE
 memory model, term by term, with labels. The planner prices layouts with it
-(zoplan.sim.memory adds the profile's limits), hand_plan writes it into plans, zoexec's
+(zoplan.pricing.memory adds the profile's limits), hand_plan writes it into plans, zoexec's
 pre-flight checks a machine against it, and tests/unit/test_memory_model.py runs the
 executor on the CPU under an allocation tracker and compares (within 5%).
 

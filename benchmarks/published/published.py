@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from zoplan.hardware import HardwareProfile, load_profile
 from zoplan.models import get_model
-from zoplan.pricing.baselines import distzo2_step, mezo_memory, mezo_step, zo2_memory, zo2_step
+from zoplan.pricing.baselines import distzo2_step, mezo_step, zo2_step
+from zoplan.pricing.memory import mezo_memory, zo2_memory
 
 MIB = 2**20
 A100 = "dgx-a100-80gb"     # the A100 80GB of the ZO2 paper's single-GPU runs (module doc)

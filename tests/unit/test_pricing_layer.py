@@ -101,7 +101,7 @@ def test_the_readers_read(a100):
         for statement in FIGURE_SPELLINGS:
             assert run_as(module, statement, a100) is not None, (module, statement)
     for module in ("zoplan.calibrate.refit", "zoplan.views.profile", "zoplan.profiling",
-                   "zoplan.search.sensitivity", "zoplan.pricing.devicemem"):
+                   "zoplan.search.sensitivity", "zoplan.pricing.memory"):
         for statement in DATA_SPELLINGS:
             assert run_as(module, statement, a100) is not None, (module, statement)
     assert FIGURE_READERS == ("zoplan.pricing",) and "zoplan.sim" not in DATA_READERS

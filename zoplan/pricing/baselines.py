@@ -35,7 +35,6 @@ and every rank running the zo maths of the whole gathered block.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from zoplan.hardware import HardwareProfile
@@ -43,7 +42,6 @@ from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.pricing.collectives import allgather_s
 from zoplan.pricing.compute import gemm_tflops, gpu_elems_per_token, hbm_gbps, hbm_time_s
 from zoplan.pricing.copies import duplex_rates_gbps, pageable_copies_s
-from zoplan.pricing.devicemem import nvml_terms
 from zoplan.pricing.figures import given
 from zoplan.pricing.host import forward_issue_s, launch_s
 from zoplan.pricing.units import GBPS, NS, TFLOPS
@@ -260,76 +258,3 @@ def _shared_upload_s(profile: HardwareProfile, piece: float, issue: float, ranks
     host = f.host.mem_bw_gbps * GBPS
     # both directions of every rank through one uplink (per direction) and host memory
     return max(alone, sharing * piece / uplink, 2 * ranks * piece / host)
-
-
-
-# ---- memory as NVML reports it ---------------------------------------------------------
-# NVML's "used" is everything the process holds on the device: the CUDA context with the
-# libraries a run loads (device.context_gib), and every segment torch's caching allocator
-# has reserved, which it keeps until the process ends. The allocator keeps a pool per
-# stream (a freed block serves later requests on the stream it was made on) and never
-# merges segments: a request larger than every free block of its pool takes a segment of
-# its own. So a program's reserved memory per stream is its largest phase (the bytes live
-# together) plus a segment for each larger single request of another phase, and beyond
-# that the slack measured over a real run (device.allocator_slack_gib: reserved minus
-# allocated, rounding and stray fragments).
-LOSS_COPY_WORDS = 4   # the loss's fp32 copy of one stream's logits and its log-softmax (2 + 2)
-EAGER_PEAK_WORDS = 3  # one stream's masked scores (1 word) beside their fp32 softmax (2)
-
-
-def stream_pool_bytes(phases: Mapping[str, tuple[float, float]]) -> tuple[str, float]:
-    """(largest phase, reserved bytes) of one stream's pool from its phases' (live
-    bytes, largest single allocation): the largest phase, plus a segment for each larger
-    single allocation of another phase."""
-    top = max(phases, key=lambda k: phases[k][0])
-    live, biggest = phases[top]
-    extra = sum(big for name, (_, big) in phases.items() if name != top and big > biggest)
-    return top, float(live + extra)
-
-
-def zo2_memory(model: ModelSpec, profile: HardwareProfile, *, batch: int, seq: int,
-               dtype: str = "fp16", untied_head: bool = True) -> dict[str, float]:
-    """ZO2's device memory as NVML reports it, by named term: the context, the slack,
-    the resident parts (default stream), two blocks (the upload stream's pool: the block
-    computing and the one arriving; the one leaving is freed when its copy is enqueued,
-    `Module.to` rebinding every parameter to its CPU copy), and the compute stream's
-    pool: the two streams' hidden states and 4D masks beside the largest of the update's
-    temporaries (four of the largest tensor: z, g z, wd p, their sum), one stream's
-    eager block forward, the head's update, and the logits with the loss."""
-    w = dtype_bytes(dtype)
-    tokens, h, vocab = batch * seq, model.hidden, model.vocab
-    resident = sum(resident_parts(model, untied_head=untied_head)) * w
-    largest_block = max(model.block_tensor_numels()) * w
-    largest_resident = max(resident_parts(model, untied_head=untied_head)) * w
-    states = 2 * tokens * h * w + 2 * batch * seq * seq * w
-    scores = batch * model.num_heads * seq * seq * w
-    ffn = tokens * model.ffn * w
-    phases = {
-        "block update": (states + 4 * largest_block, largest_block),
-        "block forward": (states + max(EAGER_PEAK_WORDS * scores, 2 * ffn),
-                          max(2 * scores, ffn)),
-        "head update": (states + 4 * largest_resident, largest_resident),
-        "head forward": (states + 2 * tokens * vocab * w + tokens * vocab * LOSS_COPY_WORDS * w,
-                         tokens * vocab * 2 * w)}
-    _, compute = stream_pool_bytes(phases)
-    return {**nvml_terms(profile), "resident": float(resident),
-            "blocks": 2.0 * model.block_params * w, "compute_stream": compute}
-
-
-def mezo_memory(model: ModelSpec, profile: HardwareProfile, *, batch: int, seq: int,
-                dtype: str = "fp16") -> dict[str, float]:
-    """MeZO's device memory as NVML reports it: the context, the slack, every weight,
-    and one stream's pool: the update's four temporaries of the largest tensor, one
-    eager block forward, or one forward's logits with the loss."""
-    w = dtype_bytes(dtype)
-    tokens = batch * seq
-    weights = (model.num_layers * model.block_params + model.resident_params) * w
-    largest = max(model.block_tensor_numels() + model.resident_tensor_numels()) * w
-    state = tokens * model.hidden * w + batch * seq * seq * w
-    scores = batch * model.num_heads * seq * seq * w
-    phases = {"update": (4 * largest, largest),
-              "block forward": (state + EAGER_PEAK_WORDS * scores, 2 * scores),
-              "head forward": (state + tokens * model.vocab * (1 + LOSS_COPY_WORDS) * w,
-                               2 * tokens * model.vocab * w)}
-    _, pool = stream_pool_bytes(phases)
-    return {**nvml_terms(profile), "weights": float(weights), "compute_stream": pool}

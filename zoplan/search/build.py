@@ -12,11 +12,11 @@ from typing import Any
 from zoplan.io import sha256_json
 from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, compact_ranks, tool_info
 from zoplan.pricing.collectives import internode_allreduce_s
+from zoplan.pricing.memory import RESIDENT_MARGIN, resident_margin_bytes
 from zoplan.pricing.stragglers import node_spread
 from zoplan.search.evaluate import UNSLICED_TOLERANCE, SearchResult, known
 from zoplan.search.space import Candidate, Pruned, Request
 from zoplan.sim.bounds import StepBounds
-from zoplan.sim.memory import RESIDENT_MARGIN, resident_margin_bytes
 from zoplan.sim.nodes import job_step_s, one_node_step_s, scaling_efficiency, sweep_counts
 from zoplan.trace import Span
 

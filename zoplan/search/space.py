@@ -30,13 +30,17 @@ from zoplan.lora import check_targets
 from zoplan.models import ModelSpec, get_model
 from zoplan.names import AUTO_TUNING
 from zoplan.pricing.baselines import BaselineStep
-from zoplan.pricing.devicemem import with_device_memory
+from zoplan.pricing.memory import (
+    MemoryEstimate,
+    estimate_memory,
+    resident_capacity,
+    with_device_memory,
+)
 from zoplan.pricing.stragglers import straggler_factor
 from zoplan.request import PlanRequest
 from zoplan.search.placement import resident_pattern
 from zoplan.sim.bounds import StepBounds, step_bounds
 from zoplan.sim.costs import StepCosts, step_costs
-from zoplan.sim.memory import MemoryEstimate, estimate_memory, resident_capacity
 from zoplan.sim.simulate import SimResult
 from zoplan.workload import Workload
 
