@@ -204,10 +204,10 @@ def pageable_a100() -> tuple[HardwareProfile, str]:
     where it has them, else the rates this project's H200 host measured (6.9 GB/s H2D,
     13.8 D2H: no public A100 figure; an assumption, said in the output)."""
     a100 = load_profile(A100)
-    if "pageable_h2d_gbps" in a100.pcie:
+    if "pageable_h2d_gbps" in a100.to_dict()["pcie"]:
         data, note = a100.to_dict(), "the A100 profile's own pageable figures"
     else:
-        h200 = load_profile("hgx-h200").pcie
+        h200 = load_profile("hgx-h200").to_dict()["pcie"]
         data = a100.to_dict()
         data["pcie"] = dict(data["pcie"], pageable_h2d_gbps=h200["pageable_h2d_gbps"],
                             pageable_d2h_gbps=h200["pageable_d2h_gbps"])

@@ -218,3 +218,37 @@ def test_a_profile_written_back_is_the_file_it_was_read_from():
         text = load_profile(path).to_json()
         assert text == dumps_canonical(load_json(path)), name
         assert HardwareProfile.from_dict(json.loads(text)).to_json() == text, name
+
+
+def test_docs_profiles_table_names_every_figure_with_its_unit():
+    """docs/planner.md's table of the profile's figures: one row per field of the typed sections, in their
+    order, with the unit of its plausible range (zoplan.hwcheck) and the device kinds
+    that have it; a field added without its row, or a row of no field, fails."""
+    from dataclasses import fields
+
+    from zoplan.hwcheck import _OPTIONAL_BY_KIND, _REQUIRED, _REQUIRED_BY_KIND, _range_of
+    from zoplan.hwsections import SECTION_TYPES
+
+    words = {"device.kind": "cuda, cpu", "device.model": "text",
+             "device.concurrent_engines": "true/false", "pcie.pinned": "true/false",
+             "pcie.switch_groups": "lists of local ranks",
+             "fabric.kind": "nvswitch, bridge, host, shm", "fabric.groups": "lists of local ranks",
+             "collective.allgather_busbw": "[bytes, GB/s] pairs"}
+    expected = []
+    for section, kind in SECTION_TYPES.items():
+        for f in fields(kind):
+            path = f"{section}.{f.name}"
+            unit = words.get(path) or _range_of(path)[2]
+            if f.name in _REQUIRED[section] or path in ("device.kind", "fabric.kind",
+                                                        "collective.allgather_busbw"):
+                who = "all"
+            else:
+                who = "; ".join([f"{k} (required)" for k in ("cuda", "cpu")
+                                 if path in _REQUIRED_BY_KIND[k]]
+                                + [k for k in ("cuda", "cpu") if path in _OPTIONAL_BY_KIND[k]])
+                who = who or "all (optional)"
+            expected.append(f"| `{path}` | {unit} | {who} |")
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text()
+    section = doc.split("## Hardware profiles: the figures, typed", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert [r[:len(e)] for r, e in zip(rows, expected)] == expected and len(rows) == len(expected)

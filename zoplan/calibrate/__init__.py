@@ -14,12 +14,14 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from zoplan.calibrate.compare import Calibration, compare, error_pct, run_seconds
 from zoplan.calibrate.drift import drift_warning, machine_drift
 from zoplan.calibrate.inputs import check_inputs, resolve_profile
 from zoplan.calibrate.refit import Refit, refit_profile, resimulate
 from zoplan.errors import ZoError
+from zoplan.hardware import HardwareProfile
 from zoplan.io import atomic_write_text, check_writable, sha256_json
 from zoplan.plan import Plan
 from zoplan.trace import read_trace
@@ -63,11 +65,14 @@ def calibrate(*, plan: Path, trace: Path, profile: str | None, skip: int, fit: b
         warning = drift_warning(drift, run_seconds(cal))
         if warning:
             cal.warnings.append(warning)
-    refit = write_refit(the_plan, cal, hw, trace=str(trace), output=output) if fit else None
+    refit = None
+    if fit:
+        assert hw is not None, "resolve_profile(required=True) returns a profile or raises"
+        refit = write_refit(the_plan, cal, hw, trace=str(trace), output=output)
     return CalibrateResult(calibration=cal, refit=refit)
 
 
-def _check_fit_trace(plan: Plan, meta: dict, trace: Path) -> None:
+def _check_fit_trace(plan: Plan, meta: dict[str, Any], trace: Path) -> None:
     """--fit refits a profile from a trace of THIS plan's run only: another plan's spans
     would be priced against the wrong tasks (a warning is too late: the file is written)."""
     traced, actual = meta.get("plan_sha256"), sha256_json(plan.data)
@@ -78,7 +83,7 @@ def _check_fit_trace(plan: Plan, meta: dict, trace: Path) -> None:
                       f"plan's own run (zoexec run PLAN --trace DIR)")
 
 
-def write_refit(plan: Plan, cal: Calibration, hw, *, trace: str,
+def write_refit(plan: Plan, cal: Calibration, hw: HardwareProfile, *, trace: str,
                 output: Path | None) -> RefitResult:
     date = datetime.now(UTC).strftime("%Y-%m-%d")
     fit = refit_profile(hw, plan, cal, trace=trace, date=date)

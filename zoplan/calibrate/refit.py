@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from zoplan.calibrate.compare import Calibration
 from zoplan.hardware import HardwareProfile
@@ -31,7 +32,7 @@ from zoplan.sim.simulate import simulate
 class Refit:
     """A profile being refitted: its JSON data and the changes made."""
 
-    data: dict
+    data: dict[str, Any]
     date: str
     trace: str
     changes: list[tuple[str, float, float, str]] = field(default_factory=list)
@@ -51,7 +52,7 @@ class Refit:
         return HardwareProfile.from_dict(self.data, origin="refitted profile")
 
 
-def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
+def _task_times(plan: Plan, profile: HardwareProfile) -> dict[str, Any]:
     """The plan's per-task times on `profile` (zoplan.pricing.tasks.task_times; LoRA's
     zoplan.pricing.lora.lora_task_times)."""
     lay, wl = plan.layout, plan.workload

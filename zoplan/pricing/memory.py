@@ -27,13 +27,13 @@ against the profile's limits, and the baselines' memory as NVML reports it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from zoplan.hardware import GIB, HardwareProfile
 from zoplan.hostmemory import node_host_memory
 from zoplan.layout import Layout
-from zoplan.memory import RankMemory, fmt_bytes, rank_memory, resident_shard_bytes
+from zoplan.memory import RankMemory, Term, fmt_bytes, rank_memory, resident_shard_bytes
 from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.pricing.baselines import resident_parts
 from zoplan.pricing.figures import or_
@@ -153,8 +153,8 @@ def _estimate(model: ModelSpec, profile: HardwareProfile, workload: Workload, la
                           device_word=profile.device_word)
 
 
-def _sum(terms) -> float:
-    return sum(t.bytes for t in terms)
+def _sum(terms: Iterable[Term]) -> float:
+    return float(sum(t.bytes for t in terms))
 
 
 def resident_margin_bytes(profile: HardwareProfile) -> float:
@@ -187,7 +187,7 @@ def resident_capacity(*, model: ModelSpec, profile: HardwareProfile, workload: W
     return max(0, min(count, model.num_layers))
 
 
-def _merge(terms) -> dict[str, float]:
+def _merge(terms: Iterable[Term]) -> dict[str, float]:
     parts: dict[str, float] = {}
     for term in terms:
         parts[term.key] = parts.get(term.key, 0.0) + float(term.bytes)

@@ -22,7 +22,7 @@ __all__ = ["build_profile", "profile_machine"]
 
 def profile_machine(*, profiler: Any, output: Path | None, name: str | None,
                     ranks: int | None, repeats: int, quick: bool, force_cpu: bool,
-                    progress: Callable[[], AbstractContextManager],
+                    progress: Callable[[], AbstractContextManager[tuple[Callable[..., None], Callable[..., None]]]],
                     time_budget_s: float | None = None) -> tuple[HardwareProfile, Path]:
     """Check the request, measure with `profiler` (zoexec.profiler: make_settings,
     measure) inside `progress()` (which yields tick and warn), build and validate the

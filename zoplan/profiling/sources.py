@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from zoplan.execrules import threads_per_rank
 from zoplan.profiling.fits import SHARE_THRESHOLD
 
 KIB, MIB = 2**10, 2**20
 
 
+class SampleSettings(Protocol):
+    """What the profiler measured (zoexec.profiler.settings.Settings, as its samples
+    carry it: to_dict), the attributes the profile's assembly reads."""
+
+    device: str
+    ranks: int
+    cores: int
+    copy_bytes: int
+    store_bytes: int
+    gather_sizes: list[int]
+    reference_shape: list[Any]            # (family, hidden, batch, seq)
+    z_hiddens: list[int]
+    zo_hidden: int
+    z_gpu_blocks: list[list[int]]         # (tensors, elements each)
+    speed_checks: dict[str, dict[str, Any]]
+
+
 def note(date: str, what: str) -> str:
     return f"[M] zoplan profile {date} {what}"
 
 
-def cpu_sources(settings, *, threads: int, fit: dict, date: str,
-                 num_forwards: int) -> dict:
+def cpu_sources(settings: SampleSettings, *, threads: int, fit: dict[str, Any], date: str,
+                 num_forwards: int) -> dict[str, Any]:
     """The source note of each figure of a CPU profile."""
     c = note(date, "")
     k = settings.ranks
@@ -76,8 +95,8 @@ def cpu_sources(settings, *, threads: int, fit: dict, date: str,
 
 
 
-def cuda_sources(settings, *, fit: dict, date: str, num_forwards: int,
-                 uplink_duplex: bool = False) -> dict:
+def cuda_sources(settings: SampleSettings, *, fit: dict[str, Any], date: str, num_forwards: int,
+                 uplink_duplex: bool = False) -> dict[str, Any]:
     """The source note of each figure of a CUDA profile."""
     n = settings.ranks
     c = note(date, "")

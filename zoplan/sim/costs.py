@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 from zoplan.estimators import stream_examples
 from zoplan.execrules import chunk_bounds, fence_needed, sr_chunk, z_range_draws
@@ -70,7 +71,7 @@ class StepCosts:
     read_only: bool = False          # LoRA: the base is never written back (no d2h, no fence)
     # the host lane (CUDA; {} on CPUs): host seconds to issue each task kind (the batch
     # before "embed"), and per local rank its slice update's (zoplan.pricing.host)
-    issue_s: dict = field(default_factory=dict)
+    issue_s: dict[str, Any] = field(default_factory=dict)
     allgather_slowdown_s: float = 0.0   # an all-gather beside the compute stream's work
     overlap: tuple[float, float, float] = (1.0, 1.0, 1.0)   # (compute, slice update, all-gather)
     staged: bool = False   # copies through pinned slots (pcie.pinned false): start with their issue
@@ -146,8 +147,8 @@ class StepCosts:
         if kind == "update" and resident:
             kind = "resident_update"
         if kind == "slice_update":
-            return self.issue_s["slice_update"][local_rank]
-        return self.issue_s.get(kind, 0.0)
+            return float(self.issue_s["slice_update"][local_rank])
+        return float(self.issue_s.get(kind, 0.0))
 
     def slice_group(self, local_rank: int) -> range:
         """Local ranks of the rank's slice group."""
@@ -237,7 +238,7 @@ def _collective_other_s(costs: StepCosts) -> float:
 @functools.lru_cache(maxsize=1024)
 def _task_work(model: ModelSpec, profile: HardwareProfile, workload: Workload,
                tokens: int | float, streams: int, local_ranks: int, schedule: str,
-               here: int = 1) -> dict:
+               here: int = 1) -> dict[str, Any]:
     """The task times of zoplan.pricing (cached: a search asks for the same ones for
     every prefetch depth, slice group and placement; callers copy before changing)."""
     if workload.frozen_base:
@@ -247,7 +248,7 @@ def _task_work(model: ModelSpec, profile: HardwareProfile, workload: Workload,
                       streams=streams, local_ranks=local_ranks, schedule=schedule, here=here)
 
 
-def _read_only(work: dict) -> dict:
+def _read_only(work: dict[str, Any]) -> dict[str, Any]:
     """LoRA (the base never changes): a resident block's update is the adapters' alone,
     no slice of the base is copied back into its shard."""
     issue = dict(work["issue_parts"], resident_copy=0.0)
@@ -255,20 +256,21 @@ def _read_only(work: dict) -> dict:
     return {"resident_update_s": work["update_s"], "issue_parts": issue}
 
 
-def _placement_work(*, model, profile, workload, layout, parts, resident, period,
-                    update_s) -> dict:
+def _placement_work(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+                    layout: Layout, parts: dict[str, Any] | None, resident: tuple[bool, ...],
+                    period: int | None, update_s: float) -> dict[str, Any]:
     """The tasks that placement and slice_update change: the update task of offloaded
     and resident blocks, the slice update per local rank, and the pattern (GPU parts
     are Work: device and host seconds; "issue" keeps the host's)."""
     resident = tuple(bool(r) for r in resident) if any(resident) else ()
     if resident and len(resident) != model.num_layers:
         raise ValueError(f"resident has {len(resident)} entries for {model.num_layers} blocks")
-    out = {"resident": resident,
+    out: dict[str, Any] = {"resident": resident,
            "period": (placement_period(resident) if period is None else period)
            if resident else 1}
     split = layout.slice_update and layout.slices > 1 and parts is not None
-    issue: dict = {}
-    if split:
+    issue: dict[str, Any] = {}
+    if split and parts is not None:
         out["update_s"], issue["update"] = _device_host(parts["perturb"])
         one = [_device_host(parts["deferred"](*draws)) for draws in
                _slice_draws(model, layout.slices, layout.local_ranks, profile.device_kind)]
@@ -288,13 +290,14 @@ def _placement_work(*, model, profile, workload, layout, parts, resident, period
     return out
 
 
-def _device_host(work) -> tuple[float, float]:
+def _device_host(work: Work | float) -> tuple[float, float]:
     """(device, host) seconds of a part: a GPU part is a Work, a CPU part one float."""
     return (work.device_s, work.host_s) if isinstance(work, Work) else (work, 0.0)
 
 
 @functools.lru_cache(maxsize=256)
-def _slice_draws(model: ModelSpec, slices: int, local_ranks: int, device_kind: str) -> tuple:
+def _slice_draws(model: ModelSpec, slices: int, local_ranks: int, device_kind: str
+                 ) -> tuple[tuple[list[int], list[int], list[int]], ...]:
     """Per slice: (z draw sizes, tensor pieces, rounding noise draw sizes) of its update
     (the same for every layout of these slices and local ranks: cached for the search)."""
     layout = Layout(pertp=1, ddp=local_ranks, slices=slices)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from zoplan.hardware import HardwareProfile
 from zoplan.layout import Layout
@@ -120,7 +121,7 @@ def host_route(profile: HardwareProfile, local_rank: int, direction: str) -> tup
 
 
 def transfer_flows(profile: HardwareProfile, layout: Layout, block: float, *,
-                   allgather_cap_Bps: float) -> dict:
+                   allgather_cap_Bps: float) -> dict[str, Any]:
     """Per local rank, the flows of one block's h2d (its slice), d2h (its share) and
     all-gather (each member capped at `allgather_cap_Bps`, the collective table's rate:
     zoplan.pricing.collectives)."""
