@@ -7,7 +7,9 @@ data with its unit in the name and a source note in `sources` (dotted path -> no
 "[S]" spec, "[M]" measured, "[D]" derived); shipped
 profiles live in hwprofiles/, `zoplan profile` writes measured ones. Some figures belong
 to one device kind only (zoplan.hwcheck: _REQUIRED_BY_KIND, _OPTIONAL_BY_KIND); a figure of
-the other kind is refused.
+the other kind is refused. The sections are typed (zoplan.hwsections: a frozen dataclass
+each), and only zoplan.pricing reads them: HardwareProfile.figures() refuses any other
+module of the planner, whatever the spelling (FIGURE_READERS; docs/code.md).
 
 What each figure means (units: GB/s = 1e9 bytes/s, one direction); what it costs is
 zoplan.pricing's (a function per term, named below):
@@ -115,15 +117,31 @@ class FigureReadError(PermissionError):
 def _gate(value: Callable[[], T], readers: tuple[str, ...], what: str) -> Callable[[], T]:
     """`value()` for a caller in `readers` (or outside the planner); FigureReadError for
     any other module of the planner, however it reached the reader (attribute, getattr,
-    a helper of its own): the check is on the calling frame's module."""
+    a helper of its own): the check is on the calling frame's module (each module's
+    answer kept: pricing reads a figure some ten thousand times a search)."""
+    allowed = _ALLOWED.setdefault(readers, {})
+
     def read() -> T:
         caller = str(sys._getframe(1).f_globals.get("__name__", ""))
-        planner = caller == "zoplan" or caller.startswith("zoplan.")
-        if planner and not any(caller == r or caller.startswith(r + ".") for r in readers):
+        ok = allowed.get(caller)
+        if ok is None:
+            ok = allowed[caller] = may_read(caller, readers)
+        if not ok:
             raise FigureReadError(f"{caller} read a hardware profile's {what}: only "
                                   f"{', '.join(readers)} may (docs/code.md, the layers)")
         return value()
     return read
+
+
+_ALLOWED: dict[tuple[str, ...], dict[str, bool]] = {}   # readers -> module -> may it read
+
+
+def may_read(module: str, readers: tuple[str, ...]) -> bool:
+    """Whether `module` may read what `readers` may: one of them or under one (a
+    dotted prefix: zoplan.pricingx is not zoplan.pricing), or a module outside the
+    planner (tests, benchmarks, scripts)."""
+    planner = module == "zoplan" or module.startswith("zoplan.")
+    return not planner or any(module == r or module.startswith(r + ".") for r in readers)
 
 
 class HardwareProfile:
