@@ -252,3 +252,23 @@ def test_docs_profiles_table_names_every_figure_with_its_unit():
     section = doc.split("## Hardware profiles: the figures, typed", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert [r[:len(e)] for r, e in zip(rows, expected)] == expected and len(rows) == len(expected)
+
+
+def test_every_typed_figure_is_checked_on_load():
+    """The typed sections and the validator name the same figures: each field is a
+    required figure, a figure of a device kind (zoplan.hwcheck checks its range) or one
+    of the few that are not numbers (checked by kind: _check_kinds, groups, the table),
+    and each figure the validator names is a field."""
+    from dataclasses import fields
+
+    from zoplan.hwcheck import _OPTIONAL_BY_KIND, _REQUIRED, _REQUIRED_BY_KIND
+    from zoplan.hwsections import SECTION_TYPES
+
+    not_numbers = {"device.kind", "device.model", "device.concurrent_engines", "pcie.pinned",
+                   "pcie.switch_groups", "fabric.kind", "fabric.groups",
+                   "collective.allgather_busbw"}
+    checked = ({f"{s}.{k}" for s, keys in _REQUIRED.items() for k in keys}
+               | {p for paths in (*_REQUIRED_BY_KIND.values(), *_OPTIONAL_BY_KIND.values())
+                  for p in paths})
+    typed = {f"{s}.{f.name}" for s, kind in SECTION_TYPES.items() for f in fields(kind)}
+    assert typed - not_numbers == checked
