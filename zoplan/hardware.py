@@ -147,17 +147,18 @@ def may_read(module: str, readers: tuple[str, ...]) -> bool:
 class HardwareProfile:
     """A validated profile: data, no prices (zoplan.pricing prices its figures).
 
-    Public: its name, node size, source notes, extra top-level keys and the structural
-    facts every layer needs (the device kind, memory to fit in, which ranks share a
-    switch or a fabric). Its figures, typed (zoplan.hwsections.Figures), are
-    `figures()`, which only zoplan.pricing may call; its JSON form `to_dict()` and
-    `to_json()`, only DATA_READERS: any other module of the planner that calls them,
-    by whatever spelling, gets a FigureReadError."""
+    Public: its name, node size, source notes and the structural facts every layer
+    needs (the device kind, memory to fit in, which ranks share a switch or a fabric).
+    Its figures, typed (zoplan.hwsections.Figures), are `figures()`, which only
+    zoplan.pricing may call; its JSON form `to_dict()` and `to_json()` and its extra
+    top-level keys `extra()` (measurements, provenance, the speed check), only
+    DATA_READERS: any other module of the planner that calls them, by whatever
+    spelling, gets a FigureReadError."""
 
     name: str
     gpus_per_node: int
     sources: dict[str, Any]
-    extra: dict[str, Any]
+    extra: Callable[[], dict[str, Any]]   # the optional top-level keys (measurements, ...)
     figures: Callable[[], Figures]
     to_dict: Callable[[], dict[str, Any]]
     to_json: Callable[[], str]
@@ -170,7 +171,8 @@ class HardwareProfile:
         device, fabric = figures.device, figures.fabric
         for key, value in (
                 ("name", name), ("gpus_per_node", gpus_per_node), ("sources", sources),
-                ("extra", extra), ("device_kind", device.kind),
+                ("extra", _gate(lambda: extra, DATA_READERS, "extra keys (measurements)")),
+                ("device_kind", device.kind),
                 ("device_memory_gib", device.memory_gib), ("reserved_gib", device.reserved_gib),
                 ("concurrent_engines", device.concurrent_engines is not False),
                 ("host_memory_gib", figures.host.memory_gib), ("fabric_kind", fabric.kind),
@@ -181,7 +183,7 @@ class HardwareProfile:
                 ("_sha256", _once(lambda: sha256_json(data))),
                 ("_origins", _once(lambda: figure_origins(figures.to_sections(), sources,
                                                           extra.get("origins")))),
-                ("_with", lambda changes: _changed(self, figures, changes)),
+                ("_with", lambda changes: _changed(self, figures, extra, changes)),
                 ("figures", _gate(lambda: figures, FIGURE_READERS, "figures")),
                 ("to_dict", _gate(lambda: _data_of(name, gpus_per_node, figures, sources, extra),
                                   DATA_READERS, "figures (to_dict)")),
@@ -291,7 +293,7 @@ def _once(make: Callable[[], T]) -> Callable[[], T]:
     return get
 
 
-def _changed(profile: HardwareProfile, figures: Figures,
+def _changed(profile: HardwareProfile, figures: Figures, extra: dict[str, Any],
              changes: Mapping[str, float]) -> HardwareProfile:
     sections = figures.to_sections()
     for path, value in changes.items():
@@ -299,7 +301,7 @@ def _changed(profile: HardwareProfile, figures: Figures,
         sections[section][key] = value
     return HardwareProfile(name=profile.name, gpus_per_node=profile.gpus_per_node,
                            figures=Figures.from_sections(sections), sources=profile.sources,
-                           extra=profile.extra)
+                           extra=extra)
 
 
 def _lists(groups: Groups | None) -> list[list[int]]:

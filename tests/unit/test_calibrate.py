@@ -172,7 +172,7 @@ def test_cli_prints_the_step_error_and_fits(plans, tmp_path):
     fitted = load_profile(out)
     # two CPU ranks: a slower forward lowers how well ranks share the cores
     assert fitted.figures().compute.rank_scaling < load_profile("cpu").figures().compute.rank_scaling
-    assert fitted.extra["provenance"]["calibrated"]["plan"] == plan.layout.label()
+    assert fitted.extra()["provenance"]["calibrated"]["plan"] == plan.layout.label()
 
 
 def test_cli_warns_on_other_plan_and_version_drift(plans, tmp_path):

@@ -49,6 +49,7 @@ DATA_SPELLINGS = (
     "profile.to_dict()['collective']",
     "json.loads(profile.to_json())['pcie']['h2d_gbps']",
     "getattr(profile, 'to_' + 'dict')()['compute']",
+    "profile.extra()['description']",
 )
 ABSENT_SPELLINGS = (   # no such attribute at all
     "getattr(profile, 'pcie')['h2d_gbps']",

@@ -311,10 +311,10 @@ def test_cuda_samples_build_a_valid_profile():
     assert profile.sources["pcie.h2d_gbps"].startswith("[M] zoplan profile 2000-01-01")
     assert profile.sources["collective.latency_us"].endswith(
         "8 KiB over 4 GPUs (median, from the last rank's arrival)")
-    prov = profile.extra["provenance"]
+    prov = profile.extra()["provenance"]
     assert prov["host"] == "box" and prov["versions"]["torch"] == "2.13.0"
     assert prov["versions"]["zoplan"] and prov["devices"] == ["NVIDIA H200"] * 4
-    assert profile.extra["measurements"]["rejected_samples"] == 3   # one round: its samples
+    assert profile.extra()["measurements"]["rejected_samples"] == 3   # one round: its samples
 
 
 def test_profile_name_defaults_to_host_and_devices():
@@ -334,7 +334,7 @@ def test_rounds_combine_to_the_median_of_each_figure():
     assert combined.figures().compute.peak_tflops == pytest.approx(0.2, rel=0.05)  # refit on medians
     assert combined.to_dict()["collective"]["allgather_busbw"] == [[4096, 2.0], [2**20, 4.0]]
     assert combined.sources["compute.peak_tflops"].endswith("(median of 3 rounds)")
-    assert [m["peak"] for m in combined.extra["measurements"]["rounds"]] == [0.1, 0.3, 0.2]
+    assert [m["peak"] for m in combined.extra()["measurements"]["rounds"]] == [0.1, 0.3, 0.2]
 
 
 # ---- the GPU fits (synthetic samples of a made-up GPU) ------------------------------------

@@ -63,7 +63,7 @@ def render_summary(profile: HardwareProfile, path: Path, console) -> None:
     busbw = ", ".join(f"{int(b) // KIB} KiB: {bw:g}" for b, bw in data["collective"]["allgather_busbw"])
     console.print(table)
     console.print(f"all-gather bus bandwidth (GB/s): {busbw}", highlight=False)
-    line = (profile.extra.get("provenance") or {}).get("disturbance")
+    line = (profile.extra().get("provenance") or {}).get("disturbance")
     if line:
         console.print(f"measured in {escape(line)}", highlight=False)
     console.print(f"wrote {path}", highlight=False)
