@@ -138,8 +138,8 @@ _ALLOWED: dict[tuple[str, ...], dict[str, bool]] = {}   # readers -> module -> m
 
 def may_read(module: str, readers: tuple[str, ...]) -> bool:
     """Whether `module` may read what `readers` may: one of them or under one (a
-    dotted prefix: zoplan.pricingx is not zoplan.pricing), or a module outside the
-    planner (tests, benchmarks, scripts)."""
+    dotted prefix: a module named "pricing" plus more letters is not under pricing), or
+    a module outside the planner (tests, benchmarks, scripts)."""
     planner = module == "zoplan" or module.startswith("zoplan.")
     return not planner or any(module == r or module.startswith(r + ".") for r in readers)
 
