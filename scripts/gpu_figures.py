@@ -135,7 +135,7 @@ def _profile_rows(table: dict) -> dict[str, str]:
     and of the run's tasks beside their re-prediction."""
     from zoplan.hardware import load_profile
 
-    h200 = load_profile("hgx-h200").compute
+    h200 = load_profile("hgx-h200").to_dict()["compute"]
     m = json.loads((PASS2 / "profile.json").read_text())["measurements"]
     long = [f for f in m["forward_alone"] if f["precision"] == "bf16" and f["tokens"] > 8192]
     long.sort(key=lambda f: f["hidden"])

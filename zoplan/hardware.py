@@ -7,7 +7,9 @@ data with its unit in the name and a source note in `sources` (dotted path -> no
 "[S]" spec, "[M]" measured, "[D]" derived); shipped
 profiles live in hwprofiles/, `zoplan profile` writes measured ones. Some figures belong
 to one device kind only (zoplan.hwcheck: _REQUIRED_BY_KIND, _OPTIONAL_BY_KIND); a figure of
-the other kind is refused.
+the other kind is refused. The sections are typed (zoplan.hwsections: a frozen dataclass
+each), and only zoplan.pricing reads them: HardwareProfile.figures() refuses any other
+module of the planner, whatever the spelling (FIGURE_READERS; docs/code.md).
 
 What each figure means (units: GB/s = 1e9 bytes/s, one direction); what it costs is
 zoplan.pricing's (a function per term, named below):
@@ -89,41 +91,144 @@ zoplan.pricing's (a function per term, named below):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from zoplan.errors import ZoError
 from zoplan.hwcheck import PROFILE_SCHEMA_VERSION, validate
 from zoplan.hwcheck import Z_MODEL as Z_MODEL  # the CPU z model's figures, for pricing
+from zoplan.hwsections import SECTIONS, Figures, Groups
 from zoplan.io import dumps_canonical, load_json, sha256_json
 from zoplan.origins import Origin, check_origins, figure_origins
 
 GIB = 2**30
-SECTIONS = ("device", "host", "pcie", "fabric", "collective", "network", "compute")
+# Who may read a profile's figures (the modules of the planner under these names; code
+# outside the planner, tests and benchmarks, may too): its typed figures, only the
+# prices; its JSON form (to_dict, to_json), the modules that write, edit or show the file.
+FIGURE_READERS = ("zoplan.pricing",)
+DATA_READERS = ("zoplan.hardware", "zoplan.pricing", "zoplan.profiling", "zoplan.calibrate",
+                "zoplan.search.sensitivity", "zoplan.views")
+T = TypeVar("T")
 
 
-@dataclass(frozen=True, kw_only=True)
+class FigureReadError(PermissionError):
+    """A module of the planner outside FIGURE_READERS (DATA_READERS) read a profile's
+    figures: a cost term outside zoplan.pricing, a programmer's error."""
+
+
+def _gate(value: Callable[[], T], readers: tuple[str, ...], what: str) -> Callable[[], T]:
+    """`value()` for a caller in `readers` (or outside the planner); FigureReadError for
+    any other module of the planner, however it reached the reader (attribute, getattr,
+    a helper of its own): the check is on the calling frame's module (each module's
+    answer kept: pricing reads a figure some ten thousand times a search)."""
+    allowed = _ALLOWED.setdefault(readers, {})
+
+    def read() -> T:
+        caller = str(sys._getframe(1).f_globals.get("__name__", ""))
+        ok = allowed.get(caller)
+        if ok is None:
+            ok = allowed[caller] = may_read(caller, readers)
+        if not ok:
+            raise FigureReadError(f"{caller} read a hardware profile's {what}: only "
+                                  f"{', '.join(readers)} may (docs/code.md, the layers)")
+        return value()
+    return read
+
+
+_ALLOWED: dict[tuple[str, ...], dict[str, bool]] = {}   # readers -> module -> may it read
+
+
+def may_read(module: str, readers: tuple[str, ...]) -> bool:
+    """Whether `module` may read what `readers` may: one of them or under one (a
+    dotted prefix: a module named "pricing" plus more letters is not under pricing), or
+    a module outside the planner (tests, benchmarks, scripts)."""
+    planner = module == "zoplan" or module.startswith("zoplan.")
+    return not planner or any(module == r or module.startswith(r + ".") for r in readers)
+
+
 class HardwareProfile:
     """A validated profile: data, no prices (zoplan.pricing prices its figures).
-    Sections are kept as plain dicts of figures."""
+
+    Public: its name, node size, source notes and the structural facts every layer
+    needs (the device kind, memory to fit in, which ranks share a switch or a fabric).
+    Its figures, typed (zoplan.hwsections.Figures), are `figures()`, which only
+    zoplan.pricing may call; its JSON form `to_dict()` and `to_json()` and its extra
+    top-level keys `extra()` (measurements, provenance, the speed check), only
+    DATA_READERS: any other module of the planner that calls them, by whatever
+    spelling, gets a FigureReadError."""
 
     name: str
     gpus_per_node: int
-    device: dict[str, Any]
-    host: dict[str, Any]
-    pcie: dict[str, Any]
-    fabric: dict[str, Any]
-    collective: dict[str, Any]
-    network: dict[str, Any]
-    compute: dict[str, Any]
     sources: dict[str, Any]
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    extra: Callable[[], dict[str, Any]]   # the optional top-level keys (measurements, ...)
+    figures: Callable[[], Figures]
+    to_dict: Callable[[], dict[str, Any]]
+    to_json: Callable[[], str]
+
+    def __init__(self, *, name: str, gpus_per_node: int, figures: Figures,
+                 sources: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+        extra = dict(extra or {})
+        data = _data_of(name, gpus_per_node, figures, sources, extra)
+        text = dumps_canonical(data)
+        device, fabric = figures.device, figures.fabric
+        for key, value in (
+                ("name", name), ("gpus_per_node", gpus_per_node), ("sources", sources),
+                ("extra", _gate(lambda: extra, DATA_READERS, "extra keys (measurements)")),
+                ("device_kind", device.kind),
+                ("device_memory_gib", device.memory_gib), ("reserved_gib", device.reserved_gib),
+                ("concurrent_engines", device.concurrent_engines is not False),
+                ("host_memory_gib", figures.host.memory_gib), ("fabric_kind", fabric.kind),
+                ("switch_groups", _lists(figures.pcie.switch_groups)),
+                ("_fabric_groups", _lists(fabric.groups)),
+                ("_hash", hash(text)),
+                ("_same", sha256_json({k: v for k, v in data.items() if k not in extra})),
+                ("_sha256", _once(lambda: sha256_json(data))),
+                ("_origins", _once(lambda: figure_origins(figures.to_sections(), sources,
+                                                          extra.get("origins")))),
+                ("_with", lambda changes: _changed(self, figures, extra, changes)),
+                ("figures", _gate(lambda: figures, FIGURE_READERS, "figures")),
+                ("to_dict", _gate(lambda: _data_of(name, gpus_per_node, figures, sources, extra),
+                                  DATA_READERS, "figures (to_dict)")),
+                ("to_json", _gate(lambda: text, DATA_READERS, "figures (to_json)"))):
+            object.__setattr__(self, key, value)
+
+    def __setattr__(self, key: str, value: object) -> None:
+        raise AttributeError(f"a HardwareProfile is frozen: {key} cannot be set")
+
+    def __eq__(self, other: object) -> bool:
+        """The same figures, name, node size and notes (extra keys apart)."""
+        if not isinstance(other, HardwareProfile):
+            return NotImplemented
+        return bool(self._same == other._same)
+
+    def __hash__(self) -> int:
+        """By content (its canonical JSON, hashed once): the planner's caches key on it."""
+        return int(self._hash)
+
+    def __repr__(self) -> str:
+        return f"HardwareProfile(name={self.name!r}, gpus_per_node={self.gpus_per_node})"
+
+    # ---- the structure (set once, in __init__) ----------------------------------------
+    device_kind: str
+    device_memory_gib: float
+    reserved_gib: float
+    concurrent_engines: bool          # False: a rank's tasks run one at a time
+    host_memory_gib: float
+    fabric_kind: str
+    switch_groups: list[list[int]]    # ranks sharing one switch uplink (none: [])
+    _fabric_groups: list[list[int]]
+    _hash: int
+    _same: str
+    _sha256: Callable[[], str]
+    _origins: Callable[[], dict[str, Origin]]
+    _with: Callable[[Mapping[str, float]], HardwareProfile]
 
     # ---- derived facts (properties, never stored twice) -------------------------------
     @property
     def is_cpu(self) -> bool:
-        return bool(self.device["kind"] == "cpu")
+        return self.device_kind == "cpu"
 
     @property
     def device_word(self) -> str:
@@ -132,16 +237,15 @@ class HardwareProfile:
 
     @property
     def device_memory_bytes(self) -> float:
-        return float((self.device["memory_gib"] - self.device["reserved_gib"]) * GIB)
+        return float((self.device_memory_gib - self.reserved_gib) * GIB)
 
     @property
     def host_memory_bytes(self) -> float:
-        return float(self.host["memory_gib"] * GIB)
+        return float(self.host_memory_gib * GIB)
 
     @property
     def fabric_groups(self) -> list[list[int]]:
-        groups: list[list[int]] = self.fabric.get("groups") or [[r] for r in range(self.gpus_per_node)]
-        return groups
+        return self._fabric_groups or [[r] for r in range(self.gpus_per_node)]
 
     def fabric_group_of(self, local_rank: int) -> list[int]:
         for group in self.fabric_groups:
@@ -151,50 +255,73 @@ class HardwareProfile:
 
     def max_slices(self, local_ranks: int) -> int:
         """Largest slice group the fast fabric allows among the first local ranks."""
-        if self.fabric["kind"] in ("host", "shm"):
+        if self.fabric_kind in ("host", "shm"):
             return local_ranks
         sizes = [len([r for r in g if r < local_ranks]) for g in self.fabric_groups]
         return max([s for s in sizes if s] or [1])
 
-    def __hash__(self) -> int:
-        """By content (its canonical JSON, hashed once): the planner's caches key on it."""
-        cached: int | None = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash(self.to_json())
-            object.__setattr__(self, "_hash", cached)
-        return cached
-
     @property
     def sha256(self) -> str:
-        return sha256_json(self.to_dict())
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"schema_version": PROFILE_SCHEMA_VERSION, "name": self.name,
-                                "gpus_per_node": self.gpus_per_node}
-        data.update({section: getattr(self, section) for section in SECTIONS})
-        data["sources"] = self.sources
-        data.update(self.extra)
-        return data
-
-    def to_json(self) -> str:
-        return dumps_canonical(self.to_dict())
+        return self._sha256()
 
     @classmethod
     def from_dict(cls, data: Any, *, origin: str = "profile") -> HardwareProfile:
         fields = validate(data, origin)
-        check_origins(fields["extra"].get("origins"), fields, origin)
+        check_origins(fields["extra"].get("origins"), fields["figures"].to_sections(), origin)
         return cls(**fields)
+
+    def with_figures(self, changes: Mapping[str, float]) -> HardwareProfile:
+        """This profile with these figures ("section.key" -> value) changed, unchecked:
+        the caller checks what it changes (zoplan.pricing.memory.with_device_memory)."""
+        return self._with(changes)
 
     # ---- where each figure comes from (zoplan.origins) --------------------------------
     @property
     def origins(self) -> dict[str, Origin]:
         """Every figure's origin: measured, public or assumed (zoplan.origins)."""
-        sections = {section: getattr(self, section) for section in SECTIONS}
-        return figure_origins(sections, self.sources, self.extra.get("origins"))
+        return self._origins()
 
     def assumed_figures(self) -> list[str]:
         """The figures of this profile that are assumed, in a fixed order."""
         return [path for path, o in self.origins.items() if o.kind == "assumed"]
+
+
+def _once(make: Callable[[], T]) -> Callable[[], T]:
+    """`make()`, computed on the first call and kept."""
+    kept: list[T] = []
+
+    def get() -> T:
+        if not kept:
+            kept.append(make())
+        return kept[0]
+    return get
+
+
+def _changed(profile: HardwareProfile, figures: Figures, extra: dict[str, Any],
+             changes: Mapping[str, float]) -> HardwareProfile:
+    sections = figures.to_sections()
+    for path, value in changes.items():
+        section, key = path.split(".")
+        sections[section][key] = value
+    return HardwareProfile(name=profile.name, gpus_per_node=profile.gpus_per_node,
+                           figures=Figures.from_sections(sections), sources=profile.sources,
+                           extra=extra)
+
+
+def _lists(groups: Groups | None) -> list[list[int]]:
+    return [list(g) for g in groups or ()]
+
+
+def _data_of(name: str, gpus_per_node: int, figures: Figures, sources: dict[str, Any],
+             extra: dict[str, Any]) -> dict[str, Any]:
+    """A profile's JSON form (a fresh copy of every mutable part)."""
+    data: dict[str, Any] = {"schema_version": PROFILE_SCHEMA_VERSION, "name": name,
+                            "gpus_per_node": gpus_per_node}
+    data.update(figures.to_sections())
+    data["sources"] = dict(sources)
+    data.update(extra)
+    assert tuple(k for k in data if k in SECTIONS) == SECTIONS
+    return data
 
 
 # ---- loading ------------------------------------------------------------------------

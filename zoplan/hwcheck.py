@@ -11,6 +11,7 @@ from typing import Any
 
 from zoplan.errors import ZoError
 from zoplan.execrules import SPEED_CHECK_KINDS
+from zoplan.hwsections import Figures, field_names
 
 PROFILE_SCHEMA_VERSION = 1
 DEVICE_KINDS = ("cuda", "cpu")
@@ -143,8 +144,9 @@ def _integer(origin: str, name: str, value: Any, high: int) -> int:
 
 
 def validate(data: Any, origin: str) -> dict[str, Any]:
-    """The keyword arguments of a HardwareProfile from a profile's JSON data, every
-    figure checked (a ZoError naming the figure and its value otherwise)."""
+    """The keyword arguments of a HardwareProfile from a profile's JSON data (its
+    sections as typed Figures), every figure checked (a ZoError naming the file, the
+    figure and its value otherwise)."""
     if not isinstance(data, dict):
         raise _fail(origin, "profile must be a JSON object")
     version = data.get("schema_version")
@@ -174,6 +176,10 @@ def validate(data: Any, origin: str) -> dict[str, Any]:
             if key not in block:
                 raise _fail(origin, f"{section}.{key} is missing")
             _number(origin, f"{section}.{key}", block[key])
+        unknown = sorted(set(block) - set(field_names(section)))
+        if unknown:
+            raise _fail(origin, f"{section}.{unknown[0]} is not a figure of a profile "
+                                f"({section} has {', '.join(field_names(section))})")
         sections[section] = dict(block)
     _check_kinds(origin, sections)
     _check_kind_figures(origin, sections)
@@ -190,7 +196,7 @@ def validate(data: Any, origin: str) -> dict[str, Any]:
     _check_speed_check(origin, data.get("speed_check"))
     extra = {k: data[k] for k in _OPTIONAL_TOP if k in data}
     return {"name": name, "gpus_per_node": gpn, "sources": dict(sources), "extra": extra,
-            **sections}
+            "figures": Figures.from_sections(sections)}
 
 
 def _check_kinds(origin: str, sections: dict[str, dict[str, Any]]) -> None:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from enum import Enum
+from typing import Any
 
 from zoplan.errors import ZoError
 
 
-def axes_label(axes: dict) -> str:
+def axes_label(axes: dict[str, Any]) -> str:
     """Short name of a layout, e.g. "pertp2xddp4 s8 p3"; also for axes that are not a
     valid Layout (the planner names what it rejected)."""
     nodes = axes.get("nodes", 1)
@@ -120,7 +121,7 @@ class Layout:
         first = self.slice_group_of(rank) * self.slices
         return list(range(first, first + self.slices))
 
-    def rank_table(self) -> list[dict]:
+    def rank_table(self) -> list[dict[str, Any]]:
         return [{"rank": r, "node": self.node_of(r), "local_rank": self.local_rank_of(r),
                  "role": self.role_of(r), "data_shard": self.data_shard_of(r),
                  "slice_group": self.slice_group_of(r), "slice_index": self.slice_index_of(r)}
@@ -129,12 +130,12 @@ class Layout:
     def label(self) -> str:
         return axes_label(self.to_dict())
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The axes by name (asdict's, without its deep copy: every axis is a scalar)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> Layout:
+    def from_dict(cls, data: dict[str, Any]) -> Layout:
         try:
             return cls(**data)
         except (TypeError, ValueError) as exc:

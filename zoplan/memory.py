@@ -1,6 +1,6 @@
 """What one zoexec rank allocates on its device, and one node on its host: the ONE
 memory model, term by term, with labels. The planner prices layouts with it
-(zoplan.sim.memory adds the profile's limits), hand_plan writes it into plans, zoexec's
+(zoplan.pricing.memory adds the profile's limits), hand_plan writes it into plans, zoexec's
 pre-flight checks a machine against it, and tests/unit/test_memory_model.py runs the
 executor on the CPU under an allocation tracker and compares (within 5%).
 
@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from zoplan.estimators import factor_numel, largest_tile, sample_numel, stream_examples
@@ -125,7 +126,7 @@ class Term:
     kernel: bool = False     # inside one kernel call, not a live tensor
 
 
-def _sum(terms) -> int:
+def _sum(terms: Iterable[Term]) -> int:
     return sum(t.bytes for t in terms)
 
 
@@ -278,7 +279,7 @@ def _working(model: ModelSpec, workload: Workload) -> tuple[Term, ...]:
             Term(key="resident_z", bytes=r * c, label="resident parts, z"))
 
 
-def _held(model, workload, layout, device_kind) -> list[Term]:
+def _held(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str) -> list[Term]:
     terms = [_buffers(model, workload, layout), *_working(model, workload)]
     if device_kind == "cuda":   # from torch's allocator at the first GEMM, kept
         terms.append(Term(key="cublas_workspace", bytes=CUBLAS_WORKSPACE_BYTES,
@@ -393,7 +394,8 @@ def kernel_scratch_terms(workload: Workload, device_kind: str, numels: list[int]
     return []
 
 
-def _update(model, workload, device_kind, *, kernel: bool) -> list[Term]:
+def _update(model: ModelSpec, workload: Workload, device_kind: str, *,
+            kernel: bool) -> list[Term]:
     """The deferred update and perturbation of one block; on rank 0's first update of
     block 0, beside it, the check of what it did (zoexec.model.precision.LostUpdates: a copy
     of the first weights, then three byte masks)."""
@@ -409,7 +411,8 @@ def _update(model, workload, device_kind, *, kernel: bool) -> list[Term]:
     return max([copy, *max(scratch, [masks], key=_sum)], drawing, key=_sum)
 
 
-def _forward(model, workload, layout, device_kind, *, kernel: bool) -> list[Term]:
+def _forward(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str, *,
+             kernel: bool) -> list[Term]:
     """One stream's block forward, or (role "+-") the second perturbation between the
     two streams' forwards."""
     tokens, streams = _tokens(workload, layout)
@@ -424,7 +427,8 @@ def _forward(model, workload, layout, device_kind, *, kernel: bool) -> list[Term
     return max(act, scratch, key=_sum)
 
 
-def _head(model, workload, layout, device_kind, *, kernel: bool) -> list[Term]:
+def _head(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str, *,
+          kernel: bool) -> list[Term]:
     """The head of one stream, or (role "+-") the resident parts' second perturbation."""
     tokens, streams = _tokens(workload, layout)
     act = [Term(key="head_activations",
@@ -440,7 +444,8 @@ def _head(model, workload, layout, device_kind, *, kernel: bool) -> list[Term]:
     return max(act, scratch, key=_sum)
 
 
-def _embed(model, workload, layout, device_kind, step: list[Term], *,
+def _embed(model: ModelSpec, workload: Workload, layout: Layout, device_kind: str,
+           step: list[Term], *,
            kernel: bool) -> list[Term]:
     """The embeddings' temporaries, or the resident parts' update and perturbation
     (before any hidden state exists), whichever is larger."""
@@ -466,7 +471,8 @@ def _embed(model, workload, layout, device_kind, step: list[Term], *,
     return embed
 
 
-def _setup(model, workload, layout, device_kind) -> list[Term]:
+def _setup(model: ModelSpec, workload: Workload, layout: Layout,
+           device_kind: str) -> list[Term]:
     """Trainer._allocate's peak: the buffers, then the module's copies of block 0 and
     of the resident parts (parts.to(device)) until the flat buffers replace them. On the
     CPU the clean resident copy is the host master itself, there from the start."""
@@ -488,7 +494,8 @@ def _adapters(model: ModelSpec, workload: Workload) -> int:
     return adapter_params(model, r=workload.lora_r, targets=workload.lora_targets)
 
 
-def _lora_held(model, workload, layout, device_kind) -> list[Term]:
+def _lora_held(model: ModelSpec, workload: Workload, layout: Layout,
+               device_kind: str) -> list[Term]:
     """The block buffers (the base block is used where it lands: stored as it computes),
     the frozen resident parts once (compute dtype: nothing perturbs them), every block's
     fp32 adapters, one block's working adapters (compute dtype) and their fp32 z."""
@@ -506,7 +513,8 @@ def _lora_held(model, workload, layout, device_kind) -> list[Term]:
     return terms
 
 
-def _lora_setup(model, workload, layout, device_kind) -> list[Term]:
+def _lora_setup(model: ModelSpec, workload: Workload, layout: Layout,
+                device_kind: str) -> list[Term]:
     """Set-up: the buffers and the modules' own copies of block 0 and of the resident
     parts, before the flat buffers replace them."""
     n, r, _, c = _sizes(model, workload)
@@ -516,7 +524,7 @@ def _lora_setup(model, workload, layout, device_kind) -> list[Term]:
                  label="resident module's own copy (set-up)")]
 
 
-def _lora_forward(model, workload, layout) -> list[Term]:
+def _lora_forward(model: ModelSpec, workload: Workload, layout: Layout) -> list[Term]:
     """One stream's block forward, plus what an adapted module holds beside it: A x
     and the scaled B (A x) of the largest target; with a prefix, the keys and values
     joined to the prefix's (the input's and the prefix's, for every row)."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from zoplan.estimators import (
     DEFAULT_ESTIMATOR,
@@ -241,7 +242,7 @@ class Workload:
         """Tokens one DDP rank's forward is priced at (padding included)."""
         return self.batch // ddp * self.rows_per_example * self.priced_seq
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The plan's workload: a full workload without the tuning keys (its bytes as
         before LoRA), a LoRA or prefix one with its own; the estimator's keys unless it is
         MeZO-SGD with one direction (zoplan.estimators); with row lengths also `lengths`
@@ -265,7 +266,7 @@ class Workload:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> Workload:
+    def from_dict(cls, data: dict[str, Any]) -> Workload:
         """The inverse of to_dict; a written priced_seq must be the one derived."""
         data = dict(data)
         priced = data.pop("priced_seq", None)

@@ -38,7 +38,7 @@ TERMS = (
     ("host lane (launches, events, z reseeds, layer calls, batch)", "compute", "launch_us", 0.0),
     ("shared SMs and HBM between the streams", "compute", "overlap_slowdown", 0.0),
     ("z arithmetic-bound (was 4 B / spec HBM)", "compute", "z_ns_per_elem",
-     lambda hw: 4 / hw.device["hbm_gbps"]),
+     lambda hw: 4 / hw.figures().device.hbm_gbps),
     ("memory-bound work at an achievable HBM fraction", "device", "hbm_fraction", 1.0),
     ("slowest GPU of the node (rank jitter)", "compute", "rank_jitter", 0.0),
 )

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from zoplan.hardware import HardwareProfile, load_profile
 from zoplan.models import get_model
-from zoplan.pricing.baselines import distzo2_step, mezo_memory, mezo_step, zo2_memory, zo2_step
+from zoplan.pricing.baselines import distzo2_step, mezo_step, zo2_step
+from zoplan.pricing.memory import mezo_memory, zo2_memory
 
 MIB = 2**20
 A100 = "dgx-a100-80gb"     # the A100 80GB of the ZO2 paper's single-GPU runs (module doc)
@@ -120,7 +121,7 @@ def distzo2_figure(profile: HardwareProfile) -> Figure:
 def mezo_fit_figure(profile: HardwareProfile) -> Figure:
     m = MEZO_FIT
     parts = mezo_memory(get_model(m["model"]), profile, batch=m["batch"], seq=m["seq"])
-    limit = profile.device["memory_gib"] * 1024
+    limit = profile.device_memory_gib * 1024
     return Figure(name="MeZO OPT-30B fits one A100 80GB",
                   setup=f"fp16, {m['batch']} x {m['seq']}, all resident", published=limit,
                   predicted=nvml_mib(parts), kind="fits", low=0.0, high=1.0, unit="MiB")
@@ -203,10 +204,10 @@ def pageable_a100() -> tuple[HardwareProfile, str]:
     where it has them, else the rates this project's H200 host measured (6.9 GB/s H2D,
     13.8 D2H: no public A100 figure; an assumption, said in the output)."""
     a100 = load_profile(A100)
-    if "pageable_h2d_gbps" in a100.pcie:
+    if "pageable_h2d_gbps" in a100.to_dict()["pcie"]:
         data, note = a100.to_dict(), "the A100 profile's own pageable figures"
     else:
-        h200 = load_profile("hgx-h200").pcie
+        h200 = load_profile("hgx-h200").to_dict()["pcie"]
         data = a100.to_dict()
         data["pcie"] = dict(data["pcie"], pageable_h2d_gbps=h200["pageable_h2d_gbps"],
                             pageable_d2h_gbps=h200["pageable_d2h_gbps"])

@@ -38,7 +38,7 @@ def test_profile_plan_run_calibrate(tmp_path):
     profile = load_profile(profile_path)
     assert profile.is_cpu and profile.gpus_per_node == 2
     assert profile.sources["compute.peak_tflops"].startswith("[M] zoplan profile")
-    prov, meas = profile.extra["provenance"], profile.extra["measurements"]
+    prov, meas = profile.extra()["provenance"], profile.extra()["measurements"]
     assert {"torch", "transformers", "zoplan"} <= set(prov["versions"])
     budget = prov["budget"]   # the time budget and the load, in the profile and in one line
     assert budget["rounds"] == budget["rounds_planned"] == 1 and budget["samples"] > 0
@@ -46,9 +46,9 @@ def test_profile_plan_run_calibrate(tmp_path):
     fit = meas["fit"]
     assert len(fit["residuals_pct"]) == len(meas["forward_alone"]) >= 10
     assert 0 < fit["rel_rms_pct"] < 100 and fit["peak_tflops"] > 0
-    assert profile.compute["peak_tflops"] == pytest.approx(fit["peak_tflops"], rel=1e-3)
+    assert profile.figures().compute.peak_tflops == pytest.approx(fit["peak_tflops"], rel=1e-3)
     assert all("median_s" in p and "iqr_s" in p for p in meas["forward_alone"])
-    assert profile.extra["speed_check"]["probes"] >= 1   # probed between the grid's passes
+    assert profile.extra()["speed_check"]["probes"] >= 1   # probed between the grid's passes
 
     zoplan("optimize", "--model", "tiny-opt", "--gpus", "2", "--pertp", "2", "--slices", "1",
            "--batch", "4", "--seq", "64", "--profile", str(profile_path), "-q",
@@ -83,5 +83,5 @@ def test_profile_plan_run_calibrate(tmp_path):
     warnings = [line for line in out.splitlines() if line.startswith("warning")]
     unexpected = [w for w in warnings if "during the run than when it was profiled" not in w]
     assert unexpected == []
-    assert load_profile(fitted).extra["provenance"]["calibrated"]["plan"] == \
+    assert load_profile(fitted).extra()["provenance"]["calibrated"]["plan"] == \
         Plan.load(plan_path).layout.label()

@@ -19,6 +19,7 @@ from zoplan.execrules import STEADY_RUN_S
 from zoplan.hardware import load_profile
 from zoplan.io import sha256_json
 from zoplan.plan import Plan
+from zoplan.pricing.collectives import allgather_busbw_factor, allgather_s
 from zoplan.pricing.stragglers import node_spread
 from zoplan.trace import Span, write_trace
 from zoplan.views.calibrate import spread_line, step_line
@@ -171,8 +172,8 @@ def test_cli_prints_the_step_error_and_fits(plans, tmp_path):
     assert "warning" not in result.output
     fitted = load_profile(out)
     # two CPU ranks: a slower forward lowers how well ranks share the cores
-    assert fitted.compute["rank_scaling"] < load_profile("cpu").compute["rank_scaling"]
-    assert fitted.extra["provenance"]["calibrated"]["plan"] == plan.layout.label()
+    assert fitted.figures().compute.rank_scaling < load_profile("cpu").figures().compute.rank_scaling
+    assert fitted.extra()["provenance"]["calibrated"]["plan"] == plan.layout.label()
 
 
 def test_cli_warns_on_other_plan_and_version_drift(plans, tmp_path):
@@ -217,7 +218,7 @@ def test_one_rank_fit_scales_the_compute_constants(tmp_path):
     plan = Plan.load(make_plan(tmp_path, "one", "--gpus", "1"))
     cal = compare(plan, dilate(plan, factor={"forward": 1.3, "update": 0.8}), skip=1)
     fit = refit_profile(load_profile("cpu"), plan, cal, trace="synthetic", date="2000-01-01")
-    old, new = load_profile("cpu").compute, fit.profile.compute
+    old, new = (p.to_dict()["compute"] for p in (load_profile("cpu"), fit.profile))
     assert new["peak_tflops"] == pytest.approx(old["peak_tflops"] / 1.3, rel=1e-3)
     assert new["overhead_us"] == pytest.approx(old["overhead_us"] * 1.3, rel=1e-3)
     assert new["zo_ns_per_param"] == pytest.approx(old["zo_ns_per_param"] * 0.8, rel=1e-3)
@@ -345,3 +346,21 @@ def test_cli_fit_refuses_a_trace_of_another_plan_and_writes_nothing(plans, tmp_p
     assert result.exit_code == 2, result.output
     assert "--fit: trace" in result.output and "was recorded for another plan" in result.output
     assert not out.exists()
+
+
+def test_the_all_gather_refit_is_the_price_inverted():
+    """allgather_busbw_factor (what `calibrate --fit` scales the table by) inverts
+    allgather_s: the table scaled by it prices the all-gather at the measured time;
+    within the latency there is nothing to scale."""
+    a100 = load_profile("dgx-a100-80gb")
+    block, slices = 64 * 2**20, 4
+    predicted = allgather_s(a100, block, slices)
+    for measured in (1.7 * predicted, 0.6 * predicted):
+        factor = allgather_busbw_factor(a100, predicted_s=predicted, measured_s=measured)
+        data = a100.to_dict()
+        data["collective"]["allgather_busbw"] = [[size, bw * factor]
+                                                 for size, bw in data["collective"]["allgather_busbw"]]
+        scaled = type(a100).from_dict(data)
+        assert allgather_s(scaled, block, slices) == pytest.approx(measured, rel=1e-9)
+    latency = a100.figures().collective.latency_us * 1e-6
+    assert allgather_busbw_factor(a100, predicted_s=predicted, measured_s=latency) is None

@@ -379,7 +379,7 @@ def test_gpu_attention_and_elementwise_work_cost_hbm_time():
     assert attn - base == pytest.approx(4e9 / A100_HBM)
     causal = forward_time_s(hw, flops=1e12, weight_bytes=0, tokens=2048, attn_flops=1e15,
                             compute_dtype="fp16")
-    rate = gemm_tflops(hw, "fp16") * 1e12 * 2048 / (2048 + hw.compute["m_half_tokens"])
+    rate = gemm_tflops(hw, "fp16") * 1e12 * 2048 / (2048 + hw.figures().compute.m_half_tokens)
     assert causal - base == pytest.approx(0.5e15 / rate)
     model = get_model("opt-1.3b")   # through the task: the element-wise bytes are in it
     wl = Workload(batch=8, seq=256, param_dtype="fp16", compute_dtype="fp16", update="plain")

@@ -262,7 +262,7 @@ def test_the_planner_imports_only_its_own_layer_or_lower_ones():
 PLANNER_PROBES = (   # (file, source): each breaks one step of PLANNER_LAYERS
     ("_probe_top.py", "from zoplan.pricing.compute import forward_flops\n"),   # contracts < pricing
     ("pricing/_probe_sim.py", "from zoplan.sim.graph import step_costs\n"),    # pricing < sim
-    ("pricing/_probe_views.py", "from zoplan.views.common import fmt\n"),      # (devicemem's once)
+    ("pricing/_probe_views.py", "from zoplan.views.common import fmt\n"),      # (pricing/devicemem.py's once)
     ("sim/_probe_search.py", "from zoplan.search.space import Request\n"),     # sim < search
     ("search/_probe_calibrate.py", "from zoplan.calibrate import calibrate\n"),   # < calibrate
     ("calibrate/_probe_views.py", "from zoplan.views.show import show_command\n"),  # < views

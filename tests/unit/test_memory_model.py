@@ -48,7 +48,7 @@ from zoplan.memory import (
     store_stride,
 )
 from zoplan.models import get_model, spec_from_hf_config
-from zoplan.sim.memory import estimate_memory
+from zoplan.pricing.memory import estimate_memory
 from zoplan.workload import Workload
 
 TOLERANCE = 0.05

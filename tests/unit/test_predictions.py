@@ -108,7 +108,7 @@ def test_a_spec_sheet_profile_marks_every_derived_figure_assumed():
     assert origins["host.memory_gib"].kind == "public"
     for path in ("compute.peak_tflops", "pcie.h2d_gbps", "fabric.p2p_gbps"):
         assert origins[path].kind == "assumed" and origins[path].by
-    assert profile.fabric["kind"] == "host" and profile.gpus_per_node == 4
+    assert profile.figures().fabric.kind == "host" and profile.gpus_per_node == 4
 
 
 @pytest.mark.parametrize("sheet,words", [
@@ -142,7 +142,7 @@ def test_the_commands_write_and_refuse_in_one_line(tmp_path):
     ok = runner.invoke(app, ["spec", "--gpu", "a100-sxm-80", "--count", "8",
                              "--host-memory-gb", "2048", "-o", str(out)])
     assert ok.exit_code == 0, ok.output
-    assert load_profile(out).fabric["kind"] == "nvswitch"
+    assert load_profile(out).figures().fabric.kind == "nvswitch"
     bad = runner.invoke(app, ["spec", "--gpu", "h900", "--count", "8", "--host-memory-gb",
                               "2048", "-o", str(tmp_path / "x.json")])
     assert bad.exit_code == 2 and "unknown GPU model" in bad.output

@@ -1,14 +1,15 @@
-"""Every cost term lives in zoplan.pricing: the layer rule, checked on the source.
+"""Every cost term lives in zoplan.pricing: no other module of the planner can read a
+profile's figures, whatever it spells.
 
-- No module of the planner outside the pricing package reads a profile figure that
-  prices anything. Reading the profile's structure is allowed everywhere (the device
-  kind, memory sizes, which ranks share a switch or a fabric: STRUCTURAL); the figures'
-  own homes are allowed too: validation (zoplan.hwcheck), measurement and fitting
-  (zoplan.profiling), refitting (zoplan.calibrate) and display (zoplan.views).
-  A module that reads `profile.compute["z_ns_per_elem"]` (or aliases a section,
-  `c = profile.compute`) to compute a time is a cost term outside its home.
-- HardwareProfile is data and its validation: its public members are the data's
-  fields and the structural facts derived from them, no prices.
+- A HardwareProfile has no section attributes; its typed figures are `figures()`, which
+  zoplan.hardware hands only to a caller in zoplan.pricing (FIGURE_READERS), and its JSON
+  form (`to_dict()`, `to_json()`) only to the modules that write, edit or show the file
+  (DATA_READERS). The check is on the calling frame's module, so any spelling from
+  anywhere else (an attribute, getattr, vars, a copy, a lambda of its own) raises
+  FigureReadError: the probes below run each spelling as a module of each other layer
+  and see it fail.
+- HardwareProfile is data and its validation: its public members are its structure,
+  the gated readers and the facts derived from them, no prices.
 """
 
 from __future__ import annotations
@@ -18,79 +19,140 @@ from pathlib import Path
 
 import pytest
 
-from zoplan.hardware import HardwareProfile
+from zoplan.hardware import (
+    DATA_READERS,
+    FIGURE_READERS,
+    FigureReadError,
+    HardwareProfile,
+    load_profile,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = {"device", "host", "pcie", "fabric", "collective", "network", "compute"}
-# Keys of the profile's structure (not prices): what kind of device, how much memory
-# there is to fit in, which ranks share a switch uplink or a fast fabric.
-STRUCTURAL = {"device": {"kind", "concurrent_engines", "memory_gib", "reserved_gib", "model"},
-              "host": {"memory_gib"},
-              "fabric": {"kind", "groups"},
-              "pcie": {"switch_groups"}}
-HOMES = ("zoplan/pricing/", "zoplan/hwcheck.py", "zoplan/profiling/", "zoplan/calibrate/",
-         "zoplan/views/")
-DATA_MEMBERS = {"name", "gpus_per_node", "device", "host", "pcie", "fabric", "collective",
-                "network", "compute", "sources", "extra", "is_cpu", "device_word",
-                "device_memory_bytes", "host_memory_bytes", "fabric_groups",
-                "fabric_group_of", "max_slices", "sha256", "to_dict", "to_json", "from_dict",
-                "origins", "assumed_figures"}   # where each figure comes from (zoplan.origins)
+PUBLIC = {"name", "gpus_per_node", "sources", "extra", "device_kind", "device_memory_gib",
+          "reserved_gib", "concurrent_engines", "host_memory_gib", "fabric_kind",
+          "switch_groups", "is_cpu", "device_word", "device_memory_bytes",
+          "host_memory_bytes", "fabric_groups", "fabric_group_of", "max_slices", "sha256",
+          "from_dict", "with_figures", "origins", "assumed_figures",
+          "figures", "to_dict", "to_json"}   # the last three: gated (FIGURE/DATA_READERS)
+# Spellings of a figure read (each a statement run with `profile` bound); every one is
+# refused in a module of the planner outside the readers.
+FIGURE_SPELLINGS = (
+    "profile.figures().pcie.h2d_gbps",
+    "getattr(profile, 'figures')().collective.latency_us",
+    "vars(profile)['figures']().compute.peak_tflops",
+    "profile.__dict__['figures']().device.hbm_gbps",
+    "copy.deepcopy(profile).figures().host.mem_bw_gbps",
+    "(lambda p: p.figures())(profile).network.gbps",
+    "list(map(operator.methodcaller('figures'), [profile]))[0].fabric.p2p_gbps",
+)
+DATA_SPELLINGS = (
+    "profile.to_dict()['collective']",
+    "json.loads(profile.to_json())['pcie']['h2d_gbps']",
+    "getattr(profile, 'to_' + 'dict')()['compute']",
+    "profile.extra()['description']",
+)
+ABSENT_SPELLINGS = (   # no such attribute at all
+    "getattr(profile, 'pcie')['h2d_gbps']",
+    "profile.compute['peak_tflops']",
+    "dataclasses.asdict(profile)",
+)
+NOT_PRICING = ("zoplan.sim.bounds", "zoplan.search.space", "zoplan.memory",
+               "zoplan.hostmemory", "zoplan.cli", "zoplan.pricingx", "zoplan")
+NOT_DATA = ("zoplan.sim.bounds", "zoplan.sim.costs", "zoplan.search.space",
+            "zoplan.search.evaluate", "zoplan.memory", "zoplan.plan", "zoplan.cli",
+            "zoplan.viewsx")
 
 
-def _key(node: ast.AST) -> str | None:
-    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+def run_as(module: str, statement: str, profile: HardwareProfile) -> object:
+    """`statement` evaluated as code of `module` (its frames name that module)."""
+    code = compile(f"import copy, dataclasses, json, operator\nresult = {statement}\n",
+                   f"{module.replace('.', '/')}.py", "exec")
+    scope: dict[str, object] = {"__name__": module, "profile": profile}
+    exec(code, scope)
+    return scope["result"]
 
 
-def figure_reads(source: str) -> list[tuple[int, str]]:
-    """(line, what) of every use of a profile section that is not a read of a
-    structural key: `x.compute["k"]`, `x.compute.get("k")`, `"k" in x.compute`, or the
-    section itself passed on or aliased."""
-    tree = ast.parse(source)
-    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    out = []
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Attribute) and node.attr in SECTIONS
-                and isinstance(node.ctx, ast.Load)):
-            continue
-        parent = parents.get(id(node))
-        key: str | None = None
-        if isinstance(parent, ast.Subscript) and parent.value is node:
-            key = _key(parent.slice)
-        elif isinstance(parent, ast.Attribute) and parent.attr == "get":
-            call = parents.get(id(parent))
-            key = _key(call.args[0]) if isinstance(call, ast.Call) and call.args else None
-        elif isinstance(parent, ast.Compare) and node in parent.comparators:
-            key = _key(parent.left)
-        if key not in STRUCTURAL.get(node.attr, set()):
-            out.append((node.lineno, f"{node.attr}[{key!r}]" if key else node.attr))
-    return out
+@pytest.fixture(scope="module")
+def a100():
+    return load_profile("dgx-a100-80gb")
 
 
-def planner_modules() -> list[Path]:
-    return [p for p in sorted((ROOT / "zoplan").rglob("*.py"))
-            if not str(p.relative_to(ROOT)).startswith(HOMES)]
+@pytest.mark.parametrize("module", NOT_PRICING)
+def test_no_module_outside_pricing_reads_a_figure(a100, module):
+    for statement in FIGURE_SPELLINGS:
+        with pytest.raises(FigureReadError, match=module.replace(".", r"\.")):
+            run_as(module, statement, a100)
+    for statement in ABSENT_SPELLINGS:
+        with pytest.raises((AttributeError, TypeError)):
+            run_as(module, statement, a100)
 
 
-@pytest.mark.parametrize("path", planner_modules(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_cost_term_outside_the_pricing_package(path):
-    reads = figure_reads(path.read_text())
-    assert not reads, (f"{path.relative_to(ROOT)} reads profile figures outside "
-                       f"zoplan.pricing: {reads} (price them in zoplan/pricing/)")
+@pytest.mark.parametrize("module", NOT_DATA)
+def test_no_module_outside_the_file_s_homes_reads_its_json(a100, module):
+    for statement in DATA_SPELLINGS:
+        with pytest.raises(FigureReadError):
+            run_as(module, statement, a100)
 
 
-def test_the_rule_sees_a_figure_read_and_an_alias():
-    """The check itself: a cost computed from a figure, an alias of a section and a
-    membership test are seen; structural reads are not."""
-    bad = ("def t(p):\n    c = p.compute\n    return p.compute['z_ns_per_elem'] * 1e-9\n"
-           "def u(p):\n    return p.pcie.get('h2d_gbps') if 'sockets' in p.host else 0\n")
-    assert sorted(what for _, what in figure_reads(bad)) == [
-        "compute", "compute['z_ns_per_elem']", "host['sockets']", "pcie['h2d_gbps']"]
-    fine = ("def f(p):\n    return p.device['kind'], p.fabric.get('groups'), "
-            "p.pcie.get('switch_groups'), p.device['memory_gib']\n")
-    assert figure_reads(fine) == []
+def test_the_readers_read(a100):
+    """The same spellings work where they are allowed (the probes can pass): pricing
+    reads the figures, the file's homes its JSON form, code outside the planner
+    (tests, benchmarks) both."""
+    for module in ("zoplan.pricing.copies", "zoplan.pricing", "tests.unit.x", "__main__"):
+        for statement in FIGURE_SPELLINGS:
+            assert run_as(module, statement, a100) is not None, (module, statement)
+    for module in ("zoplan.calibrate.refit", "zoplan.views.profile", "zoplan.profiling",
+                   "zoplan.search.sensitivity", "zoplan.pricing.memory"):
+        for statement in DATA_SPELLINGS:
+            assert run_as(module, statement, a100) is not None, (module, statement)
+    assert FIGURE_READERS == ("zoplan.pricing",) and "zoplan.sim" not in DATA_READERS
 
 
-def test_the_hardware_profile_is_data_and_validation():
-    members = {m for m in dir(HardwareProfile) if not m.startswith("_")}
-    members |= set(HardwareProfile.__dataclass_fields__)
-    assert members <= DATA_MEMBERS, f"HardwareProfile prices: {sorted(members - DATA_MEMBERS)}"
+# What reaches past the gate rather than through it: the gate's own state, the frames
+# it reads, a closure's cells. No module of the planner but zoplan/hardware.py names them.
+INTROSPECTION = {"_ALLOWED", "_getframe", "f_globals", "__closure__", "cell_contents",
+                 "FIGURE_READERS", "DATA_READERS", "may_read"}
+
+
+def source_breaches(path: Path, rel: str) -> list[str]:
+    """A `.figures()` call outside zoplan.pricing, or a name of INTROSPECTION outside
+    zoplan/hardware.py, in one module's source."""
+    bad: list[str] = []
+    text = path.read_text()
+    if not any(word in text for word in (".figures(", *INTROSPECTION)):
+        return bad   # most modules: nothing to parse for
+    for node in ast.walk(ast.parse(text)):
+        name = (node.attr if isinstance(node, ast.Attribute) else
+                node.id if isinstance(node, ast.Name) else
+                node.value if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                else None)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "figures" and not rel.startswith("zoplan/pricing/")):
+            bad.append(f"{rel}:{node.lineno} calls figures()")
+        elif name in INTROSPECTION and rel != "zoplan/hardware.py":
+            bad.append(f"{rel}:{node.lineno} names {name}")
+    return bad
+
+
+def test_only_pricing_calls_figures_in_the_source(tmp_path):
+    """The same rule read on the source, for a clear line before anything runs, and the
+    ways around the gate that no spelling of a read needs (the gate's cache, frames,
+    closure cells); a probe of each is found."""
+    bad = [b for path in sorted((ROOT / "zoplan").rglob("*.py"))
+           for b in source_breaches(path, str(path.relative_to(ROOT)))]
+    assert bad == []
+    probes = {"calls figures()": "x = profile.figures()\n",
+              "names _ALLOWED": "import zoplan.hardware as h\nh._ALLOWED.clear()\n",
+              "names __closure__": "c = profile.figures.__closure__\n",
+              "names cell_contents": "c = getattr(cell, 'cell_contents')\n"}
+    for what, source in probes.items():
+        probe = tmp_path / "probe.py"
+        probe.write_text(source)
+        assert any(what in b for b in source_breaches(probe, "zoplan/sim/probe.py")), what
+
+
+def test_the_hardware_profile_is_data_and_validation(a100):
+    members = {m for m in dir(a100) if not m.startswith("_")}
+    assert members <= PUBLIC, f"HardwareProfile prices: {sorted(members - PUBLIC)}"
+    with pytest.raises(AttributeError):
+        a100.name = "other"   # frozen

@@ -294,29 +294,31 @@ def test_cuda_samples_build_a_valid_profile():
     validated profile with the planner's figures, notes and provenance."""
     data = build_profile(_cuda_samples(4), name="fake-h200")
     profile = HardwareProfile.from_dict(json.loads(json.dumps(data)))
-    assert profile.pcie["switch_groups"] == [[0, 1], [2, 3]]
-    assert profile.pcie["switch_uplink_gbps"] == pytest.approx(54)  # never below one GPU alone
+    assert profile.switch_groups == [[0, 1], [2, 3]]
+    assert profile.figures().pcie.switch_uplink_gbps == pytest.approx(54)  # never below one GPU alone
     # duplex: one GPU both ways; a switch pair both ways with all GPUs copying (its sum)
-    assert (profile.pcie["h2d_duplex_gbps"], profile.pcie["d2h_duplex_gbps"]) == (26, 50)
-    assert profile.pcie["uplink_h2d_duplex_gbps"] == pytest.approx(24)
-    assert profile.pcie["uplink_d2h_duplex_gbps"] == pytest.approx(44)
-    assert profile.host["mem_bw_gbps"] == pytest.approx(17 * 8)   # all GPUs both ways
-    assert profile.fabric["kind"] == "nvswitch" and profile.max_slices(4) == 4
+    assert (profile.figures().pcie.h2d_duplex_gbps, profile.figures().pcie.d2h_duplex_gbps) == (26, 50)
+    assert profile.figures().pcie.uplink_h2d_duplex_gbps == pytest.approx(24)
+    assert profile.figures().pcie.uplink_d2h_duplex_gbps == pytest.approx(44)
+    assert profile.figures().host.mem_bw_gbps == pytest.approx(17 * 8)   # all GPUs both ways
+    assert profile.figures().fabric.kind == "nvswitch" and profile.max_slices(4) == 4
     for key in ("peak_tflops", "tf32_tflops", "fp32_tflops"):
-        assert profile.compute[key] == pytest.approx(GPU_TRUTH[key], rel=0.02), key
-    assert profile.device["hbm_gbps"] == pytest.approx(4000)
-    stage = {k: v for k, v in profile.device.items() if k[-7:] in ("16_gbps", "32_gbps")}
-    assert sorted(stage) == ["perturb16_gbps", "perturb32_gbps", "update16_gbps", "update32_gbps"]
-    assert profile.compute["z_launch_us"] == pytest.approx(8, rel=1e-3)
-    assert "mem_gbps" not in profile.compute and "duplex_gbps" not in profile.pcie
-    assert profile.collective["allgather_busbw"][0][1] == pytest.approx(0.75 * 2 * 300, rel=0.01)
+        assert profile.to_dict()["compute"][key] == pytest.approx(GPU_TRUTH[key], rel=0.02), key
+    figures = profile.figures()
+    assert figures.device.hbm_gbps == pytest.approx(4000)
+    stage = (figures.device.update16_gbps, figures.device.perturb16_gbps,
+             figures.device.update32_gbps, figures.device.perturb32_gbps)
+    assert all(rate is not None and rate > 0 for rate in stage), stage
+    assert figures.compute.z_launch_us == pytest.approx(8, rel=1e-3)
+    assert figures.compute.mem_gbps is None and figures.pcie.duplex_gbps is None
+    assert figures.collective.allgather_busbw[0][1] == pytest.approx(0.75 * 2 * 300, rel=0.01)
     assert profile.sources["pcie.h2d_gbps"].startswith("[M] zoplan profile 2000-01-01")
     assert profile.sources["collective.latency_us"].endswith(
         "8 KiB over 4 GPUs (median, from the last rank's arrival)")
-    prov = profile.extra["provenance"]
+    prov = profile.extra()["provenance"]
     assert prov["host"] == "box" and prov["versions"]["torch"] == "2.13.0"
     assert prov["versions"]["zoplan"] and prov["devices"] == ["NVIDIA H200"] * 4
-    assert profile.extra["measurements"]["rejected_samples"] == 3   # one round: its samples
+    assert profile.extra()["measurements"]["rejected_samples"] == 3   # one round: its samples
 
 
 def test_profile_name_defaults_to_host_and_devices():
@@ -333,10 +335,10 @@ def test_rounds_combine_to_the_median_of_each_figure():
         data["measurements"] = {"peak": peak, "forward_alone": _points(peak, 500, 64)}
         rounds.append(data)
     combined = HardwareProfile.from_dict(combine_rounds(rounds))
-    assert combined.compute["peak_tflops"] == pytest.approx(0.2, rel=0.05)  # refit on medians
-    assert combined.collective["allgather_busbw"] == [[4096, 2.0], [2**20, 4.0]]
+    assert combined.figures().compute.peak_tflops == pytest.approx(0.2, rel=0.05)  # refit on medians
+    assert combined.to_dict()["collective"]["allgather_busbw"] == [[4096, 2.0], [2**20, 4.0]]
     assert combined.sources["compute.peak_tflops"].endswith("(median of 3 rounds)")
-    assert [m["peak"] for m in combined.extra["measurements"]["rounds"]] == [0.1, 0.3, 0.2]
+    assert [m["peak"] for m in combined.extra()["measurements"]["rounds"]] == [0.1, 0.3, 0.2]
 
 
 # ---- the GPU fits (synthetic samples of a made-up GPU) ------------------------------------

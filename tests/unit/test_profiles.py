@@ -11,7 +11,7 @@ import pytest
 
 from zoplan.errors import ZoError
 from zoplan.hardware import HardwareProfile, load_profile, shipped_profiles
-from zoplan.io import load_json
+from zoplan.io import dumps_canonical, load_json
 from zoplan.pricing.stragglers import DEFAULT_NODE_SPREAD, node_spread
 from zoplan.search import resolve_request
 
@@ -101,16 +101,16 @@ def test_the_node_spread_defaults_when_a_profile_has_none():
 
 
 def test_profile_specifics():
-    assert load_profile("8x-rtx4090").fabric["kind"] == "host"
-    assert load_profile("8x-rtx4090").pcie["switch_groups"]
+    assert load_profile("8x-rtx4090").figures().fabric.kind == "host"
+    assert load_profile("8x-rtx4090").figures().pcie.switch_groups
     pairs = load_profile("8x-a100-pcie-nvlink-pairs")
-    assert pairs.fabric["kind"] == "bridge" and pairs.max_slices(8) == 2
+    assert pairs.figures().fabric.kind == "bridge" and pairs.max_slices(8) == 2
     assert load_profile("rtx4090-workstation").gpus_per_node == 1
     gh = load_profile("gh200")
-    assert gh.gpus_per_node == 1 and 345 <= gh.pcie["h2d_gbps"] <= 420
+    assert gh.gpus_per_node == 1 and 345 <= gh.figures().pcie.h2d_gbps <= 420
     cpu = load_profile("cpu")
-    assert cpu.is_cpu and cpu.device["concurrent_engines"] is False
-    assert cpu.fabric["kind"] == "shm"
+    assert cpu.is_cpu and cpu.figures().device.concurrent_engines is False
+    assert cpu.figures().fabric.kind == "shm"
 
 
 def _mutate(fn) -> dict:
@@ -198,9 +198,77 @@ def test_gpu_profiles_carry_the_gpu_cost_model():
     duplex below H2D alone (the A100's measured 11-13 vs 25-26 GB/s)."""
     for name in sorted(EXPECTED - {"cpu"}):
         p = load_profile(name)
-        c = p.compute
-        assert c["fp32_tflops"] <= c["tf32_tflops"] < c["peak_tflops"], name
-        assert p.pcie["h2d_duplex_gbps"] <= p.pcie["h2d_gbps"], name
-        assert 0 < c["z_ns_per_elem"] < 0.01 and c["z_launch_us"] > 0, name
-    a100 = load_profile("dgx-a100-80gb").pcie
-    assert 11 <= a100["h2d_duplex_gbps"] <= 13 and a100["d2h_duplex_gbps"] == 24
+        c, pcie = p.figures().compute, p.figures().pcie
+        assert c.fp32_tflops is not None and c.tf32_tflops is not None, name
+        assert c.fp32_tflops <= c.tf32_tflops < c.peak_tflops, name
+        assert pcie.h2d_duplex_gbps is not None and pcie.h2d_duplex_gbps <= pcie.h2d_gbps, name
+        assert c.z_ns_per_elem is not None and c.z_launch_us is not None, name
+        assert 0 < c.z_ns_per_elem < 0.01 and c.z_launch_us > 0, name
+    a100 = load_profile("dgx-a100-80gb").figures().pcie
+    assert a100.h2d_duplex_gbps is not None and 11 <= a100.h2d_duplex_gbps <= 13
+    assert a100.d2h_duplex_gbps == 24
+
+
+def test_a_profile_written_back_is_the_file_it_was_read_from():
+    """Loading then writing a shipped profile (what `zoplan profile` and `zoplan
+    calibrate --fit` write: HardwareProfile.to_json) gives the file's own JSON, byte for
+    byte in the canonical form, with its ints kept ints; and writing it again, the same
+    bytes: the typed sections lose, add and reorder nothing."""
+    for name, path in shipped_profiles().items():
+        text = load_profile(path).to_json()
+        assert text == dumps_canonical(load_json(path)), name
+        assert HardwareProfile.from_dict(json.loads(text)).to_json() == text, name
+
+
+def test_docs_profiles_table_names_every_figure_with_its_unit():
+    """docs/planner.md's table of the profile's figures: one row per field of the typed sections, in their
+    order, with the unit of its plausible range (zoplan.hwcheck) and the device kinds
+    that have it; a field added without its row, or a row of no field, fails."""
+    from dataclasses import fields
+
+    from zoplan.hwcheck import _OPTIONAL_BY_KIND, _REQUIRED, _REQUIRED_BY_KIND, _range_of
+    from zoplan.hwsections import SECTION_TYPES
+
+    words = {"device.kind": "cuda, cpu", "device.model": "text",
+             "device.concurrent_engines": "true/false", "pcie.pinned": "true/false",
+             "pcie.switch_groups": "lists of local ranks",
+             "fabric.kind": "nvswitch, bridge, host, shm", "fabric.groups": "lists of local ranks",
+             "collective.allgather_busbw": "[bytes, GB/s] pairs"}
+    expected = []
+    for section, kind in SECTION_TYPES.items():
+        for f in fields(kind):
+            path = f"{section}.{f.name}"
+            unit = words.get(path) or _range_of(path)[2]
+            if f.name in _REQUIRED[section] or path in ("device.kind", "fabric.kind",
+                                                        "collective.allgather_busbw"):
+                who = "all"
+            else:
+                who = "; ".join([f"{k} (required)" for k in ("cuda", "cpu")
+                                 if path in _REQUIRED_BY_KIND[k]]
+                                + [k for k in ("cuda", "cpu") if path in _OPTIONAL_BY_KIND[k]])
+                who = who or "all (optional)"
+            expected.append(f"| `{path}` | {unit} | {who} |")
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text()
+    section = doc.split("## Hardware profiles: the figures, typed", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert [r[:len(e)] for r, e in zip(rows, expected)] == expected and len(rows) == len(expected)
+
+
+def test_every_typed_figure_is_checked_on_load():
+    """The typed sections and the validator name the same figures: each field is a
+    required figure, a figure of a device kind (zoplan.hwcheck checks its range) or one
+    of the few that are not numbers (checked by kind: _check_kinds, groups, the table),
+    and each figure the validator names is a field."""
+    from dataclasses import fields
+
+    from zoplan.hwcheck import _OPTIONAL_BY_KIND, _REQUIRED, _REQUIRED_BY_KIND
+    from zoplan.hwsections import SECTION_TYPES
+
+    not_numbers = {"device.kind", "device.model", "device.concurrent_engines", "pcie.pinned",
+                   "pcie.switch_groups", "fabric.kind", "fabric.groups",
+                   "collective.allgather_busbw"}
+    checked = ({f"{s}.{k}" for s, keys in _REQUIRED.items() for k in keys}
+               | {p for paths in (*_REQUIRED_BY_KIND.values(), *_OPTIONAL_BY_KIND.values())
+                  for p in paths})
+    typed = {f"{s}.{f.name}" for s, kind in SECTION_TYPES.items() for f in fields(kind)}
+    assert typed - not_numbers == checked

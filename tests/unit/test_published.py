@@ -35,8 +35,9 @@ def test_a_drifted_term_is_seen(monkeypatch):
     """The check can fail: with the context left out of NVML's count the small models'
     memory falls out of its tolerance; with a z draw ten times dearer the speed ratios do."""
     import zoplan.pricing.baselines as baselines
+    import zoplan.pricing.memory as memory
 
-    monkeypatch.setattr(baselines, "nvml_terms", lambda profile: {})
+    monkeypatch.setattr(memory, "nvml_terms", lambda profile: {})
     assert not all(f.ok for f in published.figures() if f.kind == "memory")
     monkeypatch.undo()
     monkeypatch.setattr(baselines, "TORCH_UPDATE_WORDS", 120)

@@ -72,7 +72,7 @@ def test_max_gpu_memory_plans_for_less_than_the_profile():
     full = search(resolve_request(**args))
     capped = search(resolve_request(**args, max_gpu_memory=10.0))
     above = search(resolve_request(**args, max_gpu_memory=1000.0))
-    reserved = capped.request.profile.device["reserved_gib"]
+    reserved = capped.request.profile.figures().device.reserved_gib
     assert capped.winner.memory.gpu_limit_bytes == (10.0 - reserved) * 2**30
     assert capped.winner.memory.gpu_bytes <= capped.winner.memory.gpu_limit_bytes
     assert 0 < capped.winner.num_resident < full.winner.num_resident == 24

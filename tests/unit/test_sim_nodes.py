@@ -65,9 +65,9 @@ def test_one_node_waits_for_nobody_and_more_nodes_wait_longer():
     factors = [straggler_factor(DGX, n) for n in (2, 8, 128, 8192)]
     assert factors == sorted(factors) and factors[0] > 1
     core = node_spread(DGX) * expected_max_normal(8192)
-    tail = 1 - (1 - DGX.compute["slow_node_fraction"]) ** 8191   # another node is a slow one
+    tail = 1 - (1 - DGX.figures().compute.slow_node_fraction) ** 8191   # another node is a slow one
     assert job_step_s(DGX, 8192, 2.0) == pytest.approx(
-        2.0 * (1 + (1 - tail) * core + tail * max(DGX.compute["slow_node_penalty"], core)))
+        2.0 * (1 + (1 - tail) * core + tail * max(DGX.figures().compute.slow_node_penalty, core)))
 
 
 def test_the_spread_comes_from_the_profile_else_the_default():

@@ -72,7 +72,7 @@ def test_the_streams_sharing_a_gpu_slow_each_other():
     data = copy.deepcopy(A100.to_dict())
     data["compute"]["overlap_slowdown"] = 0.0
     alone = _costs("opt-175b", lay, profile=HardwareProfile.from_dict(data))
-    k = A100.compute["overlap_slowdown"]
+    k = A100.figures().compute.overlap_slowdown
     comp, side, coll = shared.overlap
     assert alone.overlap == (1.0, 1.0, 1.0)
     assert stream_factors(compute_s=1.0, slice_s=0.5, other_s=0.5, k=NONE) == (1.0, 1.0, 1.0)
@@ -103,7 +103,7 @@ def test_the_h200s_interference_is_priced_as_it_was_measured():
     assert comp - 1 == pytest.approx(probe["forward_slowdown_beside_update"], rel=0.02)
     assert side - 1 == pytest.approx(probe["update_slowdown_beside_forward"], rel=0.02)
     assert abs(probe["forward_slowdown_beside_h2d"]) < 0.02 > abs(probe["h2d_slowdown_beside_forward"])
-    assert k.k == A100.compute["overlap_slowdown"] and coll == pytest.approx(1 + k.k)
+    assert k.k == A100.figures().compute.overlap_slowdown and coll == pytest.approx(1 + k.k)
     assert interference(load_profile("dgx-h100")) == k == interference(load_profile("gh200"))
     wl = Workload(batch=16, seq=512, param_dtype="bf16", compute_dtype="bf16", update="stochastic")
     plan = _costs("opt-175b", Layout(pertp=2, ddp=4, slices=8, prefetch=2, slice_update=True),
@@ -125,7 +125,7 @@ def test_z_is_arithmetic_bound_and_the_h200_draws_like_the_h100():
         gpu_z_time_s(h100, numels, elem_bytes=2), rel=0.01)
     assert hbm_gbps(h200) == pytest.approx(2399)
     n = sum(numels)
-    assert gpu_z_time_s(A100, numels) > 4 * n / (A100.device["hbm_gbps"] * 1e9)
+    assert gpu_z_time_s(A100, numels) > 4 * n / (A100.figures().device.hbm_gbps * 1e9)
     assert z_issue_s(A100, numels) > 0   # its launches are the host's
 
 
@@ -145,7 +145,7 @@ def test_slow_nodes_make_a_heavy_tail():
     gauss = 1 + node_spread(A100) * expected_max_normal(4096)
     assert straggler_factor(A100, 4096) > gauss
     assert straggler_factor(A100, 4096) == pytest.approx(
-        1 + A100.compute["slow_node_penalty"], rel=1e-3)
+        1 + A100.figures().compute.slow_node_penalty, rel=1e-3)
 
 
 def test_a_new_figure_needs_its_own_source_note():
@@ -183,7 +183,7 @@ def test_a_store_that_cannot_be_page_locked_is_staged_by_the_host():
     pinned = _costs("opt-1.3b", lay, profile=h200, workload=wl, resident=False)
     staged = _costs("opt-1.3b", lay, profile=pageable, workload=wl, resident=False)
     block = pinned.block_bytes
-    gbps = h200.pcie
+    gbps = h200.to_dict()["pcie"]
     assert staged.issue_s["h2d"] - pinned.issue_s["h2d"] == pytest.approx(block / (gbps["pageable_h2d_gbps"] * 1e9))
     assert staged.issue_s["d2h"] - pinned.issue_s["d2h"] == pytest.approx(block / (gbps["pageable_d2h_gbps"] * 1e9))
     graph = build_step_graph(staged)

@@ -24,12 +24,12 @@ from zoplan.layout import Layout
 from zoplan.memory import rank_memory, resident_shard_bytes, store_stride
 from zoplan.models import get_model
 from zoplan.plan import Plan
+from zoplan.pricing.memory import estimate_memory, resident_capacity, resident_margin_bytes
 from zoplan.search import resolve_request, search
 from zoplan.search.placement import MAX_PERIOD, resident_pattern
 from zoplan.sim.bounds import link_bytes, step_bounds
 from zoplan.sim.costs import slice_z_numels, step_costs
 from zoplan.sim.graph import build_step_graph
-from zoplan.sim.memory import estimate_memory, resident_capacity, resident_margin_bytes
 from zoplan.sim.simulate import simulate
 from zoplan.trace import KIND_LANE
 from zoplan.workload import Workload

@@ -62,6 +62,12 @@ PROFILE_CASES = [
      "device.reserved_gib (40 GiB) leaves nothing of device.memory_gib (32 GiB)"),
     ("section a list", lambda d: d.update(compute=[1]), "section 'compute' must be an object"),
     ("group rank a boolean", lambda d: d["fabric"].update(groups=[[True]]), "fabric.groups names rank True"),
+    ("a figure misspelt", lambda d: d["pcie"].update(h2d_gbs=8),
+     "pcie.h2d_gbs is not a figure of a profile (pcie has h2d_gbps, d2h_gbps"),
+    ("a figure missing", lambda d: d["pcie"].pop("d2h_gbps"), "pcie.d2h_gbps is missing"),
+    ("a model that is a number", lambda d: d["device"].update(model=4090),
+     "device.model must be a string"),
+    ("a flag that is a number", lambda d: d["pcie"].update(pinned=1), "pcie.pinned must be true or false"),
     ("speed check 1e308", lambda d: d.update(speed_check={k: {"median_s": 1e308 if k == "z" else 0.1}
                                                           for k in ("gemm", "memory", "z")}),
      "speed_check.z.median_s is 1e+308 s"),
@@ -78,6 +84,7 @@ def test_a_profile_figure_out_of_range_is_refused_with_its_unit(label, change, m
     with pytest.raises(ZoError) as info:
         HardwareProfile.from_dict(data, origin="profile p.json")
     assert message in str(info.value) and "\n" not in str(info.value)
+    assert str(info.value).startswith("profile p.json: ")   # the file, then the figure
 
 
 def test_every_shipped_and_fixture_profile_is_within_the_ranges():
@@ -91,7 +98,7 @@ def test_every_shipped_and_fixture_profile_is_within_the_ranges():
         assert profile.to_dict() == stored, path
     zero = _cpu()
     zero["compute"]["overhead_us"] = 0      # figures that may be 0 still may
-    assert HardwareProfile.from_dict(zero).compute["overhead_us"] == 0
+    assert HardwareProfile.from_dict(zero).figures().compute.overhead_us == 0
 
 
 # ---- model configs ----------------------------------------------------------------------------

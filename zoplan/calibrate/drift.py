@@ -50,7 +50,7 @@ def drifted_profile(profile: HardwareProfile, *, gemm: float, memory: float,
 def machine_drift(profile: HardwareProfile | None, meta: dict[str, Any],
                   plan: Plan | None = None) -> Drift | None:
     """None unless both the profile and the trace carry comparable speed checks."""
-    then = (profile.extra.get("speed_check") if profile is not None else None) or {}
+    then = (profile.extra().get("speed_check") if profile is not None else None) or {}
     checks = [c for c in meta.get("speed_check") or [] if isinstance(c, dict)]
     names = SPEED_CHECK_KINDS
     if profile is None or not then or not checks:

@@ -27,7 +27,7 @@ def this_machine_versions() -> dict[str, str | None]:
 
 def version_drift(profile: HardwareProfile) -> list[str]:
     """Packages whose version differs from the one the profile was measured with."""
-    measured = (profile.extra.get("provenance") or {}).get("versions") or {}
+    measured = (profile.extra().get("provenance") or {}).get("versions") or {}
     here = this_machine_versions()
     out = []
     for package in ("torch", "transformers", "zoplan"):

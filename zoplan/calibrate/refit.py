@@ -12,10 +12,12 @@ from __future__ import annotations
 import copy
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from zoplan.calibrate.compare import Calibration
 from zoplan.hardware import HardwareProfile
 from zoplan.plan import Plan
+from zoplan.pricing.collectives import allgather_busbw_factor
 from zoplan.pricing.compute import gemm_rate_key, has_z_model
 from zoplan.pricing.lora import lora_task_times
 from zoplan.pricing.tasks import task_times
@@ -30,7 +32,7 @@ from zoplan.sim.simulate import simulate
 class Refit:
     """A profile being refitted: its JSON data and the changes made."""
 
-    data: dict
+    data: dict[str, Any]
     date: str
     trace: str
     changes: list[tuple[str, float, float, str]] = field(default_factory=list)
@@ -50,7 +52,7 @@ class Refit:
         return HardwareProfile.from_dict(self.data, origin="refitted profile")
 
 
-def _task_times(plan: Plan, profile: HardwareProfile) -> dict:
+def _task_times(plan: Plan, profile: HardwareProfile) -> dict[str, Any]:
     """The plan's per-task times on `profile` (zoplan.pricing.tasks.task_times; LoRA's
     zoplan.pricing.lora.lora_task_times)."""
     lay, wl = plan.layout, plan.workload
@@ -71,7 +73,7 @@ def refit_forward(fit: Refit, plan: Plan, measured_task_s: float,
     hw, lay, wl = fit.profile, plan.layout, plan.workload
     t_pred = _task_times(plan, hw)["forward_s"]
     ratio = measured_task_s / (predicted_span_s or t_pred)
-    c = hw.compute
+    c = fit.data["compute"]
     why = f"forward task {measured_task_s * 1e3:.3f} ms measured vs {t_pred * 1e3:.3f} ms"
     if hw.is_cpu and lay.local_ranks > 1:
         fit.set("compute.rank_scaling", c["rank_scaling"] / ratio,
@@ -82,7 +84,7 @@ def refit_forward(fit: Refit, plan: Plan, measured_task_s: float,
         if key in c:
             fit.set(f"compute.{key}", c[key] / ratio, why)
     if not hw.is_cpu:
-        fit.set("device.hbm_gbps", hw.device["hbm_gbps"] / ratio, why)
+        fit.set("device.hbm_gbps", fit.data["device"]["hbm_gbps"] / ratio, why)
     for key in ("overhead_us", "rope_overhead_us", "elem_ns"):
         if key in c:
             fit.set(f"compute.{key}", c[key] * ratio, why)
@@ -107,7 +109,7 @@ def refit_update(fit: Refit, plan: Plan, measured_task_s: float,
     t_pred = statistics.median(costs.update_task_s(b) for b in range(costs.num_blocks))
     ratio = measured_task_s / (predicted_span_s or t_pred)   # see refit_forward
     why = f"update task {measured_task_s * 1e3:.3f} ms measured vs {t_pred * 1e3:.3f} ms"
-    c = hw.compute
+    c = fit.data["compute"]
     if hw.is_cpu and lr > 1:
         z_model = has_z_model(hw)
         key = "z_rank_scaling" if z_model else "zo_rank_scaling"
@@ -153,7 +155,6 @@ def refit_copies(fit: Refit, cal: Calibration, plan: Plan) -> None:
 
 
 def refit_collectives(fit: Refit, cal: Calibration, plan: Plan) -> None:
-    coll = fit.data["collective"]
     ar = cal.row("allreduce")
     if ar and ar.meas_task_s > 0:
         fit.set("collective.allreduce_small_us", ar.meas_task_s * 1e6,
@@ -161,11 +162,12 @@ def refit_collectives(fit: Refit, cal: Calibration, plan: Plan) -> None:
     ag = cal.row("allgather")
     if not ag or ag.meas_task_s <= 0:
         return
-    latency = coll["latency_us"] * 1e-6
-    if ag.meas_task_s <= latency or ag.pred_task_s <= latency:
+    factor = allgather_busbw_factor(fit.profile, predicted_s=ag.pred_task_s,
+                                    measured_s=ag.meas_task_s)
+    if factor is None:
         fit.set("collective.latency_us", ag.meas_task_s * 1e6, "all-gather shorter than the latency")
         return
-    factor = (ag.pred_task_s - latency) / (ag.meas_task_s - latency)
+    coll = fit.data["collective"]
     table = [[size, float(f"{bw * factor:.4g}")] for size, bw in coll["allgather_busbw"]]
     coll["allgather_busbw"] = table
     fit.changes.append(("collective.allgather_busbw", 1.0, factor, "table scaled"))

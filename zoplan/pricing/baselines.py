@@ -35,15 +35,14 @@ and every rank running the zo maths of the whole gathered block.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from zoplan.hardware import HardwareProfile
 from zoplan.models import ModelSpec, dtype_bytes
-from zoplan.pricing.collectives import allgather_busbw_gbps, collective_latency_s
+from zoplan.pricing.collectives import allgather_s
 from zoplan.pricing.compute import gemm_tflops, gpu_elems_per_token, hbm_gbps, hbm_time_s
 from zoplan.pricing.copies import duplex_rates_gbps, pageable_copies_s
-from zoplan.pricing.devicemem import nvml_terms
+from zoplan.pricing.figures import given
 from zoplan.pricing.host import forward_issue_s, launch_s
 from zoplan.pricing.units import GBPS, NS, TFLOPS
 from zoplan.pricing.work import Work
@@ -82,7 +81,7 @@ def torch_zo_maths(profile: HardwareProfile, tensor_numels: list[int], dtype_siz
     z_ns_per_elem a value, floored by writing it at HBM speed) and 3 perturbations and an
     update (their words at HBM speed); host: a launch per op."""
     total = sum(tensor_numels)
-    z_value: float = profile.compute["z_ns_per_elem"]
+    z_value = given(profile.figures().compute.z_ns_per_elem, "compute.z_ns_per_elem")
     z_s = max(total * z_value * NS, hbm_time_s(profile, total * dtype_size))
     words = PERTURBS_PER_STEP * TORCH_PERTURB_WORDS + TORCH_UPDATE_WORDS
     device = 4 * z_s + hbm_time_s(profile, words * dtype_size * total)
@@ -98,7 +97,7 @@ def eager_block_forward_s(model: ModelSpec, profile: HardwareProfile, *, rows: i
     gpu_elems_per_token) at HBM speed."""
     tokens = rows * seq
     word = dtype_bytes(compute_dtype)
-    half: float = profile.compute["m_half_tokens"]
+    half = profile.figures().compute.m_half_tokens
     rate = gemm_tflops(profile, compute_dtype) * TFLOPS * tokens / (tokens + half)
     flops = tokens * (model.block_gemm_flops_per_token() + model.block_attn_flops_per_token(seq))
     scores = rows * model.num_heads * seq * seq * EAGER_SCORE_WORDS * word
@@ -121,9 +120,9 @@ def duplex_upload_s(profile: HardwareProfile, num_bytes: float, *, offload_bytes
     """An upload of `num_bytes` beside an offload of `offload_bytes` that started
     `offload_lead_s` earlier on the same GPU's link: each direction at its duplex rate
     while both run (pcie.*_duplex_gbps), alone at its own rate otherwise."""
-    p = profile.pcie
-    h2d: float = p["h2d_gbps"] * GBPS
-    d2h: float = p["d2h_gbps"] * GBPS
+    p = profile.figures().pcie
+    h2d = p.h2d_gbps * GBPS
+    d2h = p.d2h_gbps * GBPS
     both = duplex_rates_gbps(profile, "gpu")
     h2d_dup, d2h_dup = (both[0] * GBPS, both[1] * GBPS) if both else (h2d, d2h)
     left_d2h = max(0.0, offload_bytes - offload_lead_s * d2h)
@@ -237,8 +236,7 @@ def distzo2_step(model: ModelSpec, profile: HardwareProfile, *, batch: int, seq:
         upload, host = copy_period(profile, piece, issue, pinned=False)
     gather = 0.0
     if slices > 1:
-        gather = (collective_latency_s(profile) + block_bytes * (slices - 1) / slices
-                  / (allgather_busbw_gbps(profile, block_bytes) * GBPS))
+        gather = allgather_s(profile, block_bytes, slices)
     period = max(host + gather, compute)
     ends = _ends(model, profile, rows=batch // ddp, seq=seq, dtype=dtype, streams=streams,
                  untied_head=False)
@@ -253,82 +251,10 @@ def _shared_upload_s(profile: HardwareProfile, piece: float, issue: float, ranks
     GPUs of a node do the same at once: the GPUs behind one PCIe switch share its uplink
     (pcie.switch_groups, switch_uplink_gbps), and all of them the host's memory."""
     alone = duplex_upload_s(profile, piece, offload_bytes=piece, offload_lead_s=issue)
-    groups = profile.pcie.get("switch_groups") or []
+    f = profile.figures()
+    groups = f.pcie.switch_groups or ()
     sharing = max([sum(1 for r in g if r < ranks) for g in groups] or [1])
-    uplink: float = profile.pcie["switch_uplink_gbps"] * GBPS
-    host: float = profile.host["mem_bw_gbps"] * GBPS
+    uplink = f.pcie.switch_uplink_gbps * GBPS
+    host = f.host.mem_bw_gbps * GBPS
     # both directions of every rank through one uplink (per direction) and host memory
     return max(alone, sharing * piece / uplink, 2 * ranks * piece / host)
-
-
-
-# ---- memory as NVML reports it ---------------------------------------------------------
-# NVML's "used" is everything the process holds on the device: the CUDA context with the
-# libraries a run loads (device.context_gib), and every segment torch's caching allocator
-# has reserved, which it keeps until the process ends. The allocator keeps a pool per
-# stream (a freed block serves later requests on the stream it was made on) and never
-# merges segments: a request larger than every free block of its pool takes a segment of
-# its own. So a program's reserved memory per stream is its largest phase (the bytes live
-# together) plus a segment for each larger single request of another phase, and beyond
-# that the slack measured over a real run (device.allocator_slack_gib: reserved minus
-# allocated, rounding and stray fragments).
-LOSS_COPY_WORDS = 4   # the loss's fp32 copy of one stream's logits and its log-softmax (2 + 2)
-EAGER_PEAK_WORDS = 3  # one stream's masked scores (1 word) beside their fp32 softmax (2)
-
-
-def stream_pool_bytes(phases: Mapping[str, tuple[float, float]]) -> tuple[str, float]:
-    """(largest phase, reserved bytes) of one stream's pool from its phases' (live
-    bytes, largest single allocation): the largest phase, plus a segment for each larger
-    single allocation of another phase."""
-    top = max(phases, key=lambda k: phases[k][0])
-    live, biggest = phases[top]
-    extra = sum(big for name, (_, big) in phases.items() if name != top and big > biggest)
-    return top, float(live + extra)
-
-
-def zo2_memory(model: ModelSpec, profile: HardwareProfile, *, batch: int, seq: int,
-               dtype: str = "fp16", untied_head: bool = True) -> dict[str, float]:
-    """ZO2's device memory as NVML reports it, by named term: the context, the slack,
-    the resident parts (default stream), two blocks (the upload stream's pool: the block
-    computing and the one arriving; the one leaving is freed when its copy is enqueued,
-    `Module.to` rebinding every parameter to its CPU copy), and the compute stream's
-    pool: the two streams' hidden states and 4D masks beside the largest of the update's
-    temporaries (four of the largest tensor: z, g z, wd p, their sum), one stream's
-    eager block forward, the head's update, and the logits with the loss."""
-    w = dtype_bytes(dtype)
-    tokens, h, vocab = batch * seq, model.hidden, model.vocab
-    resident = sum(resident_parts(model, untied_head=untied_head)) * w
-    largest_block = max(model.block_tensor_numels()) * w
-    largest_resident = max(resident_parts(model, untied_head=untied_head)) * w
-    states = 2 * tokens * h * w + 2 * batch * seq * seq * w
-    scores = batch * model.num_heads * seq * seq * w
-    ffn = tokens * model.ffn * w
-    phases = {
-        "block update": (states + 4 * largest_block, largest_block),
-        "block forward": (states + max(EAGER_PEAK_WORDS * scores, 2 * ffn),
-                          max(2 * scores, ffn)),
-        "head update": (states + 4 * largest_resident, largest_resident),
-        "head forward": (states + 2 * tokens * vocab * w + tokens * vocab * LOSS_COPY_WORDS * w,
-                         tokens * vocab * 2 * w)}
-    _, compute = stream_pool_bytes(phases)
-    return {**nvml_terms(profile), "resident": float(resident),
-            "blocks": 2.0 * model.block_params * w, "compute_stream": compute}
-
-
-def mezo_memory(model: ModelSpec, profile: HardwareProfile, *, batch: int, seq: int,
-                dtype: str = "fp16") -> dict[str, float]:
-    """MeZO's device memory as NVML reports it: the context, the slack, every weight,
-    and one stream's pool: the update's four temporaries of the largest tensor, one
-    eager block forward, or one forward's logits with the loss."""
-    w = dtype_bytes(dtype)
-    tokens = batch * seq
-    weights = (model.num_layers * model.block_params + model.resident_params) * w
-    largest = max(model.block_tensor_numels() + model.resident_tensor_numels()) * w
-    state = tokens * model.hidden * w + batch * seq * seq * w
-    scores = batch * model.num_heads * seq * seq * w
-    phases = {"update": (4 * largest, largest),
-              "block forward": (state + EAGER_PEAK_WORDS * scores, 2 * scores),
-              "head forward": (state + tokens * model.vocab * (1 + LOSS_COPY_WORDS) * w,
-                               2 * tokens * model.vocab * w)}
-    _, pool = stream_pool_bytes(phases)
-    return {**nvml_terms(profile), "weights": float(weights), "compute_stream": pool}

@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from zoplan.hardware import HardwareProfile
-from zoplan.pricing.units import US
+from zoplan.pricing.units import GBPS, US
 
 
 def interpolate_log(table: list[Any], x: float) -> float:
@@ -35,19 +35,39 @@ def interpolate_log(table: list[Any], x: float) -> float:
 def allgather_busbw_gbps(profile: HardwareProfile, message_bytes: float) -> float:
     """Bus bandwidth of an all-gather whose total output is `message_bytes`
     (collective.allgather_busbw)."""
-    return interpolate_log(profile.collective["allgather_busbw"], message_bytes)
+    return interpolate_log(list(profile.figures().collective.allgather_busbw), message_bytes)
+
+
+def allgather_s(profile: HardwareProfile, block_bytes: float, slices: int) -> float:
+    """One all-gather of a block of `block_bytes` over `slices` ranks alone: the
+    latency, then each rank receiving the (slices - 1) / slices it lacks at the
+    table's bus bandwidth for that size (the NCCL tests' bus bandwidth convention)."""
+    return (collective_latency_s(profile) + block_bytes * (slices - 1) / slices
+            / (allgather_busbw_gbps(profile, block_bytes) * GBPS))
+
+
+def allgather_busbw_factor(profile: HardwareProfile, *, predicted_s: float,
+                           measured_s: float) -> float | None:
+    """allgather_s inverted: the factor on every bandwidth of collective.allgather_busbw
+    that makes an all-gather predicted to take `predicted_s` take `measured_s` (the
+    latency stays; the rest scales as 1 / bandwidth). None where either time is
+    within the latency: then the latency is what to refit."""
+    latency = collective_latency_s(profile)
+    if measured_s <= latency or predicted_s <= latency:
+        return None
+    return (predicted_s - latency) / (measured_s - latency)
 
 
 def collective_latency_s(profile: HardwareProfile) -> float:
     """Fixed cost of one collective inside a node (collective.latency_us)."""
-    latency: float = profile.collective["latency_us"]
+    latency = profile.figures().collective.latency_us
     return latency * US
 
 
 def allreduce_small_s(profile: HardwareProfile) -> float:
     """A scalar all-reduce inside a node (collective.allreduce_small_us): the loss
     exchange, and on CUDA the write-back fence's token."""
-    small: float = profile.collective["allreduce_small_us"]
+    small = profile.figures().collective.allreduce_small_us
     return small * US
 
 
@@ -57,5 +77,5 @@ def internode_allreduce_s(profile: HardwareProfile, nodes: int) -> float:
     Gropp, "Optimization of Collective Communication Operations in MPICH", 2005)."""
     if nodes <= 1:
         return 0.0
-    latency: float = profile.network["latency_us"]
+    latency = profile.figures().network.latency_us
     return latency * US * math.ceil(math.log2(nodes))

@@ -23,7 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from zoplan.hardware import HardwareProfile
+from zoplan.hwsections import Compute
 from zoplan.models import DTYPE_BYTES, LEARNED_POSITIONS, ModelSpec, dtype_bytes
+from zoplan.pricing.figures import given, or_
 from zoplan.pricing.units import GBPS, NS, TFLOPS, US
 from zoplan.workload import HALF_DTYPES, Workload
 
@@ -63,16 +65,19 @@ def has_z_model(profile: HardwareProfile) -> bool:
     pass (`zoplan profile`: compute.z_ns_per_elem and the z model) rather than by the
     one figure compute.zo_ns_per_param; such a profile also prices the embedding
     lookup by its element-wise terms."""
-    return profile.is_cpu and "z_ns_per_elem" in profile.compute
+    return profile.is_cpu and profile.figures().compute.z_ns_per_elem is not None
 
 
 def compute_share(profile: HardwareProfile, local_ranks: int, key: str = "rank_scaling") -> float:
     """Fraction of the device's compute one rank gets (1 on GPUs); `key` names the
-    scaling figure (compute.zo_rank_scaling falls back to compute.rank_scaling)."""
+    scaling figure: rank_scaling (GEMMs), mem_rank_scaling (memory-bound work) or
+    zo_rank_scaling (the zo maths), the last two falling back to rank_scaling."""
     if not profile.is_cpu or local_ranks <= 1:
         return 1.0
-    share: float = profile.compute.get(key, profile.compute["rank_scaling"])
-    return share / local_ranks
+    c = profile.figures().compute
+    scaling = {"rank_scaling": c.rank_scaling, "mem_rank_scaling": c.mem_rank_scaling,
+               "zo_rank_scaling": c.zo_rank_scaling}[key]
+    return or_(scaling, c.rank_scaling) / local_ranks
 
 
 def gemm_rate_key(profile: HardwareProfile, compute_dtype: str = "fp32", tf32: bool = True) -> str:
@@ -87,16 +92,18 @@ def gemm_rate_key(profile: HardwareProfile, compute_dtype: str = "fp32", tf32: b
 
 def gemm_tflops(profile: HardwareProfile, compute_dtype: str = "fp32", tf32: bool = True) -> float:
     """The GEMM rate of the workload's precision (gemm_rate_key's figure)."""
-    rate: float = profile.compute[gemm_rate_key(profile, compute_dtype, tf32)]
-    return rate
+    c = profile.figures().compute
+    key = gemm_rate_key(profile, compute_dtype, tf32)
+    if key == "peak_tflops":
+        return c.peak_tflops
+    return given(c.tf32_tflops if key == "tf32_tflops" else c.fp32_tflops, f"compute.{key}")
 
 
 def hbm_gbps(profile: HardwareProfile) -> float:
     """What memory-bound GPU kernels reach: device.hbm_gbps x device.hbm_fraction
     (1 where the profile has none: a measured hbm_gbps is already achieved)."""
-    spec: float = profile.device["hbm_gbps"]
-    achieved: float = spec * profile.device.get("hbm_fraction", 1.0)
-    return achieved
+    device = profile.figures().device
+    return given(device.hbm_gbps, "device.hbm_gbps") * or_(device.hbm_fraction, 1.0)
 
 
 def hbm_time_s(profile: HardwareProfile, num_bytes: float) -> float:
@@ -106,7 +113,7 @@ def hbm_time_s(profile: HardwareProfile, num_bytes: float) -> float:
 
 def host_memory_time_s(profile: HardwareProfile, num_bytes: float) -> float:
     """Memory-bound CPU work: bytes over compute.mem_gbps."""
-    rate: float = profile.compute["mem_gbps"]
+    rate = given(profile.figures().compute.mem_gbps, "compute.mem_gbps")
     return num_bytes / (rate * GBPS)
 
 
@@ -135,6 +142,18 @@ def cpu_forward_terms(figures: dict[str, Any], *, flops: float, attn_flops: floa
     dispatch: float = figures["overhead_us"] + (figures.get("rope_overhead_us", 0.0)
                                                 if family not in LEARNED_POSITIONS else 0.0)
     return dispatch * US, gemm, rest
+
+
+def forward_figures(c: Compute) -> dict[str, float]:
+    """A profile's figures the forward's terms read (cpu_forward_terms,
+    gpu_forward_terms), by the names a fit's figures have too."""
+    out = {"peak_tflops": c.peak_tflops, "m_half_tokens": c.m_half_tokens,
+           "overhead_us": c.overhead_us}
+    for key, value in (("attn_tflops", c.attn_tflops), ("elem_ns", c.elem_ns),
+                       ("rope_overhead_us", c.rope_overhead_us)):
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def gpu_elems_per_token(model: ModelSpec) -> float:
@@ -199,7 +218,8 @@ def forward_time_s(profile: HardwareProfile, *, flops: float, weight_bytes: floa
     rate, attention and element-wise bytes (`attn_bytes`, elems x ELEM_RW words) at HBM
     bandwidth, and `extra_bytes` of memory-bound work more (the head's logits); the
     dispatch is host time (zoplan.pricing.host.forward_issue_s)."""
-    c = profile.compute
+    compute = profile.figures().compute
+    c = forward_figures(compute)
     if not profile.is_cpu:
         dsize = DTYPE_BYTES[compute_dtype]
         _, gemm, rest = gpu_forward_terms(
@@ -212,7 +232,8 @@ def forward_time_s(profile: HardwareProfile, *, flops: float, weight_bytes: floa
     mem_share = compute_share(profile, local_ranks, key="mem_rank_scaling")
     dispatch, gemm, rest = cpu_forward_terms(c, flops=flops, attn_flops=attn_flops,
                                              elems=elems, tokens=tokens, family=family)
-    t: float = max(gemm / share, weight_bytes / (c["mem_gbps"] * GBPS)) + rest / mem_share
+    mem_gbps = given(compute.mem_gbps, "compute.mem_gbps")
+    t: float = max(gemm / share, weight_bytes / (mem_gbps * GBPS)) + rest / mem_share
     return overhead_share * dispatch + t
 
 

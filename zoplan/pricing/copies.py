@@ -19,6 +19,7 @@ into a slot (h2d) or out of one (d2h) while the DMA runs at the pinned rates
 from __future__ import annotations
 
 from zoplan.hardware import HardwareProfile
+from zoplan.pricing.figures import given, or_
 from zoplan.pricing.units import GBPS
 
 HOST_MEM = "host.mem_bw"
@@ -39,9 +40,10 @@ SOCKET_D2H = "host.socket_d2h"
 def remote_share(profile: HardwareProfile) -> float:
     """Share of the node store's bytes a GPU reads from the other socket(s): the
     store's pages spread over host.sockets sockets (0 without host.socket_link_gbps)."""
-    if "socket_link_gbps" not in profile.host:
+    host = profile.figures().host
+    if host.socket_link_gbps is None:
         return 0.0
-    sockets: int = profile.host["sockets"]
+    sockets = given(host.sockets, "host.sockets")
     return (sockets - 1) / sockets
 
 
@@ -49,41 +51,43 @@ def duplex_gbps(profile: HardwareProfile) -> float:
     """Both directions of one rank's host link together: pcie.duplex_gbps (CPU), or
     on GPUs the two duplex figures' sum, never below one direction alone (it bounds
     any mix of the two directions)."""
-    p = profile.pcie
+    p = profile.figures().pcie
     if profile.is_cpu:
-        cpu: float = p["duplex_gbps"]
-        return cpu
-    both: float = max(p["h2d_duplex_gbps"] + p["d2h_duplex_gbps"], p["h2d_gbps"], p["d2h_gbps"])
-    return both
+        return given(p.duplex_gbps, "pcie.duplex_gbps")
+    return max(given(p.h2d_duplex_gbps, "pcie.h2d_duplex_gbps")
+               + given(p.d2h_duplex_gbps, "pcie.d2h_duplex_gbps"), p.h2d_gbps, p.d2h_gbps)
 
 
 def duplex_rates_gbps(profile: HardwareProfile, link: str) -> tuple[float, float] | None:
     """(H2D, D2H) rates of a GPU's link ("gpu") or a switch uplink ("uplink") while
     both directions run; None where the profile has no such figures (CPU ranks copy
     one way at a time; uplinks without uplink_*_duplex_gbps)."""
-    p = profile.pcie
+    p = profile.figures().pcie
     if profile.is_cpu:
         return None
     if link == "gpu":
-        return p["h2d_duplex_gbps"], p["d2h_duplex_gbps"]
-    if "uplink_h2d_duplex_gbps" in p:
-        return p["uplink_h2d_duplex_gbps"], p["uplink_d2h_duplex_gbps"]
+        return (given(p.h2d_duplex_gbps, "pcie.h2d_duplex_gbps"),
+                given(p.d2h_duplex_gbps, "pcie.d2h_duplex_gbps"))
+    if p.uplink_h2d_duplex_gbps is not None:
+        return p.uplink_h2d_duplex_gbps, given(p.uplink_d2h_duplex_gbps, "pcie.uplink_d2h_duplex_gbps")
     return None
 
 
 def link_capacities(profile: HardwareProfile) -> dict[str, float]:
     """Capacity in bytes/s of one link of each class the profile has (alone)."""
-    p = profile.pcie
-    caps: dict[str, float] = {HOST_MEM: profile.host["mem_bw_gbps"] * GBPS,
-                              PCIE_H2D: p["h2d_gbps"] * GBPS, PCIE_D2H: p["d2h_gbps"] * GBPS,
+    f = profile.figures()
+    p = f.pcie
+    caps: dict[str, float] = {HOST_MEM: f.host.mem_bw_gbps * GBPS,
+                              PCIE_H2D: p.h2d_gbps * GBPS, PCIE_D2H: p.d2h_gbps * GBPS,
                               PCIE_DUPLEX: duplex_gbps(profile) * GBPS,
-                              UPLINK_H2D: p["switch_uplink_gbps"] * GBPS,
-                              UPLINK_D2H: p["switch_uplink_gbps"] * GBPS}
-    if profile.fabric["kind"] in ("nvswitch", "bridge"):
-        caps[NVLINK] = profile.fabric["p2p_gbps"] * GBPS
+                              UPLINK_H2D: p.switch_uplink_gbps * GBPS,
+                              UPLINK_D2H: p.switch_uplink_gbps * GBPS}
+    if f.fabric.kind in ("nvswitch", "bridge"):
+        caps[NVLINK] = f.fabric.p2p_gbps * GBPS
     share = remote_share(profile)
     if share:
-        caps[SOCKET_H2D] = caps[SOCKET_D2H] = profile.host["socket_link_gbps"] * GBPS / share
+        caps[SOCKET_H2D] = caps[SOCKET_D2H] = (
+            given(f.host.socket_link_gbps, "host.socket_link_gbps") * GBPS / share)
     return caps
 
 
@@ -107,7 +111,7 @@ def contended_capacities(profile: HardwareProfile) -> dict[str, tuple[str, float
 def staged(profile: HardwareProfile) -> bool:
     """Whether a GPU rank's copies go through pinned staging slots: the profile says
     its host memory is not page-locked (pcie.pinned false; CPU ranks copy themselves)."""
-    pinned: bool = profile.pcie.get("pinned", True)
+    pinned = or_(profile.figures().pcie.pinned, True)
     return not profile.is_cpu and not pinned
 
 
@@ -120,18 +124,20 @@ def staging_s(profile: HardwareProfile, num_bytes: float, direction: str) -> flo
     itself runs at the pinned rates beside it, chunk by chunk."""
     if not staged(profile):
         return 0.0
-    rate: float = profile.pcie[f"pageable_{direction}_gbps"]
+    p = profile.figures().pcie
+    rate = given(p.pageable_h2d_gbps if direction == "h2d" else p.pageable_d2h_gbps,
+                 f"pcie.pageable_{direction}_gbps")
     return num_bytes / (rate * GBPS)
 
 
 def pageable_gbps(profile: HardwareProfile) -> tuple[float, float]:
     """(H2D, D2H) GB/s of raw copies of pageable host memory (pcie.pageable_h2d_gbps,
     pageable_d2h_gbps); ValueError where the profile lacks them."""
-    p = profile.pcie
-    if "pageable_h2d_gbps" not in p or "pageable_d2h_gbps" not in p:
+    p = profile.figures().pcie
+    if p.pageable_h2d_gbps is None or p.pageable_d2h_gbps is None:
         raise ValueError(f"profile {profile.name} has no pageable copy figures "
                          f"(pcie.pageable_h2d_gbps, pageable_d2h_gbps)")
-    return float(p["pageable_h2d_gbps"]), float(p["pageable_d2h_gbps"])
+    return float(p.pageable_h2d_gbps), float(p.pageable_d2h_gbps)
 
 
 def pageable_copies_s(profile: HardwareProfile, h2d_bytes: float, d2h_bytes: float) -> float:

@@ -24,6 +24,7 @@ from zoplan.models import ModelSpec, dtype_bytes
 from zoplan.pricing.baselines import BaselineStep, distzo2_step
 from zoplan.pricing.collectives import allreduce_small_s
 from zoplan.pricing.copies import duplex_rates_gbps
+from zoplan.pricing.figures import given
 from zoplan.pricing.units import GBPS
 
 LANES = ("compute", "h2d", "d2h", "collective")
@@ -57,15 +58,16 @@ def offload_s(profile: HardwareProfile, num_bytes: float, ranks: int, *,
     node do the same: the D2H rate while H2D runs (pcie.d2h_duplex_gbps), the switch
     uplink shared by the GPUs behind it, host memory by all; pageable copies at
     pcie.pageable_d2h_gbps (staged by the host, one at a time)."""
-    p = profile.pcie
+    f = profile.figures()
+    p = f.pcie
     if not pinned:
-        return float(num_bytes / (p["pageable_d2h_gbps"] * GBPS))
+        return float(num_bytes / (given(p.pageable_d2h_gbps, "pcie.pageable_d2h_gbps") * GBPS))
     both = duplex_rates_gbps(profile, "gpu")
-    d2h = (both[1] if both else p["d2h_gbps"]) * GBPS
-    groups = p.get("switch_groups") or []
+    d2h = (both[1] if both else p.d2h_gbps) * GBPS
+    groups = p.switch_groups or ()
     sharing = max([sum(1 for r in g if r < ranks) for g in groups] or [1])
-    uplink = p["switch_uplink_gbps"] * GBPS
-    host = profile.host["mem_bw_gbps"] * GBPS
+    uplink = p.switch_uplink_gbps * GBPS
+    host = f.host.mem_bw_gbps * GBPS
     return float(max(num_bytes / d2h, sharing * num_bytes / uplink, 2 * ranks * num_bytes / host))
 
 

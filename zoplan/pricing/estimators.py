@@ -36,6 +36,7 @@ from zoplan.execrules import chunk_bounds, z_chunk
 from zoplan.hardware import HardwareProfile
 from zoplan.models import dtype_bytes
 from zoplan.pricing.compute import has_z_model
+from zoplan.pricing.figures import given
 from zoplan.pricing.units import NS, US
 from zoplan.pricing.work import Work
 from zoplan.pricing.zo import (
@@ -82,10 +83,10 @@ def cpu_draw_s(profile: HardwareProfile, shapes: Sequence[tuple[int, ...]], work
         return cpu_z_time_s(profile, numels, local_ranks)
     if spec.estimator == "lowrank":
         vectors, matrices = _split(shapes)
-        c = profile.compute
+        z_ns = given(profile.figures().compute.z_ns_per_elem, "compute.z_ns_per_elem")
         factors = sum((m + n) * spec.lowrank_rank for m, n in matrices)
         draws: float = (len(matrices) * LOWRANK_OPS * _op_s(profile)
-                 + factors * c["z_ns_per_elem"] * NS)
+                 + factors * z_ns * NS)
         cb = dtype_bytes(workload.compute_dtype)
         per_elem = LOWRANK_BYTES + (4 + cb if cb != 4 else 0)
         product = per_elem / CPU_PASS_BYTES * pass_time_s(
@@ -102,7 +103,7 @@ def cpu_draw_s(profile: HardwareProfile, shapes: Sequence[tuple[int, ...]], work
 
 def _op_s(profile: HardwareProfile) -> float:
     """One operator call's dispatch on a CPU rank: a BLOCK_OPS-th of a block forward's."""
-    overhead: float = profile.compute.get("overhead_us", 0.0)
+    overhead = profile.figures().compute.overhead_us
     return overhead * US / BLOCK_OPS
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from zoplan.hardware import HardwareProfile
 from zoplan.pricing.copies import staging_s
+from zoplan.pricing.figures import or_
 from zoplan.pricing.units import US
 
 EVENTS_PER_TASK = 2   # CudaLanes.task records a start and an end event per task
@@ -34,20 +35,20 @@ def launch_s(profile: HardwareProfile) -> float:
     (compute.launch_us; 0 on CPU profiles and where absent)."""
     if profile.is_cpu:
         return 0.0
-    launch: float = profile.compute.get("launch_us", 0.0)
+    launch = or_(profile.figures().compute.launch_us, 0.0)
     return launch * US
 
 
 def forward_issue_s(profile: HardwareProfile, overhead_share: float = 1.0) -> float:
     """Host time to call one block forward (its share for embed and head) on a GPU:
     compute.overhead_us, the launches of one HF layer call."""
-    overhead: float = profile.compute["overhead_us"]
+    overhead = profile.figures().compute.overhead_us
     return overhead_share * overhead * US
 
 
 def batch_s(profile: HardwareProfile) -> float:
     """Host time of a rank assembling its batch before the embed (host.batch_us)."""
-    batch: float = profile.host.get("batch_us", 0.0)
+    batch = or_(profile.figures().host.batch_us, 0.0)
     return batch * US
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from zoplan.hardware import HardwareProfile
+from zoplan.pricing.figures import or_
 
 
 class Interference(NamedTuple):
@@ -45,10 +46,10 @@ def interference(profile: HardwareProfile) -> Interference:
     CPU profiles, whose ranks run one task at a time)."""
     if profile.is_cpu:
         return NONE
-    c = profile.compute
-    k: float = c.get("overlap_slowdown", 0.0)
-    k_gemm: float = c.get("overlap_gemm_slowdown", k)
-    k_side: float = c.get("overlap_side_slowdown", k)
+    c = profile.figures().compute
+    k = or_(c.overlap_slowdown, 0.0)
+    k_gemm = or_(c.overlap_gemm_slowdown, k)
+    k_side = or_(c.overlap_side_slowdown, k)
     return Interference(k, k_gemm, k_side)
 
 
@@ -65,3 +66,33 @@ def stream_factors(*, compute_s: float, slice_s: float, other_s: float,
     k_compute = (k.k_gemm * slice_s + k.k * other_s) / collective_s
     return (1.0 + k_compute * min(1.0, collective_s / compute_s),
             1.0 + k.k_side * beside_compute, 1.0 + k.k * beside_compute)
+
+
+class SharedTimes(NamedTuple):
+    """A rank's block tasks while the two streams share the GPU (shared_gpu_times)."""
+
+    forward_s: float
+    update_s: float
+    resident_update_s: float
+    slice_update_s: tuple[float, ...]
+    allgather_slowdown_s: float       # what the all-gather takes beyond its time alone
+    factors: tuple[float, float, float]   # stream_factors: compute, slice update, all-gather
+
+
+def shared_gpu_times(*, forward_s: float, update_s: float, resident_update_s: float,
+                     slice_update_s: tuple[float, ...], gather_s: float,
+                     compute_stream_s: float, slice_s: float, other_s: float,
+                     k: Interference) -> SharedTimes | None:
+    """The block tasks slowed by the streams sharing the GPU: the compute stream's tasks
+    (forward, update, resident update) by its factor, the slice updates by theirs, and
+    the all-gather's transfer (`gather_s`, its time alone less the latency) by its own
+    (stream_factors of `compute_stream_s`, `slice_s` and `other_s`, one rank's work per
+    block on each stream). None where nothing slows (no interference, an idle stream)."""
+    comp, side, coll = stream_factors(compute_s=compute_stream_s, slice_s=slice_s,
+                                      other_s=other_s, k=k)
+    if comp == side == coll == 1.0:
+        return None
+    return SharedTimes(forward_s=forward_s * comp, update_s=update_s * comp,
+                       resident_update_s=resident_update_s * comp,
+                       slice_update_s=tuple(s * side for s in slice_update_s),
+                       allgather_slowdown_s=gather_s * (coll - 1.0), factors=(comp, side, coll))

@@ -289,7 +289,9 @@ def stage_rate_gbps(profile: HardwareProfile, workload: Workload, kind: str) -> 
     if workload.compute_dtype not in ("bf16", "fp16"):
         return None
     store = {"bf16": "16", "fp16": "16", "fp32": "32"}.get(workload.param_dtype)
-    rate: float | None = profile.device.get(f"{kind}{store}_gbps") if store else None
+    if store is None:
+        return None
+    rate: float | None = getattr(profile.figures().device, f"{kind}{store}_gbps")
     return rate
 
 

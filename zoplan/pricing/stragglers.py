@@ -17,6 +17,7 @@ from __future__ import annotations
 from statistics import NormalDist
 
 from zoplan.hardware import HardwareProfile
+from zoplan.pricing.figures import given, or_
 
 # A node's step-time spread where a profile gives none: an ASSUMPTION, not a
 # measurement. Sinha et al. ("Not All GPUs Are Created Equal", SC'22, arXiv 2208.11035)
@@ -33,7 +34,7 @@ BLOM_ALPHA = 0.375
 
 def node_spread(profile: HardwareProfile) -> float:
     """A node's step-time spread (compute.node_spread, else DEFAULT_NODE_SPREAD)."""
-    return float(profile.compute.get("node_spread", DEFAULT_NODE_SPREAD))
+    return float(or_(profile.figures().compute.node_spread, DEFAULT_NODE_SPREAD))
 
 
 def expected_max_normal(count: int) -> float:
@@ -51,11 +52,11 @@ def straggler_factor(profile: HardwareProfile, nodes: int) -> float:
     the job carries a persistent slow GPU and paces the job at 1 + max(s, the Gaussian
     core's lead)."""
     core = node_spread(profile) * expected_max_normal(nodes)
-    q: float = profile.compute.get("slow_node_fraction", 0.0)
+    q = or_(profile.figures().compute.slow_node_fraction, 0.0)
     if nodes <= 1 or not q:
         return 1.0 + core
     tail = 1.0 - (1.0 - q) ** (nodes - 1)
-    penalty: float = profile.compute["slow_node_penalty"]
+    penalty = given(profile.figures().compute.slow_node_penalty, "compute.slow_node_penalty")
     return 1.0 + (1.0 - tail) * core + tail * max(penalty, core)
 
 
@@ -68,7 +69,7 @@ def rank_factors(profile: HardwareProfile, local_ranks: int) -> tuple[float, ...
     as measured ranks do. On a GPU profile with compute.rank_jitter the GPUs of a node
     differ the same way (the slowest then paces every all-gather of its slice group).
     () (every rank 1) elsewhere."""
-    jitter: float = profile.compute.get("rank_jitter", 0.0)
+    jitter = or_(profile.figures().compute.rank_jitter, 0.0)
     if local_ranks < 2 or not jitter:
         return ()
     return tuple(1.0 + jitter * (2 * r / (local_ranks - 1) - 1) for r in range(local_ranks))

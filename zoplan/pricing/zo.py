@@ -32,6 +32,7 @@ from zoplan.execrules import (
 )
 from zoplan.hardware import Z_MODEL, HardwareProfile
 from zoplan.pricing.compute import compute_share, has_z_model, hbm_time_s
+from zoplan.pricing.figures import given, or_
 from zoplan.pricing.host import launch_s
 from zoplan.pricing.units import NS, US
 from zoplan.pricing.work import Work
@@ -82,7 +83,7 @@ def zo_time_s(profile: HardwareProfile, num_params: int, local_ranks: int = 1) -
     """The update task's zo maths (2 z draws + 2 passes) by compute.zo_ns_per_param
     (CPU profiles without the z model)."""
     share = compute_share(profile, local_ranks, key="zo_rank_scaling")
-    per_param: float = profile.compute["zo_ns_per_param"]
+    per_param = given(profile.figures().compute.zo_ns_per_param, "compute.zo_ns_per_param")
     return num_params * per_param * NS / share
 
 
@@ -90,7 +91,7 @@ def pass_time_s(profile: HardwareProfile, num_elems: float, local_ranks: int = 1
     """One element-wise pass of the zo maths (perturb or update) over `num_elems`, on a
     CPU profile with the z model (compute.zo_pass_ns per element)."""
     share = compute_share(profile, local_ranks, key="mem_rank_scaling")
-    per_elem: float = profile.compute["zo_pass_ns"]
+    per_elem = given(profile.figures().compute.zo_pass_ns, "compute.zo_pass_ns")
     return num_elems * per_elem * NS / share
 
 
@@ -98,22 +99,23 @@ def cpu_z_time_s(profile: HardwareProfile, tensor_numels: list[int], local_ranks
     """One z draw on a CPU rank (z model): the rank's threads split the chunks
     (zoplan.execrules.balance), so the busiest thread sets the time; handing the chunks
     to a thread pool costs z_call_us (one thread draws them itself)."""
-    c = profile.compute
-    threads = threads_per_rank(profile.host["cores"], local_ranks)
+    f = profile.figures()
+    c = f.compute
+    threads = threads_per_rank(f.host.cores, local_ranks)
     elems, chunks = z_makespan(tensor_numels, threads)
-    scale = c.get("z_rank_scaling", 1.0) if local_ranks > 1 else 1.0
-    call = c["z_call_us"] * US if z_uses_pool(tensor_numels, threads) else 0.0
-    seconds: float = (call + chunks * c.get("z_chunk_us", 0.0) * US
-                      + elems * c["z_ns_per_elem"] * NS / scale)
+    scale = or_(c.z_rank_scaling, 1.0) if local_ranks > 1 else 1.0
+    call = given(c.z_call_us, "compute.z_call_us") * US if z_uses_pool(tensor_numels, threads) else 0.0
+    seconds: float = (call + chunks * or_(c.z_chunk_us, 0.0) * US
+                      + elems * given(c.z_ns_per_elem, "compute.z_ns_per_elem") * NS / scale)
     return seconds
 
 
 def cpu_noise_s(profile: HardwareProfile, tensor_numels: list[int]) -> float:
     """The stochastic update's noise over these tensors on a CPU rank: drawn chunk by
     chunk on one thread (z_chunk_us a chunk, z_ns_per_elem an element)."""
-    c = profile.compute
-    seconds: float = (sr_chunks(tensor_numels, "cpu") * c.get("z_chunk_us", 0.0) * US
-                      + sum(tensor_numels) * c["z_ns_per_elem"] * NS)
+    c = profile.figures().compute
+    seconds: float = (sr_chunks(tensor_numels, "cpu") * or_(c.z_chunk_us, 0.0) * US
+                      + sum(tensor_numels) * given(c.z_ns_per_elem, "compute.z_ns_per_elem") * NS)
     return seconds
 
 
@@ -128,7 +130,7 @@ def gpu_z_time_s(profile: HardwareProfile, tensor_numels: list[int], elem_bytes:
     """Device seconds of one z draw on a GPU: z_ns_per_elem per element, never below
     writing `elem_bytes` per element at the achieved HBM bandwidth."""
     total = sum(tensor_numels)
-    per_elem: float = profile.compute["z_ns_per_elem"]
+    per_elem = given(profile.figures().compute.z_ns_per_elem, "compute.z_ns_per_elem")
     return max(total * per_elem * NS, hbm_time_s(profile, total * elem_bytes))
 
 
@@ -136,7 +138,7 @@ def z_issue_s(profile: HardwareProfile, tensor_numels: list[int]) -> float:
     """Host time to issue one z draw on a GPU: one seeded generator launch per chunk
     of Z_CHUNK_CUDA elements of each tensor (zoplan.execrules.z_draw_calls) at
     compute.z_launch_us."""
-    launch: float = profile.compute["z_launch_us"]
+    launch = given(profile.figures().compute.z_launch_us, "compute.z_launch_us")
     return z_draw_calls(tensor_numels, "cuda") * launch * US
 
 
@@ -159,9 +161,9 @@ def rounding_noise(profile: HardwareProfile, chunks: int, numels: float) -> Work
     (compute.launch_us). On the H200 (pass 2's profile stage, apply_update_stochastic
     over 4 x 2**24 bf16 values: 1.238 ms) this and SR_BYTES price 1.287 ms (+4%); the
     noise at z's arithmetic rate would price 1.42 ms (+15%)."""
-    c = profile.compute
+    z_launch = given(profile.figures().compute.z_launch_us, "compute.z_launch_us")
     return Work(hbm_time_s(profile, NOISE_BYTES * numels),
-                chunks * (c["z_launch_us"] * US + SR_KERNELS * launch_s(profile)))
+                chunks * (z_launch * US + SR_KERNELS * launch_s(profile)))
 
 
 def gpu_update(profile: HardwareProfile, tensor_numels: list[int], *, update: str,
@@ -190,7 +192,7 @@ def fused_pass(profile: HardwareProfile, numel: float, *, read: int, write: int,
                draws: int) -> Work:
     """A fused pass over `numel` elements: `read` + `write` bytes an element, `draws`
     z values regenerated an element, one launch."""
-    per_elem: float = profile.compute["z_ns_per_elem"]
+    per_elem = given(profile.figures().compute.z_ns_per_elem, "compute.z_ns_per_elem")
     device = max(hbm_time_s(profile, (read + write) * numel), draws * numel * per_elem * NS)
     return Work(device, launch_s(profile))
 

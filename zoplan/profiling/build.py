@@ -12,6 +12,7 @@ import json
 import re
 import statistics
 from types import SimpleNamespace
+from typing import Any, cast
 
 from zoplan import __version__
 from zoplan.execrules import SPEED_CHECK_KINDS
@@ -33,14 +34,16 @@ from zoplan.profiling.fits import (
     round4,
     share_groups,
 )
-from zoplan.profiling.sources import MIB, cpu_sources, cuda_sources
+from zoplan.profiling.sources import MIB, SampleSettings, cpu_sources, cuda_sources
 
 THREADS_RULE = "max(1, cores // local_ranks) torch threads per rank (zoexec)"
 
 
-def build_profile(samples: dict, *, name: str | None = None) -> dict:
+def build_profile(samples: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
     """The profile dict (validated) from the samples of every round."""
-    settings = SimpleNamespace(**samples["settings"])
+    # cast: the samples' settings are zoexec.profiler.settings.Settings.to_dict()'s keys,
+    # read back from JSON as attributes (SampleSettings names those read here)
+    settings = cast(SampleSettings, SimpleNamespace(**samples["settings"]))
     rounds, date, host = samples["rounds"], samples["date"], samples["host"]
     rounds[0]["rejected_samples"] = samples["rejected_samples"]
     name = name or default_name(settings, host["name"], samples["devices"])
@@ -50,12 +53,13 @@ def build_profile(samples: dict, *, name: str | None = None) -> dict:
     data["provenance"] = provenance(samples)
     data["notes"] = ("Measured on this machine by `zoplan profile`; raw samples, medians and "
                      "IQRs are under measurements.")
-    data = json.loads(json.dumps(data, default=float))  # plain JSON types only
+    plain: dict[str, Any] = json.loads(json.dumps(data, default=float))  # JSON types only
+    data = plain
     HardwareProfile.from_dict(data, origin=f"measured profile {name}")
     return data
 
 
-def default_name(settings, hostname: str, devices: list[str]) -> str:
+def default_name(settings: SampleSettings, hostname: str, devices: list[str]) -> str:
     host = re.sub(r"[^a-z0-9]+", "-", hostname.lower()).strip("-") or "host"
     if settings.device == "cpu":
         return f"{host}-cpu{settings.ranks}"
@@ -63,7 +67,7 @@ def default_name(settings, hostname: str, devices: list[str]) -> str:
     return f"{host}-{settings.ranks}x-{gpu}"
 
 
-def provenance(samples: dict) -> dict:
+def provenance(samples: dict[str, Any]) -> dict[str, Any]:
     s, host = samples["settings"], samples["host"]
     return {"tool": "zoplan profile", "date": samples["date"], "host": host["name"],
             "cpu_model": host["cpu_model"], "os": host["os"], "cores": s["cores"],
@@ -75,7 +79,7 @@ def provenance(samples: dict) -> dict:
             **_budget(samples)}
 
 
-def _budget(samples: dict) -> dict:
+def _budget(samples: dict[str, Any]) -> dict[str, Any]:
     """The time budget and what the load did to the samples (a profile measured before
     the budget existed has none)."""
     budget = samples.get("budget")
@@ -85,7 +89,7 @@ def _budget(samples: dict) -> dict:
             "disturbance": disturbance_line(budget, samples["other_load_pct"])}
 
 
-def disturbance_line(budget: dict, other_load_pct: float) -> str:
+def disturbance_line(budget: dict[str, Any], other_load_pct: float) -> str:
     """One line: how long the profile took against its budget, the rounds, and how
     disturbed its samples were (retaken, and kept although disturbed)."""
     taken = budget["samples"] + budget["retaken"]
@@ -112,11 +116,12 @@ def _fmt_s(seconds: float) -> str:
 
 
 # ---- one round ---------------------------------------------------------------------------
-def median_rate(copies: list[dict], key: str) -> float:
-    return statistics.median(c[key] for c in copies)
+def median_rate(copies: list[dict[str, Any]], key: str) -> float:
+    rate: float = statistics.median(c[key] for c in copies)
+    return rate
 
 
-def cpu_profile(m: dict, settings, *, name: str, date: str, memory: dict) -> dict:
+def cpu_profile(m: dict[str, Any], settings: SampleSettings, *, name: str, date: str, memory: dict[str, Any]) -> dict[str, Any]:
     """The profile dict of a CPU host (gloo ranks), from measure_cpu's results."""
     head = next(c for c in m["copy_alone"] if c["bytes"] == settings.copy_bytes)
     h2d, d2h = head["h2d_gbps"], head["d2h_gbps"]
@@ -172,7 +177,7 @@ def cpu_profile(m: dict, settings, *, name: str, date: str, memory: dict) -> dic
     }
 
 
-def _cpu_together(ranks: dict, settings) -> dict:
+def _cpu_together(ranks: dict[str, Any], settings: SampleSettings) -> dict[str, Any]:
     """Figures of the k ranks that ran at once: copy sum, forward and zo medians,
     collectives (rank 0's view)."""
     per = ranks["per_rank"]
@@ -184,12 +189,12 @@ def _cpu_together(ranks: dict, settings) -> dict:
                                              settings.ranks)}
 
 
-def _single_rank_collective() -> dict:
+def _single_rank_collective() -> dict[str, Any]:
     return {"latency_us": 1.0, "allreduce_small_us": 1.0, "allgather_busbw": [[MIB, 100.0]]}
 
 
 
-def cuda_profile(m: dict, settings, *, name: str, date: str, memory: dict) -> dict:
+def cuda_profile(m: dict[str, Any], settings: SampleSettings, *, name: str, date: str, memory: dict[str, Any]) -> dict[str, Any]:
     """The profile dict of a CUDA machine, from measure_cuda's results."""
     n = settings.ranks
     h2d, d2h = median_rate(m["h2d"], "per_copy_gbps"), median_rate(m["d2h"], "per_copy_gbps")
@@ -233,7 +238,7 @@ def cuda_profile(m: dict, settings, *, name: str, date: str, memory: dict) -> di
     }
 
 
-def stage_pass_figures(passes: list[dict]) -> dict:
+def stage_pass_figures(passes: list[dict[str, Any]]) -> dict[str, Any]:
     """device.update16_gbps, perturb16_gbps, update32_gbps, perturb32_gbps: each timed zo
     pass's rate by its store (16-bit or fp32; zoplan.profiling.fits.hbm_from_passes), all
     four or none (a stage that timed fewer writes none)."""
@@ -242,7 +247,7 @@ def stage_pass_figures(passes: list[dict]) -> dict:
     return figures if len(figures) == 4 else {}
 
 
-def duplex_figures(m: dict, groups: list[list[int]], uplink: float) -> dict:
+def duplex_figures(m: dict[str, Any], groups: list[list[int]], uplink: float) -> dict[str, Any]:
     """pcie.h2d_duplex_gbps / d2h_duplex_gbps: each direction of one GPU's link with
     both running (median over GPUs); where GPUs share a switch uplink, the uplink's
     per-direction rates with every GPU copying both ways at once (a group's sum, median
@@ -261,11 +266,11 @@ def duplex_figures(m: dict, groups: list[list[int]], uplink: float) -> dict:
 
 
 # ---- rounds combined ---------------------------------------------------------------------
-def combine_rounds(datas: list[dict]) -> dict:
+def combine_rounds(datas: list[dict[str, Any]]) -> dict[str, Any]:
     """One profile from the profiles of several measurement rounds: each measured
     figure (and each all-gather table entry) is the median over the rounds, so a
     machine whose speed drifts for a minute does not set the figures."""
-    data = json.loads(json.dumps(datas[0]))
+    data: dict[str, Any] = json.loads(json.dumps(datas[0]))
     if len(datas) == 1:
         return data
     for section in ("device", "host", "pcie", "fabric", "collective", "compute"):
@@ -291,7 +296,7 @@ def combine_rounds(datas: list[dict]) -> dict:
     return data
 
 
-def _refit_rounds(data: dict, datas: list[dict]) -> None:
+def _refit_rounds(data: dict[str, Any], datas: list[dict[str, Any]]) -> None:
     """The compute fit's figures belong together: fit once on each shape's median
     time over the rounds (not a median of each fitted figure); the same for z."""
     grids = [d["measurements"]["forward_alone"] for d in datas]

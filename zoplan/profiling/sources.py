@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from zoplan.execrules import threads_per_rank
 from zoplan.profiling.fits import SHARE_THRESHOLD
@@ -11,38 +10,29 @@ from zoplan.profiling.fits import SHARE_THRESHOLD
 KIB, MIB = 2**10, 2**20
 
 
-class MeasuredSettings(Protocol):
-    """What the notes read of the settings the samples were measured with
-    (zoexec.profiler.settings.Settings, as the samples record it)."""
+class SampleSettings(Protocol):
+    """What the profiler measured (zoexec.profiler.settings.Settings, as its samples
+    carry it: to_dict), the attributes the profile's assembly reads."""
 
-    @property
-    def ranks(self) -> int: ...
-    @property
-    def cores(self) -> int: ...
-    @property
-    def copy_bytes(self) -> int: ...
-    @property
-    def store_bytes(self) -> int: ...
-    @property
-    def gather_sizes(self) -> Sequence[int]: ...
-    @property
-    def zo_hidden(self) -> int: ...
-    @property
-    def reference_shape(self) -> Sequence[object]: ...   # (family, hidden, batch, seq)
-    @property
-    def z_hiddens(self) -> Sequence[int]: ...
-    @property
-    def z_gpu_blocks(self) -> Sequence[Sequence[int]]: ...   # (tensors, elements each)
-    @property
-    def speed_checks(self) -> Mapping[str, Mapping[str, int]]: ...
+    device: str
+    ranks: int
+    cores: int
+    copy_bytes: int
+    store_bytes: int
+    gather_sizes: list[int]
+    reference_shape: list[Any]            # (family, hidden, batch, seq)
+    z_hiddens: list[int]
+    zo_hidden: int
+    z_gpu_blocks: list[list[int]]         # (tensors, elements each)
+    speed_checks: dict[str, dict[str, Any]]
 
 
 def note(date: str, what: str) -> str:
     return f"[M] zoplan profile {date} {what}"
 
 
-def cpu_sources(settings: MeasuredSettings, *, threads: int, fit: Mapping[str, float],
-                date: str, num_forwards: int) -> dict[str, str]:
+def cpu_sources(settings: SampleSettings, *, threads: int, fit: dict[str, Any], date: str,
+                 num_forwards: int) -> dict[str, Any]:
     """The source note of each figure of a CPU profile."""
     c = note(date, "")
     k = settings.ranks
@@ -105,8 +95,8 @@ def cpu_sources(settings: MeasuredSettings, *, threads: int, fit: Mapping[str, f
 
 
 
-def cuda_sources(settings: MeasuredSettings, *, fit: Mapping[str, float], date: str,
-                 num_forwards: int, uplink_duplex: bool = False) -> dict[str, str]:
+def cuda_sources(settings: SampleSettings, *, fit: dict[str, Any], date: str, num_forwards: int,
+                 uplink_duplex: bool = False) -> dict[str, Any]:
     """The source note of each figure of a CUDA profile."""
     n = settings.ranks
     c = note(date, "")

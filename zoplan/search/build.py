@@ -12,11 +12,11 @@ from typing import Any
 from zoplan.io import sha256_json
 from zoplan.plan import PLAN_SCHEMA_VERSION, Plan, compact_ranks, tool_info
 from zoplan.pricing.collectives import internode_allreduce_s
+from zoplan.pricing.memory import RESIDENT_MARGIN, resident_margin_bytes
 from zoplan.pricing.stragglers import node_spread
 from zoplan.search.evaluate import UNSLICED_TOLERANCE, SearchResult
 from zoplan.search.space import Axes, Candidate, Pruned, Request, known
 from zoplan.sim.bounds import StepBounds
-from zoplan.sim.memory import RESIDENT_MARGIN, resident_margin_bytes
 from zoplan.sim.nodes import job_step_s, one_node_step_s, scaling_efficiency, sweep_counts
 from zoplan.trace import Span
 
@@ -51,7 +51,7 @@ def build_plan(result: SearchResult) -> Plan:
         "tool": tool_info(),
         "model": {"name": req.model.name, "spec": spec, "sha256": sha256_json(spec)},
         "profile": {"name": req.profile.name, "sha256": req.profile.sha256,
-                    "device_kind": req.profile.device["kind"],
+                    "device_kind": req.profile.device_kind,
                     "gpus_per_node": req.profile.gpus_per_node},
         "workload": win.workload.to_dict(),
         "layout": win.layout.to_dict(),

@@ -25,8 +25,8 @@ from typing import Any
 from zoplan.errors import ZoError
 from zoplan.estimators import DEFAULTS as ESTIMATOR_DEFAULTS
 from zoplan.layout import Layout, axes_label
-from zoplan.pricing.baselines import zo2_memory, zo2_step
-from zoplan.pricing.devicemem import NVML_LABELS
+from zoplan.pricing.baselines import zo2_step
+from zoplan.pricing.memory import NVML_LABELS, zo2_memory
 from zoplan.search.space import (
     Candidate,
     CandidateKey,

@@ -2,7 +2,7 @@
 
 `zoplan optimize --placement host` offloads every block (DistZO2's choice). With
 `auto` (the default) the search also prices each layout with as many resident blocks
-as its devices hold beside everything else (zoplan.sim.memory.resident_capacity, which
+as its devices hold beside everything else (zoplan.pricing.memory.resident_capacity, which
 keeps a safety margin). More resident blocks never cost time: a resident block does what
 an offloaded one does minus its PCIe traffic (its all-gather, update and forward are the
 same), so the most that fit is the one count worth pricing.

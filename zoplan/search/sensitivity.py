@@ -200,9 +200,10 @@ def sensitivity(result: SearchResult) -> dict[str, Any]:
     nominal = price(req, req.profile, win, runner, zo2=True, mezo=result.mezo)
     screen = price(req, req.profile, win, None, quick=True).winner   # the screening's nominal
     figures, fast, slow, small, big = [], {}, {}, {}, {}
+    data = req.profile.to_dict()   # the figures it moves (zoplan.hardware.DATA_READERS)
     values = {f"{s}.{k}": v for s in ("device", "host", "pcie", "fabric", "collective",
                                        "network", "compute")
-              for k, v in getattr(req.profile, s).items()}
+              for k, v in data[s].items()}
     origins = req.profile.origins
     for path in req.profile.assumed_figures():
         bounds = plausible_range(path, values[path])

@@ -32,13 +32,17 @@ from zoplan.lora import check_targets
 from zoplan.models import ModelSpec, get_model
 from zoplan.names import AUTO_TUNING
 from zoplan.pricing.baselines import BaselineStep
-from zoplan.pricing.devicemem import with_device_memory
+from zoplan.pricing.memory import (
+    MemoryEstimate,
+    estimate_memory,
+    resident_capacity,
+    with_device_memory,
+)
 from zoplan.pricing.stragglers import straggler_factor
 from zoplan.request import PlanRequest
 from zoplan.search.placement import resident_pattern
 from zoplan.sim.bounds import StepBounds, step_bounds
 from zoplan.sim.costs import StepCosts, step_costs
-from zoplan.sim.memory import MemoryEstimate, estimate_memory, resident_capacity
 from zoplan.sim.simulate import SimResult
 from zoplan.workload import Workload
 
@@ -341,8 +345,8 @@ def slices_reason(hw: HardwareProfile, local: int, slices: int) -> str | None:
     most = hw.max_slices(local)
     if slices > most:
         return (f"slices ({slices}) > {most}: only {most} GPUs share a fast fabric "
-                f"({hw.fabric['kind']}, profile {hw.name})")
-    if hw.fabric["kind"] in ("nvswitch", "bridge"):
+                f"({hw.fabric_kind}, profile {hw.name})")
+    if hw.fabric_kind in ("nvswitch", "bridge"):
         for first in range(0, local, slices):
             if set(range(first, first + slices)) - set(hw.fabric_group_of(first)):
                 return (f"slice group of ranks {first}..{first + slices - 1} crosses fabric "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 from zoplan.estimators import stream_examples
 from zoplan.execrules import chunk_bounds, fence_needed, sr_chunk, z_range_draws
@@ -28,7 +29,7 @@ from zoplan.pricing.compute import device_copy_s
 from zoplan.pricing.copies import staged
 from zoplan.pricing.host import host_issue, launch_s
 from zoplan.pricing.lora import lora_task_times
-from zoplan.pricing.overlap import Interference, interference, stream_factors
+from zoplan.pricing.overlap import Interference, interference, shared_gpu_times
 from zoplan.pricing.stragglers import rank_factors
 from zoplan.pricing.tasks import task_times
 from zoplan.pricing.units import GBPS
@@ -70,7 +71,7 @@ class StepCosts:
     read_only: bool = False          # LoRA: the base is never written back (no d2h, no fence)
     # the host lane (CUDA; {} on CPUs): host seconds to issue each task kind (the batch
     # before "embed"), and per local rank its slice update's (zoplan.pricing.host)
-    issue_s: dict = field(default_factory=dict)
+    issue_s: dict[str, Any] = field(default_factory=dict)
     allgather_slowdown_s: float = 0.0   # an all-gather beside the compute stream's work
     overlap: tuple[float, float, float] = (1.0, 1.0, 1.0)   # (compute, slice update, all-gather)
     staged: bool = False   # copies through pinned slots (pcie.pinned false): start with their issue
@@ -146,8 +147,8 @@ class StepCosts:
         if kind == "update" and resident:
             kind = "resident_update"
         if kind == "slice_update":
-            return self.issue_s["slice_update"][local_rank]
-        return self.issue_s.get(kind, 0.0)
+            return float(self.issue_s["slice_update"][local_rank])
+        return float(self.issue_s.get(kind, 0.0))
 
     def slice_group(self, local_rank: int) -> range:
         """Local ranks of the rank's slice group."""
@@ -186,7 +187,7 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
     flows = transfer_flows(profile, layout, block,
                            allgather_cap_Bps=allgather_busbw_gbps(profile, block) * GBPS)
     costs = StepCosts(
-        layout=layout, concurrent=bool(profile.device.get("concurrent_engines", True)),
+        layout=layout, concurrent=profile.concurrent_engines,
         num_blocks=model.num_layers, block_bytes=block, tokens_per_rank=tokens,
         streams=streams, **work, issue_s=issue,
         allreduce_s=(small_s + internode if layout.world_size > 1 else 0.0),  # zoexec skips a world of one
@@ -201,22 +202,23 @@ def step_costs(*, model: ModelSpec, profile: HardwareProfile, workload: Workload
 
 
 def shared_gpu(costs: StepCosts, k: Interference) -> StepCosts:
-    """`costs` with its block tasks slowed by the compute and collective streams
-    sharing the GPU (zoplan.pricing.overlap.stream_factors of one rank's work per
-    block on each stream; k: the profile's interference figures)."""
+    """`costs` with its block tasks as zoplan.pricing.overlap.shared_gpu_times prices
+    them while the compute and collective streams share the GPU (k: the profile's
+    interference figures); this gathers one rank's work per block on each stream."""
     if not costs.concurrent or not costs.num_blocks:
         return costs
-    comp, side, coll = stream_factors(compute_s=_compute_stream_s(costs),
-                                      slice_s=costs.slice_s(0),
-                                      other_s=_collective_other_s(costs), k=k)
-    if comp == side == coll == 1.0:
-        return costs
     gather = costs.allgather_alone_s(0) - costs.allgather_latency_s if costs.layout.slices > 1 else 0.0
+    shared = shared_gpu_times(
+        forward_s=costs.forward_s, update_s=costs.update_s,
+        resident_update_s=costs.resident_update_s, slice_update_s=costs.slice_update_s,
+        gather_s=gather, compute_stream_s=_compute_stream_s(costs),
+        slice_s=costs.slice_s(0), other_s=_collective_other_s(costs), k=k)
+    if shared is None:
+        return costs
     return dataclasses.replace(
-        costs, update_s=costs.update_s * comp, forward_s=costs.forward_s * comp,
-        resident_update_s=costs.resident_update_s * comp,
-        slice_update_s=tuple(s * side for s in costs.slice_update_s),
-        allgather_slowdown_s=gather * (coll - 1.0), overlap=(comp, side, coll))
+        costs, update_s=shared.update_s, forward_s=shared.forward_s,
+        resident_update_s=shared.resident_update_s, slice_update_s=shared.slice_update_s,
+        allgather_slowdown_s=shared.allgather_slowdown_s, overlap=shared.factors)
 
 
 def _compute_stream_s(costs: StepCosts) -> float:
@@ -236,7 +238,7 @@ def _collective_other_s(costs: StepCosts) -> float:
 @functools.lru_cache(maxsize=1024)
 def _task_work(model: ModelSpec, profile: HardwareProfile, workload: Workload,
                tokens: int | float, streams: int, local_ranks: int, schedule: str,
-               here: int = 1) -> dict:
+               here: int = 1) -> dict[str, Any]:
     """The task times of zoplan.pricing (cached: a search asks for the same ones for
     every prefetch depth, slice group and placement; callers copy before changing)."""
     if workload.frozen_base:
@@ -246,7 +248,7 @@ def _task_work(model: ModelSpec, profile: HardwareProfile, workload: Workload,
                       streams=streams, local_ranks=local_ranks, schedule=schedule, here=here)
 
 
-def _read_only(work: dict) -> dict:
+def _read_only(work: dict[str, Any]) -> dict[str, Any]:
     """LoRA (the base never changes): a resident block's update is the adapters' alone,
     no slice of the base is copied back into its shard."""
     issue = dict(work["issue_parts"], resident_copy=0.0)
@@ -254,23 +256,24 @@ def _read_only(work: dict) -> dict:
     return {"resident_update_s": work["update_s"], "issue_parts": issue}
 
 
-def _placement_work(*, model, profile, workload, layout, parts, resident, period,
-                    update_s) -> dict:
+def _placement_work(*, model: ModelSpec, profile: HardwareProfile, workload: Workload,
+                    layout: Layout, parts: dict[str, Any] | None, resident: tuple[bool, ...],
+                    period: int | None, update_s: float) -> dict[str, Any]:
     """The tasks that placement and slice_update change: the update task of offloaded
     and resident blocks, the slice update per local rank, and the pattern (GPU parts
     are Work: device and host seconds; "issue" keeps the host's)."""
     resident = tuple(bool(r) for r in resident) if any(resident) else ()
     if resident and len(resident) != model.num_layers:
         raise ValueError(f"resident has {len(resident)} entries for {model.num_layers} blocks")
-    out = {"resident": resident,
+    out: dict[str, Any] = {"resident": resident,
            "period": (placement_period(resident) if period is None else period)
            if resident else 1}
     split = layout.slice_update and layout.slices > 1 and parts is not None
-    issue: dict = {}
-    if split:
+    issue: dict[str, Any] = {}
+    if split and parts is not None:
         out["update_s"], issue["update"] = _device_host(parts["perturb"])
         one = [_device_host(parts["deferred"](*draws)) for draws in
-               _slice_draws(model, layout.slices, layout.local_ranks, profile.device["kind"])]
+               _slice_draws(model, layout.slices, layout.local_ranks, profile.device_kind)]
         mine = [one[lr % layout.slices] for lr in range(layout.local_ranks)]
         out["slice_update_s"] = tuple(d for d, _ in mine)
         issue["slice_update"] = tuple(h for _, h in mine)
@@ -287,13 +290,14 @@ def _placement_work(*, model, profile, workload, layout, parts, resident, period
     return out
 
 
-def _device_host(work) -> tuple[float, float]:
+def _device_host(work: Work | float) -> tuple[float, float]:
     """(device, host) seconds of a part: a GPU part is a Work, a CPU part one float."""
     return (work.device_s, work.host_s) if isinstance(work, Work) else (work, 0.0)
 
 
 @functools.lru_cache(maxsize=256)
-def _slice_draws(model: ModelSpec, slices: int, local_ranks: int, device_kind: str) -> tuple:
+def _slice_draws(model: ModelSpec, slices: int, local_ranks: int, device_kind: str
+                 ) -> tuple[tuple[list[int], list[int], list[int]], ...]:
     """Per slice: (z draw sizes, tensor pieces, rounding noise draw sizes) of its update
     (the same for every layout of these slices and local ranks: cached for the search)."""
     layout = Layout(pertp=1, ddp=local_ranks, slices=slices)

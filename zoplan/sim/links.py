@@ -69,7 +69,7 @@ def _node_links(profile: HardwareProfile, local_ranks: int) -> tuple[tuple[str, 
             links[f"{NVLINK}/out{lr}"] = links[f"{NVLINK}/in{lr}"] = caps[NVLINK]
     if SOCKET_H2D in caps:
         links[SOCKET_H2D], links[SOCKET_D2H] = caps[SOCKET_H2D], caps[SOCKET_D2H]
-    for g, group in enumerate(profile.pcie.get("switch_groups") or []):
+    for g, group in enumerate(profile.switch_groups):
         if any(r < local_ranks for r in group):
             links[f"{UPLINK_H2D}/{g}"] = caps[UPLINK_H2D]
             links[f"{UPLINK_D2H}/{g}"] = caps[UPLINK_D2H]
@@ -100,7 +100,7 @@ def _contended(profile: HardwareProfile, links_items: tuple[tuple[str, float], .
 
 
 def _switch_index(profile: HardwareProfile, local_rank: int) -> int | None:
-    for g, group in enumerate(profile.pcie.get("switch_groups") or []):
+    for g, group in enumerate(profile.switch_groups):
         if local_rank in group:
             return g
     return None
@@ -151,7 +151,7 @@ def _allgather_flows(profile: HardwareProfile, local_rank: int, slices: int,
     if slices == 1:
         return ()
     num_bytes = block * (slices - 1) / slices
-    kind = profile.fabric["kind"]
+    kind = profile.fabric_kind
     if kind in ("nvswitch", "bridge"):
         route = (f"{NVLINK}/out{local_rank}", f"{NVLINK}/in{local_rank}")
         return (Flow(num_bytes=num_bytes, route=route, cap_Bps=cap),)

@@ -28,7 +28,7 @@ def distzo2_configs(*, model: str, gpus: int, profile: str, batch: int, seq: int
     ddp = gpus // pertp
     if batch % ddp:
         raise ZoError(f"--batch {batch} is not divisible by ddp ({ddp} = gpus / pertp)")
-    if pageable and "pageable_h2d_gbps" not in prof.pcie:
+    if pageable and "pageable_h2d_gbps" not in prof.to_dict()["pcie"]:
         raise ZoError(f"--pageable: profile {prof.name} has no pcie.pageable_h2d_gbps and "
                       "pageable_d2h_gbps")
     return both_configs(spec, prof, batch=batch, seq=seq, pertp=pertp, ddp=ddp,

@@ -51,8 +51,9 @@ def render_profiles(console: Console) -> None:
 
 
 def _profile_row(profile: HardwareProfile) -> tuple[str, ...]:
-    device, fabric = profile.device, profile.fabric
+    data = profile.to_dict()   # the file's figures, shown (zoplan.hardware.DATA_READERS)
+    device, fabric = data["device"], data["fabric"]
     return (profile.name, str(device.get("model") or device["kind"]),
             str(profile.gpus_per_node), f"{device['memory_gib']:.0f}",
-            f"{profile.pcie['h2d_gbps']:g}", f"{fabric['kind']} {fabric['p2p_gbps']:g}",
-            f"{profile.host['memory_gib']:.0f}")
+            f"{data['pcie']['h2d_gbps']:g}", f"{fabric['kind']} {fabric['p2p_gbps']:g}",
+            f"{data['host']['memory_gib']:.0f}")

@@ -55,16 +55,16 @@ def render_summary(profile: HardwareProfile, path: Path, console: Console) -> No
     table = Table(title=f"{profile.name}: measured figures", show_lines=False)
     for col in ("figure", "value", "how it was measured (see sources)"):
         table.add_column(col, no_wrap=col == "figure")
-    rows = [(f"{section}.{key}", getattr(profile, section)[key])
-            for section, keys in SUMMARY_FIGURES for key in keys
-            if key in getattr(profile, section)]
+    data = profile.to_dict()   # the file's figures, shown (zoplan.hardware.DATA_READERS)
+    rows = [(f"{section}.{key}", data[section][key])
+            for section, keys in SUMMARY_FIGURES for key in keys if key in data[section]]
     for key, value in rows:
         how = re.sub(r"^\[M\] zoplan profile \S+ ", "", profile.sources.get(key, ""))
         table.add_row(key, f"{value:g}", how)
-    busbw = ", ".join(f"{int(b) // KIB} KiB: {bw:g}" for b, bw in profile.collective["allgather_busbw"])
+    busbw = ", ".join(f"{int(b) // KIB} KiB: {bw:g}" for b, bw in data["collective"]["allgather_busbw"])
     console.print(table)
     console.print(f"all-gather bus bandwidth (GB/s): {busbw}", highlight=False)
-    line = (profile.extra.get("provenance") or {}).get("disturbance")
+    line = (profile.extra().get("provenance") or {}).get("disturbance")
     if line:
         console.print(f"measured in {escape(line)}", highlight=False)
     console.print(f"wrote {path}", highlight=False)
