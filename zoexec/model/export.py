@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -42,7 +43,8 @@ MAX_SHARD_BYTES = 5 * 10**9        # --max-shard-size default: 5GB (decimal, as 
 
 
 def export_weights(parts, block_flats, folder: Path, *, resident=None,
-                   extra_files: Path | None = None, state: dict | None = None,
+                   extra_files: Path | None = None,
+                   state: dict | Callable[[Path], dict] | None = None,
                    max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write `folder` atomically as save_pretrained would (see the module docstring), in
     the stored precision (the blocks' dtype); `extra_files`: the model folder the run

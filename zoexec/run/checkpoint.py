@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from zoexec.maths.history import StepRecord
 from zoexec.run.verify import history_digest
@@ -29,7 +31,7 @@ _STRICT_JSON = json.JSONEncoder(allow_nan=False)   # one encoder (zoexec.run.rep
 _MODES = {"w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND}
 
 
-def open_own(path: Path, mode: str):
+def open_own(path: Path, mode: str) -> IO[str]:
     """A run folder's text file opened for writing ("w" or "a") without following a
     symbolic link (ELOOP: an OSError, never a write where the link points)."""
     return os.fdopen(os.open(path, _MODES[mode] | os.O_NOFOLLOW, 0o666), mode)
@@ -53,7 +55,7 @@ class LossLog:
             self._handle = open_own(self.path, "a")
         self._histories = {start_step - 1: history}   # the last two steps' digests
 
-    def _writing(self):
+    def _writing(self) -> AbstractContextManager[None]:
         """A refused write (a full disk): one line naming the log (zoexec.run.writes)."""
         return writing(self.path, what="the log", folder=self.path.parent)
 
@@ -129,7 +131,7 @@ def read_log(path: Path) -> list[StepRecord]:
     return list(read_log_checked(path).records)
 
 
-def read_losses(path: Path) -> list[dict]:
+def read_losses(path: Path) -> list[dict[str, object]]:
     path = Path(path)
     if not path.is_file():
         raise ZoError(f"loss log {path} does not exist")

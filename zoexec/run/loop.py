@@ -28,24 +28,26 @@ from pathlib import Path
 
 import torch
 
+from zoexec.config import RunConfig
 from zoexec.maths.history import StepHistory, StepRecord
-from zoexec.model.export import export_weights
 from zoexec.model.saved import folder_checksums
 from zoexec.run.agree import check_nodes
 from zoexec.run.checkpoint import LossLog
+from zoexec.run.evaluate import Evaluator
 from zoexec.run.folder import FINAL, RunDir
 from zoexec.run.report import Reporter
 from zoexec.run.verify import binding
 from zoexec.run.watch import BEST, BestMetric, Divergence
 from zoexec.run.writes import write_failed
+from zoexec.runtime.groups import DistEnv
 from zoexec.runtime.procwatch import StopRequest
 from zoexec.store.loading import fill_timeout_s
 from zoexec.store.node import monitored_barrier
-from zoexec.train.engine import Trainer
+from zoexec.train.engine import SavedState, Trainer
 from zoplan.errors import ZoError
 
 MAX_SKIPS = 10
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}   # SIGHUP: as SIGTERM
+EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}   # SIGHUP: as SIGTERM
 
 
 class RunStopped(Exception):
@@ -64,19 +66,20 @@ class TrainLoop:
     """Drive a Trainer from cfg.start_step to cfg.optim.steps (see the module docstring)."""
 
     def __init__(self, trainer: Trainer, rundir: RunDir | None, reporter: Reporter,
-                 evaluator=None, *, stop: StopRequest | None = None) -> None:
+                 evaluator: Evaluator | None = None, *,
+                 stop: StopRequest | None = None) -> None:
         self.trainer, self.rundir, self.reporter = trainer, rundir, reporter
         self.evaluator = evaluator   # zoexec.run.evaluate.Evaluator: --eval-data
         self.stop = stop             # the rank's stop signals (rank_main installs them)
         self.cfg, self.env = trainer.cfg, trainer.env
         self.log = (LossLog(rundir.path, keep_bytes=self.cfg.log_bytes, start_step=self.cfg.start_step,
-                            history=self.cfg.history or rundir.run_digest)
+                            history=self.cfg.history or _run_digest(rundir))
                     if rundir and self.env.rank == 0 else None)
         self.last_save_s = time.monotonic()
         self.skips = 0
         self.divergence = Divergence(self.cfg.optim.divergence_window)
         best, out = self.cfg.checkpoint.best, self.cfg.checkpoint.out
-        self.best = best and BestMetric(*best, Path(out) if self.cfg.resumed else None)
+        self.best = best and BestMetric(*best, Path(out) if self.cfg.resumed and out else None)
 
     @property
     def records(self) -> StepHistory:
@@ -121,7 +124,8 @@ class TrainLoop:
         """Passes over the data after `step`, when the data source can tell
         (`epoch_of(step)`), for the metrics."""
         epoch_of = getattr(self.trainer.source, "epoch_of", None)
-        return epoch_of(step) if callable(epoch_of) else None
+        epoch: float | None = epoch_of(step) if callable(epoch_of) else None
+        return epoch
 
     def _flags(self) -> tuple[float, float]:
         """This rank's (stop, snapshot) requests for the step's all-reduce."""
@@ -177,6 +181,7 @@ class TrainLoop:
 
     def _evaluate(self, step: int) -> None:
         """Evaluate after `step`; with --save-best, a better evaluation's weights as best/."""
+        assert self.evaluator is not None, "evaluated without --eval-data"
         metrics = self.evaluator.run(self.trainer)
         if self.best and self.best.improved(metrics):   # the same on every rank
             folder = self.rundir.path / BEST if self.rundir else None   # rank 0 writes
@@ -243,7 +248,7 @@ class TrainLoop:
             if self.env.rank == 0:
                 self.rundir.prune(self.cfg.checkpoint.keep)
 
-    def _write_weights(self, path: Path | None, step: int, **state) -> None:
+    def _write_weights(self, path: Path | None, step: int, **state: object) -> None:
         """Rank 0 writes the weights after `step` to `path` (the adapters or prefixes
         alone in a LoRA or prefix run); state.json records what ties them to the run
         (zoexec.run.verify.binding), `state` and the checksums of every file."""
@@ -251,7 +256,8 @@ class TrainLoop:
         if not self.cfg.workload.frozen_base:
             trainer.store_shards()   # resident blocks: node 0's first slice group into the store
         if self.env.rank == 0 and path is not None:
-            state = {**binding(run_digest=self.rundir.run_digest, step=step,
+            assert self.rundir is not None and self.log is not None, "rank 0 saves to its folder"
+            state = {**binding(run_digest=_run_digest(self.rundir), step=step,
                                history=self.log.history(step)),
                      "seed": self.cfg.optim.seed, **self._kind(), **state}
             try:
@@ -262,7 +268,7 @@ class TrainLoop:
                           timeout_s=fill_timeout_s(0 if self.cfg.workload.frozen_base else store.nbytes,
                                                    base_s=self.env.timeout_s))
 
-    def _kind(self) -> dict:
+    def _kind(self) -> dict[str, object]:
         """What state.json says of the weights: the update mode, or the LoRA (prefix)
         settings and the base they adapt (its path and fingerprint; None: random
         weights), which `zoexec export --merge` checks."""
@@ -275,17 +281,10 @@ class TrainLoop:
         return {"tuning": "lora", "base": base,
                 "lora": {"r": wl.lora_r, "alpha": wl.lora_alpha, "targets": list(wl.lora_targets)}}
 
-    def _export(self, path: Path, state) -> None:
-        """The weights as an HF folder (full) or a PEFT adapter folder (LoRA, prefix)."""
-        trainer = self.trainer
-        if self.cfg.workload.frozen_base:
-            trainer.save(path, state=state)
-            return
-        store = trainer.store
-        export_weights(trainer.parts, [store.weights(b) for b in range(store.num_blocks)],
-                       path, resident=trainer.clean_resident_cpu(),
-                       extra_files=Path(self.cfg.source_dir) if self.cfg.source_dir else None,
-                       state=state, max_shard_bytes=self.cfg.checkpoint.max_shard_bytes)
+    def _export(self, path: Path, state: SavedState) -> None:
+        """The weights as an HF folder (full) or a PEFT adapter folder (LoRA, prefix):
+        Trainer.save."""
+        self.trainer.save(path, state=state)
 
 
 def _write_failed(path: Path, exc: OSError) -> str:
@@ -293,7 +292,14 @@ def _write_failed(path: Path, exc: OSError) -> str:
     return write_failed(path, exc, what="the weights to", tail=" (the last snapshot before it is kept)")
 
 
-def prepare_rundir(cfg, env, plan_sha256: str, *, z: dict) -> RunDir | None:
+def _run_digest(rundir: RunDir) -> str:
+    """The run's digest (run.json's "run_digest": rank 0 wrote or read it before the log)."""
+    assert rundir.run_digest is not None, "run.json not written yet"
+    return rundir.run_digest
+
+
+def prepare_rundir(cfg: RunConfig, env: DistEnv, plan_sha256: str, *,
+                   z: dict[str, object]) -> RunDir | None:
     """Rank 0 owns the run folder (the lock) and writes its identity: a new run's, with
     what decides z (`z`), or a resumed run's as the builder updated it (an extension,
     a moved input); the other ranks get None. A ZoError (the folder in use) before

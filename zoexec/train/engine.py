@@ -82,7 +82,9 @@ deferred updates and perturbation (zoexec.train.updates.ZoUpdates).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -93,7 +95,8 @@ from zoexec.data.batch import Batch
 from zoexec.maths.history import StepRecord, Update
 from zoexec.maths.zo import RESIDENT_BLOCK, projected_grad, step_seed
 from zoexec.model import heads
-from zoexec.model.families import bind_block, bind_resident, resident_flat
+from zoexec.model.export import export_weights
+from zoexec.model.families import ModelParts, bind_block, bind_resident, resident_flat
 from zoexec.model.precision import LostUpdates
 from zoexec.runtime import groups as zgroups
 from zoexec.runtime.errors import failing
@@ -102,6 +105,7 @@ from zoexec.store.fence import ReadFlags
 from zoexec.store.node import store_staging
 from zoexec.train.blocks import BlockPipeline, _wait
 from zoexec.train.speed import SpeedMonitor
+from zoexec.train.state import BatchSource, Lanes
 from zoexec.train.streams import SIGNS, StreamEnds, rank_streams
 from zoexec.train.updates import ZoUpdates
 from zoexec.train.zokernel import zo_kernel_of, zo_pass_fn
@@ -110,6 +114,12 @@ from zoplan.execrules import fence_needed, z_chunk
 from zoplan.plan import Plan
 
 Pending = Update   # a deferred update: step, seed, projected gradient(s), learning rate
+# An evaluation's figures per row from the hidden states leaving the last block
+# (zoexec.model.heads.row_scores, zoexec.train.generate.next_tokens)
+RowHead = Callable[[ModelParts, torch.Tensor, Batch], torch.Tensor]
+# state.json of saved weights as a function of the folder written so far (the
+# checksums of its files: zoexec.run.loop)
+SavedState = Callable[[Path], dict[str, object]]
 
 
 # ---- the training loop ---------------------------------------------------------------------
@@ -120,10 +130,10 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
 
     cfg: RunConfig
     env: zgroups.DistEnv
-    parts: object
+    parts: ModelParts
     store: BlockStore
-    source: object
-    lanes: object
+    source: BatchSource | None          # None: evaluation only (no step)
+    lanes: Lanes
     pending: tuple[Pending, ...] = ()   # deferred updates, applied in order at the next pass
     flags: ReadFlags | None = None      # CPU write-back fence (share_read_flags)
     passes: int = 0                     # block passes so far: the fence's stamp
@@ -209,7 +219,7 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
 
     # ---- steps -----------------------------------------------------------------------
     def step(self, step: int, *, lr: float,
-             flags: tuple[float, float] = (0.0, 0.0)) -> tuple[StepRecord, tuple]:
+             flags: tuple[float, float] = (0.0, 0.0)) -> tuple[StepRecord, tuple[float, ...]]:
         """One training step: (its record, the world's sum of every rank's `flags`,
         exchanged in the loss all-reduce: zoexec.run.loop's stop and snapshot requests).
         The step's update becomes pending only when the loop says so (set_pending)."""
@@ -253,7 +263,7 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
         update = record.update
         self.pending = (update,) if update else ()
 
-    def replay(self, updates) -> None:
+    def replay(self, updates: Iterable[Update]) -> None:
         """Apply logged updates (zoexec.maths.history.Update, in step order) in one pass
         over the blocks: each block gets them in the order the run applied them. Whole
         blocks, also with the update on the slice (sparse's thresholds need a whole
@@ -281,7 +291,7 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
             zgroups.host_barrier(self.env)
 
     # ---- evaluation --------------------------------------------------------------------
-    def evaluate(self, batch: Batch, *, head=None) -> torch.Tensor:
+    def evaluate(self, batch: Batch, *, head: RowHead | None = None) -> torch.Tensor:
         """Per row of this rank's `batch` (zoexec.model.heads.row_scores, float64, on
         the CPU): [summed next-token CE over its labelled positions, their count], or
         with single-token candidates each candidate's log-probability at the row's
@@ -305,6 +315,17 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
     # ---- results -----------------------------------------------------------------------
     def clean_resident_cpu(self) -> torch.Tensor:
         return self.theta_r.to("cpu")
+
+    def save(self, folder: Path, *, state: SavedState) -> None:
+        """Rank 0, after `store_shards`: the weights as an HF folder in the stored
+        precision (zoexec.model.export.export_weights), with the tokenizer and
+        generation config of the folder the run started from; `state`: state.json
+        (zoexec.train.lora: the adapters alone)."""
+        cfg, store = self.cfg, self.store
+        export_weights(self.parts, [store.weights(b) for b in range(store.num_blocks)],
+                       folder, resident=self.clean_resident_cpu(),
+                       extra_files=Path(cfg.source_dir) if cfg.source_dir else None,
+                       state=state, max_shard_bytes=cfg.checkpoint.max_shard_bytes)
 
     def store_shards(self) -> None:
         """Before saving (collective on the node): the ranks of the node's first slice
