@@ -73,13 +73,13 @@ class TrainLoop:
         self.stop = stop             # the rank's stop signals (rank_main installs them)
         self.cfg, self.env = trainer.cfg, trainer.env
         self.log = (LossLog(rundir.path, keep_bytes=self.cfg.log_bytes, start_step=self.cfg.start_step,
-                            history=self.cfg.history or _run_digest(rundir))
+                            history=self.cfg.history or rundir.run_digest)
                     if rundir and self.env.rank == 0 else None)
         self.last_save_s = time.monotonic()
         self.skips = 0
         self.divergence = Divergence(self.cfg.optim.divergence_window)
         best, out = self.cfg.checkpoint.best, self.cfg.checkpoint.out
-        self.best = best and BestMetric(*best, Path(out) if self.cfg.resumed and out else None)
+        self.best = best and BestMetric(*best, Path(out) if self.cfg.resumed and out is not None else None)
 
     @property
     def records(self) -> StepHistory:
@@ -257,7 +257,7 @@ class TrainLoop:
             trainer.store_shards()   # resident blocks: node 0's first slice group into the store
         if self.env.rank == 0 and path is not None:
             assert self.rundir is not None and self.log is not None, "rank 0 saves to its folder"
-            state = {**binding(run_digest=_run_digest(self.rundir), step=step,
+            state = {**binding(run_digest=self.rundir.run_digest, step=step,
                                history=self.log.history(step)),
                      "seed": self.cfg.optim.seed, **self._kind(), **state}
             try:
@@ -290,12 +290,6 @@ class TrainLoop:
 def _write_failed(path: Path, exc: OSError) -> str:
     """A failed save in one line: the folder, why, and the free space where it was."""
     return write_failed(path, exc, what="the weights to", tail=" (the last snapshot before it is kept)")
-
-
-def _run_digest(rundir: RunDir) -> str:
-    """The run's digest (run.json's "run_digest": rank 0 wrote or read it before the log)."""
-    assert rundir.run_digest is not None, "run.json not written yet"
-    return rundir.run_digest
 
 
 def prepare_rundir(cfg: RunConfig, env: DistEnv, plan_sha256: str, *,

@@ -117,13 +117,13 @@ class ZoUpdates(TrainerState):
                  work: torch.Tensor | None = None, start: int = 0) -> None:
         """One counter pass over `theta` (the block's range from `start`): `terms`, then
         `stream`'s perturbation of the step in progress into `work`."""
-        assert self.zk is not None, "the torch path draws z into buffers"
         perturb = None
         if stream is not None:
             assert work is not None, "a perturbation is written into `work`"
             perturb = Perturb(seed=direction_seed(self._step_now()[1], stream.direction),
                               scale=f32(stream.sign * self.cfg.optim.eps), out=work)
         if terms or perturb is not None:
+            assert self.zk is not None, "the torch path draws z into buffers"
             self.zk(theta, specs=specs, block=block, terms=terms, perturb=perturb, start=start,
                     kind=self.zk_kind)
 
