@@ -30,6 +30,7 @@ import torch
 
 from zoexec.config import RunConfig
 from zoexec.maths.history import StepHistory, StepRecord
+from zoexec.model.export import export_weights
 from zoexec.model.saved import folder_checksums
 from zoexec.run.agree import check_nodes
 from zoexec.run.checkpoint import LossLog
@@ -44,6 +45,7 @@ from zoexec.runtime.procwatch import StopRequest
 from zoexec.store.loading import fill_timeout_s
 from zoexec.store.node import monitored_barrier
 from zoexec.train.engine import SavedState, Trainer
+from zoexec.train.lora import FrozenBaseTrainer
 from zoplan.errors import ZoError
 
 MAX_SKIPS = 10
@@ -282,9 +284,16 @@ class TrainLoop:
                 "lora": {"r": wl.lora_r, "alpha": wl.lora_alpha, "targets": list(wl.lora_targets)}}
 
     def _export(self, path: Path, state: SavedState) -> None:
-        """The weights as an HF folder (full) or a PEFT adapter folder (LoRA, prefix):
-        Trainer.save."""
-        self.trainer.save(path, state=state)
+        """The weights as an HF folder (full) or a PEFT adapter folder (LoRA, prefix)."""
+        trainer = self.trainer
+        if isinstance(trainer, FrozenBaseTrainer):   # the workload's frozen_base
+            trainer.save(path, state=state)
+            return
+        store = trainer.store
+        export_weights(trainer.parts, [store.weights(b) for b in range(store.num_blocks)],
+                       path, resident=trainer.clean_resident_cpu(),
+                       extra_files=Path(self.cfg.source_dir) if self.cfg.source_dir else None,
+                       state=state, max_shard_bytes=self.cfg.checkpoint.max_shard_bytes)
 
 
 def _write_failed(path: Path, exc: OSError) -> str:

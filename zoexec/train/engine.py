@@ -95,7 +95,6 @@ from zoexec.data.batch import Batch
 from zoexec.maths.history import StepRecord, Update
 from zoexec.maths.zo import RESIDENT_BLOCK, projected_grad, step_seed
 from zoexec.model import heads
-from zoexec.model.export import export_weights
 from zoexec.model.families import ModelParts, bind_block, bind_resident, resident_flat
 from zoexec.model.precision import LostUpdates
 from zoexec.runtime import groups as zgroups
@@ -118,7 +117,7 @@ Pending = Update   # a deferred update: step, seed, projected gradient(s), learn
 # (zoexec.model.heads.row_scores, zoexec.train.generate.next_tokens)
 RowHead = Callable[[ModelParts, torch.Tensor, Batch], torch.Tensor]
 # state.json of saved weights as a function of the folder written so far (the
-# checksums of its files: zoexec.run.loop)
+# checksums of its files: zoexec.run.loop; the frozen-base trainers' `save`)
 SavedState = Callable[[Path], dict[str, object]]
 
 
@@ -315,17 +314,6 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
     # ---- results -----------------------------------------------------------------------
     def clean_resident_cpu(self) -> torch.Tensor:
         return self.theta_r.to("cpu")
-
-    def save(self, folder: Path, *, state: SavedState) -> None:
-        """Rank 0, after `store_shards`: the weights as an HF folder in the stored
-        precision (zoexec.model.export.export_weights), with the tokenizer and
-        generation config of the folder the run started from; `state`: state.json
-        (zoexec.train.lora: the adapters alone)."""
-        cfg, store = self.cfg, self.store
-        export_weights(self.parts, [store.weights(b) for b in range(store.num_blocks)],
-                       folder, resident=self.clean_resident_cpu(),
-                       extra_files=Path(cfg.source_dir) if cfg.source_dir else None,
-                       state=state, max_shard_bytes=cfg.checkpoint.max_shard_bytes)
 
     def store_shards(self) -> None:
         """Before saving (collective on the node): the ranks of the node's first slice

@@ -250,6 +250,12 @@ class FrozenBaseTrainer(Trainer, Generic[SpecT]):
     def store_shards(self) -> None:
         """Nothing: the base is never changed, the store already holds it."""
 
+    def save(self, folder: Path, *, state: SavedState) -> None:
+        """Rank 0: the trained tensors as a PEFT folder with the base's tokenizer; `state`:
+        state.json as a function of the folder written so far (the tokenizer's files
+        among its checksums)."""
+        raise NotImplementedError
+
     def base_name(self) -> str:
         """What a saved folder names as its base: the model folder's absolute path
         (`zoexec eval FOLDER` finds it from anywhere), or the plan's model."""
