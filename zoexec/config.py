@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypedDict
 
 from zoexec.data.presets import with_preset
 from zoexec.data.section import TaskOptions, task_options
@@ -44,6 +44,7 @@ from zoexec.fields import (  # noqa: F401 - FieldError, parse_* and the checks a
     positive_finite,
     within,
 )
+from zoexec.maths.history import Update
 from zoexec.maths.schedule import lr_from
 from zoexec.planned import EstimatorOptions, TuningOptions
 from zoplan.errors import ZoError
@@ -52,6 +53,21 @@ from zoplan.layout import Layout
 from zoplan.models import ModelSpec
 from zoplan.plan import Plan
 from zoplan.workload import Workload
+
+# The module's names, those it passes on included: the option declaration's tools and
+# the sections declared elsewhere, which the CLI and the tests read through it
+__all__ = [
+    "KEPT", "MAX_SEED", "MAX_THREADS", "RUN_KEPT", "SECTIONS", "SETTINGS", "TASK_FIELDS",
+    "CheckpointOptions", "EstimatorOptions", "EvalOptions", "Extension", "FieldError", "Json",
+    "LoggingOptions", "ModelOptions", "OptimOptions", "RunConfig", "RuntimeOptions", "Section",
+    "TaskOptions", "TuningOptions", "Values", "check_given", "check_value", "choices_of", "env_defaults", "field_named",
+    "flag_of", "kept", "option_error", "option_fields", "parse_best", "section_of",
+]
+
+# Flat option values by field name, as given or recorded: each value of its field's type
+# (zoexec.flags parses them; the sections' fields check them)
+Values = dict[str, Any]
+Json = dict[str, Any]   # a JSON object read back (a plan, run.json and its parts)
 
 MAX_THREADS = 1024   # --threads: far past any node's cores; OpenMP fails creating ~30,000
 
@@ -296,7 +312,7 @@ SETTINGS = (*kept("setting"), "init", "task")
 KEPT = kept("default")        # ... the checkpoint options a resume keeps unless given
 TASK_FIELDS = task_options()  # ... the options recorded in the task
 RUN_KEPT = kept("run")        # ... and the others (evaluation, reporting): kept unless given
-def check_given(values: dict) -> None:
+def check_given(values: Values) -> None:
     """Each option's own check on its own (no check across fields): the builder runs it
     before it touches the run folder."""
     for section in (*SECTIONS.values(), EvalOptions):
@@ -306,7 +322,7 @@ def check_given(values: dict) -> None:
                 check_value(f, hints[f.name], values[f.name])
 
 
-def field_named(name: str):
+def field_named(name: str) -> Field[Any] | None:
     """The option field `name` (any section), None if none is."""
     for section in (*SECTIONS.values(), EvalOptions):
         for f in option_fields(section):
@@ -325,11 +341,20 @@ def option_error(exc: FieldError) -> str:
 
 
 # ---- the run's configuration ----------------------------------------------------------------
+class Extension(TypedDict):
+    """run.json's record of a resume that changed --steps (zoexec.run.folder.extend)."""
+
+    at_step: int
+    from_steps: int
+    to_steps: int
+    new_schedule: bool
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """The options (by section) and what the builder derived; picklable."""
 
-    plan: dict
+    plan: Json
     model: ModelOptions = field(default_factory=ModelOptions)
     task: TaskOptions = field(default_factory=TaskOptions)
     optim: OptimOptions = field(default_factory=OptimOptions)
@@ -345,12 +370,12 @@ class RunConfig:
     run_id: str = "run"
     load_from: str | None = None
     start_step: int = 0
-    replay: tuple = ()
+    replay: tuple[Update, ...] = ()
     resumed: bool = False
-    inputs: dict | None = None     # run.json's inputs: absolute paths and fingerprints
-    schedule: tuple = ()           # run.json's lr schedule segments ((start, total), ...)
-    extensions: tuple = ()         # run.json's record of --steps changes on resumes
-    identity: dict | None = None   # a resume: run.json as rank 0 rewrites it (unsealed)
+    inputs: Json | None = None     # run.json's inputs: absolute paths and fingerprints
+    schedule: tuple[tuple[int, int], ...] = ()   # run.json's lr schedule segments ((start, total), ...)
+    extensions: tuple[Extension, ...] = ()   # run.json's record of --steps changes on resumes
+    identity: Json | None = None   # a resume: run.json as rank 0 rewrites it (unsealed)
     log_bytes: int | None = None   # a resume: the log's whole lines (a torn one after: cut)
     history: str | None = None     # a resume: the digest of the logged history (saved weights record it)
     notes: tuple[str, ...] = ()    # lines for the terminal once the checks passed
@@ -371,14 +396,14 @@ class RunConfig:
             self.zo.check_plan(self.workload)
 
     @classmethod
-    def make(cls, *, plan: dict, **values) -> RunConfig:
+    def make(cls, *, plan: Json, **values: Any) -> RunConfig:
         """A RunConfig from flat names (the builder, tests, benchmarks): each option goes
         to its section, the rest to the bookkeeping fields."""
         parts, rest = _by_section(with_preset(values))
         return cls(plan=plan, **{name: SECTIONS[name](**kw) for name, kw in parts.items()},
                    **rest)
 
-    def replaced(self, **values) -> RunConfig:
+    def replaced(self, **values: Any) -> RunConfig:
         """This config with the named fields (flat names, as `make`) changed."""
         parts, rest = _by_section(values)
         return dataclasses.replace(self, **rest, **{
@@ -395,14 +420,14 @@ class RunConfig:
         return lr_from(step, start=self.schedule_start, lr=o.lr, schedule=o.lr_schedule,
                        warmup=o.warmup_steps, total=o.steps)
 
-    def settings(self) -> dict:
+    def settings(self) -> Values:
         """The settings run.json records and a resume keeps (SETTINGS): the options kept
         as settings, the weights the run started from, the task."""
         out = {name: getattr(getattr(self, str(section_of(name))), name)
                for name in kept("setting")}
         return {**out, "init": self.model.start, "task": self.task.record()}
 
-    def run_options(self) -> dict:
+    def run_options(self) -> Values:
         """The run's other options run.json records (RUN_KEPT): evaluation, reporting, ..."""
         out = {name: getattr(getattr(self, str(section_of(name))), name) for name in RUN_KEPT}
         return {**out, "eval_data": out["eval_data"] and str(Path(out["eval_data"]).resolve())}
@@ -449,10 +474,10 @@ class RunConfig:
         return Plan(self.plan).model
 
 
-def env_defaults(given: dict, *, keep: tuple[str, ...] | None = None) -> dict:
+def env_defaults(given: Values, *, keep: tuple[str, ...] | None = None) -> Values:
     """The runtime options (those in `keep`) not given whose environment variable is
     set, read as the option's type."""
-    out = {}
+    out: Values = {}
     for f in option_fields(SECTIONS["runtime"]):
         name = f.metadata["env"]
         if keep is not None and f.name not in keep:
@@ -470,10 +495,10 @@ def env_defaults(given: dict, *, keep: tuple[str, ...] | None = None) -> dict:
     return out
 
 
-def _by_section(values: dict) -> tuple[dict[str, dict], dict]:
+def _by_section(values: Values) -> tuple[dict[str, Values], Values]:
     """Flat names split into ({section: {field: value}}, {bookkeeping field: value})."""
-    parts: dict[str, dict] = {}
-    rest = {}
+    parts: dict[str, Values] = {}
+    rest: Values = {}
     for key, value in values.items():
         section = section_of(key)
         if section is None:

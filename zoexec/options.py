@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from zoexec.config import (
     KEPT,
@@ -17,8 +18,10 @@ from zoexec.config import (
     SETTINGS,
     TASK_FIELDS,
     FieldError,
+    Json,
     RunConfig,
     TaskOptions,
+    Values,
     check_given,
     env_defaults,
     option_error,
@@ -39,7 +42,7 @@ from zoplan.io import need_input, sha256_json, sha256_path
 from zoplan.plan import Plan
 
 
-def build_config(*, plan: Path | str, **values) -> RunConfig:
+def build_config(*, plan: Path | str, **values: Any) -> RunConfig:
     """A checked RunConfig from the options given ({field: value}; None, False: not
     given). A field's bad value is one line naming its --option."""
     given = {k: str(v) if isinstance(v, Path) else v for k, v in values.items()
@@ -78,7 +81,7 @@ def build_config(*, plan: Path | str, **values) -> RunConfig:
         raise ZoError(f"{exc.filename or 'a path given'}: {exc.strerror or exc}") from None
 
 
-def _fingerprints(given: dict) -> dict | None:
+def _fingerprints(given: Values) -> Json | None:
     """run.json's inputs of a new run (None where an input is missing: preflight says so)."""
     try:
         return fingerprints(data=given.get("data", "synthetic"),
@@ -87,7 +90,7 @@ def _fingerprints(given: dict) -> dict | None:
         return None
 
 
-def _lengths_note(plan: Plan, given: dict, inputs: dict | None) -> tuple[str, ...]:
+def _lengths_note(plan: Plan, given: Values, inputs: Json | None) -> tuple[str, ...]:
     """A line when the plan's step was priced from row lengths measured on other data
     than the run's (`zoplan optimize --lengths`): its prediction is then not this run's."""
     lengths = plan.workload.lengths
@@ -102,7 +105,7 @@ def _lengths_note(plan: Plan, given: dict, inputs: dict | None) -> tuple[str, ..
             f"step is not this run's; measure this data with `zoexec lengths` and plan again",)
 
 
-def _check_together(given: dict) -> None:
+def _check_together(given: Values) -> None:
     """The options given that do not go together."""
     if "model_path" in given and "init" in given:
         raise ZoError("give either --model-path DIR or --init random, not both")
@@ -121,14 +124,14 @@ def _check_together(given: dict) -> None:
         need_input(given["eval_data"], what="--eval-data")
 
 
-def _check_eval(given: dict) -> None:
+def _check_eval(given: Values) -> None:
     for name in ("eval_every", "eval_samples", "save_best"):
         if given.get(name) is not None and given.get("eval_data") is None:
             raise ZoError(f"--{name.replace('_', '-')} needs --eval-data FILE (the held-out "
                           f"data to evaluate)")
 
 
-def _check_new_run(given: dict) -> None:
+def _check_new_run(given: Values) -> None:
     for name in ("new_schedule", "accept_moved_inputs"):
         if name in given:
             raise ZoError(f"--{name.replace('_', '-')} changes a run being resumed: it needs "
@@ -168,7 +171,7 @@ def _claim(out: str | None, overwrite: bool, *, resume: str) -> None:
     rundir.clear()
 
 
-def given_settings(given: dict) -> dict:
+def given_settings(given: Values) -> Values:
     """The settings run.json records (zoexec.run.folder.SETTINGS) as given: None where
     not given."""
     out = {key: given.get(key) for key in SETTINGS}
@@ -178,7 +181,7 @@ def given_settings(given: dict) -> dict:
     return out
 
 
-def run_options_of(values: dict) -> dict:
+def run_options_of(values: Values) -> Values:
     """RUN_KEPT's values of `values` as run.json records them (a path made absolute)."""
     out = {k: values[k] for k in RUN_KEPT if k in values}
     if out.get("eval_data") is not None:
@@ -186,7 +189,7 @@ def run_options_of(values: dict) -> dict:
     return out
 
 
-def _run_options(ident: dict, given: dict) -> tuple[dict, dict, str | None]:
+def _run_options(ident: Json, given: Values) -> tuple[Values, Values, str | None]:
     """A resume's evaluation, reporting and other run options (RUN_KEPT): run.json's
     (one it lacks, written before it was recorded: not recorded), those given instead;
     returns (the values in use, run.json's record of them, the line saying what changed)."""
@@ -200,7 +203,7 @@ def _run_options(ident: dict, given: dict) -> tuple[dict, dict, str | None]:
     return use, {**recorded, **run_options_of(use)}, line
 
 
-def _evaluation_missed(folder: Path, options: dict, start: int, total: int) -> bool:
+def _evaluation_missed(folder: Path, options: Values, start: int, total: int) -> bool:
     """A resume after the step `start - 1`, which evaluates (--eval-every, or the last),
     whose evaluation metrics.jsonl lacks (the run was killed before it): the resumed run
     evaluates first, as the uninterrupted one did."""
@@ -223,11 +226,11 @@ def _evaluation_missed(folder: Path, options: dict, start: int, total: int) -> b
     return True
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     return "none" if value is None else str(value)
 
 
-def _resumed(folder: Path, plan: Plan, given: dict, *, plan_path: str,
+def _resumed(folder: Path, plan: Plan, given: Values, *, plan_path: str,
              repeat: tuple[str, ...] = ()) -> RunConfig:
     """The config of a resume: every check of the run folder first (zoexec.run.folder),
     then the run's settings, inputs and checkpoint options, the steps (an extension:
@@ -287,6 +290,7 @@ def _restarted_by_torchrun(out: str | None, plan: Plan) -> bool:
         return False
     rundir = RunDir(out)
     try:
-        return rundir.read_identity()["plan_sha256"] == sha256_json(plan.data)
+        recorded: object = rundir.read_identity()["plan_sha256"]
+        return recorded == sha256_json(plan.data)
     except ZoError:
         return False

@@ -27,18 +27,21 @@ offloading, no torch.distributed).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
-from zoexec.data.batch import as_batch
+from zoexec.data.batch import Batch, as_batch
 from zoexec.maths import zo
 from zoexec.maths.estimators import DIRECTION_TAG, LOWRANK_V, lowrank_factors
 from zoexec.maths.zo import mix_seed
 from zoexec.model import heads
 from zoexec.model.families import (
     ModelParts,
+    TensorSpec,
     adapter_for,
     bind_block,
     bind_resident,
@@ -46,45 +49,55 @@ from zoexec.model.families import (
     resident_flat,
 )
 from zoexec.model.lora import init_adapters, lora_spec, peft_key
-from zoplan.estimators import SPARSE_STRIDE, is_matrix
+from zoplan.estimators import SPARSE_STRIDE, EstimatorSpec, is_matrix
+
+# A run's batches: batches[step] or batches(step), the input ids or a Batch (its labels)
+Batches = Sequence[torch.Tensor | Batch] | Callable[[int], torch.Tensor | Batch]
+# (name, parameter, block, tensor index) of each trained tensor, in the z addressing
+Addresses = Sequence[tuple[str | None, torch.Tensor, int, int]]
+Losses = tuple[float, float, float]   # (l+, l-, g) of a step
+# the deferred update of a step: (step, seed, lr, g of each direction)
+PlainPending = tuple[int, int, float, tuple[float, ...]]
+T = TypeVar("T")
 
 
-def _batch_at(batches, step: int) -> torch.Tensor:
+def _batch_at(batches: Batches, step: int) -> torch.Tensor | Batch:
     return batches(step) if callable(batches) else batches[step]
 
 
-def _perturb_model(addresses, seed: int, scale: float) -> None:
+def _perturb_model(addresses: Addresses, seed: int, scale: float) -> None:
     for _, param, block, index in addresses:
         param.add_(zo.z_tensor(seed, block, index, param.shape, device=param.device), alpha=scale)
 
 
-def _update_model(addresses, seed: int, *, lr: float, g: float, weight_decay: float) -> None:
+def _update_model(addresses: Addresses, seed: int, *, lr: float, g: float,
+                  weight_decay: float) -> None:
     for _, param, block, index in addresses:
         z = zo.z_tensor(seed, block, index, param.shape, device=param.device)
         wd = weight_decay if param.dim() >= 2 else 0.0
         param.sub_(lr * (g * z + wd * param))
 
 
-@torch.no_grad()
-def mezo_reference_train(model, batches: Sequence | Callable, *, seed: int, lr: float,
-                         eps: float, weight_decay: float, steps: int) -> list[tuple[float, float, float]]:
+def mezo_reference_train(model: torch.nn.Module, batches: Batches, *, seed: int, lr: float,
+                         eps: float, weight_decay: float, steps: int) -> list[Losses]:
     """Train `model` (an HF *ForCausalLM, modified in place) with plain MeZO-SGD for
     `steps` steps; batches[step] (or batches(step)) gives the input ids. Returns the
     (loss_plus, loss_minus, g) of each step."""
-    model.eval()
-    addresses = param_addresses(model)
-    history = []
-    for step in range(steps):
-        ids, s = _batch_at(batches, step), zo.step_seed(seed, step)
-        _perturb_model(addresses, s, eps)
-        loss_plus = float(model(ids, labels=ids).loss)
-        _perturb_model(addresses, s, -2 * eps)
-        loss_minus = float(model(ids, labels=ids).loss)
-        _perturb_model(addresses, s, eps)
-        g = zo.projected_grad(loss_plus, loss_minus, eps)
-        _update_model(addresses, s, lr=lr, g=g, weight_decay=weight_decay)
-        history.append((loss_plus, loss_minus, g))
-    return history
+    with torch.no_grad():
+        model.eval()
+        addresses = param_addresses(model)
+        history: list[Losses] = []
+        for step in range(steps):
+            ids, s = _batch_at(batches, step), zo.step_seed(seed, step)
+            _perturb_model(addresses, s, eps)
+            loss_plus = float(model(ids, labels=ids).loss)
+            _perturb_model(addresses, s, -2 * eps)
+            loss_minus = float(model(ids, labels=ids).loss)
+            _perturb_model(addresses, s, eps)
+            g = zo.projected_grad(loss_plus, loss_minus, eps)
+            _update_model(addresses, s, lr=lr, g=g, weight_decay=weight_decay)
+            history.append((loss_plus, loss_minus, g))
+        return history
 
 
 class _Zo2State:
@@ -99,7 +112,9 @@ class _Zo2State:
         self.block_z = torch.empty(parts.block_numel, dtype=torch.float32, device=dev)
 
 
-def _refresh(theta, z_out, specs, block: int, *, seed: int, pending, lr, weight_decay):
+def _refresh(theta: torch.Tensor, z_out: torch.Tensor, specs: Sequence[TensorSpec], block: int,
+             *, seed: int, pending: tuple[int, float] | None, lr: float,
+             weight_decay: float) -> torch.Tensor:
     """Apply the pending (seed, g) update to theta, then draw this step's z into z_out."""
     if pending is not None:
         prev_seed, prev_g = pending
@@ -109,25 +124,28 @@ def _refresh(theta, z_out, specs, block: int, *, seed: int, pending, lr, weight_
     return zo.z_block(seed, block, specs, out=z_out)
 
 
-def _resident_call(parts, st: _Zo2State, eps: float, fn):
+def _resident_call(parts: ModelParts, st: _Zo2State, eps: float, fn: Callable[[], T]) -> list[T]:
     """Run fn under resident weights +eps*z, then -eps*z: (fn(+), fn(-))."""
-    out = []
+    out: list[T] = []
     for scale in (eps, -eps):
         zo.perturb_into(st.resident_work, st.resident, st.resident_z, scale)
         out.append(fn())
     return out
 
 
-def _zo2_step(parts, st, flats, batch, *, seed, pending, lr, eps, weight_decay):
-    batch = as_batch(batch)
+def _zo2_step(parts: ModelParts, st: _Zo2State, flats: Sequence[torch.Tensor],
+              rows: torch.Tensor | Batch, *, seed: int, pending: tuple[int, float] | None,
+              lr: float, eps: float, weight_decay: float) -> Losses:
+    batch = as_batch(rows)
     ids = batch.ids
-    kw = dict(pending=pending, lr=lr, weight_decay=weight_decay)
-    _refresh(st.resident, st.resident_z, parts.resident_specs, zo.RESIDENT_BLOCK, seed=seed, **kw)
+    refresh = functools.partial(_refresh, seed=seed, pending=pending, lr=lr,
+                                weight_decay=weight_decay)
+    refresh(st.resident, st.resident_z, parts.resident_specs, zo.RESIDENT_BLOCK)
     bind_resident(parts, st.resident_work)
     (h_plus, ctx), (h_minus, _) = _resident_call(parts, st, eps, lambda: parts.embed(ids))
     bind_block(parts, st.block_work)
     for block, theta in enumerate(flats):
-        z = _refresh(theta, st.block_z, parts.block_specs, block, seed=seed, **kw)
+        z = refresh(theta, st.block_z, parts.block_specs, block)
         zo.perturb_into(st.block_work, theta, z, eps)
         h_plus = parts.block_forward(h_plus, ctx)
         zo.perturb_into(st.block_work, theta, z, -eps)
@@ -137,7 +155,7 @@ def _zo2_step(parts, st, flats, batch, *, seed, pending, lr, eps, weight_decay):
     return loss_plus, loss_minus, zo.projected_grad(loss_plus, loss_minus, eps)
 
 
-def _loss(parts, hidden, batch) -> float:
+def _loss(parts: ModelParts, hidden: torch.Tensor, batch: Batch) -> float:
     """The batch's mean loss, computed as the engine's head does (zoexec.model.heads)
     and divided on the host as the engine does (a division on a GPU may multiply by the
     reciprocal: the H200 check saw the last bit of a float64 differ)."""
@@ -160,30 +178,32 @@ def flush_pending(parts: ModelParts, resident: torch.Tensor, flats: list[torch.T
                         decay_mask_or_specs=parts.block_specs)
 
 
-@torch.no_grad()
-def zo2_reference_train(parts: ModelParts, flats: list[torch.Tensor], batches, *, seed: int,
-                        lr: float, eps: float, weight_decay: float, steps: int,
-                        flush: bool = True) -> list[tuple[float, float, float]]:
+def zo2_reference_train(parts: ModelParts, flats: list[torch.Tensor], batches: Batches, *,
+                        seed: int, lr: float, eps: float, weight_decay: float, steps: int,
+                        flush: bool = True) -> list[Losses]:
     """The deferred-update schedule on `parts` + `flats` (updated in place; at the end
     the resident modules hold the trained resident weights); batches[step] (or
     batches(step)) gives the input ids or a zoexec.data.batch.Batch (its labels and
     choices: the loss the engine computes, zoexec.model.heads). Returns (l+, l-, g)."""
-    st = _Zo2State(parts)
-    history, pending = [], None
-    for step in range(steps):
-        s = zo.step_seed(seed, step)
-        record = _zo2_step(parts, st, flats, _batch_at(batches, step), seed=s,
-                           pending=pending, lr=lr, eps=eps, weight_decay=weight_decay)
-        history.append(record)
-        pending = (s, record[2])
-    if flush and pending is not None:
-        flush_pending(parts, st.resident, flats, pending, lr=lr, weight_decay=weight_decay)
-    bind_resident(parts, st.resident)
-    bind_block(parts, flats[0].to(parts.dtype, copy=True))
-    return history
+    with torch.no_grad():
+        st = _Zo2State(parts)
+        history: list[Losses] = []
+        pending: tuple[int, float] | None = None
+        for step in range(steps):
+            s = zo.step_seed(seed, step)
+            record = _zo2_step(parts, st, flats, _batch_at(batches, step), seed=s,
+                               pending=pending, lr=lr, eps=eps, weight_decay=weight_decay)
+            history.append(record)
+            pending = (s, record[2])
+        if flush and pending is not None:
+            flush_pending(parts, st.resident, flats, pending, lr=lr, weight_decay=weight_decay)
+        bind_resident(parts, st.resident)
+        bind_block(parts, flats[0].to(parts.dtype, copy=True))
+        return history
 
 
-def peft_lora_model(model, *, seed: int, r: int, alpha: int, targets: tuple[str, ...]):
+def peft_lora_model(model: torch.nn.Module, *, seed: int, r: int, alpha: int,
+                    targets: tuple[str, ...]) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, int, int]]]:
     """`model` wrapped by peft with LoRA on `targets`, its adapters set to the ones
     zoexec.model.lora.init_adapters draws for run seed `seed`. Returns (peft model,
     [(parameter, block, tensor index)] of the adapters in the z addressing)."""
@@ -196,7 +216,7 @@ def peft_lora_model(model, *, seed: int, r: int, alpha: int, targets: tuple[str,
                                                lora_dropout=0.0, task_type="CAUSAL_LM"))
     params = {name.replace(".default.", "."): p for name, p in wrapped.named_parameters()
               if "lora_" in name}
-    addresses = []
+    addresses: list[tuple[torch.Tensor, int, int]] = []
     for block in range(len(layers)):
         flat = init_adapters(spec, seed=seed, block=block, out=torch.empty(spec.numel))
         for index, tensor in enumerate(spec.specs):
@@ -207,31 +227,31 @@ def peft_lora_model(model, *, seed: int, r: int, alpha: int, targets: tuple[str,
     return wrapped.eval(), addresses
 
 
-@torch.no_grad()
-def lora_reference_train(model, batches: Sequence | Callable, *, seed: int, lr: float, eps: float,
-                         weight_decay: float, steps: int, r: int, alpha: int,
-                         targets: tuple[str, ...]):
+def lora_reference_train(model: torch.nn.Module, batches: Batches, *, seed: int, lr: float,
+                         eps: float, weight_decay: float, steps: int, r: int, alpha: int,
+                         targets: tuple[str, ...]) -> tuple[torch.nn.Module, list[Losses]]:
     """Plain MeZO-SGD over LoRA adapters (module docstring) of the HF model `model`;
     returns (the peft model, [(loss_plus, loss_minus, g)] per step)."""
-    wrapped, addresses = peft_lora_model(model, seed=seed, r=r, alpha=alpha, targets=targets)
-    named = [(None, p, b, i) for p, b, i in addresses]
-    history = []
-    for step in range(steps):
-        ids, s = _batch_at(batches, step), zo.step_seed(seed, step)
-        _perturb_model(named, s, eps)
-        loss_plus = float(wrapped(input_ids=ids, labels=ids).loss)
-        _perturb_model(named, s, -2 * eps)
-        loss_minus = float(wrapped(input_ids=ids, labels=ids).loss)
-        _perturb_model(named, s, eps)
-        g = zo.projected_grad(loss_plus, loss_minus, eps)
-        _update_model(named, s, lr=lr, g=g, weight_decay=weight_decay)
-        history.append((loss_plus, loss_minus, g))
-    return wrapped, history
+    with torch.no_grad():
+        wrapped, addresses = peft_lora_model(model, seed=seed, r=r, alpha=alpha, targets=targets)
+        named = [(None, p, b, i) for p, b, i in addresses]
+        history: list[Losses] = []
+        for step in range(steps):
+            ids, s = _batch_at(batches, step), zo.step_seed(seed, step)
+            _perturb_model(named, s, eps)
+            loss_plus = float(wrapped(input_ids=ids, labels=ids).loss)
+            _perturb_model(named, s, -2 * eps)
+            loss_minus = float(wrapped(input_ids=ids, labels=ids).loss)
+            _perturb_model(named, s, eps)
+            g = zo.projected_grad(loss_plus, loss_minus, eps)
+            _update_model(named, s, lr=lr, g=g, weight_decay=weight_decay)
+            history.append((loss_plus, loss_minus, g))
+        return wrapped, history
 
 
 # ---- the estimators, written plainly ------------------------------------------------------------
-def plain_direction(spec, *, run_seed: int, seed: int, step: int, block: int, specs,
-                    theta: torch.Tensor) -> torch.Tensor:
+def plain_direction(spec: EstimatorSpec, *, run_seed: int, seed: int, step: int, block: int,
+                    specs: Sequence[TensorSpec], theta: torch.Tensor) -> torch.Tensor:
     """d of a block as zoplan.estimators defines it, tensor by tensor and whole (no tiles,
     no ranges, no kept thresholds): z per tensor (zo.z_tensor); lowrank: U V^T / sqrt(r)
     of each matrix (U from the direction's seed, V from the seed of its period of
@@ -254,7 +274,9 @@ def plain_direction(spec, *, run_seed: int, seed: int, step: int, block: int, sp
     return out
 
 
-def _plain_update(theta, specs, block, pending, *, estimator, run_seed, weight_decay) -> None:
+def _plain_update(theta: torch.Tensor, specs: Sequence[TensorSpec], block: int,
+                  pending: PlainPending, *, estimator: EstimatorSpec, run_seed: int,
+                  weight_decay: float) -> None:
     """The deferred update (step, seed, lr, gs) of a step on one flat buffer."""
     step, seed, lr, gs = pending
     q = len(gs)
@@ -265,13 +287,15 @@ def _plain_update(theta, specs, block, pending, *, estimator, run_seed, weight_d
                         weight_decay=weight_decay if j == 0 else 0.0, decay_mask_or_specs=specs)
 
 
-def _plain_losses(parts, resident, flats, batch, *, estimator, run_seed, seed, step, eps):
+def _plain_losses(parts: ModelParts, resident: torch.Tensor, flats: Sequence[torch.Tensor],
+                  batch: Batch, *, estimator: EstimatorSpec, run_seed: int, seed: int, step: int,
+                  eps: float) -> tuple[float, float, int]:
     """(summed l+, summed l-, count) of one direction (seed) on `batch`."""
     d_r = plain_direction(estimator, run_seed=run_seed, seed=seed, step=step,
                           block=zo.RESIDENT_BLOCK, specs=parts.resident_specs, theta=resident)
     ds = [plain_direction(estimator, run_seed=run_seed, seed=seed, step=step, block=b,
                           specs=parts.block_specs, theta=theta) for b, theta in enumerate(flats)]
-    out = []
+    out: list[float] = []
     for sign in (1.0, -1.0):
         bind_resident(parts, zo.perturb_into(torch.empty_like(resident), resident, d_r, sign * eps))
         hidden, ctx = parts.embed(batch.ids)
@@ -284,35 +308,38 @@ def _plain_losses(parts, resident, flats, batch, *, estimator, run_seed, seed, s
     return out[0], out[1], count
 
 
-@torch.no_grad()
-def estimator_reference_train(parts: ModelParts, flats: list[torch.Tensor], batches, *, seed: int,
+def estimator_reference_train(parts: ModelParts, flats: list[torch.Tensor], batches: Batches, *,
+                              seed: int,
                               lr: float, eps: float, weight_decay: float, steps: int,
-                              estimator) -> list[tuple[float, float, tuple[float, ...]]]:
+                              estimator: EstimatorSpec) -> list[tuple[float, float, tuple[float, ...]]]:
     """The deferred-update schedule with an estimator (zoplan.estimators.EstimatorSpec)
     written plainly (plain_direction; q directions: direction j on the j-th of q equal
     parts of the batch, theta -= lr * (1/q) sum_j g_j d_j), fp32 flats updated in place
     and flushed at the end, the resident parts bound. Returns (l+, l-, gs) per step."""
-    resident, q = resident_flat(parts), estimator.directions
-    history, pending = [], None
-    kw = dict(estimator=estimator, run_seed=seed, weight_decay=weight_decay)
-    for step in range(steps):
+    with torch.no_grad():
+        resident, q = resident_flat(parts), estimator.directions
+        history: list[tuple[float, float, tuple[float, ...]]] = []
+        pending: PlainPending | None = None
+        update = functools.partial(_plain_update, estimator=estimator, run_seed=seed,
+                                   weight_decay=weight_decay)
+        for step in range(steps):
+            if pending is not None:
+                update(resident, parts.resident_specs, zo.RESIDENT_BLOCK, pending)
+                for b, theta in enumerate(flats):
+                    update(theta, parts.block_specs, b, pending)
+            s, batch = zo.step_seed(seed, step), as_batch(_batch_at(batches, step))
+            k, per = batch.per_example, batch.rows // batch.per_example // q
+            sums = [_plain_losses(parts, resident, flats, batch.select(j * per * k, (j + 1) * per * k)
+                                  if q > 1 else batch, estimator=estimator, run_seed=seed,
+                                  seed=zo.mix_seed(s, DIRECTION_TAG, j) if j else s, step=step, eps=eps)
+                    for j in range(q)]
+            count = sum(c for _, _, c in sums)
+            gs = tuple(zo.projected_grad(lp / c, lm / c, eps) for lp, lm, c in sums)
+            history.append((sum(x[0] for x in sums) / count, sum(x[1] for x in sums) / count, gs))
+            pending = (step, s, lr, gs)
         if pending is not None:
-            _plain_update(resident, parts.resident_specs, zo.RESIDENT_BLOCK, pending, **kw)
+            update(resident, parts.resident_specs, zo.RESIDENT_BLOCK, pending)
             for b, theta in enumerate(flats):
-                _plain_update(theta, parts.block_specs, b, pending, **kw)
-        s, batch = zo.step_seed(seed, step), as_batch(_batch_at(batches, step))
-        k, per = batch.per_example, batch.rows // batch.per_example // q
-        sums = [_plain_losses(parts, resident, flats, batch.select(j * per * k, (j + 1) * per * k)
-                              if q > 1 else batch, estimator=estimator, run_seed=seed,
-                              seed=zo.mix_seed(s, DIRECTION_TAG, j) if j else s, step=step, eps=eps)
-                for j in range(q)]
-        count = sum(c for _, _, c in sums)
-        gs = tuple(zo.projected_grad(lp / c, lm / c, eps) for lp, lm, c in sums)
-        history.append((sum(x[0] for x in sums) / count, sum(x[1] for x in sums) / count, gs))
-        pending = (step, s, lr, gs)
-    if pending is not None:
-        _plain_update(resident, parts.resident_specs, zo.RESIDENT_BLOCK, pending, **kw)
-        for b, theta in enumerate(flats):
-            _plain_update(theta, parts.block_specs, b, pending, **kw)
-    bind_resident(parts, resident)
-    return history
+                update(theta, parts.block_specs, b, pending)
+        bind_resident(parts, resident)
+        return history

@@ -48,11 +48,12 @@ class LossLog:
     `keep_bytes`: a resumed run's whole lines (LogRead.good_bytes): a torn last line
     after them is cut off before the first new line. `history`: the digest of the run's
     history before `start_step` (zoexec.run.verify.history_digest: the run's digest for
-    a new run); the log carries it on with each step, for saved weights to record.
+    a new run; None: a run with no run.json, its config built by hand); the log carries
+    it on with each step, for saved weights to record.
     Records count from 0 (`StepRecord.step`); a line's "step" is that plus the log's
     first step (FIRST_STEP; a resumed log's own, read from its first line)."""
 
-    def __init__(self, out_dir: Path, *, keep_bytes: int | None = None, history: str = "",
+    def __init__(self, out_dir: Path, *, keep_bytes: int | None = None, history: str | None = "",
                  start_step: int = 0) -> None:
         self.path = Path(out_dir) / "losses.jsonl"
         self.first = _first_step(self.path) if keep_bytes else FIRST_STEP
@@ -78,7 +79,7 @@ class LossLog:
         self._histories = {record.step - 1: previous,
                            record.step: history_digest(previous, record.step, record.update)}
 
-    def history(self, step: int) -> str:
+    def history(self, step: int) -> str | None:
         """The digest of the history through `step` (the last logged step or the one
         before it)."""
         return self._histories[step]

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import torch
 
+from zoexec.config import RunConfig
 from zoexec.data.sources import make_eval_set
 from zoexec.data.tasks import EvalSet
 from zoexec.runtime.errors import failing
+from zoexec.train.engine import Trainer
 from zoexec.train.generate import greedy
 
 
@@ -37,7 +39,7 @@ class Evaluator:
         """Evaluate after `step` (0-based) of a run whose last step is `last`?"""
         return step == last or (self.every is not None and (step + 1) % self.every == 0)
 
-    def run(self, trainer) -> dict[str, float]:
+    def run(self, trainer: Trainer) -> dict[str, float]:
         """The metrics of the eval set with the trainer's clean weights (collective: every
         rank calls it at the same step)."""
         env = trainer.env
@@ -68,7 +70,7 @@ class Evaluator:
         return metrics
 
 
-def make_evaluator(cfg) -> Evaluator | None:
+def make_evaluator(cfg: RunConfig) -> Evaluator | None:
     """The run's Evaluator (None without --eval-data); the eval set is read here."""
     if not cfg.task.eval_data:
         return None
@@ -79,7 +81,7 @@ def make_evaluator(cfg) -> Evaluator | None:
     return Evaluator(eval_set, batch=wl.batch, seq=wl.seq, every=cfg.logging.eval_every)
 
 
-def _train_path(cfg) -> str | None:
+def _train_path(cfg: RunConfig) -> str | None:
     """Where demonstrations come from by default: the training data (zoexec eval: the
     evaluated file)."""
     return None if cfg.task.data == "synthetic" else cfg.task.data

@@ -28,24 +28,28 @@ from pathlib import Path
 
 import torch
 
+from zoexec.config import RunConfig
 from zoexec.maths.history import StepHistory, StepRecord
 from zoexec.model.export import export_weights
 from zoexec.model.saved import folder_checksums
 from zoexec.run.agree import check_nodes
 from zoexec.run.checkpoint import LossLog
+from zoexec.run.evaluate import Evaluator
 from zoexec.run.folder import FINAL, RunDir
 from zoexec.run.report import Reporter
 from zoexec.run.verify import binding
 from zoexec.run.watch import BEST, BestMetric, Divergence
 from zoexec.run.writes import write_failed
+from zoexec.runtime.groups import DistEnv
 from zoexec.runtime.procwatch import StopRequest
 from zoexec.store.loading import fill_timeout_s
 from zoexec.store.node import monitored_barrier
-from zoexec.train.engine import Trainer
+from zoexec.train.engine import SavedState, Trainer
+from zoexec.train.lora import FrozenBaseTrainer
 from zoplan.errors import ZoError
 
 MAX_SKIPS = 10
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}   # SIGHUP: as SIGTERM
+EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}   # SIGHUP: as SIGTERM
 
 
 class RunStopped(Exception):
@@ -64,7 +68,8 @@ class TrainLoop:
     """Drive a Trainer from cfg.start_step to cfg.optim.steps (see the module docstring)."""
 
     def __init__(self, trainer: Trainer, rundir: RunDir | None, reporter: Reporter,
-                 evaluator=None, *, stop: StopRequest | None = None) -> None:
+                 evaluator: Evaluator | None = None, *,
+                 stop: StopRequest | None = None) -> None:
         self.trainer, self.rundir, self.reporter = trainer, rundir, reporter
         self.evaluator = evaluator   # zoexec.run.evaluate.Evaluator: --eval-data
         self.stop = stop             # the rank's stop signals (rank_main installs them)
@@ -76,7 +81,7 @@ class TrainLoop:
         self.skips = 0
         self.divergence = Divergence(self.cfg.optim.divergence_window)
         best, out = self.cfg.checkpoint.best, self.cfg.checkpoint.out
-        self.best = best and BestMetric(*best, Path(out) if self.cfg.resumed else None)
+        self.best = best and BestMetric(*best, Path(out) if self.cfg.resumed and out is not None else None)
 
     @property
     def records(self) -> StepHistory:
@@ -121,7 +126,8 @@ class TrainLoop:
         """Passes over the data after `step`, when the data source can tell
         (`epoch_of(step)`), for the metrics."""
         epoch_of = getattr(self.trainer.source, "epoch_of", None)
-        return epoch_of(step) if callable(epoch_of) else None
+        epoch: float | None = epoch_of(step) if callable(epoch_of) else None
+        return epoch
 
     def _flags(self) -> tuple[float, float]:
         """This rank's (stop, snapshot) requests for the step's all-reduce."""
@@ -177,6 +183,7 @@ class TrainLoop:
 
     def _evaluate(self, step: int) -> None:
         """Evaluate after `step`; with --save-best, a better evaluation's weights as best/."""
+        assert self.evaluator is not None, "evaluated without --eval-data"
         metrics = self.evaluator.run(self.trainer)
         if self.best and self.best.improved(metrics):   # the same on every rank
             folder = self.rundir.path / BEST if self.rundir else None   # rank 0 writes
@@ -244,7 +251,7 @@ class TrainLoop:
             if self.env.rank == 0:
                 self.rundir.prune(self.cfg.checkpoint.keep)
 
-    def _write_weights(self, path: Path | None, step: int, **state) -> None:
+    def _write_weights(self, path: Path | None, step: int, **state: object) -> None:
         """Rank 0 writes the weights after the step of index `step` (step + 1 done) to `path` (the adapters or prefixes
         alone in a LoRA or prefix run); state.json records what ties them to the run
         (zoexec.run.verify.binding), `state` and the checksums of every file."""
@@ -252,6 +259,7 @@ class TrainLoop:
         if not self.cfg.workload.frozen_base:
             trainer.store_shards()   # resident blocks: node 0's first slice group into the store
         if self.env.rank == 0 and path is not None:
+            assert self.rundir is not None and self.log is not None, "rank 0 saves to its folder"
             state = {**binding(run_digest=self.rundir.run_digest, step=step + 1,
                                history=self.log.history(step)),
                      "seed": self.cfg.optim.seed, **self._kind(), **state}
@@ -263,7 +271,7 @@ class TrainLoop:
                           timeout_s=fill_timeout_s(0 if self.cfg.workload.frozen_base else store.nbytes,
                                                    base_s=self.env.timeout_s))
 
-    def _kind(self) -> dict:
+    def _kind(self) -> dict[str, object]:
         """What state.json says of the weights: the update mode, or the LoRA (prefix)
         settings and the base they adapt (its path and fingerprint; None: random
         weights), which `zoexec export --merge` checks."""
@@ -276,10 +284,10 @@ class TrainLoop:
         return {"tuning": "lora", "base": base,
                 "lora": {"r": wl.lora_r, "alpha": wl.lora_alpha, "targets": list(wl.lora_targets)}}
 
-    def _export(self, path: Path, state) -> None:
+    def _export(self, path: Path, state: SavedState) -> None:
         """The weights as an HF folder (full) or a PEFT adapter folder (LoRA, prefix)."""
         trainer = self.trainer
-        if self.cfg.workload.frozen_base:
+        if isinstance(trainer, FrozenBaseTrainer):   # the workload's frozen_base
             trainer.save(path, state=state)
             return
         store = trainer.store
@@ -294,7 +302,8 @@ def _write_failed(path: Path, exc: OSError) -> str:
     return write_failed(path, exc, what="the weights to", tail=" (the last snapshot before it is kept)")
 
 
-def prepare_rundir(cfg, env, plan_sha256: str, *, z: dict) -> RunDir | None:
+def prepare_rundir(cfg: RunConfig, env: DistEnv, plan_sha256: str, *,
+                   z: dict[str, object]) -> RunDir | None:
     """Rank 0 owns the run folder (the lock) and writes its identity: a new run's, with
     what decides z (`z`), or a resumed run's as the builder updated it (an extension,
     a moved input); the other ranks get None. A ZoError (the folder in use) before

@@ -41,13 +41,25 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import IO, Protocol, TextIO
 
-from zoexec.maths.history import StepHistory
+from zoexec.config import RunConfig
+from zoexec.maths.history import StepHistory, StepRecord
 from zoexec.run.checkpoint import open_own
 from zoexec.run.folder import snapshot_step
-from zoexec.run.trackers import MLFLOW_DIR, TRACKERS, WANDB_DIR, check_tracker, open_tracker
+from zoexec.run.trackers import (
+    MLFLOW_DIR,
+    TRACKERS,
+    WANDB_DIR,
+    MlflowTracker,
+    WandbTracker,
+    check_tracker,
+    open_tracker,
+)
 from zoexec.run.writes import writing
+from zoexec.runtime.groups import DistEnv
 from zoplan.errors import ZoError
 
 METRICS = "metrics.jsonl"
@@ -59,9 +71,24 @@ ADAPTER_CONFIG = "adapter_config.json"   # a PEFT adapter folder's (zoexec.model
 LOG_EVERY_S = 30.0        # progress lines without --log-every: about this often
 LOSS_WINDOW = 10          # the summary's first and last loss: means of this many steps
 
+# One metrics.jsonl line: a step's, an evaluation's or the run's totals (module
+# docstring); every figure a number (an int: a count) or None
+Row = dict[str, float | None]
+Metrics = dict[str, float]   # an evaluation's figures, "eval_" names
+
+
+class Scalars(Protocol):
+    """Where TensorBoard scalars go (torch.utils.tensorboard.SummaryWriter)."""
+
+    def add_scalar(self, tag: str, value: float, step: float | None) -> object: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
 
 # ---- options -------------------------------------------------------------------------------
-def check_report_to(report_to: str, out_dir) -> None:
+def check_report_to(report_to: str, out_dir: str | Path | None) -> None:
     """--report-to tensorboard needs --out and the tensorboard package (the choice itself
     is checked by zoexec.config.LoggingOptions); wandb and mlflow alike
     (zoexec.run.trackers); a ZoError before the run starts."""
@@ -78,7 +105,7 @@ def check_report_to(report_to: str, out_dir) -> None:
 
 
 @contextlib.contextmanager
-def quiet_libraries(quiet: bool):
+def quiet_libraries(quiet: bool) -> Iterator[None]:
     """With `quiet`: transformers' progress bars (model and tokenizer loading) off; its
     warnings and errors still print. Restored on the way out (a run inside another
     program). (datasets' bars are off in any case: zoexec.data.tasks.)"""
@@ -114,16 +141,16 @@ def eval_key(name: str) -> str:
     return name if name.startswith("eval_") else f"eval_{name}"
 
 
-def _number(value):
+def _number(value: float) -> float:
     """An int stays an int (a count); anything else numeric becomes a float."""
     return value if isinstance(value, int) and not isinstance(value, bool) else float(value)
 
 
-def _finite_or_none(value):
+def _finite_or_none(value: float | None) -> float | None:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def _fmt_metric(value) -> str:
+def _fmt_metric(value: float | None) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
@@ -133,7 +160,8 @@ class Reporter:
     where progress and the summary go (default: sys.stderr at the time of writing);
     `clock`: seconds (tests)."""
 
-    def __init__(self, cfg, *, lead: bool = True, stream=None, clock=time.monotonic) -> None:
+    def __init__(self, cfg: RunConfig, *, lead: bool = True, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg, self.lead, self.clock = cfg, lead, clock
         self.show = lead and cfg.logging.progress
         self._stream = stream
@@ -142,25 +170,25 @@ class Reporter:
         self.report_to = cfg.logging.report_to
         self.first, self.total = cfg.start_step, cfg.optim.steps
         self.records = StepHistory()            # this invocation's steps (StepRecords, compact)
-        self.evals: list[tuple[int, dict]] = []
+        self.evals: list[tuple[int, Metrics]] = []
         self.earlier = self._earlier_evals()   # a resumed run's evaluations before its start
         self.created_s = clock()
         self.begin_s: float | None = None
         self.end_s: float | None = None
         self.last_line_s = 0.0
-        self._metrics = None
-        self._writer = None
-        self._tracker = None   # --report-to wandb|mlflow (zoexec.run.trackers)
-        self._bar = None
+        self._metrics: IO[str] | None = None
+        self._writer: Scalars | None = None
+        self._tracker: WandbTracker | MlflowTracker | None = None   # --report-to wandb|mlflow
+        self._bar: _Bar | None = None
         self._opened: set[str] = set()          # files begun by this run: reopened to append
         self._totals_written = False
 
     @classmethod
-    def make(cls, cfg, env) -> Reporter:
+    def make(cls, cfg: RunConfig, env: DistEnv) -> Reporter:
         return cls(cfg, lead=env.rank == 0)
 
     @property
-    def stream(self):
+    def stream(self) -> TextIO:
         return self._stream if self._stream is not None else sys.stderr
 
     # ---- the run's events --------------------------------------------------------------
@@ -170,7 +198,7 @@ class Reporter:
         if self.show and self.stream.isatty():
             self._bar = _Bar(self)
 
-    def train(self, record, *, epoch: float | None = None) -> None:
+    def train(self, record: StepRecord, *, epoch: float | None = None) -> None:
         """One finished step (a StepRecord); `epoch`: passes over the data, when known."""
         if self.begin_s is None:
             self.begin()
@@ -203,7 +231,7 @@ class Reporter:
             text = "  ".join(f"{k} {_fmt_metric(v)}" for k, v in row.items())
             self._say(f"zoexec: eval after step {step}/{self.total}: {text}")
 
-    def best_eval(self) -> tuple[int, dict, str] | None:
+    def best_eval(self) -> tuple[int, Metrics, str] | None:
         """(step, metrics, the metric it was chosen by) of the best evaluation of the
         whole run (a resumed run's earlier ones too): the highest eval_accuracy when the
         evaluations have one, else the lowest eval_loss (the earliest of equals); None
@@ -217,13 +245,13 @@ class Reporter:
                 return evals[index][0], evals[index][1], key
         return None
 
-    def _earlier_evals(self) -> list[tuple[int, dict]]:
+    def _earlier_evals(self) -> list[tuple[int, Metrics]]:
         """A resumed run's evaluations up to its start step, as its metrics.jsonl holds
         them (the lines _open_metrics keeps); [] for a new run."""
         path = self.out / METRICS if self.out is not None else None
         if not self.cfg.resumed or path is None or not path.is_file():
             return []
-        found = []
+        found: list[tuple[int, Metrics]] = []
         for line in path.read_text().splitlines():
             try:
                 data = json.loads(line)
@@ -261,28 +289,27 @@ class Reporter:
             self._tracker = None
 
     # ---- metrics files -------------------------------------------------------------------
-    def _write(self, data: dict) -> None:
+    def _write(self, data: Row) -> None:
         if self.out is None:
             return
         with writing(self.out / METRICS, what="the metrics", folder=self.out):
             if self._metrics is None:
-                self._metrics = self._open_metrics()
+                self._metrics = self._open_metrics(self.out / METRICS)
             clean = {k: _finite_or_none(v) for k, v in data.items()}
             self._metrics.write(STRICT_JSON.encode(clean) + "\n")
             self._metrics.flush()
         if self.report_to == "tensorboard":
             with writing(self.out / TENSORBOARD_DIR, what="the TensorBoard events in",
                          folder=self.out):
-                self._tensorboard(data)
+                self._tensorboard(data, self.out / TENSORBOARD_DIR)
         elif self.report_to in TRACKERS:
             if self._tracker is None:
                 self._tracker = open_tracker(self.report_to, self.cfg, self.out)
             self._tracker.log(clean)
 
-    def _open_metrics(self):
-        """metrics.jsonl: new for a new run; a resumed run keeps its whole lines up to
-        its start step (a crash may have torn the last one)."""
-        path = self.out / METRICS
+    def _open_metrics(self, path: Path) -> IO[str]:
+        """metrics.jsonl (`path`): new for a new run; a resumed run keeps its whole lines
+        up to its start step (a crash may have torn the last one)."""
         if METRICS in self._opened:
             return open_own(path, "a")
         self._opened.add(METRICS)
@@ -300,11 +327,11 @@ class Reporter:
             handle.write("".join(f"{line}\n" for line in kept))
         return open_own(path, "a")
 
-    def _tensorboard(self, data: dict) -> None:
+    def _tensorboard(self, data: Row, folder: Path) -> None:
+        """`data`'s figures as scalars in the run's TensorBoard events (`folder`)."""
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            folder = self.out / TENSORBOARD_DIR
             first = TENSORBOARD_DIR not in self._opened
             self._opened.add(TENSORBOARD_DIR)
             if first and not self.cfg.resumed:   # a new run: no events of an earlier one
@@ -320,7 +347,7 @@ class Reporter:
                 self._writer.add_scalar(tensorboard_tag(key), value, step)
         self._writer.flush()
 
-    def _totals(self) -> dict:
+    def _totals(self) -> Row:
         finite = [r for r in self.records if r.finite and not r.skipped]
         step_s = sum(r.step_time_s for r in self.records)
         runtime = (self.end_s or self.clock()) - (self.begin_s or self.created_s)
@@ -331,7 +358,7 @@ class Reporter:
                 "train_tokens_per_second": tokens / step_s if step_s > 0 else None}
 
     # ---- progress --------------------------------------------------------------------------
-    def _progress(self, record) -> None:
+    def _progress(self, record: StepRecord) -> None:
         text = (f"loss {record.loss:.4f}  lr {record.lr:.2e}  g {record.g:+.3e}  "
                 f"{record.tokens_per_s:,.0f} tok/s")
         if self._bar is not None:
@@ -347,6 +374,7 @@ class Reporter:
         if not (due or last or len(self.records) == 1):
             return
         self.last_line_s = now
+        assert self.begin_s is not None, "a step before begin"
         elapsed = now - self.begin_s
         if last:
             tail = f"{fmt_duration(elapsed)} in all"
@@ -369,7 +397,7 @@ class Reporter:
         print(text, file=self.stream, flush=True)
         return text
 
-    def _history(self) -> list:
+    def _history(self) -> Iterable[StepRecord]:
         """Every step of the run: the log (a resumed run's earlier steps too), else this
         invocation's steps."""
         if self.out is not None:
@@ -414,7 +442,7 @@ class _Bar:
 
 
 # ---- the summary's lines -------------------------------------------------------------------
-def summary_lines(rep: Reporter, history: list) -> list[str]:
+def summary_lines(rep: Reporter, history: Iterable[StepRecord]) -> list[str]:
     cfg = rep.cfg
     now = rep.clock()
     begin = rep.begin_s if rep.begin_s is not None else now
@@ -435,14 +463,14 @@ def summary_lines(rep: Reporter, history: list) -> list[str]:
     return [line for line in lines if line]
 
 
-def _loss_line(history: list) -> str:
+def _loss_line(history: Iterable[StepRecord]) -> str:
     good = [r for r in history if r.finite and not r.skipped]
     if not good:
         return "  loss: no finite step"
     window = max(1, min(LOSS_WINDOW, len(good) // 2))   # a short run: halves, apart
     head, tail = good[:window], good[-window:]
 
-    def part(records) -> str:
+    def part(records: list[StepRecord]) -> str:
         mean = sum(r.loss for r in records) / len(records)
         where = (f"step {records[0].step + 1}" if len(records) == 1
                  else f"steps {records[0].step + 1}-{records[-1].step + 1}")
@@ -456,7 +484,7 @@ def _eval_lines(rep: Reporter) -> list[str]:
     if not rep.evals:
         return []
 
-    def figures(metrics: dict) -> str:
+    def figures(metrics: Metrics) -> str:
         return "  ".join(f"{k} {_fmt_metric(v)}" for k, v in metrics.items())
     step, last = rep.evals[-1]
     lines = [f"  eval, final (after step {step}): {figures(last)}"]
@@ -472,7 +500,7 @@ def _eval_lines(rep: Reporter) -> list[str]:
 
 def _output_lines(rep: Reporter) -> list[str]:
     cfg = rep.cfg
-    lines = []
+    lines: list[str] = []
     if rep.out is None:
         lines.append("  weights: not saved (no --out)")
     else:
@@ -508,7 +536,7 @@ def _weights_note(final: Path) -> str:
     return f"config, generation config, {weights}"
 
 
-def _adapter_lines(cfg, final: Path) -> list[str]:
+def _adapter_lines(cfg: RunConfig, final: Path) -> list[str]:
     """A LoRA run's final/: a PEFT adapter folder, and the line that loads it."""
     head = f"  adapters: {final}  (PEFT adapters: adapter_model.safetensors, {ADAPTER_CONFIG})"
     if cfg.source_dir is None:
@@ -527,12 +555,13 @@ def _adapter_lines(cfg, final: Path) -> list[str]:
 def _is_prefix(final: Path) -> bool:
     """A PEFT folder of prefixes (PREFIX_TUNING), not of LoRA adapters."""
     try:
-        return json.loads((final / ADAPTER_CONFIG).read_text()).get("peft_type") == "PREFIX_TUNING"
+        peft_type: object = json.loads((final / ADAPTER_CONFIG).read_text()).get("peft_type")
+        return peft_type == "PREFIX_TUNING"
     except (OSError, ValueError, AttributeError):
         return False
 
 
-def _tokenizer_note(cfg, final: Path) -> str:
+def _tokenizer_note(cfg: RunConfig, final: Path) -> str:
     from zoexec.model.export import tokenizer_files
 
     if tokenizer_files(final):

@@ -26,13 +26,13 @@ from zoplan.io import loads_strict, sha256_json, sha256_path
 
 
 # ---- what ties saved weights to their run ----------------------------------------------------
-def history_digest(previous: str, step: int, update: Update | None) -> str:
+def history_digest(previous: str | None, step: int, update: Update | None) -> str:
     """The digest of a run's history through the step of index `step` (counted from 0:
     the steps done before it): the one through the step before (`previous`; before the
-    first, the run's digest) and this step's update ((seed, g, lr),
-    and each direction's g when a step takes several; None for a step that applied
-    none). Saved weights record it; a resume recomputes it from the log, so weights are
-    used only after the very updates they hold."""
+    first, the run's digest: None for a config built by hand, without a run.json) and
+    this step's update ((seed, g, lr), and each direction's g when a step takes several;
+    None for a step that applied none). Saved weights record it; a resume recomputes it
+    from the log, so weights are used only after the very updates they hold."""
     applied: list[Any] | None = None if update is None else [update.seed, update.g, update.lr]
     if update is not None and update.gs:
         cast(list[Any], applied).append(list(update.gs))
@@ -81,9 +81,10 @@ def unbound(folder: Path) -> str | None:
     return f"{Path(folder) / STATE} records {what}"
 
 
-def binding(*, run_digest: str, step: int, history: str) -> dict[str, Any]:
+def binding(*, run_digest: str | None, step: int, history: str | None) -> dict[str, Any]:
     """The fields of a saved folder's state.json that tie it to its run: the steps its
-    weights hold (`step`, "global_step": N after N updates), the run and the history."""
+    weights hold (`step`, "global_step": N after N updates), the run and the history
+    (None: a run without a run.json, its config built by hand: bound to no run)."""
     return {"global_step": step, "run_digest": run_digest, "history_sha256": history}
 
 

@@ -77,7 +77,7 @@ class BestMetric:
         if folder is not None:
             self.value = _saved_value(folder, metric)
 
-    def improved(self, metrics: dict) -> bool:
+    def improved(self, metrics: dict[str, float]) -> bool:
         """Is `metrics` better than the best so far (then it becomes the best)?"""
         value = metrics.get(self.metric)
         if value is None or not math.isfinite(value):
@@ -88,7 +88,7 @@ class BestMetric:
         self.value = value
         return True
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, object]:
         return {"metric": self.metric, "value": self.value, "greater_is_better": self.greater}
 
 

@@ -13,15 +13,16 @@ import torch.distributed as dist
 from zoexec.maths.zo import perturb_into
 from zoexec.runtime import groups as zgroups
 from zoexec.runtime.errors import LaneFailure
-from zoexec.train.streams import CLEAN
+from zoexec.train.state import CLEAN, Event, Hidden, Stream
+from zoexec.train.updates import ZoUpdates
 
 
-class BlockPipeline:
+class BlockPipeline(ZoUpdates):
     """The pass over the blocks (see the module docstring); a part of `Trainer`,
     whose state it reads."""
 
     # ---- blocks ------------------------------------------------------------------------
-    def _blocks(self, seed: int | None, acts: list | None):
+    def _blocks(self, seed: int | None, acts: list[Hidden] | None) -> Event:
         """The block pipeline of one pass (seed None and no acts: the flush, no forward;
         seed None with acts: evaluation, a forward on the clean weights and no
         write-back). Returns the done-event of the last write-back (None on the CPU or
@@ -30,8 +31,9 @@ class BlockPipeline:
         block of slices 1 uses none)."""
         self.passes += 1
         stamp = self.passes
-        free = [None] * len(self.bufs)
-        last, used = None, 0
+        free: list[Event] = [None] * len(self.bufs)
+        last: Event = None
+        used = 0
         for block in range(self.store.num_blocks):
             shard = self.shards.get(block)
             if shard is not None and self.env.layout.slices == 1:
@@ -47,19 +49,21 @@ class BlockPipeline:
                                                          stamp, after=free[slot])
         return last
 
-    def _offloaded_pass(self, block: int, buf: torch.Tensor, seed, acts, stamp: int, *, after):
+    def _offloaded_pass(self, block: int, buf: torch.Tensor, seed: int | None,
+                        acts: list[Hidden] | None, stamp: int, *, after: Event) -> Event:
         """h2d, [slice_update], [allgather], [fence], update, forward, d2h of an
         offloaded block; returns the event that frees its buffer."""
         evaluating = seed is None and acts is not None
         ready = self._upload(block, buf, stamp, after=after, split=self.split and not evaluating)
         fence = self._fence(block, after=ready)
-        if evaluating:
+        if seed is None and acts is not None:   # evaluating
             return self._clean_forward(block, buf[:self.parts.block_numel], acts, after=ready)
         with self.lanes.task("update", block, after=(ready,)) as update:
             self._update_block(buf[:self.parts.block_numel], block, seed,
                                pending=not self.split)
         done = update.done
         if seed is not None:
+            assert acts is not None, "a step's pass carries its activations"
             with self.lanes.task("forward", block) as forward:
                 self._forward_block(buf[:self.parts.block_numel], acts, block=block)
             done = forward.done
@@ -69,15 +73,15 @@ class BlockPipeline:
             self._write_back(block, buf)
         return d2h.done
 
-    def _sharded_pass(self, block: int, shard: torch.Tensor, buf: torch.Tensor, seed, acts, *,
-                      after):
+    def _sharded_pass(self, block: int, shard: torch.Tensor, buf: torch.Tensor,
+                      seed: int | None, acts: list[Hidden] | None, *, after: Event) -> Event:
         """A resident block of slices > 1: [slice_update] on the rank's shard, the slice
         group's all-gather into `buf`, update (without slice_update: also the rank's
         slice of the updated block back into its shard), forward. The flush with
         slice_update stops after the slice update (the shard is all the block has).
         Returns the event that frees the buffer."""
         evaluating = seed is None and acts is not None
-        ready = None
+        ready: Event = None
         if self.split and not evaluating:
             with self.lanes.task("slice_update", block) as sliced:
                 self._slice_update(block, shard)
@@ -87,7 +91,7 @@ class BlockPipeline:
         with self.lanes.task("allgather", block, after=(after, ready)) as gather:
             _wait(zgroups.all_gather_flat(buf, shard, group=self.env.slice))
         theta = buf[:self.parts.block_numel]
-        if evaluating:
+        if seed is None and acts is not None:   # evaluating
             return self._clean_forward(block, theta, acts, after=gather.done)
         with self.lanes.task("update", block, after=(gather.done,)) as update:
             if not self.split and self.pending:
@@ -96,11 +100,13 @@ class BlockPipeline:
             self._update_block(theta, block, seed, pending=False)
         if seed is None:
             return update.done
+        assert acts is not None, "a step's pass carries its activations"
         with self.lanes.task("forward", block) as forward:
             self._forward_block(theta, acts, block=block)
         return forward.done
 
-    def _resident_pass(self, block: int, shard: torch.Tensor, seed, acts) -> None:
+    def _resident_pass(self, block: int, shard: torch.Tensor, seed: int | None,
+                       acts: list[Hidden] | None) -> None:
         """A resident block of slices 1 (the shard is the whole block): update and
         forward in place, no buffer, no copy."""
         theta = shard[:self.parts.block_numel]
@@ -110,17 +116,20 @@ class BlockPipeline:
         with self.lanes.task("update", block):
             self._update_block(theta, block, seed, pending=True)
         if seed is not None:
+            assert acts is not None, "a step's pass carries its activations"
             with self.lanes.task("forward", block):
                 self._forward_block(theta, acts, block=block)
 
-    def _clean_forward(self, block: int, theta: torch.Tensor, acts: list, *, after):
+    def _clean_forward(self, block: int, theta: torch.Tensor, acts: list[Hidden], *,
+                       after: Event) -> Event:
         """Evaluation: the block's forward on its clean weights (no perturbation)."""
         with self.lanes.task("forward", block, after=(after,)) as forward:
             self.work.copy_(theta)
             self._forward_block(theta, acts, block=block, streams=CLEAN)
         return forward.done
 
-    def _upload(self, block: int, buf: torch.Tensor, stamp: int, *, after, split: bool):
+    def _upload(self, block: int, buf: torch.Tensor, stamp: int, *, after: Event,
+                split: bool) -> Event:
         """h2d of this rank's slice (CPU fence: then its read stamp), [the update on the
         slice], then the slice group's all-gather. Returns the block's ready event."""
         slices = self.env.layout.slices
@@ -152,7 +161,7 @@ class BlockPipeline:
                                 start=start, edge=self.slice_edge, scratch=self.slice_scratch,
                                 dirs=self.slice_dirs)
 
-    def _fence(self, block: int, *, after):
+    def _fence(self, block: int, *, after: Event) -> Event:
         """CUDA write-back fence: all local ranks have read `block` (node all-reduce).
         The CPU waits on the read stamps before d2h instead (_offloaded_pass)."""
         if not self.fence_needed or self.flags is not None:
@@ -164,8 +173,8 @@ class BlockPipeline:
             raise exc.renamed("fence") from exc.cause
         return fence.done
 
-    def _forward_block(self, theta: torch.Tensor, acts: list, *, block: int,
-                       streams: tuple | None = None) -> None:
+    def _forward_block(self, theta: torch.Tensor, acts: list[Hidden], *, block: int,
+                       streams: tuple[Stream, ...] | None = None) -> None:
         """The block's forward for each stream, the perturbation rebuilt between them
         (d drawn again when the direction changes)."""
         streams = streams or self.streams
@@ -208,7 +217,7 @@ def _piece(flat: torch.Tensor, part: int, parts: int) -> torch.Tensor:
     return flat[part * size:(part + 1) * size]
 
 
-def _wait(work) -> None:
+def _wait(work: dist.Work | None) -> None:
     """Wait for an async collective (CUDA: the current stream waits; gloo: blocks)."""
     if work is not None:
         work.wait()

@@ -82,7 +82,9 @@ deferred updates and perturbation (zoexec.train.updates.ZoUpdates).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -102,6 +104,7 @@ from zoexec.store.fence import ReadFlags
 from zoexec.store.node import store_staging
 from zoexec.train.blocks import BlockPipeline, _wait
 from zoexec.train.speed import SpeedMonitor
+from zoexec.train.state import BatchSource, Lanes
 from zoexec.train.streams import SIGNS, StreamEnds, rank_streams
 from zoexec.train.updates import ZoUpdates
 from zoexec.train.zokernel import zo_kernel_of, zo_pass_fn
@@ -110,6 +113,12 @@ from zoplan.execrules import fence_needed, z_chunk
 from zoplan.plan import Plan
 
 Pending = Update   # a deferred update: step, seed, projected gradient(s), learning rate
+# An evaluation's figures per row from the hidden states leaving the last block
+# (zoexec.model.heads.row_scores, zoexec.train.generate.next_tokens)
+RowHead = Callable[[ModelParts, torch.Tensor, Batch], torch.Tensor]
+# state.json of saved weights as a function of the folder written so far (the
+# checksums of its files: zoexec.run.loop; the frozen-base trainers' `save`)
+SavedState = Callable[[Path], dict[str, object]]
 
 
 # ---- the training loop ---------------------------------------------------------------------
@@ -122,8 +131,8 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
     env: zgroups.DistEnv
     parts: ModelParts
     store: BlockStore
-    source: object
-    lanes: object
+    source: BatchSource | None          # None: evaluation only (no step)
+    lanes: Lanes
     pending: tuple[Pending, ...] = ()   # deferred updates, applied in order at the next pass
     flags: ReadFlags | None = None      # CPU write-back fence (share_read_flags)
     passes: int = 0                     # block passes so far: the fence's stamp
@@ -209,7 +218,7 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
 
     # ---- steps -----------------------------------------------------------------------
     def step(self, step: int, *, lr: float,
-             flags: tuple[float, float] = (0.0, 0.0)) -> tuple[StepRecord, tuple]:
+             flags: tuple[float, float] = (0.0, 0.0)) -> tuple[StepRecord, tuple[float, ...]]:
         """One training step: (its record, the world's sum of every rank's `flags`,
         exchanged in the loss all-reduce: zoexec.run.loop's stop and snapshot requests).
         The step's update becomes pending only when the loop says so (set_pending)."""
@@ -253,7 +262,7 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
         update = record.update
         self.pending = (update,) if update else ()
 
-    def replay(self, updates) -> None:
+    def replay(self, updates: Iterable[Update]) -> None:
         """Apply logged updates (zoexec.maths.history.Update, in step order) in one pass
         over the blocks: each block gets them in the order the run applied them. Whole
         blocks, also with the update on the slice (sparse's thresholds need a whole
@@ -281,7 +290,7 @@ class Trainer(StreamEnds, BlockPipeline, ZoUpdates):
             zgroups.host_barrier(self.env)
 
     # ---- evaluation --------------------------------------------------------------------
-    def evaluate(self, batch: Batch, *, head=None) -> torch.Tensor:
+    def evaluate(self, batch: Batch, *, head: RowHead | None = None) -> torch.Tensor:
         """Per row of this rank's `batch` (zoexec.model.heads.row_scores, float64, on
         the CPU): [summed next-token CE over its labelled positions, their count], or
         with single-token candidates each candidate's log-probability at the row's

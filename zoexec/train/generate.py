@@ -17,9 +17,12 @@ import torch
 import torch.distributed as dist
 
 from zoexec.data.batch import IGNORE, Batch
+from zoexec.data.generation import Decoding
+from zoexec.model.heads import HeadParts
+from zoexec.train.engine import Trainer
 
 
-def next_tokens(parts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+def next_tokens(parts: HeadParts, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
     """The likeliest next token after each row's marked position (labels != IGNORE: its
     last token), float64 [rows, 1]; -1 for a row without a mark."""
     rows, pos = (batch.labels != IGNORE).nonzero(as_tuple=True)
@@ -43,7 +46,7 @@ def marked_batch(rows: list[tuple[int, ...]], *, pad: int) -> Batch:
     return Batch(ids, labels)
 
 
-def greedy(trainer, decoding, *, batch: int) -> list[list[int]]:
+def greedy(trainer: Trainer, decoding: Decoding, *, batch: int) -> list[list[int]]:
     """The tokens generated after each of `decoding.prompts` (zoexec.data.generation
     .Decoding: the limit, the stop rule), in calls of `batch` rows over the job."""
     ddp = trainer.env.layout.ddp
@@ -57,7 +60,8 @@ def greedy(trainer, decoding, *, batch: int) -> list[list[int]]:
     return out
 
 
-def _decode_call(trainer, decoding, chunk: list[int], out: list[list[int]], *, per: int,
+def _decode_call(trainer: Trainer, decoding: Decoding, chunk: list[int], out: list[list[int]],
+                 *, per: int,
                  call: int) -> None:
     """Generate for the prompts `chunk` (at most `call`), every rank the same forwards."""
     lo = trainer.data_shard * per
@@ -65,7 +69,7 @@ def _decode_call(trainer, decoding, chunk: list[int], out: list[list[int]], *, p
     for _ in range(decoding.max_new):
         if all(done):
             return
-        rows = []
+        rows: list[tuple[int, ...]] = []
         for j in range(lo, lo + per):
             live = j < len(chunk) and not done[j]
             rows.append(decoding.prompts[chunk[j]] + tuple(out[chunk[j]]) if live else ())
@@ -78,7 +82,7 @@ def _decode_call(trainer, decoding, chunk: list[int], out: list[list[int]], *, p
                 done[j] = decoding.stops(token)
 
 
-def _share(trainer, tokens: torch.Tensor, *, lo: int, call: int) -> torch.Tensor:
+def _share(trainer: Trainer, tokens: torch.Tensor, *, lo: int, call: int) -> torch.Tensor:
     """Every shard's tokens on every rank: [call] (each shard's from its l+ rank)."""
     vec = torch.zeros(call, dtype=torch.float64)
     if trainer.signs[0] > 0:

@@ -22,16 +22,18 @@ a resume's replay update the adapters alone, without a pass over the blocks.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 import torch
 
+from zoexec.data.batch import Batch
 from zoexec.maths.estimators import direction_seed
 from zoexec.maths.zo import apply_update, perturb_into
 from zoexec.model import heads
-from zoexec.model.families import bind_block, bind_resident, resident_flat
+from zoexec.model.families import TensorSpec, bind_block, bind_resident, resident_flat
 from zoexec.model.lora import (
     AdapterHooks,
+    LoraSpec,
     init_adapters,
     is_adapter_folder,
     load_adapters,
@@ -41,16 +43,38 @@ from zoexec.model.lora import (
 from zoexec.runtime import groups as zgroups
 from zoexec.store.node import store_staging
 from zoexec.train.blocks import _wait
-from zoexec.train.engine import Trainer
+from zoexec.train.engine import SavedState, Trainer
+from zoexec.train.state import Event, Hidden, Stream
 from zoexec.train.streams import add_at, loss_vector
 from zoplan.errors import ZoError
 from zoplan.plan import Plan
 
 
-class LoraTrainer(Trainer):
-    """The step loop of one rank training LoRA adapters (module docstring)."""
+class TunedSpec(Protocol):
+    """The trained tensors of a block (zoexec.model.lora.LoraSpec,
+    zoexec.model.prefix.PrefixSpec): their specs in the flat buffer and its size."""
+
+    @property
+    def specs(self) -> tuple[TensorSpec, ...]: ...
+
+    @property
+    def numel(self) -> int: ...
+
+
+SpecT = TypeVar("SpecT", bound=TunedSpec)
+
+
+class FrozenBaseTrainer(Trainer, Generic[SpecT]):
+    """The step loop of one rank training small tensors per block over a frozen base
+    (module docstring): what LoRA and prefix tuning share; `lora` holds the spec of a
+    block's trained tensors, which each kind makes, attaches, starts and saves."""
 
     writes_back: ClassVar[bool] = False
+    lora: SpecT             # the trained tensors of a block
+    block_now: int          # the block the working tensors belong to
+    adapters: torch.Tensor  # every block's trained tensors: [blocks, numel] fp32
+    work_a: torch.Tensor    # the working (perturbed) tensors of one block, compute dtype
+    z_a: torch.Tensor       # their direction, fp32
 
     def __post_init__(self) -> None:
         if self.flags is not None:
@@ -74,7 +98,9 @@ class LoraTrainer(Trainer):
         self.theta_r = self.work_r       # frozen: the clean copy is the working one
         bind_resident(parts, self.work_r)
         self.lora = self._tuned_spec()
-        self.work = self.z = self.z_r = None
+        # the base is frozen: no working block, z or resident z (empty: nothing reads them)
+        self.work, self.z, self.z_r = (torch.empty(0, dtype=parts.dtype, device=dev)
+                                       for _ in range(3))
         self.scratch = []
         self.dirs = self._directions(specs=list(self.lora.specs))
         self.block_now = 0
@@ -86,28 +112,18 @@ class LoraTrainer(Trainer):
         self._attach(self.work_a)
         self._allocate_shards()
 
-    def _tuned_spec(self):
-        """The trained tensors of a block (their specs and numel): LoRA's adapters."""
-        wl = self.cfg.workload
-        return lora_spec(self.parts.block, r=wl.lora_r, alpha=wl.lora_alpha,
-                         targets=wl.lora_targets)
+    def _tuned_spec(self) -> SpecT:
+        """The trained tensors of a block (their specs and numel)."""
+        raise NotImplementedError
 
     def _attach(self, work: torch.Tensor) -> None:
         """Make the working block compute with the working tensors `work`."""
-        self.hooks = AdapterHooks(self.parts.block, self.lora)
-        self.hooks.bind(work)
+        raise NotImplementedError
 
     def _initial_adapters(self) -> torch.Tensor:
-        """[blocks, numel] fp32: a resumed run's snapshot (checked), else PEFT's
-        initialisation from the run seed."""
-        parts = self.parts
-        if is_adapter_folder(self.cfg.load_from):
-            return load_adapters(self.cfg.load_from, self.lora, layer_prefix=parts.layer_prefix,
-                                 num_blocks=self.store.num_blocks)
-        out = torch.empty(self.store.num_blocks, self.lora.numel, dtype=torch.float32)
-        for block in range(self.store.num_blocks):
-            init_adapters(self.lora, seed=self.cfg.optim.seed, block=block, out=out[block])
-        return out
+        """[blocks, numel] fp32: a resumed run's snapshot (checked), else the kind's
+        initialisation."""
+        raise NotImplementedError
 
     # ---- the adapters ------------------------------------------------------------------
     def _apply_adapters(self, block: int) -> None:
@@ -134,7 +150,7 @@ class LoraTrainer(Trainer):
 
     def _draw_adapters(self, block: int, direction: int) -> None:
         """z_a <- d of the step in progress along `direction` (block's adapters)."""
-        step, seed = self.now
+        step, seed = self._step_now()
         self.dirs.fill(self.z_a, seed=direction_seed(seed, direction), step=step, block=block,
                        specs=self.lora.specs, theta=self.adapters[block])
 
@@ -152,8 +168,8 @@ class LoraTrainer(Trainer):
             perturb_into(self.work_a, self.adapters[block], self.z_a,
                          first.sign * self.cfg.optim.eps)
 
-    def _forward_block(self, theta: torch.Tensor, acts: list, *, block: int,
-                       streams: tuple | None = None) -> None:
+    def _forward_block(self, theta: torch.Tensor, acts: list[Hidden], *, block: int,
+                       streams: tuple[Stream, ...] | None = None) -> None:
         streams = streams or self.streams
         for index, stream in enumerate(streams):
             if index:
@@ -164,7 +180,8 @@ class LoraTrainer(Trainer):
             hidden, ctx = acts[index]
             acts[index] = (self.parts.block_forward(hidden, ctx), ctx)
 
-    def _clean_forward(self, block: int, theta: torch.Tensor, acts: list, *, after):
+    def _clean_forward(self, block: int, theta: torch.Tensor, acts: list[Hidden], *,
+                       after: Event) -> Event:
         """Evaluation: the base block with its clean adapters."""
         with self.lanes.task("forward", block, after=(after,)) as forward:
             bind_block(self.parts, theta)
@@ -174,17 +191,19 @@ class LoraTrainer(Trainer):
         return forward.done
 
     # ---- the step ----------------------------------------------------------------------
-    def _embed(self, seed: int, batches: list) -> list:
+    def _embed(self, seed: int, batches: list[Batch]) -> list[Hidden]:
         """The embeddings of each stream's rows, once per distinct rows (frozen: an
         evaluation's, _eval_embed; prefix tuning's after its prefix)."""
-        out, done = [], {}
+        out: list[Hidden] = []
+        done: dict[int, Hidden] = {}
         for batch in batches:
             if id(batch) not in done:
                 done[id(batch)] = self._eval_embed(batch.ids)
             out.append(done[id(batch)])
         return out
 
-    def _head(self, acts: list, batches: list, flags: tuple) -> torch.Tensor:
+    def _head(self, acts: list[Hidden], batches: list[Batch],
+              flags: tuple[float, ...]) -> torch.Tensor:
         """The engine's head (zoexec.model.heads.loss_sum, the task's loss at its labelled
         positions) on each stream's activations, [sum l+, sum l-, count] per direction
         then *flags; the resident parts are frozen, so nothing is rebuilt between them."""
@@ -196,19 +215,22 @@ class LoraTrainer(Trainer):
                 add_at(vec, 3 * stream.direction + 2, count)
         return vec
 
-    def _offloaded_pass(self, block: int, buf: torch.Tensor, seed, acts, stamp: int, *, after):
+    def _offloaded_pass(self, block: int, buf: torch.Tensor, seed: int | None,
+                        acts: list[Hidden] | None, stamp: int, *, after: Event) -> Event:
         """h2d, [allgather], update (the adapters), forward; nothing written back. The
         buffer is free once the forward is done."""
+        assert acts is not None, "every pass of a frozen base forwards (the flush makes none)"
         ready = self._upload(block, buf, stamp, after=after, split=False)
         theta = buf[:self.parts.block_numel]
         if seed is None:
             return self._clean_forward(block, theta, acts, after=ready)
         return self._adapted_forward(block, theta, seed, acts, after=ready)
 
-    def _sharded_pass(self, block: int, shard: torch.Tensor, buf: torch.Tensor, seed, acts, *,
-                      after):
+    def _sharded_pass(self, block: int, shard: torch.Tensor, buf: torch.Tensor,
+                      seed: int | None, acts: list[Hidden] | None, *, after: Event) -> Event:
         """A resident block of slices > 1: the slice group's all-gather, update (the
         adapters), forward; the shard never changes."""
+        assert acts is not None, "every pass of a frozen base forwards (the flush makes none)"
         with self.lanes.task("allgather", block, after=(after,)) as gather:
             _wait(zgroups.all_gather_flat(buf, shard, group=self.env.slice))
         theta = buf[:self.parts.block_numel]
@@ -216,7 +238,8 @@ class LoraTrainer(Trainer):
             return self._clean_forward(block, theta, acts, after=gather.done)
         return self._adapted_forward(block, theta, seed, acts, after=gather.done)
 
-    def _adapted_forward(self, block: int, theta: torch.Tensor, seed: int, acts: list, *, after):
+    def _adapted_forward(self, block: int, theta: torch.Tensor, seed: int, acts: list[Hidden],
+                         *, after: Event) -> Event:
         with self.lanes.task("update", block, after=(after,)):
             self._update_block(theta, block, seed, pending=True)
         with self.lanes.task("forward", block) as forward:
@@ -227,13 +250,52 @@ class LoraTrainer(Trainer):
     def store_shards(self) -> None:
         """Nothing: the base is never changed, the store already holds it."""
 
-    def save(self, folder, *, state) -> None:
+    def save(self, folder: Path, *, state: SavedState) -> None:
+        """Rank 0: the trained tensors as a PEFT folder with the base's tokenizer; `state`:
+        state.json as a function of the folder written so far (the tokenizer's files
+        among its checksums)."""
+        raise NotImplementedError
+
+    def base_name(self) -> str:
+        """What a saved folder names as its base: the model folder's absolute path
+        (`zoexec eval FOLDER` finds it from anywhere), or the plan's model."""
+        cfg = self.cfg
+        path = cfg.model.model_path
+        return str(Path(path).resolve()) if path else Plan(cfg.plan).model.name
+
+
+class LoraTrainer(FrozenBaseTrainer[LoraSpec]):
+    """The step loop of one rank training LoRA adapters (module docstring)."""
+
+    hooks: AdapterHooks
+
+    def _tuned_spec(self) -> LoraSpec:
+        """The trained tensors of a block (their specs and numel): LoRA's adapters."""
+        wl = self.cfg.workload
+        return lora_spec(self.parts.block, r=wl.lora_r, alpha=wl.lora_alpha,
+                         targets=wl.lora_targets)
+
+    def _attach(self, work: torch.Tensor) -> None:
+        """Make the working block compute with the working tensors `work`."""
+        self.hooks = AdapterHooks(self.parts.block, self.lora)
+        self.hooks.bind(work)
+
+    def _initial_adapters(self) -> torch.Tensor:
+        """[blocks, numel] fp32: a resumed run's snapshot (checked), else PEFT's
+        initialisation from the run seed."""
+        parts = self.parts
+        if self.cfg.load_from is not None and is_adapter_folder(self.cfg.load_from):
+            return load_adapters(Path(self.cfg.load_from), self.lora,
+                                 layer_prefix=parts.layer_prefix, num_blocks=self.store.num_blocks)
+        out = torch.empty(self.store.num_blocks, self.lora.numel, dtype=torch.float32)
+        for block in range(self.store.num_blocks):
+            init_adapters(self.lora, seed=self.cfg.optim.seed, block=block, out=out[block])
+        return out
+
+    def save(self, folder: Path, *, state: SavedState) -> None:
         """Rank 0: the adapters as a PEFT folder with the base's tokenizer
         (zoexec.model.lora.save_adapters); `state`: state.json as a function of the
         folder written so far (the tokenizer's files among its checksums)."""
-        cfg = self.cfg
-        path = cfg.model.model_path   # absolute: `zoexec eval FOLDER` finds it from anywhere
-        base = str(Path(path).resolve()) if path else Plan(cfg.plan).model.name
-        source = Path(cfg.source_dir) if cfg.source_dir else None
+        source = Path(self.cfg.source_dir) if self.cfg.source_dir else None
         save_adapters(folder, self.adapters.cpu(), self.lora, layer_prefix=self.parts.layer_prefix,
-                      base=base, tokenizer_from=source, state=state)
+                      base=self.base_name(), tokenizer_from=source, state=state)

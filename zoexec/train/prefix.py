@@ -1,5 +1,5 @@
 """One rank of a prefix-tuning run (Workload.tuning "prefix"): LoRA's schedule
-(zoexec.train.lora.LoraTrainer: a frozen, read-only base, small fp32 tensors per block
+(zoexec.train.lora.FrozenBaseTrainer: a frozen, read-only base, small fp32 tensors per block
 as the only trained weights, perturbed and updated block by block, identical on every
 rank) with each block's prefix keys and values (zoexec.model.prefix) in place of
 adapters: the working block's attention gets them through the cache of the ctx
@@ -11,12 +11,14 @@ or a snapshot's on a resume.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from zoexec.model.prefix import (
     PrefixCache,
+    PrefixSpec,
     init_prefix,
     is_prefix_folder,
     load_prefixes,
@@ -24,14 +26,18 @@ from zoexec.model.prefix import (
     prefix_spec,
     save_prefixes,
 )
-from zoexec.train.lora import LoraTrainer
-from zoplan.plan import Plan
+from zoexec.train.engine import SavedState, Trainer
+from zoexec.train.lora import FrozenBaseTrainer, LoraTrainer
+from zoexec.train.state import Hidden
+from zoplan.workload import Workload
 
 
-class PrefixTrainer(LoraTrainer):
+class PrefixTrainer(FrozenBaseTrainer[PrefixSpec]):
     """The step loop of one rank training prefixes (module docstring)."""
 
-    def _tuned_spec(self):
+    cache: PrefixCache
+
+    def _tuned_spec(self) -> PrefixSpec:
         return prefix_spec(self.parts, tokens=self.cfg.workload.prefix_tokens)
 
     def _attach(self, work: torch.Tensor) -> None:
@@ -47,7 +53,7 @@ class PrefixTrainer(LoraTrainer):
         out = torch.zeros(blocks, self.lora.numel, dtype=torch.float32, device=self.env.device)
         buf = self.bufs[0][:self.store.block_numel]
 
-        def weights():
+        def weights() -> Iterator[torch.Tensor]:
             for block in range(blocks):
                 buf.copy_(self.store.weights(block))
                 yield buf
@@ -58,22 +64,18 @@ class PrefixTrainer(LoraTrainer):
             dist.broadcast(out, src=0, group=self.env.world)
         return out.cpu()
 
-    def _eval_embed(self, ids: torch.Tensor):
+    def _eval_embed(self, ids: torch.Tensor) -> Hidden:
         return prefix_embed(self.parts, ids, self.cache)
 
-    def save(self, folder, *, state) -> None:
+    def save(self, folder: Path, *, state: SavedState) -> None:
         """Rank 0: the prefixes as a PEFT prefix-tuning folder with the base's tokenizer
         (zoexec.model.prefix.save_prefixes)."""
-        cfg = self.cfg
-        path = cfg.model.model_path
-        base = str(Path(path).resolve()) if path else Plan(cfg.plan).model.name
-        source = Path(cfg.source_dir) if cfg.source_dir else None
-        save_prefixes(folder, self.adapters.cpu(), self.lora, base=base, tokenizer_from=source,
-                      state=state)
+        source = Path(self.cfg.source_dir) if self.cfg.source_dir else None
+        save_prefixes(folder, self.adapters.cpu(), self.lora, base=self.base_name(),
+                      tokenizer_from=source, state=state)
 
 
-def trainer_class(workload) -> type:
+def trainer_class(workload: Workload) -> type[Trainer]:
     """The step loop of a workload's tuning: Trainer (full), LoraTrainer, PrefixTrainer."""
-    from zoexec.train.engine import Trainer
-
-    return {"lora": LoraTrainer, "prefix": PrefixTrainer}.get(workload.tuning, Trainer)
+    tuned: dict[str, type[Trainer]] = {"lora": LoraTrainer, "prefix": PrefixTrainer}
+    return tuned.get(workload.tuning, Trainer)

@@ -5,34 +5,19 @@ all-reduce vector at its end. `StreamEnds` is a part of `Trainer`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from zoexec.data.batch import Batch, as_batch, shard
 from zoexec.maths.zo import RESIDENT_BLOCK, perturb_into
 from zoexec.model import heads
+from zoexec.train.state import Hidden, Stream
+from zoexec.train.updates import ZoUpdates
 from zoplan.estimators import direction_parts
 
-SIGNS = {"+-": (1.0, -1.0), "+": (1.0,), "-": (-1.0,)}
+SIGNS: dict[str, tuple[float, ...]] = {"+-": (1.0, -1.0), "+": (1.0,), "-": (-1.0,)}
 
 
-@dataclass(frozen=True, kw_only=True)
-class Stream:
-    """One forward of a step on this rank: the direction it perturbs along, its sign,
-    and its examples [first, stop) in the rank's data shard (all of it with one
-    direction)."""
-
-    direction: int
-    sign: float
-    first: int
-    stop: int
-
-
-CLEAN = (Stream(direction=0, sign=0.0, first=0, stop=0),)   # evaluation: no perturbation
-
-
-def rank_streams(*, signs: tuple, examples: int, directions: int, data_shard: int,
+def rank_streams(*, signs: tuple[float, ...], examples: int, directions: int, data_shard: int,
                  num_shards: int) -> tuple[Stream, ...]:
     """The rank's forwards of a step: each direction whose part of the global batch
     meets the rank's shard (zoplan.estimators.direction_parts), with each sign of its
@@ -43,7 +28,7 @@ def rank_streams(*, signs: tuple, examples: int, directions: int, data_shard: in
                  for j, lo, hi in parts for sign in signs)
 
 
-class StreamEnds:
+class StreamEnds(ZoUpdates):
     """The ends of a step: its batches, the embedding, the head (see the module
     docstring); a part of `Trainer`, whose state it reads."""
 
@@ -51,28 +36,31 @@ class StreamEnds:
         """Each stream's rows of the rank's shard of the step's batch, on the device (one
         batch for every stream with one direction; each part found on the host)."""
         wl = self.cfg.workload
+        assert self.source is not None, "a Trainer without data only evaluates"
         rows = as_batch(self.source.batch(step, wl.batch, wl.seq))
         mine = shard(rows, data_shard=self.data_shard, num_shards=self.env.layout.ddp)
         if self.estimator.directions == 1:
             return [mine.to(self.env.device)] * len(self.streams)
-        k, parts = mine.per_example, {}
+        k = mine.per_example
+        parts: dict[tuple[int, int], Batch] = {}
         for st in self.streams:
             if (st.first, st.stop) not in parts:
                 parts[(st.first, st.stop)] = mine.select(st.first * k, st.stop * k).to(self.env.device)
         return [parts[(st.first, st.stop)] for st in self.streams]
 
-    def _eval_embed(self, ids: torch.Tensor):
+    def _eval_embed(self, ids: torch.Tensor) -> Hidden:
         """An evaluation's (hidden, ctx) entering block 0 (prefix tuning: after its prefix)."""
         return self.parts.embed(ids)
 
-    def _embed(self, seed: int, batches: list) -> list:
+    def _embed(self, seed: int, batches: list[Batch]) -> list[Hidden]:
         """The resident parts' pending updates, then per stream its perturbation (d
         drawn again when the direction changes) and the embedding of its rows."""
         specs = self.parts.resident_specs
         terms = self._terms() if self.zk else None   # the counter paths: with the first perturbation
         if terms is None:
             self._apply_pending(self.theta_r, RESIDENT_BLOCK, specs, self.z_r)
-        acts, drawn = [], None
+        acts: list[Hidden] = []
+        drawn: int | None = None
         for stream, batch in zip(self.streams, batches, strict=True):
             if terms is not None:
                 self._zo_pass(self.theta_r, RESIDENT_BLOCK, specs, terms=terms, stream=stream,
@@ -87,7 +75,8 @@ class StreamEnds:
             acts.append(self.parts.embed(batch.ids))
         return acts
 
-    def _head(self, acts: list, batches: list, flags: tuple) -> torch.Tensor:
+    def _head(self, acts: list[Hidden], batches: list[Batch],
+              flags: tuple[float, ...]) -> torch.Tensor:
         """Summed loss of each stream (zoexec.model.heads.loss_sum: the head at the
         labelled positions only), last-built first (saves one rebuild), placed in the
         all-reduce vector [sum l+, sum l-, count] per direction, then *flags (float64);
@@ -114,7 +103,8 @@ class StreamEnds:
         return vec
 
 
-def loss_vector(flags: tuple, device: torch.device, *, directions: int = 1) -> torch.Tensor:
+def loss_vector(flags: tuple[float, ...], device: torch.device, *,
+                directions: int = 1) -> torch.Tensor:
     """The step's all-reduce vector [sum l+, sum l-, count] per direction, then *flags
     (float64), filled on the device: a host tensor copied to a GPU (torch.tensor(...,
     device=...)) would make the host wait for every task queued before it on the stream."""
@@ -131,6 +121,6 @@ def put(vec: torch.Tensor, index: int, value: float) -> None:
     vec[index:index + 1].fill_(value)
 
 
-def add_at(vec: torch.Tensor, index: int, value) -> None:
+def add_at(vec: torch.Tensor, index: int, value: float | torch.Tensor) -> None:
     """vec[index] += value (a Python number or a device scalar), on the device."""
     vec[index:index + 1].add_(value)

@@ -5,21 +5,27 @@ perturbation of a block. `ZoUpdates` is a part of `Trainer`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from zoexec.maths.counter import Perturb, Term, f32, terms_of
 from zoexec.maths.estimators import Directions, direction_seed
 from zoexec.maths.history import Update
 from zoexec.maths.zo import apply_update, apply_update_stochastic, perturb_into
-from zoexec.train.streams import Stream
+from zoexec.model.families import TensorSpec
+from zoexec.train.state import Stream, TrainerState
 from zoplan.execrules import SR_SCRATCH, sr_chunk
 
+Specs = Sequence[TensorSpec]   # the tensors of a flat range (a block's, the resident parts')
 
-class ZoUpdates:
+
+class ZoUpdates(TrainerState):
     """The estimator's draws, the deferred updates and the perturbation (see the
     module docstring); a part of `Trainer`, whose state it reads."""
 
-    def _directions(self, shared: Directions | None = None, specs=None) -> Directions:
+    def _directions(self, shared: Directions | None = None,
+                    specs: Specs | None = None) -> Directions:
         """The estimator's draws (zoexec.maths.estimators) for one lane of work, of the
         tensors of `specs` (default: a block's and the resident parts'; with `shared`, a
         block's), sparse thresholds shared with `shared`'s."""
@@ -30,7 +36,7 @@ class ZoUpdates:
                           shapes=[s.shape for s in specs])
 
     # ---- resident parts ----------------------------------------------------------------
-    def _update_scratch(self) -> list:
+    def _update_scratch(self) -> list[torch.Tensor]:
         """fp32 chunks the stochastic rounding computes the update in (update
         "stochastic"; none otherwise)."""
         if self.cfg.workload.update != "stochastic":
@@ -40,8 +46,10 @@ class ZoUpdates:
         return [torch.empty(size, dtype=torch.float32, device=self.env.device)
                 for _ in range(SR_SCRATCH)]
 
-    def _apply_pending(self, theta, block: int, specs, z, *, start: int | None = None,
-                       edge=None, scratch=None, dirs: Directions | None = None) -> None:
+    def _apply_pending(self, theta: torch.Tensor, block: int, specs: Specs, z: torch.Tensor,
+                       *, start: int | None = None, edge: torch.Tensor | None = None,
+                       scratch: list[torch.Tensor] | None = None,
+                       dirs: Directions | None = None) -> None:
         """theta -= lr * (g d_t + wd theta) for each pending update t in order (the
         deferred update of the last step; several when a resume replays the log), d_t
         the estimator's direction of step t (with q directions: g_j / q along each
@@ -63,8 +71,10 @@ class ZoUpdates:
                                  wd=self.cfg.optim.weight_decay if index == 0 else 0.0,
                                  start=start, edge=edge, scratch=scratch, dirs=dirs or self.dirs)
 
-    def _apply_term(self, theta, block, specs, z, pend: Update, direction: int, g: float, *,
-                    wd: float, start, edge, scratch, dirs: Directions) -> None:
+    def _apply_term(self, theta: torch.Tensor, block: int, specs: Specs, z: torch.Tensor,
+                    pend: Update, direction: int, g: float, *, wd: float, start: int | None,
+                    edge: torch.Tensor | None, scratch: list[torch.Tensor] | None,
+                    dirs: Directions) -> None:
         """One direction's share of a pending update (see _apply_pending)."""
         if not pend.lr or not (g or wd):
             return
@@ -82,12 +92,13 @@ class ZoUpdates:
                          decay_mask_or_specs=specs, start=start or 0)
         self.rounding.after(theta, z, before, g=g)
 
-    def _draw(self, z, theta, block: int, specs, direction: int) -> None:
+    def _draw(self, z: torch.Tensor, theta: torch.Tensor, block: int, specs: Specs,
+              direction: int) -> None:
         """z <- d of the step in progress along `direction` (the whole block; nothing on
         the counter paths: their passes regenerate z)."""
         if self.zk:
             return
-        step, seed = self.now
+        step, seed = self._step_now()
         self.dirs.fill(z, seed=direction_seed(seed, direction), step=step, block=block,
                        specs=specs, theta=theta)
 
@@ -96,15 +107,23 @@ class ZoUpdates:
         """The pending updates as the counter pass's terms (zoexec.maths.counter.terms_of)."""
         return terms_of(self.pending, weight_decay=self.cfg.optim.weight_decay)
 
-    def _zo_pass(self, theta, block: int, specs, *, terms=(), stream: Stream | None = None,
-                 work=None, start: int = 0) -> None:
+    def _step_now(self) -> tuple[int, int]:
+        """(step, seed) of the step in progress (Trainer.step sets it before any draw)."""
+        assert self.now is not None, "no step in progress"
+        return self.now
+
+    def _zo_pass(self, theta: torch.Tensor, block: int, specs: Specs, *,
+                 terms: Sequence[Term] = (), stream: Stream | None = None,
+                 work: torch.Tensor | None = None, start: int = 0) -> None:
         """One counter pass over `theta` (the block's range from `start`): `terms`, then
         `stream`'s perturbation of the step in progress into `work`."""
         perturb = None
         if stream is not None:
-            perturb = Perturb(seed=direction_seed(self.now[1], stream.direction),
+            assert work is not None, "a perturbation is written into `work`"
+            perturb = Perturb(seed=direction_seed(self._step_now()[1], stream.direction),
                               scale=f32(stream.sign * self.cfg.optim.eps), out=work)
         if terms or perturb is not None:
+            assert self.zk is not None, "the torch path draws z into buffers"
             self.zk(theta, specs=specs, block=block, terms=terms, perturb=perturb, start=start,
                     kind=self.zk_kind)
 

@@ -3,14 +3,25 @@ zoexec.runtime.device.fused_zo_problem) and what run.json's "z" records of it.""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 from zoexec.config import RunConfig
 from zoexec.maths import paths as zpaths
-from zoexec.maths.counter import counter_pass
+from zoexec.maths.counter import Perturb, Term, counter_pass
+from zoexec.model.families import TensorSpec
 from zoexec.runtime.device import fused_zo_problem
+
+
+class ZoPass(Protocol):
+    """A counter path's pass over a flat range (zoexec.maths.counter.counter_pass,
+    zoexec.maths.fused.fused_pass): the pending `terms`, then `perturb`."""
+
+    def __call__(self, theta: torch.Tensor, *, specs: Sequence[TensorSpec], block: int,
+                 terms: Sequence[Term], perturb: Perturb | None = ..., start: int = ...,
+                 kind: str = ...) -> object: ...
 
 
 def zo_kernel_of(cfg: RunConfig, device: torch.device) -> tuple[str, str | None]:
@@ -34,7 +45,7 @@ def zo_kernel_record(cfg: RunConfig, device: torch.device) -> dict[str, str]:
     return out
 
 
-def zo_pass_fn(path: str) -> Callable[..., object] | None:
+def zo_pass_fn(path: str) -> ZoPass | None:
     """The pass of a counter path (None: the torch path)."""
     if path == "fused":
         from zoexec.maths.fused import fused_pass
