@@ -12,7 +12,8 @@ log passes every `--every` steps.
     .venv/bin/python benchmarks/executor/bench_long_run.py --steps 3000 --ranks 2 --layers 40
     .venv/bin/python benchmarks/executor/bench_long_run.py --history   # the step history alone
 
-Prints per run and rank: RSS at the first sample after warm-up (`--warmup` steps), at
+Prints each sample as it is taken ("sample: step N, RSS (MiB) ..."), then per run and
+rank: RSS at the first sample after warm-up (`--warmup` steps), at
 the end, the growth per 1,000 steps between them (least-squares slope over the
 samples), the end against the steady RSS (the median of the samples) in percent, and
 each against its limit: less than 1 MiB grown after warm-up, no sample more than 5%
@@ -79,6 +80,9 @@ def _sampler(log: Path, ranks: int, samples: dict, stop: threading.Event, every:
                 samples[done] = [p.memory_info().rss for p in _ranks(me, ranks)]
             except psutil.Error:
                 pass
+            else:   # as it goes: a run stopped early still leaves its figures
+                print(f"sample: step {done}, RSS (MiB) "
+                      + ", ".join(f"{r / MIB:.3f}" for r in samples[done]), flush=True)
         seen = done
     if file is not None:
         file.close()
