@@ -193,3 +193,40 @@ def test_a_chunk_file_is_checked_before_it_is_trusted(tmp_path, tok_dir, small, 
     again = TextData(path, vocab=len(WORDS), tokenizer_dir=tok_dir).rows(4)
     assert torch.equal(again.ids, want.ids) and torch.equal(again.labels, want.labels)
     assert len(made) == 3   # the three bad files made again, the others read
+
+
+# ---- a line too long to read whole ----------------------------------------------------------------
+@pytest.fixture
+def tiny_lines(monkeypatch, small):
+    """Lines over 64 bytes are read in pieces, scanned 16 bytes at a time."""
+    from zoexec.data import hugeline
+
+    monkeypatch.setattr(packed, "ROW_BYTES_FLOOR", 64)
+    monkeypatch.setattr(hugeline, "CHUNK", 16)
+
+
+def test_a_line_too_long_to_read_is_tokenised_in_pieces_as_the_whole(tmp_path, tok_dir, tiny_lines):
+    long = " ".join(WORDS[2 + k % 4] for k in range(60))
+    rows = [{"text": "cat"}, {"id": "x\\\"{[", "text": long + "\n\t\"é\" big", "n": [1, {"a": "]"}]},
+            {"input_ids": [2, 3]}, {"text": "hello " + long}]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=i % 2 == 0) + "\n" for i, r in enumerate(rows)))
+    data = TextData(path, vocab=len(WORDS), tokenizer_dir=tok_dir)
+    ids, labels = _eager(path, tok_dir, 5)   # read whole (16 MiB a line)
+    assert torch.equal(data.rows(5).ids, ids) and torch.equal(data.rows(5).labels, labels)
+    resumed = TextData(path, vocab=len(WORDS), tokenizer_dir=tok_dir)
+    assert torch.equal(resumed.batch(9, 3, 5).ids, data.batch(9, 3, 5).ids)
+
+
+@pytest.mark.parametrize("line,says", [
+    ('{"input_ids": [' + "1, " * 40 + "1]}", r"d.jsonl:2: a document of 64 bytes or more given as 'input_ids'"),
+    ('{"label": "' + "a" * 80 + '"}', r"d.jsonl:2: expected an object with 'text' \(string\)"),
+    ('["' + "a" * 80 + '"]', r"d.jsonl:2: not valid JSON \(expected one object on the line\)"),
+    ('{"text": "' + "a " * 40 + '"', r"d.jsonl:2: not valid JSON \(the object does not end"),
+    ('{"text": "' + "a " * 40 + '\x01"}', r"d.jsonl:2: not valid JSON in the text"),
+])
+def test_a_bad_line_too_long_to_read_is_one_line(tmp_path, tok_dir, tiny_lines, line, says):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "cat"}\n' + line + "\n")
+    with pytest.raises(ZoError, match=says):
+        TextData(path, vocab=len(WORDS), tokenizer_dir=tok_dir).rows(2)

@@ -38,8 +38,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from zoexec.data.hugeline import HugeText, scan_line
 from zoexec.data.records import open_rows
-from zoexec.data.rowfile import ROW_BYTES_FLOOR, fmt_size
+from zoexec.data.rowfile import ROW_BYTES_FLOOR
 from zoplan.errors import ZoError
 from zoplan.io import loads_strict, need_file, not_utf8
 
@@ -73,8 +74,11 @@ class Head:
     ended: bool
 
 
-def document_of(record: object, where: str, *, column: str) -> list[int] | str:
-    """A record's document: its 'input_ids' (checked to be integers) or its text."""
+def document_of(record: object, where: str, *, column: str) -> list[int] | str | HugeText:
+    """A record's document: its 'input_ids' (checked to be integers) or its text (read
+    in pieces from a line too long to read whole: HugeText)."""
+    if isinstance(record, HugeText):
+        return record
     if isinstance(record, dict) and record.get("input_ids") is not None:
         ids = record["input_ids"]
         if not isinstance(ids, list) or not all(type(i) is int for i in ids):
@@ -93,10 +97,14 @@ def check_vocab(ids: Sequence[int], vocab: int, where: str) -> None:
         raise ZoError(f"{where}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
 
-def pieces(doc: list[int] | str, at: int) -> Iterator[tuple[int, list[int] | str, bool]]:
+def pieces(doc: list[int] | str | HugeText, at: int) -> Iterator[tuple[int, list[int] | str, bool]]:
     """(start, piece, last) of `doc` from `at` (a piece boundary): cuts every
     PIECE_CHARS characters or ids, a text's before the last whitespace of the piece's
-    second half where there is one."""
+    second half where there is one (a line too long to read whole: PIECE_CHARS bytes
+    of its JSON, zoexec.data.hugeline; `at` a file offset)."""
+    if isinstance(doc, HugeText):
+        yield from doc.pieces(at, PIECE_CHARS)
+        return
     size = len(doc)
     while True:
         end = min(size, at + PIECE_CHARS)
@@ -121,6 +129,7 @@ class Packer:
         self.jsonl = self.path.suffix.lower() == ".jsonl" and not self.path.is_dir()
         self._tokenizer: Any = None
         self._rows: Sequence[dict[str, Any]] | None = None
+        self._huge: dict[int, HugeText] = {}   # lines too long to read whole, by offset
         if self.jsonl:
             need_file(self.path, what="data file")
 
@@ -138,10 +147,17 @@ class Packer:
                 handle.seek(cursor.pos)
                 offset, number = cursor.pos, cursor.line
                 for raw in iter(lambda: handle.readline(ROW_BYTES_FLOOR + 1), b""):
-                    if len(raw) > ROW_BYTES_FLOOR:   # not read further: refused whole
-                        raise ZoError(f"{self.path}:{number}: a document over "
-                                      f"{fmt_size(ROW_BYTES_FLOOR)}; split it into several lines "
-                                      f"(documents) of at most that")
+                    if len(raw) > ROW_BYTES_FLOOR:   # not read whole: its text in pieces
+                        where = f"{self.path}:{number}"
+                        huge = self._huge.get(offset)
+                        if huge is None:
+                            huge = scan_line(self.path, handle, offset, column=self.column, where=where,
+                                         limit=ROW_BYTES_FLOOR)
+                            self._huge[offset] = huge
+                        yield offset, number, huge, where
+                        handle.seek(huge.line_end + 1)
+                        offset, number = huge.line_end + 1, number + 1
+                        continue
                     try:
                         line = raw.decode("utf-8")
                     except UnicodeDecodeError as exc:
