@@ -230,3 +230,17 @@ def test_a_bad_line_too_long_to_read_is_one_line(tmp_path, tok_dir, tiny_lines, 
     path.write_text('{"text": "cat"}\n' + line + "\n")
     with pytest.raises(ZoError, match=says):
         TextData(path, vocab=len(WORDS), tokenizer_dir=tok_dir).rows(2)
+
+
+def test_a_node_keeps_a_bounded_number_of_chunk_files(tmp_path, tok_dir, small, monkeypatch):
+    path = _docs(tmp_path / "d.jsonl", 30)
+    folder = tmp_path / "zoexec-rdzv-test"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setattr(packed, "SHARED_FILES", 2)
+    data = TextData(path, vocab=len(WORDS), tokenizer_dir=tok_dir)
+    rows = data.rows(4)
+    assert len(list((folder / "tokens").glob("*.tok"))) == 2 and len(data.chunks.heads) > 4
+    monkeypatch.setattr(packed, "KEPT", 1)   # read again: the removed chunks made again
+    again = TextData(path, vocab=len(WORDS), tokenizer_dir=tok_dir).rows(4)
+    assert torch.equal(again.ids, rows.ids) and torch.equal(again.labels, rows.labels)

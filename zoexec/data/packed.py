@@ -47,6 +47,9 @@ from zoplan.io import loads_strict, need_file, not_utf8
 CHUNK_TOKENS = 1 << 18      # tokens of the packed stream a chunk holds (1 MiB as int32)
 PIECE_CHARS = 1 << 16       # characters (or ids) of a document tokenised at a time
 KEPT = 8                    # chunks a process keeps in memory
+SHARED_FILES = 256          # chunk files a node keeps of one data file (1.25 GiB: 5 bytes a
+                            # token); those farthest from a new one are removed, and made
+                            # again if a rank comes back to them (a later epoch)
 SHARED_PREFIX = "zoexec-rdzv-"   # a launch's private folder (zoexec.store.shmfiles)
 _MAGIC = b"ZOTK1\n"
 _VERSION = 1
@@ -349,7 +352,19 @@ class Chunks:
                 return made
             made = self.packer.make(cursor, CHUNK_TOKENS)
             self._write(index, *made)
+            self._prune(index)
             return made
+
+    def _prune(self, index: int) -> None:
+        """Keep the SHARED_FILES chunk files nearest chunk `index` (a reader that finds
+        one gone makes it again)."""
+        assert self.folder is not None
+        made = list(self.folder.glob(f"{self.name}-*.tok"))
+        if len(made) <= SHARED_FILES:
+            return
+        made.sort(key=lambda path: abs(int(path.stem.rsplit("-", 1)[1]) - index))
+        for path in made[SHARED_FILES:]:
+            path.unlink(missing_ok=True)
 
     def _write(self, index: int, ids: np.ndarray, first: np.ndarray, head: Head) -> None:
         payload = ids.tobytes() + first.tobytes()
