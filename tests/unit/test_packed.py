@@ -64,7 +64,7 @@ def _eager(path: Path, tok_dir: Path, seq: int) -> tuple[torch.Tensor, torch.Ten
 @pytest.mark.parametrize("seq", [3, 40])
 def test_rows_are_those_of_the_whole_file_packed_and_every_epoch_visits_each_once(tmp_path, tok_dir,
                                                                                     small, seq):
-    path = _docs(tmp_path / "d.jsonl", 60)
+    path = _docs(tmp_path / "d.jsonl", 30)
     ids, labels = _eager(path, tok_dir, seq)
     data = TextData(path, vocab=len(WORDS), tokenizer_dir=tok_dir, seed=3)
     batch, steps = 4, -(-2 * ids.shape[0] // 4)   # two epochs and a bit
