@@ -12,7 +12,12 @@ model; the steps themselves are milliseconds), the process's peak RSS (wait4's
 ru_maxrss) and the exit code, with each file's ratio to the 1-row file.
 
     .venv/bin/python benchmarks/executor/bench_data_startup.py
+    .venv/bin/python benchmarks/executor/bench_data_startup.py --task text
     .venv/bin/python benchmarks/executor/bench_data_startup.py --before /tmp/before
+
+--task text: packed text instead (`--task text`, {"text": ...} documents): one
+document of 1,500 words (enough for the 5 batches), 100,000 and 1,000,000 documents
+of 3-8 words, and one document of 200 MB.
 
 --before DIR: an earlier tree of the project (zoexec/, zoplan/; e.g. `git archive
 <commit> zoexec zoplan | tar -x -C /tmp/before`) run on the same files beside this
@@ -45,28 +50,31 @@ TASK = ["--task", "classification", "--template", "{sentence} It was",
         "--label-words", "terrible,great"]
 FILES = (("1 row", 1), ("100k rows", 100_000), ("1M rows", 1_000_000), ("200 MB row", None))
 BIG_ROW_BYTES = 200 * 10**6
+FIELD = {"classification": "sentence", "text": "text"}
+ONE_ROW_WORDS = {"classification": (3, 8), "text": (1500, 1500)}   # text: 5 batches of 4 x 32
 
 
-def write_rows(path: Path, count: int, rng: random.Random) -> None:
+def write_rows(path: Path, count: int, rng: random.Random, task: str) -> None:
     """`count` rows drawn from 1,000 different ones."""
-    pool = [json.dumps({"sentence": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))),
+    low, high = ONE_ROW_WORDS[task] if count == 1 else (3, 8)
+    pool = [json.dumps({FIELD[task]: " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high))),
                         "label": rng.randint(0, 1)}) + "\n" for _ in range(1000)]
     with path.open("w") as out:
         for start in range(0, count, 10_000):
             out.write("".join(rng.choices(pool, k=min(10_000, count - start))))
 
 
-def write_big_row(path: Path) -> None:
-    """One row whose sentence is BIG_ROW_BYTES of the words, written in pieces."""
+def write_big_row(path: Path, task: str) -> None:
+    """One row whose sentence (text) is BIG_ROW_BYTES of the words, written in pieces."""
     piece = " ".join(WORDS) + " "
     with path.open("w") as out:
-        out.write('{"label": 1, "sentence": "')
+        out.write(f'{{"label": 1, "{FIELD[task]}": "')
         for _ in range(BIG_ROW_BYTES // len(piece)):
             out.write(piece)
         out.write('the film"}\n')
 
 
-def make_inputs(tmp: Path) -> tuple[Path, Path, dict[str, Path]]:
+def make_inputs(tmp: Path, task: str) -> tuple[Path, Path, dict[str, Path]]:
     model = tmp / "model"
     subprocess.run([sys.executable, str(HERE / "examples" / "make_model.py"), str(model),
                     "--size", "micro", "--seed", "0"], check=True, capture_output=True)
@@ -77,7 +85,7 @@ def make_inputs(tmp: Path) -> tuple[Path, Path, dict[str, Path]]:
     rng, files = random.Random(0), {}
     for name, count in FILES:
         path = tmp / f"{name.replace(' ', '-')}.jsonl"
-        write_big_row(path) if count is None else write_rows(path, count, rng)
+        write_big_row(path, task) if count is None else write_rows(path, count, rng, task)
         files[name] = path
     return model, plan_path, files
 
@@ -105,9 +113,10 @@ def timed_run(code: Path, cmd: list[str], limit_gib: float) -> tuple[float, floa
 
 
 def run_file(code: Path, model: Path, plan: Path, data: Path, out: Path, *, steps: int,
-             limit_gib: float) -> tuple[float, float, float, int, str]:
+             limit_gib: float, task: str) -> tuple[float, float, float, int, str]:
     cmd = [sys.executable, "-m", "zoexec.cli", "run", str(plan), "--model-path", str(model),
-           "--data", str(data), *TASK, "--steps", str(steps), "--out", str(out), "-q",
+           "--data", str(data), *(TASK if task == "classification" else ["--task", "text"]),
+           "--steps", str(steps), "--out", str(out), "-q",
            "--threads", "1"]
     return timed_run(code, cmd, limit_gib)
 
@@ -121,11 +130,12 @@ def main() -> None:
                         help="address-space limit of each run (GiB)")
     parser.add_argument("--only", nargs="*", default=None, help="names of the files to run")
     parser.add_argument("--no-now", action="store_true", help="run the --before tree only")
+    parser.add_argument("--task", choices=tuple(FIELD), default="classification")
     args = parser.parse_args()
     trees = [] if args.no_now else [("now", HERE)]
     trees += [("before", args.before.resolve())] if args.before else []
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
-        model, plan, files = make_inputs(Path(tmp))
+        model, plan, files = make_inputs(Path(tmp), args.task)
         figures: dict[tuple[str, str], tuple[float, float, float, int, str]] = {}
         for name, path in files.items():
             if args.only and name not in args.only:
@@ -133,7 +143,7 @@ def main() -> None:
             for tree, code in trees:
                 out = Path(tmp) / f"run-{tree}-{name.replace(' ', '-')}"
                 figures[tree, name] = run_file(code, model, plan, path, out, steps=args.steps,
-                                               limit_gib=args.limit_gib)
+                                               limit_gib=args.limit_gib, task=args.task)
                 wall, cpu, rss, rc, last = figures[tree, name]
                 print(f"{tree:>6} {name:>10} ({path.stat().st_size / 2**20:8.1f} MiB): "
                       f"{wall:6.1f} s wall, {cpu:6.1f} s CPU, peak RSS {rss:7.0f} MiB, rc {rc}"

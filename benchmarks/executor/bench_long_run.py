@@ -11,8 +11,11 @@ log passes every `--every` steps.
     .venv/bin/python benchmarks/executor/bench_long_run.py --only no-trace   # without --trace only
     .venv/bin/python benchmarks/executor/bench_long_run.py --steps 3000 --ranks 2 --layers 40
     .venv/bin/python benchmarks/executor/bench_long_run.py --history   # the step history alone
+    .venv/bin/python benchmarks/executor/bench_long_run.py --only no-trace --steps 2000 \
+        --warmup 500 --every 500 --tracemalloc     # what the Python heap gained, by line
 
-Prints per run and rank: RSS at the first sample after warm-up (`--warmup` steps), at
+Prints each sample as it is taken ("sample: step N, RSS (MiB) ..."), then per run and
+rank: RSS at the first sample after warm-up (`--warmup` steps), at
 the end, the growth per 1,000 steps between them (least-squares slope over the
 samples), the end against the steady RSS (the median of the samples) in percent, and
 each against its limit: less than 1 MiB grown after warm-up, no sample more than 5%
@@ -64,8 +67,9 @@ def _ranks(me: psutil.Process, ranks: int) -> list[psutil.Process]:
 
 
 def _sampler(log: Path, ranks: int, samples: dict, stop: threading.Event, every: int,
-             limit: int) -> None:
-    """RSS of each rank each time the log passes a multiple of `every` steps."""
+             limit: int, snapshots: list | None = None) -> None:
+    """RSS of each rank each time the log passes a multiple of `every` steps (and, with
+    `snapshots`, a tracemalloc snapshot: one rank, in this process)."""
     me, seen, done, file = psutil.Process(), 0, 0, None
     while not stop.is_set():
         time.sleep(0.05)
@@ -79,12 +83,20 @@ def _sampler(log: Path, ranks: int, samples: dict, stop: threading.Event, every:
                 samples[done] = [p.memory_info().rss for p in _ranks(me, ranks)]
             except psutil.Error:
                 pass
+            else:   # as it goes: a run stopped early still leaves its figures
+                print(f"sample: step {done}, RSS (MiB) "
+                      + ", ".join(f"{r / MIB:.3f}" for r in samples[done]), flush=True)
+            if snapshots is not None:
+                import tracemalloc
+
+                snapshots.append((done, tracemalloc.take_snapshot()))
         seen = done
     if file is not None:
         file.close()
 
 
-def run_once(*, steps: int, ranks: int, layers: int | None, trace: bool, every: int) -> dict:
+def run_once(*, steps: int, ranks: int, layers: int | None, trace: bool, every: int,
+             snapshots: list | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         plan = hand_plan(model=_model(tmp, layers), layout=Layout(ddp=ranks),
@@ -98,7 +110,8 @@ def run_once(*, steps: int, ranks: int, layers: int | None, trace: bool, every: 
         samples: dict[int, list[int]] = {}
         stop = threading.Event()
         sampler = threading.Thread(target=_sampler, args=(tmp / "run" / "losses.jsonl", ranks,
-                                                          samples, stop, every, steps), daemon=True)
+                                                          samples, stop, every, steps, snapshots),
+                                   daemon=True)
         sampler.start()
         try:
             (run_in_process if ranks == 1 else spawn_local)(cfg)
@@ -130,6 +143,22 @@ def report(name: str, samples: dict, warmup: int) -> None:
               f"({'within' if above <= ABOVE_PCT else 'OVER'} the {ABOVE_PCT}% limit)")
 
 
+def heap_growth(snapshots: list, warmup: int, top: int = 12) -> None:
+    """What the Python heap gained between the first snapshot after warm-up and the last,
+    by line (tracemalloc)."""
+    after = [(step, snap) for step, snap in snapshots if step >= warmup]
+    if len(after) < 2:
+        print(f"tracemalloc: too few snapshots after warm-up ({[s for s, _ in snapshots]})")
+        return
+    (first, a), (last, b) = after[0], after[-1]
+    stats = b.compare_to(a, "lineno")
+    total = sum(stat.size_diff for stat in stats)
+    print(f"tracemalloc: the Python heap grew {total / 1024:+.1f} KiB from step {first} to {last} "
+          f"({total / (last - first):+.1f} bytes a step); the largest changes:")
+    for stat in sorted(stats, key=lambda st: -abs(st.size_diff))[:top]:
+        print(f"  {stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks  {stat.traceback}")
+
+
 def history_memory(steps: int) -> None:
     """What the step history of `steps` steps holds in memory (tracemalloc), the one
     record a step that a run keeps (zoexec.maths.history.StepHistory)."""
@@ -156,6 +185,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5000)
     parser.add_argument("--every", type=int, default=5000, help="steps between RSS samples")
     parser.add_argument("--only", choices=("trace", "no-trace"), default=None)
+    parser.add_argument("--tracemalloc", action="store_true",
+                        help="one rank: also diff the Python heap between the samples after "
+                             "warm-up (slower steps)")
     parser.add_argument("--history", action="store_true",
                         help="only print what the step history of --steps steps holds in memory")
     args = parser.parse_args()
@@ -171,11 +203,19 @@ def main() -> None:
         if args.only and args.only != ("trace" if trace else "no-trace"):
             continue
         start = time.monotonic()
+        snapshots: list | None = None
+        if args.tracemalloc and args.ranks == 1:
+            import tracemalloc
+
+            tracemalloc.start()
+            snapshots = []
         samples = run_once(steps=args.steps, ranks=args.ranks, layers=args.layers, trace=trace,
-                           every=args.every)
+                           every=args.every, snapshots=snapshots)
         print(f"{name}: {args.steps} steps, {args.ranks} rank(s), "
               f"{args.layers or 'tiny-opt'} layers, {time.monotonic() - start:.0f} s")
         report(name, samples, args.warmup)
+        if snapshots is not None:
+            heap_growth(snapshots, args.warmup)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,18 @@ def test_an_eps_that_vanishes_in_the_weights_precision_is_refused(world, tmp_pat
     assert "give --eps" in lines[0] and not out.exists(), shown
 
 
+def test_an_lr_that_vanishes_in_the_weights_precision_is_refused(world, tmp_path):
+    """Before: --lr 1e-30 ran to the end, "done", rc 0, final/ the input weights."""
+    out = tmp_path / "out"
+    code, lines, shown = _invoke("run", world["plan"], "--model-path", world["good"], "--data",
+                                 world["data"], "--steps", 2, "--lr", 1e-30, "--out", out,
+                                 "--threads", 1, "-q")
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: --lr 1e-30 vanishes "
+                                                                 "in the model's weights"), shown
+    assert "rounded to nearest in fp32" in lines[0] and "give --lr" in lines[0], shown
+    assert not out.exists(), shown
+
+
 def test_the_vanishing_rule_in_each_precision():
     from zoexec.launch.noop import vanishing_eps
 

@@ -106,3 +106,44 @@ def test_a_phase_short_of_threads_under_a_limit_names_the_limits(monkeypatch):
     with pytest.raises(RuntimeError, match="connection reset"):   # not for want of resources
         with limits.limited("joining the process group"):
             raise RuntimeError("connection reset")
+
+
+NOBODY = 65534
+
+
+def test_a_thread_limit_without_roots_exemption_is_one_line():
+    """ulimit -u binds every user but root: a forked child becomes nobody (when run as
+    root) under a process limit of the threads it has, so that a new thread is really
+    refused; the run's check names the limit, a phase that meets it says so in one line
+    (no hang, no native backtrace)."""
+    from zoexec.launch import limits
+    from zoplan.errors import ZoError
+
+    def body() -> None:
+        uid = NOBODY if os.geteuid() == 0 else os.getuid()
+        held = limits.user_processes(uid)
+        resource.setrlimit(resource.RLIMIT_NPROC, (max(1, held), max(1, held)))
+        if uid == NOBODY:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+        try:
+            limits.check_limits(threads=2, ranks=1)
+        except ZoError as exc:
+            print(f"check: {exc}", file=sys.stderr, flush=True)
+        try:
+            with limits.limited("starting the data loaders"):
+                import threading
+
+                thread = threading.Thread(target=lambda: None)
+                thread.start()
+                thread.join()
+        except ZoError as exc:
+            print(f"phase: {exc}", file=sys.stderr, flush=True)
+
+    code, said = _child(body)
+    lines = said.splitlines()
+    assert code == 0 and len(lines) == 2, said
+    assert lines[0].startswith("check: the process limit (ulimit -u) is "), said
+    assert lines[1].startswith("phase: starting the data loaders failed (RuntimeError: can't start "
+                               "new thread) under the process limits "), said
+    assert "(ulimit -u): raise them (ulimit)" in lines[1], said

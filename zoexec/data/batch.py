@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import overload
 
 import torch
 from torch import nn
@@ -47,7 +48,7 @@ class Choices:
         valid = None if self.valid is None else self.valid[start:stop]
         return Choices(self.answers[start:stop], tokens, self.size, valid, self.mean)
 
-    def to(self, device) -> Choices:
+    def to(self, device: torch.device | str) -> Choices:
         tokens = None if self.tokens is None else self.tokens.to(device)
         valid = None if self.valid is None else self.valid.to(device)
         return Choices(self.answers.to(device), tokens, self.size, valid, self.mean)
@@ -69,7 +70,7 @@ class Positions:
     cols: torch.Tensor
     counts: tuple[int, ...]
 
-    def to(self, device) -> Positions:
+    def to(self, device: torch.device | str) -> Positions:
         return Positions(self.rows.to(device, non_blocking=True),
                          self.cols.to(device, non_blocking=True), self.counts)
 
@@ -95,7 +96,7 @@ class Batch:
 
     @property
     def rows(self) -> int:
-        return self.ids.shape[0]
+        return int(self.ids.shape[0])
 
     @property
     def per_example(self) -> int:
@@ -123,7 +124,7 @@ class Batch:
         choices = None if self.choices is None else self.choices.select(start // k, stop // k)
         return Batch(self.ids[start:stop], self.labels[start:stop], choices)
 
-    def to(self, device) -> Batch:
+    def to(self, device: torch.device | str) -> Batch:
         """The batch on `device`, its Positions found here first (on the host)."""
         choices = None if self.choices is None else self.choices.to(device)
         moved = Batch(self.ids.to(device), self.labels.to(device), choices)
@@ -190,7 +191,7 @@ class Example:
 
 
 def pack_examples(examples: list[Example], *, seq: int, pad: int, width: int | None = None,
-                  where="data") -> Batch:
+                  where: str = "data") -> Batch:
     """A Batch of one example per row, right-padded to the longest row (or `width`),
     at most `seq` tokens: labels IGNORE on the prompt and the padding. A row too long
     loses prompt tokens from its left; a target longer than seq - 1 is refused."""
@@ -215,7 +216,11 @@ def pack_examples(examples: list[Example], *, seq: int, pad: int, width: int | N
     return Batch(ids, labels)
 
 
-def shard(batch, *, data_shard: int, num_shards: int):
+@overload
+def shard(batch: Batch, *, data_shard: int, num_shards: int) -> Batch: ...
+@overload
+def shard(batch: torch.Tensor, *, data_shard: int, num_shards: int) -> torch.Tensor: ...
+def shard(batch: Batch | torch.Tensor, *, data_shard: int, num_shards: int) -> Batch | torch.Tensor:
     """This rank's contiguous rows of the global batch (a Batch or a tensor of rows;
     data_shard in 0..num_shards-1); a Batch of candidate rows is cut between examples."""
     rows = batch.rows if isinstance(batch, Batch) else batch.shape[0]

@@ -20,20 +20,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
 
 import torch
 
-from zoexec.data.batch import Batch, Choices, EpochOrder, generator, pack_examples
+from zoexec.data.batch import Batch, Choices, EpochOrder, Example, generator, pack_examples
 
 _TAG_SUBSET = 0x5355   # the --eval-samples subset's order
 
 
-def single_tokens(examples) -> bool:
+class Candidates(Protocol):
+    """A classification example (zoexec.data.tasks.Labelled): every candidate's ids, the
+    label's index, and the row of a candidate (default: the label's)."""
+
+    @property
+    def candidates(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def label(self) -> int: ...
+    def example(self, index: int | None = None) -> Example: ...
+
+
+def single_tokens(examples: Sequence[Candidates]) -> bool:
     """Is every candidate of every example one token?"""
     return all(len(c) == 1 for ex in examples for c in ex.candidates)
 
 
-def classification_batch(examples, *, loss: str, seq: int, pad: int, where="data") -> Batch:
+def classification_batch(examples: Sequence[Candidates], *, loss: str, seq: int, pad: int,
+                         where: str = "data") -> Batch:
     """The rows of `examples` for `loss` ("candidates" or "vocabulary"); see the module
     docstring."""
     answers = torch.tensor([ex.label for ex in examples], dtype=torch.long)
@@ -54,20 +68,21 @@ class ChoiceRows:
     """Training rows of a classification task: examples visited in a fresh random order
     each epoch (fixed by `seed` and `tag`), made into rows for `loss`."""
 
-    def __init__(self, examples: Sequence, *, loss: str, pad: int, seed: int, tag: int, path) -> None:
+    def __init__(self, examples: Sequence[Candidates], *, loss: str, pad: int, seed: int, tag: int,
+                 path: str | Path) -> None:
         self.examples, self.loss, self.pad, self.path = examples, loss, pad, path
         self.order = EpochOrder(tag, seed)
 
     def batch(self, step: int, batch_size: int, seq: int) -> Batch:
         picks = self.order.picks(step, batch_size, len(self.examples))
         return classification_batch([self.examples[i] for i in picks], loss=self.loss,
-                                    seq=seq, pad=self.pad, where=self.path)
+                                    seq=seq, pad=self.pad, where=str(self.path))
 
     def epoch_of(self, step: int) -> float | None:
         """Passes over the examples after `step` (the metrics' "epoch")."""
         return self.order.epoch_of(step)
 
-    def check(self, seq: int, rows=None) -> None:
+    def check(self, seq: int, rows: Sequence[int] | None = None) -> None:
         """Every example's rows fit `seq` (a ZoError names the row otherwise); `rows`:
         the indices of those checked (None: all)."""
         for index in range(len(self.examples)) if rows is None else rows:

@@ -18,18 +18,38 @@ Evaluation uses them when K > 0; training only with `--demonstrations-in-trainin
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import torch
 
 from zoexec.data.batch import generator
 from zoplan.errors import ZoError
 
+if TYPE_CHECKING:
+    from zoexec.data.taskfields import TaskFields
+    from zoexec.data.tasks import Tokens
+
+
+class Shown(Protocol):
+    """An example of any task type (a dataclass with a prompt; its answer: `target`, or
+    `candidates` and `label`)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def prompt(self) -> tuple[int, ...]: ...
+
+
+E = TypeVar("E", bound=Shown)
+Record = dict[str, Any]
+
 _TAG_DEMOS = 0x444D
 SEPARATOR = "\n\n"
 
 
-def demonstrations_from(examples, records, *, spec, tokens,
-                        where) -> Demonstrations:
+def demonstrations_from(examples: Sequence[Shown], records: Sequence[Record], *, spec: TaskFields,
+                        tokens: Tokens, where: str) -> Demonstrations:
     """The demonstrations of `spec` over a pool: its `records` and the task's
     `examples` of them; `tokens`: the task's tokenizer (zoexec.data.tasks.Tokens)."""
     return Demonstrations(
@@ -39,11 +59,12 @@ def demonstrations_from(examples, records, *, spec, tokens,
         eos=tokens.eos, where=where)
 
 
-def answer_ids(example) -> tuple[int, ...]:
+def answer_ids(example: Shown) -> tuple[int, ...]:
     """The answer a demonstration shows: the correct candidate (classification, multiple
     choice) or the target (completion, generation: without its trailing EOS, `eos`)."""
-    if hasattr(example, "candidates"):
+    if hasattr(example, "candidates") and hasattr(example, "label"):
         return tuple(example.candidates[example.label])
+    assert hasattr(example, "target"), "an example without an answer"
     return tuple(example.target)
 
 
@@ -52,9 +73,9 @@ class Demonstrations:
     the demonstrations file's `records`); `prefix`: the tokens a prompt starts with
     (the tokenizer's special tokens), `separator`: the ids of the blank line."""
 
-    def __init__(self, examples, records, *, k: int, seed: int,
+    def __init__(self, examples: Sequence[Shown], records: Sequence[Record], *, k: int, seed: int,
                  prefix: tuple[int, ...], separator: tuple[int, ...], eos: int | None,
-                 where) -> None:
+                 where: str) -> None:
         if len(examples) < k:
             raise ZoError(f"--demonstrations {k}: {where} holds {len(examples)} rows, fewer "
                           f"than {k}")
@@ -64,7 +85,7 @@ class Demonstrations:
         self.records = {i: records[i] for i in self.order}   # the shown ones' rows only
         self.shown = {i: self._ids(examples[i], separator, eos) for i in self.order}
 
-    def _ids(self, example, separator: tuple[int, ...], eos: int | None) -> tuple[int, ...]:
+    def _ids(self, example: Shown, separator: tuple[int, ...], eos: int | None) -> tuple[int, ...]:
         prompt = tuple(example.prompt)
         if self.prefix and prompt[:len(self.prefix)] == self.prefix:
             prompt = prompt[len(self.prefix):]
@@ -73,12 +94,12 @@ class Demonstrations:
             answer = answer[:-1]
         return prompt + answer + separator
 
-    def chosen(self, record: dict) -> list[int]:
+    def chosen(self, record: Record) -> list[int]:
         """The pool indices shown before `record`'s prompt: the first K of the seed's
         order that are not `record` itself."""
         return [i for i in self.order if self.records[i] != record][:self.k]
 
-    def for_record(self, record: dict) -> list[tuple[int, ...]]:
+    def for_record(self, record: Record) -> list[tuple[int, ...]]:
         """The token ids of each demonstration shown before `record`, in order."""
         return [self.shown[i] for i in self.chosen(record)]
 
@@ -95,8 +116,8 @@ def fit(prefix: tuple[int, ...], demos: list[tuple[int, ...]], prompt: tuple[int
     return tuple(head) + tuple(t for d in demos for t in d) + tuple(body)
 
 
-def with_demonstrations(examples: list, records: list[dict], demos: Demonstrations | None, *,
-                        seq: int | None, reserve) -> list:
+def with_demonstrations(examples: list[E], records: Sequence[Record], demos: Demonstrations | None, *,
+                        seq: int | None, reserve: Callable[[E], int]) -> list[E]:
     """`examples` (a task's, built from `records` in order) with the demonstrations
     before each prompt, fitted to `seq` minus `reserve(example)` tokens (the target's
     or the candidates' longest, the tokens to generate); unchanged without `demos`."""
@@ -106,8 +127,8 @@ def with_demonstrations(examples: list, records: list[dict], demos: Demonstratio
             for example, record in zip(examples, records)]
 
 
-def demonstrated(example, record: dict, demos: Demonstrations | None, *, seq: int | None,
-                 reserve):
+def demonstrated(example: E, record: Record, demos: Demonstrations | None, *, seq: int | None,
+                 reserve: Callable[[E], int]) -> E:
     """One example (of `record`) with the demonstrations before its prompt (see
     with_demonstrations)."""
     if demos is None or not demos.k:

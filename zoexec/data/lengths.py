@@ -4,13 +4,15 @@ with the task's own code (zoexec.data.tasktypes, zoexec.data.choices), for `zopl
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
-from zoexec.data.batch import IGNORE, pack_examples
+from zoexec.data.batch import IGNORE, Batch, pack_examples
 from zoexec.data.choices import ChoiceRows, classification_batch
 from zoexec.data.multichoice import MultipleChoiceRows, choice_batch
 from zoexec.data.section import TaskOptions
 from zoexec.data.sources import make_task_source
+from zoexec.data.tasks import ExampleRows
 from zoexec.data.text import TOKENIZER_FILES
 from zoplan.errors import ZoError
 from zoplan.io import check_writable, need_folder, need_input
@@ -19,7 +21,7 @@ from zoplan.models import get_model
 from zoplan.workload import MAX_SEQ
 
 
-def example_rows(source) -> tuple[list[int], int, float]:
+def example_rows(source: ChoiceRows | MultipleChoiceRows | ExampleRows) -> tuple[list[int], int, float]:
     """(each example's width: the tokens of its batch when packed alone, uncut; the
     rows one example adds to a batch; the mean positions per example whose head a run
     computes: those that predict a label, zoexec.model.heads.gathered_logits) of a
@@ -28,20 +30,29 @@ def example_rows(source) -> tuple[list[int], int, float]:
     file's most is what is priced (exact where every example has as many, as COPA; an
     upper bound where they vary, as ReCoRD)."""
     widths, rows, labelled = [], [], 0
-    for number, ex in enumerate(source.examples, start=1):
-        where = f"{source.path} row {number}"
-        if isinstance(source, ChoiceRows):
-            batch = classification_batch([ex], loss=source.loss, seq=MAX_SEQ, pad=source.pad,
-                                         where=where)
-        elif isinstance(source, MultipleChoiceRows):
-            batch = choice_batch([ex], score=source.score, seq=MAX_SEQ, pad=source.pad,
-                                 where=where)
-        else:
-            batch = pack_examples([ex], seq=MAX_SEQ, pad=source.pad, where=where)
+    for batch in _alone(source):
         widths.append(int(batch.ids.shape[1]))
         rows.append(int(batch.rows))
         labelled += int((batch.labels[:, 1:] != IGNORE).sum())   # position i predicts i + 1
     return widths, max(rows), labelled / len(widths)
+
+
+def _alone(source: ChoiceRows | MultipleChoiceRows | ExampleRows) -> Iterator[Batch]:
+    """Each example of `source` as a batch of its own, uncut."""
+    def where(number: int) -> str:
+        return f"{source.path} row {number}"
+
+    if isinstance(source, ChoiceRows):
+        for number, labelled in enumerate(source.examples, start=1):
+            yield classification_batch([labelled], loss=source.loss, seq=MAX_SEQ, pad=source.pad,
+                                       where=where(number))
+    elif isinstance(source, MultipleChoiceRows):
+        for number, choice in enumerate(source.examples, start=1):
+            yield choice_batch([choice], score=source.score, seq=MAX_SEQ, pad=source.pad,
+                               where=where(number))
+    else:
+        for number, ex in enumerate(source.examples, start=1):
+            yield pack_examples([ex], seq=MAX_SEQ, pad=source.pad, where=where(number))
 
 
 def measure_lengths(data: Path, spec: TaskOptions, *, model_dir: Path, output: Path) -> LengthsDocument:

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from zoplan.errors import ZoError
+
+Row = dict[str, Any]          # a data row: its columns' values
+Fields = dict[str, str]       # fields a preset derives from a row, for its templates
 
 # the task types (--task; a preset names one of them)
 TASKS = ("text", "completion", "classification", "multiple-choice", "generation")
@@ -31,24 +35,24 @@ class Preset:
     (and a candidate)."""
 
     name: str
-    values: dict
+    values: dict[str, Any]
     derived: tuple[str, ...] = ()
-    derive: Callable[[dict], dict] | None = None
+    derive: Callable[[Row], Fields] | None = None
     choice_derived: tuple[str, ...] = ()
-    derive_choice: Callable[[dict, str], dict] | None = None
+    derive_choice: Callable[[Row, str], Fields] | None = None
     note: str = ""
     columns: tuple[str, ...] = field(default=())
 
-    def fields(self, row: dict, where: str) -> dict:
+    def fields(self, row: Row, where: str) -> Fields:
         """The derived fields of `row` ({} without any); ZoError naming `where` (the
         row) and the column when the row cannot give them."""
         return _named(where, self.derive, row) if self.derive else {}
 
-    def choice_fields(self, row: dict, choice: str, where: str) -> dict:
+    def choice_fields(self, row: Row, choice: str, where: str) -> Fields:
         return _named(where, self.derive_choice, row, choice) if self.derive_choice else {}
 
 
-def _named(where: str, derive: Callable, *args) -> dict:
+def _named(where: str, derive: Callable[..., Fields], *args: Any) -> Fields:
     try:
         return derive(*args)
     except ValueError as exc:
@@ -59,7 +63,7 @@ def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
 
 
-def _copa(row: dict) -> dict:
+def _copa(row: Row) -> Fields:
     premise = str(row.get("premise", "")).rstrip()
     question = str(row.get("question", "")).strip()
     if question not in ("cause", "effect"):
@@ -74,11 +78,11 @@ def _copa(row: dict) -> dict:
             "choice2_lc": _lower_first(str(row.get("choice2", "")))}
 
 
-def _record(row: dict) -> dict:
+def _record(row: Row) -> Fields:
     return {"passage_items": str(row.get("passage", "")).replace("@highlight\n", "- ")}
 
 
-def _record_choice(row: dict, choice: str) -> dict:
+def _record_choice(row: Row, choice: str) -> Fields:
     query = str(row.get("query", ""))
     if "@placeholder" not in query:
         raise ValueError("column 'query' holds no @placeholder: every candidate would read "
@@ -86,7 +90,7 @@ def _record_choice(row: dict, choice: str) -> dict:
     return {"filled_query": query.replace("@placeholder", choice)}
 
 
-def _classification(template: str, words: tuple[str, ...]) -> dict:
+def _classification(template: str, words: tuple[str, ...]) -> dict[str, Any]:
     return {"name": "classification", "template": template, "label_words": words,
             "label_column": "label"}
 
@@ -143,7 +147,7 @@ def preset(name: str | None) -> Preset | None:
     return PRESETS[name]
 
 
-def with_preset(values: dict) -> dict:
+def with_preset(values: dict[str, Any]) -> dict[str, Any]:
     """Option values ({field: value}) with the defaults of `values["task_preset"]` under
     them: what was given wins."""
     chosen = preset(values.get("task_preset"))

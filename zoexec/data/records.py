@@ -8,23 +8,24 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
-from zoexec.data.rowfile import MAX_NESTING, ROW_BYTES_FLOOR, JsonlRows, TableRows
+from zoexec.data.rowfile import MAX_NESTING, ROW_BYTES_FLOOR, JsonlRows, Row, TableRows
 from zoplan.errors import ZoError, first_line
 from zoplan.io import need_file, need_tree, not_utf8
 
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def load_records(path) -> list[dict]:
+def load_records(path: str | Path) -> list[Row]:
     """The rows of a local data file or save_to_disk folder, as dicts (ZoError naming
     the file when it cannot be read, holds no rows, or is not a table)."""
     return list(open_rows(path))
 
 
-def open_rows(path, *, max_row_bytes: int = ROW_BYTES_FLOOR) -> Sequence[dict]:
+def open_rows(path: str | Path, *, max_row_bytes: int = ROW_BYTES_FLOOR) -> Sequence[Row]:
     """The rows of a local data file or save_to_disk folder, each read when it is used
     (ZoError naming the file when it cannot be read, holds no rows, or is not a table;
     a JSONL line longer than `max_row_bytes` when it is read)."""
@@ -35,7 +36,7 @@ def open_rows(path, *, max_row_bytes: int = ROW_BYTES_FLOOR) -> Sequence[dict]:
         raise ZoError(f"data file {path}: unknown format {path.suffix or '(no suffix)'!r}; "
                       f"give .jsonl, .json, .csv, .parquet or a save_to_disk folder")
     elif path.suffix.lower() == ".jsonl":
-        rows: Sequence[dict] = JsonlRows(path, max_row_bytes=max_row_bytes)
+        rows: Sequence[Row] = JsonlRows(path, max_row_bytes=max_row_bytes)
         if not len(rows):
             raise ZoError(f"data file {path} holds no rows")
         return rows
@@ -47,7 +48,7 @@ def open_rows(path, *, max_row_bytes: int = ROW_BYTES_FLOOR) -> Sequence[dict]:
     return rows
 
 
-def _datasets():
+def _datasets() -> Any:   # the datasets module (untyped)
     import datasets
 
     datasets.disable_progress_bars()
@@ -57,7 +58,7 @@ def _datasets():
     return datasets
 
 
-def _from_disk(path: Path):
+def _from_disk(path: Path) -> Any:   # a datasets.Dataset
     datasets = _datasets()
     try:
         data = datasets.load_from_disk(str(path), keep_in_memory=False)   # memory-mapped
@@ -72,7 +73,7 @@ def _from_disk(path: Path):
     return data
 
 
-def _from_file(path: Path, builder: str):
+def _from_file(path: Path, builder: str) -> Any:   # a datasets.Dataset
     if builder == "json":
         _check_nesting(path)
     datasets = _datasets()
@@ -153,7 +154,7 @@ def _find_bad_json_line(path: Path) -> None:
             raise ZoError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
 
 
-def check_columns(rows: Sequence[dict], columns, where) -> None:
+def check_columns(rows: Sequence[Row], columns: Iterable[str], where: str) -> None:
     """ZoError naming the columns `rows` lack (and those they have)."""
     have = list(rows[0])
     missing = [c for c in dict.fromkeys(columns) if c not in have]

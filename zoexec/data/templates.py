@@ -12,13 +12,14 @@ unless the prompt already ends in whitespace (RTE's "Yes or No?\\n" is followed 
 from __future__ import annotations
 
 import string
+from typing import Any
 
 from zoplan.errors import ZoError
 
 DEMO_SEPARATOR = "\n\n"   # between demonstrations and before the prompt (MeZO's in-context format)
 
 
-def not_a_label(value) -> str:
+def not_a_label(value: object) -> str:
     """Why a true/false or float cell is not a label index, in words (a column of the
     data holding one float holds every value as a float)."""
     if isinstance(value, bool):
@@ -44,7 +45,7 @@ def joiner(prompt: str) -> str:
     return "" if not prompt or prompt[-1].isspace() else " "
 
 
-def text_of(value, column: str, where: str) -> str:
+def text_of(value: object, column: str, where: str) -> str:
     """A cell as text (a number becomes its text); a missing or nested cell is an error."""
     if value is None:
         raise ZoError(f"{where}: column {column!r} is empty")
@@ -53,7 +54,7 @@ def text_of(value, column: str, where: str) -> str:
     return str(value)
 
 
-def texts_of(value, column: str, where: str) -> list[str]:
+def texts_of(value: object, column: str, where: str) -> list[str]:
     """A cell holding several texts: a list of strings, a dict with one list of strings
     (SQuAD's answers {"text": [...], "answer_start": [...]}, DROP's {"spans": [...]}),
     or one string. Empty strings are dropped; none left is an error."""
@@ -73,7 +74,7 @@ def texts_of(value, column: str, where: str) -> list[str]:
     return out
 
 
-def fill(template: str, values: dict, *, where: str, option: str = "--template") -> str:
+def fill(template: str, values: dict[str, Any], *, where: str, option: str = "--template") -> str:
     """`template` filled from `values` (every field must be there)."""
     try:
         return template.format(**values)

@@ -10,15 +10,17 @@ labels the loss predicts, IGNORE where nothing is predicted) or a bare LongTenso
 
 from __future__ import annotations
 
-from array import array
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from zoexec.data.batch import IGNORE, Batch, EpochOrder, Example, generator
-from zoexec.data.records import open_rows
+from zoexec.data import packed
+from zoexec.data.batch import IGNORE, Batch, Example, generator
+from zoexec.data.packed import Chunks, Packer, shared_folder
 from zoexec.data.rowfile import ROW_BYTES_FLOOR, fmt_size
 from zoplan.errors import ZoError
 from zoplan.io import loads_strict, need_file, not_utf8
@@ -157,103 +159,161 @@ class TextData:
     """Packed text (the `text` task): documents, one per JSONL line or row of a data
     file ({"text": "..."} in the `column`, tokenised with the tokenizer of
     `tokenizer_dir`, an EOS appended when the tokenizer has one, or {"input_ids":
-    [...]}), concatenated and cut into rows of `seq` tokens (the tail shorter than `seq`
-    is dropped); rows are visited in a fresh random order each epoch, fixed by `seed`.
-    Labels are the ids, but for the first token of every document (IGNORE): nothing
-    predicts a document's first token from the one before, so a document never
-    predicts the next one's tokens."""
+    [...]}), concatenated and cut into rows (windows) of `seq` tokens (the tail shorter
+    than `seq` is dropped). Labels are the ids, but for the first token of every
+    document (IGNORE): nothing predicts a document's first token from the one before,
+    so a document never predicts the next one's tokens.
+
+    Read as the batches need it (zoexec.data.packed: tokenised CHUNK_TOKENS at a time, in
+    file order, shared with the node's ranks inside a launch): the rows are visited in
+    blocks of BLOCK rows (max(1, packed.CHUNK_TOKENS // seq), consecutive in the file), the
+    blocks in file order, the rows of each block in a fresh random order each epoch,
+    fixed by (seed, epoch, block). A file of one block is visited as a whole in a
+    random order (the order of every text file before the lazy reader)."""
 
     def __init__(self, path: str | Path, *, vocab: int, seed: int = 0, tokenizer_dir: str | Path | None = None,
                  column: str = "text") -> None:
         self.path, self.vocab, self.seed = Path(path), vocab, seed
         self.tokenizer_dir, self.column = tokenizer_dir, column
-        self.tokens, self.starts = self._read()
-        self._rows: dict[int, Batch] = {}
-        self.order = EpochOrder(_TAG_JSONL, seed)
+        self.packer = Packer(self.path, vocab=vocab, column=column, tokenizer_dir=tokenizer_dir,
+                             load=lambda where: load_tokenizer(tokenizer_dir, where=where))
+        self.chunks = Chunks(self.packer, shared_folder())
+        self.chunks.get(0)   # the first chunk now: a bad start of the file fails at once
+        self._orders: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._per_epoch: tuple[int, int] | None = None   # (batch, seq) of the last batch
 
     @classmethod
     def from_path(cls, path: str | Path, **kwargs: Any) -> TextData:
         return cls(path, **kwargs)
 
-    def documents(self) -> Iterator[list[int]]:
-        reader = JsonlReader(self.path, vocab=self.vocab, tokenizer_dir=self.tokenizer_dir,
-                             column=self.column)
-        if self.path.suffix.lower() == ".jsonl" and not self.path.is_dir():
-            yield from reader.documents()
-            return
-        for number, record in enumerate(open_rows(self.path), start=1):
-            yield reader.record_ids(record, f"{self.path} row {number}")
+    # ---- the whole stream (evaluation, tests) ----------------------------------------------
+    @property
+    def tokens(self) -> torch.Tensor:
+        """Every token of the file (all of it read)."""
+        return self._all()[0]
 
-    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        stream, starts = array("q"), array("q")   # 8 bytes a token, not a Python int's 36
-        for ids in self.documents():
-            if ids:
-                starts.append(len(stream))
-            stream.extend(ids)
-        if not stream:
+    @property
+    def starts(self) -> torch.Tensor:
+        """Whether each token of the file is the first of its document."""
+        return self._all()[1]
+
+    def _all(self) -> tuple[torch.Tensor, torch.Tensor]:
+        total = self.chunks.cover(sys.maxsize)
+        if total == 0:
             raise ZoError(f"data file {self.path} holds no tokens")
-        first = torch.zeros(len(stream), dtype=torch.bool)
-        first[torch.frombuffer(starts, dtype=torch.long)] = True
-        return torch.frombuffer(stream, dtype=torch.long).clone(), first
-
-    def _labels(self, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        return ids.masked_fill(first, IGNORE)
+        ids, first = self.chunks.span(0, total)
+        return torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(first.astype(bool))
 
     def rows(self, seq: int) -> Batch:
-        """All packed rows of length `seq` (a Batch of [num_rows, seq])."""
-        if seq not in self._rows:
-            num_rows = self.tokens.numel() // seq
-            if num_rows == 0:
-                raise ZoError(f"data file {self.path} has {self.tokens.numel()} tokens, "
-                              f"fewer than one sequence of {seq}")
-            ids = self.tokens[:num_rows * seq].view(num_rows, seq)
-            first = self.starts[:num_rows * seq].view(num_rows, seq)
-            self._rows[seq] = Batch(ids, self._labels(ids, first))
-        return self._rows[seq]
+        """All packed rows of length `seq` (a Batch of [num_rows, seq]; all read)."""
+        count = self._windows(seq, sys.maxsize)
+        return self._window_batch(list(range(count)), seq)
 
     def eval_examples(self, seq: int) -> list[Example]:
         """Every token in rows of `seq` (the last one shorter), in order, for evaluation
         (zoexec.data.batch.Example: no prompt, the document starts skipped)."""
+        tokens, starts = self._all()
         out: list[Example] = []
-        for start in range(0, self.tokens.numel(), seq):
-            ids = self.tokens[start:start + seq].tolist()
-            skip = torch.nonzero(self.starts[start:start + seq]).flatten().tolist()
+        for start in range(0, tokens.numel(), seq):
+            ids = tokens[start:start + seq].tolist()
+            skip = torch.nonzero(starts[start:start + seq]).flatten().tolist()
             out.append(Example((), tuple(ids), tuple(skip)))
         return out
 
+    # ---- training batches ------------------------------------------------------------------
+    def _windows(self, seq: int, upto: int) -> int:
+        """Rows of `seq` among the first `upto` (all there are where fewer), made."""
+        tokens = self.chunks.cover(upto * seq if upto < sys.maxsize else sys.maxsize)
+        count = tokens // seq
+        if count == 0 and self.chunks.total is not None:
+            if self.chunks.total == 0:
+                raise ZoError(f"data file {self.path} holds no tokens")
+            raise ZoError(f"data file {self.path} has {self.chunks.total} tokens, "
+                          f"fewer than one sequence of {seq}")
+        return count
+
+    def total_rows(self, seq: int) -> int | None:
+        """Rows of `seq` in the file, once it was read to its end (else None)."""
+        total = self.chunks.total
+        return None if total is None else total // seq
+
+    def picks(self, step: int, batch_size: int, seq: int) -> list[int]:
+        """The rows (windows) of step `step`'s batch of `batch_size`."""
+        block = max(1, packed.CHUNK_TOKENS // seq)
+        self._windows(seq, 1)   # at least one row, or the one line saying why not
+        self._per_epoch = (batch_size, seq)
+        out = []
+        for k in range(step * batch_size, (step + 1) * batch_size):
+            count = self.total_rows(seq)
+            epoch, r = (0, k) if count is None else divmod(k, count)
+            j = r // block
+            have = self._windows(seq, (j + 1) * block)   # block j made (or the end found)
+            if count is None and have < (j + 1) * block:   # the file ended before it
+                count = have
+                epoch, r = divmod(k, count)
+                j = r // block
+            size = block if count is None else min(block, count - j * block)
+            out.append(j * block + int(self._order(size, epoch, j)[r - j * block]))
+        return out
+
+    def _order(self, size: int, epoch: int, block: int) -> torch.Tensor:
+        key = (size, epoch, block)
+        if key not in self._orders:
+            if len(self._orders) > 4:
+                self._orders.clear()
+            parts = (_TAG_JSONL, self.seed, epoch) + ((block,) if block else ())
+            self._orders[key] = torch.randperm(size, generator=generator(*parts))
+        return self._orders[key]
+
+    def _window_batch(self, windows: list[int], seq: int) -> Batch:
+        ids: np.ndarray = np.empty((len(windows), seq), dtype=np.int64)
+        first: np.ndarray = np.empty((len(windows), seq), dtype=bool)
+        for row, window in enumerate(windows):
+            a, f = self.chunks.span(window * seq, (window + 1) * seq)
+            ids[row], first[row] = a, f
+        tensor = torch.from_numpy(ids)
+        return Batch(tensor, tensor.masked_fill(torch.from_numpy(first), IGNORE))
+
     def batch(self, step: int, batch_size: int, seq: int) -> Batch:
-        rows = self.rows(seq)
-        index = torch.tensor(self.order.picks(step, batch_size, rows.rows))
-        return Batch(rows.ids[index], rows.labels[index])
+        return self._window_batch(self.picks(step, batch_size, seq), seq)
+
+    def cover_steps(self, steps: int, batch_size: int, seq: int) -> None:
+        """Make the chunks the batches of steps 0..steps-1 read (all, where the file is
+        shorter)."""
+        block = max(1, packed.CHUNK_TOKENS // seq)
+        self._windows(seq, -(-max(1, steps) * batch_size // block) * block)
 
     def epoch_of(self, step: int) -> float | None:
-        """Passes over the packed rows after `step` (the metrics' "epoch")."""
-        return self.order.epoch_of(step)
+        """Passes over the packed rows after `step` (the metrics' "epoch"): once the
+        file was read to its end and a batch drawn (else None)."""
+        if self._per_epoch is None:
+            return None
+        batch_size, seq = self._per_epoch
+        count = self.total_rows(seq)
+        return (step + 1) * batch_size / count if count else None
 
 
 JsonlData = TextData   # the name of the text source before tasks (tests, scripts)
 
 
 def check_data(source: str, *, vocab: int, batch: int, seq: int, tokenizer_dir: str | Path | None = None,
-               column: str = "text") -> None:
+               column: str = "text", steps: int | None = None) -> None:
     """What a rank's text source would refuse, found before any rank starts (zoexec's
-    preflight): every line of a JSONL file (every row of another format) read and
-    checked as the ranks will (tokens counted, not kept), and enough tokens for one
-    global batch of `batch` rows of `seq` tokens."""
+    preflight): the documents the batches of the first `steps` steps read (None: every
+    document) read, checked and tokenised as the ranks will (inside a launch, into the
+    chunks they then read: zoexec.data.packed), and enough tokens for one global batch
+    of `batch` rows of `seq` tokens."""
     if source == "synthetic":
         SyntheticTask(vocab=vocab)
         return
-    path = Path(source)
-    if path.suffix.lower() == ".jsonl" and not path.is_dir():
-        tokens = JsonlReader(source, vocab=vocab, tokenizer_dir=tokenizer_dir,
-                             column=column).count_tokens()
+    data = TextData(source, vocab=vocab, tokenizer_dir=tokenizer_dir, column=column)
+    if steps is None:
+        data.chunks.cover(sys.maxsize)
     else:
-        tokens = TextData(source, vocab=vocab, tokenizer_dir=tokenizer_dir,
-                          column=column).tokens.numel()
+        data.cover_steps(steps, batch, seq)
+    tokens = data.chunks.cover(batch * seq)
     if tokens == 0:
         raise ZoError(f"data file {source} holds no tokens")
     if tokens < batch * seq:
         raise ZoError(f"data file {source} has {tokens} tokens, fewer than one batch of the "
                       f"plan ({batch} x {seq} = {batch * seq} tokens)")
-
-

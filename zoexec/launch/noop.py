@@ -8,12 +8,25 @@ that the perturbed model IS the model: every projected gradient g is 0 and the r
 ends "done" with the input weights (issue 41: --eps 1e-30). The check samples each
 block's weights, takes the typical |z| as the median of a standard normal's |z|
 (0.6745), and refuses the run when the perturbation vanishes for most weights.
+
+The update theta - lr g z vanishes the same way, with g the projected gradient, unknown
+before the first step. g = (L+ - L-) / (2 eps) with losses at least 0, and a language
+model's cross-entropy starts near ln(vocab) (an untrained model's), so |g| above
+ln(vocab) / (2 eps) is not expected: an update that vanishes even at that |g| changes
+nothing. With round to nearest (fp32 weights, --update master's fp32 masters,
+--update plain's 16-bit weights) the run is refused; with stochastic rounding (16-bit
+weights, the update computed in fp32 and rounded at random, exact in expectation) a
+16-bit half ulp loses nothing on average, so only an update that vanishes in the fp32
+arithmetic itself is named, and only as a warning. (At a typical |g| of 1 far smaller
+updates are lost per step with --update plain: zoexec.model.precision.LostUpdates
+warns after the first update with the share it measured.)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -65,6 +78,58 @@ def _up(value: float) -> str:
     """`value` rounded up to one significant digit: '2e-09'."""
     exponent = math.floor(math.log10(value))
     return f"{math.ceil(value / 10 ** exponent) * 10 ** exponent:.0e}"
+
+
+def g_bound(vocab: int, eps: float) -> float:
+    """The largest |g| expected: a loss difference of ln(vocab) (an untrained model's
+    cross-entropy) over 2 eps."""
+    return math.log(max(vocab, 2)) / (2 * eps)
+
+
+def vanishing_lr(lr: float, g: float, magnitudes: torch.Tensor, dtype: torch.dtype, *,
+                 update: str) -> str | None:
+    """Why --lr `lr` would leave most weights (`magnitudes`: sampled |w|, kept in `dtype`,
+    updated by `update`) unchanged even at |g| `g` (the line), or None when it moves them."""
+    nonzero = magnitudes[magnitudes > 0]
+    if nonzero.numel() == 0 or dtype not in FRACTION_BITS or lr <= 0:
+        return None
+    step = lr * g * TYPICAL_Z
+    vanished = float((half_ulp(nonzero, dtype) > step).double().mean())
+    if vanished <= MOST:
+        return None
+    median = float(nonzero.median())
+    floor = float(half_ulp(torch.tensor(median, dtype=torch.float64), dtype)) / (g * TYPICAL_Z)
+    name = NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    how = ("computed in fp32 before the stochastic rounding" if update == "stochastic"
+           else f"rounded to nearest in {name}")
+    return (f"--lr {lr:g} vanishes in the model's weights: theta - lr g z, {how}, rounds back "
+            f"to theta for {vanished:.0%} of them (median |theta| {median:.3g}) even at |g| "
+            f"{g:.3g} (ln(vocab) / 2 eps), so no update would change the model; give --lr "
+            f"{_up(floor)} or more")
+
+
+def warn_line(line: str) -> None:
+    """A warning line on stderr (rank 0's)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def check_lr(cfg: Any, store: Any, *, warn: Callable[[str], None]) -> None:
+    """ZoError before the first step when cfg's --lr vanishes on the node's weights
+    with round to nearest (the weights kept in fp32, or in 16 bits by --update plain);
+    `warn(line)` when it vanishes in the fp32 arithmetic of --update stochastic."""
+    if cfg.workload.frozen_base or cfg.optim.lr <= 0:   # adapters start at zero
+        return
+    from zoexec.model.families import torch_dtype
+
+    update = cfg.workload.update
+    kept = torch_dtype(cfg.workload.param_dtype) if update == "plain" else torch.float32
+    sample = sample_weights(store.weights(b) for b in range(store.num_blocks))
+    problem = vanishing_lr(cfg.optim.lr, g_bound(cfg.model_spec.vocab, cfg.optim.eps), sample,
+                           kept, update=update)
+    if problem and update == "stochastic":
+        warn(f"zoexec: warning: {problem}")
+    elif problem:
+        raise ZoError(problem)
 
 
 def check_eps(cfg: Any, store: Any) -> None:

@@ -86,7 +86,8 @@ def _check_data(cfg: RunConfig) -> None:
     a bad row, ids outside the vocabulary, text without a tokenizer or too few tokens
     for one batch fail here, before any rank starts. A prompt task reads and tokenises
     only the rows its --steps batches use (and the held-out rows), so start-up follows
-    the work, not the file's size; packed text reads every document."""
+    the work, not the file's size; packed text the documents those batches' rows hold
+    (zoexec.data.packed, shared with the ranks through the launch's private folder)."""
     workload = cfg.workload
     vocab, tokenizer = cfg.model_spec.vocab, cfg.tokenizer_dir
     if cfg.task.data == "synthetic":

@@ -49,4 +49,4 @@ class TextTask:
         from zoexec.data.text import check_data
 
         check_data(str(path), vocab=vocab, batch=batch, seq=seq, tokenizer_dir=tokenizer_dir,
-                   column=task.text_column)
+                   column=task.text_column, steps=steps)

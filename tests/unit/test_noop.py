@@ -1,0 +1,51 @@
+"""zoexec.launch.noop's --lr rule: an update that rounds back to the weight even at the
+largest |g| expected is refused with round to nearest, a warning with stochastic
+rounding (which keeps it in expectation) at the fp32 threshold only."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from zoexec.launch.noop import check_lr, g_bound, vanishing_lr
+from zoplan.errors import ZoError
+
+
+def test_the_lr_rule_in_each_precision():
+    weights = torch.full((1000,), 0.02, dtype=torch.float64)   # half an ulp: 2^-30 fp32, 2^-14 bf16
+    g = g_bound(50272, 1e-3)                                   # ln(50272) / 2e-3: about 5,400
+    assert g == pytest.approx(5412.7, rel=1e-3)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert vanishing_lr(1e-6, g, weights, dtype, update="plain") is None   # MeZO's lr kept
+    assert vanishing_lr(1e-9, g, weights, torch.bfloat16, update="plain") is not None
+    assert vanishing_lr(1e-9, g, weights, torch.float32, update="master") is None
+    assert vanishing_lr(1e-14, g, weights, torch.float32, update="master") is not None
+    assert vanishing_lr(1e-30, g, torch.zeros(8, dtype=torch.float64), torch.float32,
+                        update="master") is None
+
+
+class _Store:
+    num_blocks = 2
+
+    def weights(self, block: int) -> torch.Tensor:
+        return torch.full((64,), 0.02, dtype=torch.bfloat16)
+
+
+def _cfg(lr: float, update: str, param: str = "bf16") -> SimpleNamespace:
+    return SimpleNamespace(optim=SimpleNamespace(lr=lr, eps=1e-3), model_spec=SimpleNamespace(vocab=512),
+                           workload=SimpleNamespace(frozen_base=False, update=update, param_dtype=param))
+
+
+def test_round_to_nearest_is_refused_and_stochastic_rounding_warned_far_lower():
+    warned: list[str] = []
+    with pytest.raises(ZoError, match=r"--lr 1e-09 vanishes .* rounded to nearest in bf16"):
+        check_lr(_cfg(1e-9, "plain"), _Store(), warn=warned.append)
+    check_lr(_cfg(1e-9, "stochastic"), _Store(), warn=warned.append)   # kept in expectation
+    assert warned == []
+    with pytest.raises(ZoError, match=r"--lr 1e-15 vanishes .* rounded to nearest in fp32"):
+        check_lr(_cfg(1e-15, "master"), _Store(), warn=warned.append)   # fp32 masters
+    check_lr(_cfg(1e-15, "stochastic"), _Store(), warn=warned.append)
+    assert len(warned) == 1 and warned[0].startswith("zoexec: warning: --lr 1e-15 vanishes")
+    assert "computed in fp32 before the stochastic rounding" in warned[0]
