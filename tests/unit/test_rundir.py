@@ -20,7 +20,7 @@ from zoexec.model.saved import check_saved, folder_checksums
 from zoexec.run.checkpoint import LossLog, read_log
 from zoexec.run.extension import extend
 from zoexec.run.folder import RunDir, histories, logged_lr
-from zoexec.run.verify import binding, z_problem
+from zoexec.run.verify import DATA_ORDER, binding, fingerprints, z_problem
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
@@ -414,3 +414,32 @@ def test_the_step_history_holds_a_bounded_number_of_steps_in_memory(monkeypatch)
     history = StepHistory(records)
     assert len(history._ints) <= 3 * 4 and len(history._floats) <= 6 * 4
     assert len(history) == 11 and list(history) == records and history[-11] == records[0]
+
+
+@pytest.mark.parametrize("task,order,refused", [
+    ({"name": "text"}, None, True),                   # an older zoexec's packed text: refused
+    ({"name": "text"}, 1, True),
+    ({"name": "text"}, DATA_ORDER, False),
+    ({"name": "classification"}, None, False),        # its order did not change
+    ({"name": "classification"}, DATA_ORDER, False)])
+def test_a_run_drawn_in_another_data_order_is_refused(tmp_path, task, order, refused):
+    """Packed text is read in blocks of windows since DATA_ORDER 2: a text run recorded
+    without that order (an older zoexec) would resume on other rows, so it is refused in
+    one line; a run of another task, whose order did not change, resumes."""
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "a b c"}\n')
+    inputs = fingerprints(data=str(data), model="random")
+    assert inputs["data"]["order"] == DATA_ORDER
+    if order is None:
+        del inputs["data"]["order"]
+    else:
+        inputs["data"]["order"] = order
+    rundir = RunDir(tmp_path / "run")
+    rundir.path.mkdir()
+    rundir.write_identity(_cfg(data=str(data), inputs=inputs), "abc")
+    rundir.write_sealed({**rundir.read_identity(), "task": task})   # as that run recorded it
+    if refused:
+        with pytest.raises(ZoError, match=r"another order .* cannot resume exactly"):
+            rundir.resume_plan(plan_sha256="abc", given={})
+    else:
+        assert rundir.resume_plan(plan_sha256="abc", given={}).start_step == 0

@@ -66,6 +66,7 @@ from zoexec.run.verify import (
     check_seal,
     history_digest,
     input_change,
+    order_change,
     saved_step,
     seal,
     unbound,
@@ -321,6 +322,9 @@ class RunDir:
                           f"was {ident.get('plan_path', '?')})")
         _check_settings(ident, given)
         ident, moved = _checked_inputs(ident, given, accept_moved=accept_moved)
+        order = order_change(ident["inputs"].get("data"), ident["task"])
+        if order:
+            raise ZoError(f"{self.path}: {order}")
         log = self._verified_log(ident)
         done = histories(ident["run_digest"], log.records)
         self._check_bindings(ident["run_digest"], done)

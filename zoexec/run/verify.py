@@ -115,14 +115,37 @@ def binding_problem(folder: Path, *, step: int | None, run_digest: str,
 
 
 # ---- the run's inputs ------------------------------------------------------------------------
+# The order a run draws its data in, recorded with the data's fingerprint: 2 since packed
+# text is read in blocks of consecutive windows (zoexec.data.packed); a run recorded without
+# it was started by an older zoexec, whose packed text order was another one
+DATA_ORDER = 2
+
+
 def fingerprints(*, data: str, model: str) -> dict[str, Any]:
-    """run.json's "inputs": each input's absolute path and fingerprint (None: built in)."""
+    """run.json's "inputs": each input's absolute path and fingerprint (None: built in),
+    the data's with the order its rows are drawn in (DATA_ORDER)."""
     out: dict[str, Any] = {"data": None, "model": None}
     if data != "synthetic":
-        out["data"] = {"path": str(Path(data).resolve()), "sha256": sha256_path(data)}
+        out["data"] = {"path": str(Path(data).resolve()), "sha256": sha256_path(data),
+                       "order": DATA_ORDER}
     if model != "random":
         out["model"] = {"path": str(Path(model).resolve()), "fingerprint": model_fingerprint(model)}
     return out
+
+
+def order_change(recorded: dict[str, Any] | None, task: object) -> str | None:
+    """Why a run whose data was recorded with `recorded` cannot resume exactly in this
+    zoexec's data order (None: it can): packed text's order changed with DATA_ORDER 2; the
+    other tasks' did not."""
+    if recorded is None or recorded.get("order") == DATA_ORDER:
+        return None
+    name = task.get("name") if isinstance(task, dict) else task
+    if "order" not in recorded and name != "text":
+        return None   # an older zoexec's run of a task whose order did not change
+    return (f"the run drew its {name} data in another order (data order "
+            f"{recorded.get('order', 1)}, this zoexec's {DATA_ORDER}: packed text is now read "
+            f"in blocks of windows) and cannot resume exactly here; resume it with the "
+            f"zoexec that started it, or start it again")
 
 
 def input_change(kind: str, recorded: dict[str, Any] | None, path: str | None) -> str | None:
