@@ -82,27 +82,20 @@ def test_a_non_finite_first_step_is_undone_whole(world, tmp_path):
         assert f"nothing trained: {out} is removed again" in lines[0] and not out.exists(), shown
 
 
-def test_an_eps_that_vanishes_in_the_weights_precision_is_refused(world, tmp_path):
-    """Before: --eps 1e-30 ran to the end, "done", rc 0, final/ the input weights."""
+@pytest.mark.parametrize("flag,starts,words", [
+    ("--eps", "error: --eps 1e-30 vanishes in the model's fp32 weights", ("give --eps",)),
+    ("--lr", "error: --lr 1e-30 vanishes in the model's weights",
+     ("rounded to nearest in fp32", "give --lr"))])
+def test_an_eps_or_lr_that_vanishes_in_the_weights_precision_is_refused(world, tmp_path, flag,
+                                                                         starts, words):
+    """Before: --eps 1e-30 (or --lr 1e-30) ran to the end, "done", rc 0, final/ the
+    input weights."""
     out = tmp_path / "out"
     code, lines, shown = _invoke("run", world["plan"], "--model-path", world["good"], "--data",
-                                 world["data"], "--steps", 2, "--eps", 1e-30, "--out", out,
+                                 world["data"], "--steps", 2, flag, 1e-30, "--out", out,
                                  "--threads", 1, "-q")
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: --eps 1e-30 vanishes "
-                                                                 "in the model's fp32 weights"), shown
-    assert "give --eps" in lines[0] and not out.exists(), shown
-
-
-def test_an_lr_that_vanishes_in_the_weights_precision_is_refused(world, tmp_path):
-    """Before: --lr 1e-30 ran to the end, "done", rc 0, final/ the input weights."""
-    out = tmp_path / "out"
-    code, lines, shown = _invoke("run", world["plan"], "--model-path", world["good"], "--data",
-                                 world["data"], "--steps", 2, "--lr", 1e-30, "--out", out,
-                                 "--threads", 1, "-q")
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: --lr 1e-30 vanishes "
-                                                                 "in the model's weights"), shown
-    assert "rounded to nearest in fp32" in lines[0] and "give --lr" in lines[0], shown
-    assert not out.exists(), shown
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(starts), shown
+    assert all(w in lines[0] for w in words) and not out.exists(), shown
 
 
 def test_the_vanishing_rule_in_each_precision():
