@@ -643,10 +643,13 @@ def _folder(case: Case, cases: Path) -> Path:
 
 
 def _run_in_process(case: Case, inputs: Path, cases: Path) -> Outcome:
-    """A zoexec case through its CLI in this process, in the case's folder."""
+    """A case through its tool's CLI in this process, in the case's folder."""
     from typer.testing import CliRunner
 
-    from zoexec.cli import app
+    from zoexec.cli import app as zoexec_app
+    from zoplan.cli import app as zoplan_app
+
+    app = zoexec_app if case.tool == X else zoplan_app
 
     folder = _folder(case, cases)
     before = _files(folder)
@@ -690,14 +693,14 @@ def outcomes(inputs, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("ZOEXEC_DEBUG", "COLUMNS")}
     env["ZOEXEC_SHM_DIR"] = str(shm_dir)   # a private store folder: its sweep sees no one else's files
     shm_before = _shm_entries()
-    planner = [c for c in CASES if c.tool == P]
+    planner = [c for c in CASES if c.tool == P and os.environ.get("EXPERIMENT") is None]
     with ThreadPoolExecutor(max_workers=2) as pool, pytest.MonkeyPatch.context() as patch:
         running = pool.map(lambda c: _run(c, inputs, cases, env), planner)
         for name in ("ZOEXEC_DEBUG", "COLUMNS"):
             patch.delenv(name, raising=False)
         patch.setenv("ZOEXEC_SHM_DIR", str(shm_dir))
         patch.setattr(shmfiles, "SHM_DIR", shm_dir)
-        results = {c.id: _run_in_process(c, inputs, cases) for c in CASES if c.tool == X}
+        results = {c.id: _run_in_process(c, inputs, cases) for c in CASES if c not in planner}
         results.update(zip((c.id for c in planner), running))
     return {"results": results, "shm_dir": shm_dir,
             "shm_new": _shm_entries() - shm_before}
