@@ -26,6 +26,7 @@ LONG_FILES = {
     "integration/test_bad_input.py": 12,
     "integration/test_trackers.py": 11,
     "unit/test_search.py": 10,
+    "integration/test_node_memory.py": 10,
 }
 TESTS = Path(__file__).resolve().parent
 

@@ -158,7 +158,7 @@ def test_the_dry_run_starts_as_the_gpu_machine_would_and_fits_the_return(machine
     assert base["mezo_step_s"] > 0 and base["zo2_step_s"] > 0
     assert base["zoexec_offload_over_zo2_measured"] > 0 and base["zoexec_resident_over_mezo_measured"] > 0
     shared = stages["shared-gpu"]
-    assert shared["pertp2_same_bits"] and shared["pertp2-slices2-update_same_bits"], shared
+    assert shared["pertp2-slices2-update_same_bits"], shared   # its one layout on the CPU
     assert stages["staging"]["ring_bytes_equal"]
     with tarfile.open(out / "files.tar") as tar:
         names = tar.getnames()
@@ -185,13 +185,17 @@ def test_a_hung_stage_is_killed_at_its_ceiling_and_the_rest_go_on(machine, tmp_p
 
 def test_sigterm_saves_every_stage_finished_before_and_says_so_in_one_line(machine, tmp_path):
     """SIGTERM to the check's whole process group (as `timeout` or a user would) once a
-    stage has ended: the summary keeps it, the stage in flight is killed, one line."""
+    stage has ended: the summary keeps it, the stage in flight is killed, one line.
+    The stages: slices (its CPU run: the only one in the tests), then issue made to
+    hang (the test hook: in flight, within its 45 s ceiling, when the signal comes,
+    without the torch start-up and steps it would spend before being killed)."""
     python, repo = machine
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHON"] = str(python)
     proc = subprocess.Popen(["bash", "scripts/gpu_check.sh", "--out", str(out), "--device-kind",
-                             "cpu", "--stages", "slices,issue", "--work", str(tmp_path / "work")],
+                             "cpu", "--stages", "slices,issue", "--hang-stage", "issue",
+                             "--work", str(tmp_path / "work")],
                             cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
