@@ -27,6 +27,7 @@ LONG_FILES = {
     "integration/test_trackers.py": 11,
     "unit/test_search.py": 10,
     "integration/test_node_memory.py": 10,
+    "integration/test_resume_evaluation.py": 8,
 }
 TESTS = Path(__file__).resolve().parent
 
