@@ -30,9 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 from make_model import make_model  # noqa: E402
 
-# Not `serial`: it kills only its own run (its process group), and the block store's
-# folder is its own (ZOEXEC_SHM_DIR: private_shm), so no other test's sweep removes
-# what the kill left and its resume sweeps no one else's files.
+# Not `serial`: it kills only its own run (its process group), and what the killed run
+# could leave behind goes to folders of its own: the block store's (ZOEXEC_SHM_DIR:
+# private_shm) and the temporary one (TMPDIR: the rendezvous and data files), so no
+# other test's run finds stale files of it to sweep (and says so on its stderr).
 
 BIN = Path(sys.executable).parent
 DATA = ROOT / "examples" / "sentiment"
@@ -73,9 +74,12 @@ def test_a_killed_run_resumed_with_its_printed_command_evaluates_as_the_whole_ru
                                     "--out", str(whole), "-q"])
     assert done.exit_code == 0, done.output
     killed = tmp_path / "killed"
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
     proc = subprocess.Popen([str(BIN / "zoexec"), "run", str(plan), "--model-path", str(model),
                              *ARGS, "--out", str(killed)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(own_tmp)})
     command = proc.stderr.readline()   # the first line: how to resume it
     log = killed / "losses.jsonl"
     deadline = time.monotonic() + 120
