@@ -17,7 +17,7 @@ LONG_FILES = {
     "integration/test_multinode.py": 60,
     "integration/test_precision_runs.py": 50,
     "integration/test_zoexec_layouts.py": 40,
-    "integration/test_accuracy.py": 35,
+    "integration/test_accuracy.py": 18,
     "integration/test_faults.py": 25,
     "unit/test_memory_model.py": 25,
     "integration/test_estimator_runs.py": 18,
