@@ -1,8 +1,10 @@
 """Fine-tuning for real: MeZO through `zoexec run` on the shipped short classification
 example (examples/sentiment-short, label words "terrible,great" after the template
 "{sentence} It was") lifts held-out accuracy from chance (the random base model: 0.51)
-to at least 0.5 + MARGIN, MARGIN = 0.20, with the same metrics on one rank and on PertP 2.
-This run: 0.875 after 300 steps, 0.95 after 600.
+to at least 0.5 + MARGIN, MARGIN = 0.20. This run: 0.875 after 300 steps, 0.95 after
+600. (The same run's evaluations on PertP 2 and DDP 2, the linear schedule included:
+tests/integration/test_tasks_eval.py, on a few steps; this file once ran PertP 2 for
+the whole 600 steps too.)
 
 How the margin was chosen (the same engine, this setting: micro model, batch 64, 600
 steps, lr 5e-3 decaying linearly, eps 1e-2; final accuracy on the 120 held-out rows):
@@ -67,17 +69,12 @@ def _run(tmp: Path, model: Path, layout: Layout) -> list[dict]:
     return [r for r in rows if "eval_accuracy" in r]
 
 
-def test_fine_tuning_lifts_held_out_accuracy_above_chance_on_one_rank_and_pertp2(tmp_path, model):
+def test_fine_tuning_lifts_held_out_accuracy_above_chance(tmp_path, model):
     base = _eval(model)
     assert abs(base["eval_accuracy"] - 0.5) <= 0.05, base        # the random model: chance
     one = _run(tmp_path, model, Layout())
     assert [r["step"] for r in one] == [STEPS // 2, STEPS]
     assert one[-1]["eval_accuracy"] >= 0.5 + MARGIN, one
     assert one[-1]["eval_loss"] < base["eval_loss"]
-    pertp = _run(tmp_path, model, Layout(pertp=2))
-    for a, b in zip(one, pertp, strict=True):
-        assert (a["step"], a["eval_accuracy"], a["eval_f1"]) == (b["step"], b["eval_accuracy"],
-                                                                 b["eval_f1"])
-        assert a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-9)
     final = _eval(tmp_path / "run-1" / "final")                  # the saved weights agree
     assert final["eval_accuracy"] == one[-1]["eval_accuracy"]

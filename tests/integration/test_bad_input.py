@@ -7,10 +7,11 @@ Every case must end with a non-zero exit (2: the user's error), exactly one line
 stderr that starts with "error:" and names the problem, no traceback anywhere, no new
 file in the case's own working folder (where every output path points), and nothing
 left in shared memory. The zoexec cases fail in the launcher's checks, before any rank
-starts. The planner's cases run three at a time, each a fresh interpreter (~0.8 s);
-the executor's run meanwhile in this process through its CLI (typer's CliRunner, in the
-case's folder: what the command does, without the ~2 s of importing torch each), where
-an exception that escapes the command counts as a traceback.
+starts. The cases run in this process through their tool's CLI (typer's CliRunner, in
+the case's folder: what the command does, without the ~1-2 s of starting an interpreter
+each; `zoplan`'s entry point is its app), where an exception that escapes the command
+counts as a traceback; a few planner cases (IN_SUBPROCESS) run as the installed command
+in a fresh interpreter meanwhile, as a user's shell runs them.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class Case:
 
 
 P, X = "zoplan", "zoexec"
+# planner cases run as the console command in a subprocess (the rest: in this process)
+IN_SUBPROCESS = {"profile-bandwidth-1e308", "plan-step-time-1e308", "trace-bad-json-line"}
 OPT = ("optimize", "--gpus", "2", "--batch", "2", "--seq", "32", "-o", "plan.json", "-q")
 RUN = ("run", "{in}/plan.json", "--steps", "1")
 
@@ -643,10 +646,13 @@ def _folder(case: Case, cases: Path) -> Path:
 
 
 def _run_in_process(case: Case, inputs: Path, cases: Path) -> Outcome:
-    """A zoexec case through its CLI in this process, in the case's folder."""
+    """A case through its tool's CLI in this process, in the case's folder."""
     from typer.testing import CliRunner
 
-    from zoexec.cli import app
+    from zoexec.cli import app as zoexec_app
+    from zoplan.cli import app as zoplan_app
+
+    app = zoexec_app if case.tool == X else zoplan_app
 
     folder = _folder(case, cases)
     before = _files(folder)
@@ -690,15 +696,15 @@ def outcomes(inputs, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("ZOEXEC_DEBUG", "COLUMNS")}
     env["ZOEXEC_SHM_DIR"] = str(shm_dir)   # a private store folder: its sweep sees no one else's files
     shm_before = _shm_entries()
-    planner = [c for c in CASES if c.tool == P]
+    apart = [c for c in CASES if c.id in IN_SUBPROCESS]
     with ThreadPoolExecutor(max_workers=2) as pool, pytest.MonkeyPatch.context() as patch:
-        running = pool.map(lambda c: _run(c, inputs, cases, env), planner)
+        running = pool.map(lambda c: _run(c, inputs, cases, env), apart)
         for name in ("ZOEXEC_DEBUG", "COLUMNS"):
             patch.delenv(name, raising=False)
         patch.setenv("ZOEXEC_SHM_DIR", str(shm_dir))
         patch.setattr(shmfiles, "SHM_DIR", shm_dir)
-        results = {c.id: _run_in_process(c, inputs, cases) for c in CASES if c.tool == X}
-        results.update(zip((c.id for c in planner), running))
+        results = {c.id: _run_in_process(c, inputs, cases) for c in CASES if c not in apart}
+        results.update(zip((c.id for c in apart), running))
     return {"results": results, "shm_dir": shm_dir,
             "shm_new": _shm_entries() - shm_before}
 
@@ -715,6 +721,7 @@ def test_each_case_feeds_its_own_broken_input(inputs):
     assert len({c.id for c in CASES}) == len(CASES)
     assert len({(c.tool, c.args[0], c.expect) for c in CASES}) == len(CASES)   # one line per case of a command
     assert {(c.tool, c.args[0]) for c in CASES} >= {(P, "optimize"), (P, "show"), (X, "run")}
+    assert IN_SUBPROCESS <= {c.id for c in CASES if c.tool == P}
     named = set()
     for case in CASES:
         for arg in case.args:

@@ -12,12 +12,14 @@ simpy and datasets (and their dist-info) and the editable install of zoplan/zoex
 Nothing is copied or installed, and `import pydantic` fails there (checked first).
 
 The wheel folder is built once (bash scripts/device_wheels.sh --python-version 3.11
-.whl/cp311 in this checkout; pip downloads from the package index setup.sh uses) and
-reused. The check's results must fit what the GPU machine returns: at most 8 files,
+DIR; pip downloads from the package index setup.sh uses) and reused: DIR is this
+checkout's .whl/cp311 where it holds wheels, else a folder of the user's cache named
+after the wheel list's inputs (_wheels). The check's results must fit what the GPU machine returns: at most 8 files,
 here exactly three, no folder."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -38,13 +40,25 @@ MAX_BYTES = 64 << 20
 
 
 def _wheels() -> Path:
+    """This checkout's .whl/cpXY where it holds wheels, else the user's cache of them
+    for this very wheel list (pyproject.toml's pins and device_wheels.py, hashed), made
+    there once: a fresh clone (CI's) reuses the last one's instead of downloading them
+    again (16 pip processes, ~13 s of CPU and the network)."""
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     folder = REPO / ".whl" / tag
     if not list(folder.glob("*.whl")):
+        key = hashlib.sha256(b"".join((REPO / name).read_bytes() for name in
+                                      ("pyproject.toml", "scripts/device_wheels.py"))).hexdigest()[:16]
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        folder = cache / "zoexec-tests" / f"wheels-{key}" / tag
+    if not list(folder.glob("*.whl")):   # made beside it, then renamed: whole or absent
+        making = folder.with_name(f"{tag}.making-{os.getpid()}")
         done = subprocess.run(["bash", str(REPO / "scripts" / "device_wheels.sh"), "--python-version",
-                               f"{sys.version_info[0]}.{sys.version_info[1]}", str(folder)],
+                               f"{sys.version_info[0]}.{sys.version_info[1]}", str(making)],
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
+        shutil.rmtree(folder, ignore_errors=True)
+        making.rename(folder)
     return folder
 
 
@@ -158,7 +172,7 @@ def test_the_dry_run_starts_as_the_gpu_machine_would_and_fits_the_return(machine
     assert base["mezo_step_s"] > 0 and base["zo2_step_s"] > 0
     assert base["zoexec_offload_over_zo2_measured"] > 0 and base["zoexec_resident_over_mezo_measured"] > 0
     shared = stages["shared-gpu"]
-    assert shared["pertp2_same_bits"] and shared["pertp2-slices2-update_same_bits"], shared
+    assert shared["pertp2-slices2-update_same_bits"], shared   # its one layout on the CPU
     assert stages["staging"]["ring_bytes_equal"]
     with tarfile.open(out / "files.tar") as tar:
         names = tar.getnames()
@@ -185,13 +199,17 @@ def test_a_hung_stage_is_killed_at_its_ceiling_and_the_rest_go_on(machine, tmp_p
 
 def test_sigterm_saves_every_stage_finished_before_and_says_so_in_one_line(machine, tmp_path):
     """SIGTERM to the check's whole process group (as `timeout` or a user would) once a
-    stage has ended: the summary keeps it, the stage in flight is killed, one line."""
+    stage has ended: the summary keeps it, the stage in flight is killed, one line.
+    The stages: slices (its CPU run: the only one in the tests), then issue made to
+    hang (the test hook: in flight, within its 45 s ceiling, when the signal comes,
+    without the torch start-up and steps it would spend before being killed)."""
     python, repo = machine
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHON"] = str(python)
     proc = subprocess.Popen(["bash", "scripts/gpu_check.sh", "--out", str(out), "--device-kind",
-                             "cpu", "--stages", "slices,issue", "--work", str(tmp_path / "work")],
+                             "cpu", "--stages", "slices,issue", "--hang-stage", "issue",
+                             "--work", str(tmp_path / "work")],
                             cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:

@@ -1,15 +1,12 @@
 """Building the node's model across processes: the other local ranks wait for the
 builder as long as the bytes to fill need (not the process group's timeout), give up
-with a ZoError saying what they waited for, and the builder holds about one block plus
-the resident parts beyond the store (measured by benchmarks/executor/bench_load_memory.py)."""
+with a ZoError saying what they waited for. (What the builder holds beyond the store:
+tests/integration/test_node_memory.py, which need not run alone.)"""
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
-import subprocess
-import sys
 import time
 import uuid
 from datetime import timedelta
@@ -20,16 +17,12 @@ import torch
 from torch.distributed import distributed_c10d
 
 from zoexec.config import RuntimeOptions
-from zoexec.model.families import build_hf_model
 from zoexec.runtime import groups as zgroups
 from zoexec.store.blocks import SHM_DIR
 from zoexec.store.node import monitored_barrier, share_on_node
 from zoplan.layout import Layout
 
 pytestmark = pytest.mark.serial   # scripts/test.sh runs it alone: see pyproject.toml
-
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "executor" / "bench_load_memory.py"
 
 
 # The ranks' events, so that no outcome depends on how fast the machine runs: each rank
@@ -136,27 +129,3 @@ def test_a_late_rank_fails_the_monitored_barrier_with_what_it_waited_for(monkeyp
     assert status == "error" and text.startswith(
         "PeerGone: rank 0 waited for every node's test and gave up (timeout 0.5 s): "), text
     assert "Rank 1 failed to pass monitoredBarrier" in text, text
-
-
-@pytest.fixture(scope="module")
-def small_checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("small-opt")
-    build_hf_model("small-opt", seed=0).save_pretrained(folder, max_shard_size="20MB")
-    assert len(list(folder.glob("*.safetensors"))) > 2
-    return folder
-
-
-@pytest.mark.parametrize("init", ["random", "checkpoint"])
-def test_the_builder_holds_about_one_block_and_the_resident_parts(init, small_checkpoint):
-    """small-opt: 6 blocks of 12 MiB (72 MiB in the store), resident 10 MiB (module +
-    master). Measured 22-27 MiB beyond the store; holding the model's blocks once more
-    (as building the HF model first did) gives about 100 MiB. Bound: 2 x (block + resident)."""
-    source = str(small_checkpoint) if init == "checkpoint" else "random"
-    done = subprocess.run([sys.executable, str(BENCH), "--child", "--model", "small-opt",
-                           "--init", source, "--quiet"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    row = json.loads(done.stdout.strip().splitlines()[-1])
-    bound = 2 * (row["block_bytes"] + row["resident_bytes"])
-    assert row["store_rss"] >= 0.95 * row["store_bytes"], row
-    assert row["beyond_store"] <= bound and row["private_peak_beyond_bare"] <= bound, row

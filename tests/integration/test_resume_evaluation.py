@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 from make_model import make_model  # noqa: E402
 
-pytestmark = pytest.mark.serial   # it kills a run
+# Not `serial`: it kills only its own run (its process group), and what the killed run
+# could leave behind goes to folders of its own: the block store's (ZOEXEC_SHM_DIR:
+# private_shm) and the temporary one (TMPDIR: the rendezvous and data files), so no
+# other test's run finds stale files of it to sweep (and says so on its stderr).
 
 BIN = Path(sys.executable).parent
 DATA = ROOT / "examples" / "sentiment"
@@ -45,7 +50,20 @@ def _evals(out: Path) -> list[dict]:
     return [r for r in rows if any(k.startswith("eval_") for k in r)]
 
 
-def test_a_killed_run_resumed_with_its_printed_command_evaluates_as_the_whole_run(tmp_path):
+@pytest.fixture
+def private_shm(tmp_path, monkeypatch):
+    """A folder of its own for the runs' block stores (on the tmpfs where there is one),
+    named so that no sweep of /dev/shm's zoexec-* files looks into it; removed after."""
+    shm = Path("/dev/shm")
+    folder = (shm if shm.is_dir() else tmp_path) / f"zt-{uuid.uuid4().hex[:12]}"
+    folder.mkdir()
+    monkeypatch.setenv("ZOEXEC_SHM_DIR", str(folder))   # the runs here and the one started
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_killed_run_resumed_with_its_printed_command_evaluates_as_the_whole_run(tmp_path,
+                                                                                 private_shm):
     model = make_model(tmp_path / "micro", size="micro", seed=0)
     plan = tmp_path / "plan.json"
     hand_plan(model=get_model(str(model)), layout=Layout(),
@@ -56,9 +74,12 @@ def test_a_killed_run_resumed_with_its_printed_command_evaluates_as_the_whole_ru
                                     "--out", str(whole), "-q"])
     assert done.exit_code == 0, done.output
     killed = tmp_path / "killed"
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
     proc = subprocess.Popen([str(BIN / "zoexec"), "run", str(plan), "--model-path", str(model),
                              *ARGS, "--out", str(killed)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(own_tmp)})
     command = proc.stderr.readline()   # the first line: how to resume it
     log = killed / "losses.jsonl"
     deadline = time.monotonic() + 120

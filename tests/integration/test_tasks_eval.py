@@ -72,7 +72,8 @@ def _losses(out: Path) -> list[dict]:
 
 def test_eval_during_a_run_is_the_same_on_one_rank_pertp2_and_ddp2(tmp_path, model):
     """The candidate loss (the default) trains alike on every layout (losses to float
-    summation order with DDP), evaluations agree, best/ holds the chosen evaluation's weights."""
+    summation order with DDP), the learning rate decaying linearly (each rank's schedule
+    the same), evaluations agree, best/ holds the chosen evaluation's weights."""
     test = tmp_path / "test.jsonl"      # 40 of the held-out examples: one row each
     test.write_text("".join(TEST.read_text().splitlines(keepends=True)[:40]))
     outs, losses = {}, {}
@@ -81,7 +82,8 @@ def test_eval_during_a_run_is_the_same_on_one_rank_pertp2_and_ddp2(tmp_path, mod
         result = CliRunner().invoke(app, ["run", str(_plan(tmp_path, model, layout)),
                                           "--model-path", str(model), "--data", str(TRAIN),
                                           *TASK, "--eval-data", str(test), "--eval-every", "2",
-                                          "--steps", "6", "--lr", "1e-3", "--out", str(out),
+                                          "--steps", "6", "--lr", "1e-3",
+                                          "--lr-schedule", "linear", "--out", str(out),
                                           "--save-best", "eval_loss:max",
                                           "--threads", "1", "-q"])
         assert result.exit_code == 0, result.output

@@ -17,6 +17,7 @@ name each other's types are one room, whatever runs first), not for the layers.
 from __future__ import annotations
 
 import ast
+import functools
 import shutil
 import subprocess
 import sys
@@ -82,34 +83,43 @@ def is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def _type_only(tree: ast.AST) -> set[int]:
-    """The nodes under `if TYPE_CHECKING:` (or `if typing.TYPE_CHECKING:`)."""
-    out: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            out |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
-    return out
+@functools.cache
+def _statements(source: str) -> tuple[tuple[str, tuple[str, ...], int, bool, bool], ...]:
+    """(module, names, line, inside a function, under `if TYPE_CHECKING:`) of every
+    import statement of a source: module "" for `import a, b` (names a, b), else the
+    `from` module (relative ones left out). One walk of the tree, and one per source
+    text: every rule reads the same modules again, and a probe's new text is read anew."""
+    out: list[tuple[str, tuple[str, ...], int, bool, bool]] = []
+
+    def visit(node: ast.AST, inside: bool, type_only: bool) -> None:
+        inside = inside or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if isinstance(node, ast.Import):
+            out.append(("", tuple(a.name for a in node.names), node.lineno, inside, type_only))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.module, tuple(a.name for a in node.names), node.lineno, inside, type_only))
+        # `if TYPE_CHECKING:` (or `if typing.TYPE_CHECKING:`): its body names types only
+        guarded = isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside, type_only or (guarded and child in node.body))
+
+    visit(ast.parse(source), False, False)
+    return tuple(out)
 
 
 def imports(path: Path, *, type_only: bool = True) -> list[tuple[str, int, bool]]:
     """(module imported, line, inside a function) of every import statement (those
     under `if TYPE_CHECKING:` too unless not `type_only`); `from a import b` counts as
     a.b where a.b is a module of the project."""
-    tree = ast.parse(path.read_text())
-    local = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-             for n in ast.walk(f)}
-    skipped = set() if type_only else _type_only(tree)
     out = []
-    for node in ast.walk(tree):
-        if id(node) in skipped:
+    for module, names, line, inside, guarded in _statements(path.read_text()):
+        if guarded and not type_only:
             continue
-        if isinstance(node, ast.Import):
-            out += [(a.name, node.lineno, id(node) in local) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            for alias in node.names:
-                full = f"{node.module}.{alias.name}"
-                name = full if is_module(full) else node.module
-                out.append((name, node.lineno, id(node) in local))
+        if not module:
+            out += [(name, line, inside) for name in names]
+            continue
+        for alias in names:
+            full = f"{module}.{alias}"
+            out.append((full if is_module(full) else module, line, inside))
     return out
 
 

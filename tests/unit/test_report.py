@@ -299,15 +299,24 @@ def test_tensorboard_of_a_resumed_run_purges_after_its_start(tmp_path, fake_tens
 
 
 def test_quiet_libraries_silences_the_bars_not_the_warnings_and_restores():
+    """From either state of transformers' bars (a command run in this process before,
+    e.g. `zoexec export --merge`, may have left them off): off inside, as found after."""
     from transformers.utils import logging as hf_logging
 
-    before = hf_logging.get_verbosity()
-    with quiet_libraries(True):
-        assert hf_logging.get_verbosity() == before            # warnings still print
-        assert not hf_logging.is_progress_bar_enabled()
-    assert hf_logging.get_verbosity() == before and hf_logging.is_progress_bar_enabled()
-    with quiet_libraries(False):
-        assert hf_logging.is_progress_bar_enabled()
+    was = hf_logging.is_progress_bar_enabled()
+    try:
+        for bars in (True, False):
+            (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+            before = hf_logging.get_verbosity()
+            with quiet_libraries(True):
+                assert hf_logging.get_verbosity() == before            # warnings still print
+                assert not hf_logging.is_progress_bar_enabled()
+            assert hf_logging.get_verbosity() == before
+            assert hf_logging.is_progress_bar_enabled() == bars
+            with quiet_libraries(False):
+                assert hf_logging.is_progress_bar_enabled() == bars
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
 def test_evaluate_prefixes_keys_and_picks_the_best(tmp_path):
