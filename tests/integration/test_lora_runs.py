@@ -116,8 +116,12 @@ def _merge_by_hub_id(final: Path, base: Path, merged: Path, monkeypatch) -> None
     shutil.copytree(base, repo / "snapshots" / "c0ffee")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     out = base.parent / "merged-by-id"
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()   # the merge turns them off for its one line, not for good
     result = CliRunner().invoke(app, ["export", "--merge", str(final), "--base", "org/base", "-o",
                                       str(out), "--accept-other-base"])
+    assert hf_logging.is_progress_bar_enabled(), "the merge left transformers' bars off"
     assert result.exit_code == 0 and str(repo / "snapshots" / "c0ffee") in result.output, \
         result.output
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in merged.iterdir())

@@ -297,14 +297,26 @@ def merge_adapters(adapter_dir: Path, base_dir: Path, out_dir: Path, *,
     HF model (and the base's tokenizer) into `out_dir` (written aside and renamed:
     whole or absent). Checked first (check_merge): the adapters' files against their
     checksums, their settings against the run's, the base against the run's."""
+    from transformers.utils import logging as hf_logging
+
+
+    check_merge(Path(adapter_dir), Path(base_dir), accept_other_base=accept_other_base)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()   # the command's one line is its output; as it was after
+    try:
+        return _merged(adapter_dir, base_dir, out_dir)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _merged(adapter_dir: Path, base_dir: Path, out_dir: Path) -> Path:
+    """merge_adapters' work, its checks done and the progress bars off."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
     from zoexec.model.export import copy_tokenizer
 
-    check_merge(Path(adapter_dir), Path(base_dir), accept_other_base=accept_other_base)
-    hf_logging.disable_progress_bar()   # the command's one line is its output
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)   # peft calls deprecated names
