@@ -68,12 +68,14 @@ RUNS = {
     "sparse-lora": ("sparse", "lora", Layout(), (), None),
     "sparse-lora-pertp2-s2": ("sparse", "lora", Layout(pertp=2, slices=2), (1,), "sparse-lora"),
     "q2": ("q2", "fp32", Layout(), (), None),
-    "q2-ddp2": ("q2", "fp32", Layout(ddp=2), (), "q2"),
     "q2-pertp2xddp2-s2-su": ("q2", "fp32", Layout(pertp=2, ddp=2, **SU), (2,), "q2"),
     "lowrank-q4": ("lowrank-q4", "fp32", Layout(), (), None),
     "lowrank-q4-ddp2-s2": ("lowrank-q4", "fp32", Layout(ddp=2, slices=2), (0,), "lowrank-q4"),
 }
-RESUMED = ("lowrank-pertp2-s2-su", "sparse-pertp2-s2-su", "q2-ddp2")   # snapshots every step
+# Several directions over DDP groups that own them is no plain ddp2 run of its own (q2
+# there): lowrank-q4-ddp2-s2 and q2-pertp2xddp2-s2-su split the directions over DDP
+# groups, and lowrank-q4-ddp2-s2's resume replays each direction's g.
+RESUMED = ("lowrank-pertp2-s2-su", "sparse-pertp2-s2-su", "lowrank-q4-ddp2-s2")   # snapshots every step
 
 
 def _workload(name: str) -> Workload:
@@ -234,7 +236,7 @@ def test_run_json_records_the_estimator_and_a_given_one_must_be_the_plans(runs, 
 
 
 def test_a_log_line_without_its_directions_gs_is_refused(runs, tmp_path):
-    run = runs["q2-ddp2"]
+    run = runs["lowrank-q4-ddp2-s2"]
     folder = tmp_path / "altered"
     shutil.copytree(run["out"], folder)
     lines = (folder / "losses.jsonl").read_text().splitlines()
@@ -243,6 +245,6 @@ def test_a_log_line_without_its_directions_gs_is_refused(runs, tmp_path):
     lines[1] = json.dumps(line)
     (folder / "losses.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(ZoError, match=r"losses.jsonl:2: step 2 has 0 directions' g \(gs\), "
-                                      r"but the run's estimator takes 2"):
+                                      r"but the run's estimator takes 4"):
         RunDir(folder).resume_plan(plan_sha256=sha256_json(run["cfg"].plan), given={})
     assert step_seed(SEED, 1) == line["seed"]

@@ -1,8 +1,24 @@
-"""The cluster templates run (issue 40): examples/slurm/zoexec.sbatch, executed with
-stand-ins for Slurm's `srun` (one task per node, here two processes) and `scontrol`
-(the first node: 127.0.0.1), starts examples/slurm/node.sh's torchrun line on two CPU
-"nodes" that meet through the c10d rendezvous, and the run ends with final/; the
-Kubernetes PyTorchJob manifest is well-formed and runs the same torchrun line."""
+"""The cluster templates run (issue 40), and several nodes for real on one host:
+examples/slurm/zoexec.sbatch, executed with stand-ins for Slurm's `srun` (one task per
+node, here two processes) and `scontrol` (the first node: 127.0.0.1), starts
+examples/slurm/node.sh's torchrun line on two CPU "nodes" of two ranks each that meet
+through the c10d rendezvous (as on two machines: each node builds its own block store
+and its own node-local groups, the ranks meet over TCP on the loopback). The run, from
+a config file, computes the losses and weights of the one-rank run: the plan keeps two
+of the four blocks resident on each node's slice group and applies the update on the
+slice, so every new path of the executor crosses the node boundary too. The Kubernetes
+PyTorchJob manifest is well-formed and runs the same torchrun line.
+
+The commands (README: "Several nodes"), with N = 0 on the first node and 1 on the
+second, HOST:PORT the first node's address and a free port:
+    torchrun --nnodes 2 --nproc-per-node 2 --node-rank N --master-addr HOST \\
+        --master-port PORT -m zoexec.cli run plan.json --out run --steps 3 ...
+or the c10d rendezvous, the same command on both nodes (node.sh's line): `--rdzv-backend
+c10d --rdzv-endpoint HOST:PORT` in place of the last three options. The test serves the
+rendezvous at a store on a port the OS chose (tests/fixtures/ports.py), so that no other
+process can take the port between choosing and using it. (test_multinode.py: two nodes
+whose stores diverge.)
+"""
 
 from __future__ import annotations
 
@@ -10,8 +26,15 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from zoexec.config import RunConfig
+from zoexec.launch.spawn import run_in_process
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.workload import Workload
@@ -30,36 +53,77 @@ rc=0
 for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
 exit $rc
 """
+MODEL, SEED, STEPS, LR = "tiny-opt", 3, 2, 1e-3
+WORKLOAD = Workload(batch=4, seq=16, param_dtype="fp32", compute_dtype="fp32")
+LAYOUT = Layout(pertp=2, ddp=2, nodes=2, slices=2, slice_update=True)
+RESIDENT = (1, 2)
+LOSS_RTOL, G_ATOL, W_ATOL = 1e-5, 5e-3, 5e-5   # DDP: test_zoexec_layouts' tolerances
 
 
-def test_the_sbatch_script_runs_two_cpu_nodes(tmp_path):
+def _losses(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
+
+
+def _one_rank(tmp: Path) -> tuple[list, dict]:
+    plan = hand_plan(model=MODEL, layout=Layout(), workload=WORKLOAD)
+    out = tmp / "one"
+    run_in_process(RunConfig.make(plan=plan.data, plan_path="one.json", steps=STEPS, seed=SEED,
+                                  lr=LR, threads=1, quiet=True, out=str(out)))
+    return _losses(out), load_file(str(out / "final" / "model.safetensors"))
+
+
+def test_the_sbatch_script_runs_two_cpu_nodes_that_give_the_one_rank_run(tmp_path):
     plan = tmp_path / "plan.json"
-    hand_plan(model="tiny-opt", layout=Layout(ddp=2, nodes=2),
-              workload=Workload(batch=4, seq=16, param_dtype="fp32", compute_dtype="fp32")).save(plan)
-    (tmp_path / "run.yaml").write_text("steps: 2\nlr: 1.0e-3\nthreads: 1\nquiet: true\n")
+    hand_plan(model=MODEL, layout=LAYOUT, workload=WORKLOAD, resident=RESIDENT).save(plan)
+    (tmp_path / "run.yaml").write_text(
+        f"steps: {STEPS}\nseed: {SEED}\nlr: {LR:.1e}\nthreads: 1\nquiet: true\n")
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "srun").write_text(SRUN)
     (fake / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\n")
     for tool in ("srun", "scontrol"):
         (fake / tool).chmod(0o755)
-    with rendezvous_store() as endpoint:
-        env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
-               "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_NUM_NODES": "2",
-               "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "zoexec", "SLURM_SUBMIT_DIR": str(ROOT),
-               "PLAN": str(plan), "OUT": str(tmp_path / "run"), "GPUS_PER_NODE": "1",
-               "RDZV_PORT": endpoint.rsplit(":", 1)[1], "VENV": str(BIN.parent),
-               "CONFIG": str(tmp_path / "run.yaml"),
-               # the test's store serves the rendezvous (tests/fixtures/ports.py)
-               "TORCHRUN_OPTIONS": "--rdzv-conf is_host=false --local-addr 127.0.0.1"}
-        done = subprocess.run(["bash", str(ROOT / "examples" / "slurm" / "zoexec.sbatch")],
-                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    logged = (tmp_path / "run" / "losses.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in logged] == [1, 2]
-    assert (tmp_path / "run" / "final" / "state.json").is_file()
-    identity = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert identity["lr"] == 1e-3 and identity["steps"] == 2
+    # the nodes' stores in a folder of their own on the tmpfs (ZOEXEC_SHM_DIR): what they
+    # leave there is theirs, whatever other tests do in /dev/shm meanwhile
+    shm = Path("/dev/shm") / f"zotest-{uuid.uuid4().hex[:10]}"
+    shm.mkdir()
+    try:
+        with rendezvous_store() as endpoint:
+            env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+                   "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_NUM_NODES": "2",
+                   "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "zoexec",
+                   "SLURM_SUBMIT_DIR": str(ROOT), "PLAN": str(plan), "OUT": str(tmp_path / "run"),
+                   "GPUS_PER_NODE": "2", "RDZV_PORT": endpoint.rsplit(":", 1)[1],
+                   "VENV": str(BIN.parent), "CONFIG": str(tmp_path / "run.yaml"),
+                   "ZOEXEC_SHM_DIR": str(shm),
+                   # the test's store serves the rendezvous (tests/fixtures/ports.py)
+                   "TORCHRUN_OPTIONS": "--rdzv-conf is_host=false --local-addr 127.0.0.1"}
+            done = subprocess.run(["bash", str(ROOT / "examples" / "slurm" / "zoexec.sbatch")],
+                                  env=env, cwd=tmp_path, capture_output=True, text=True,
+                                  timeout=300)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        # both nodes removed their stores
+        assert sorted(p.name for p in shm.iterdir()) == []
+    finally:
+        for left in shm.iterdir():
+            left.unlink()
+        shm.rmdir()
+    out = tmp_path / "run"
+    identity = json.loads((out / "run.json").read_text())
+    assert identity["lr"] == LR and identity["steps"] == STEPS   # the config file's
+    assert (out / "final" / "state.json").is_file()
+    losses, weights = _one_rank(tmp_path)
+    got = _losses(out)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    for a, b in zip(losses, got, strict=True):
+        assert (a["step"], a["seed"]) == (b["step"], b["seed"])
+        assert b["loss_plus"] == pytest.approx(a["loss_plus"], rel=LOSS_RTOL), (a, b)
+        assert b["loss_minus"] == pytest.approx(a["loss_minus"], rel=LOSS_RTOL), (a, b)
+        assert b["g"] == pytest.approx(a["g"], abs=G_ATOL), (a, b)
+    final = load_file(str(out / "final" / "model.safetensors"))
+    assert final.keys() == weights.keys()
+    for key, tensor in weights.items():
+        torch.testing.assert_close(final[key], tensor, rtol=0, atol=W_ATOL)
 
 
 def test_the_pytorchjob_manifest_runs_the_same_torchrun_line():
