@@ -66,7 +66,9 @@ def layout_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("precision-layouts")
     for update in MODES:
         for name, layout in LAYOUTS.items():
-            spawn_local(_config(tmp, f"{update}-{name}", layout, _workload(update)))
+            cfg = _config(tmp, f"{update}-{name}", layout, _workload(update))
+            # one rank runs in this process (as `zoexec run` does), the others spawn
+            run_in_process(cfg) if layout.world_size == 1 else spawn_local(cfg)
     return tmp
 
 
