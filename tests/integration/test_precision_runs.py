@@ -103,16 +103,16 @@ def test_every_update_mode_keeps_the_layout_invariance(layout_runs, update, name
 
 @pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
 def test_master_weights_change_every_step_and_final_holds_them(tmp_path, model):
-    """fp32 masters with bf16 compute at a MeZO learning rate (1e-6): the run of s
-    steps and the run of s + 1 steps (each flushed) differ by one update, which moves
-    at least 99% of the weights; final/ holds fp32 tensors."""
-    finals = []
-    for steps in (1, 2, 3):
-        name = f"{model}-{steps}"
-        run_in_process(_config(tmp_path, name, Layout(), _workload("master"), model=model,
-                               steps=steps, lr=1e-6))
-        finals.append(_final(tmp_path, name))
-    assert all(t.dtype == torch.float32 for t in finals[0].values())
+    """fp32 masters with bf16 compute at a MeZO learning rate (1e-6): one 3-step run
+    snapshotting every step: its weights after s and s + 1 steps (snapshots/checkpoint-1,
+    -2, then final/) differ by one update, which moves at least 99% of the weights; the
+    snapshots and final/ hold fp32 tensors."""
+    run_in_process(_config(tmp_path, model, Layout(), _workload("master"), model=model,
+                           steps=3, lr=1e-6, save_every="1", keep=3))
+    snapshots = tmp_path / model / "snapshots"
+    finals = [load_file(str(snapshots / f"checkpoint-{s}" / "model.safetensors"))
+              for s in (1, 2)] + [_final(tmp_path, model)]
+    assert all(t.dtype == torch.float32 for f in finals for t in f.values())
     for before, after in zip(finals, finals[1:]):
         moved = sum(int((before[k] != after[k]).sum()) for k in before)
         total = sum(t.numel() for t in before.values())
