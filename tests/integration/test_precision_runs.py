@@ -125,7 +125,9 @@ def test_stochastic_rounding_tracks_an_fp32_run_and_plain_falls_behind(tmp_path)
     run's at every step (measured 0.0015-0.0020: bf16 compute alone differs by about
     1e-3) and its loss drop (first 20 steps' mean - last 20 steps') is
     within 25% of the fp32 run's; plain round-to-nearest at the same lr drops less than
-    85% as much."""
+    85% as much. Not shortened: at 120 steps, seq 16 (seeds 1, 2, 3, 5) the stochastic
+    run's drop was 0.72-1.06 of the fp32 run's and plain's 0.40-0.75, and the loss gap
+    reached 0.0033; a shorter run does not separate the two at these bounds."""
     losses = {}
     for update, (param, compute) in (("master", ("fp32", "fp32")),
                                      ("stochastic", ("bf16", "bf16")),
