@@ -256,7 +256,7 @@ class Conductor:
         cmd = [sys.executable, str(STAGES_PY), name, "--work", str(a.work), "--folder", str(folder),
                "--device-kind", a.device_kind, "--steps", str(a.steps),
                "--gpu-kind", self.gpu_kind]
-        if a.hang_stage == name:
+        if name in (a.hang_stage or "").split(","):
             cmd.append("--hang")
         return cmd
 
@@ -389,7 +389,7 @@ def main() -> None:
                         help="print the stages, their ceilings and the total; run nothing")
     parser.add_argument("--make-plans", action="store_true",
                         help="rewrite scripts/gpu_plans/KIND/ from each GPU kind's shipped profile")
-    parser.add_argument("--hang-stage", help=argparse.SUPPRESS)   # test hook: the stage hangs
+    parser.add_argument("--hang-stage", help=argparse.SUPPRESS)   # test hook: these stages hang
     args = parser.parse_args()
     if args.plan_only:
         print(plan_only(args.device_kind))

@@ -182,50 +182,76 @@ def test_the_dry_run_starts_as_the_gpu_machine_would_and_fits_the_return(machine
     assert "FAILED" not in text and text.count("\n") == len(stages) + 1
 
 
-def test_a_hung_stage_is_killed_at_its_ceiling_and_the_rest_go_on(machine, tmp_path):
-    python, repo = machine
-    out = tmp_path / "out"
-    done = _check(python, repo, out, "--device-kind", "cpu", "--stages", "overlap,context",
-                  "--hang-stage", "overlap", "--work", str(tmp_path / "work"))
-    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
-    assert done.stderr.strip().splitlines() == ["error: stage(s) that did not pass: overlap "
-                                                "(summary.txt says why)"], done.stderr
-    stages = _summary(out)["stages"]
-    assert stages["preflight"]["ok"] and stages["context"]["ok"]
-    assert "killed at its ceiling" in stages["overlap"]["error"]
-    with tarfile.open(out / "files.tar") as tar:     # the hung stage's log came back too
-        assert "overlap/stage.log" in tar.getnames()
-
-
-def test_sigterm_saves_every_stage_finished_before_and_says_so_in_one_line(machine, tmp_path):
-    """SIGTERM to the check's whole process group (as `timeout` or a user would) once a
-    stage has ended: the summary keeps it, the stage in flight is killed, one line.
-    The stages: slices (its CPU run: the only one in the tests), then issue made to
-    hang (the test hook: in flight, within its 45 s ceiling, when the signal comes,
-    without the torch start-up and steps it would spend before being killed)."""
+def test_a_hung_stage_is_killed_at_its_ceiling_and_sigterm_keeps_what_finished(machine, tmp_path):
+    """One check (one start-up, one preflight) for both: slices (its CPU run: the only one
+    in the tests) ends; overlap, made to hang (the test hook: no torch start-up), is
+    killed at its ceiling and recorded, and the next stage starts: context, made to hang
+    too, is in flight when SIGTERM comes to the check's whole process group (as
+    `timeout` or a user would send it): the summary keeps every stage that ended (the
+    killed one's log too), the stage in flight is killed, one line says so. The exit
+    status and line of a check whose stage failed: test_a_failed_stage_ends_the_check_
+    with_status_1_and_one_line below."""
     python, repo = machine
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHON"] = str(python)
     proc = subprocess.Popen(["bash", "scripts/gpu_check.sh", "--out", str(out), "--device-kind",
-                             "cpu", "--stages", "slices,issue", "--hang-stage", "issue",
-                             "--work", str(tmp_path / "work")],
+                             "cpu", "--stages", "slices,overlap,context",
+                             "--hang-stage", "overlap,context", "--work", str(tmp_path / "work")],
                             cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        _wait_for(lambda: "slices" in _stages_so_far(out), proc)
+        _wait_for(lambda: "overlap" in _stages_so_far(out), proc)
+        _wait_for(lambda: "hanging" in _text(tmp_path / "work" / "context" / "stage.log"), proc)
         os.killpg(proc.pid, signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
+    assert proc.returncode == 3, stdout[-3000:] + stderr[-2000:]
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: the check was interrupted by SIGTERM"), stderr
     summary = _summary(out)
     assert summary["state"] == "interrupted by SIGTERM"
-    assert summary["stages"]["preflight"]["ok"] and summary["stages"]["slices"]["ok"]
-    assert "issue" not in summary["stages"] or not summary["stages"]["issue"]["ok"]
+    stages = summary["stages"]
+    assert stages["preflight"]["ok"] and stages["slices"]["ok"]
+    assert stages["slices"]["slices2_same_bits"] and stages["slices"]["slices8_same_bits"]
+    assert not stages["overlap"]["ok"] and "killed at its ceiling" in stages["overlap"]["error"]
+    assert "context" not in stages or not stages["context"]["ok"]
+    with tarfile.open(out / "files.tar") as tar:     # the hung stage's log came back too
+        assert {"slices/result.json", "overlap/stage.log"} <= set(tar.getnames())
+
+
+def test_a_failed_stage_ends_the_check_with_status_1_and_one_line(tmp_path, monkeypatch, capsys):
+    """The conductor (scripts/gpu_check.py) in this process, its stages one-line Python
+    children that pass or fail: the later stages still run, exit 1, one line naming the
+    stage that did not pass. (The whole check, started as on the GPU machine: above.)"""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import gpu_check
+
+    def stage_command(self, name, folder):
+        result = {"ok": name != "overlap", **({"error": "it broke"} if name == "overlap" else {})}
+        return [sys.executable, "-c", f"import json, pathlib; pathlib.Path({str(folder)!r}, "
+                f"'result.json').write_text(json.dumps({result!r}))"]
+    monkeypatch.setattr(gpu_check.Conductor, "stage_command", stage_command)
+    args = gpu_check.argparse.Namespace(out=tmp_path / "out", work=tmp_path / "work",
+                                        stages="overlap,context", deadline_s=60.0, steps=3,
+                                        gpu_name=None, device_kind="cpu", hang_stage=None)
+    assert gpu_check.check(args) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["error: stage(s) that did not pass: overlap "
+                                        "(summary.txt says why)"], err
+    summary = _summary(tmp_path / "out")
+    assert summary["state"] == "done, with failures" and list(summary["stages"]) == \
+        ["preflight", "overlap", "context"]
+    assert summary["stages"]["overlap"]["error"] == "it broke" and summary["stages"]["context"]["ok"]
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def _stages_so_far(out: Path) -> dict:
