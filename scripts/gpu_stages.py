@@ -50,13 +50,12 @@ def _skipped(what: str) -> dict:
 def command(cmd: list[str], log: Path, *, env: dict | None = None,
             in_process: bool = False) -> float:
     """Run a command of the check (its output in `log`); its wall seconds, or Failed
-    with its last line. `in_process` (the CPU dry run only): a `python -m zoplan.cli` or
-    `zoexec.cli` command line run by its CLI in this process, output to `log` as well,
-    saving the start-up and imports of a process (the same command line and CLI)."""
+    with its last line. `in_process`: the CPU dry run's (gpu_cli.in_process)."""
     began = time.monotonic()
     with log.open("w") as handle:
         if in_process:
-            code = cli_in_process(cmd, handle)
+            from gpu_cli import in_process as run_here
+            code = run_here(cmd, handle)
         else:
             code = subprocess.run(cmd, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
                                   env={**os.environ, "COLUMNS": "120", **(env or {})}).returncode
@@ -64,40 +63,6 @@ def command(cmd: list[str], log: Path, *, env: dict | None = None,
         last = (log.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1]
         raise Failed(f"{' '.join(Path(c).name for c in cmd[2:4])} exited {code}: {last}")
     return round(time.monotonic() - began, 2)
-
-
-def cli_in_process(cmd: list[str], handle) -> int:
-    """`python -m zoplan.cli|zoexec.cli ARGS` as its CLI's main in this process, with file
-    descriptors 1 and 2 on `handle` for its length (COLUMNS=120 as a child gets it):
-    its exit status."""
-    import importlib
-
-    assert cmd[1] == "-m" and cmd[2] in ("zoplan.cli", "zoexec.cli"), cmd
-    os.environ["COLUMNS"] = "120"
-    main = importlib.import_module(cmd[2]).main
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    os.dup2(handle.fileno(), 1)
-    os.dup2(handle.fileno(), 2)
-    argv, sys.argv = sys.argv, [cmd[2], *cmd[3:]]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except Exception:  # as a child's traceback: in the log, a non-zero status
-        traceback.print_exc()
-        code = 1
-    finally:
-        sys.argv = argv
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
-    return code
 
 
 # ---- preflight -------------------------------------------------------------------------------------
