@@ -47,16 +47,21 @@ def _skipped(what: str) -> dict:
     return {"ok": True, "skipped": f"{what} needs a CUDA GPU"}
 
 
-def command(cmd: list[str], log: Path, *, env: dict | None = None) -> float:
+def command(cmd: list[str], log: Path, *, env: dict | None = None,
+            in_process: bool = False) -> float:
     """Run a command of the check (its output in `log`); its wall seconds, or Failed
-    with its last line."""
+    with its last line. `in_process`: the CPU dry run's (gpu_cli.in_process)."""
     began = time.monotonic()
     with log.open("w") as handle:
-        done = subprocess.run(cmd, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
-                              env={**os.environ, "COLUMNS": "120", **(env or {})})
-    if done.returncode:
+        if in_process:
+            from gpu_cli import in_process as run_here
+            code = run_here(cmd, handle)
+        else:
+            code = subprocess.run(cmd, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "COLUMNS": "120", **(env or {})}).returncode
+    if code:
         last = (log.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1]
-        raise Failed(f"{' '.join(Path(c).name for c in cmd[2:4])} exited {done.returncode}: {last}")
+        raise Failed(f"{' '.join(Path(c).name for c in cmd[2:4])} exited {code}: {last}")
     return round(time.monotonic() - began, 2)
 
 
@@ -187,11 +192,11 @@ def run_plan(args, which: str) -> dict:
         plan_s = command([sys.executable, "-m", "zoplan.cli", "optimize", "--model", "tiny-opt",
                           "--gpus", "1", "--profile", profile, "--batch", "2", "--seq", "32",
                           "--placement", "host" if which == "offload" else "auto", "-o", str(plan)],
-                         folder / "plan.log")
+                         folder / "plan.log", in_process=True)
     log("zoexec run")
     run_s = command([sys.executable, "-m", "zoexec.cli", "run", str(plan), "--init", "random",
                      "--steps", str(args.steps), "--lr", "1e-6", "--trace", str(trace), "--quiet"],
-                    folder / "run.log")
+                    folder / "run.log", in_process=not _cuda(args))
     log(f"zoexec run took {run_s:.1f} s; calibrating")
     return {**summarise_run(plan, trace, profile), "plan_s": plan_s, "run_wall_s": run_s,
             "plans": args.gpu_kind if _cuda(args) else "made now (cpu)"}
