@@ -4,8 +4,8 @@
 # suite on the CPU: tests/unit (fast: torch-free or one process) and tests/integration
 # (gloo ranks, the end-to-end loop), in one pytest session of two test processes
 # (pytest-xdist, a file's tests together, the longest files first: tests/conftest.py);
-# the integration files marked `serial` (they kill runs, sweep or count the
-# shared-memory folder, or time waits) run afterwards, alone. Arguments go to every
+# the integration files marked `serial` (their waits or measurements need the machine
+# to themselves) run afterwards, alone. Arguments go to every
 # pytest run (e.g. -x, -k NAME).
 set -euo pipefail
 usage() {

@@ -17,6 +17,8 @@ LONG_FILES = {
     "integration/test_multinode.py": 25,
     "integration/test_precision_runs.py": 90,
     "integration/test_zoexec_layouts.py": 40,
+    "integration/test_resume.py": 34,     # these two: as measured alone (once `serial`)
+    "integration/test_failures.py": 32,
     "integration/test_accuracy.py": 18,
     "integration/test_faults.py": 25,
     "unit/test_memory_model.py": 25,

@@ -46,7 +46,16 @@ from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.workload import Workload
 
-pytestmark = pytest.mark.serial   # scripts/test.sh runs it alone: see pyproject.toml
+# Not `serial`: it kills only its own runs (the ranks under this process or a launcher
+# it started), and every run here keeps its files in the module's own folders
+# (private_run_dirs: the block stores, the rendezvous and data folders; its globs and
+# sweeps look there, through shmfiles' patched defaults), so no run of a test beside it
+# sweeps what a kill here left, and its sweeps and checks see no one else's files.
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_folders(private_run_dirs):
+    return private_run_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = Workload(batch=2, seq=8, param_dtype="fp32", compute_dtype="fp32")
@@ -272,7 +281,7 @@ def test_a_stopped_rank_is_killed_at_once_when_another_fails():
 def _config(tmp_path, **kw) -> RunConfig:
     plan = hand_plan(model="tiny-opt", layout=LAYOUT, workload=WORKLOAD)
     return RunConfig.make(plan=plan.data, steps=100_000, seed=0, lr=1e-3, eps=1e-3, threads=1,
-                     quiet=True, out=str(tmp_path / "out"),
+                     quiet=True, out=str(tmp_path / "out"), shm_dir=str(shmfiles.SHM_DIR),
                      run_id=f"t{uuid.uuid4().hex[:10]}", **kw)
 
 
@@ -389,13 +398,13 @@ def test_sigterm_to_the_launcher_stops_the_ranks(tmp_path):
 
 
 # ---- real ranks: `zoexec run` in a process of its own ------------------------------------------
-def _zoexec_run(tmp_path, plan, *extra) -> subprocess.Popen:
+def _zoexec_run(tmp_path, own, plan, *extra) -> subprocess.Popen:
     path = tmp_path / "plan.json"
     plan.save(path)
     return subprocess.Popen([sys.executable, "-m", "zoexec.cli", "run", str(path), "--threads", "1",
                              "--quiet", *extra], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**own.env, "PYTHONPATH": str(ROOT)})
 
 
 def _running(procs: list, *, within_s: float) -> list:
@@ -426,9 +435,9 @@ def _kill_all(launcher: subprocess.Popen, ranks) -> None:
     launcher.communicate()
 
 
-def test_killing_the_launcher_leaves_no_rank_running(tmp_path):
+def test_killing_the_launcher_leaves_no_rank_running(tmp_path, private_run_dirs):
     plan = hand_plan(model="tiny-opt", layout=LAYOUT, workload=WORKLOAD)
-    launcher = _zoexec_run(tmp_path, plan, "--steps", "100000", "--out", str(tmp_path / "out"))
+    launcher = _zoexec_run(tmp_path, private_run_dirs, plan, "--steps", "100000", "--out", str(tmp_path / "out"))
     owner = ProcessId.of(launcher.pid)
     ranks = _training(launcher.pid, tmp_path / "out")
     try:
@@ -450,15 +459,17 @@ def test_killing_the_launcher_leaves_no_rank_running(tmp_path):
         _kill_all(launcher, ranks.values())
 
 
-def test_a_kill_during_start_up_leaves_what_the_next_start_removes(tmp_path, capsys):
+def test_a_kill_during_start_up_leaves_what_the_next_start_removes(tmp_path, capsys,
+                                                                   private_run_dirs):
     """The node's builder holds inside its fill (held_start.py): the store file is there
     until the kill, whatever the machine's speed."""
+    own = private_run_dirs
     plan = tmp_path / "plan.json"
     hand_plan(model="tiny-opt", layout=LAYOUT, workload=WORKLOAD).save(plan)
     launcher = subprocess.Popen([sys.executable, str(Path(__file__).with_name("held_start.py")),
                                  str(plan), "--steps", "1", "--threads", "1", "--quiet"],
                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                text=True, env={**own.env, "PYTHONPATH": str(ROOT)})
     owner = ProcessId.of(launcher.pid)
     pattern = f"{shmfiles.SHM_DIR}/zoexec-*-{shmfiles.owner_tag(owner)}-n0"
     deadline, left = time.monotonic() + 120, []
@@ -471,7 +482,7 @@ def test_a_kill_during_start_up_leaves_what_the_next_start_removes(tmp_path, cap
     live.write_bytes(b"x")
     try:
         assert left and Path(left[0]).exists(), "the store file was not seen during start-up"
-        result = CliRunner().invoke(app, ["clean", "--dry-run"])
+        result = CliRunner().invoke(app, ["clean", "--dry-run", *own.args])
         assert f"would remove {left[0]}" in " ".join(result.output.split()), result.output
         assert Path(left[0]).exists()
         assert glob.glob(f"{shmfiles.RDZV_DIR}/zoexec-rdzv-{shmfiles.owner_tag(owner)}-*")

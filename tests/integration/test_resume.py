@@ -27,12 +27,21 @@ from zoexec.cli import app
 from zoexec.run.checkpoint import read_log
 from zoexec.run.folder import RunDir
 from zoexec.run.loop import MAX_SKIPS
+from zoexec.store import shmfiles
 from zoplan.errors import ZoError
 from zoplan.handplan import hand_plan
 from zoplan.layout import Layout
 from zoplan.workload import Workload
 
-pytestmark = pytest.mark.serial   # scripts/test.sh runs it alone: see pyproject.toml
+# Not `serial`: it kills only its own runs (their process groups), and every run here
+# keeps its files in the module's own folders (private_run_dirs: the block stores, the
+# rendezvous and data folders), so no run of a test beside it sweeps what a kill here
+# left (and says so on its stderr), and its runs' stderr and leftovers are their own.
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_folders(private_run_dirs):
+    return private_run_dirs
 
 BIN = Path(sys.executable).parent
 STEPS = 16
@@ -60,7 +69,9 @@ def plan(tmp_path_factory) -> Path:
 def _zoexec(*args) -> subprocess.CompletedProcess:
     """`zoexec run ARGS`: in this process (one rank: no process to start; what the
     command line does, without an interpreter's start-up), or as a command."""
-    result = CliRunner().invoke(app, ["run", *map(str, args)])
+    # the module's own store folder (shmfiles.SHM_DIR, private_run_dirs): an option, not
+    # the environment (which a forkserver this process starts would keep)
+    result = CliRunner().invoke(app, ["run", *map(str, args), "--shm-dir", str(shmfiles.SHM_DIR)])
     return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
@@ -105,7 +116,9 @@ def _start(plan, out: Path, *, steps: int = STEPS) -> subprocess.Popen:
     return subprocess.Popen([str(BIN / "zoexec"), "run", str(plan), "--out", str(out),
                              "--steps", str(steps), *SETTINGS],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            env={**os.environ, shmfiles.SHM_DIR_ENV: str(shmfiles.SHM_DIR),
+                                 "TMPDIR": str(shmfiles.RDZV_DIR)})   # the module's own
 
 
 def _wait_for_steps(out: Path, steps: int, proc: subprocess.Popen) -> None:
@@ -152,7 +165,7 @@ def test_a_killed_2_rank_run_resumes_to_the_same_weights(plan2, reference2, tmp_
     assert done.returncode == 0, done.stderr
     assert _logged(out) == _logged(reference)
     assert _same(_final(out), _final(reference)), f"killed after {at} logged steps"
-    leftovers = [p for p in Path("/dev/shm").glob("zoexec-*") if p.stat().st_uid == os.getuid()]
+    leftovers = list(shmfiles.SHM_DIR.glob("zoexec-*"))   # the module's own folder
     assert leftovers == [], leftovers
 
 
