@@ -78,7 +78,7 @@ def test_a_non_finite_first_step_is_undone_whole(world, tmp_path):
     for _ in range(2):   # the same command twice: the same line, not "holds a run"
         code, lines, shown = _invoke(*args)
         assert code == 1 and len(lines) == 1, shown
-        assert lines[0].startswith("error: step 0: the loss is not finite"), shown
+        assert lines[0].startswith("error: step 1: the loss is not finite"), shown
         assert f"nothing trained: {out} is removed again" in lines[0] and not out.exists(), shown
 
 

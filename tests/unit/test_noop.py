@@ -33,8 +33,8 @@ class _Store:
         return torch.full((64,), 0.02, dtype=torch.bfloat16)
 
 
-def _cfg(lr: float, update: str, param: str = "bf16") -> SimpleNamespace:
-    return SimpleNamespace(optim=SimpleNamespace(lr=lr, eps=1e-3), model_spec=SimpleNamespace(vocab=512),
+def _cfg(lr: float, update: str, param: str = "bf16", eps: float = 1e-3) -> SimpleNamespace:
+    return SimpleNamespace(optim=SimpleNamespace(lr=lr, eps=eps), model_spec=SimpleNamespace(vocab=512),
                            workload=SimpleNamespace(frozen_base=False, update=update, param_dtype=param))
 
 
@@ -49,3 +49,13 @@ def test_round_to_nearest_is_refused_and_stochastic_rounding_warned_far_lower():
     check_lr(_cfg(1e-15, "stochastic"), _Store(), warn=warned.append)
     assert len(warned) == 1 and warned[0].startswith("zoexec: warning: --lr 1e-15 vanishes")
     assert "computed in fp32 before the stochastic rounding" in warned[0]
+
+
+def test_an_eps_beyond_the_weights_leaves_g_unbounded_and_the_lr_unjudged():
+    """--eps 1e30 (the perturbed weights overflow): no |g| bounds the update, so the lr is
+    not refused (the first step's non-finite loss says what is wrong); an eps below the
+    weights' median keeps the rule (before: "--lr 1e-06 vanishes ... give --lr 3e+20")."""
+    check_lr(_cfg(1e-6, "master", eps=1e30), _Store(), warn=pytest.fail)
+    check_lr(_cfg(1e-6, "master", eps=0.5), _Store(), warn=pytest.fail)    # 0.5 > |theta| 0.02
+    with pytest.raises(ZoError, match=r"--lr 1e-15 vanishes"):
+        check_lr(_cfg(1e-15, "master", eps=1e-2), _Store(), warn=pytest.fail)

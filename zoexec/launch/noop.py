@@ -86,6 +86,15 @@ def g_bound(vocab: int, eps: float) -> float:
     return math.log(max(vocab, 2)) / (2 * eps)
 
 
+def g_is_bounded(eps: float, magnitudes: torch.Tensor) -> bool:
+    """Whether g_bound holds: a perturbation (eps |z|) below the weights' median
+    magnitude keeps the loss difference near an untrained model's cross-entropy; a
+    larger one can make it anything (even not finite: the first step says so), and then
+    no |g| bounds an update that vanishes."""
+    nonzero = magnitudes[magnitudes > 0]
+    return nonzero.numel() == 0 or eps * TYPICAL_Z <= float(nonzero.median())
+
+
 def vanishing_lr(lr: float, g: float, magnitudes: torch.Tensor, dtype: torch.dtype, *,
                  update: str) -> str | None:
     """Why --lr `lr` would leave most weights (`magnitudes`: sampled |w|, kept in `dtype`,
@@ -124,6 +133,8 @@ def check_lr(cfg: Any, store: Any, *, warn: Callable[[str], None]) -> None:
     update = cfg.workload.update
     kept = torch_dtype(cfg.workload.param_dtype) if update == "plain" else torch.float32
     sample = sample_weights(store.weights(b) for b in range(store.num_blocks))
+    if not g_is_bounded(cfg.optim.eps, sample):
+        return
     problem = vanishing_lr(cfg.optim.lr, g_bound(cfg.model_spec.vocab, cfg.optim.eps), sample,
                            kept, update=update)
     if problem and update == "stochastic":
