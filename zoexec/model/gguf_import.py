@@ -33,6 +33,7 @@ from zoexec.model.export import (
     write_safetensors,
 )
 from zoexec.model.families import TORCH_DTYPES, adapter_for
+from zoexec.model.quiet import progress_bars_off
 from zoplan.errors import ZoError, first_line
 from zoplan.io import need_file
 
@@ -89,16 +90,14 @@ def _quiet() -> Iterator[None]:
     own one line. Both are as they were afterwards."""
     from transformers.utils import logging as hf_logging
 
-    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
-    hf_logging.disable_progress_bar()
+    verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with progress_bars_off(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
             yield
     finally:
         hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def _config(path: Path, reader: GGUFReader) -> PretrainedConfig:

@@ -41,6 +41,7 @@ from torch import nn
 from zoexec.maths.zo import mix_seed
 from zoexec.model.export import SaveState, atomic_folder
 from zoexec.model.families import TensorSpec, make_specs
+from zoexec.model.quiet import progress_bars_off
 from zoexec.model.saved import check_saved, model_fingerprint
 from zoplan.errors import ZoError, first_line
 from zoplan.io import loads_strict, need_folder
@@ -297,21 +298,13 @@ def merge_adapters(adapter_dir: Path, base_dir: Path, out_dir: Path, *,
     HF model (and the base's tokenizer) into `out_dir` (written aside and renamed:
     whole or absent). Checked first (check_merge): the adapters' files against their
     checksums, their settings against the run's, the base against the run's."""
-    from transformers.utils import logging as hf_logging
-
-
     check_merge(Path(adapter_dir), Path(base_dir), accept_other_base=accept_other_base)
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()   # the command's one line is its output; as it was after
-    try:
+    with progress_bars_off():   # the command's one line is its output
         return _merged(adapter_dir, base_dir, out_dir)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def _merged(adapter_dir: Path, base_dir: Path, out_dir: Path) -> Path:
-    """merge_adapters' work, its checks done and the progress bars off."""
+    """merge_adapters' work, its checks done."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

@@ -47,6 +47,7 @@ from typing import IO, Protocol, TextIO
 
 from zoexec.config import RunConfig
 from zoexec.maths.history import StepHistory, StepRecord
+from zoexec.model.quiet import progress_bars_off
 from zoexec.run.checkpoint import open_own
 from zoexec.run.folder import snapshot_step
 from zoexec.run.trackers import (
@@ -112,15 +113,8 @@ def quiet_libraries(quiet: bool) -> Iterator[None]:
     if not quiet:
         yield
         return
-    from transformers.utils import logging as hf_logging
-
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with progress_bars_off():
         yield
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 # ---- formatting ------------------------------------------------------------------------------
