@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from zoexec.launch.noop import check_lr, g_bound, vanishing_lr
+from zoexec.launch.noop import check_lr, g_bound, sample_weights, vanishing_lr
 from zoplan.errors import ZoError
 
 
@@ -33,6 +33,11 @@ class _Store:
         return torch.full((64,), 0.02, dtype=torch.bfloat16)
 
 
+def _sample() -> torch.Tensor:
+    store = _Store()
+    return sample_weights(store.weights(b) for b in range(store.num_blocks))
+
+
 def _cfg(lr: float, update: str, param: str = "bf16", eps: float = 1e-3) -> SimpleNamespace:
     return SimpleNamespace(optim=SimpleNamespace(lr=lr, eps=eps), model_spec=SimpleNamespace(vocab=512),
                            workload=SimpleNamespace(frozen_base=False, update=update, param_dtype=param))
@@ -41,12 +46,12 @@ def _cfg(lr: float, update: str, param: str = "bf16", eps: float = 1e-3) -> Simp
 def test_round_to_nearest_is_refused_and_stochastic_rounding_warned_far_lower():
     warned: list[str] = []
     with pytest.raises(ZoError, match=r"--lr 1e-09 vanishes .* rounded to nearest in bf16"):
-        check_lr(_cfg(1e-9, "plain"), _Store(), warn=warned.append)
-    check_lr(_cfg(1e-9, "stochastic"), _Store(), warn=warned.append)   # kept in expectation
+        check_lr(_cfg(1e-9, "plain"), _sample(), warn=warned.append)
+    check_lr(_cfg(1e-9, "stochastic"), _sample(), warn=warned.append)   # kept in expectation
     assert warned == []
     with pytest.raises(ZoError, match=r"--lr 1e-15 vanishes .* rounded to nearest in fp32"):
-        check_lr(_cfg(1e-15, "master"), _Store(), warn=warned.append)   # fp32 masters
-    check_lr(_cfg(1e-15, "stochastic"), _Store(), warn=warned.append)
+        check_lr(_cfg(1e-15, "master"), _sample(), warn=warned.append)   # fp32 masters
+    check_lr(_cfg(1e-15, "stochastic"), _sample(), warn=warned.append)
     assert len(warned) == 1 and warned[0].startswith("zoexec: warning: --lr 1e-15 vanishes")
     assert "computed in fp32 before the stochastic rounding" in warned[0]
 
@@ -55,7 +60,7 @@ def test_an_eps_beyond_the_weights_leaves_g_unbounded_and_the_lr_unjudged():
     """--eps 1e30 (the perturbed weights overflow): no |g| bounds the update, so the lr is
     not refused (the first step's non-finite loss says what is wrong); an eps below the
     weights' median keeps the rule (before: "--lr 1e-06 vanishes ... give --lr 3e+20")."""
-    check_lr(_cfg(1e-6, "master", eps=1e30), _Store(), warn=pytest.fail)
-    check_lr(_cfg(1e-6, "master", eps=0.5), _Store(), warn=pytest.fail)    # 0.5 > |theta| 0.02
+    check_lr(_cfg(1e-6, "master", eps=1e30), _sample(), warn=pytest.fail)
+    check_lr(_cfg(1e-6, "master", eps=0.5), _sample(), warn=pytest.fail)    # 0.5 > |theta| 0.02
     with pytest.raises(ZoError, match=r"--lr 1e-15 vanishes"):
-        check_lr(_cfg(1e-15, "master", eps=1e-2), _Store(), warn=pytest.fail)
+        check_lr(_cfg(1e-15, "master", eps=1e-2), _sample(), warn=pytest.fail)

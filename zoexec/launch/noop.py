@@ -122,17 +122,28 @@ def warn_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def check_lr(cfg: Any, store: Any, *, warn: Callable[[str], None]) -> None:
-    """ZoError before the first step when cfg's --lr vanishes on the node's weights
-    with round to nearest (the weights kept in fp32, or in 16 bits by --update plain);
-    `warn(line)` when it vanishes in the fp32 arithmetic of --update stochastic."""
-    if cfg.workload.frozen_base or cfg.optim.lr <= 0:   # adapters start at zero
+def check_noop(cfg: Any, store: Any, *, warn: Callable[[str], None]) -> None:
+    """Before the first step of a full fine-tuning run (LoRA, prefix: the perturbed
+    adapters start at zero), on one sample of the node's weights (the store's blocks):
+    an --eps that would change nothing (check_eps), then an --lr (check_lr)."""
+    if cfg.workload.frozen_base:
+        return
+    sample = sample_weights(store.weights(b) for b in range(store.num_blocks))
+    check_eps(cfg, sample)
+    check_lr(cfg, sample, warn=warn)
+
+
+def check_lr(cfg: Any, sample: torch.Tensor, *, warn: Callable[[str], None]) -> None:
+    """ZoError before the first step when cfg's --lr vanishes on the weights (`sample`:
+    sample_weights of them) with round to nearest (the weights kept in fp32, or in 16
+    bits by --update plain); `warn(line)` when it vanishes in the fp32 arithmetic of
+    --update stochastic."""
+    if cfg.optim.lr <= 0:
         return
     from zoexec.model.families import torch_dtype
 
     update = cfg.workload.update
     kept = torch_dtype(cfg.workload.param_dtype) if update == "plain" else torch.float32
-    sample = sample_weights(store.weights(b) for b in range(store.num_blocks))
     if not g_is_bounded(cfg.optim.eps, sample):
         return
     problem = vanishing_lr(cfg.optim.lr, g_bound(cfg.model_spec.vocab, cfg.optim.eps), sample,
@@ -143,15 +154,11 @@ def check_lr(cfg: Any, store: Any, *, warn: Callable[[str], None]) -> None:
         raise ZoError(problem)
 
 
-def check_eps(cfg: Any, store: Any) -> None:
-    """ZoError before the first step when cfg's --eps vanishes on the node's weights in
-    the coarser of the param and compute precisions (full fine-tuning: the blocks
-    perturbed are the store's)."""
-    if cfg.workload.frozen_base:   # LoRA, prefix: the perturbed adapters start at zero
-        return
+def check_eps(cfg: Any, sample: torch.Tensor) -> None:
+    """ZoError before the first step when cfg's --eps vanishes on the weights (`sample`:
+    sample_weights of them) in the coarser of the param and compute precisions."""
     from zoexec.model.families import torch_dtype
 
-    sample = sample_weights(store.weights(b) for b in range(store.num_blocks))
     dtypes = (torch_dtype(cfg.workload.param_dtype), torch_dtype(cfg.workload.compute_dtype))
     coarser = min(dtypes, key=lambda d: FRACTION_BITS.get(d, 99))   # where the sum is rounded
     problem = vanishing_eps(cfg.optim.eps, sample, coarser)

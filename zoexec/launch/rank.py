@@ -16,7 +16,7 @@ import torch
 from zoexec.config import RunConfig
 from zoexec.data.sources import make_source
 from zoexec.launch.limits import limited, watched
-from zoexec.launch.noop import check_eps, check_lr, warn_line
+from zoexec.launch.noop import check_noop, warn_line
 from zoexec.launch.preflight import check_gpu_memory
 from zoexec.maths.history import StepRecord
 from zoexec.run.evaluate import make_evaluator
@@ -82,8 +82,8 @@ def _run(cfg: RunConfig, env: zgroups.DistEnv, threads: int,
                                             else uuid.uuid4().hex[:12])
         parts, store = load_node_model(cfg, env, run_id)
         try:
-            check_eps(cfg, store)   # an --eps that would change nothing: before the first step
-            check_lr(cfg, store, warn=warn_line if env.rank == 0 else lambda line: None)   # an --lr
+            # an --eps or --lr that would change nothing: before the first step
+            check_noop(cfg, store, warn=warn_line if env.rank == 0 else lambda line: None)
             lora = cfg.workload.frozen_base   # a read-only store: no read stamps
             flags = None if lora else share_read_flags(env, run_id, num_blocks=store.num_blocks)
             speed = SpeedMonitor.make(cfg, env, threads)
