@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 # seconds per file, the longest first (JUnit durations of a suite run on 848eed0 under
 # load, scaled to this branch's changes); order matters only among the long ones
 LONG_FILES = {
@@ -49,3 +51,23 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     for index, item in enumerate(items):
         first_seen.setdefault(str(item.path), index)
     items[:] = sorted(items, key=lambda it: (-_weight(it), first_seen[str(it.path)]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _speed_checks_off():
+    """Runs made in a test process skip the speed checks of a traced run (SpeedMonitor:
+    about 0.4 s of every core at each end of the run, with the other ranks waiting) unless
+    the test passes speed_checks=True: they measure the machine, which no test here
+    checks except test_speed_probes (its own monitor) and test_loop_e2e (the CLI, in a
+    process of its own, checks on)."""
+    from zoexec.config import RunConfig
+
+    make = RunConfig.make.__func__
+
+    def make_without_checks(cls, *, plan, **values):
+        values.setdefault("speed_checks", False)
+        return make(cls, plan=plan, **values)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunConfig, "make", classmethod(make_without_checks))
+        yield

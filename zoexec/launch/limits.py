@@ -211,6 +211,10 @@ def watched(phase: str, *, limit_s: float, end: Callable[[int, str], None],
     finally:
         done.set()
         signal.set_wakeup_fd(previous)
+        try:                  # wake the watchdog now, not at its next half-second poll
+            os.write(write, b"\0")
+        except BlockingIOError:   # the pipe is full: it is awake already
+            pass
         thread.join(1.0)
         os.close(read)
         os.close(write)
