@@ -6,8 +6,11 @@ through the c10d rendezvous (as on two machines: each node builds its own block 
 and its own node-local groups, the ranks meet over TCP on the loopback). The run, from
 a config file, computes the losses and weights of the one-rank run: the plan keeps two
 of the four blocks resident on each node's slice group and applies the update on the
-slice, so every new path of the executor crosses the node boundary too. The Kubernetes
-PyTorchJob manifest is well-formed and runs the same torchrun line.
+slice, so every new path of the executor crosses the node boundary too. The data is
+packed text (zoexec.data.packed): each node tokenises it once, its two ranks sharing the
+chunks in the folder of their torchrun agent (spawn.node_folder), which the last rank
+out removes. The Kubernetes PyTorchJob manifest is well-formed and runs the same
+torchrun line.
 
 The commands (README: "Several nodes"), with N = 0 on the first node and 1 on the
 second, HOST:PORT the first node's address and a free port:
@@ -41,6 +44,7 @@ from zoplan.workload import Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from ports import rendezvous_store  # noqa: E402
+from tiny_model import DEFAULT_WORDS, make_model_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -58,25 +62,47 @@ WORKLOAD = Workload(batch=4, seq=16, param_dtype="fp32", compute_dtype="fp32")
 LAYOUT = Layout(pertp=2, ddp=2, nodes=2, slices=2, slice_update=True)
 RESIDENT = (1, 2)
 LOSS_RTOL, G_ATOL, W_ATOL = 1e-5, 5e-3, 5e-5   # DDP: test_zoexec_layouts' tolerances
+# put first on the nodes' PYTHONPATH: every call of the tokenizer on packed text, logged
+# with the process's parent (a rank's: its torchrun agent, one per node)
+COUNTING = """import json, os
+from zoexec.data import packed
+encode = packed.Packer.encode
+def counted(self, text, **kwargs):
+    with open(os.environ["ZOTEST_ENCODED"], "a") as log:
+        log.write(json.dumps([os.getppid(), text]) + "\\n")
+    return encode(self, text, **kwargs)
+packed.Packer.encode = counted
+"""
 
 
 def _losses(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
 
 
-def _one_rank(tmp: Path) -> tuple[list, dict]:
+def _one_rank(tmp: Path, model: Path, data: Path) -> tuple[list, dict]:
     plan = hand_plan(model=MODEL, layout=Layout(), workload=WORKLOAD)
     out = tmp / "one"
     run_in_process(RunConfig.make(plan=plan.data, plan_path="one.json", steps=STEPS, seed=SEED,
-                                  lr=LR, threads=1, quiet=True, out=str(out)))
+                                  lr=LR, threads=1, quiet=True, out=str(out), model_path=str(model),
+                                  data=str(data)))   # the task: text, the default
     return _losses(out), load_file(str(out / "final" / "model.safetensors"))
 
 
 def test_the_sbatch_script_runs_two_cpu_nodes_that_give_the_one_rank_run(tmp_path):
     plan = tmp_path / "plan.json"
     hand_plan(model=MODEL, layout=LAYOUT, workload=WORKLOAD, resident=RESIDENT).save(plan)
+    model = make_model_dir(tmp_path / "model", MODEL, seed=SEED)
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(DEFAULT_WORDS[(i * 3 + k) % 20]
+                                                          for k in range(4 + i % 9))}) + "\n"
+                            for i in range(40)))
     (tmp_path / "run.yaml").write_text(
-        f"steps: {STEPS}\nseed: {SEED}\nlr: {LR:.1e}\nthreads: 1\nquiet: true\n")
+        f"steps: {STEPS}\nseed: {SEED}\nlr: {LR:.1e}\nthreads: 1\nquiet: true\n"
+        f"model_path: {model}\ndata: {data}\ntask: text\n")
+    hook, temp, encoded = tmp_path / "hook", tmp_path / "tmp", tmp_path / "encoded"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(COUNTING)
+    temp.mkdir()
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "srun").write_text(SRUN)
@@ -96,6 +122,9 @@ def test_the_sbatch_script_runs_two_cpu_nodes_that_give_the_one_rank_run(tmp_pat
                    "GPUS_PER_NODE": "2", "RDZV_PORT": endpoint.rsplit(":", 1)[1],
                    "VENV": str(BIN.parent), "CONFIG": str(tmp_path / "run.yaml"),
                    "ZOEXEC_SHM_DIR": str(shm),
+                   # the nodes' temporary folder (theirs alone) and the tokenizer's log
+                   "TMPDIR": str(temp), "ZOTEST_ENCODED": str(encoded),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
                    # the test's store serves the rendezvous (tests/fixtures/ports.py)
                    "TORCHRUN_OPTIONS": "--rdzv-conf is_host=false --local-addr 127.0.0.1"}
             done = subprocess.run(["bash", str(ROOT / "examples" / "slurm" / "zoexec.sbatch")],
@@ -108,11 +137,20 @@ def test_the_sbatch_script_runs_two_cpu_nodes_that_give_the_one_rank_run(tmp_pat
         for left in shm.iterdir():
             left.unlink()
         shm.rmdir()
+    # each node tokenised each document once (its agent's two ranks, the start-up check
+    # of each included, shared the chunks), and the ranks' folders went with them
+    by_agent: dict[int, list[str]] = {}
+    for line in encoded.read_text().splitlines():
+        agent, text = json.loads(line)
+        by_agent.setdefault(agent, []).append(text)
+    documents = sorted(json.loads(line)["text"] for line in data.read_text().splitlines())
+    assert len(by_agent) == 2 and all(sorted(texts) == documents for texts in by_agent.values())
+    assert sorted(p.name for p in temp.glob("zoexec-rdzv-*")) == []
     out = tmp_path / "run"
     identity = json.loads((out / "run.json").read_text())
     assert identity["lr"] == LR and identity["steps"] == STEPS   # the config file's
     assert (out / "final" / "state.json").is_file()
-    losses, weights = _one_rank(tmp_path)
+    losses, weights = _one_rank(tmp_path, model, data)
     got = _losses(out)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for a, b in zip(losses, got, strict=True):

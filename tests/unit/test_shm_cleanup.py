@@ -4,6 +4,9 @@ launcher), and a live owner's files are never touched. Torch-free."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +20,7 @@ from typer.testing import CliRunner
 from zoexec.cli import app
 from zoexec.runtime.procwatch import ProcessId
 from zoexec.store import shmfiles
+from zoplan.errors import ZoError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -207,3 +211,75 @@ def test_the_profilers_buffers_are_mapped_in_the_folder_the_environment_names(sh
     assert seen and seen[0].parent == other and not seen[0].exists()
     monkeypatch.delenv("ZOEXEC_SHM_DIR")
     assert shmfiles.shm_dir() == shmfiles.SHM_DIR
+
+
+def test_the_ranks_of_a_torchrun_agent_share_one_folder_the_last_out_removes(shm):
+    """shmfiles.node_folder: every rank of one agent joins one folder (each holds a
+    shared flock on its members file: two joins here are two open files, as two ranks'
+    are); it lives while one is inside, `zoexec clean` lists it as the live agent's,
+    the last one out removes it, and a rank that comes later makes it again."""
+    agent = ProcessId.me()
+    with shmfiles.node_folder(agent) as first:
+        assert first == shm / "tmp" / f"zoexec-rdzv-{shmfiles.owner_tag(agent)}-node"
+        assert first.stat().st_mode & 0o777 == 0o700
+        (first / "tokens").mkdir()
+        with shmfiles.node_folder(agent) as second:
+            assert second == first and (second / "tokens").is_dir()
+        assert first.is_dir()                           # the first rank is still inside
+        assert {item.path: item.state for item in shmfiles.sweep()}[first] == shmfiles.LIVE
+        assert first.is_dir()
+    assert not first.exists()                           # the last one out removed it
+    with shmfiles.node_folder(agent) as again:
+        assert again == first and list(again.iterdir()) == [again / shmfiles.MEMBERS]
+    assert not first.exists()
+
+
+def test_a_node_folder_removed_while_a_rank_joins_is_made_again(shm, monkeypatch):
+    """The last rank out removes the folder between a joining rank's opening its members
+    file and its lock, and a third rank makes it again: the joining rank joins the new
+    folder (not the removed one's file), so it does not remove the folder on the way
+    out while the third is inside."""
+    agent, flock, third = ProcessId.me(), shmfiles.fcntl.flock, []
+
+    def late(fd, operation):
+        if operation == shmfiles.fcntl.LOCK_SH and not third:
+            third.append(None)
+            shutil.rmtree(shmfiles.node_dir(agent))                  # the last rank out
+            third.append(shmfiles._join(shmfiles.node_dir(agent)))   # a new rank, inside
+        flock(fd, operation)
+
+    monkeypatch.setattr(shmfiles.fcntl, "flock", late)
+    with shmfiles.node_folder(agent) as folder:
+        assert folder.is_dir()
+    assert folder.is_dir()                                 # the third rank is still inside
+    os.close(third[1])
+    with shmfiles.node_folder(agent):
+        pass
+    assert not folder.exists()
+
+
+def test_a_killed_jobs_node_folder_is_swept_once_its_agent_has_exited(shm, dead):
+    folder = shmfiles.node_dir(dead)
+    folder.mkdir()
+    (folder / shmfiles.MEMBERS).touch()
+    (folder / "tokens").mkdir()
+    (folder / "tokens" / "chunk-0.tok").write_bytes(b"t" * 4096)
+    assert {item.path: item.state for item in shmfiles.sweep()}[folder] == shmfiles.STALE
+    assert not folder.exists()
+    folder.mkdir()
+    assert shmfiles.remove_owner_files(dead) == [] and not folder.exists()   # die_with's cleanup
+
+
+@pytest.mark.parametrize("what", ["a link", "not a folder"])
+def test_a_node_folder_that_is_not_a_private_folder_is_refused_in_one_line(shm, what):
+    folder = shmfiles.node_dir(ProcessId.me())
+    elsewhere = shm / "elsewhere"
+    elsewhere.mkdir()
+    if what == "a link":
+        folder.symlink_to(elsewhere)
+    else:
+        folder.write_text("")
+    with pytest.raises(ZoError, match=re.escape(f"node's temporary folder {folder} is {what}: not used")):
+        with shmfiles.node_folder(ProcessId.me()):
+            pass
+    assert list(elsewhere.iterdir()) == []

@@ -14,7 +14,8 @@ order, CHUNK_TOKENS tokens at a time, only as far as the batches asked for reach
   c's end without reading anything before it.
 - Chunks are kept in memory (the newest KEPT of them), or, inside a launch's private
   folder (zoexec.launch.spawn.private_folder: the launcher's preflight and every local
-  rank see the same folder), written there once per node: the first process that needs
+  rank see the same folder; under torchrun the folder of the agent's ranks,
+  spawn.node_folder), written there once per node: the first process that needs
   a chunk makes it under a lock and writes it atomically (a temporary name, then a
   rename), the others read it. A chunk file is trusted only after its header (magic,
   the key of the data file, tokenizer and options it was made from, its index, its
@@ -50,7 +51,7 @@ KEPT = 8                    # chunks a process keeps in memory
 SHARED_FILES = 256          # chunk files a node keeps of one data file (1.25 GiB: 5 bytes a
                             # token); those farthest from a new one are removed, and made
                             # again if a rank comes back to them (a later epoch)
-SHARED_PREFIX = "zoexec-rdzv-"   # a launch's private folder (zoexec.store.shmfiles)
+SHARED_PREFIX = "zoexec-rdzv-"   # a launch's private folder, a torchrun node's (zoexec.store.shmfiles)
 _MAGIC = b"ZOTK1\n"
 _VERSION = 1
 
@@ -258,7 +259,8 @@ class Packer:
 
 def shared_folder() -> Path | None:
     """The folder where chunks are shared with the node's other processes: a
-    launch's private folder (tempfile's folder while a launch runs), else None."""
+    launch's private folder or a torchrun node's (tempfile's folder while a launch or
+    a torchrun rank runs), else None."""
     folder = tempfile.tempdir
     if folder is None or not Path(folder).name.startswith(SHARED_PREFIX):
         return None

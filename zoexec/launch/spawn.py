@@ -33,7 +33,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -129,28 +129,50 @@ def sweep_stale_files(directory: Path | str | None = None) -> None:
 def run_torchrun_rank(cfg: RunConfig, place: RankPlace) -> None:
     """One rank started by torchrun: preflight, then run; failures leave this process
     with a one-line reason (torchrun stops the others). The node's files are named after
-    torchrun's agent (this process's parent), and the rank dies with it."""
+    torchrun's agent (this process's parent), and the rank dies with it; its temporary
+    files (the packed text's chunks, made once for the node) are in the folder the
+    agent's ranks share (node_folder)."""
     from zoexec.launch.rank import rank_main
 
     agent = ProcessId.of(os.getppid())
     shmfiles.set_owner(agent)
-    if place.local_rank == 0:
-        sweep_stale_files(cfg.runtime.shm_dir)
-    try:
-        preflight(cfg, world_size=place.world_size, local_world_size=place.local_world_size)
-    except ZoError:
-        if place.local_rank != 0:          # one line per node, not one per rank
-            sys.exit(EXIT_USER_ERROR)
-        raise
-    if agent is not None and agent.pid != 1:
-        procwatch.die_with(agent, what=f"rank {place.rank}",
-                           cleanup=lambda: shmfiles.remove_owner_files(agent, directory=cfg.runtime.shm_dir))
-    try:
-        rank_main(cfg, place)
-    except ZoError:
-        raise
-    except Exception as exc:
-        raise _one_line(exc, place.rank, debug=cfg.runtime.debug) from None
+    with ExitStack() as inside:
+        try:
+            inside.enter_context(node_folder(agent))
+            if place.local_rank == 0:
+                sweep_stale_files(cfg.runtime.shm_dir)
+            preflight(cfg, world_size=place.world_size, local_world_size=place.local_world_size)
+        except ZoError:
+            if place.local_rank != 0:          # one line per node, not one per rank
+                sys.exit(EXIT_USER_ERROR)
+            raise
+        if agent is not None and agent.pid != 1:
+            procwatch.die_with(agent, what=f"rank {place.rank}",
+                               cleanup=lambda: shmfiles.remove_owner_files(agent, directory=cfg.runtime.shm_dir))
+        try:
+            rank_main(cfg, place)
+        except ZoError:
+            raise
+        except Exception as exc:
+            raise _one_line(exc, place.rank, debug=cfg.runtime.debug) from None
+
+
+@contextmanager
+def node_folder(agent: ProcessId | None) -> Iterator[None]:
+    """A torchrun rank inside the folder its agent's ranks share on the node
+    (shmfiles.node_folder: the last rank out removes it), tempfile's folder while the
+    block runs, as a local launch's private folder is its ranks'; none when the agent
+    is not known (this process's parent gone: the rank is about to go too)."""
+    if agent is None or agent.pid == 1:
+        yield
+        return
+    with shmfiles.node_folder(agent) as folder:
+        previous = tempfile.tempdir
+        tempfile.tempdir = str(folder)
+        try:
+            yield
+        finally:
+            tempfile.tempdir = previous
 
 
 def _one_line(exc: Exception, rank: int, *, debug: bool) -> RankFailure:

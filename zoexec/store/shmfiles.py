@@ -20,23 +20,29 @@ run removes the stale files of this machine (one dim line says how much it freed
 launcher has gone removes its launcher's files before it dies (procwatch.die_with).
 Files of a live owner, and names without an owner (tests, older versions), are never
 removed. The same goes for the folder of a local launch's rendezvous file
-(`rendezvous_dir`: zoexec-rdzv-o<machine>.<pid>.<start>-* in the temporary folder).
+(`rendezvous_dir`: zoexec-rdzv-o<machine>.<pid>.<start>-* in the temporary folder) and
+for the folder the ranks of one torchrun agent share on a node (`node_folder`:
+zoexec-rdzv-<agent's tag>-node), which the last of its ranks to leave also removes.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import os
 import re
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from zoexec.config import RuntimeOptions
 from zoexec.runtime.procwatch import ProcessId
+from zoplan.errors import ZoError
 from zoplan.memory import fmt_bytes
 
 SHM_DIR = Path(RuntimeOptions.shm_dir)   # the default of --shm-dir
@@ -47,6 +53,8 @@ _NAME = re.compile(r"^zoexec-(?P<run>.+)-o(?P<machine>[0-9a-f]{8})\.(?P<pid>\d+)
 RDZV_DIR = Path(tempfile.gettempdir())
 RDZV_PREFIX = "zoexec-rdzv-"
 DATA_PREFIX = "zoexec-data-"   # the data library's cache (zoexec.data.records), inside a launch's folder
+NODE_SUFFIX = "-node"          # the folder of a torchrun agent's ranks (node_folder)
+MEMBERS = ".members"           # in it: the file each rank inside holds a shared flock on
 _RDZV_NAME = re.compile(r"^zoexec-rdzv-o(?P<machine>[0-9a-f]{8})\.(?P<pid>\d+)\.(?P<start>\d+)-")
 STALE, LIVE, FOREIGN, UNOWNED = "stale", "live", "foreign", "unowned"
 
@@ -100,6 +108,72 @@ def rendezvous_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{RDZV_PREFIX}{owner_tag(owner())}-", dir=RDZV_DIR))
 
 
+def node_dir(agent: ProcessId) -> Path:
+    """The folder the ranks that torchrun's `agent` started share on this node."""
+    return RDZV_DIR / f"{RDZV_PREFIX}{owner_tag(agent)}{NODE_SUFFIX}"
+
+
+@contextmanager
+def node_folder(agent: ProcessId) -> Iterator[Path]:
+    """This rank inside the folder it shares with the other ranks of `agent` (node_dir:
+    made by the first of them, mode 0o700; one that is a link, not a folder or not this
+    user's is refused in one line). Each rank inside holds a shared flock on its MEMBERS
+    file; the rank that gets the exclusive lock on the way out is the last one and
+    removes the folder. A killed rank's lock goes with it; a folder every rank of which
+    was killed is stale once the agent has exited (sweep, remove_owner_files)."""
+    folder = node_dir(agent)
+    fd = _join(folder)
+    try:
+        yield folder
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass                 # another rank is still inside: the last one out removes it
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+def _join(folder: Path) -> int:
+    """A descriptor of `folder`'s MEMBERS file, shared-locked; made again when the last
+    rank of before removed the folder between this one's making it and its lock."""
+    while True:
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            pass                 # another rank's, or not a folder (judged below)
+        except OSError as exc:
+            raise ZoError(f"cannot make the node's temporary folder {folder}: "
+                          f"{exc.strerror or exc}") from None
+        try:
+            held = os.lstat(folder)
+        except FileNotFoundError:
+            continue             # removed meanwhile
+        if not stat.S_ISDIR(held.st_mode) or held.st_uid != os.getuid():   # lstat: a link is no folder
+            what = ("a link" if stat.S_ISLNK(held.st_mode) else "not a folder"
+                    if not stat.S_ISDIR(held.st_mode) else f"owned by uid {held.st_uid}")
+            raise ZoError(f"the node's temporary folder {folder} is {what}: not used "
+                          f"(remove it, or set TMPDIR to another folder)")
+        try:
+            fd = os.open(folder / MEMBERS, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            continue             # removed meanwhile
+        except OSError as exc:
+            raise ZoError(f"cannot use the node's temporary folder {folder}: "
+                          f"{exc.strerror or exc}") from None
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            now = os.stat(folder / MEMBERS, follow_symlinks=False)
+            mine = os.fstat(fd)
+            if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)             # the folder was removed while this rank waited: again
+
+
 def remove_run_files(run_id: str, *, directory: Path | str | None = None) -> list[str]:
     """Remove every file of a run still named in the folder; returns what it removed."""
     return _remove(glob.glob(str(shm_dir(directory) / f"{glob.escape(PREFIX + run_id)}-*")))
@@ -139,8 +213,8 @@ class ShmFile:
 
 def scan(directory: Path | str | None = None) -> list[ShmFile]:
     """Every zoexec file in `directory` (default SHM_DIR), every rendezvous folder in
-    RDZV_DIR (a launch's private folder: its temporary files inside), by name, and the
-    data library's cache folders an older zoexec, or a rank under torchrun, left there
+    RDZV_DIR (a launch's private folder, or a torchrun node's: its temporary files
+    inside), by name, and the data library's cache folders an older zoexec left there
     (zoexec-data-*: no owner in their names, listed, never removed)."""
     found = []
     for path in sorted(shm_dir(directory).glob(f"{PREFIX}*")):
