@@ -15,9 +15,9 @@ import pytest
 # seconds per file, the longest first (JUnit durations of a suite run on 848eed0 under
 # load, scaled to this branch's changes); order matters only among the long ones
 LONG_FILES = {
-    "integration/test_gpu_check.py": 75,
+    "integration/test_gpu_check.py": 30,
     "integration/test_multinode.py": 25,
-    "integration/test_precision_runs.py": 90,
+    "integration/test_precision_runs.py": 60,
     "integration/test_zoexec_layouts.py": 40,
     "integration/test_resume.py": 34,     # these two: as measured alone (once `serial`)
     "integration/test_failures.py": 32,
@@ -31,6 +31,7 @@ LONG_FILES = {
     "integration/test_trackers.py": 11,
     "unit/test_search.py": 10,
     "integration/test_node_memory.py": 10,
+    "integration/test_gpu_stages_cpu.py": 14,
     "integration/test_resume_evaluation.py": 8,
 }
 TESTS = Path(__file__).resolve().parent
