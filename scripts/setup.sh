@@ -12,8 +12,8 @@ if ! .venv/bin/python -c "import zoplan, zoexec, torch, transformers, simpy, pyt
     || [ ! -x .venv/bin/ruff ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   # byte-code written for what the tools and tests import (scripts/warm_bytecode.py:
-  # 4,500 of the 16,000 files installed; 29 s of one core where compiling all of
-  # site-packages took 42 s of two), not by pip: where PYTHONDONTWRITEBYTECODE is set,
+  # 4,500 of the 16,000 files installed; 19 s on two cores where compiling all of
+  # site-packages took 42 s), not by pip: where PYTHONDONTWRITEBYTECODE is set,
   # nothing is written at import and each process started would compile torch again
   .venv/bin/python -m pip install --quiet --no-compile -e ".[exec,test,trackers]"
   env -u PYTHONDONTWRITEBYTECODE .venv/bin/python scripts/warm_bytecode.py
