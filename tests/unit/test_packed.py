@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -13,8 +14,11 @@ import pytest
 import torch
 
 from zoexec.data import packed
-from zoexec.data.batch import IGNORE, EpochOrder
-from zoexec.data.text import _TAG_JSONL, JsonlReader, TextData, check_data
+from zoexec.data.batch import IGNORE, EpochOrder, Example, pack_examples
+from zoexec.data.choices import subset
+from zoexec.data.section import TaskOptions
+from zoexec.data.sources import make_eval_set
+from zoexec.data.text import _TAG_JSONL, EvalRows, JsonlReader, TextData, check_data
 from zoplan.errors import ZoError
 
 WORDS = ["[UNK]", "</s>", "hello", "world", "big", "cat"]
@@ -244,3 +248,65 @@ def test_a_node_keeps_a_bounded_number_of_chunk_files(tmp_path, tok_dir, small, 
     monkeypatch.setattr(packed, "KEPT", 1)   # read again: the removed chunks made again
     again = TextData(path, vocab=len(WORDS), tokenizer_dir=tok_dir).rows(4)
     assert torch.equal(again.ids, rows.ids) and torch.equal(again.labels, rows.labels)
+
+
+# ---- evaluation rows: made from the chunks as they are read ---------------------------------------
+def _eager_eval(path: Path, tok_dir: Path, seq: int) -> list[Example]:
+    """The evaluation rows as the eager reader made them: every token of the file in
+    rows of `seq` (the last shorter), the document starts skipped."""
+    stream: list[int] = []
+    first: list[int] = []
+    for ids in JsonlReader(path, vocab=len(WORDS), tokenizer_dir=tok_dir).documents():
+        first += [1] + [0] * (len(ids) - 1) if ids else []
+        stream += ids
+    return [Example((), tuple(stream[s:s + seq]), tuple(i for i, f in enumerate(first[s:s + seq]) if f))
+            for s in range(0, len(stream), seq)]
+
+
+@pytest.mark.parametrize("samples", [None, 5])
+def test_eval_rows_are_the_eager_rows_made_as_they_are_read(tmp_path, tok_dir, small, monkeypatch,
+                                                            samples):
+    monkeypatch.setattr(packed, "KEPT", 2)
+    path = _docs(tmp_path / "d.jsonl", 30)
+    seq = 7
+    want = _eager_eval(path, tok_dir, seq)
+    assert len(want[-1].target) < seq and len(want) * seq > 4 * packed.CHUNK_TOKENS   # a short last row
+    evals = make_eval_set(path, TaskOptions(), vocab=len(WORDS), seq=seq, tokenizer_dir=str(tok_dir),
+                          samples=samples)
+    if samples is not None:
+        assert evals.rows == [want[i] for i in subset(len(want), samples)]
+        return
+    rows = evals.rows
+    assert isinstance(rows, EvalRows) and len(rows) == len(want)   # the sequence itself, not a list
+    assert list(rows) == want and rows[-1] == want[-1] and rows[3] == want[3]
+    assert rows[2:9] == want[2:9] and rows[::4] == want[::4] and rows[len(want) - 2:] == want[-2:]
+    assert pickle.loads(pickle.dumps(rows))[5:7] == want[5:7]   # rebuilt from the file
+    with pytest.raises(IndexError):
+        rows[len(want)]
+
+
+def test_evaluating_a_long_file_never_holds_its_stream(tmp_path, tok_dir, small, monkeypatch):
+    """The held-out file of many chunks is read in order, a chunk made once a pass,
+    at most KEPT kept; the whole stream (TextData._all) is never built."""
+    monkeypatch.setattr(packed, "KEPT", 2)
+    path = _docs(tmp_path / "d.jsonl", 60)
+    seq, call = 5, 4
+    want = _eager_eval(path, tok_dir, seq)
+
+    def whole(self):
+        raise AssertionError("the whole stream read")
+
+    monkeypatch.setattr(TextData, "_all", whole)
+    evals = make_eval_set(path, TaskOptions(), vocab=len(WORDS), seq=seq, tokenizer_dir=str(tok_dir))
+    chunks = evals.rows.data.chunks
+    made: list[int] = []
+    make = packed.Packer.make
+    monkeypatch.setattr(packed.Packer, "make", lambda self, *a: made.append(1) or make(self, *a))
+    count = len(evals.rows)
+    for start in range(0, count, call):   # as zoexec.run.evaluate.Evaluator.run calls it
+        got = evals.pack(start, min(start + call, count), rows=call, seq=seq)
+        expect = pack_examples(want[start:start + call] + [Example((), ())] * (start + call - min(start + call, count)),
+                               seq=seq, pad=0)
+        assert torch.equal(got.ids, expect.ids) and torch.equal(got.labels, expect.labels)
+        assert len(chunks._kept) <= packed.KEPT
+    assert len(chunks.heads) > 2 * packed.KEPT and len(made) <= len(chunks.heads)

@@ -189,7 +189,7 @@ class EvalSet:
     position) or `groups[e]` = (first row, candidates, label) (a row per candidate,
     consecutive); `loss`: the training loss, whose value on the data is eval_loss."""
 
-    rows: list[Example]
+    rows: Sequence[Example]   # a list, or rows made as they are read (packed text: EvalRows)
     pad: int
     groups: list[tuple[int, int, int]] | None = None
     scored: list[int] | None = None   # rows whose loss is the vocabulary loss (None: all)
@@ -206,8 +206,8 @@ class EvalSet:
 
     def pack(self, start: int, stop: int, *, rows: int, seq: int) -> Batch:
         """Rows start..stop as a Batch of `rows` rows (empty rows after them: no label)."""
-        chunk = self.rows[start:stop]
-        chunk = chunk + [Example((), ())] * (rows - len(chunk))
+        chunk = list(self.rows[start:stop])
+        chunk += [Example((), ())] * (rows - len(chunk))
         batch = pack_examples(chunk, seq=seq, pad=self.pad, where="eval data")
         if self.tokens is None:
             return batch
@@ -261,6 +261,14 @@ def classification_eval_set(examples: list[Labelled], spec: TaskFields, *, pad: 
                    loss=spec.classification_loss)
 
 
-def some(items: Sequence[T], samples: int | None) -> list[T]:
-    """--eval-samples: `samples` of `items`, drawn with a fixed seed (all: None)."""
+def some(items: Sequence[T], samples: int | None) -> Sequence[T]:
+    """--eval-samples: `samples` of `items`, drawn with a fixed seed, in order (a list of
+    those read); all of them (`items` itself, nothing read) when None or not fewer."""
+    if samples is None or samples >= len(items):
+        return items
+    return [items[i] for i in subset(len(items), samples)]
+
+
+def some_list(items: Sequence[T], samples: int | None) -> list[T]:
+    """some() as a list, every item picked read (each by its index)."""
     return [items[i] for i in subset(len(items), samples)]

@@ -11,9 +11,9 @@ labels the loss predicts, IGNORE where nothing is predicted) or a bare LongTenso
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -209,16 +209,12 @@ class TextData:
         count = self._windows(seq, sys.maxsize)
         return self._window_batch(list(range(count)), seq)
 
-    def eval_examples(self, seq: int) -> list[Example]:
+    def eval_examples(self, seq: int) -> EvalRows:
         """Every token in rows of `seq` (the last one shorter), in order, for evaluation
-        (zoexec.data.batch.Example: no prompt, the document starts skipped)."""
-        tokens, starts = self._all()
-        out: list[Example] = []
-        for start in range(0, tokens.numel(), seq):
-            ids = tokens[start:start + seq].tolist()
-            skip = torch.nonzero(starts[start:start + seq]).flatten().tolist()
-            out.append(Example((), tuple(ids), tuple(skip)))
-        return out
+        (zoexec.data.batch.Example: no prompt, the document starts skipped): EvalRows, a
+        read-only sequence that reads the file once for its length and makes a row from
+        the chunks when it is asked for (never the whole stream in memory)."""
+        return EvalRows(self, seq)
 
     # ---- training batches ------------------------------------------------------------------
     def _windows(self, seq: int, upto: int) -> int:
@@ -291,6 +287,68 @@ class TextData:
         batch_size, seq = self._per_epoch
         count = self.total_rows(seq)
         return (step + 1) * batch_size / count if count else None
+
+
+class EvalRows(Sequence[Example]):
+    """The evaluation rows of packed text (TextData.eval_examples): row i is tokens
+    [i * seq, (i + 1) * seq) of the stream (the last row shorter) as an Example (no
+    prompt, the target the ids, `skip` the positions of the documents' first tokens).
+    The stream's length is found at once (the file read to its end, each line checked;
+    zoexec.data.packed keeps KEPT chunks of it); a row (or a slice of rows: one span of
+    the chunks) is made from the chunks when it is asked for. Read in order (the
+    evaluator's calls go from the first row to the last), each chunk is made (or, in a
+    launch, read from the node's chunk files) once a pass. Not pickled as it is: a copy
+    is rebuilt from the file (the chunks' tokenizer is loaded, not sent)."""
+
+    def __init__(self, data: TextData, seq: int) -> None:
+        if seq < 1:
+            raise ZoError(f"evaluation rows need a seq of at least 1, got {seq}")
+        self.data, self.seq = data, seq
+        self.total = data.chunks.cover(sys.maxsize)
+        if self.total == 0:
+            raise ZoError(f"data file {data.path} holds no tokens")
+        self._count = -(-self.total // seq)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> Example: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Example]: ...
+
+    def __getitem__(self, index: int | slice) -> Example | list[Example]:
+        if isinstance(index, slice):
+            rows = range(*index.indices(self._count))
+            if rows.step != 1:
+                return [self._rows(i, i + 1)[0] for i in rows]
+            return self._rows(rows.start, rows.stop) if rows else []
+        row = index + self._count if index < 0 else index
+        if not 0 <= row < self._count:
+            raise IndexError(f"row {index} of {self._count}")
+        return self._rows(row, row + 1)[0]
+
+    def _rows(self, first: int, stop: int) -> list[Example]:
+        """Rows first..stop - 1 (within range), from one span of the chunks."""
+        begin, end = first * self.seq, min(stop * self.seq, self.total)
+        ids, starts = self.data.chunks.span(begin, end)
+        out = []
+        for lo in range(0, end - begin, self.seq):
+            hi = min(lo + self.seq, end - begin)
+            skip = np.flatnonzero(starts[lo:hi])
+            out.append(Example((), tuple(ids[lo:hi].tolist()), tuple(skip.tolist())))
+        return out
+
+    def __reduce__(self) -> tuple[Callable[..., EvalRows], tuple[object, ...]]:
+        data = self.data
+        return _eval_rows, (data.path, data.vocab, data.tokenizer_dir, data.column, self.seq)
+
+
+def _eval_rows(path: Path, vocab: int, tokenizer_dir: str | Path | None, column: str,
+               seq: int) -> EvalRows:
+    """EvalRows rebuilt from the file (an unpickled copy)."""
+    return EvalRows(TextData(path, vocab=vocab, tokenizer_dir=tokenizer_dir, column=column), seq)
 
 
 JsonlData = TextData   # the name of the text source before tasks (tests, scripts)

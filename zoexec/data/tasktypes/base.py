@@ -176,7 +176,7 @@ class PromptType:
     def eval_set(self, path: str, task: TaskFields, *, vocab: int, seq: int,
                  tokenizer_dir: str | None = None, samples: int | None = None,
                  train_path: str | None = None) -> EvalSet:
-        from zoexec.data.tasks import some
+        from zoexec.data.tasks import some_list
 
         rows = open_rows(path, max_row_bytes=row_byte_limit(seq))
         tokens = _tokens(tokenizer_dir, vocab=vocab, where=path, seq=seq)
@@ -185,8 +185,8 @@ class PromptType:
         if task.demonstrations:
             pool = task.demonstrations_data or train_path or path
             demos = self._demonstrations(task, tokens, pool, seq=seq)
-        return self.evaluation(Prompted(examples=some(examples, samples),
-                                        rows=some(rows, samples), demos=demos, seq=seq,
+        return self.evaluation(Prompted(examples=some_list(examples, samples),
+                                        rows=some_list(rows, samples), demos=demos, seq=seq,
                                         tokens=tokens), task)
 
     def check_data(self, path: str, task: TaskFields, *, vocab: int, batch: int, seq: int,
