@@ -19,6 +19,15 @@ ru_maxrss) and the exit code, with each file's ratio to the 1-row file.
 document of 1,500 words (enough for the 5 batches), 100,000 and 1,000,000 documents
 of 3-8 words, and one document of 200 MB.
 
+--eval: `zoexec eval` of the micro model on a held-out packed-text file instead
+(`--task text`, documents of 1,000-3,000 words, `--eval-mb` MiB of JSONL, default 50; seq
+32, `--eval-samples 64` so that scoring is milliseconds and the figures are the
+reading of the file): the wall and CPU seconds and the peak RSS, beside the 1-row
+file's; then the evaluation rows alone (make_eval_set in a process of its own, every
+row read once in order: the file's cost without the model's memory).
+
+    .venv/bin/python benchmarks/executor/bench_data_startup.py --eval --before /tmp/before
+
 --before DIR: an earlier tree of the project (zoexec/, zoplan/; e.g. `git archive
 <commit> zoexec zoplan | tar -x -C /tmp/before`) run on the same files beside this
 one (PYTHONPATH=DIR), its figures in columns of their own.
@@ -121,6 +130,66 @@ def run_file(code: Path, model: Path, plan: Path, data: Path, out: Path, *, step
     return timed_run(code, cmd, limit_gib)
 
 
+def write_text_mb(path: Path, mib: float, rng: random.Random) -> None:
+    """Packed-text documents of 1,000-3,000 words (100 different ones) up to `mib` MiB
+    (long documents: the tokenizer's time per call does not dominate)."""
+    pool = [json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(1000, 3000)))})
+            + "\n" for _ in range(100)]
+    with path.open("w") as out:
+        while out.tell() < mib * 2**20:
+            out.write("".join(rng.choices(pool, k=100)))
+
+
+def eval_files(tmp: Path, mib: float) -> tuple[Path, dict[str, Path]]:
+    """The micro model and two held-out text files: one row, and `mib` MiB."""
+    model = tmp / "model"
+    subprocess.run([sys.executable, str(HERE / "examples" / "make_model.py"), str(model),
+                    "--size", "micro", "--seed", "0"], check=True, capture_output=True)
+    rng, files = random.Random(0), {"1 row": tmp / "one.jsonl", f"{mib:g} MiB": tmp / "big.jsonl"}
+    write_rows(files["1 row"], 1, rng, "text")
+    write_text_mb(files[f"{mib:g} MiB"], mib, rng)
+    return model, files
+
+
+# the evaluation rows alone (zoexec.data.sources.make_eval_set, as zoexec eval reads them
+# before the model) in a process of their own: the reading of the file without the model's
+# memory, every row visited once in order, 64 at a time, as the evaluator reads them
+EVAL_SET_ONLY = """import sys
+from zoexec.data.section import TaskOptions
+from zoexec.data.sources import make_eval_set
+rows = make_eval_set(sys.argv[1], TaskOptions(), vocab=10**6, seq=32, tokenizer_dir=sys.argv[2]).rows
+print(sum(len(row.target) for i in range(0, len(rows), 64) for row in rows[i:i + 64]), "tokens")
+"""
+
+
+def eval_file(code: Path, model: Path, data: Path, *, limit_gib: float, whole: bool
+              ) -> tuple[float, float, float, int, str]:
+    if not whole:
+        return timed_run(code, [sys.executable, "-c", EVAL_SET_ONLY, str(data), str(model)], limit_gib)
+    cmd = [sys.executable, "-m", "zoexec.cli", "eval", str(model), "--data", str(data),
+           "--task", "text", "--seq", "32", "--batch", "4", "--eval-samples", "64",
+           "--threads", "1"]
+    return timed_run(code, cmd, limit_gib)
+
+
+def main_eval(args: argparse.Namespace, trees: list[tuple[str, Path]]) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-eval-") as tmp:
+        model, files = eval_files(Path(tmp), args.eval_mb)
+        for what, whole in (("zoexec eval", True), ("the rows alone", False)):
+            figures: dict[tuple[str, str], tuple[float, float, float, int, str]] = {}
+            for name, path in files.items():
+                for tree, code in trees:
+                    figures[tree, name] = eval_file(code, model, path, limit_gib=args.limit_gib,
+                                                    whole=whole)
+                    wall, cpu, rss, rc, last = figures[tree, name]
+                    print(f"{tree:>6} {what} {name:>10} ({path.stat().st_size / 2**20:8.1f} MiB): "
+                          f"{wall:6.1f} s wall, {cpu:6.1f} s CPU, peak RSS {rss:7.0f} MiB, rc {rc}"
+                          + (f"  [{last}]" if rc else ""), flush=True)
+            print(f"\n{what}:")
+            report(figures, trees, files)
+            print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
@@ -131,9 +200,15 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="names of the files to run")
     parser.add_argument("--no-now", action="store_true", help="run the --before tree only")
     parser.add_argument("--task", choices=tuple(FIELD), default="classification")
+    parser.add_argument("--eval", action="store_true",
+                        help="zoexec eval on a held-out text file instead of 5-step runs")
+    parser.add_argument("--eval-mb", type=float, default=50.0, help="--eval: the file's MiB")
     args = parser.parse_args()
     trees = [] if args.no_now else [("now", HERE)]
     trees += [("before", args.before.resolve())] if args.before else []
+    if args.eval:
+        main_eval(args, trees)
+        return
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         model, plan, files = make_inputs(Path(tmp), args.task)
         figures: dict[tuple[str, str], tuple[float, float, float, int, str]] = {}

@@ -4,7 +4,8 @@ into rows of the plan's seq; every token is predicted except the first token of 
 document, so a document's tokens (and the EOS that ends it) never predict the next
 document's. Attention still sees the earlier documents of a row, as in the HF Trainer's
 packing. Evaluation: the held-out text cut into rows of seq (the last shorter),
-eval_loss over them."""
+eval_loss over them; the rows are made from the chunks as the evaluator reads them
+(zoexec.data.text.EvalRows), never the whole stream at once."""
 
 from __future__ import annotations
 
