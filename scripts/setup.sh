@@ -10,11 +10,20 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if ! .venv/bin/python -c "import zoplan, zoexec, torch, transformers, simpy, pytest, xdist, gguf, peft, mypy, triton, yaml, importlib.util as u; assert u.find_spec('wandb') and u.find_spec('mlflow')" 2>/dev/null \
     || [ ! -x .venv/bin/ruff ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  # byte-code written for what the tools and tests import (scripts/warm_bytecode.py:
-  # 4,500 of the 16,000 files installed; 19 s on two cores where compiling all of
-  # site-packages took 42 s), not by pip: where PYTHONDONTWRITEBYTECODE is set,
-  # nothing is written at import and each process started would compile torch again
-  .venv/bin/python -m pip install --quiet --no-compile -e ".[exec,test,trackers]"
+  # torch by pip, pinned as pyproject.toml pins it: pip takes a wheel the machine keeps
+  # on disk (its find-links) where there is one, which uv would not look at
+  torch=$(.venv/bin/python -c 'import tomllib; print(next(d for d in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["exec"] if d.startswith("torch==")))')
+  .venv/bin/python -m pip install --quiet --no-compile "$torch"
+  # the rest by uv where it installs (the torch above kept: it satisfies the pin): 10 s
+  # where pip took 40 on two cores; else by pip. Byte-code written for what the tools
+  # and tests import (scripts/warm_bytecode.py: 4,500 of the 16,000 files installed; 19 s
+  # on two cores where compiling all of site-packages took 42 s), not at the install:
+  # where PYTHONDONTWRITEBYTECODE is set, nothing is written at import and each process
+  # started would compile torch again
+  if .venv/bin/python -m pip install --quiet "uv==0.9.5" 2>/dev/null; then
+    .venv/bin/uv pip install --quiet --python .venv/bin/python -e ".[exec,test,trackers]"
+  else
+    .venv/bin/python -m pip install --quiet --no-compile -e ".[exec,test,trackers]"
+  fi
   env -u PYTHONDONTWRITEBYTECODE .venv/bin/python scripts/warm_bytecode.py
 fi
