@@ -8,7 +8,8 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import zoplan, zoexec, torch, transformers, simpy, pytest, xdist, gguf, peft, mypy, triton, yaml, importlib.util as u; assert u.find_spec('wandb') and u.find_spec('mlflow')" 2>/dev/null \
+# installed? (found, not imported: importing them all took 7 s of each test command)
+if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in 'zoplan zoexec torch transformers simpy pytest xdist gguf peft mypy triton yaml wandb mlflow'.split()))" 2>/dev/null \
     || [ ! -x .venv/bin/ruff ]; then
   # torch by pip, pinned as pyproject.toml pins it: pip takes a wheel the machine keeps
   # on disk (its find-links) where there is one, which uv would not look at
