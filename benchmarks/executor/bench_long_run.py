@@ -104,8 +104,11 @@ def run_once(*, steps: int, ranks: int, layers: int | None, trace: bool, every: 
                                            compute_dtype="fp32"))
         # TAIL steps more than measured: the last sample (step `steps`) is taken while
         # the run still trains, not while it writes final/
+        # no snapshot inside the run (save_every past its end): a 100,000-step run with
+        # save_every 100,000 wrote checkpoint-100000 as its last sample was taken, and
+        # the RSS of that sample held the snapshot's buffers (+1.5 MiB)
         cfg = RunConfig.make(plan=plan.data, steps=steps + TAIL, lr=1e-4, quiet=True, threads=1,
-                             out=str(tmp / "run"), save_every="100000",
+                             out=str(tmp / "run"), save_every=str(steps + TAIL + 1),
                              trace=str(tmp / "trace") if trace else None, speed_checks=False)
         samples: dict[int, list[int]] = {}
         stop = threading.Event()
