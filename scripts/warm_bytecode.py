@@ -19,8 +19,6 @@ import sys
 
 sys.dont_write_bytecode = False
 
-# the model families zoexec adapts (zoexec.model.families): their HF modules
-FAMILIES = ("opt", "llama", "gpt2", "gpt_neox", "mistral", "qwen2", "qwen3", "gemma")
 # the libraries the tools and the tests use (scripts/setup.sh's import check, and what
 # they import on their own paths): those that import torch, and those that do not (the
 # second list in a child process beside this one: two cores, 29 s -> about 20)
@@ -55,14 +53,16 @@ def main() -> int:
     child = subprocess.Popen([sys.executable, __file__, "--torch-free"], stdout=subprocess.PIPE,
                              text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
     missing = _imported(WITH_TORCH)
-    for family in FAMILIES:
-        for part in ("configuration", "modeling", "tokenization"):
-            _import(f"transformers.models.{family}.{part}_{family}")
-    _import("transformers.models.gpt2.tokenization_gpt2_fast")
     for top in ("zoplan", "zoexec"):
         package = importlib.import_module(top)
         for module in pkgutil.walk_packages(package.__path__, prefix=f"{top}."):
             _import(module.name)
+    from zoexec.model.families import ADAPTERS
+
+    for family in ADAPTERS:   # the model types zoexec adapts: their HF modules
+        for part in ("configuration", "modeling", "tokenization"):
+            _import(f"transformers.models.{family}.{part}_{family}")
+    _import("transformers.models.gpt2.tokenization_gpt2_fast")
     missing += (child.communicate()[0] or "").split()
     if missing:
         print(f"warm_bytecode: not importable here: {', '.join(missing)}", file=sys.stderr)

@@ -266,7 +266,7 @@ def some(items: Sequence[T], samples: int | None) -> Sequence[T]:
     those read); all of them (`items` itself, nothing read) when None or not fewer."""
     if samples is None or samples >= len(items):
         return items
-    return [items[i] for i in subset(len(items), samples)]
+    return some_list(items, samples)
 
 
 def some_list(items: Sequence[T], samples: int | None) -> list[T]:

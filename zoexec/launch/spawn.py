@@ -106,14 +106,24 @@ def private_folder() -> Iterator[Path]:
 
     util.get_temp_dir()   # multiprocessing's own (the forkserver's socket) stays where it was
     rendezvous = shmfiles.rendezvous_dir()
-    previous = tempfile.tempdir
-    tempfile.tempdir = str(rendezvous)
     try:
-        with procwatch.undone_on_stop(lambda: shutil.rmtree(rendezvous, ignore_errors=True)):
+        with temp_folder(rendezvous), \
+                procwatch.undone_on_stop(lambda: shutil.rmtree(rendezvous, ignore_errors=True)):
             yield rendezvous
     finally:
-        tempfile.tempdir = previous
         shutil.rmtree(rendezvous, ignore_errors=True)
+
+
+@contextmanager
+def temp_folder(folder: Path) -> Iterator[None]:
+    """tempfile's folder is `folder` while the block runs (what this process and the
+    data library make there: a launch's or a torchrun node's shared folder)."""
+    previous = tempfile.tempdir
+    tempfile.tempdir = str(folder)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = previous
 
 
 def sweep_stale_files(directory: Path | str | None = None) -> None:
@@ -166,13 +176,8 @@ def node_folder(agent: ProcessId | None) -> Iterator[None]:
     if agent is None or agent.pid == 1:
         yield
         return
-    with shmfiles.node_folder(agent) as folder:
-        previous = tempfile.tempdir
-        tempfile.tempdir = str(folder)
-        try:
-            yield
-        finally:
-            tempfile.tempdir = previous
+    with shmfiles.node_folder(agent) as folder, temp_folder(folder):
+        yield
 
 
 def _one_line(exc: Exception, rank: int, *, debug: bool) -> RankFailure:
